@@ -1,0 +1,259 @@
+//! Types and constants shared by the XDP program and the agent.
+//!
+//! Every map key and value is `#[repr(C)]` without implicit padding (explicit `_pad`
+//! fields) so that the kernel and user space agree byte for byte. Addresses and ports are
+//! kept in network byte order exactly as they appear on the wire; counters, ids and times
+//! are host order.
+#![no_std]
+
+pub mod hash;
+
+/// Capacities, used by both sides.
+pub const MAX_VIPS: u32 = 64;
+pub const MAX_BACKENDS: u32 = 4096;
+/// Largest Maglev table per VIP (a prime; Katran's default). `RINGS` holds
+/// `MAX_VIPS * MAX_RING_SIZE` slots; a VIP may use a smaller prime.
+pub const MAX_RING_SIZE: u32 = 65537;
+pub const DEFAULT_RING_SIZE: u32 = 65537;
+pub const DEFAULT_MAX_FLOWS: u32 = 1 << 20;
+pub const DEFAULT_MAX_AFFINITY: u32 = 1 << 18;
+pub const MAX_CLONES: u32 = 1 << 16;
+
+/// "no backend" in ids that point at a backend (replica, ring slot).
+pub const NO_BACKEND: u32 = u32::MAX;
+
+pub const AF_INET: u8 = 2;
+pub const AF_INET6: u8 = 10;
+pub const IPPROTO_TCP: u8 = 6;
+pub const IPPROTO_UDP: u8 = 17;
+pub const IPPROTO_IPIP: u8 = 4;
+pub const IPPROTO_IPV6: u8 = 41;
+
+/// `VipInfo::mode`
+pub const MODE_L4: u8 = 0;
+pub const MODE_HTTP: u8 = 1;
+/// Entry with port 0: marks an address that carries VIPs, so that truncated packets to
+/// that address (whose ports cannot be read) are dropped rather than passed.
+pub const MODE_ADDR_MARKER: u8 = 2;
+
+/// `VipInfo::forward`
+pub const FWD_MAC: u8 = 0;
+pub const FWD_IPIP: u8 = 1;
+
+/// `VipInfo::flags`
+pub const VIP_F_AFFINITY: u16 = 1;
+
+/// `BackendInfo::state`
+pub const STATE_UNUSED: u8 = 0;
+pub const STATE_UP: u8 = 1;
+pub const STATE_SUSPECT: u8 = 2;
+pub const STATE_DOWN: u8 = 3;
+pub const STATE_DRAIN: u8 = 4;
+pub const STATE_DISABLED: u8 = 5;
+
+/// May this backend take a new flow?
+#[inline(always)]
+pub fn takes_new_flows(state: u8) -> bool {
+    state == STATE_UP
+}
+
+/// May this backend keep a flow already pinned to it?
+#[inline(always)]
+pub fn keeps_flows(state: u8) -> bool {
+    state == STATE_UP || state == STATE_SUSPECT || state == STATE_DRAIN
+}
+
+/// `VIPS` key.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct VipKey {
+    /// Network order; IPv4 uses the first 4 bytes, the rest zero.
+    pub addr: [u8; 16],
+    /// Network order; 0 for an address marker.
+    pub port: u16,
+    pub proto: u8,
+    pub family: u8,
+}
+
+/// `VIPS` value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct VipInfo {
+    pub id: u32,
+    pub mode: u8,
+    pub forward: u8,
+    pub flags: u16,
+    /// Number of slots of this VIP's Maglev table in `RINGS` (prime, <= MAX_RING_SIZE).
+    pub ring_size: u32,
+    /// Source-IP affinity lifetime in seconds (when `VIP_F_AFFINITY`).
+    pub sticky_secs: u32,
+    /// Affinity scope: VIPs with the same group share client affinity (cross-port).
+    pub port_group: u32,
+    pub _pad: u32,
+    /// Outer source address for IPIP (network order, same family as the VIP).
+    pub encap_src: [u8; 16],
+}
+
+/// `BACKENDS` value (index = backend id).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct BackendInfo {
+    /// Network order.
+    pub addr4: [u8; 4],
+    /// Network order; all zero when the backend has no IPv6 address.
+    pub addr6: [u8; 16],
+    /// MAC the frames go to: the backend itself (MAC forwarding) or the next hop (IPIP).
+    pub mac: [u8; 6],
+    pub state: u8,
+    pub _pad: u8,
+    /// Peer replica backend id, or NO_BACKEND.
+    pub replica: u32,
+    pub weight: u32,
+}
+
+/// `FLOWS` key: the source tuple of a connection.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct FlowKey {
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    /// Network order.
+    pub sport: u16,
+    /// Network order.
+    pub dport: u16,
+    pub proto: u8,
+    pub family: u8,
+    pub _pad: [u8; 2],
+}
+
+/// `FLOWS` value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FlowValue {
+    pub backend: u32,
+    pub vip: u32,
+    /// Hash of the session cookie that pinned this flow (0 for L4 flows).
+    pub cookie_hash: u64,
+    /// bpf_ktime_get_ns() of the last packet that refreshed it.
+    pub last_seen_ns: u64,
+}
+
+/// `AFFINITY` key.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct AffinityKey {
+    pub group: u32,
+    pub family: u8,
+    pub _pad: [u8; 3],
+    pub client: [u8; 16],
+}
+
+/// `AFFINITY` value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct AffinityValue {
+    pub backend: u32,
+    pub _pad: u32,
+    /// bpf_ktime_get_ns() after which the entry no longer applies.
+    pub expires_ns: u64,
+}
+
+/// `CLONES` value (key: `hash::cookie_hash` of the clone or partition ID).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct CloneValue {
+    pub owner: u32,
+    pub replica: u32,
+}
+
+/// `STATS` value (per CPU).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Counter {
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+/// `STATS` slots. Global slots first, then `VIP_SLOTS` per VIP, then `BACKEND_SLOTS`
+/// per backend.
+pub mod stats {
+    pub const PASS_NON_VIP: u32 = 0;
+    pub const PASS_NON_IP: u32 = 1;
+    pub const PASS_HTTP: u32 = 2;
+    pub const PASS_IP_OPTIONS: u32 = 3;
+    pub const PASS_FRAGMENT: u32 = 4;
+    pub const PASS_IPV6_EXT: u32 = 5;
+    pub const DROP_TRUNCATED: u32 = 6;
+    pub const DROP_BAD_IHL: u32 = 7;
+    pub const DROP_BAD_TCP_DOFF: u32 = 8;
+    pub const DROP_NO_BACKEND: u32 = 9;
+    pub const DROP_ENCAP_FAILED: u32 = 10;
+    pub const DROP_BAD_VERSION: u32 = 11;
+    pub const GLOBAL_SLOTS: u32 = 16;
+
+    pub const GLOBAL_NAMES: [&str; 12] = [
+        "pass_non_vip",
+        "pass_non_ip",
+        "pass_http",
+        "pass_ip_options",
+        "pass_fragment",
+        "pass_ipv6_ext",
+        "drop_truncated",
+        "drop_bad_ihl",
+        "drop_bad_tcp_doff",
+        "drop_no_backend",
+        "drop_encap_failed",
+        "drop_bad_version",
+    ];
+
+    /// Per VIP: forwarded packets/bytes, new flows, flow-table hits, affinity hits, drops.
+    pub const VIP_PACKETS: u32 = 0;
+    pub const VIP_NEW_FLOWS: u32 = 1;
+    pub const VIP_FLOW_HITS: u32 = 2;
+    pub const VIP_AFFINITY_HITS: u32 = 3;
+    pub const VIP_DROPS: u32 = 4;
+    pub const VIP_REPINNED: u32 = 5;
+    pub const VIP_SLOTS: u32 = 6;
+
+    /// Per backend: forwarded packets/bytes, new flows.
+    pub const BACKEND_PACKETS: u32 = 0;
+    pub const BACKEND_NEW_FLOWS: u32 = 1;
+    pub const BACKEND_SLOTS: u32 = 2;
+
+    pub const VIP_BASE: u32 = GLOBAL_SLOTS;
+    pub const BACKEND_BASE: u32 = VIP_BASE + super::MAX_VIPS * VIP_SLOTS;
+    pub const TOTAL_SLOTS: u32 = BACKEND_BASE + super::MAX_BACKENDS * BACKEND_SLOTS;
+
+    #[inline(always)]
+    pub const fn vip_slot(vip: u32, what: u32) -> u32 {
+        VIP_BASE + vip * VIP_SLOTS + what
+    }
+
+    #[inline(always)]
+    pub const fn backend_slot(backend: u32, what: u32) -> u32 {
+        BACKEND_BASE + backend * BACKEND_SLOTS + what
+    }
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    unsafe impl aya::Pod for VipKey {}
+    unsafe impl aya::Pod for VipInfo {}
+    unsafe impl aya::Pod for BackendInfo {}
+    unsafe impl aya::Pod for FlowKey {}
+    unsafe impl aya::Pod for FlowValue {}
+    unsafe impl aya::Pod for AffinityKey {}
+    unsafe impl aya::Pod for AffinityValue {}
+    unsafe impl aya::Pod for CloneValue {}
+    unsafe impl aya::Pod for Counter {}
+}
+
+// No implicit padding anywhere: the sizes are the sums of the fields.
+const _: () = assert!(core::mem::size_of::<VipKey>() == 20);
+const _: () = assert!(core::mem::size_of::<VipInfo>() == 40);
+const _: () = assert!(core::mem::size_of::<BackendInfo>() == 36);
+const _: () = assert!(core::mem::size_of::<FlowKey>() == 40);
+const _: () = assert!(core::mem::size_of::<FlowValue>() == 24);
+const _: () = assert!(core::mem::size_of::<AffinityKey>() == 24);
+const _: () = assert!(core::mem::size_of::<AffinityValue>() == 16);

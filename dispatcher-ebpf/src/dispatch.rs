@@ -1,0 +1,215 @@
+//! From a raw frame to a verdict: classify, look up the VIP, select, forward.
+
+use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
+use dispatcher_common::{
+    stats::{self, vip_slot},
+    FlowKey, VipInfo, VipKey, AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP, MODE_ADDR_MARKER,
+    MODE_HTTP,
+};
+
+use crate::{
+    forward,
+    maps::VIPS,
+    parse::{
+        be16, parse_l2, ptr_at, Ipv4Hdr, Ipv6Hdr, Ports, ETH_P_IP, ETH_P_IPV6, IPV4_HLEN,
+        IPV6_HLEN, TCP_HLEN, UDP_HLEN,
+    },
+    select,
+    stats::count,
+};
+
+const PASS: u32 = xdp_action::XDP_PASS;
+const DROP: u32 = xdp_action::XDP_DROP;
+
+/// What the network and transport headers said.
+pub struct L3 {
+    pub family: u8,
+    pub proto: u8,
+    pub l4_off: usize,
+    /// Length of the IP packet as its header states (header included).
+    pub ip_len: u16,
+}
+
+#[inline(always)]
+fn pass(slot: u32, len: u64) -> Result<u32, ()> {
+    count(slot, len);
+    Ok(PASS)
+}
+
+#[inline(always)]
+fn drop(slot: u32, len: u64) -> Result<u32, ()> {
+    count(slot, len);
+    Ok(DROP)
+}
+
+/// Does any VIP live on this address for this protocol? Used only for packets whose ports
+/// cannot be read, to decide between "malformed VIP traffic" (drop) and "not ours" (pass).
+#[inline(always)]
+fn is_vip_addr(family: u8, addr: &[u8; 16], proto: u8) -> bool {
+    let key = VipKey {
+        addr: *addr,
+        port: 0,
+        proto,
+        family,
+    };
+    unsafe { VIPS.get(&key) }.is_some()
+}
+
+#[inline(always)]
+fn addr4(a: [u8; 4]) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    out[0] = a[0];
+    out[1] = a[1];
+    out[2] = a[2];
+    out[3] = a[3];
+    out
+}
+
+pub fn try_dispatch(ctx: &XdpContext) -> Result<u32, ()> {
+    let len = (ctx.data_end() - ctx.data()) as u64;
+    let Some(l2) = parse_l2(ctx) else {
+        return pass(stats::PASS_NON_IP, len);
+    };
+    let mut key = FlowKey::default();
+    let l3 = match l2.ethertype {
+        ETH_P_IP => {
+            let Ok(ip) = ptr_at::<Ipv4Hdr>(ctx, l2.l3_off) else {
+                return pass(stats::PASS_NON_VIP, len);
+            };
+            let ip = unsafe { &*ip };
+            key.family = AF_INET;
+            key.proto = ip.proto;
+            key.src = addr4(ip.src);
+            key.dst = addr4(ip.dst);
+            let vip_addr = is_vip_addr(AF_INET, &key.dst, ip.proto);
+            if ip.ver_ihl >> 4 != 4 {
+                return if vip_addr {
+                    drop(stats::DROP_BAD_VERSION, len)
+                } else {
+                    pass(stats::PASS_NON_VIP, len)
+                };
+            }
+            let ihl = (ip.ver_ihl & 0x0f) as usize;
+            if ihl < 5 {
+                return if vip_addr {
+                    drop(stats::DROP_BAD_IHL, len)
+                } else {
+                    pass(stats::PASS_NON_VIP, len)
+                };
+            }
+            if !vip_addr {
+                return pass(stats::PASS_NON_VIP, len);
+            }
+            if ihl > 5 {
+                return pass(stats::PASS_IP_OPTIONS, len);
+            }
+            // More-fragments flag or a fragment offset: later fragments carry no ports.
+            if be16(ip.frag_off) & 0x3fff != 0 {
+                return pass(stats::PASS_FRAGMENT, len);
+            }
+            L3 {
+                family: AF_INET,
+                proto: ip.proto,
+                l4_off: l2.l3_off + IPV4_HLEN,
+                ip_len: be16(ip.tot_len),
+            }
+        }
+        ETH_P_IPV6 => {
+            let Ok(ip) = ptr_at::<Ipv6Hdr>(ctx, l2.l3_off) else {
+                return pass(stats::PASS_NON_VIP, len);
+            };
+            let ip = unsafe { &*ip };
+            key.family = AF_INET6;
+            key.proto = ip.next_hdr;
+            key.src = ip.src;
+            key.dst = ip.dst;
+            if ip.next_hdr != IPPROTO_TCP && ip.next_hdr != IPPROTO_UDP {
+                let ours = is_vip_addr(AF_INET6, &key.dst, IPPROTO_TCP)
+                    || is_vip_addr(AF_INET6, &key.dst, IPPROTO_UDP);
+                return pass(
+                    if ours {
+                        stats::PASS_IPV6_EXT
+                    } else {
+                        stats::PASS_NON_VIP
+                    },
+                    len,
+                );
+            }
+            if ip.ver_tc_flow[0] >> 4 != 6 {
+                let ours = is_vip_addr(AF_INET6, &key.dst, ip.next_hdr);
+                return if ours {
+                    drop(stats::DROP_BAD_VERSION, len)
+                } else {
+                    pass(stats::PASS_NON_VIP, len)
+                };
+            }
+            let ip_len = be16(ip.payload_len).wrapping_add(IPV6_HLEN as u16);
+            L3 {
+                family: AF_INET6,
+                proto: ip.next_hdr,
+                l4_off: l2.l3_off + IPV6_HLEN,
+                ip_len,
+            }
+        }
+        _ => return pass(stats::PASS_NON_IP, len),
+    };
+    if l3.proto != IPPROTO_TCP && l3.proto != IPPROTO_UDP {
+        return pass(stats::PASS_NON_VIP, len);
+    }
+
+    // Transport header: ports, and for TCP a sane data offset.
+    let l4_len = if l3.proto == IPPROTO_TCP {
+        TCP_HLEN
+    } else {
+        UDP_HLEN
+    };
+    if ctx.data() + l3.l4_off + l4_len > ctx.data_end() {
+        return if is_vip_addr(l3.family, &key.dst, l3.proto) {
+            drop(stats::DROP_TRUNCATED, len)
+        } else {
+            pass(stats::PASS_NON_VIP, len)
+        };
+    }
+    let ports = unsafe { &*ptr_at::<Ports>(ctx, l3.l4_off)? };
+    key.sport = u16::from_ne_bytes(ports.src);
+    key.dport = u16::from_ne_bytes(ports.dst);
+
+    let vkey = VipKey {
+        addr: key.dst,
+        port: key.dport,
+        proto: l3.proto,
+        family: l3.family,
+    };
+    let Some(vip) = (unsafe { VIPS.get(&vkey) }) else {
+        return pass(stats::PASS_NON_VIP, len);
+    };
+    let vip: VipInfo = *vip;
+    if vip.mode == MODE_ADDR_MARKER {
+        return pass(stats::PASS_NON_VIP, len);
+    }
+    if l3.proto == IPPROTO_TCP {
+        // Data offset is the high nibble of byte 12.
+        let doff: *const u8 = ptr_at(ctx, l3.l4_off + 12)?;
+        if unsafe { *doff } >> 4 < 5 {
+            count(vip_slot(vip.id, stats::VIP_DROPS), len);
+            return drop(stats::DROP_BAD_TCP_DOFF, len);
+        }
+    }
+    if vip.mode == MODE_HTTP {
+        return pass(stats::PASS_HTTP, len);
+    }
+
+    let Some((backend_id, backend)) = select::select_backend(&vip, &key) else {
+        count(vip_slot(vip.id, stats::VIP_DROPS), len);
+        return drop(stats::DROP_NO_BACKEND, len);
+    };
+    let verdict = forward::forward(ctx, &l2, &l3, &vip, &backend);
+    if verdict == DROP {
+        count(vip_slot(vip.id, stats::VIP_DROPS), len);
+        count(stats::DROP_ENCAP_FAILED, len);
+    } else {
+        count(vip_slot(vip.id, stats::VIP_PACKETS), len);
+        count(stats::backend_slot(backend_id, stats::BACKEND_PACKETS), len);
+    }
+    Ok(verdict)
+}

@@ -1,0 +1,35 @@
+//! The dispatcher's XDP program: the L4 fast path.
+//!
+//! A packet goes: `parse` (Ethernet, one VLAN tag, IPv4/IPv6, TCP/UDP) -> `VIPS` lookup
+//! (non-VIP -> pass, HTTP VIP -> pass to the agent) -> `select` (FLOWS, AFFINITY, Maglev
+//! ring, backend state) -> `forward` (MAC rewrite or IPIP encapsulation, XDP_TX).
+//! Every verdict is counted in `STATS` (`stats`).
+#![no_std]
+#![no_main]
+
+mod csum;
+mod dispatch;
+mod forward;
+mod maps;
+mod parse;
+mod select;
+mod stats;
+
+use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
+
+#[xdp]
+pub fn dispatcher(ctx: XdpContext) -> u32 {
+    // Any path that cannot complete (a bounds check failing after the head moved) drops:
+    // by then the packet is a VIP packet half rewritten and must not reach the host.
+    dispatch::try_dispatch(&ctx).unwrap_or(xdp_action::XDP_DROP)
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 4] = *b"GPL\0";

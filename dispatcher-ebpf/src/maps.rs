@@ -1,0 +1,36 @@
+//! The maps, named as in DESIGN.md. Sizes are defaults; the agent may resize FLOWS and
+//! AFFINITY at load time and pins them all under bpffs.
+
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
+};
+use dispatcher_common::{
+    stats, AffinityKey, AffinityValue, BackendInfo, CloneValue, Counter, FlowKey, FlowValue,
+    VipInfo, VipKey, DEFAULT_MAX_AFFINITY, DEFAULT_MAX_FLOWS, MAX_BACKENDS, MAX_CLONES,
+    MAX_RING_SIZE, MAX_VIPS,
+};
+
+#[map]
+pub static VIPS: HashMap<VipKey, VipInfo> = HashMap::with_max_entries(MAX_VIPS * 4, 0);
+
+#[map]
+pub static BACKENDS: Array<BackendInfo> = Array::with_max_entries(MAX_BACKENDS, 0);
+
+#[map]
+pub static RINGS: Array<u32> = Array::with_max_entries(MAX_VIPS * MAX_RING_SIZE, 0);
+
+#[map]
+pub static FLOWS: LruHashMap<FlowKey, FlowValue> =
+    LruHashMap::with_max_entries(DEFAULT_MAX_FLOWS, 0);
+
+#[map]
+pub static AFFINITY: LruHashMap<AffinityKey, AffinityValue> =
+    LruHashMap::with_max_entries(DEFAULT_MAX_AFFINITY, 0);
+
+/// Read by the agent only for now; declared here so that both planes share one object.
+#[map]
+pub static CLONES: HashMap<u64, CloneValue> = HashMap::with_max_entries(MAX_CLONES, 0);
+
+#[map]
+pub static STATS: PerCpuArray<Counter> = PerCpuArray::with_max_entries(stats::TOTAL_SLOTS, 0);

@@ -1,0 +1,99 @@
+//! Header layouts and the one bounds-checked accessor every packet read goes through.
+#![allow(dead_code)]
+
+use aya_ebpf::programs::XdpContext;
+
+pub const ETH_HLEN: usize = 14;
+pub const VLAN_HLEN: usize = 4;
+pub const IPV4_HLEN: usize = 20;
+pub const IPV6_HLEN: usize = 40;
+pub const TCP_HLEN: usize = 20;
+pub const UDP_HLEN: usize = 8;
+
+pub const ETH_P_IP: u16 = 0x0800;
+pub const ETH_P_IPV6: u16 = 0x86DD;
+pub const ETH_P_8021Q: u16 = 0x8100;
+
+/// All multi-byte fields are byte arrays: packet data has no alignment guarantee.
+#[repr(C)]
+pub struct EthHdr {
+    pub dst: [u8; 6],
+    pub src: [u8; 6],
+    pub proto: [u8; 2],
+}
+
+#[repr(C)]
+pub struct VlanHdr {
+    pub tci: [u8; 2],
+    pub proto: [u8; 2],
+}
+
+#[repr(C)]
+pub struct Ipv4Hdr {
+    pub ver_ihl: u8,
+    pub tos: u8,
+    pub tot_len: [u8; 2],
+    pub id: [u8; 2],
+    pub frag_off: [u8; 2],
+    pub ttl: u8,
+    pub proto: u8,
+    pub check: [u8; 2],
+    pub src: [u8; 4],
+    pub dst: [u8; 4],
+}
+
+#[repr(C)]
+pub struct Ipv6Hdr {
+    pub ver_tc_flow: [u8; 4],
+    pub payload_len: [u8; 2],
+    pub next_hdr: u8,
+    pub hop_limit: u8,
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+}
+
+/// The part of TCP and UDP headers common to both: the ports.
+#[repr(C)]
+pub struct Ports {
+    pub src: [u8; 2],
+    pub dst: [u8; 2],
+}
+
+#[inline(always)]
+pub fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Result<*mut T, ()> {
+    let start = ctx.data();
+    let end = ctx.data_end();
+    if start + offset + core::mem::size_of::<T>() > end {
+        return Err(());
+    }
+    Ok((start + offset) as *mut T)
+}
+
+#[inline(always)]
+pub fn be16(b: [u8; 2]) -> u16 {
+    u16::from_be_bytes(b)
+}
+
+/// The link layer: where the IP header starts and which protocol it is.
+pub struct L2 {
+    pub l3_off: usize,
+    pub ethertype: u16,
+}
+
+/// Ethernet plus at most one 802.1Q tag. `None`: frame shorter than its link header.
+#[inline(always)]
+pub fn parse_l2(ctx: &XdpContext) -> Option<L2> {
+    let eth: *const EthHdr = ptr_at(ctx, 0).ok()?;
+    let ethertype = be16(unsafe { (*eth).proto });
+    if ethertype != ETH_P_8021Q {
+        return Some(L2 {
+            l3_off: ETH_HLEN,
+            ethertype,
+        });
+    }
+    let vlan: *const VlanHdr = ptr_at(ctx, ETH_HLEN).ok()?;
+    Some(L2 {
+        l3_off: ETH_HLEN + VLAN_HLEN,
+        ethertype: be16(unsafe { (*vlan).proto }),
+    })
+}

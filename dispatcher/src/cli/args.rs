@@ -1,0 +1,49 @@
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "dispatcher",
+    version,
+    about = "XDP-assisted L4+L7 dispatcher for replicated application server clusters"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Load and attach the XDP program, fill the maps from FILE, run until SIGTERM.
+    Run {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// On exit, leave the program attached and the maps pinned (L4 forwarding goes on).
+        #[arg(long)]
+        keep_dataplane: bool,
+    },
+    /// Validate a configuration file; errors name the line and the field.
+    Check { file: PathBuf },
+    /// Attach the IPIP decapsulation program to a backend's interface until SIGTERM.
+    Decap {
+        #[arg(long)]
+        iface: String,
+        /// Attach in generic (skb) mode.
+        #[arg(long)]
+        generic: bool,
+    },
+    /// Show VIPs, backends and XDP counters from the pinned maps.
+    Status {
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Detach the program and remove the pinned maps of the configured instance.
+    Stop {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+}

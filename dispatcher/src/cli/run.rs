@@ -1,0 +1,86 @@
+use std::{path::Path, process::ExitCode};
+
+use anyhow::Context as _;
+use aya::programs::links::{FdLink, PinnedLink};
+use dispatcher::{
+    config::Config,
+    dataplane::{
+        self,
+        tables::{initial_states, Tables},
+        Attached, LoadOptions,
+    },
+};
+
+pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<ExitCode> {
+    let cfg = Config::load(path)?;
+    super::init_logging(&cfg.log_level);
+    let pin_dir = cfg.pin_dir();
+    let adopted = pin_dir.join("VIPS").exists();
+    let mut ebpf = dataplane::load_dispatcher(&LoadOptions {
+        pin_dir: Some(&pin_dir),
+        flow_table_size: cfg.flow_table_size,
+        affinity_table_size: cfg.affinity_table_size,
+    })
+    .with_context(|| format!("loading the data plane pinned under {}", pin_dir.display()))?;
+    let mut tables = Tables::from_ebpf(&mut ebpf)?;
+    if adopted {
+        for (i, v) in cfg.vips.iter().enumerate() {
+            tables.adopt_ring(i as u32, v.ring_size)?;
+        }
+        tracing::info!(dir = %pin_dir.display(), flows = tables.flow_count(), "adopted pinned maps");
+    }
+    let states = initial_states(&cfg);
+    tables
+        .apply(&cfg, &states)
+        .context("writing the configuration into the maps")?;
+
+    let link_path = pin_dir.join("link");
+    let (link, how) = if link_path.exists() {
+        // A previous run left the program attached: swap the new program in atomically.
+        let fd: FdLink = PinnedLink::from_pin(&link_path)
+            .context("opening the pinned XDP link")?
+            .into();
+        let xdp_link =
+            aya::programs::xdp::XdpLink::try_from(fd).context("pinned link is not an XDP link")?;
+        let xdp = dataplane::program(&mut ebpf, "dispatcher")?;
+        let id = xdp
+            .attach_to_link(xdp_link)
+            .context("replacing the attached program")?;
+        let link = FdLink::try_from(xdp.take_link(id)?).context("XDP link")?;
+        (link, "replaced")
+    } else {
+        let (link, how) = dataplane::attach(&mut ebpf, "dispatcher", &cfg.interface, cfg.xdp_mode)
+            .with_context(|| format!("attaching to {}", cfg.interface))?;
+        let link: FdLink = link.pin(&link_path).context("pinning the XDP link")?.into();
+        (
+            link,
+            if how == Attached::Native {
+                "native"
+            } else {
+                "generic"
+            },
+        )
+    };
+    tracing::info!(interface = %cfg.interface, mode = how, vips = cfg.vips.len(), backends = cfg.backends.len(), "dispatcher running");
+
+    let why = super::wait_for_shutdown()?;
+    if keep_dataplane {
+        tracing::info!(signal = why, dir = %pin_dir.display(), "exiting; program stays attached and maps stay pinned");
+    } else {
+        let _ = std::fs::remove_file(&link_path);
+        drop(link);
+        drop(tables);
+        dataplane::unpin_all(&pin_dir)?;
+        tracing::info!(signal = why, "detached and unpinned");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn stop(path: &Path) -> anyhow::Result<ExitCode> {
+    let cfg = Config::load(path)?;
+    let dir = cfg.pin_dir();
+    // Removing the link's pin detaches the program once no agent holds the link.
+    dataplane::unpin_all(&dir)?;
+    println!("removed {}", dir.display());
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,796 @@
+//! The TOML configuration: parsing, defaults and validation with errors that name the
+//! file, the line and the field.
+
+use std::{
+    collections::{HashMap, HashSet},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    ops::Range,
+    path::{Path, PathBuf},
+    str::FromStr,
+    time::Duration,
+};
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use dispatcher_common::{MAX_BACKENDS, MAX_RING_SIZE, MAX_VIPS};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{file}: cannot read: {source}")]
+    Read {
+        file: String,
+        source: std::io::Error,
+    },
+    #[error("{file}:{line}: {message}")]
+    Invalid {
+        file: String,
+        line: usize,
+        message: String,
+    },
+}
+
+/// Raw file shape. Every field a validation message must point at is `Spanned`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    dispatcher: Spanned<RawDispatcher>,
+    #[serde(default, rename = "backend")]
+    backends: Vec<Spanned<RawBackend>>,
+    #[serde(default, rename = "vip")]
+    vips: Vec<Spanned<RawVip>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDispatcher {
+    interface: Spanned<String>,
+    #[serde(default)]
+    instance: Option<Spanned<String>>,
+    #[serde(default)]
+    bpffs: Option<Spanned<String>>,
+    #[serde(default)]
+    xdp_mode: Option<Spanned<String>>,
+    #[serde(default)]
+    flow_table_size: Option<Spanned<u32>>,
+    #[serde(default)]
+    affinity_table_size: Option<Spanned<u32>>,
+    #[serde(default)]
+    log_level: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBackend {
+    name: Spanned<String>,
+    address: Spanned<String>,
+    #[serde(default)]
+    address6: Option<Spanned<String>>,
+    #[serde(default)]
+    mac: Option<Spanned<String>>,
+    #[serde(default)]
+    weight: Option<Spanned<u32>>,
+    #[serde(default)]
+    replica: Option<Spanned<String>>,
+    #[serde(default)]
+    clone_ids: Vec<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawVip {
+    name: Spanned<String>,
+    address: Spanned<String>,
+    port: Spanned<u16>,
+    #[serde(default)]
+    protocol: Option<Spanned<String>>,
+    #[serde(default)]
+    mode: Option<Spanned<String>>,
+    #[serde(default)]
+    forwarding: Option<Spanned<String>>,
+    #[serde(default)]
+    encap_source: Option<Spanned<String>>,
+    #[serde(default)]
+    backends: Option<Spanned<Vec<Spanned<String>>>>,
+    #[serde(default)]
+    ring_size: Option<Spanned<u32>>,
+    #[serde(default)]
+    sticky_time: Option<Spanned<String>>,
+    #[serde(default)]
+    port_group: Option<Spanned<String>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XdpAttachMode {
+    /// Native (driver) mode, falling back to generic with a message.
+    Auto,
+    Native,
+    Generic,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VipMode {
+    L4,
+    Http,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Forwarding {
+    Mac,
+    Ipip,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub interface: String,
+    pub instance: String,
+    pub bpffs: PathBuf,
+    pub xdp_mode: XdpAttachMode,
+    pub flow_table_size: u32,
+    pub affinity_table_size: u32,
+    pub log_level: String,
+    pub backends: Vec<Backend>,
+    pub vips: Vec<Vip>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Backend {
+    pub name: String,
+    pub address: Ipv4Addr,
+    pub address6: Option<Ipv6Addr>,
+    pub mac: Option<[u8; 6]>,
+    pub weight: u32,
+    /// Index into `Config::backends`.
+    pub replica: Option<usize>,
+    pub clone_ids: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Vip {
+    pub name: String,
+    pub address: IpAddr,
+    pub port: u16,
+    pub protocol: Protocol,
+    pub mode: VipMode,
+    pub forwarding: Forwarding,
+    pub encap_source: Option<IpAddr>,
+    /// Indexes into `Config::backends`.
+    pub backends: Vec<usize>,
+    pub ring_size: u32,
+    pub sticky_time: Option<Duration>,
+    /// VIPs with the same group share source-IP affinity (cross-port affinity).
+    pub port_group: u32,
+}
+
+impl Config {
+    /// The bpffs directory this instance pins its maps, program and link under.
+    pub fn pin_dir(&self) -> PathBuf {
+        self.bpffs.join("dispatcher").join(&self.instance)
+    }
+
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            file: file.clone(),
+            source,
+        })?;
+        Config::parse(&text, &file)
+    }
+
+    pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
+        let ctx = Ctx { text, file };
+        let raw: RawConfig = toml::from_str(text).map_err(|e| {
+            let line = e.span().map(|s| ctx.line(s.start)).unwrap_or(1);
+            ConfigError::Invalid {
+                file: file.to_string(),
+                line,
+                message: e.message().trim().to_string(),
+            }
+        })?;
+        ctx.build(raw)
+    }
+}
+
+/// Parse a duration such as `"2s"`, `"500ms"`, `"1m"`, `"1h"`, `"250us"`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    if num.is_empty() {
+        return Err(format!(
+            "`{s}` is not a duration (expected e.g. \"2s\", \"500ms\")"
+        ));
+    }
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("`{s}`: number too large"))?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "us" => Duration::from_micros(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        "h" => Duration::from_secs(n.saturating_mul(3600)),
+        _ => {
+            return Err(format!(
+                "`{s}`: unknown unit `{unit}` (use us, ms, s, m or h)"
+            ))
+        }
+    };
+    Ok(d)
+}
+
+pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
+    let parts: Vec<&str> = s.split(':').collect();
+    if parts.len() != 6 {
+        return Err(format!(
+            "`{s}` is not a MAC address (expected 6 hex pairs like 02:00:00:00:00:01)"
+        ));
+    }
+    let mut mac = [0u8; 6];
+    for (i, p) in parts.iter().enumerate() {
+        if p.len() != 2 {
+            return Err(format!("`{s}` is not a MAC address"));
+        }
+        mac[i] = u8::from_str_radix(p, 16).map_err(|_| format!("`{s}` is not a MAC address"))?;
+    }
+    Ok(mac)
+}
+
+pub fn is_prime(n: u32) -> bool {
+    if n < 2 {
+        return false;
+    }
+    let mut d = 2u64;
+    while d * d <= n as u64 {
+        if n as u64 % d == 0 {
+            return false;
+        }
+        d += 1;
+    }
+    true
+}
+
+struct Ctx<'a> {
+    text: &'a str,
+    file: &'a str,
+}
+
+impl Ctx<'_> {
+    fn line(&self, offset: usize) -> usize {
+        self.text[..offset.min(self.text.len())]
+            .bytes()
+            .filter(|&b| b == b'\n')
+            .count()
+            + 1
+    }
+
+    fn err(&self, span: Range<usize>, field: &str, message: impl std::fmt::Display) -> ConfigError {
+        ConfigError::Invalid {
+            file: self.file.to_string(),
+            line: self.line(span.start),
+            message: format!("{field}: {message}"),
+        }
+    }
+
+    fn parsed<T: FromStr>(
+        &self,
+        v: &Spanned<String>,
+        field: &str,
+        what: &str,
+    ) -> Result<T, ConfigError> {
+        v.get_ref()
+            .parse()
+            .map_err(|_| self.err(v.span(), field, format!("`{}` is not {what}", v.get_ref())))
+    }
+
+    fn choice<T: Copy>(
+        &self,
+        v: &Option<Spanned<String>>,
+        field: &str,
+        default: T,
+        options: &[(&str, T)],
+    ) -> Result<T, ConfigError> {
+        let Some(v) = v else { return Ok(default) };
+        options
+            .iter()
+            .find(|(name, _)| *name == v.get_ref())
+            .map(|(_, t)| *t)
+            .ok_or_else(|| {
+                let names: Vec<&str> = options.iter().map(|(n, _)| *n).collect();
+                self.err(
+                    v.span(),
+                    field,
+                    format!("`{}` is not one of {}", v.get_ref(), names.join(", ")),
+                )
+            })
+    }
+
+    fn build(&self, raw: RawConfig) -> Result<Config, ConfigError> {
+        let d = raw.dispatcher.get_ref();
+        let interface = d.interface.get_ref().clone();
+        if interface.is_empty() || interface.len() > 15 {
+            return Err(self.err(
+                d.interface.span(),
+                "dispatcher.interface",
+                "must be an interface name of 1 to 15 bytes",
+            ));
+        }
+        let instance = d
+            .instance
+            .as_ref()
+            .map(|s| s.get_ref().clone())
+            .unwrap_or_else(|| "default".into());
+        if instance.is_empty()
+            || !instance
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            let span = d
+                .instance
+                .as_ref()
+                .map(|s| s.span())
+                .unwrap_or(raw.dispatcher.span());
+            return Err(self.err(
+                span,
+                "dispatcher.instance",
+                "use letters, digits, '-' and '_' only",
+            ));
+        }
+        let xdp_mode = self.choice(
+            &d.xdp_mode,
+            "dispatcher.xdp_mode",
+            XdpAttachMode::Auto,
+            &[
+                ("auto", XdpAttachMode::Auto),
+                ("native", XdpAttachMode::Native),
+                ("generic", XdpAttachMode::Generic),
+            ],
+        )?;
+        let table =
+            |v: &Option<Spanned<u32>>, field: &str, default: u32| -> Result<u32, ConfigError> {
+                match v {
+                    None => Ok(default),
+                    Some(s) if *s.get_ref() >= 1024 => Ok(*s.get_ref()),
+                    Some(s) => Err(self.err(s.span(), field, "must be at least 1024")),
+                }
+            };
+        let flow_table_size = table(
+            &d.flow_table_size,
+            "dispatcher.flow_table_size",
+            dispatcher_common::DEFAULT_MAX_FLOWS,
+        )?;
+        let affinity_table_size = table(
+            &d.affinity_table_size,
+            "dispatcher.affinity_table_size",
+            dispatcher_common::DEFAULT_MAX_AFFINITY,
+        )?;
+        let log_level = d
+            .log_level
+            .as_ref()
+            .map(|s| s.get_ref().clone())
+            .unwrap_or_else(|| "info".into());
+
+        if raw.backends.len() > MAX_BACKENDS as usize {
+            return Err(self.err(
+                raw.backends[MAX_BACKENDS as usize].span(),
+                "backend",
+                format!("at most {MAX_BACKENDS} backends"),
+            ));
+        }
+        let mut by_name: HashMap<String, usize> = HashMap::new();
+        for (i, b) in raw.backends.iter().enumerate() {
+            let name = b.get_ref().name.get_ref();
+            if name.is_empty() {
+                return Err(self.err(
+                    b.get_ref().name.span(),
+                    &format!("backend[{i}].name"),
+                    "must not be empty",
+                ));
+            }
+            if by_name.insert(name.clone(), i).is_some() {
+                return Err(self.err(
+                    b.get_ref().name.span(),
+                    &format!("backend[{i}].name"),
+                    format!("`{name}` is defined twice"),
+                ));
+            }
+        }
+        let mut clone_owner: HashMap<String, usize> = HashMap::new();
+        let mut backends = Vec::new();
+        for (i, b) in raw.backends.iter().enumerate() {
+            let b = b.get_ref();
+            let f = |field: &str| format!("backend[{i}].{field}");
+            let address: Ipv4Addr = self.parsed(&b.address, &f("address"), "an IPv4 address")?;
+            let address6 = match &b.address6 {
+                Some(a) => Some(self.parsed::<Ipv6Addr>(a, &f("address6"), "an IPv6 address")?),
+                None => None,
+            };
+            let mac = match &b.mac {
+                Some(m) => {
+                    Some(parse_mac(m.get_ref()).map_err(|e| self.err(m.span(), &f("mac"), e))?)
+                }
+                None => None,
+            };
+            let weight = match &b.weight {
+                Some(w) if *w.get_ref() == 0 || *w.get_ref() > 10_000 => {
+                    return Err(self.err(
+                        w.span(),
+                        &f("weight"),
+                        "must be 1..=10000 (drain a backend instead of weight 0)",
+                    ));
+                }
+                Some(w) => *w.get_ref(),
+                None => 100,
+            };
+            let replica = match &b.replica {
+                Some(r) => {
+                    let Some(&ri) = by_name.get(r.get_ref()) else {
+                        return Err(self.err(
+                            r.span(),
+                            &f("replica"),
+                            format!("names no backend: `{}`", r.get_ref()),
+                        ));
+                    };
+                    if ri == i {
+                        return Err(self.err(
+                            r.span(),
+                            &f("replica"),
+                            "a backend cannot be its own replica",
+                        ));
+                    }
+                    Some(ri)
+                }
+                None => None,
+            };
+            for c in &b.clone_ids {
+                let id = c.get_ref();
+                if id.is_empty() || id.contains(':') || id.len() > 64 {
+                    return Err(self.err(
+                        c.span(),
+                        &f("clone_ids"),
+                        format!("`{id}`: 1 to 64 bytes, no ':'"),
+                    ));
+                }
+                if let Some(prev) = clone_owner.insert(id.clone(), i) {
+                    return Err(self.err(
+                        c.span(),
+                        &f("clone_ids"),
+                        format!(
+                            "clone ID `{id}` already belongs to backend `{}`",
+                            raw.backends[prev].get_ref().name.get_ref()
+                        ),
+                    ));
+                }
+            }
+            backends.push(Backend {
+                name: b.name.get_ref().clone(),
+                address,
+                address6,
+                mac,
+                weight,
+                replica,
+                clone_ids: b.clone_ids.iter().map(|c| c.get_ref().clone()).collect(),
+            });
+        }
+
+        if raw.vips.len() > MAX_VIPS as usize {
+            return Err(self.err(
+                raw.vips[MAX_VIPS as usize].span(),
+                "vip",
+                format!("at most {MAX_VIPS} VIPs"),
+            ));
+        }
+        let mut groups: HashMap<String, u32> = HashMap::new();
+        let mut seen: HashSet<(IpAddr, u16, Protocol)> = HashSet::new();
+        let mut names: HashSet<String> = HashSet::new();
+        let mut vips = Vec::new();
+        for (i, v) in raw.vips.iter().enumerate() {
+            let v = v.get_ref();
+            let f = |field: &str| format!("vip[{i}].{field}");
+            if !names.insert(v.name.get_ref().clone()) {
+                return Err(self.err(
+                    v.name.span(),
+                    &f("name"),
+                    format!("`{}` is defined twice", v.name.get_ref()),
+                ));
+            }
+            let address: IpAddr = self.parsed(&v.address, &f("address"), "an IP address")?;
+            if *v.port.get_ref() == 0 {
+                return Err(self.err(v.port.span(), &f("port"), "must be 1..=65535"));
+            }
+            let protocol = self.choice(
+                &v.protocol,
+                &f("protocol"),
+                Protocol::Tcp,
+                &[("tcp", Protocol::Tcp), ("udp", Protocol::Udp)],
+            )?;
+            if !seen.insert((address, *v.port.get_ref(), protocol)) {
+                return Err(self.err(
+                    v.port.span(),
+                    &f("port"),
+                    "another VIP has the same address, port and protocol",
+                ));
+            }
+            let mode = self.choice(
+                &v.mode,
+                &f("mode"),
+                VipMode::L4,
+                &[("l4", VipMode::L4), ("http", VipMode::Http)],
+            )?;
+            if mode == VipMode::Http && protocol != Protocol::Tcp {
+                return Err(self.err(
+                    v.mode.as_ref().unwrap().span(),
+                    &f("mode"),
+                    "http needs protocol tcp",
+                ));
+            }
+            let forwarding = self.choice(
+                &v.forwarding,
+                &f("forwarding"),
+                Forwarding::Mac,
+                &[("mac", Forwarding::Mac), ("ipip", Forwarding::Ipip)],
+            )?;
+            let encap_source = match &v.encap_source {
+                Some(a) => {
+                    let ip: IpAddr = self.parsed(a, &f("encap_source"), "an IP address")?;
+                    if ip.is_ipv4() != address.is_ipv4() {
+                        return Err(self.err(
+                            a.span(),
+                            &f("encap_source"),
+                            "must be of the VIP's address family",
+                        ));
+                    }
+                    Some(ip)
+                }
+                None => None,
+            };
+            if mode == VipMode::L4 && forwarding == Forwarding::Ipip && encap_source.is_none() {
+                let span = v.forwarding.as_ref().unwrap().span();
+                return Err(self.err(
+                    span,
+                    &f("encap_source"),
+                    "required with forwarding = \"ipip\"",
+                ));
+            }
+            let members: Vec<usize> = match &v.backends {
+                Some(list) => {
+                    let mut out = Vec::new();
+                    for n in list.get_ref() {
+                        let Some(&bi) = by_name.get(n.get_ref()) else {
+                            return Err(self.err(
+                                n.span(),
+                                &f("backends"),
+                                format!("names no backend: `{}`", n.get_ref()),
+                            ));
+                        };
+                        if out.contains(&bi) {
+                            return Err(self.err(
+                                n.span(),
+                                &f("backends"),
+                                format!("`{}` listed twice", n.get_ref()),
+                            ));
+                        }
+                        out.push(bi);
+                    }
+                    out
+                }
+                None => (0..backends.len()).collect(),
+            };
+            if mode == VipMode::L4 {
+                for &bi in &members {
+                    let b = &backends[bi];
+                    let span = raw.backends[bi].span();
+                    if b.mac.is_none() {
+                        return Err(self.err(
+                            span,
+                            &format!("backend[{bi}].mac"),
+                            format!(
+                                "required: backend `{}` serves L4 VIP `{}`",
+                                b.name,
+                                v.name.get_ref()
+                            ),
+                        ));
+                    }
+                    if forwarding == Forwarding::Ipip && address.is_ipv6() && b.address6.is_none() {
+                        return Err(self.err(
+                            span,
+                            &format!("backend[{bi}].address6"),
+                            format!(
+                                "required: backend `{}` serves IPv6 IPIP VIP `{}`",
+                                b.name,
+                                v.name.get_ref()
+                            ),
+                        ));
+                    }
+                }
+            }
+            let ring_size = match &v.ring_size {
+                Some(r) => {
+                    let n = *r.get_ref();
+                    if !is_prime(n) || n > MAX_RING_SIZE {
+                        return Err(self.err(
+                            r.span(),
+                            &f("ring_size"),
+                            format!("{n} must be a prime no larger than {MAX_RING_SIZE}"),
+                        ));
+                    }
+                    if (n as usize) < members.len() * 10 {
+                        return Err(self.err(
+                            r.span(),
+                            &f("ring_size"),
+                            format!(
+                                "{n} is too small for {} backends (want at least 10 slots each)",
+                                members.len()
+                            ),
+                        ));
+                    }
+                    n
+                }
+                None => dispatcher_common::DEFAULT_RING_SIZE,
+            };
+            let sticky_time = match &v.sticky_time {
+                Some(s) => {
+                    let d = parse_duration(s.get_ref())
+                        .map_err(|e| self.err(s.span(), &f("sticky_time"), e))?;
+                    if d.as_secs() == 0 || d.as_secs() > u32::MAX as u64 {
+                        return Err(self.err(s.span(), &f("sticky_time"), "must be at least 1s"));
+                    }
+                    Some(d)
+                }
+                None => None,
+            };
+            let next = groups.len() as u32 + MAX_VIPS;
+            let port_group = match &v.port_group {
+                Some(g) => *groups.entry(g.get_ref().clone()).or_insert(next),
+                None => i as u32,
+            };
+            vips.push(Vip {
+                name: v.name.get_ref().clone(),
+                address,
+                port: *v.port.get_ref(),
+                protocol,
+                mode,
+                forwarding,
+                encap_source,
+                backends: members,
+                ring_size,
+                sticky_time,
+                port_group,
+            });
+        }
+        let bpffs = PathBuf::from(
+            d.bpffs
+                .as_ref()
+                .map(|s| s.get_ref().as_str())
+                .unwrap_or("/sys/fs/bpf"),
+        );
+        Ok(Config {
+            interface,
+            instance,
+            bpffs,
+            xdp_mode,
+            flow_table_size,
+            affinity_table_size,
+            log_level,
+            backends,
+            vips,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[dispatcher]
+interface = "eth0"
+instance = "t1"
+
+[[backend]]
+name = "a"
+address = "10.0.0.11"
+mac = "02:00:00:00:00:11"
+replica = "b"
+clone_ids = ["cloneA"]
+
+[[backend]]
+name = "b"
+address = "10.0.0.12"
+mac = "02:00:00:00:00:12"
+weight = 200
+replica = "a"
+
+[[vip]]
+name = "web"
+address = "10.0.100.1"
+port = 80
+ring_size = 251
+sticky_time = "30s"
+port_group = "g"
+
+[[vip]]
+name = "tls"
+address = "10.0.100.1"
+port = 443
+forwarding = "ipip"
+encap_source = "10.0.0.1"
+port_group = "g"
+"#;
+
+    fn err_of(text: &str) -> String {
+        Config::parse(text, "x.toml")
+            .expect_err("must be rejected")
+            .to_string()
+    }
+
+    #[test]
+    fn parses_a_complete_file() {
+        let c = Config::parse(GOOD, "x.toml").unwrap();
+        assert_eq!(c.backends.len(), 2);
+        assert_eq!(c.backends[0].replica, Some(1));
+        assert_eq!(c.backends[1].weight, 200);
+        assert_eq!(c.vips[0].backends, vec![0, 1]);
+        assert_eq!(c.vips[0].sticky_time, Some(Duration::from_secs(30)));
+        assert_eq!(c.vips[0].port_group, c.vips[1].port_group);
+        assert_eq!(c.vips[1].forwarding, Forwarding::Ipip);
+        assert_eq!(c.pin_dir(), PathBuf::from("/sys/fs/bpf/dispatcher/t1"));
+    }
+
+    #[test]
+    fn errors_name_line_and_field() {
+        let e = err_of(&GOOD.replace("replica = \"b\"", "replica = \"nope\""));
+        assert_eq!(e, "x.toml:10: backend[0].replica: names no backend: `nope`");
+        let e = err_of(&GOOD.replace("replica = \"b\"", "replica = \"a\""));
+        assert!(
+            e.contains("x.toml:10: backend[0].replica: a backend cannot be its own replica"),
+            "{e}"
+        );
+        let e = err_of(&GOOD.replace("ring_size = 251", "ring_size = 250"));
+        assert!(
+            e.starts_with("x.toml:24: vip[0].ring_size: 250 must be a prime"),
+            "{e}"
+        );
+        let e = err_of(&GOOD.replace("address = \"10.0.0.12\"", "address = \"10.0.0.300\""));
+        assert!(
+            e.starts_with("x.toml:15: backend[1].address: `10.0.0.300` is not an IPv4 address"),
+            "{e}"
+        );
+        let e = err_of(&GOOD.replace("weight = 200", "wieght = 200"));
+        assert!(e.starts_with("x.toml:17: unknown field `wieght`"), "{e}");
+        let e = err_of(&GOOD.replace("sticky_time = \"30s\"", "sticky_time = \"30 parsecs\""));
+        assert!(e.starts_with("x.toml:25: vip[0].sticky_time:"), "{e}");
+        let e = err_of(&GOOD.replace("mac = \"02:00:00:00:00:12\"", "mac = \"02:00:00:00:12\""));
+        assert!(e.starts_with("x.toml:16: backend[1].mac:"), "{e}");
+        let e = err_of(&GOOD.replace("encap_source = \"10.0.0.1\"\n", ""));
+        assert!(e.contains("vip[1].encap_source: required"), "{e}");
+        let e = err_of(&format!("{GOOD}\n[[backend]]\nname = \"c\"\naddress = \"10.0.0.13\"\nclone_ids = [\"cloneA\"]\n"));
+        assert!(
+            e.contains("backend[2].clone_ids: clone ID `cloneA` already belongs to backend `a`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2s").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_duration("1m").unwrap(), Duration::from_secs(60));
+        assert!(parse_duration("s").is_err());
+        assert!(parse_duration("1.5s").is_err());
+        assert!(parse_duration("-1s").is_err());
+        assert!(parse_duration("3days").is_err());
+    }
+
+    #[test]
+    fn primes() {
+        assert!(is_prime(65537) && is_prime(251) && is_prime(2));
+        assert!(!is_prime(65536) && !is_prime(1) && !is_prime(0) && !is_prime(9));
+    }
+}

@@ -1,0 +1,188 @@
+//! The agent's side of the XDP data plane: loading and pinning the program, attaching it,
+//! and writing the maps (`tables`) from the configuration.
+
+pub mod object;
+pub mod tables;
+
+use std::path::{Path, PathBuf};
+
+use aya::{
+    programs::{links::FdLink, Xdp, XdpMode},
+    Ebpf, EbpfLoader,
+};
+
+use crate::config::XdpAttachMode;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DataplaneError {
+    #[error("loading the XDP program: {0}")]
+    Load(#[from] aya::EbpfError),
+    #[error("{what}: {source}")]
+    Program {
+        what: String,
+        source: aya::programs::ProgramError,
+    },
+    #[error("map {name}: {source}")]
+    Map {
+        name: &'static str,
+        source: aya::maps::MapError,
+    },
+    #[error("map {0} missing from the program object")]
+    MissingMap(&'static str),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+}
+
+/// The map names, as DESIGN.md fixes them.
+pub const MAP_NAMES: [&str; 7] = [
+    "VIPS", "BACKENDS", "RINGS", "FLOWS", "AFFINITY", "CLONES", "STATS",
+];
+
+/// How the program was attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attached {
+    Native,
+    Generic,
+}
+
+pub struct LoadOptions<'a> {
+    /// Pin (and adopt) the maps under this directory; `None` keeps them private.
+    pub pin_dir: Option<&'a Path>,
+    pub flow_table_size: u32,
+    pub affinity_table_size: u32,
+}
+
+impl Default for LoadOptions<'_> {
+    fn default() -> Self {
+        LoadOptions {
+            pin_dir: None,
+            flow_table_size: dispatcher_common::DEFAULT_MAX_FLOWS,
+            affinity_table_size: dispatcher_common::DEFAULT_MAX_AFFINITY,
+        }
+    }
+}
+
+/// Loads the dispatcher program. With a pin directory, maps already pinned there by an
+/// earlier run are adopted (their contents kept), missing ones are created and pinned.
+pub fn load_dispatcher(opts: &LoadOptions) -> Result<Ebpf, DataplaneError> {
+    let mut loader = EbpfLoader::new();
+    loader.map_max_entries("FLOWS", opts.flow_table_size);
+    loader.map_max_entries("AFFINITY", opts.affinity_table_size);
+    let paths: Vec<(&str, PathBuf)> = match opts.pin_dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).map_err(|source| DataplaneError::Io {
+                what: format!("creating {}", dir.display()),
+                source,
+            })?;
+            MAP_NAMES.iter().map(|n| (*n, dir.join(n))).collect()
+        }
+        None => Vec::new(),
+    };
+    for (name, path) in &paths {
+        loader.map_pin_path(name, path.as_path());
+    }
+    let mut ebpf = loader.load(object::DISPATCHER)?;
+    program(&mut ebpf, "dispatcher")?
+        .load()
+        .map_err(|source| DataplaneError::Program {
+            what: "verifying the dispatcher program".into(),
+            source,
+        })?;
+    Ok(ebpf)
+}
+
+/// Loads the `decap` program (no maps).
+pub fn load_decap() -> Result<Ebpf, DataplaneError> {
+    let mut ebpf = Ebpf::load(object::DECAP)?;
+    program(&mut ebpf, "decap")?
+        .load()
+        .map_err(|source| DataplaneError::Program {
+            what: "verifying the decap program".into(),
+            source,
+        })?;
+    Ok(ebpf)
+}
+
+pub fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut Xdp, DataplaneError> {
+    let p = ebpf.program_mut(name).ok_or_else(|| DataplaneError::Io {
+        what: format!("program {name}"),
+        source: std::io::Error::new(std::io::ErrorKind::NotFound, "not in the object"),
+    })?;
+    p.try_into().map_err(|source| DataplaneError::Program {
+        what: format!("program {name} is not XDP"),
+        source,
+    })
+}
+
+/// Attaches `prog` to `iface`. `Auto` tries native mode first and falls back to generic
+/// (skb) mode, which works on every interface but runs later in the stack.
+pub fn attach(
+    ebpf: &mut Ebpf,
+    prog: &str,
+    iface: &str,
+    mode: XdpAttachMode,
+) -> Result<(FdLink, Attached), DataplaneError> {
+    let xdp = program(ebpf, prog)?;
+    let try_mode = |xdp: &mut Xdp, m: XdpMode| -> Result<FdLink, aya::programs::ProgramError> {
+        let id = xdp.attach(iface, m)?;
+        let link = xdp.take_link(id)?;
+        FdLink::try_from(link)
+            .map_err(|e| aya::programs::ProgramError::IOError(std::io::Error::other(e.to_string())))
+    };
+    let what = |m: &str| format!("attaching {prog} to {iface} in {m} mode");
+    match mode {
+        XdpAttachMode::Native => try_mode(xdp, XdpMode::Driver)
+            .map(|l| (l, Attached::Native))
+            .map_err(|source| DataplaneError::Program {
+                what: what("native"),
+                source,
+            }),
+        XdpAttachMode::Generic => try_mode(xdp, XdpMode::Skb)
+            .map(|l| (l, Attached::Generic))
+            .map_err(|source| DataplaneError::Program {
+                what: what("generic"),
+                source,
+            }),
+        XdpAttachMode::Auto => match try_mode(xdp, XdpMode::Driver) {
+            Ok(l) => Ok((l, Attached::Native)),
+            Err(e) => {
+                tracing::warn!(interface = iface, error = %e, "native XDP not available, falling back to generic (skb) mode");
+                try_mode(xdp, XdpMode::Skb)
+                    .map(|l| (l, Attached::Generic))
+                    .map_err(|source| DataplaneError::Program {
+                        what: what("generic"),
+                        source,
+                    })
+            }
+        },
+    }
+}
+
+/// Removes what `load_dispatcher` pinned under `dir` (and a pinned link), then the
+/// directory itself. Missing files are fine: cleanup must be repeatable.
+pub fn unpin_all(dir: &Path) -> Result<(), DataplaneError> {
+    for name in MAP_NAMES.iter().copied().chain(["link", "prog"]) {
+        let p = dir.join(name);
+        match std::fs::remove_file(&p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(DataplaneError::Io {
+                    what: format!("removing {}", p.display()),
+                    source,
+                })
+            }
+        }
+    }
+    match std::fs::remove_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(DataplaneError::Io {
+            what: format!("removing {}", dir.display()),
+            source,
+        }),
+    }
+}

@@ -1,0 +1,8 @@
+//! The XDP programs, built by `build.rs` and embedded in the agent.
+
+use aya::include_bytes_aligned;
+
+/// The dispatcher's XDP program and its maps.
+pub static DISPATCHER: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/dispatcher"));
+/// The backends' IPIP decapsulation program.
+pub static DECAP: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/decap"));

@@ -1,0 +1,244 @@
+//! Typed handles on the shared maps, and the translation of the configuration into their
+//! entries: `VIPS`, `BACKENDS` and the Maglev `RINGS`.
+
+use std::net::IpAddr;
+
+use aya::{
+    maps::{Array, HashMap, MapData, PerCpuArray},
+    Ebpf,
+};
+use dispatcher_common::{
+    stats, BackendInfo, Counter, FlowKey, FlowValue, VipInfo, VipKey, AF_INET, AF_INET6, FWD_IPIP,
+    FWD_MAC, IPPROTO_TCP, IPPROTO_UDP, MAX_RING_SIZE, MODE_ADDR_MARKER, MODE_HTTP, MODE_L4,
+    NO_BACKEND, STATE_UP, VIP_F_AFFINITY,
+};
+
+use super::DataplaneError;
+use crate::{
+    config::{Backend, Config, Forwarding, Protocol, Vip, VipMode},
+    maglev,
+};
+
+pub struct Tables {
+    pub vips: HashMap<MapData, VipKey, VipInfo>,
+    pub backends: Array<MapData, BackendInfo>,
+    pub rings: Array<MapData, u32>,
+    pub flows: HashMap<MapData, FlowKey, FlowValue>,
+    pub stats: PerCpuArray<MapData, Counter>,
+    /// What the ring of each VIP holds now, so a rebuild writes only changed slots.
+    ring_cache: Vec<Vec<u32>>,
+}
+
+fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, DataplaneError>
+where
+    T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
+{
+    let map = ebpf
+        .take_map(name)
+        .ok_or(DataplaneError::MissingMap(name))?;
+    T::try_from(map).map_err(|source| DataplaneError::Map { name, source })
+}
+
+fn map_err(name: &'static str) -> impl Fn(aya::maps::MapError) -> DataplaneError {
+    move |source| DataplaneError::Map { name, source }
+}
+
+/// An IP address as the maps store it: network order, IPv4 in the first 4 bytes.
+pub fn addr_bytes(a: IpAddr) -> ([u8; 16], u8) {
+    match a {
+        IpAddr::V4(v4) => {
+            let mut out = [0u8; 16];
+            out[..4].copy_from_slice(&v4.octets());
+            (out, AF_INET)
+        }
+        IpAddr::V6(v6) => (v6.octets(), AF_INET6),
+    }
+}
+
+pub fn vip_key(v: &Vip) -> VipKey {
+    let (addr, family) = addr_bytes(v.address);
+    let proto = match v.protocol {
+        Protocol::Tcp => IPPROTO_TCP,
+        Protocol::Udp => IPPROTO_UDP,
+    };
+    VipKey {
+        addr,
+        port: v.port.to_be(),
+        proto,
+        family,
+    }
+}
+
+pub fn vip_info(id: u32, v: &Vip) -> VipInfo {
+    VipInfo {
+        id,
+        mode: match v.mode {
+            VipMode::L4 => MODE_L4,
+            VipMode::Http => MODE_HTTP,
+        },
+        forward: match v.forwarding {
+            Forwarding::Mac => FWD_MAC,
+            Forwarding::Ipip => FWD_IPIP,
+        },
+        flags: if v.sticky_time.is_some() {
+            VIP_F_AFFINITY
+        } else {
+            0
+        },
+        ring_size: v.ring_size,
+        sticky_secs: v.sticky_time.map(|d| d.as_secs() as u32).unwrap_or(0),
+        port_group: v.port_group,
+        _pad: 0,
+        encap_src: v.encap_source.map(|a| addr_bytes(a).0).unwrap_or([0; 16]),
+    }
+}
+
+pub fn backend_info(b: &Backend, state: u8) -> BackendInfo {
+    BackendInfo {
+        addr4: b.address.octets(),
+        addr6: b.address6.map(|a| a.octets()).unwrap_or([0; 16]),
+        mac: b.mac.unwrap_or([0; 6]),
+        state,
+        _pad: 0,
+        replica: b.replica.map(|r| r as u32).unwrap_or(NO_BACKEND),
+        weight: b.weight,
+    }
+}
+
+impl Tables {
+    pub fn from_ebpf(ebpf: &mut Ebpf) -> Result<Tables, DataplaneError> {
+        Ok(Tables {
+            vips: take(ebpf, "VIPS")?,
+            backends: take(ebpf, "BACKENDS")?,
+            rings: take(ebpf, "RINGS")?,
+            flows: take(ebpf, "FLOWS")?,
+            stats: take(ebpf, "STATS")?,
+            ring_cache: Vec::new(),
+        })
+    }
+
+    pub fn set_backend(&mut self, id: u32, info: &BackendInfo) -> Result<(), DataplaneError> {
+        self.backends.set(id, info, 0).map_err(map_err("BACKENDS"))
+    }
+
+    pub fn backend(&self, id: u32) -> Result<BackendInfo, DataplaneError> {
+        self.backends.get(&id, 0).map_err(map_err("BACKENDS"))
+    }
+
+    /// Writes a VIP's ring, touching only the slots that change: every slot holds the old
+    /// or the new backend at any moment, never nothing.
+    pub fn write_ring(&mut self, vip_id: u32, table: &[u32]) -> Result<usize, DataplaneError> {
+        let idx = vip_id as usize;
+        if self.ring_cache.len() <= idx {
+            self.ring_cache.resize(idx + 1, Vec::new());
+        }
+        let base = vip_id * MAX_RING_SIZE;
+        let mut written = 0;
+        for (slot, &b) in table.iter().enumerate() {
+            if self.ring_cache[idx].get(slot) != Some(&b) {
+                self.rings
+                    .set(base + slot as u32, b, 0)
+                    .map_err(map_err("RINGS"))?;
+                written += 1;
+            }
+        }
+        self.ring_cache[idx] = table.to_vec();
+        Ok(written)
+    }
+
+    /// Loads the ring currently in the map (e.g. adopted from a previous run) into the
+    /// cache, so the next rebuild writes only differences.
+    pub fn adopt_ring(&mut self, vip_id: u32, size: u32) -> Result<(), DataplaneError> {
+        let base = vip_id * MAX_RING_SIZE;
+        let mut cur = Vec::with_capacity(size as usize);
+        for slot in 0..size {
+            cur.push(
+                self.rings
+                    .get(&(base + slot), 0)
+                    .map_err(map_err("RINGS"))?,
+            );
+        }
+        let idx = vip_id as usize;
+        if self.ring_cache.len() <= idx {
+            self.ring_cache.resize(idx + 1, Vec::new());
+        }
+        self.ring_cache[idx] = cur;
+        Ok(())
+    }
+
+    /// Rebuilds a VIP's Maglev table from the backends that take new flows.
+    pub fn rebuild_ring(
+        &mut self,
+        vip_id: u32,
+        vip: &Vip,
+        cfg: &Config,
+        states: &[u8],
+    ) -> Result<usize, DataplaneError> {
+        let members: Vec<maglev::Member> = vip
+            .backends
+            .iter()
+            .filter(|&&b| states.get(b).copied() == Some(STATE_UP))
+            .map(|&b| maglev::Member {
+                id: b as u32,
+                key: &cfg.backends[b].name,
+                weight: cfg.backends[b].weight,
+            })
+            .collect();
+        let table = maglev::build(&members, vip.ring_size);
+        self.write_ring(vip_id, &table)
+    }
+
+    /// Writes the whole configuration: backends with the given states, VIPs with their
+    /// address markers, and every ring.
+    pub fn apply(&mut self, cfg: &Config, states: &[u8]) -> Result<(), DataplaneError> {
+        for (i, b) in cfg.backends.iter().enumerate() {
+            self.set_backend(i as u32, &backend_info(b, states[i]))?;
+        }
+        for (i, v) in cfg.vips.iter().enumerate() {
+            let id = i as u32;
+            // Ring before VIP: a VIP never becomes visible with an unfilled table.
+            self.rebuild_ring(id, v, cfg, states)?;
+            let key = vip_key(v);
+            let marker = VipKey { port: 0, ..key };
+            let marker_info = VipInfo {
+                id,
+                mode: MODE_ADDR_MARKER,
+                ..Default::default()
+            };
+            self.vips
+                .insert(marker, marker_info, 0)
+                .map_err(map_err("VIPS"))?;
+            self.vips
+                .insert(key, vip_info(id, v), 0)
+                .map_err(map_err("VIPS"))?;
+        }
+        Ok(())
+    }
+
+    /// One counter summed over all CPUs.
+    pub fn counter(&self, slot: u32) -> Result<Counter, DataplaneError> {
+        let per_cpu = self.stats.get(&slot, 0).map_err(map_err("STATS"))?;
+        Ok(per_cpu.iter().fold(Counter::default(), |acc, c| Counter {
+            packets: acc.packets + c.packets,
+            bytes: acc.bytes + c.bytes,
+        }))
+    }
+
+    pub fn global_counters(&self) -> Result<Vec<(&'static str, Counter)>, DataplaneError> {
+        stats::GLOBAL_NAMES
+            .iter()
+            .enumerate()
+            .map(|(i, n)| Ok((*n, self.counter(i as u32)?)))
+            .collect()
+    }
+
+    /// Number of entries in the flow table (walks it; for status, not for hot paths).
+    pub fn flow_count(&self) -> usize {
+        self.flows.keys().filter(|k| k.is_ok()).count()
+    }
+}
+
+/// The initial state of every backend: up until health checks say otherwise.
+pub fn initial_states(cfg: &Config) -> Vec<u8> {
+    vec![STATE_UP; cfg.backends.len()]
+}

@@ -1,0 +1,9 @@
+//! dispatcher: an XDP-assisted L4 + L7 dispatcher for clusters of Java application
+//! servers with peer replicas.
+//!
+//! Where a packet goes: `dispatcher-ebpf` (the XDP program), fed by `dataplane`, which
+//! writes the shared maps from `config`, with Maglev tables from `maglev`.
+
+pub mod config;
+pub mod dataplane;
+pub mod maglev;
