@@ -1,1 +1,5 @@
+//! Support for the dispatcher's tests: a packet builder and the XDP fixture harness
+//! (BPF_PROG_TEST_RUN), and the network-namespace testbed.
 
+pub mod fixture;
+pub mod packet;

@@ -146,6 +146,14 @@ impl Tables {
         Ok(written)
     }
 
+    /// The table last written for a VIP.
+    pub fn ring(&self, vip_id: u32) -> Option<&[u32]> {
+        self.ring_cache
+            .get(vip_id as usize)
+            .map(|v| v.as_slice())
+            .filter(|v| !v.is_empty())
+    }
+
     /// Loads the ring currently in the map (e.g. adopted from a previous run) into the
     /// cache, so the next rebuild writes only differences.
     pub fn adopt_ring(&mut self, vip_id: u32, size: u32) -> Result<(), DataplaneError> {

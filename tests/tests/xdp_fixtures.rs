@@ -1,0 +1,715 @@
+//! Packet fixtures for the XDP program, run through BPF_PROG_TEST_RUN (needs root).
+//! Each case: input packet -> expected verdict, expected output bytes, expected counters.
+
+use dispatcher_common::{
+    stats::{self, backend_slot, vip_slot},
+    AffinityKey, AffinityValue, STATE_DOWN, STATE_DRAIN, STATE_UP,
+};
+use dispatcher_tests::{
+    fixture::{flow_key, Fixture, XDP_DROP, XDP_PASS, XDP_TX},
+    packet::{eth, ipv4_header, ipv6_header, Packet, LB_MAC, TCP_ACK},
+};
+
+const CONFIG: &str = r#"
+[dispatcher]
+interface = "lo"
+
+[[backend]]
+name = "b0"
+address = "10.0.0.10"
+address6 = "fd00::10"
+mac = "02:00:00:00:01:00"
+replica = "b1"
+
+[[backend]]
+name = "b1"
+address = "10.0.0.11"
+address6 = "fd00::11"
+mac = "02:00:00:00:01:01"
+replica = "b0"
+
+[[backend]]
+name = "b2"
+address = "10.0.0.12"
+address6 = "fd00::12"
+mac = "02:00:00:00:01:02"
+replica = "b3"
+
+[[backend]]
+name = "b3"
+address = "10.0.0.13"
+address6 = "fd00::13"
+mac = "02:00:00:00:01:03"
+replica = "b2"
+
+[[vip]]
+name = "mac4"
+address = "10.0.100.1"
+port = 80
+ring_size = 1009
+
+[[vip]]
+name = "ipip4"
+address = "10.0.100.2"
+port = 80
+forwarding = "ipip"
+encap_source = "10.0.0.1"
+ring_size = 1009
+
+[[vip]]
+name = "mac6"
+address = "fd00::100"
+port = 53
+protocol = "udp"
+ring_size = 1009
+
+[[vip]]
+name = "ipip6"
+address = "fd00::200"
+port = 443
+forwarding = "ipip"
+encap_source = "fd00::1"
+ring_size = 1009
+
+[[vip]]
+name = "http"
+address = "10.0.100.3"
+port = 80
+mode = "http"
+ring_size = 1009
+
+[[vip]]
+name = "sticky-a"
+address = "10.0.100.4"
+port = 80
+sticky_time = "300s"
+port_group = "g"
+ring_size = 1009
+
+[[vip]]
+name = "sticky-b"
+address = "10.0.100.4"
+port = 443
+sticky_time = "300s"
+port_group = "g"
+ring_size = 1009
+"#;
+
+const MAC4: usize = 0;
+const IPIP4: usize = 1;
+const MAC6: usize = 2;
+const IPIP6: usize = 3;
+const STICKY_A: usize = 5;
+const STICKY_B: usize = 6;
+
+fn fixture() -> Fixture {
+    Fixture::new(CONFIG)
+}
+
+/// Input frame with the MACs rewritten as MAC forwarding must do.
+fn mac_forwarded(input: &[u8], backend_mac: [u8; 6]) -> Vec<u8> {
+    let mut out = input.to_vec();
+    out[0..6].copy_from_slice(&backend_mac);
+    out[6..12].copy_from_slice(&LB_MAC);
+    out
+}
+
+fn deltas(fx: &Fixture, before: &[(u32, u64)]) -> Vec<u64> {
+    before.iter().map(|&(s, v)| fx.count(s) - v).collect()
+}
+
+/// Packet counts of some STATS slots, to compare after a run.
+fn snapshot(fx: &Fixture, slots: &[u32]) -> Vec<(u32, u64)> {
+    slots.iter().map(|&s| (s, fx.count(s))).collect()
+}
+
+#[test]
+fn non_vip_traffic_passes_untouched() {
+    let mut fx = fixture();
+    let cases = [
+        (
+            "tcp to another host",
+            Packet::tcp("10.0.0.2", 40000, "10.0.0.99", 80),
+        ),
+        (
+            "tcp to the VIP address on another port",
+            Packet::tcp("10.0.0.2", 40000, "10.0.100.1", 81),
+        ),
+        (
+            "udp to a tcp VIP port",
+            Packet::udp("10.0.0.2", 40000, "10.0.100.1", 80),
+        ),
+        (
+            "ipv6 to another host",
+            Packet::udp("fd00::2", 40000, "fd00::99", 53),
+        ),
+        (
+            "truncated tcp header to a non-VIP address",
+            Packet::tcp("10.0.0.2", 40000, "10.0.0.99", 80)
+                .with(|p| p.truncate = Some(14 + 20 + 10)),
+        ),
+        (
+            "IHL 4 to a non-VIP address",
+            Packet::tcp("10.0.0.2", 40000, "10.0.0.99", 80).with(|p| p.ihl = 4),
+        ),
+    ];
+    for (what, p) in cases {
+        let before = snapshot(&fx, &[stats::PASS_NON_VIP]);
+        let input = p.build();
+        let o = fx.run_bytes(&input);
+        assert_eq!(o.verdict, XDP_PASS, "{what}");
+        assert_eq!(o.out, input, "{what}: bytes must be untouched");
+        assert_eq!(deltas(&fx, &before), [1], "{what}: counted as pass_non_vip");
+    }
+    assert!(
+        fx.flow(&Packet::tcp("10.0.0.2", 40000, "10.0.0.99", 80))
+            .is_none(),
+        "non-VIP flows are never pinned"
+    );
+}
+
+#[test]
+fn non_ip_frames_pass() {
+    let mut fx = fixture();
+    let mut arp = eth([0xff; 6], [2, 0, 0, 0, 0, 2], 0x0806);
+    arp.extend_from_slice(&[0u8; 28]);
+    let mut short_vlan = eth(LB_MAC, [2, 0, 0, 0, 0, 2], 0x8100);
+    short_vlan.extend_from_slice(&[0, 1]); // tag cut short
+    let double_tag = Packet::tcp("10.0.0.2", 40000, "10.0.100.1", 80).with(|p| {
+        p.vlan = Some(5);
+        p.ethertype = Some(0x8100);
+    });
+    for (what, input) in [
+        ("arp", arp),
+        ("truncated vlan tag", short_vlan),
+        ("second vlan tag", double_tag.build()),
+    ] {
+        let before = snapshot(&fx, &[stats::PASS_NON_IP]);
+        let o = fx.run_bytes(&input);
+        assert_eq!(o.verdict, XDP_PASS, "{what}");
+        assert_eq!(o.out, input, "{what}");
+        assert_eq!(deltas(&fx, &before), [1], "{what}");
+    }
+}
+
+#[test]
+fn mac_forwarding_new_flow_then_established() {
+    let mut fx = fixture();
+    let syn = Packet::tcp("10.0.0.2", 40000, "10.0.100.1", 80);
+    let b = fx.ring_choice(MAC4, &syn);
+    let slots = [
+        vip_slot(MAC4 as u32, stats::VIP_NEW_FLOWS),
+        vip_slot(MAC4 as u32, stats::VIP_FLOW_HITS),
+        vip_slot(MAC4 as u32, stats::VIP_PACKETS),
+        backend_slot(b as u32, stats::BACKEND_PACKETS),
+        backend_slot(b as u32, stats::BACKEND_NEW_FLOWS),
+    ];
+
+    let before = snapshot(&fx, &slots);
+    let input = syn.build();
+    let o = fx.run_bytes(&input);
+    assert_eq!(o.verdict, XDP_TX);
+    assert_eq!(o.out, mac_forwarded(&input, fx.mac(b)));
+    assert_eq!(deltas(&fx, &before), [1, 0, 1, 1, 1]);
+    let flow = fx.flow(&syn).expect("flow pinned");
+    assert_eq!(flow.backend, b as u32);
+    assert_eq!(flow.vip, MAC4 as u32);
+
+    let ack = syn.clone().with(|p| {
+        p.tcp_flags = TCP_ACK;
+        p.payload = b"GET / HTTP/1.1\r\n\r\n".to_vec();
+    });
+    let before = snapshot(&fx, &slots);
+    let input = ack.build();
+    let o = fx.run_bytes(&input);
+    assert_eq!(o.verdict, XDP_TX);
+    assert_eq!(o.out, mac_forwarded(&input, fx.mac(b)));
+    assert_eq!(deltas(&fx, &before), [0, 1, 1, 1, 0]);
+}
+
+#[test]
+fn flow_table_wins_over_the_ring() {
+    let mut fx = fixture();
+    let p = Packet::tcp("10.0.0.2", 40001, "10.0.100.1", 80);
+    let ring = fx.ring_choice(MAC4, &p);
+    let other = (ring + 2) % 4;
+    let pinned = dispatcher_common::FlowValue {
+        backend: other as u32,
+        vip: MAC4 as u32,
+        cookie_hash: 0,
+        last_seen_ns: 0,
+    };
+    fx.tables.flows.insert(flow_key(&p), pinned, 0).unwrap();
+    let input = p.build();
+    let o = fx.run_bytes(&input);
+    assert_eq!(o.verdict, XDP_TX);
+    assert_eq!(
+        o.out,
+        mac_forwarded(&input, fx.mac(other)),
+        "a pinned flow stays on its backend"
+    );
+}
+
+#[test]
+fn new_flows_spread_over_all_backends() {
+    let mut fx = fixture();
+    let mut seen = [0usize; 4];
+    for i in 0..400u16 {
+        let p = Packet::tcp("10.0.0.2", 20000 + i, "10.0.100.1", 80);
+        let o = fx.run(&p);
+        assert_eq!(o.verdict, XDP_TX);
+        let b = (0..4)
+            .find(|&b| o.out[0..6] == fx.mac(b))
+            .expect("sent to a backend");
+        assert_eq!(b, fx.ring_choice(MAC4, &p), "the ring decides");
+        seen[b] += 1;
+    }
+    for (b, n) in seen.iter().enumerate() {
+        assert!(
+            (60..=140).contains(n),
+            "backend {b} got {n} of 400 flows: {seen:?}"
+        );
+    }
+}
+
+#[test]
+fn down_backend_moves_pinned_flows_to_its_replica() {
+    let mut fx = fixture();
+    let p = Packet::tcp("10.0.0.2", 40002, "10.0.100.1", 80);
+    let b = fx.ring_choice(MAC4, &p);
+    assert_eq!(fx.run(&p).verdict, XDP_TX);
+    let replica = fx.cfg.backends[b].replica.unwrap();
+
+    fx.set_state(b, STATE_DOWN, false);
+    let before = snapshot(&fx, &[vip_slot(MAC4 as u32, stats::VIP_REPINNED)]);
+    let input = p.clone().with(|p| p.tcp_flags = TCP_ACK).build();
+    let o = fx.run_bytes(&input);
+    assert_eq!(o.verdict, XDP_TX);
+    assert_eq!(
+        o.out,
+        mac_forwarded(&input, fx.mac(replica)),
+        "to the replica of the down backend"
+    );
+    assert_eq!(deltas(&fx, &before), [1]);
+    assert_eq!(
+        fx.flow(&p).unwrap().backend,
+        replica as u32,
+        "flow re-pinned"
+    );
+
+    // The original comes back: the flow stays with the replica that now has its state.
+    fx.set_state(b, STATE_UP, false);
+    let o = fx.run_bytes(&input);
+    assert_eq!(o.out, mac_forwarded(&input, fx.mac(replica)));
+}
+
+#[test]
+fn down_backend_without_live_replica_rehashes() {
+    let mut fx = fixture();
+    let p = Packet::tcp("10.0.0.2", 40003, "10.0.100.1", 80);
+    let b = fx.ring_choice(MAC4, &p);
+    assert_eq!(fx.run(&p).verdict, XDP_TX);
+    let replica = fx.cfg.backends[b].replica.unwrap();
+    fx.set_state(replica, STATE_DOWN, true);
+    fx.set_state(b, STATE_DOWN, true);
+    let o = fx.run(&p);
+    assert_eq!(o.verdict, XDP_TX);
+    let now = (0..4).find(|&x| o.out[0..6] == fx.mac(x)).unwrap();
+    assert!(
+        now != b && now != replica,
+        "re-hashed onto a live backend, got {now}"
+    );
+    assert_eq!(fx.flow(&p).unwrap().backend, now as u32);
+}
+
+#[test]
+fn down_backend_still_in_ring_sends_new_flows_to_replica() {
+    // The window between a state change and the ring rebuild.
+    let mut fx = fixture();
+    let p = Packet::tcp("10.0.0.2", 40004, "10.0.100.1", 80);
+    let b = fx.ring_choice(MAC4, &p);
+    let replica = fx.cfg.backends[b].replica.unwrap();
+    fx.set_state(b, STATE_DOWN, false);
+    let input = p.build();
+    let o = fx.run_bytes(&input);
+    assert_eq!(o.out, mac_forwarded(&input, fx.mac(replica)));
+}
+
+#[test]
+fn drained_backend_keeps_flows_takes_no_new_ones() {
+    let mut fx = fixture();
+    // Find a flow per backend first.
+    let flows: Vec<Packet> = (0..200u16)
+        .map(|i| Packet::tcp("10.0.0.3", 30000 + i, "10.0.100.1", 80))
+        .collect();
+    let b = 0usize;
+    let mine: Vec<&Packet> = flows
+        .iter()
+        .filter(|p| fx.ring_choice(MAC4, p) == b)
+        .collect();
+    assert!(!mine.is_empty());
+    assert_eq!(fx.run(mine[0]).verdict, XDP_TX);
+
+    fx.set_state(b, STATE_DRAIN, true);
+    let input = mine[0].clone().with(|p| p.tcp_flags = TCP_ACK).build();
+    assert_eq!(
+        fx.run_bytes(&input).out,
+        mac_forwarded(&input, fx.mac(b)),
+        "existing flow kept"
+    );
+    for p in &flows[100..] {
+        let o = fx.run(p);
+        assert_eq!(o.verdict, XDP_TX);
+        assert_ne!(o.out[0..6], fx.mac(b), "no new flow to a drained backend");
+    }
+}
+
+#[test]
+fn drained_backend_still_in_ring_is_skipped() {
+    let mut fx = fixture();
+    let p = Packet::tcp("10.0.0.2", 40005, "10.0.100.1", 80);
+    let b = fx.ring_choice(MAC4, &p);
+    fx.set_state(b, STATE_DRAIN, false);
+    let o = fx.run(&p);
+    assert_eq!(o.verdict, XDP_TX);
+    assert_ne!(o.out[0..6], fx.mac(b));
+}
+
+#[test]
+fn no_backend_left_drops_and_counts() {
+    let mut fx = fixture();
+    for b in 0..4 {
+        fx.set_state(b, STATE_DOWN, true);
+    }
+    let before = snapshot(
+        &fx,
+        &[
+            stats::DROP_NO_BACKEND,
+            vip_slot(MAC4 as u32, stats::VIP_DROPS),
+        ],
+    );
+    let o = fx.run(&Packet::tcp("10.0.0.2", 40006, "10.0.100.1", 80));
+    assert_eq!(o.verdict, XDP_DROP);
+    assert_eq!(deltas(&fx, &before), [1, 1]);
+}
+
+#[test]
+fn ipip_v4_encapsulation() {
+    let mut fx = fixture();
+    let p = Packet::tcp("10.0.0.2", 40007, "10.0.100.2", 80).with(|p| {
+        p.tos = 0x28;
+        p.payload = b"hello".to_vec();
+    });
+    let b = fx.ring_choice(IPIP4, &p);
+    let inner = p.ip_packet();
+    let o = fx.run(&p);
+    assert_eq!(o.verdict, XDP_TX);
+    let mut expected = eth(fx.mac(b), LB_MAC, 0x0800);
+    expected.extend(ipv4_header(
+        "10.0.0.1".parse().unwrap(),
+        fx.cfg.backends[b].address,
+        4,
+        0x28,
+        (20 + inner.len()) as u16,
+        0,
+    ));
+    expected.extend(&inner);
+    assert_eq!(o.out, expected);
+}
+
+#[test]
+fn ipip_v6_encapsulation() {
+    let mut fx = fixture();
+    let p = Packet::tcp("fd00::2", 40008, "fd00::200", 443).with(|p| p.payload = b"x".to_vec());
+    let b = fx.ring_choice(IPIP6, &p);
+    let inner = p.ip_packet();
+    let o = fx.run(&p);
+    assert_eq!(o.verdict, XDP_TX);
+    let mut expected = eth(fx.mac(b), LB_MAC, 0x86dd);
+    expected.extend(ipv6_header(
+        "fd00::1".parse().unwrap(),
+        fx.cfg.backends[b].address6.unwrap(),
+        41,
+        inner.len() as u16,
+    ));
+    expected.extend(&inner);
+    assert_eq!(o.out, expected);
+}
+
+#[test]
+fn mac_forwarding_ipv6_udp() {
+    let mut fx = fixture();
+    let p = Packet::udp("fd00::2", 5353, "fd00::100", 53).with(|p| p.payload = b"query".to_vec());
+    let b = fx.ring_choice(MAC6, &p);
+    let input = p.build();
+    let o = fx.run_bytes(&input);
+    assert_eq!(o.verdict, XDP_TX);
+    assert_eq!(o.out, mac_forwarded(&input, fx.mac(b)));
+}
+
+#[test]
+fn vlan_tag_is_kept() {
+    let mut fx = fixture();
+    let p = Packet::tcp("10.0.0.2", 40009, "10.0.100.1", 80).with(|p| p.vlan = Some(42));
+    let b = fx.ring_choice(MAC4, &p);
+    let input = p.build();
+    let o = fx.run_bytes(&input);
+    assert_eq!(o.verdict, XDP_TX);
+    assert_eq!(o.out, mac_forwarded(&input, fx.mac(b)));
+
+    let p = Packet::tcp("10.0.0.2", 40010, "10.0.100.2", 80).with(|p| p.vlan = Some(42));
+    let b = fx.ring_choice(IPIP4, &p);
+    let inner = p.ip_packet();
+    let o = fx.run(&p);
+    assert_eq!(o.verdict, XDP_TX);
+    let mut expected = eth(fx.mac(b), LB_MAC, 0x8100);
+    expected.extend_from_slice(&[0, 42, 0x08, 0x00]);
+    expected.extend(ipv4_header(
+        "10.0.0.1".parse().unwrap(),
+        fx.cfg.backends[b].address,
+        4,
+        0,
+        (20 + inner.len()) as u16,
+        0,
+    ));
+    expected.extend(&inner);
+    assert_eq!(o.out, expected);
+}
+
+#[test]
+fn http_vip_goes_to_the_host_stack() {
+    let mut fx = fixture();
+    let before = snapshot(&fx, &[stats::PASS_HTTP]);
+    let p = Packet::tcp("10.0.0.2", 40011, "10.0.100.3", 80);
+    let input = p.build();
+    let o = fx.run_bytes(&input);
+    assert_eq!(o.verdict, XDP_PASS);
+    assert_eq!(o.out, input);
+    assert_eq!(deltas(&fx, &before), [1]);
+    assert!(
+        fx.flow(&p).is_none(),
+        "the agent, not XDP, owns HTTP connections"
+    );
+}
+
+#[test]
+fn source_ip_affinity_and_cross_port() {
+    let mut fx = fixture();
+    let first = Packet::tcp("10.0.0.7", 41000, "10.0.100.4", 80);
+    let o = fx.run(&first);
+    let b = (0..4).find(|&x| o.out[0..6] == fx.mac(x)).unwrap();
+    // Other source ports and the other port of the group follow the client's affinity,
+    // whatever the ring would say.
+    let mut differs = 0;
+    for i in 1..40u16 {
+        let p = Packet::tcp(
+            "10.0.0.7",
+            41000 + i,
+            "10.0.100.4",
+            if i % 2 == 0 { 80 } else { 443 },
+        );
+        let vip = if i % 2 == 0 { STICKY_A } else { STICKY_B };
+        if fx.ring_choice(vip, &p) != b {
+            differs += 1;
+        }
+        let before = snapshot(&fx, &[vip_slot(vip as u32, stats::VIP_AFFINITY_HITS)]);
+        let o = fx.run(&p);
+        assert_eq!(
+            o.out[0..6],
+            fx.mac(b),
+            "flow {i} follows the client's affinity"
+        );
+        assert_eq!(deltas(&fx, &before), [1]);
+    }
+    assert!(
+        differs > 10,
+        "the test must cover flows the ring would send elsewhere"
+    );
+}
+
+#[test]
+fn expired_affinity_is_ignored() {
+    let mut fx = fixture();
+    let p = Packet::tcp("10.0.0.8", 42000, "10.0.100.4", 80);
+    let ring = fx.ring_choice(STICKY_A, &p);
+    let other = (ring + 1) % 4;
+    let group = fx.cfg.vips[STICKY_A].port_group;
+    let key = AffinityKey {
+        group,
+        family: 2,
+        _pad: [0; 3],
+        client: flow_key(&p).src,
+    };
+    fx.affinity
+        .insert(
+            key,
+            AffinityValue {
+                backend: other as u32,
+                _pad: 0,
+                expires_ns: 1,
+            },
+            0,
+        )
+        .unwrap();
+    let o = fx.run(&p);
+    assert_eq!(o.out[0..6], fx.mac(ring), "expired entry: the ring decides");
+    let renewed = fx.affinity.get(&key, 0).unwrap();
+    assert_eq!(
+        renewed.backend, ring as u32,
+        "affinity renewed to the new choice"
+    );
+
+    let p2 = Packet::tcp("10.0.0.8", 42001, "10.0.100.4", 80);
+    fx.affinity
+        .insert(
+            key,
+            AffinityValue {
+                backend: other as u32,
+                _pad: 0,
+                expires_ns: u64::MAX,
+            },
+            0,
+        )
+        .unwrap();
+    assert_eq!(
+        fx.run(&p2).out[0..6],
+        fx.mac(other),
+        "live entry wins over the ring"
+    );
+}
+
+#[test]
+fn malformed_vip_traffic_gets_a_defined_counted_verdict() {
+    let vip = || Packet::tcp("10.0.0.2", 40012, "10.0.100.1", 80);
+    let cases: Vec<(&str, Packet, u32, u32)> = vec![
+        (
+            "truncated tcp header",
+            vip().with(|p| p.truncate = Some(14 + 20 + 12)),
+            XDP_DROP,
+            stats::DROP_TRUNCATED,
+        ),
+        (
+            "truncated udp header",
+            Packet::udp("fd00::2", 1, "fd00::100", 53).with(|p| p.truncate = Some(14 + 40 + 4)),
+            XDP_DROP,
+            stats::DROP_TRUNCATED,
+        ),
+        (
+            "IHL below 5",
+            vip().with(|p| p.ihl = 4),
+            XDP_DROP,
+            stats::DROP_BAD_IHL,
+        ),
+        (
+            "IP version 5 in an IPv4 frame",
+            vip().with(|p| p.ip_version = Some(5)),
+            XDP_DROP,
+            stats::DROP_BAD_VERSION,
+        ),
+        (
+            "TCP data offset below 5",
+            vip().with(|p| p.tcp_doff = 4),
+            XDP_DROP,
+            stats::DROP_BAD_TCP_DOFF,
+        ),
+        (
+            "IPv4 options",
+            vip().with(|p| p.ihl = 6),
+            XDP_PASS,
+            stats::PASS_IP_OPTIONS,
+        ),
+        (
+            "first fragment (MF)",
+            vip().with(|p| p.frag_off = 0x2000),
+            XDP_PASS,
+            stats::PASS_FRAGMENT,
+        ),
+        (
+            "later fragment",
+            vip().with(|p| p.frag_off = 0x0010),
+            XDP_PASS,
+            stats::PASS_FRAGMENT,
+        ),
+        (
+            "IPv6 hop-by-hop header",
+            Packet::udp("fd00::2", 1, "fd00::100", 53).with(|p| p.proto = 0),
+            XDP_PASS,
+            stats::PASS_IPV6_EXT,
+        ),
+        (
+            "truncated IPv4 header",
+            vip().with(|p| p.truncate = Some(14 + 12)),
+            XDP_PASS,
+            stats::PASS_NON_VIP,
+        ),
+    ];
+    let mut fx = fixture();
+    for (what, p, verdict, slot) in cases {
+        let before = snapshot(&fx, &[slot]);
+        let input = p.build();
+        let o = fx.run_bytes(&input);
+        assert_eq!(o.verdict, verdict, "{what}");
+        assert_eq!(o.out, input, "{what}: never rewritten");
+        assert_eq!(deltas(&fx, &before), [1], "{what}: counted");
+        assert!(fx.flow(&p).is_none(), "{what}: never pinned");
+    }
+}
+
+#[test]
+fn decap_strips_the_outer_header() {
+    let mut ebpf = dispatcher::dataplane::load_decap().expect("load decap");
+    let xdp = dispatcher::dataplane::program(&mut ebpf, "decap").unwrap();
+    let run = |input: &[u8]| {
+        use aya::programs::{TestRun, TestRunOptions};
+        let mut out = vec![0u8; input.len() + 64];
+        let r = xdp
+            .test_run(TestRunOptions {
+                data_in: Some(input),
+                data_out: Some(&mut out),
+                repeat: 1,
+                ..Default::default()
+            })
+            .unwrap();
+        out.truncate(r.data_size_out as usize);
+        (r.return_value, out)
+    };
+    let inner = Packet::tcp("10.0.0.2", 40013, "10.0.100.2", 80);
+    let inner_ip = inner.ip_packet();
+    let mut v4 = eth([2, 0, 0, 0, 1, 0], LB_MAC, 0x0800);
+    v4.extend(ipv4_header(
+        "10.0.0.1".parse().unwrap(),
+        "10.0.0.10".parse().unwrap(),
+        4,
+        0,
+        (20 + inner_ip.len()) as u16,
+        0,
+    ));
+    v4.extend(&inner_ip);
+    let (verdict, out) = run(&v4);
+    assert_eq!(verdict, XDP_PASS);
+    let mut expected = eth([2, 0, 0, 0, 1, 0], LB_MAC, 0x0800);
+    expected.extend(&inner_ip);
+    assert_eq!(out, expected);
+
+    let inner6 = Packet::tcp("fd00::2", 40014, "fd00::200", 443).ip_packet();
+    let mut v6 = eth([2, 0, 0, 0, 1, 0], LB_MAC, 0x86dd);
+    v6.extend(ipv6_header(
+        "fd00::1".parse().unwrap(),
+        "fd00::10".parse().unwrap(),
+        41,
+        inner6.len() as u16,
+    ));
+    v6.extend(&inner6);
+    let (verdict, out) = run(&v6);
+    assert_eq!(verdict, XDP_PASS);
+    let mut expected = eth([2, 0, 0, 0, 1, 0], LB_MAC, 0x86dd);
+    expected.extend(&inner6);
+    assert_eq!(out, expected);
+
+    let plain = Packet::tcp("10.0.0.2", 40015, "10.0.0.10", 22).build();
+    assert_eq!(
+        run(&plain),
+        (XDP_PASS, plain.clone()),
+        "non-IPIP traffic untouched"
+    );
+}
