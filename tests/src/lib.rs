@@ -2,4 +2,5 @@
 //! (BPF_PROG_TEST_RUN), and the network-namespace testbed.
 
 pub mod fixture;
+pub mod netns;
 pub mod packet;

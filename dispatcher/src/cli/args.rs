@@ -41,6 +41,24 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Let a backend finish its flows but take no new ones.
+    Drain {
+        #[arg(long, short)]
+        config: PathBuf,
+        backend: String,
+    },
+    /// Take a backend out now: its flows move to its peer replica.
+    Disable {
+        #[arg(long, short)]
+        config: PathBuf,
+        backend: String,
+    },
+    /// Put a drained or disabled backend back in service.
+    Enable {
+        #[arg(long, short)]
+        config: PathBuf,
+        backend: String,
+    },
     /// Detach the program and remove the pinned maps of the configured instance.
     Stop {
         #[arg(long, short)]

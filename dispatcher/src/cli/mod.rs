@@ -2,6 +2,7 @@
 
 pub mod args;
 mod check;
+mod control;
 mod decap;
 mod run;
 mod status;
@@ -19,6 +20,15 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Check { file } => check::check(&file),
         Command::Decap { iface, generic } => decap::decap(&iface, generic),
         Command::Status { config, json } => status::status(&config, json),
+        Command::Drain { config, backend } => {
+            control::control(&config, &backend, control::Action::Drain)
+        }
+        Command::Disable { config, backend } => {
+            control::control(&config, &backend, control::Action::Disable)
+        }
+        Command::Enable { config, backend } => {
+            control::control(&config, &backend, control::Action::Enable)
+        }
         Command::Stop { config } => run::stop(&config),
     }
 }

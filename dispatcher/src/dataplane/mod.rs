@@ -65,6 +65,37 @@ impl Default for LoadOptions<'_> {
     }
 }
 
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+/// Makes sure `dir` is a bpffs mount, mounting one there if not (systemd does this at
+/// boot on most distributions; minimal systems and containers may lack it).
+pub fn ensure_bpffs(dir: &Path) -> Result<(), DataplaneError> {
+    let io = |what: String| {
+        move |e: nix::Error| DataplaneError::Io {
+            what,
+            source: std::io::Error::from(e),
+        }
+    };
+    std::fs::create_dir_all(dir).map_err(|source| DataplaneError::Io {
+        what: format!("creating {}", dir.display()),
+        source,
+    })?;
+    let st = nix::sys::statfs::statfs(dir).map_err(io(format!("statfs {}", dir.display())))?;
+    if st.filesystem_type().0 as i64 == BPF_FS_MAGIC {
+        return Ok(());
+    }
+    nix::mount::mount(
+        Some("bpffs"),
+        dir,
+        Some("bpf"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .map_err(io(format!("mounting bpffs on {}", dir.display())))?;
+    tracing::info!(dir = %dir.display(), "mounted bpffs");
+    Ok(())
+}
+
 /// Loads the dispatcher program. With a pin directory, maps already pinned there by an
 /// earlier run are adopted (their contents kept), missing ones are created and pinned.
 pub fn load_dispatcher(opts: &LoadOptions) -> Result<Ebpf, DataplaneError> {
@@ -73,6 +104,9 @@ pub fn load_dispatcher(opts: &LoadOptions) -> Result<Ebpf, DataplaneError> {
     loader.map_max_entries("AFFINITY", opts.affinity_table_size);
     let paths: Vec<(&str, PathBuf)> = match opts.pin_dir {
         Some(dir) => {
+            if let Some(root) = dir.parent().and_then(|p| p.parent()) {
+                ensure_bpffs(root)?;
+            }
             std::fs::create_dir_all(dir).map_err(|source| DataplaneError::Io {
                 what: format!("creating {}", dir.display()),
                 source,
@@ -96,11 +130,20 @@ pub fn load_dispatcher(opts: &LoadOptions) -> Result<Ebpf, DataplaneError> {
 
 /// Loads the `decap` program (no maps).
 pub fn load_decap() -> Result<Ebpf, DataplaneError> {
-    let mut ebpf = Ebpf::load(object::DECAP)?;
-    program(&mut ebpf, "decap")?
+    load_simple(object::DECAP, "decap")
+}
+
+/// Loads the trivial `pass` program.
+pub fn load_pass() -> Result<Ebpf, DataplaneError> {
+    load_simple(object::PASS, "pass")
+}
+
+fn load_simple(object: &[u8], name: &str) -> Result<Ebpf, DataplaneError> {
+    let mut ebpf = Ebpf::load(object)?;
+    program(&mut ebpf, name)?
         .load()
         .map_err(|source| DataplaneError::Program {
-            what: "verifying the decap program".into(),
+            what: format!("verifying the {name} program"),
             source,
         })?;
     Ok(ebpf)

@@ -6,3 +6,5 @@ use aya::include_bytes_aligned;
 pub static DISPATCHER: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/dispatcher"));
 /// The backends' IPIP decapsulation program.
 pub static DECAP: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/decap"));
+/// A program that passes every packet: the benchmark floor and the testbed's NAPI enabler.
+pub static PASS: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/pass"));

@@ -117,6 +117,28 @@ impl Tables {
         })
     }
 
+    /// Opens the maps a running (or exited, `--keep-dataplane`) agent pinned under `dir`.
+    pub fn from_pinned(dir: &std::path::Path) -> Result<Tables, DataplaneError> {
+        fn open<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
+            dir: &std::path::Path,
+            name: &'static str,
+        ) -> Result<T, DataplaneError> {
+            let data = MapData::from_pin(dir.join(name))
+                .map_err(|source| DataplaneError::Map { name, source })?;
+            let map = aya::maps::Map::from_map_data(data)
+                .map_err(|source| DataplaneError::Map { name, source })?;
+            T::try_from(map).map_err(|source| DataplaneError::Map { name, source })
+        }
+        Ok(Tables {
+            vips: open(dir, "VIPS")?,
+            backends: open(dir, "BACKENDS")?,
+            rings: open(dir, "RINGS")?,
+            flows: open(dir, "FLOWS")?,
+            stats: open(dir, "STATS")?,
+            ring_cache: Vec::new(),
+        })
+    }
+
     pub fn set_backend(&mut self, id: u32, info: &BackendInfo) -> Result<(), DataplaneError> {
         self.backends.set(id, info, 0).map_err(map_err("BACKENDS"))
     }
@@ -244,6 +266,21 @@ impl Tables {
     pub fn flow_count(&self) -> usize {
         self.flows.keys().filter(|k| k.is_ok()).count()
     }
+}
+
+/// A VIP's Maglev table: its backends that take new flows, keyed by name.
+pub fn ring_table(vip: &Vip, cfg: &Config, states: &[u8]) -> Vec<u32> {
+    let members: Vec<maglev::Member> = vip
+        .backends
+        .iter()
+        .filter(|&&b| states.get(b).copied() == Some(STATE_UP))
+        .map(|&b| maglev::Member {
+            id: b as u32,
+            key: &cfg.backends[b].name,
+            weight: cfg.backends[b].weight,
+        })
+        .collect();
+    maglev::build(&members, vip.ring_size)
 }
 
 /// The initial state of every backend: up until health checks say otherwise.

@@ -1,0 +1,62 @@
+//! `drain`, `disable`, `enable`: change a backend's state in the pinned maps and rebuild
+//! the rings of its VIPs. (Until the agent has its admin endpoint these act on the maps
+//! directly; the XDP program reads the state on every packet.)
+
+use std::{path::Path, process::ExitCode};
+
+use anyhow::{anyhow, Context as _};
+use dispatcher::{config::Config, dataplane::tables::Tables};
+use dispatcher_common::{STATE_DISABLED, STATE_DRAIN, STATE_UP};
+
+use super::status::state_name;
+
+#[derive(Clone, Copy, Debug)]
+pub enum Action {
+    Drain,
+    Disable,
+    Enable,
+}
+
+pub fn control(path: &Path, backend: &str, action: Action) -> anyhow::Result<ExitCode> {
+    let cfg = Config::load(path)?;
+    let id = cfg
+        .backends
+        .iter()
+        .position(|b| b.name == backend)
+        .ok_or_else(|| anyhow!("no backend named `{backend}` in {}", path.display()))?;
+    let mut tables = Tables::from_pinned(&cfg.pin_dir()).with_context(|| {
+        format!(
+            "opening the maps of instance {} (is the dispatcher running?)",
+            cfg.instance
+        )
+    })?;
+    let mut states = Vec::with_capacity(cfg.backends.len());
+    for i in 0..cfg.backends.len() {
+        states.push(tables.backend(i as u32)?.state);
+    }
+    let state = match action {
+        Action::Drain => STATE_DRAIN,
+        Action::Disable => STATE_DISABLED,
+        Action::Enable => STATE_UP,
+    };
+    let old = states[id];
+    states[id] = state;
+    let mut info = tables.backend(id as u32)?;
+    info.state = state;
+    // Ring first when the backend leaves (no new flow picks it), state first when it
+    // joins (a flow picking it finds it up).
+    if state == STATE_UP {
+        tables.set_backend(id as u32, &info)?;
+    }
+    for (vi, v) in cfg.vips.iter().enumerate() {
+        if v.backends.contains(&id) {
+            tables.adopt_ring(vi as u32, v.ring_size)?;
+            tables.rebuild_ring(vi as u32, v, &cfg, &states)?;
+        }
+    }
+    if state != STATE_UP {
+        tables.set_backend(id as u32, &info)?;
+    }
+    println!("{backend}: {} -> {}", state_name(old), state_name(state));
+    Ok(ExitCode::SUCCESS)
+}

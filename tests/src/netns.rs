@@ -1,0 +1,587 @@
+//! The namespace testbed: a client, a dispatcher and backends on one L2 segment (a bridge
+//! in a switch namespace), as MAC forwarding needs. Every name carries a unique prefix;
+//! `Drop` stops the processes the testbed started (by pid), deletes its namespaces and
+//! removes its pinned maps, also when the test fails.
+
+use std::{
+    fs::File,
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+        Arc,
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use nix::sched::{setns, CloneFlags};
+
+/// Prefix of everything the testbeds create: `dt<pid>-<n>`.
+pub const NAME_PREFIX: &str = "dt";
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+pub const SUBNET: &str = "10.99.0";
+pub const LB_IP: &str = "10.99.0.1";
+pub const CLIENT_IP: &str = "10.99.0.2";
+pub const LB_MAC: &str = "02:99:00:00:00:01";
+pub const CLIENT_MAC: &str = "02:99:00:00:00:02";
+
+pub fn backend_ip(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 99, 0, 10 + i as u8)
+}
+
+pub fn backend_mac(i: usize) -> String {
+    format!("02:99:00:00:00:{:02x}", 0x10 + i)
+}
+
+/// Runs a command, panicking with its output when it fails.
+pub fn sh(args: &[&str]) -> String {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    if !out.status.success() {
+        panic!(
+            "{args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs a command, ignoring failure (cleanup paths).
+fn sh_quiet(args: &[&str]) {
+    let _ = Command::new(args[0])
+        .args(&args[1..])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// A network namespace by name.
+#[derive(Clone, Debug)]
+pub struct Ns {
+    pub name: String,
+}
+
+impl Ns {
+    pub fn ip(&self, args: &[&str]) -> String {
+        let mut v = vec!["ip", "-n", &self.name];
+        v.extend_from_slice(args);
+        sh(&v)
+    }
+
+    pub fn exec(&self, args: &[&str]) -> String {
+        let mut v = vec!["ip", "netns", "exec", &self.name];
+        v.extend_from_slice(args);
+        sh(&v)
+    }
+
+    pub fn sysctl(&self, kv: &str) {
+        self.exec(&["sysctl", "-qw", kv]);
+    }
+
+    fn handle(&self) -> File {
+        File::open(format!("/run/netns/{}", self.name))
+            .unwrap_or_else(|e| panic!("netns {}: {e}", self.name))
+    }
+
+    /// Runs `f` on a new thread that has entered this namespace; sockets it creates
+    /// belong to the namespace and can be used from any thread afterwards.
+    pub fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        self.spawn(f).join().expect("thread in namespace panicked")
+    }
+
+    /// Runs `f` with a borrowed value inside this namespace (on a scoped thread).
+    pub fn run_with<A: Send, T: Send>(&self, a: &mut A, f: impl FnOnce(&mut A) -> T + Send) -> T {
+        let fd = self.handle();
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                setns(&fd, CloneFlags::CLONE_NEWNET).expect("setns");
+                f(a)
+            })
+            .join()
+            .expect("thread in namespace panicked")
+        })
+    }
+
+    pub fn spawn<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> JoinHandle<T> {
+        let fd = self.handle();
+        std::thread::spawn(move || {
+            setns(&fd, CloneFlags::CLONE_NEWNET).expect("setns");
+            f()
+        })
+    }
+
+    /// A command started inside this namespace (network namespace only, so that bpffs
+    /// and /sys stay the host's, unlike `ip netns exec`).
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        use std::os::unix::process::CommandExt;
+        let fd = self.handle();
+        let mut cmd = Command::new(program);
+        unsafe {
+            cmd.pre_exec(move || {
+                setns(&fd, CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from)?;
+                Ok(())
+            });
+        }
+        cmd
+    }
+}
+
+/// A background task the testbed stops on drop.
+struct Stoppable {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+pub struct Testbed {
+    pub prefix: String,
+    pub switch: Ns,
+    pub client: Ns,
+    pub lb: Ns,
+    pub backends: Vec<Ns>,
+    children: Vec<(String, Child)>,
+    tasks: Vec<Stoppable>,
+    pin_dirs: Vec<PathBuf>,
+    pass: Option<(aya::Ebpf, aya::programs::links::FdLink)>,
+    pub workdir: PathBuf,
+}
+
+fn pid_alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Removes what testbeds of dead test processes left behind (a killed test run cannot
+/// clean up after itself; the next run does).
+pub fn cleanup_stale() {
+    let owner_dead = |name: &str| -> bool {
+        let Some(rest) = name.strip_prefix(NAME_PREFIX) else {
+            return false;
+        };
+        let pid: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+        match pid.parse::<u32>() {
+            Ok(pid) => rest[pid.to_string().len()..].starts_with('-') && !pid_alive(pid),
+            Err(_) => false,
+        }
+    };
+    if let Ok(out) = Command::new("ip").args(["netns", "list"]).output() {
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let name = line.split_whitespace().next().unwrap_or("");
+            if owner_dead(name) {
+                sh_quiet(&["ip", "netns", "del", name]);
+            }
+        }
+    }
+    if let Ok(entries) = std::fs::read_dir("/sys/fs/bpf/dispatcher") {
+        for e in entries.flatten() {
+            if owner_dead(&e.file_name().to_string_lossy()) {
+                let _ = dispatcher::dataplane::unpin_all(&e.path());
+            }
+        }
+    }
+}
+
+impl Testbed {
+    /// Client, dispatcher and `n` backends, all on one bridge. Backends have the given
+    /// VIP addresses on `lo`.
+    pub fn new(n: usize, vips: &[&str]) -> Testbed {
+        cleanup_stale();
+        let prefix = format!(
+            "{NAME_PREFIX}{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        );
+        let ns = |s: &str| Ns {
+            name: format!("{prefix}-{s}"),
+        };
+        let workdir = std::env::temp_dir().join(&prefix);
+        std::fs::create_dir_all(&workdir).unwrap();
+        let mut tb = Testbed {
+            switch: ns("sw"),
+            client: ns("cl"),
+            lb: ns("lb"),
+            backends: (0..n).map(|i| ns(&format!("b{i}"))).collect(),
+            prefix,
+            children: Vec::new(),
+            tasks: Vec::new(),
+            pin_dirs: Vec::new(),
+            pass: None,
+            workdir,
+        };
+        // From here on Drop cleans up whatever was created.
+        tb.pin_dirs
+            .push(PathBuf::from("/sys/fs/bpf/dispatcher").join(&tb.prefix));
+        tb.build(vips);
+        tb
+    }
+
+    fn hosts(&self) -> Vec<(Ns, String, String, String)> {
+        let mut v = vec![
+            (
+                self.client.clone(),
+                "c".to_string(),
+                CLIENT_IP.to_string(),
+                CLIENT_MAC.to_string(),
+            ),
+            (
+                self.lb.clone(),
+                "lb".to_string(),
+                LB_IP.to_string(),
+                LB_MAC.to_string(),
+            ),
+        ];
+        for (i, b) in self.backends.iter().enumerate() {
+            v.push((
+                b.clone(),
+                format!("b{i}"),
+                backend_ip(i).to_string(),
+                backend_mac(i),
+            ));
+        }
+        v
+    }
+
+    fn build(&mut self, vips: &[&str]) {
+        for n in std::iter::once(&self.switch)
+            .chain([&self.client, &self.lb])
+            .chain(self.backends.iter())
+        {
+            sh(&["ip", "netns", "add", &n.name]);
+            n.ip(&["link", "set", "lo", "up"]);
+        }
+        self.switch.ip(&["link", "add", "br0", "type", "bridge"]);
+        self.switch.ip(&["link", "set", "br0", "up"]);
+        for (ns, port, ip, mac) in self.hosts() {
+            self.switch.ip(&[
+                "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", &ns.name,
+            ]);
+            self.switch
+                .ip(&["link", "set", &port, "master", "br0", "up"]);
+            ns.ip(&["link", "set", "eth0", "address", &mac]);
+            ns.ip(&["addr", "add", &format!("{ip}/24"), "dev", "eth0"]);
+            ns.ip(&["link", "set", "eth0", "up"]);
+            // A frame that XDP forwards loses the skb's checksum-offload state: the
+            // sender must put real checksums on the wire, as a physical NIC does.
+            ns.exec(&["ethtool", "-K", "eth0", "tx", "off"]);
+            ns.sysctl("net.ipv4.conf.all.rp_filter=0");
+            ns.sysctl("net.ipv4.conf.eth0.rp_filter=0");
+        }
+        // Frames sent by XDP_TX arrive on the switch side of the dispatcher's veth; a veth
+        // drops them unless that side runs NAPI, which an XDP program turns on.
+        let mut pass = dispatcher::dataplane::load_pass().expect("load the pass program");
+        let link = self.switch.run_with(&mut pass, |pass| {
+            dispatcher::dataplane::attach(
+                pass,
+                "pass",
+                "lb",
+                dispatcher::config::XdpAttachMode::Native,
+            )
+            .map(|(l, _)| l)
+        });
+        self.pass = Some((pass, link.expect("attach pass to the switch port")));
+        // The client reaches the VIPs through the dispatcher, as a router would send it.
+        for v in vips {
+            self.client
+                .ip(&["route", "add", &format!("{v}/32"), "via", LB_IP]);
+        }
+        for b in &self.backends {
+            for v in vips {
+                b.ip(&["addr", "add", &format!("{v}/32"), "dev", "lo"]);
+            }
+            // The VIP lives on lo: never answer ARP for it (IBM Dispatcher's loopback alias).
+            b.sysctl("net.ipv4.conf.all.arp_ignore=1");
+            b.sysctl("net.ipv4.conf.all.arp_announce=2");
+            b.sysctl("net.ipv4.conf.lo.rp_filter=0");
+        }
+    }
+
+    pub fn instance(&self) -> &str {
+        &self.prefix
+    }
+
+    pub fn pin_dir(&self) -> PathBuf {
+        PathBuf::from("/sys/fs/bpf/dispatcher").join(&self.prefix)
+    }
+
+    /// Writes a configuration file into the testbed's work directory.
+    pub fn write_config(&self, text: &str) -> PathBuf {
+        let path = self.workdir.join("dispatcher.toml");
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// `[[backend]]` entries for every backend, pairing 0-1, 2-3, ... as replicas.
+    pub fn backend_config(&self, weights: &[u32]) -> String {
+        let mut s = String::new();
+        for i in 0..self.backends.len() {
+            let replica = i ^ 1;
+            s += &format!(
+                "[[backend]]\nname = \"b{i}\"\naddress = \"{}\"\nmac = \"{}\"\nweight = {}\n{}\n",
+                backend_ip(i),
+                backend_mac(i),
+                weights.get(i).copied().unwrap_or(100),
+                if replica < self.backends.len() {
+                    format!("replica = \"b{replica}\"\n")
+                } else {
+                    String::new()
+                }
+            );
+        }
+        s
+    }
+
+    /// Starts a process in a namespace; the testbed stops it on drop.
+    pub fn start(&mut self, what: &str, mut cmd: Command) -> u32 {
+        let log = File::create(self.workdir.join(format!("{what}.log"))).unwrap();
+        cmd.stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .stdin(Stdio::null());
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {what}: {e}"));
+        let pid = child.id();
+        self.children.push((what.to_string(), child));
+        pid
+    }
+
+    pub fn log(&self, what: &str) -> String {
+        std::fs::read_to_string(self.workdir.join(format!("{what}.log"))).unwrap_or_default()
+    }
+
+    /// Starts `dispatcher run` in the dispatcher namespace and waits until the program is
+    /// attached (its link pinned).
+    pub fn start_dispatcher(&mut self, config: &Path) {
+        let mut cmd = self.lb.command(dispatcher_bin());
+        cmd.arg("run").arg("--config").arg(config);
+        self.start("dispatcher", cmd);
+        let link = self.pin_dir().join("link");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !link.exists() {
+            if let Some(status) = self.child_exited("dispatcher") {
+                panic!("dispatcher exited ({status}):\n{}", self.log("dispatcher"));
+            }
+            assert!(
+                Instant::now() < deadline,
+                "dispatcher not attached after 30s:\n{}",
+                self.log("dispatcher")
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Runs a dispatcher CLI command (status, drain, ...) and returns its stdout.
+    pub fn dispatcher_cmd(&self, args: &[&str]) -> String {
+        let out = self
+            .lb
+            .command(dispatcher_bin())
+            .args(args)
+            .output()
+            .expect("dispatcher command");
+        assert!(
+            out.status.success(),
+            "dispatcher {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn child_exited(&mut self, what: &str) -> Option<std::process::ExitStatus> {
+        self.children
+            .iter_mut()
+            .find(|(w, _)| w == what)
+            .and_then(|(_, c)| c.try_wait().ok().flatten())
+    }
+
+    /// Stops a started process with SIGTERM (then SIGKILL after 5 s) and waits for it.
+    pub fn stop(&mut self, what: &str) {
+        if let Some(pos) = self.children.iter().position(|(w, _)| w == what) {
+            let (_, child) = self.children.remove(pos);
+            stop_child(child);
+        }
+    }
+
+    /// Attaches the `decap` program to every backend's eth0 (`dispatcher decap`).
+    pub fn start_decap(&mut self) {
+        for i in 0..self.backends.len() {
+            let mut cmd = self.backends[i].command(dispatcher_bin());
+            cmd.args(["decap", "--iface", "eth0"]);
+            let what = format!("decap-b{i}");
+            self.start(&what, cmd);
+            let ns = self.backends[i].clone();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !ns.ip(&["link", "show", "eth0"]).contains("xdp") {
+                assert!(
+                    self.child_exited(&what).is_none(),
+                    "decap exited: {}",
+                    self.log(&what)
+                );
+                assert!(
+                    Instant::now() < deadline,
+                    "decap not attached: {}",
+                    self.log(&what)
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// Each backend answers every line on a TCP connection, and every UDP datagram, with
+    /// its own name (`b<i>\n`).
+    /// UDP services are given as (VIP, port): a reply must come from the VIP.
+    pub fn start_servers(&mut self, tcp_ports: &[u16], udp: &[(&str, u16)]) {
+        for i in 0..self.backends.len() {
+            for &port in tcp_ports {
+                self.spawn_task(i, move |stop| serve_tcp(i, port, stop));
+            }
+            for &(vip, port) in udp {
+                let vip: Ipv4Addr = vip.parse().expect("VIP address");
+                self.spawn_task(i, move |stop| serve_udp(i, vip, port, stop));
+            }
+        }
+        // Listeners bind synchronously in their thread before it loops; give them a moment.
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    fn spawn_task(&mut self, backend: usize, f: impl FnOnce(Arc<AtomicBool>) + Send + 'static) {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s2 = stop.clone();
+        let thread = self.backends[backend].spawn(move || f(s2));
+        self.tasks.push(Stoppable {
+            stop,
+            thread: Some(thread),
+        });
+    }
+
+    /// Stops backend `i`'s servers only (the namespace stays).
+    pub fn kill_servers_of(&mut self, i: usize, tcp_ports: usize, udp_ports: usize) {
+        let per = tcp_ports + udp_ports;
+        for t in &mut self.tasks[i * per..(i + 1) * per] {
+            t.stop.store(true, Ordering::SeqCst);
+            if let Some(h) = t.thread.take() {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+fn stop_child(mut child: Child) {
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => return,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return;
+            }
+        }
+    }
+}
+
+impl Drop for Testbed {
+    fn drop(&mut self) {
+        for (_, child) in self.children.drain(..) {
+            stop_child(child);
+        }
+        for t in &mut self.tasks {
+            t.stop.store(true, Ordering::SeqCst);
+        }
+        for t in &mut self.tasks {
+            if let Some(h) = t.thread.take() {
+                let _ = h.join();
+            }
+        }
+        self.pass = None;
+        for n in std::iter::once(&self.switch)
+            .chain([&self.client, &self.lb])
+            .chain(self.backends.iter())
+        {
+            sh_quiet(&["ip", "netns", "del", &n.name]);
+        }
+        for d in &self.pin_dirs {
+            let _ = dispatcher::dataplane::unpin_all(d);
+        }
+        let _ = std::fs::remove_dir_all(&self.workdir);
+    }
+}
+
+/// The agent binary next to the test executable (`cargo xtask test` builds it first).
+pub fn dispatcher_bin() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    // target/<profile>/deps/<test> -> target/<profile>/dispatcher
+    let bin = exe
+        .parent()
+        .and_then(|p| p.parent())
+        .map(|p| p.join("dispatcher"))
+        .unwrap();
+    assert!(bin.exists(), "{} is missing: build it first (`cargo build -p dispatcher`, which `cargo xtask test` does)", bin.display());
+    bin
+}
+
+const POLL: Duration = Duration::from_millis(50);
+
+fn serve_tcp(i: usize, port: u16, stop: Arc<AtomicBool>) {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind(("0.0.0.0", port)).expect("bind tcp");
+    listener.set_nonblocking(true).unwrap();
+    let mut conns: Vec<JoinHandle<()>> = Vec::new();
+    while !stop.load(Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((s, _)) => {
+                let stop = stop.clone();
+                conns.push(std::thread::spawn(move || {
+                    s.set_nonblocking(false).unwrap();
+                    s.set_read_timeout(Some(POLL)).unwrap();
+                    let mut w = s.try_clone().unwrap();
+                    let mut r = BufReader::new(s);
+                    let mut line = String::new();
+                    while !stop.load(Ordering::SeqCst) {
+                        match r.read_line(&mut line) {
+                            Ok(0) => return,
+                            Ok(_) => {
+                                if w.write_all(format!("b{i}\n").as_bytes()).is_err() {
+                                    return;
+                                }
+                                line.clear();
+                            }
+                            Err(e)
+                                if matches!(
+                                    e.kind(),
+                                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                                ) => {}
+                            Err(_) => return,
+                        }
+                    }
+                }));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
+            Err(_) => std::thread::sleep(POLL),
+        }
+    }
+    for c in conns {
+        let _ = c.join();
+    }
+}
+
+fn serve_udp(i: usize, vip: Ipv4Addr, port: u16, stop: Arc<AtomicBool>) {
+    let sock = std::net::UdpSocket::bind((vip, port)).expect("bind udp");
+    sock.set_read_timeout(Some(POLL)).unwrap();
+    let mut buf = [0u8; 1500];
+    while !stop.load(Ordering::SeqCst) {
+        if let Ok((_, from)) = sock.recv_from(&mut buf) {
+            let _ = sock.send_to(format!("b{i}\n").as_bytes(), from);
+        }
+    }
+}

@@ -1,0 +1,280 @@
+//! L4 through the real XDP program in network namespaces: a client sends TCP and UDP to
+//! the VIPs, `dispatcher run` forwards by MAC rewriting or IPIP, backends answer with
+//! their name straight to the client (direct server return).
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    net::{SocketAddr, TcpStream, UdpSocket},
+    time::Duration,
+};
+
+use dispatcher::{
+    config::Config,
+    dataplane::tables::{addr_bytes, initial_states, ring_table},
+};
+use dispatcher_common::{hash::flow_hash, FlowKey, STATE_DISABLED, STATE_DRAIN};
+use dispatcher_tests::netns::{Testbed, CLIENT_IP};
+
+const VIP_MAC: &str = "10.99.100.1";
+const VIP_IPIP: &str = "10.99.100.2";
+const VIP_STICKY: &str = "10.99.100.3";
+const TIMEOUT: Duration = Duration::from_secs(3);
+
+fn config(tb: &Testbed, weights: &[u32], vips: &str) -> String {
+    format!(
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\nxdp_mode = \"native\"\n\n{}\n{vips}",
+        tb.instance(),
+        tb.backend_config(weights)
+    )
+}
+
+struct Conn {
+    r: BufReader<TcpStream>,
+    w: TcpStream,
+    sport: u16,
+}
+
+impl Conn {
+    fn open(tb: &Testbed, vip: &str, port: u16) -> Conn {
+        let addr: SocketAddr = format!("{vip}:{port}").parse().unwrap();
+        let s = tb
+            .client
+            .run(move || TcpStream::connect_timeout(&addr, TIMEOUT))
+            .expect("connect to the VIP");
+        s.set_read_timeout(Some(TIMEOUT)).unwrap();
+        let sport = s.local_addr().unwrap().port();
+        Conn {
+            w: s.try_clone().unwrap(),
+            r: BufReader::new(s),
+            sport,
+        }
+    }
+
+    /// One request line; the answer names the backend.
+    fn ask(&mut self) -> String {
+        self.w.write_all(b"who\n").unwrap();
+        let mut line = String::new();
+        self.r.read_line(&mut line).expect("answer from a backend");
+        line.trim().to_string()
+    }
+}
+
+/// The backend the dispatcher must pick for a new flow from the client.
+fn predicted(cfg: &Config, vip: usize, states: &[u8], sport: u16, proto: u8) -> String {
+    let table = ring_table(&cfg.vips[vip], cfg, states);
+    let key = FlowKey {
+        src: addr_bytes(CLIENT_IP.parse().unwrap()).0,
+        dst: addr_bytes(cfg.vips[vip].address).0,
+        sport: sport.to_be(),
+        dport: cfg.vips[vip].port.to_be(),
+        proto,
+        family: 2,
+        _pad: [0; 2],
+    };
+    let b = table[(flow_hash(&key) % table.len() as u32) as usize];
+    cfg.backends[b as usize].name.clone()
+}
+
+fn udp_client(tb: &Testbed, vip: &str, port: u16) -> UdpSocket {
+    let addr: SocketAddr = format!("{vip}:{port}").parse().unwrap();
+    let s = tb.client.run(move || {
+        let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+        s.connect(addr).unwrap();
+        s
+    });
+    s.set_read_timeout(Some(TIMEOUT)).unwrap();
+    s
+}
+
+fn udp_ask(s: &UdpSocket) -> String {
+    // UDP may lose the very first datagram while ARP resolves: retry a few times.
+    let mut buf = [0u8; 64];
+    for _ in 0..5 {
+        s.send(b"who").unwrap();
+        if let Ok(n) = s.recv(&mut buf) {
+            return String::from_utf8_lossy(&buf[..n]).trim().to_string();
+        }
+    }
+    panic!("no UDP answer from the VIP");
+}
+
+#[test]
+fn mac_forwarding_pins_connections_and_spreads_by_maglev() {
+    let mut tb = Testbed::new(4, &[VIP_MAC]);
+    let vips = format!(
+        "[[vip]]\nname = \"web\"\naddress = \"{VIP_MAC}\"\nport = 80\nring_size = 1009\n\n[[vip]]\nname = \"dns\"\naddress = \"{VIP_MAC}\"\nport = 53\nprotocol = \"udp\"\nring_size = 1009\n"
+    );
+    let text = config(&tb, &[100, 100, 200, 100], &vips);
+    let cfg = Config::parse(&text, "t").unwrap();
+    let path = tb.write_config(&text);
+    tb.start_servers(&[80], &[(VIP_MAC, 53)]);
+    tb.start_dispatcher(&path);
+    let states = initial_states(&cfg);
+
+    let mut per_backend = std::collections::HashMap::new();
+    let mut conns: Vec<(Conn, String)> = Vec::new();
+    for _ in 0..48 {
+        let mut c = Conn::open(&tb, VIP_MAC, 80);
+        let first = c.ask();
+        assert_eq!(
+            first,
+            predicted(&cfg, 0, &states, c.sport, 6),
+            "new flow goes where the Maglev table says"
+        );
+        *per_backend.entry(first.clone()).or_insert(0) += 1;
+        conns.push((c, first));
+    }
+    // Every connection stays on its backend for its whole life.
+    for round in 0..3 {
+        for (c, b) in &mut conns {
+            assert_eq!(&c.ask(), b, "round {round}: connection moved");
+        }
+    }
+    assert_eq!(per_backend.len(), 4, "all backends used: {per_backend:?}");
+    assert!(
+        per_backend["b2"] > per_backend["b0"].min(per_backend["b1"]),
+        "weight 200 gets more: {per_backend:?}"
+    );
+
+    for _ in 0..8 {
+        let s = udp_client(&tb, VIP_MAC, 53);
+        let sport = s.local_addr().unwrap().port();
+        let b = udp_ask(&s);
+        assert_eq!(b, predicted(&cfg, 1, &states, sport, 17));
+        assert_eq!(udp_ask(&s), b, "a UDP flow stays pinned");
+    }
+
+    let status = tb.dispatcher_cmd(&["status", "--config", path.to_str().unwrap(), "--json"]);
+    assert!(status.contains("\"name\":\"web\""), "{status}");
+    let flows: usize = status
+        .split("\"flows\":")
+        .nth(1)
+        .and_then(|s| s.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .expect("flow count");
+    assert!(flows >= 56, "each TCP and UDP flow is in FLOWS: {flows}");
+}
+
+#[test]
+fn ipip_forwarding_reaches_backends_through_decap() {
+    let mut tb = Testbed::new(2, &[VIP_IPIP]);
+    let vips = format!("[[vip]]\nname = \"tls\"\naddress = \"{VIP_IPIP}\"\nport = 443\nforwarding = \"ipip\"\nencap_source = \"10.99.0.1\"\nring_size = 1009\n");
+    let text = config(&tb, &[], &vips);
+    let cfg = Config::parse(&text, "t").unwrap();
+    let path = tb.write_config(&text);
+    tb.start_servers(&[443], &[]);
+    tb.start_decap();
+    tb.start_dispatcher(&path);
+    let states = initial_states(&cfg);
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..16 {
+        let mut c = Conn::open(&tb, VIP_IPIP, 443);
+        let b = c.ask();
+        assert_eq!(b, predicted(&cfg, 0, &states, c.sport, 6));
+        assert_eq!(c.ask(), b);
+        seen.insert(b);
+    }
+    assert_eq!(seen.len(), 2, "both backends reached through IPIP");
+}
+
+#[test]
+fn drain_keeps_flows_and_disable_moves_them_to_the_replica() {
+    let mut tb = Testbed::new(4, &[VIP_MAC]);
+    let vips = format!(
+        "[[vip]]\nname = \"web\"\naddress = \"{VIP_MAC}\"\nport = 80\nring_size = 1009\n\n[[vip]]\nname = \"dns\"\naddress = \"{VIP_MAC}\"\nport = 53\nprotocol = \"udp\"\nring_size = 1009\n"
+    );
+    let text = config(&tb, &[], &vips);
+    let cfg = Config::parse(&text, "t").unwrap();
+    let path = tb.write_config(&text);
+    let cfg_arg = path.to_str().unwrap().to_string();
+    tb.start_servers(&[80], &[(VIP_MAC, 53)]);
+    tb.start_dispatcher(&path);
+
+    // Open connections until b0 has some.
+    let mut conns: Vec<(Conn, String)> = Vec::new();
+    while conns.iter().filter(|(_, b)| b == "b0").count() < 3 {
+        assert!(conns.len() < 200, "b0 never chosen");
+        let mut c = Conn::open(&tb, VIP_MAC, 80);
+        let b = c.ask();
+        conns.push((c, b));
+    }
+    let out = tb.dispatcher_cmd(&["drain", "--config", &cfg_arg, "b0"]);
+    assert!(out.contains("b0: up -> drain"), "{out}");
+    for (c, b) in &mut conns {
+        assert_eq!(&c.ask(), b, "drain keeps existing connections");
+    }
+    let mut states = initial_states(&cfg);
+    states[0] = STATE_DRAIN;
+    for _ in 0..40 {
+        let mut c = Conn::open(&tb, VIP_MAC, 80);
+        let b = c.ask();
+        assert_ne!(b, "b0", "no new connection to a drained backend");
+        assert_eq!(b, predicted(&cfg, 0, &states, c.sport, 6));
+    }
+
+    // UDP flows on b2; then b2 fails: its flows must reach its replica b3.
+    let mut on_b2 = Vec::new();
+    while on_b2.len() < 3 {
+        let s = udp_client(&tb, VIP_MAC, 53);
+        if udp_ask(&s) == "b2" {
+            on_b2.push(s);
+        }
+    }
+    tb.kill_servers_of(2, 1, 1);
+    let out = tb.dispatcher_cmd(&["disable", "--config", &cfg_arg, "b2"]);
+    assert!(out.contains("b2: up -> disabled"), "{out}");
+    states[2] = STATE_DISABLED;
+    for s in &on_b2 {
+        assert_eq!(
+            udp_ask(s),
+            "b3",
+            "the failed backend's flow reaches its peer replica"
+        );
+    }
+    let out = tb.dispatcher_cmd(&["status", "--config", &cfg_arg]);
+    assert!(out.contains("disabled") && out.contains("drain"), "{out}");
+}
+
+#[test]
+fn source_affinity_holds_for_the_sticky_time_across_ports() {
+    let mut tb = Testbed::new(4, &[VIP_STICKY]);
+    let vips = format!(
+        "[[vip]]\nname = \"a\"\naddress = \"{VIP_STICKY}\"\nport = 80\nsticky_time = \"2s\"\nport_group = \"app\"\nring_size = 1009\n\n[[vip]]\nname = \"b\"\naddress = \"{VIP_STICKY}\"\nport = 8080\nsticky_time = \"2s\"\nport_group = \"app\"\nring_size = 1009\n"
+    );
+    let text = config(&tb, &[], &vips);
+    let cfg = Config::parse(&text, "t").unwrap();
+    let path = tb.write_config(&text);
+    tb.start_servers(&[80, 8080], &[]);
+    tb.start_dispatcher(&path);
+    let states = initial_states(&cfg);
+
+    let mut first = Conn::open(&tb, VIP_STICKY, 80);
+    let owner = first.ask();
+    let mut would_differ = 0;
+    for i in 0..20 {
+        let (vip, port) = if i % 2 == 0 { (0, 80) } else { (1, 8080) };
+        let mut c = Conn::open(&tb, VIP_STICKY, port);
+        if predicted(&cfg, vip, &states, c.sport, 6) != owner {
+            would_differ += 1;
+        }
+        assert_eq!(
+            c.ask(),
+            owner,
+            "connection {i} (port {port}) follows the client's affinity"
+        );
+    }
+    assert!(
+        would_differ > 5,
+        "the ring alone would have spread these connections"
+    );
+    drop(first);
+
+    // After the sticky time without a new connection, the ring decides again.
+    std::thread::sleep(Duration::from_millis(2300));
+    let mut c = Conn::open(&tb, VIP_STICKY, 80);
+    assert_eq!(
+        c.ask(),
+        predicted(&cfg, 0, &states, c.sport, 6),
+        "affinity expired"
+    );
+}
