@@ -22,10 +22,7 @@ fn word(b: &[u8; 16], i: usize) -> u32 {
 
 #[inline(always)]
 fn step(h: u32, w: u32) -> u32 {
-    (h ^ mix32(w))
-        .rotate_left(13)
-        .wrapping_mul(5)
-        .wrapping_add(0xe654_6b64)
+    (h ^ mix32(w)).rotate_left(13).wrapping_mul(5).wrapping_add(0xe654_6b64)
 }
 
 /// Hash of a flow's 5-tuple (addresses, ports, protocol). Unrolled, loop-free, so the
@@ -61,11 +58,7 @@ mod tests {
 
     #[test]
     fn flow_hash_depends_on_every_field() {
-        let base = FlowKey {
-            proto: 6,
-            family: 2,
-            ..Default::default()
-        };
+        let base = FlowKey { proto: 6, family: 2, ..Default::default() };
         let h0 = flow_hash(&base);
         let mut k = base;
         k.src[15] = 1;

@@ -7,14 +7,9 @@
 
 mod parse;
 
-use aya_ebpf::{
-    bindings::xdp_action, helpers::bpf_xdp_adjust_head, macros::xdp, programs::XdpContext,
-};
+use aya_ebpf::{bindings::xdp_action, helpers::bpf_xdp_adjust_head, macros::xdp, programs::XdpContext};
 use dispatcher_common::{IPPROTO_IPIP, IPPROTO_IPV6};
-use parse::{
-    parse_l2, ptr_at, EthHdr, Ipv4Hdr, Ipv6Hdr, ETH_HLEN, ETH_P_IP, ETH_P_IPV6, IPV4_HLEN,
-    IPV6_HLEN,
-};
+use parse::{parse_l2, ptr_at, EthHdr, Ipv4Hdr, Ipv6Hdr, ETH_HLEN, ETH_P_IP, ETH_P_IPV6, IPV4_HLEN, IPV6_HLEN};
 
 #[xdp]
 pub fn decap(ctx: XdpContext) -> u32 {

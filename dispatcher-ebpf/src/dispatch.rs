@@ -3,16 +3,14 @@
 use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use dispatcher_common::{
     stats::{self, vip_slot},
-    FlowKey, VipInfo, VipKey, AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP, MODE_ADDR_MARKER,
-    MODE_HTTP,
+    FlowKey, VipInfo, VipKey, AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP, MODE_ADDR_MARKER, MODE_HTTP,
 };
 
 use crate::{
     forward,
     maps::VIPS,
     parse::{
-        be16, parse_l2, ptr_at, Ipv4Hdr, Ipv6Hdr, Ports, ETH_P_IP, ETH_P_IPV6, IPV4_HLEN,
-        IPV6_HLEN, TCP_HLEN, UDP_HLEN,
+        be16, parse_l2, ptr_at, Ipv4Hdr, Ipv6Hdr, Ports, ETH_P_IP, ETH_P_IPV6, IPV4_HLEN, IPV6_HLEN, TCP_HLEN, UDP_HLEN,
     },
     select,
     stats::count,
@@ -46,12 +44,7 @@ fn drop(slot: u32, len: u64) -> Result<u32, ()> {
 /// cannot be read, to decide between "malformed VIP traffic" (drop) and "not ours" (pass).
 #[inline(always)]
 fn is_vip_addr(family: u8, addr: &[u8; 16], proto: u8) -> bool {
-    let key = VipKey {
-        addr: *addr,
-        port: 0,
-        proto,
-        family,
-    };
+    let key = VipKey { addr: *addr, port: 0, proto, family };
     unsafe { VIPS.get(&key) }.is_some()
 }
 
@@ -83,19 +76,11 @@ pub fn try_dispatch(ctx: &XdpContext) -> Result<u32, ()> {
             key.dst = addr4(ip.dst);
             let vip_addr = is_vip_addr(AF_INET, &key.dst, ip.proto);
             if ip.ver_ihl >> 4 != 4 {
-                return if vip_addr {
-                    drop(stats::DROP_BAD_VERSION, len)
-                } else {
-                    pass(stats::PASS_NON_VIP, len)
-                };
+                return if vip_addr { drop(stats::DROP_BAD_VERSION, len) } else { pass(stats::PASS_NON_VIP, len) };
             }
             let ihl = (ip.ver_ihl & 0x0f) as usize;
             if ihl < 5 {
-                return if vip_addr {
-                    drop(stats::DROP_BAD_IHL, len)
-                } else {
-                    pass(stats::PASS_NON_VIP, len)
-                };
+                return if vip_addr { drop(stats::DROP_BAD_IHL, len) } else { pass(stats::PASS_NON_VIP, len) };
             }
             if !vip_addr {
                 return pass(stats::PASS_NON_VIP, len);
@@ -107,12 +92,7 @@ pub fn try_dispatch(ctx: &XdpContext) -> Result<u32, ()> {
             if be16(ip.frag_off) & 0x3fff != 0 {
                 return pass(stats::PASS_FRAGMENT, len);
             }
-            L3 {
-                family: AF_INET,
-                proto: ip.proto,
-                l4_off: l2.l3_off + IPV4_HLEN,
-                ip_len: be16(ip.tot_len),
-            }
+            L3 { family: AF_INET, proto: ip.proto, l4_off: l2.l3_off + IPV4_HLEN, ip_len: be16(ip.tot_len) }
         }
         ETH_P_IPV6 => {
             let Ok(ip) = ptr_at::<Ipv6Hdr>(ctx, l2.l3_off) else {
@@ -124,32 +104,15 @@ pub fn try_dispatch(ctx: &XdpContext) -> Result<u32, ()> {
             key.src = ip.src;
             key.dst = ip.dst;
             if ip.next_hdr != IPPROTO_TCP && ip.next_hdr != IPPROTO_UDP {
-                let ours = is_vip_addr(AF_INET6, &key.dst, IPPROTO_TCP)
-                    || is_vip_addr(AF_INET6, &key.dst, IPPROTO_UDP);
-                return pass(
-                    if ours {
-                        stats::PASS_IPV6_EXT
-                    } else {
-                        stats::PASS_NON_VIP
-                    },
-                    len,
-                );
+                let ours = is_vip_addr(AF_INET6, &key.dst, IPPROTO_TCP) || is_vip_addr(AF_INET6, &key.dst, IPPROTO_UDP);
+                return pass(if ours { stats::PASS_IPV6_EXT } else { stats::PASS_NON_VIP }, len);
             }
             if ip.ver_tc_flow[0] >> 4 != 6 {
                 let ours = is_vip_addr(AF_INET6, &key.dst, ip.next_hdr);
-                return if ours {
-                    drop(stats::DROP_BAD_VERSION, len)
-                } else {
-                    pass(stats::PASS_NON_VIP, len)
-                };
+                return if ours { drop(stats::DROP_BAD_VERSION, len) } else { pass(stats::PASS_NON_VIP, len) };
             }
             let ip_len = be16(ip.payload_len).wrapping_add(IPV6_HLEN as u16);
-            L3 {
-                family: AF_INET6,
-                proto: ip.next_hdr,
-                l4_off: l2.l3_off + IPV6_HLEN,
-                ip_len,
-            }
+            L3 { family: AF_INET6, proto: ip.next_hdr, l4_off: l2.l3_off + IPV6_HLEN, ip_len }
         }
         _ => return pass(stats::PASS_NON_IP, len),
     };
@@ -158,11 +121,7 @@ pub fn try_dispatch(ctx: &XdpContext) -> Result<u32, ()> {
     }
 
     // Transport header: ports, and for TCP a sane data offset.
-    let l4_len = if l3.proto == IPPROTO_TCP {
-        TCP_HLEN
-    } else {
-        UDP_HLEN
-    };
+    let l4_len = if l3.proto == IPPROTO_TCP { TCP_HLEN } else { UDP_HLEN };
     if ctx.data() + l3.l4_off + l4_len > ctx.data_end() {
         return if is_vip_addr(l3.family, &key.dst, l3.proto) {
             drop(stats::DROP_TRUNCATED, len)
@@ -174,12 +133,7 @@ pub fn try_dispatch(ctx: &XdpContext) -> Result<u32, ()> {
     key.sport = u16::from_ne_bytes(ports.src);
     key.dport = u16::from_ne_bytes(ports.dst);
 
-    let vkey = VipKey {
-        addr: key.dst,
-        port: key.dport,
-        proto: l3.proto,
-        family: l3.family,
-    };
+    let vkey = VipKey { addr: key.dst, port: key.dport, proto: l3.proto, family: l3.family };
     let Some(vip) = (unsafe { VIPS.get(&vkey) }) else {
         return pass(stats::PASS_NON_VIP, len);
     };

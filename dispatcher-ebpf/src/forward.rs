@@ -7,10 +7,7 @@ use dispatcher_common::{BackendInfo, VipInfo, AF_INET, FWD_IPIP, IPPROTO_IPIP, I
 use crate::{
     csum::ipv4_header_csum,
     dispatch::L3,
-    parse::{
-        ptr_at, EthHdr, Ipv4Hdr, Ipv6Hdr, ETH_HLEN, ETH_P_IP, ETH_P_IPV6, IPV4_HLEN, IPV6_HLEN, L2,
-        VLAN_HLEN,
-    },
+    parse::{ptr_at, EthHdr, Ipv4Hdr, Ipv6Hdr, ETH_HLEN, ETH_P_IP, ETH_P_IPV6, IPV4_HLEN, IPV6_HLEN, L2, VLAN_HLEN},
 };
 
 const TX: u32 = xdp_action::XDP_TX;
@@ -48,13 +45,7 @@ fn rewrite_macs(ctx: &XdpContext, eth_off: usize, b: &BackendInfo) -> Result<(),
 /// Grow the head by `outer` bytes and move the link header (Ethernet and the VLAN tag if
 /// any) to the new front, with its ethertype set to the outer protocol.
 #[inline(always)]
-fn push_outer(
-    ctx: &XdpContext,
-    l2: &L2,
-    outer: usize,
-    ethertype: u16,
-    b: &BackendInfo,
-) -> Result<(), ()> {
+fn push_outer(ctx: &XdpContext, l2: &L2, outer: usize, ethertype: u16, b: &BackendInfo) -> Result<(), ()> {
     if unsafe { bpf_xdp_adjust_head(ctx.ctx, -(outer as i32)) } != 0 {
         return Err(());
     }
@@ -78,20 +69,10 @@ fn push_outer(
 }
 
 #[inline(always)]
-fn encap_ipv4(
-    ctx: &XdpContext,
-    l2: &L2,
-    l3: &L3,
-    vip: &VipInfo,
-    b: &BackendInfo,
-) -> Result<(), ()> {
+fn encap_ipv4(ctx: &XdpContext, l2: &L2, l3: &L3, vip: &VipInfo, b: &BackendInfo) -> Result<(), ()> {
     let tos = unsafe { (*ptr_at::<Ipv4Hdr>(ctx, l2.l3_off)?).tos };
     push_outer(ctx, l2, IPV4_HLEN, ETH_P_IP, b)?;
-    let off = if l2.l3_off == ETH_HLEN {
-        ETH_HLEN
-    } else {
-        ETH_HLEN + VLAN_HLEN
-    };
+    let off = if l2.l3_off == ETH_HLEN { ETH_HLEN } else { ETH_HLEN + VLAN_HLEN };
     let outer = unsafe { &mut *ptr_at::<Ipv4Hdr>(ctx, off)? };
     outer.ver_ihl = 0x45;
     outer.tos = tos;
@@ -101,35 +82,20 @@ fn encap_ipv4(
     outer.ttl = OUTER_TTL;
     outer.proto = IPPROTO_IPIP;
     outer.check = [0, 0];
-    outer.src = [
-        vip.encap_src[0],
-        vip.encap_src[1],
-        vip.encap_src[2],
-        vip.encap_src[3],
-    ];
+    outer.src = [vip.encap_src[0], vip.encap_src[1], vip.encap_src[2], vip.encap_src[3]];
     outer.dst = b.addr4;
     outer.check = ipv4_header_csum(outer);
     Ok(())
 }
 
 #[inline(always)]
-fn encap_ipv6(
-    ctx: &XdpContext,
-    l2: &L2,
-    l3: &L3,
-    vip: &VipInfo,
-    b: &BackendInfo,
-) -> Result<(), ()> {
+fn encap_ipv6(ctx: &XdpContext, l2: &L2, l3: &L3, vip: &VipInfo, b: &BackendInfo) -> Result<(), ()> {
     if b.addr6 == [0u8; 16] {
         return Err(());
     }
     let first = unsafe { (*ptr_at::<Ipv6Hdr>(ctx, l2.l3_off)?).ver_tc_flow };
     push_outer(ctx, l2, IPV6_HLEN, ETH_P_IPV6, b)?;
-    let off = if l2.l3_off == ETH_HLEN {
-        ETH_HLEN
-    } else {
-        ETH_HLEN + VLAN_HLEN
-    };
+    let off = if l2.l3_off == ETH_HLEN { ETH_HLEN } else { ETH_HLEN + VLAN_HLEN };
     let outer = unsafe { &mut *ptr_at::<Ipv6Hdr>(ctx, off)? };
     outer.ver_tc_flow = first;
     outer.payload_len = l3.ip_len.to_be_bytes();

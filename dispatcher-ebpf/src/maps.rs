@@ -6,9 +6,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
 use dispatcher_common::{
-    stats, AffinityKey, AffinityValue, BackendInfo, CloneValue, Counter, FlowKey, FlowValue,
-    VipInfo, VipKey, DEFAULT_MAX_AFFINITY, DEFAULT_MAX_FLOWS, MAX_BACKENDS, MAX_CLONES,
-    MAX_RING_SIZE, MAX_VIPS,
+    stats, AffinityKey, AffinityValue, BackendInfo, CloneValue, Counter, FlowKey, FlowValue, VipInfo, VipKey,
+    DEFAULT_MAX_AFFINITY, DEFAULT_MAX_FLOWS, MAX_BACKENDS, MAX_CLONES, MAX_RING_SIZE, MAX_VIPS,
 };
 
 #[map]
@@ -21,12 +20,10 @@ pub static BACKENDS: Array<BackendInfo> = Array::with_max_entries(MAX_BACKENDS, 
 pub static RINGS: Array<u32> = Array::with_max_entries(MAX_VIPS * MAX_RING_SIZE, 0);
 
 #[map]
-pub static FLOWS: LruHashMap<FlowKey, FlowValue> =
-    LruHashMap::with_max_entries(DEFAULT_MAX_FLOWS, 0);
+pub static FLOWS: LruHashMap<FlowKey, FlowValue> = LruHashMap::with_max_entries(DEFAULT_MAX_FLOWS, 0);
 
 #[map]
-pub static AFFINITY: LruHashMap<AffinityKey, AffinityValue> =
-    LruHashMap::with_max_entries(DEFAULT_MAX_AFFINITY, 0);
+pub static AFFINITY: LruHashMap<AffinityKey, AffinityValue> = LruHashMap::with_max_entries(DEFAULT_MAX_AFFINITY, 0);
 
 /// Read by the agent only for now; declared here so that both planes share one object.
 #[map]

@@ -86,14 +86,8 @@ pub fn parse_l2(ctx: &XdpContext) -> Option<L2> {
     let eth: *const EthHdr = ptr_at(ctx, 0).ok()?;
     let ethertype = be16(unsafe { (*eth).proto });
     if ethertype != ETH_P_8021Q {
-        return Some(L2 {
-            l3_off: ETH_HLEN,
-            ethertype,
-        });
+        return Some(L2 { l3_off: ETH_HLEN, ethertype });
     }
     let vlan: *const VlanHdr = ptr_at(ctx, ETH_HLEN).ok()?;
-    Some(L2 {
-        l3_off: ETH_HLEN + VLAN_HLEN,
-        ethertype: be16(unsafe { (*vlan).proto }),
-    })
+    Some(L2 { l3_off: ETH_HLEN + VLAN_HLEN, ethertype: be16(unsafe { (*vlan).proto }) })
 }

@@ -3,8 +3,8 @@
 
 use aya_ebpf::helpers::bpf_ktime_get_ns;
 use dispatcher_common::{
-    hash::flow_hash, keeps_flows, stats, takes_new_flows, AffinityKey, AffinityValue, BackendInfo,
-    FlowKey, FlowValue, VipInfo, MAX_RING_SIZE, NO_BACKEND, STATE_UP, VIP_F_AFFINITY,
+    hash::flow_hash, keeps_flows, stats, takes_new_flows, AffinityKey, AffinityValue, BackendInfo, FlowKey, FlowValue,
+    VipInfo, MAX_RING_SIZE, NO_BACKEND, STATE_UP, VIP_F_AFFINITY,
 };
 
 use crate::{
@@ -99,12 +99,7 @@ pub fn select_backend(vip: &VipInfo, key: &FlowKey) -> Option<(u32, BackendInfo)
     }
 
     let sticky = vip.flags & VIP_F_AFFINITY != 0;
-    let akey = AffinityKey {
-        group: vip.port_group,
-        family: key.family,
-        _pad: [0; 3],
-        client: key.src,
-    };
+    let akey = AffinityKey { group: vip.port_group, family: key.family, _pad: [0; 3], client: key.src };
     let mut chosen = None;
     if sticky {
         chosen = from_affinity(&akey, now);
@@ -117,24 +112,11 @@ pub fn select_backend(vip: &VipInfo, key: &FlowKey) -> Option<(u32, BackendInfo)
     }
     let (id, b) = chosen?;
 
-    let flow = FlowValue {
-        backend: id,
-        vip: vip.id,
-        cookie_hash: 0,
-        last_seen_ns: now,
-    };
+    let flow = FlowValue { backend: id, vip: vip.id, cookie_hash: 0, last_seen_ns: now };
     let _ = FLOWS.insert(key, &flow, 0);
     if sticky {
         let expires_ns = now + vip.sticky_secs as u64 * NS_PER_SEC;
-        let _ = AFFINITY.insert(
-            &akey,
-            &AffinityValue {
-                backend: id,
-                _pad: 0,
-                expires_ns,
-            },
-            0,
-        );
+        let _ = AFFINITY.insert(&akey, &AffinityValue { backend: id, _pad: 0, expires_ns }, 0);
     }
     count(stats::vip_slot(vip.id, stats::VIP_NEW_FLOWS), 0);
     count(stats::backend_slot(id, stats::BACKEND_NEW_FLOWS), 0);

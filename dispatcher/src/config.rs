@@ -18,16 +18,9 @@ use dispatcher_common::{MAX_BACKENDS, MAX_RING_SIZE, MAX_VIPS};
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("{file}: cannot read: {source}")]
-    Read {
-        file: String,
-        source: std::io::Error,
-    },
+    Read { file: String, source: std::io::Error },
     #[error("{file}:{line}: {message}")]
-    Invalid {
-        file: String,
-        line: usize,
-        message: String,
-    },
+    Invalid { file: String, line: usize, message: String },
 }
 
 /// Raw file shape. Every field a validation message must point at is `Spanned`.
@@ -176,10 +169,7 @@ impl Config {
 
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            file: file.clone(),
-            source,
-        })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { file: file.clone(), source })?;
         Config::parse(&text, &file)
     }
 
@@ -187,11 +177,7 @@ impl Config {
         let ctx = Ctx { text, file };
         let raw: RawConfig = toml::from_str(text).map_err(|e| {
             let line = e.span().map(|s| ctx.line(s.start)).unwrap_or(1);
-            ConfigError::Invalid {
-                file: file.to_string(),
-                line,
-                message: e.message().trim().to_string(),
-            }
+            ConfigError::Invalid { file: file.to_string(), line, message: e.message().trim().to_string() }
         })?;
         ctx.build(raw)
     }
@@ -203,24 +189,16 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
     if num.is_empty() {
-        return Err(format!(
-            "`{s}` is not a duration (expected e.g. \"2s\", \"500ms\")"
-        ));
+        return Err(format!("`{s}` is not a duration (expected e.g. \"2s\", \"500ms\")"));
     }
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("`{s}`: number too large"))?;
+    let n: u64 = num.parse().map_err(|_| format!("`{s}`: number too large"))?;
     let d = match unit {
         "ms" => Duration::from_millis(n),
         "us" => Duration::from_micros(n),
         "s" => Duration::from_secs(n),
         "m" => Duration::from_secs(n.saturating_mul(60)),
         "h" => Duration::from_secs(n.saturating_mul(3600)),
-        _ => {
-            return Err(format!(
-                "`{s}`: unknown unit `{unit}` (use us, ms, s, m or h)"
-            ))
-        }
+        _ => return Err(format!("`{s}`: unknown unit `{unit}` (use us, ms, s, m or h)")),
     };
     Ok(d)
 }
@@ -228,9 +206,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
     let parts: Vec<&str> = s.split(':').collect();
     if parts.len() != 6 {
-        return Err(format!(
-            "`{s}` is not a MAC address (expected 6 hex pairs like 02:00:00:00:00:01)"
-        ));
+        return Err(format!("`{s}` is not a MAC address (expected 6 hex pairs like 02:00:00:00:00:01)"));
     }
     let mut mac = [0u8; 6];
     for (i, p) in parts.iter().enumerate() {
@@ -263,11 +239,7 @@ struct Ctx<'a> {
 
 impl Ctx<'_> {
     fn line(&self, offset: usize) -> usize {
-        self.text[..offset.min(self.text.len())]
-            .bytes()
-            .filter(|&b| b == b'\n')
-            .count()
-            + 1
+        self.text[..offset.min(self.text.len())].bytes().filter(|&b| b == b'\n').count() + 1
     }
 
     fn err(&self, span: Range<usize>, field: &str, message: impl std::fmt::Display) -> ConfigError {
@@ -278,15 +250,8 @@ impl Ctx<'_> {
         }
     }
 
-    fn parsed<T: FromStr>(
-        &self,
-        v: &Spanned<String>,
-        field: &str,
-        what: &str,
-    ) -> Result<T, ConfigError> {
-        v.get_ref()
-            .parse()
-            .map_err(|_| self.err(v.span(), field, format!("`{}` is not {what}", v.get_ref())))
+    fn parsed<T: FromStr>(&self, v: &Spanned<String>, field: &str, what: &str) -> Result<T, ConfigError> {
+        v.get_ref().parse().map_err(|_| self.err(v.span(), field, format!("`{}` is not {what}", v.get_ref())))
     }
 
     fn choice<T: Copy>(
@@ -297,18 +262,10 @@ impl Ctx<'_> {
         options: &[(&str, T)],
     ) -> Result<T, ConfigError> {
         let Some(v) = v else { return Ok(default) };
-        options
-            .iter()
-            .find(|(name, _)| *name == v.get_ref())
-            .map(|(_, t)| *t)
-            .ok_or_else(|| {
-                let names: Vec<&str> = options.iter().map(|(n, _)| *n).collect();
-                self.err(
-                    v.span(),
-                    field,
-                    format!("`{}` is not one of {}", v.get_ref(), names.join(", ")),
-                )
-            })
+        options.iter().find(|(name, _)| *name == v.get_ref()).map(|(_, t)| *t).ok_or_else(|| {
+            let names: Vec<&str> = options.iter().map(|(n, _)| *n).collect();
+            self.err(v.span(), field, format!("`{}` is not one of {}", v.get_ref(), names.join(", ")))
+        })
     }
 
     fn build(&self, raw: RawConfig) -> Result<Config, ConfigError> {
@@ -321,60 +278,29 @@ impl Ctx<'_> {
                 "must be an interface name of 1 to 15 bytes",
             ));
         }
-        let instance = d
-            .instance
-            .as_ref()
-            .map(|s| s.get_ref().clone())
-            .unwrap_or_else(|| "default".into());
-        if instance.is_empty()
-            || !instance
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-        {
-            let span = d
-                .instance
-                .as_ref()
-                .map(|s| s.span())
-                .unwrap_or(raw.dispatcher.span());
-            return Err(self.err(
-                span,
-                "dispatcher.instance",
-                "use letters, digits, '-' and '_' only",
-            ));
+        let instance = d.instance.as_ref().map(|s| s.get_ref().clone()).unwrap_or_else(|| "default".into());
+        if instance.is_empty() || !instance.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+            let span = d.instance.as_ref().map(|s| s.span()).unwrap_or(raw.dispatcher.span());
+            return Err(self.err(span, "dispatcher.instance", "use letters, digits, '-' and '_' only"));
         }
         let xdp_mode = self.choice(
             &d.xdp_mode,
             "dispatcher.xdp_mode",
             XdpAttachMode::Auto,
-            &[
-                ("auto", XdpAttachMode::Auto),
-                ("native", XdpAttachMode::Native),
-                ("generic", XdpAttachMode::Generic),
-            ],
+            &[("auto", XdpAttachMode::Auto), ("native", XdpAttachMode::Native), ("generic", XdpAttachMode::Generic)],
         )?;
-        let table =
-            |v: &Option<Spanned<u32>>, field: &str, default: u32| -> Result<u32, ConfigError> {
-                match v {
-                    None => Ok(default),
-                    Some(s) if *s.get_ref() >= 1024 => Ok(*s.get_ref()),
-                    Some(s) => Err(self.err(s.span(), field, "must be at least 1024")),
-                }
-            };
-        let flow_table_size = table(
-            &d.flow_table_size,
-            "dispatcher.flow_table_size",
-            dispatcher_common::DEFAULT_MAX_FLOWS,
-        )?;
-        let affinity_table_size = table(
-            &d.affinity_table_size,
-            "dispatcher.affinity_table_size",
-            dispatcher_common::DEFAULT_MAX_AFFINITY,
-        )?;
-        let log_level = d
-            .log_level
-            .as_ref()
-            .map(|s| s.get_ref().clone())
-            .unwrap_or_else(|| "info".into());
+        let table = |v: &Option<Spanned<u32>>, field: &str, default: u32| -> Result<u32, ConfigError> {
+            match v {
+                None => Ok(default),
+                Some(s) if *s.get_ref() >= 1024 => Ok(*s.get_ref()),
+                Some(s) => Err(self.err(s.span(), field, "must be at least 1024")),
+            }
+        };
+        let flow_table_size =
+            table(&d.flow_table_size, "dispatcher.flow_table_size", dispatcher_common::DEFAULT_MAX_FLOWS)?;
+        let affinity_table_size =
+            table(&d.affinity_table_size, "dispatcher.affinity_table_size", dispatcher_common::DEFAULT_MAX_AFFINITY)?;
+        let log_level = d.log_level.as_ref().map(|s| s.get_ref().clone()).unwrap_or_else(|| "info".into());
 
         if raw.backends.len() > MAX_BACKENDS as usize {
             return Err(self.err(
@@ -387,11 +313,7 @@ impl Ctx<'_> {
         for (i, b) in raw.backends.iter().enumerate() {
             let name = b.get_ref().name.get_ref();
             if name.is_empty() {
-                return Err(self.err(
-                    b.get_ref().name.span(),
-                    &format!("backend[{i}].name"),
-                    "must not be empty",
-                ));
+                return Err(self.err(b.get_ref().name.span(), &format!("backend[{i}].name"), "must not be empty"));
             }
             if by_name.insert(name.clone(), i).is_some() {
                 return Err(self.err(
@@ -412,9 +334,7 @@ impl Ctx<'_> {
                 None => None,
             };
             let mac = match &b.mac {
-                Some(m) => {
-                    Some(parse_mac(m.get_ref()).map_err(|e| self.err(m.span(), &f("mac"), e))?)
-                }
+                Some(m) => Some(parse_mac(m.get_ref()).map_err(|e| self.err(m.span(), &f("mac"), e))?),
                 None => None,
             };
             let weight = match &b.weight {
@@ -431,18 +351,10 @@ impl Ctx<'_> {
             let replica = match &b.replica {
                 Some(r) => {
                     let Some(&ri) = by_name.get(r.get_ref()) else {
-                        return Err(self.err(
-                            r.span(),
-                            &f("replica"),
-                            format!("names no backend: `{}`", r.get_ref()),
-                        ));
+                        return Err(self.err(r.span(), &f("replica"), format!("names no backend: `{}`", r.get_ref())));
                     };
                     if ri == i {
-                        return Err(self.err(
-                            r.span(),
-                            &f("replica"),
-                            "a backend cannot be its own replica",
-                        ));
+                        return Err(self.err(r.span(), &f("replica"), "a backend cannot be its own replica"));
                     }
                     Some(ri)
                 }
@@ -451,11 +363,7 @@ impl Ctx<'_> {
             for c in &b.clone_ids {
                 let id = c.get_ref();
                 if id.is_empty() || id.contains(':') || id.len() > 64 {
-                    return Err(self.err(
-                        c.span(),
-                        &f("clone_ids"),
-                        format!("`{id}`: 1 to 64 bytes, no ':'"),
-                    ));
+                    return Err(self.err(c.span(), &f("clone_ids"), format!("`{id}`: 1 to 64 bytes, no ':'")));
                 }
                 if let Some(prev) = clone_owner.insert(id.clone(), i) {
                     return Err(self.err(
@@ -480,11 +388,7 @@ impl Ctx<'_> {
         }
 
         if raw.vips.len() > MAX_VIPS as usize {
-            return Err(self.err(
-                raw.vips[MAX_VIPS as usize].span(),
-                "vip",
-                format!("at most {MAX_VIPS} VIPs"),
-            ));
+            return Err(self.err(raw.vips[MAX_VIPS as usize].span(), "vip", format!("at most {MAX_VIPS} VIPs")));
         }
         let mut groups: HashMap<String, u32> = HashMap::new();
         let mut seen: HashSet<(IpAddr, u16, Protocol)> = HashSet::new();
@@ -494,11 +398,7 @@ impl Ctx<'_> {
             let v = v.get_ref();
             let f = |field: &str| format!("vip[{i}].{field}");
             if !names.insert(v.name.get_ref().clone()) {
-                return Err(self.err(
-                    v.name.span(),
-                    &f("name"),
-                    format!("`{}` is defined twice", v.name.get_ref()),
-                ));
+                return Err(self.err(v.name.span(), &f("name"), format!("`{}` is defined twice", v.name.get_ref())));
             }
             let address: IpAddr = self.parsed(&v.address, &f("address"), "an IP address")?;
             if *v.port.get_ref() == 0 {
@@ -511,24 +411,12 @@ impl Ctx<'_> {
                 &[("tcp", Protocol::Tcp), ("udp", Protocol::Udp)],
             )?;
             if !seen.insert((address, *v.port.get_ref(), protocol)) {
-                return Err(self.err(
-                    v.port.span(),
-                    &f("port"),
-                    "another VIP has the same address, port and protocol",
-                ));
+                return Err(self.err(v.port.span(), &f("port"), "another VIP has the same address, port and protocol"));
             }
-            let mode = self.choice(
-                &v.mode,
-                &f("mode"),
-                VipMode::L4,
-                &[("l4", VipMode::L4), ("http", VipMode::Http)],
-            )?;
+            let mode =
+                self.choice(&v.mode, &f("mode"), VipMode::L4, &[("l4", VipMode::L4), ("http", VipMode::Http)])?;
             if mode == VipMode::Http && protocol != Protocol::Tcp {
-                return Err(self.err(
-                    v.mode.as_ref().unwrap().span(),
-                    &f("mode"),
-                    "http needs protocol tcp",
-                ));
+                return Err(self.err(v.mode.as_ref().unwrap().span(), &f("mode"), "http needs protocol tcp"));
             }
             let forwarding = self.choice(
                 &v.forwarding,
@@ -540,11 +428,7 @@ impl Ctx<'_> {
                 Some(a) => {
                     let ip: IpAddr = self.parsed(a, &f("encap_source"), "an IP address")?;
                     if ip.is_ipv4() != address.is_ipv4() {
-                        return Err(self.err(
-                            a.span(),
-                            &f("encap_source"),
-                            "must be of the VIP's address family",
-                        ));
+                        return Err(self.err(a.span(), &f("encap_source"), "must be of the VIP's address family"));
                     }
                     Some(ip)
                 }
@@ -552,11 +436,7 @@ impl Ctx<'_> {
             };
             if mode == VipMode::L4 && forwarding == Forwarding::Ipip && encap_source.is_none() {
                 let span = v.forwarding.as_ref().unwrap().span();
-                return Err(self.err(
-                    span,
-                    &f("encap_source"),
-                    "required with forwarding = \"ipip\"",
-                ));
+                return Err(self.err(span, &f("encap_source"), "required with forwarding = \"ipip\""));
             }
             let members: Vec<usize> = match &v.backends {
                 Some(list) => {
@@ -570,11 +450,7 @@ impl Ctx<'_> {
                             ));
                         };
                         if out.contains(&bi) {
-                            return Err(self.err(
-                                n.span(),
-                                &f("backends"),
-                                format!("`{}` listed twice", n.get_ref()),
-                            ));
+                            return Err(self.err(n.span(), &f("backends"), format!("`{}` listed twice", n.get_ref())));
                         }
                         out.push(bi);
                     }
@@ -590,22 +466,14 @@ impl Ctx<'_> {
                         return Err(self.err(
                             span,
                             &format!("backend[{bi}].mac"),
-                            format!(
-                                "required: backend `{}` serves L4 VIP `{}`",
-                                b.name,
-                                v.name.get_ref()
-                            ),
+                            format!("required: backend `{}` serves L4 VIP `{}`", b.name, v.name.get_ref()),
                         ));
                     }
                     if forwarding == Forwarding::Ipip && address.is_ipv6() && b.address6.is_none() {
                         return Err(self.err(
                             span,
                             &format!("backend[{bi}].address6"),
-                            format!(
-                                "required: backend `{}` serves IPv6 IPIP VIP `{}`",
-                                b.name,
-                                v.name.get_ref()
-                            ),
+                            format!("required: backend `{}` serves IPv6 IPIP VIP `{}`", b.name, v.name.get_ref()),
                         ));
                     }
                 }
@@ -624,10 +492,7 @@ impl Ctx<'_> {
                         return Err(self.err(
                             r.span(),
                             &f("ring_size"),
-                            format!(
-                                "{n} is too small for {} backends (want at least 10 slots each)",
-                                members.len()
-                            ),
+                            format!("{n} is too small for {} backends (want at least 10 slots each)", members.len()),
                         ));
                     }
                     n
@@ -636,8 +501,7 @@ impl Ctx<'_> {
             };
             let sticky_time = match &v.sticky_time {
                 Some(s) => {
-                    let d = parse_duration(s.get_ref())
-                        .map_err(|e| self.err(s.span(), &f("sticky_time"), e))?;
+                    let d = parse_duration(s.get_ref()).map_err(|e| self.err(s.span(), &f("sticky_time"), e))?;
                     if d.as_secs() == 0 || d.as_secs() > u32::MAX as u64 {
                         return Err(self.err(s.span(), &f("sticky_time"), "must be at least 1s"));
                     }
@@ -664,12 +528,7 @@ impl Ctx<'_> {
                 port_group,
             });
         }
-        let bpffs = PathBuf::from(
-            d.bpffs
-                .as_ref()
-                .map(|s| s.get_ref().as_str())
-                .unwrap_or("/sys/fs/bpf"),
-        );
+        let bpffs = PathBuf::from(d.bpffs.as_ref().map(|s| s.get_ref().as_str()).unwrap_or("/sys/fs/bpf"));
         Ok(Config {
             interface,
             instance,
@@ -725,9 +584,7 @@ port_group = "g"
 "#;
 
     fn err_of(text: &str) -> String {
-        Config::parse(text, "x.toml")
-            .expect_err("must be rejected")
-            .to_string()
+        Config::parse(text, "x.toml").expect_err("must be rejected").to_string()
     }
 
     #[test]
@@ -748,20 +605,11 @@ port_group = "g"
         let e = err_of(&GOOD.replace("replica = \"b\"", "replica = \"nope\""));
         assert_eq!(e, "x.toml:10: backend[0].replica: names no backend: `nope`");
         let e = err_of(&GOOD.replace("replica = \"b\"", "replica = \"a\""));
-        assert!(
-            e.contains("x.toml:10: backend[0].replica: a backend cannot be its own replica"),
-            "{e}"
-        );
+        assert!(e.contains("x.toml:10: backend[0].replica: a backend cannot be its own replica"), "{e}");
         let e = err_of(&GOOD.replace("ring_size = 251", "ring_size = 250"));
-        assert!(
-            e.starts_with("x.toml:24: vip[0].ring_size: 250 must be a prime"),
-            "{e}"
-        );
+        assert!(e.starts_with("x.toml:24: vip[0].ring_size: 250 must be a prime"), "{e}");
         let e = err_of(&GOOD.replace("address = \"10.0.0.12\"", "address = \"10.0.0.300\""));
-        assert!(
-            e.starts_with("x.toml:15: backend[1].address: `10.0.0.300` is not an IPv4 address"),
-            "{e}"
-        );
+        assert!(e.starts_with("x.toml:15: backend[1].address: `10.0.0.300` is not an IPv4 address"), "{e}");
         let e = err_of(&GOOD.replace("weight = 200", "wieght = 200"));
         assert!(e.starts_with("x.toml:17: unknown field `wieght`"), "{e}");
         let e = err_of(&GOOD.replace("sticky_time = \"30s\"", "sticky_time = \"30 parsecs\""));
@@ -770,11 +618,9 @@ port_group = "g"
         assert!(e.starts_with("x.toml:16: backend[1].mac:"), "{e}");
         let e = err_of(&GOOD.replace("encap_source = \"10.0.0.1\"\n", ""));
         assert!(e.contains("vip[1].encap_source: required"), "{e}");
-        let e = err_of(&format!("{GOOD}\n[[backend]]\nname = \"c\"\naddress = \"10.0.0.13\"\nclone_ids = [\"cloneA\"]\n"));
-        assert!(
-            e.contains("backend[2].clone_ids: clone ID `cloneA` already belongs to backend `a`"),
-            "{e}"
-        );
+        let e =
+            err_of(&format!("{GOOD}\n[[backend]]\nname = \"c\"\naddress = \"10.0.0.13\"\nclone_ids = [\"cloneA\"]\n"));
+        assert!(e.contains("backend[2].clone_ids: clone ID `cloneA` already belongs to backend `a`"), "{e}");
     }
 
     #[test]

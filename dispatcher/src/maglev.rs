@@ -88,15 +88,8 @@ mod tests {
     #[test]
     fn fills_every_slot_evenly() {
         let names = ["a", "b", "c", "d"];
-        let members: Vec<Member> = names
-            .iter()
-            .enumerate()
-            .map(|(i, n)| Member {
-                id: i as u32,
-                key: n,
-                weight: 1,
-            })
-            .collect();
+        let members: Vec<Member> =
+            names.iter().enumerate().map(|(i, n)| Member { id: i as u32, key: n, weight: 1 }).collect();
         let t = build(&members, 65537);
         assert!(t.iter().all(|&x| x != NO_BACKEND));
         for i in 0..4 {
@@ -107,18 +100,7 @@ mod tests {
 
     #[test]
     fn follows_weights() {
-        let members = [
-            Member {
-                id: 0,
-                key: "a",
-                weight: 100,
-            },
-            Member {
-                id: 1,
-                key: "b",
-                weight: 300,
-            },
-        ];
+        let members = [Member { id: 0, key: "a", weight: 100 }, Member { id: 1, key: "b", weight: 300 }];
         let t = build(&members, 65537);
         let ratio = count(&t, 1) as f64 / count(&t, 0) as f64;
         assert!((2.9..3.1).contains(&ratio), "ratio {ratio}");
@@ -127,44 +109,19 @@ mod tests {
     #[test]
     fn removing_a_backend_moves_little_else() {
         let names: Vec<String> = (0..10).map(|i| format!("backend-{i}")).collect();
-        let all: Vec<Member> = names
-            .iter()
-            .enumerate()
-            .map(|(i, n)| Member {
-                id: i as u32,
-                key: n,
-                weight: 1,
-            })
-            .collect();
+        let all: Vec<Member> =
+            names.iter().enumerate().map(|(i, n)| Member { id: i as u32, key: n, weight: 1 }).collect();
         let before = build(&all, 65537);
         let after = build(&all[..9], 65537);
-        let moved = before
-            .iter()
-            .zip(&after)
-            .filter(|(b, a)| **b != 9 && b != a)
-            .count();
+        let moved = before.iter().zip(&after).filter(|(b, a)| **b != 9 && b != a).count();
         // Only slots of the removed backend must move; Maglev's extra churn is small.
-        assert!(
-            moved < 65537 / 50,
-            "{moved} slots of surviving backends moved"
-        );
+        assert!(moved < 65537 / 50, "{moved} slots of surviving backends moved");
         assert!(after.iter().all(|&x| x < 9));
     }
 
     #[test]
     fn same_input_same_table() {
-        let members = [
-            Member {
-                id: 0,
-                key: "x",
-                weight: 1,
-            },
-            Member {
-                id: 1,
-                key: "y",
-                weight: 2,
-            },
-        ];
+        let members = [Member { id: 0, key: "x", weight: 1 }, Member { id: 1, key: "y", weight: 2 }];
         assert_eq!(build(&members, 251), build(&members, 251));
         assert!(build(&[], 251).iter().all(|&x| x == NO_BACKEND));
     }

@@ -43,38 +43,20 @@ pub const XDP_TX: u32 = 3;
 pub fn flow_key(p: &Packet) -> FlowKey {
     let (src, family) = addr_bytes(p.src);
     let (dst, _) = addr_bytes(p.dst);
-    FlowKey {
-        src,
-        dst,
-        sport: p.sport.to_be(),
-        dport: p.dport.to_be(),
-        proto: p.proto,
-        family,
-        _pad: [0; 2],
-    }
+    FlowKey { src, dst, sport: p.sport.to_be(), dport: p.dport.to_be(), proto: p.proto, family, _pad: [0; 2] }
 }
 
 impl Fixture {
     pub fn new(config: &str) -> Fixture {
         let cfg = Config::parse(config, "fixture.toml").expect("fixture configuration");
-        let opts = LoadOptions {
-            flow_table_size: 4096,
-            affinity_table_size: 4096,
-            ..Default::default()
-        };
+        let opts = LoadOptions { flow_table_size: 4096, affinity_table_size: 4096, ..Default::default() };
         let mut ebpf = dataplane::load_dispatcher(&opts).expect("load and verify the XDP program");
         let mut tables = Tables::from_ebpf(&mut ebpf).expect("maps");
         let affinity_map = ebpf.take_map("AFFINITY").expect("AFFINITY map");
         let affinity = HashMap::try_from(affinity_map).expect("AFFINITY type");
         let states = initial_states(&cfg);
         tables.apply(&cfg, &states).expect("fill maps");
-        Fixture {
-            ebpf,
-            tables,
-            affinity,
-            cfg,
-            states,
-        }
+        Fixture { ebpf, tables, affinity, cfg, states }
     }
 
     pub fn run_bytes(&mut self, input: &[u8]) -> Outcome {
@@ -89,11 +71,7 @@ impl Fixture {
             })
             .expect("BPF_PROG_TEST_RUN");
         out.truncate(r.data_size_out as usize);
-        Outcome {
-            verdict: r.return_value,
-            out,
-            duration: r.duration,
-        }
+        Outcome { verdict: r.return_value, out, duration: r.duration }
     }
 
     pub fn run(&mut self, p: &Packet) -> Outcome {
@@ -106,11 +84,7 @@ impl Fixture {
     }
 
     pub fn backend_index(&self, name: &str) -> usize {
-        self.cfg
-            .backends
-            .iter()
-            .position(|b| b.name == name)
-            .unwrap_or_else(|| panic!("no backend {name}"))
+        self.cfg.backends.iter().position(|b| b.name == name).unwrap_or_else(|| panic!("no backend {name}"))
     }
 
     pub fn mac(&self, backend: usize) -> [u8; 6] {
@@ -122,15 +96,11 @@ impl Fixture {
     pub fn set_state(&mut self, backend: usize, state: u8, rebuild: bool) {
         self.states[backend] = state;
         let info = backend_info(&self.cfg.backends[backend], state);
-        self.tables
-            .set_backend(backend as u32, &info)
-            .expect("BACKENDS");
+        self.tables.set_backend(backend as u32, &info).expect("BACKENDS");
         if rebuild {
             let cfg = self.cfg.clone();
             for (i, v) in cfg.vips.iter().enumerate() {
-                self.tables
-                    .rebuild_ring(i as u32, v, &cfg, &self.states)
-                    .expect("RINGS");
+                self.tables.rebuild_ring(i as u32, v, &cfg, &self.states).expect("RINGS");
             }
         }
     }

@@ -38,27 +38,16 @@ pub fn backend_mac(i: usize) -> String {
 
 /// Runs a command, panicking with its output when it fails.
 pub fn sh(args: &[&str]) -> String {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    let out = Command::new(args[0]).args(&args[1..]).output().unwrap_or_else(|e| panic!("{args:?}: {e}"));
     if !out.status.success() {
-        panic!(
-            "{args:?} failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        panic!("{args:?} failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     }
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Runs a command, ignoring failure (cleanup paths).
 fn sh_quiet(args: &[&str]) {
-    let _ = Command::new(args[0])
-        .args(&args[1..])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
+    let _ = Command::new(args[0]).args(&args[1..]).stdout(Stdio::null()).stderr(Stdio::null()).status();
 }
 
 /// A network namespace by name.
@@ -85,8 +74,7 @@ impl Ns {
     }
 
     fn handle(&self) -> File {
-        File::open(format!("/run/netns/{}", self.name))
-            .unwrap_or_else(|e| panic!("netns {}: {e}", self.name))
+        File::open(format!("/run/netns/{}", self.name)).unwrap_or_else(|e| panic!("netns {}: {e}", self.name))
     }
 
     /// Runs `f` on a new thread that has entered this namespace; sockets it creates
@@ -108,10 +96,7 @@ impl Ns {
         })
     }
 
-    pub fn spawn<T: Send + 'static>(
-        &self,
-        f: impl FnOnce() -> T + Send + 'static,
-    ) -> JoinHandle<T> {
+    pub fn spawn<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> JoinHandle<T> {
         let fd = self.handle();
         std::thread::spawn(move || {
             setns(&fd, CloneFlags::CLONE_NEWNET).expect("setns");
@@ -193,14 +178,13 @@ impl Testbed {
     /// VIP addresses on `lo`.
     pub fn new(n: usize, vips: &[&str]) -> Testbed {
         cleanup_stale();
-        let prefix = format!(
-            "{NAME_PREFIX}{}-{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::SeqCst)
-        );
-        let ns = |s: &str| Ns {
-            name: format!("{prefix}-{s}"),
-        };
+        let prefix = format!("{NAME_PREFIX}{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::SeqCst));
+        Testbed::with_prefix(prefix, n, vips)
+    }
+
+    /// A testbed with a chosen name prefix (for `cargo xtask testbed up`).
+    pub fn with_prefix(prefix: String, n: usize, vips: &[&str]) -> Testbed {
+        let ns = |s: &str| Ns { name: format!("{prefix}-{s}") };
         let workdir = std::env::temp_dir().join(&prefix);
         std::fs::create_dir_all(&workdir).unwrap();
         let mut tb = Testbed {
@@ -216,54 +200,32 @@ impl Testbed {
             workdir,
         };
         // From here on Drop cleans up whatever was created.
-        tb.pin_dirs
-            .push(PathBuf::from("/sys/fs/bpf/dispatcher").join(&tb.prefix));
+        tb.pin_dirs.push(PathBuf::from("/sys/fs/bpf/dispatcher").join(&tb.prefix));
         tb.build(vips);
         tb
     }
 
     fn hosts(&self) -> Vec<(Ns, String, String, String)> {
         let mut v = vec![
-            (
-                self.client.clone(),
-                "c".to_string(),
-                CLIENT_IP.to_string(),
-                CLIENT_MAC.to_string(),
-            ),
-            (
-                self.lb.clone(),
-                "lb".to_string(),
-                LB_IP.to_string(),
-                LB_MAC.to_string(),
-            ),
+            (self.client.clone(), "c".to_string(), CLIENT_IP.to_string(), CLIENT_MAC.to_string()),
+            (self.lb.clone(), "lb".to_string(), LB_IP.to_string(), LB_MAC.to_string()),
         ];
         for (i, b) in self.backends.iter().enumerate() {
-            v.push((
-                b.clone(),
-                format!("b{i}"),
-                backend_ip(i).to_string(),
-                backend_mac(i),
-            ));
+            v.push((b.clone(), format!("b{i}"), backend_ip(i).to_string(), backend_mac(i)));
         }
         v
     }
 
     fn build(&mut self, vips: &[&str]) {
-        for n in std::iter::once(&self.switch)
-            .chain([&self.client, &self.lb])
-            .chain(self.backends.iter())
-        {
+        for n in std::iter::once(&self.switch).chain([&self.client, &self.lb]).chain(self.backends.iter()) {
             sh(&["ip", "netns", "add", &n.name]);
             n.ip(&["link", "set", "lo", "up"]);
         }
         self.switch.ip(&["link", "add", "br0", "type", "bridge"]);
         self.switch.ip(&["link", "set", "br0", "up"]);
         for (ns, port, ip, mac) in self.hosts() {
-            self.switch.ip(&[
-                "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", &ns.name,
-            ]);
-            self.switch
-                .ip(&["link", "set", &port, "master", "br0", "up"]);
+            self.switch.ip(&["link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", &ns.name]);
+            self.switch.ip(&["link", "set", &port, "master", "br0", "up"]);
             ns.ip(&["link", "set", "eth0", "address", &mac]);
             ns.ip(&["addr", "add", &format!("{ip}/24"), "dev", "eth0"]);
             ns.ip(&["link", "set", "eth0", "up"]);
@@ -277,19 +239,12 @@ impl Testbed {
         // drops them unless that side runs NAPI, which an XDP program turns on.
         let mut pass = dispatcher::dataplane::load_pass().expect("load the pass program");
         let link = self.switch.run_with(&mut pass, |pass| {
-            dispatcher::dataplane::attach(
-                pass,
-                "pass",
-                "lb",
-                dispatcher::config::XdpAttachMode::Native,
-            )
-            .map(|(l, _)| l)
+            dispatcher::dataplane::attach(pass, "pass", "lb", dispatcher::config::XdpAttachMode::Native).map(|(l, _)| l)
         });
         self.pass = Some((pass, link.expect("attach pass to the switch port")));
         // The client reaches the VIPs through the dispatcher, as a router would send it.
         for v in vips {
-            self.client
-                .ip(&["route", "add", &format!("{v}/32"), "via", LB_IP]);
+            self.client.ip(&["route", "add", &format!("{v}/32"), "via", LB_IP]);
         }
         for b in &self.backends {
             for v in vips {
@@ -300,6 +255,36 @@ impl Testbed {
             b.sysctl("net.ipv4.conf.all.arp_announce=2");
             b.sysctl("net.ipv4.conf.lo.rp_filter=0");
         }
+    }
+
+    /// Leaves the testbed in place when this process exits: the switch port's XDP program
+    /// is pinned, nothing is torn down. `Testbed::remove` takes it down later.
+    pub fn persist(mut self) {
+        if let Some((_, link)) = self.pass.take() {
+            let pin = PathBuf::from("/sys/fs/bpf/dispatcher").join(format!("{}-pass", self.prefix));
+            link.pin(&pin).expect("pin the switch port's XDP link");
+        }
+        self.children.clear();
+        std::mem::forget(self);
+    }
+
+    /// Takes down a persisted testbed by its prefix.
+    pub fn remove(prefix: &str) -> usize {
+        let mut removed = 0;
+        if let Ok(out) = Command::new("ip").args(["netns", "list"]).output() {
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                let name = line.split_whitespace().next().unwrap_or("");
+                if name.strip_prefix(prefix).is_some_and(|r| r.starts_with('-')) {
+                    sh_quiet(&["ip", "netns", "del", name]);
+                    removed += 1;
+                }
+            }
+        }
+        let root = PathBuf::from("/sys/fs/bpf/dispatcher");
+        let _ = std::fs::remove_file(root.join(format!("{prefix}-pass")));
+        let _ = dispatcher::dataplane::unpin_all(&root.join(prefix));
+        let _ = std::fs::remove_dir_all(std::env::temp_dir().join(prefix));
+        removed
     }
 
     pub fn instance(&self) -> &str {
@@ -327,11 +312,7 @@ impl Testbed {
                 backend_ip(i),
                 backend_mac(i),
                 weights.get(i).copied().unwrap_or(100),
-                if replica < self.backends.len() {
-                    format!("replica = \"b{replica}\"\n")
-                } else {
-                    String::new()
-                }
+                if replica < self.backends.len() { format!("replica = \"b{replica}\"\n") } else { String::new() }
             );
         }
         s
@@ -340,12 +321,8 @@ impl Testbed {
     /// Starts a process in a namespace; the testbed stops it on drop.
     pub fn start(&mut self, what: &str, mut cmd: Command) -> u32 {
         let log = File::create(self.workdir.join(format!("{what}.log"))).unwrap();
-        cmd.stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .stdin(Stdio::null());
-        let child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {what}: {e}"));
+        cmd.stdout(log.try_clone().unwrap()).stderr(log).stdin(Stdio::null());
+        let child = cmd.spawn().unwrap_or_else(|e| panic!("starting {what}: {e}"));
         let pid = child.id();
         self.children.push((what.to_string(), child));
         pid
@@ -367,36 +344,20 @@ impl Testbed {
             if let Some(status) = self.child_exited("dispatcher") {
                 panic!("dispatcher exited ({status}):\n{}", self.log("dispatcher"));
             }
-            assert!(
-                Instant::now() < deadline,
-                "dispatcher not attached after 30s:\n{}",
-                self.log("dispatcher")
-            );
+            assert!(Instant::now() < deadline, "dispatcher not attached after 30s:\n{}", self.log("dispatcher"));
             std::thread::sleep(Duration::from_millis(50));
         }
     }
 
     /// Runs a dispatcher CLI command (status, drain, ...) and returns its stdout.
     pub fn dispatcher_cmd(&self, args: &[&str]) -> String {
-        let out = self
-            .lb
-            .command(dispatcher_bin())
-            .args(args)
-            .output()
-            .expect("dispatcher command");
-        assert!(
-            out.status.success(),
-            "dispatcher {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = self.lb.command(dispatcher_bin()).args(args).output().expect("dispatcher command");
+        assert!(out.status.success(), "dispatcher {args:?}: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     fn child_exited(&mut self, what: &str) -> Option<std::process::ExitStatus> {
-        self.children
-            .iter_mut()
-            .find(|(w, _)| w == what)
-            .and_then(|(_, c)| c.try_wait().ok().flatten())
+        self.children.iter_mut().find(|(w, _)| w == what).and_then(|(_, c)| c.try_wait().ok().flatten())
     }
 
     /// Stops a started process with SIGTERM (then SIGKILL after 5 s) and waits for it.
@@ -417,16 +378,8 @@ impl Testbed {
             let ns = self.backends[i].clone();
             let deadline = Instant::now() + Duration::from_secs(20);
             while !ns.ip(&["link", "show", "eth0"]).contains("xdp") {
-                assert!(
-                    self.child_exited(&what).is_none(),
-                    "decap exited: {}",
-                    self.log(&what)
-                );
-                assert!(
-                    Instant::now() < deadline,
-                    "decap not attached: {}",
-                    self.log(&what)
-                );
+                assert!(self.child_exited(&what).is_none(), "decap exited: {}", self.log(&what));
+                assert!(Instant::now() < deadline, "decap not attached: {}", self.log(&what));
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
@@ -453,10 +406,7 @@ impl Testbed {
         let stop = Arc::new(AtomicBool::new(false));
         let s2 = stop.clone();
         let thread = self.backends[backend].spawn(move || f(s2));
-        self.tasks.push(Stoppable {
-            stop,
-            thread: Some(thread),
-        });
+        self.tasks.push(Stoppable { stop, thread: Some(thread) });
     }
 
     /// Stops backend `i`'s servers only (the namespace stays).
@@ -502,10 +452,7 @@ impl Drop for Testbed {
             }
         }
         self.pass = None;
-        for n in std::iter::once(&self.switch)
-            .chain([&self.client, &self.lb])
-            .chain(self.backends.iter())
-        {
+        for n in std::iter::once(&self.switch).chain([&self.client, &self.lb]).chain(self.backends.iter()) {
             sh_quiet(&["ip", "netns", "del", &n.name]);
         }
         for d in &self.pin_dirs {
@@ -515,17 +462,18 @@ impl Drop for Testbed {
     }
 }
 
-/// The agent binary next to the test executable (`cargo xtask test` builds it first).
+/// The agent binary of the same build as the running executable: next to it (xtask) or
+/// one level up (test executables live in `deps/`). `cargo xtask test` builds it first.
 pub fn dispatcher_bin() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
-    // target/<profile>/deps/<test> -> target/<profile>/dispatcher
-    let bin = exe
-        .parent()
-        .and_then(|p| p.parent())
-        .map(|p| p.join("dispatcher"))
-        .unwrap();
-    assert!(bin.exists(), "{} is missing: build it first (`cargo build -p dispatcher`, which `cargo xtask test` does)", bin.display());
-    bin
+    let dir = exe.parent().unwrap();
+    let candidates = [dir.join("dispatcher"), dir.parent().unwrap().join("dispatcher")];
+    candidates.iter().find(|p| p.is_file()).cloned().unwrap_or_else(|| {
+        panic!(
+            "{} is missing: build it first (`cargo build -p dispatcher`, which `cargo xtask test` does)",
+            candidates[1].display()
+        )
+    })
 }
 
 const POLL: Duration = Duration::from_millis(50);
@@ -564,9 +512,7 @@ fn serve_tcp(i: usize, port: u16, stop: Arc<AtomicBool>) {
                     }
                 }));
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(5))
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(5)),
             Err(_) => std::thread::sleep(POLL),
         }
     }

@@ -99,14 +99,7 @@ impl Packet {
         match (self.src, self.dst) {
             (IpAddr::V4(s), IpAddr::V4(d)) => {
                 let hlen = self.ihl as usize * 4;
-                let mut h = ipv4_header(
-                    s,
-                    d,
-                    self.proto,
-                    self.tos,
-                    (hlen.max(20) + l4.len()) as u16,
-                    self.frag_off,
-                );
+                let mut h = ipv4_header(s, d, self.proto, self.tos, (hlen.max(20) + l4.len()) as u16, self.frag_off);
                 h[0] = (self.ip_version.unwrap_or(4) << 4) | self.ihl;
                 h.extend(std::iter::repeat_n(0u8, hlen.saturating_sub(20)));
                 h[10..12].copy_from_slice(&[0, 0]);
@@ -154,11 +147,7 @@ impl Packet {
 pub fn csum(data: &[u8]) -> u16 {
     let mut sum: u32 = 0;
     for c in data.chunks(2) {
-        let w = if c.len() == 2 {
-            u16::from_be_bytes([c[0], c[1]])
-        } else {
-            u16::from_be_bytes([c[0], 0])
-        };
+        let w = if c.len() == 2 { u16::from_be_bytes([c[0], c[1]]) } else { u16::from_be_bytes([c[0], 0]) };
         sum += w as u32;
     }
     while sum >> 16 != 0 {
@@ -167,14 +156,7 @@ pub fn csum(data: &[u8]) -> u16 {
     !(sum as u16)
 }
 
-pub fn ipv4_header(
-    src: Ipv4Addr,
-    dst: Ipv4Addr,
-    proto: u8,
-    tos: u8,
-    tot_len: u16,
-    frag_off: u16,
-) -> Vec<u8> {
+pub fn ipv4_header(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, tos: u8, tot_len: u16, frag_off: u16) -> Vec<u8> {
     let mut h = vec![0x45, tos];
     h.extend_from_slice(&tot_len.to_be_bytes());
     h.extend_from_slice(&[0, 0]);
@@ -215,20 +197,14 @@ mod tests {
     #[test]
     fn ipv4_header_checksum_verifies() {
         let p = Packet::tcp("10.0.0.2", 1000, "10.0.100.1", 80).build();
-        assert_eq!(
-            csum(&p[14..34]),
-            0,
-            "a header with its checksum sums to zero"
-        );
+        assert_eq!(csum(&p[14..34]), 0, "a header with its checksum sums to zero");
         assert_eq!(p.len(), 14 + 20 + 20);
         assert_eq!(&p[12..14], &[0x08, 0x00]);
     }
 
     #[test]
     fn vlan_and_ipv6_layout() {
-        let p = Packet::udp("fd00::2", 5, "fd00::100", 53)
-            .with(|p| p.vlan = Some(7))
-            .build();
+        let p = Packet::udp("fd00::2", 5, "fd00::100", 53).with(|p| p.vlan = Some(7)).build();
         assert_eq!(&p[12..18], &[0x81, 0x00, 0, 7, 0x86, 0xdd]);
         assert_eq!(p.len(), 18 + 40 + 8);
     }

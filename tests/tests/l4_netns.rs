@@ -37,17 +37,10 @@ struct Conn {
 impl Conn {
     fn open(tb: &Testbed, vip: &str, port: u16) -> Conn {
         let addr: SocketAddr = format!("{vip}:{port}").parse().unwrap();
-        let s = tb
-            .client
-            .run(move || TcpStream::connect_timeout(&addr, TIMEOUT))
-            .expect("connect to the VIP");
+        let s = tb.client.run(move || TcpStream::connect_timeout(&addr, TIMEOUT)).expect("connect to the VIP");
         s.set_read_timeout(Some(TIMEOUT)).unwrap();
         let sport = s.local_addr().unwrap().port();
-        Conn {
-            w: s.try_clone().unwrap(),
-            r: BufReader::new(s),
-            sport,
-        }
+        Conn { w: s.try_clone().unwrap(), r: BufReader::new(s), sport }
     }
 
     /// One request line; the answer names the backend.
@@ -116,11 +109,7 @@ fn mac_forwarding_pins_connections_and_spreads_by_maglev() {
     for _ in 0..48 {
         let mut c = Conn::open(&tb, VIP_MAC, 80);
         let first = c.ask();
-        assert_eq!(
-            first,
-            predicted(&cfg, 0, &states, c.sport, 6),
-            "new flow goes where the Maglev table says"
-        );
+        assert_eq!(first, predicted(&cfg, 0, &states, c.sport, 6), "new flow goes where the Maglev table says");
         *per_backend.entry(first.clone()).or_insert(0) += 1;
         conns.push((c, first));
     }
@@ -131,10 +120,7 @@ fn mac_forwarding_pins_connections_and_spreads_by_maglev() {
         }
     }
     assert_eq!(per_backend.len(), 4, "all backends used: {per_backend:?}");
-    assert!(
-        per_backend["b2"] > per_backend["b0"].min(per_backend["b1"]),
-        "weight 200 gets more: {per_backend:?}"
-    );
+    assert!(per_backend["b2"] > per_backend["b0"].min(per_backend["b1"]), "weight 200 gets more: {per_backend:?}");
 
     for _ in 0..8 {
         let s = udp_client(&tb, VIP_MAC, 53);
@@ -225,11 +211,7 @@ fn drain_keeps_flows_and_disable_moves_them_to_the_replica() {
     assert!(out.contains("b2: up -> disabled"), "{out}");
     states[2] = STATE_DISABLED;
     for s in &on_b2 {
-        assert_eq!(
-            udp_ask(s),
-            "b3",
-            "the failed backend's flow reaches its peer replica"
-        );
+        assert_eq!(udp_ask(s), "b3", "the failed backend's flow reaches its peer replica");
     }
     let out = tb.dispatcher_cmd(&["status", "--config", &cfg_arg]);
     assert!(out.contains("disabled") && out.contains("drain"), "{out}");
@@ -257,24 +239,13 @@ fn source_affinity_holds_for_the_sticky_time_across_ports() {
         if predicted(&cfg, vip, &states, c.sport, 6) != owner {
             would_differ += 1;
         }
-        assert_eq!(
-            c.ask(),
-            owner,
-            "connection {i} (port {port}) follows the client's affinity"
-        );
+        assert_eq!(c.ask(), owner, "connection {i} (port {port}) follows the client's affinity");
     }
-    assert!(
-        would_differ > 5,
-        "the ring alone would have spread these connections"
-    );
+    assert!(would_differ > 5, "the ring alone would have spread these connections");
     drop(first);
 
     // After the sticky time without a new connection, the ring decides again.
     std::thread::sleep(Duration::from_millis(2300));
     let mut c = Conn::open(&tb, VIP_STICKY, 80);
-    assert_eq!(
-        c.ask(),
-        predicted(&cfg, 0, &states, c.sport, 6),
-        "affinity expired"
-    );
+    assert_eq!(c.ask(), predicted(&cfg, 0, &states, c.sport, 6), "affinity expired");
 }

@@ -127,31 +127,15 @@ fn snapshot(fx: &Fixture, slots: &[u32]) -> Vec<(u32, u64)> {
 fn non_vip_traffic_passes_untouched() {
     let mut fx = fixture();
     let cases = [
-        (
-            "tcp to another host",
-            Packet::tcp("10.0.0.2", 40000, "10.0.0.99", 80),
-        ),
-        (
-            "tcp to the VIP address on another port",
-            Packet::tcp("10.0.0.2", 40000, "10.0.100.1", 81),
-        ),
-        (
-            "udp to a tcp VIP port",
-            Packet::udp("10.0.0.2", 40000, "10.0.100.1", 80),
-        ),
-        (
-            "ipv6 to another host",
-            Packet::udp("fd00::2", 40000, "fd00::99", 53),
-        ),
+        ("tcp to another host", Packet::tcp("10.0.0.2", 40000, "10.0.0.99", 80)),
+        ("tcp to the VIP address on another port", Packet::tcp("10.0.0.2", 40000, "10.0.100.1", 81)),
+        ("udp to a tcp VIP port", Packet::udp("10.0.0.2", 40000, "10.0.100.1", 80)),
+        ("ipv6 to another host", Packet::udp("fd00::2", 40000, "fd00::99", 53)),
         (
             "truncated tcp header to a non-VIP address",
-            Packet::tcp("10.0.0.2", 40000, "10.0.0.99", 80)
-                .with(|p| p.truncate = Some(14 + 20 + 10)),
+            Packet::tcp("10.0.0.2", 40000, "10.0.0.99", 80).with(|p| p.truncate = Some(14 + 20 + 10)),
         ),
-        (
-            "IHL 4 to a non-VIP address",
-            Packet::tcp("10.0.0.2", 40000, "10.0.0.99", 80).with(|p| p.ihl = 4),
-        ),
+        ("IHL 4 to a non-VIP address", Packet::tcp("10.0.0.2", 40000, "10.0.0.99", 80).with(|p| p.ihl = 4)),
     ];
     for (what, p) in cases {
         let before = snapshot(&fx, &[stats::PASS_NON_VIP]);
@@ -161,11 +145,7 @@ fn non_vip_traffic_passes_untouched() {
         assert_eq!(o.out, input, "{what}: bytes must be untouched");
         assert_eq!(deltas(&fx, &before), [1], "{what}: counted as pass_non_vip");
     }
-    assert!(
-        fx.flow(&Packet::tcp("10.0.0.2", 40000, "10.0.0.99", 80))
-            .is_none(),
-        "non-VIP flows are never pinned"
-    );
+    assert!(fx.flow(&Packet::tcp("10.0.0.2", 40000, "10.0.0.99", 80)).is_none(), "non-VIP flows are never pinned");
 }
 
 #[test]
@@ -179,11 +159,7 @@ fn non_ip_frames_pass() {
         p.vlan = Some(5);
         p.ethertype = Some(0x8100);
     });
-    for (what, input) in [
-        ("arp", arp),
-        ("truncated vlan tag", short_vlan),
-        ("second vlan tag", double_tag.build()),
-    ] {
+    for (what, input) in [("arp", arp), ("truncated vlan tag", short_vlan), ("second vlan tag", double_tag.build())] {
         let before = snapshot(&fx, &[stats::PASS_NON_IP]);
         let o = fx.run_bytes(&input);
         assert_eq!(o.verdict, XDP_PASS, "{what}");
@@ -233,21 +209,13 @@ fn flow_table_wins_over_the_ring() {
     let p = Packet::tcp("10.0.0.2", 40001, "10.0.100.1", 80);
     let ring = fx.ring_choice(MAC4, &p);
     let other = (ring + 2) % 4;
-    let pinned = dispatcher_common::FlowValue {
-        backend: other as u32,
-        vip: MAC4 as u32,
-        cookie_hash: 0,
-        last_seen_ns: 0,
-    };
+    let pinned =
+        dispatcher_common::FlowValue { backend: other as u32, vip: MAC4 as u32, cookie_hash: 0, last_seen_ns: 0 };
     fx.tables.flows.insert(flow_key(&p), pinned, 0).unwrap();
     let input = p.build();
     let o = fx.run_bytes(&input);
     assert_eq!(o.verdict, XDP_TX);
-    assert_eq!(
-        o.out,
-        mac_forwarded(&input, fx.mac(other)),
-        "a pinned flow stays on its backend"
-    );
+    assert_eq!(o.out, mac_forwarded(&input, fx.mac(other)), "a pinned flow stays on its backend");
 }
 
 #[test]
@@ -258,17 +226,12 @@ fn new_flows_spread_over_all_backends() {
         let p = Packet::tcp("10.0.0.2", 20000 + i, "10.0.100.1", 80);
         let o = fx.run(&p);
         assert_eq!(o.verdict, XDP_TX);
-        let b = (0..4)
-            .find(|&b| o.out[0..6] == fx.mac(b))
-            .expect("sent to a backend");
+        let b = (0..4).find(|&b| o.out[0..6] == fx.mac(b)).expect("sent to a backend");
         assert_eq!(b, fx.ring_choice(MAC4, &p), "the ring decides");
         seen[b] += 1;
     }
     for (b, n) in seen.iter().enumerate() {
-        assert!(
-            (60..=140).contains(n),
-            "backend {b} got {n} of 400 flows: {seen:?}"
-        );
+        assert!((60..=140).contains(n), "backend {b} got {n} of 400 flows: {seen:?}");
     }
 }
 
@@ -285,17 +248,9 @@ fn down_backend_moves_pinned_flows_to_its_replica() {
     let input = p.clone().with(|p| p.tcp_flags = TCP_ACK).build();
     let o = fx.run_bytes(&input);
     assert_eq!(o.verdict, XDP_TX);
-    assert_eq!(
-        o.out,
-        mac_forwarded(&input, fx.mac(replica)),
-        "to the replica of the down backend"
-    );
+    assert_eq!(o.out, mac_forwarded(&input, fx.mac(replica)), "to the replica of the down backend");
     assert_eq!(deltas(&fx, &before), [1]);
-    assert_eq!(
-        fx.flow(&p).unwrap().backend,
-        replica as u32,
-        "flow re-pinned"
-    );
+    assert_eq!(fx.flow(&p).unwrap().backend, replica as u32, "flow re-pinned");
 
     // The original comes back: the flow stays with the replica that now has its state.
     fx.set_state(b, STATE_UP, false);
@@ -315,10 +270,7 @@ fn down_backend_without_live_replica_rehashes() {
     let o = fx.run(&p);
     assert_eq!(o.verdict, XDP_TX);
     let now = (0..4).find(|&x| o.out[0..6] == fx.mac(x)).unwrap();
-    assert!(
-        now != b && now != replica,
-        "re-hashed onto a live backend, got {now}"
-    );
+    assert!(now != b && now != replica, "re-hashed onto a live backend, got {now}");
     assert_eq!(fx.flow(&p).unwrap().backend, now as u32);
 }
 
@@ -339,24 +291,15 @@ fn down_backend_still_in_ring_sends_new_flows_to_replica() {
 fn drained_backend_keeps_flows_takes_no_new_ones() {
     let mut fx = fixture();
     // Find a flow per backend first.
-    let flows: Vec<Packet> = (0..200u16)
-        .map(|i| Packet::tcp("10.0.0.3", 30000 + i, "10.0.100.1", 80))
-        .collect();
+    let flows: Vec<Packet> = (0..200u16).map(|i| Packet::tcp("10.0.0.3", 30000 + i, "10.0.100.1", 80)).collect();
     let b = 0usize;
-    let mine: Vec<&Packet> = flows
-        .iter()
-        .filter(|p| fx.ring_choice(MAC4, p) == b)
-        .collect();
+    let mine: Vec<&Packet> = flows.iter().filter(|p| fx.ring_choice(MAC4, p) == b).collect();
     assert!(!mine.is_empty());
     assert_eq!(fx.run(mine[0]).verdict, XDP_TX);
 
     fx.set_state(b, STATE_DRAIN, true);
     let input = mine[0].clone().with(|p| p.tcp_flags = TCP_ACK).build();
-    assert_eq!(
-        fx.run_bytes(&input).out,
-        mac_forwarded(&input, fx.mac(b)),
-        "existing flow kept"
-    );
+    assert_eq!(fx.run_bytes(&input).out, mac_forwarded(&input, fx.mac(b)), "existing flow kept");
     for p in &flows[100..] {
         let o = fx.run(p);
         assert_eq!(o.verdict, XDP_TX);
@@ -381,13 +324,7 @@ fn no_backend_left_drops_and_counts() {
     for b in 0..4 {
         fx.set_state(b, STATE_DOWN, true);
     }
-    let before = snapshot(
-        &fx,
-        &[
-            stats::DROP_NO_BACKEND,
-            vip_slot(MAC4 as u32, stats::VIP_DROPS),
-        ],
-    );
+    let before = snapshot(&fx, &[stats::DROP_NO_BACKEND, vip_slot(MAC4 as u32, stats::VIP_DROPS)]);
     let o = fx.run(&Packet::tcp("10.0.0.2", 40006, "10.0.100.1", 80));
     assert_eq!(o.verdict, XDP_DROP);
     assert_eq!(deltas(&fx, &before), [1, 1]);
@@ -486,10 +423,7 @@ fn http_vip_goes_to_the_host_stack() {
     assert_eq!(o.verdict, XDP_PASS);
     assert_eq!(o.out, input);
     assert_eq!(deltas(&fx, &before), [1]);
-    assert!(
-        fx.flow(&p).is_none(),
-        "the agent, not XDP, owns HTTP connections"
-    );
+    assert!(fx.flow(&p).is_none(), "the agent, not XDP, owns HTTP connections");
 }
 
 #[test]
@@ -502,29 +436,17 @@ fn source_ip_affinity_and_cross_port() {
     // whatever the ring would say.
     let mut differs = 0;
     for i in 1..40u16 {
-        let p = Packet::tcp(
-            "10.0.0.7",
-            41000 + i,
-            "10.0.100.4",
-            if i % 2 == 0 { 80 } else { 443 },
-        );
+        let p = Packet::tcp("10.0.0.7", 41000 + i, "10.0.100.4", if i % 2 == 0 { 80 } else { 443 });
         let vip = if i % 2 == 0 { STICKY_A } else { STICKY_B };
         if fx.ring_choice(vip, &p) != b {
             differs += 1;
         }
         let before = snapshot(&fx, &[vip_slot(vip as u32, stats::VIP_AFFINITY_HITS)]);
         let o = fx.run(&p);
-        assert_eq!(
-            o.out[0..6],
-            fx.mac(b),
-            "flow {i} follows the client's affinity"
-        );
+        assert_eq!(o.out[0..6], fx.mac(b), "flow {i} follows the client's affinity");
         assert_eq!(deltas(&fx, &before), [1]);
     }
-    assert!(
-        differs > 10,
-        "the test must cover flows the ring would send elsewhere"
-    );
+    assert!(differs > 10, "the test must cover flows the ring would send elsewhere");
 }
 
 #[test]
@@ -534,114 +456,42 @@ fn expired_affinity_is_ignored() {
     let ring = fx.ring_choice(STICKY_A, &p);
     let other = (ring + 1) % 4;
     let group = fx.cfg.vips[STICKY_A].port_group;
-    let key = AffinityKey {
-        group,
-        family: 2,
-        _pad: [0; 3],
-        client: flow_key(&p).src,
-    };
-    fx.affinity
-        .insert(
-            key,
-            AffinityValue {
-                backend: other as u32,
-                _pad: 0,
-                expires_ns: 1,
-            },
-            0,
-        )
-        .unwrap();
+    let key = AffinityKey { group, family: 2, _pad: [0; 3], client: flow_key(&p).src };
+    fx.affinity.insert(key, AffinityValue { backend: other as u32, _pad: 0, expires_ns: 1 }, 0).unwrap();
     let o = fx.run(&p);
     assert_eq!(o.out[0..6], fx.mac(ring), "expired entry: the ring decides");
     let renewed = fx.affinity.get(&key, 0).unwrap();
-    assert_eq!(
-        renewed.backend, ring as u32,
-        "affinity renewed to the new choice"
-    );
+    assert_eq!(renewed.backend, ring as u32, "affinity renewed to the new choice");
 
     let p2 = Packet::tcp("10.0.0.8", 42001, "10.0.100.4", 80);
-    fx.affinity
-        .insert(
-            key,
-            AffinityValue {
-                backend: other as u32,
-                _pad: 0,
-                expires_ns: u64::MAX,
-            },
-            0,
-        )
-        .unwrap();
-    assert_eq!(
-        fx.run(&p2).out[0..6],
-        fx.mac(other),
-        "live entry wins over the ring"
-    );
+    fx.affinity.insert(key, AffinityValue { backend: other as u32, _pad: 0, expires_ns: u64::MAX }, 0).unwrap();
+    assert_eq!(fx.run(&p2).out[0..6], fx.mac(other), "live entry wins over the ring");
 }
 
 #[test]
 fn malformed_vip_traffic_gets_a_defined_counted_verdict() {
     let vip = || Packet::tcp("10.0.0.2", 40012, "10.0.100.1", 80);
     let cases: Vec<(&str, Packet, u32, u32)> = vec![
-        (
-            "truncated tcp header",
-            vip().with(|p| p.truncate = Some(14 + 20 + 12)),
-            XDP_DROP,
-            stats::DROP_TRUNCATED,
-        ),
+        ("truncated tcp header", vip().with(|p| p.truncate = Some(14 + 20 + 12)), XDP_DROP, stats::DROP_TRUNCATED),
         (
             "truncated udp header",
             Packet::udp("fd00::2", 1, "fd00::100", 53).with(|p| p.truncate = Some(14 + 40 + 4)),
             XDP_DROP,
             stats::DROP_TRUNCATED,
         ),
-        (
-            "IHL below 5",
-            vip().with(|p| p.ihl = 4),
-            XDP_DROP,
-            stats::DROP_BAD_IHL,
-        ),
-        (
-            "IP version 5 in an IPv4 frame",
-            vip().with(|p| p.ip_version = Some(5)),
-            XDP_DROP,
-            stats::DROP_BAD_VERSION,
-        ),
-        (
-            "TCP data offset below 5",
-            vip().with(|p| p.tcp_doff = 4),
-            XDP_DROP,
-            stats::DROP_BAD_TCP_DOFF,
-        ),
-        (
-            "IPv4 options",
-            vip().with(|p| p.ihl = 6),
-            XDP_PASS,
-            stats::PASS_IP_OPTIONS,
-        ),
-        (
-            "first fragment (MF)",
-            vip().with(|p| p.frag_off = 0x2000),
-            XDP_PASS,
-            stats::PASS_FRAGMENT,
-        ),
-        (
-            "later fragment",
-            vip().with(|p| p.frag_off = 0x0010),
-            XDP_PASS,
-            stats::PASS_FRAGMENT,
-        ),
+        ("IHL below 5", vip().with(|p| p.ihl = 4), XDP_DROP, stats::DROP_BAD_IHL),
+        ("IP version 5 in an IPv4 frame", vip().with(|p| p.ip_version = Some(5)), XDP_DROP, stats::DROP_BAD_VERSION),
+        ("TCP data offset below 5", vip().with(|p| p.tcp_doff = 4), XDP_DROP, stats::DROP_BAD_TCP_DOFF),
+        ("IPv4 options", vip().with(|p| p.ihl = 6), XDP_PASS, stats::PASS_IP_OPTIONS),
+        ("first fragment (MF)", vip().with(|p| p.frag_off = 0x2000), XDP_PASS, stats::PASS_FRAGMENT),
+        ("later fragment", vip().with(|p| p.frag_off = 0x0010), XDP_PASS, stats::PASS_FRAGMENT),
         (
             "IPv6 hop-by-hop header",
             Packet::udp("fd00::2", 1, "fd00::100", 53).with(|p| p.proto = 0),
             XDP_PASS,
             stats::PASS_IPV6_EXT,
         ),
-        (
-            "truncated IPv4 header",
-            vip().with(|p| p.truncate = Some(14 + 12)),
-            XDP_PASS,
-            stats::PASS_NON_VIP,
-        ),
+        ("truncated IPv4 header", vip().with(|p| p.truncate = Some(14 + 12)), XDP_PASS, stats::PASS_NON_VIP),
     ];
     let mut fx = fixture();
     for (what, p, verdict, slot) in cases {
@@ -693,12 +543,7 @@ fn decap_strips_the_outer_header() {
 
     let inner6 = Packet::tcp("fd00::2", 40014, "fd00::200", 443).ip_packet();
     let mut v6 = eth([2, 0, 0, 0, 1, 0], LB_MAC, 0x86dd);
-    v6.extend(ipv6_header(
-        "fd00::1".parse().unwrap(),
-        "fd00::10".parse().unwrap(),
-        41,
-        inner6.len() as u16,
-    ));
+    v6.extend(ipv6_header("fd00::1".parse().unwrap(), "fd00::10".parse().unwrap(), 41, inner6.len() as u16));
     v6.extend(&inner6);
     let (verdict, out) = run(&v6);
     assert_eq!(verdict, XDP_PASS);
@@ -707,9 +552,5 @@ fn decap_strips_the_outer_header() {
     assert_eq!(out, expected);
 
     let plain = Packet::tcp("10.0.0.2", 40015, "10.0.0.10", 22).build();
-    assert_eq!(
-        run(&plain),
-        (XDP_PASS, plain.clone()),
-        "non-IPIP traffic untouched"
-    );
+    assert_eq!(run(&plain), (XDP_PASS, plain.clone()), "non-IPIP traffic untouched");
 }

@@ -1,1 +1,158 @@
-fn main() {}
+//! `cargo xtask setup|build|test|demo|bench|testbed`: everything around the code.
+
+mod setup;
+
+use std::process::{Command, ExitCode};
+
+use anyhow::{bail, Context as _};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install what this machine lacks: rust-src, bpf-linker for the nightly's LLVM,
+    /// Debian packages. Idempotent.
+    Setup,
+    /// Set up, then build the agent (with its embedded XDP programs).
+    Build {
+        #[arg(long)]
+        release: bool,
+    },
+    /// Set up, build, and run every test: unit, XDP fixtures, namespace integration.
+    Test {
+        /// Extra arguments for `cargo test` (e.g. a test name filter).
+        #[arg(trailing_var_arg = true)]
+        args: Vec<String>,
+    },
+    /// The guided tour: a testbed, traffic through XDP, a drain and a failure, live counters.
+    Demo {
+        /// Seconds of traffic.
+        #[arg(long, default_value_t = 12)]
+        seconds: u64,
+    },
+    /// Benchmarks against a trivial XDP program measured in the same run.
+    Bench {
+        /// ns/packet through BPF_PROG_TEST_RUN.
+        #[arg(long)]
+        xdp: bool,
+        /// Fewer runs per case.
+        #[arg(long)]
+        quick: bool,
+    },
+    /// Bring a namespace testbed up (and leave it) or take it down: `up`, `down`.
+    Testbed { action: String },
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Cmd::Setup => setup::setup(),
+        Cmd::Build { release } => {
+            setup::setup()?;
+            build(release)
+        }
+        Cmd::Test { args } => {
+            require_root("the tests load BPF programs and create network namespaces")?;
+            setup::setup()?;
+            build(false)?;
+            step("running the tests");
+            let mut cmd = cargo();
+            cmd.arg("test").args(&args);
+            run_cmd(&mut cmd)
+        }
+        Cmd::Demo { seconds } => {
+            require_root("the demo loads BPF programs and creates network namespaces")?;
+            setup::setup()?;
+            build(false)?;
+            exec_built("demo", &["--seconds".to_string(), seconds.to_string()])
+        }
+        Cmd::Bench { xdp: _, quick } => {
+            require_root("the benchmarks load BPF programs")?;
+            setup::setup()?;
+            build(false)?;
+            let mut args = vec!["--xdp".to_string()];
+            if quick {
+                args.push("--quick".into());
+            }
+            exec_built("bench", &args)
+        }
+        Cmd::Testbed { action } => {
+            require_root("the testbed creates network namespaces")?;
+            if !["up", "down"].contains(&action.as_str()) {
+                bail!("testbed: expected `up` or `down`, got `{action}`");
+            }
+            setup::setup()?;
+            build(false)?;
+            exec_built("testbed", &[action])
+        }
+    }
+}
+
+/// Runs one of the programs of the `tests` crate (demo, bench, testbed) from the build
+/// just made. They are not part of xtask itself: xtask must compile on a fresh machine,
+/// before `setup` has installed what the XDP programs need.
+fn exec_built(program: &str, args: &[String]) -> anyhow::Result<()> {
+    let exe = workspace_root().join("target/debug").join(program);
+    let mut cmd = Command::new(&exe);
+    cmd.args(args);
+    run_cmd(&mut cmd)
+}
+
+pub fn step(what: &str) {
+    eprintln!("==> {what}");
+}
+
+pub fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(workspace_root());
+    cmd
+}
+
+pub fn workspace_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+pub fn run_cmd(cmd: &mut Command) -> anyhow::Result<()> {
+    let status = cmd.status().with_context(|| format!("running {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed ({status})");
+    }
+    Ok(())
+}
+
+fn build(release: bool) -> anyhow::Result<()> {
+    step(&format!("building the agent and its XDP programs ({})", if release { "release" } else { "debug" }));
+    let mut cmd = cargo();
+    cmd.args(["build", "--bins"]);
+    if release {
+        cmd.arg("--release");
+    }
+    run_cmd(&mut cmd)
+}
+
+fn require_root(why: &str) -> anyhow::Result<()> {
+    if !nix_is_root() {
+        bail!("run as root: {why}");
+    }
+    Ok(())
+}
+
+fn nix_is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}

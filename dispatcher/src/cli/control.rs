@@ -24,12 +24,8 @@ pub fn control(path: &Path, backend: &str, action: Action) -> anyhow::Result<Exi
         .iter()
         .position(|b| b.name == backend)
         .ok_or_else(|| anyhow!("no backend named `{backend}` in {}", path.display()))?;
-    let mut tables = Tables::from_pinned(&cfg.pin_dir()).with_context(|| {
-        format!(
-            "opening the maps of instance {} (is the dispatcher running?)",
-            cfg.instance
-        )
-    })?;
+    let mut tables = Tables::from_pinned(&cfg.pin_dir())
+        .with_context(|| format!("opening the maps of instance {} (is the dispatcher running?)", cfg.instance))?;
     let mut states = Vec::with_capacity(cfg.backends.len());
     for i in 0..cfg.backends.len() {
         states.push(tables.backend(i as u32)?.state);

@@ -6,13 +6,9 @@ use dispatcher::{config::XdpAttachMode, dataplane};
 pub fn decap(iface: &str, generic: bool) -> anyhow::Result<ExitCode> {
     super::init_logging("info");
     let mut ebpf = dataplane::load_decap()?;
-    let mode = if generic {
-        XdpAttachMode::Generic
-    } else {
-        XdpAttachMode::Auto
-    };
-    let (link, how) = dataplane::attach(&mut ebpf, "decap", iface, mode)
-        .with_context(|| format!("attaching decap to {iface}"))?;
+    let mode = if generic { XdpAttachMode::Generic } else { XdpAttachMode::Auto };
+    let (link, how) =
+        dataplane::attach(&mut ebpf, "decap", iface, mode).with_context(|| format!("attaching decap to {iface}"))?;
     tracing::info!(interface = iface, mode = ?how, "decap attached");
     let why = super::wait_for_shutdown()?;
     drop(link);

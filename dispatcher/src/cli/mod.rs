@@ -13,22 +13,13 @@ use args::{Cli, Command};
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Run {
-            config,
-            keep_dataplane,
-        } => run::run(&config, keep_dataplane),
+        Command::Run { config, keep_dataplane } => run::run(&config, keep_dataplane),
         Command::Check { file } => check::check(&file),
         Command::Decap { iface, generic } => decap::decap(&iface, generic),
         Command::Status { config, json } => status::status(&config, json),
-        Command::Drain { config, backend } => {
-            control::control(&config, &backend, control::Action::Drain)
-        }
-        Command::Disable { config, backend } => {
-            control::control(&config, &backend, control::Action::Disable)
-        }
-        Command::Enable { config, backend } => {
-            control::control(&config, &backend, control::Action::Enable)
-        }
+        Command::Drain { config, backend } => control::control(&config, &backend, control::Action::Drain),
+        Command::Disable { config, backend } => control::control(&config, &backend, control::Action::Disable),
+        Command::Enable { config, backend } => control::control(&config, &backend, control::Action::Enable),
         Command::Stop { config } => run::stop(&config),
     }
 }
@@ -37,17 +28,12 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 pub fn init_logging(level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 }
 
 /// Blocks until SIGTERM or SIGINT.
 pub fn wait_for_shutdown() -> anyhow::Result<&'static str> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     rt.block_on(async {
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate())?;

@@ -30,36 +30,22 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<ExitCode> {
         tracing::info!(dir = %pin_dir.display(), flows = tables.flow_count(), "adopted pinned maps");
     }
     let states = initial_states(&cfg);
-    tables
-        .apply(&cfg, &states)
-        .context("writing the configuration into the maps")?;
+    tables.apply(&cfg, &states).context("writing the configuration into the maps")?;
 
     let link_path = pin_dir.join("link");
     let (link, how) = if link_path.exists() {
         // A previous run left the program attached: swap the new program in atomically.
-        let fd: FdLink = PinnedLink::from_pin(&link_path)
-            .context("opening the pinned XDP link")?
-            .into();
-        let xdp_link =
-            aya::programs::xdp::XdpLink::try_from(fd).context("pinned link is not an XDP link")?;
+        let fd: FdLink = PinnedLink::from_pin(&link_path).context("opening the pinned XDP link")?.into();
+        let xdp_link = aya::programs::xdp::XdpLink::try_from(fd).context("pinned link is not an XDP link")?;
         let xdp = dataplane::program(&mut ebpf, "dispatcher")?;
-        let id = xdp
-            .attach_to_link(xdp_link)
-            .context("replacing the attached program")?;
+        let id = xdp.attach_to_link(xdp_link).context("replacing the attached program")?;
         let link = FdLink::try_from(xdp.take_link(id)?).context("XDP link")?;
         (link, "replaced")
     } else {
         let (link, how) = dataplane::attach(&mut ebpf, "dispatcher", &cfg.interface, cfg.xdp_mode)
             .with_context(|| format!("attaching to {}", cfg.interface))?;
         let link: FdLink = link.pin(&link_path).context("pinning the XDP link")?.into();
-        (
-            link,
-            if how == Attached::Native {
-                "native"
-            } else {
-                "generic"
-            },
-        )
+        (link, if how == Attached::Native { "native" } else { "generic" })
     };
     tracing::info!(interface = %cfg.interface, mode = how, vips = cfg.vips.len(), backends = cfg.backends.len(), "dispatcher running");
 

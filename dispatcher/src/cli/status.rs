@@ -4,14 +4,13 @@ use anyhow::Context as _;
 use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray};
 use dispatcher::config::Config;
 use dispatcher_common::{
-    stats, BackendInfo, Counter, FlowKey, FlowValue, STATE_DISABLED, STATE_DOWN, STATE_DRAIN,
-    STATE_SUSPECT, STATE_UP,
+    stats, BackendInfo, Counter, FlowKey, FlowValue, STATE_DISABLED, STATE_DOWN, STATE_DRAIN, STATE_SUSPECT, STATE_UP,
 };
 
 fn open<T: TryFrom<Map, Error = aya::maps::MapError>>(dir: &Path, name: &str) -> anyhow::Result<T> {
     let path = dir.join(name);
-    let data = MapData::from_pin(&path)
-        .with_context(|| format!("opening {} (is the dispatcher loaded?)", path.display()))?;
+    let data =
+        MapData::from_pin(&path).with_context(|| format!("opening {} (is the dispatcher loaded?)", path.display()))?;
     let map = Map::from_map_data(data)?;
     Ok(T::try_from(map)?)
 }
@@ -29,10 +28,7 @@ pub fn state_name(s: u8) -> &'static str {
 
 fn sum(stats: &PerCpuArray<MapData, Counter>, slot: u32) -> anyhow::Result<Counter> {
     let v = stats.get(&slot, 0)?;
-    Ok(v.iter().fold(Counter::default(), |a, c| Counter {
-        packets: a.packets + c.packets,
-        bytes: a.bytes + c.bytes,
-    }))
+    Ok(v.iter().fold(Counter::default(), |a, c| Counter { packets: a.packets + c.packets, bytes: a.bytes + c.bytes }))
 }
 
 pub fn status(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
@@ -60,10 +56,7 @@ pub fn status(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
         let id = i as u32;
         let info = backends.get(&id, 0)?;
         let pk = sum(&stats_map, stats::backend_slot(id, stats::BACKEND_PACKETS))?;
-        let nf = sum(
-            &stats_map,
-            stats::backend_slot(id, stats::BACKEND_NEW_FLOWS),
-        )?;
+        let nf = sum(&stats_map, stats::backend_slot(id, stats::BACKEND_NEW_FLOWS))?;
         be_rows.push((b, info, pk, nf.packets));
     }
     let mut globals = Vec::new();
@@ -78,12 +71,20 @@ pub fn status(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
             .collect();
         let bes: Vec<String> = be_rows
             .iter()
-            .map(|(b, info, pk, nf)| format!(r#"{{"name":"{}","address":"{}","state":"{}","weight":{},"packets":{},"bytes":{},"new_flows":{}}}"#, b.name, b.address, state_name(info.state), info.weight, pk.packets, pk.bytes, nf))
+            .map(|(b, info, pk, nf)| {
+                format!(
+                    r#"{{"name":"{}","address":"{}","state":"{}","weight":{},"packets":{},"bytes":{},"new_flows":{}}}"#,
+                    b.name,
+                    b.address,
+                    state_name(info.state),
+                    info.weight,
+                    pk.packets,
+                    pk.bytes,
+                    nf
+                )
+            })
             .collect();
-        let gl: Vec<String> = globals
-            .iter()
-            .map(|(n, v)| format!(r#""{n}":{v}"#))
-            .collect();
+        let gl: Vec<String> = globals.iter().map(|(n, v)| format!(r#""{n}":{v}"#)).collect();
         println!(
             r#"{{"instance":"{}","flows":{},"vips":[{}],"backends":[{}],"xdp":{{{}}}}}"#,
             cfg.instance,
@@ -94,12 +95,7 @@ pub fn status(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
-        "instance {}  (maps pinned under {})  flows in table: {}",
-        cfg.instance,
-        dir.display(),
-        flow_count
-    );
+    println!("instance {}  (maps pinned under {})  flows in table: {}", cfg.instance, dir.display(), flow_count);
     println!();
     println!(
         "{:<16} {:<28} {:>12} {:>14} {:>10} {:>10} {:>8}",
@@ -107,10 +103,7 @@ pub fn status(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
     );
     for (v, p, nf, hits, drops) in &vip_rows {
         let addr = format!("{}:{}/{:?}", v.address, v.port, v.protocol).to_lowercase();
-        println!(
-            "{:<16} {:<28} {:>12} {:>14} {:>10} {:>10} {:>8}",
-            v.name, addr, p.packets, p.bytes, nf, hits, drops
-        );
+        println!("{:<16} {:<28} {:>12} {:>14} {:>10} {:>10} {:>8}", v.name, addr, p.packets, p.bytes, nf, hits, drops);
     }
     println!();
     println!(
@@ -118,10 +111,7 @@ pub fn status(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
         "BACKEND", "ADDRESS", "STATE", "WEIGHT", "REPLICA", "PACKETS", "NEW FLOWS"
     );
     for (b, info, pk, nf) in &be_rows {
-        let replica = b
-            .replica
-            .map(|r| cfg.backends[r].name.as_str())
-            .unwrap_or("-");
+        let replica = b.replica.map(|r| cfg.backends[r].name.as_str()).unwrap_or("-");
         println!(
             "{:<16} {:<16} {:<9} {:>6} {:<16} {:>12} {:>10}",
             b.name,
@@ -134,18 +124,7 @@ pub fn status(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
         );
     }
     println!();
-    let nonzero: Vec<String> = globals
-        .iter()
-        .filter(|(_, v)| *v > 0)
-        .map(|(n, v)| format!("{n}={v}"))
-        .collect();
-    println!(
-        "xdp: {}",
-        if nonzero.is_empty() {
-            "no pass/drop events".to_string()
-        } else {
-            nonzero.join(" ")
-        }
-    );
+    let nonzero: Vec<String> = globals.iter().filter(|(_, v)| *v > 0).map(|(n, v)| format!("{n}={v}")).collect();
+    println!("xdp: {}", if nonzero.is_empty() { "no pass/drop events".to_string() } else { nonzero.join(" ") });
     Ok(ExitCode::SUCCESS)
 }

@@ -18,28 +18,17 @@ pub enum DataplaneError {
     #[error("loading the XDP program: {0}")]
     Load(#[from] aya::EbpfError),
     #[error("{what}: {source}")]
-    Program {
-        what: String,
-        source: aya::programs::ProgramError,
-    },
+    Program { what: String, source: aya::programs::ProgramError },
     #[error("map {name}: {source}")]
-    Map {
-        name: &'static str,
-        source: aya::maps::MapError,
-    },
+    Map { name: &'static str, source: aya::maps::MapError },
     #[error("map {0} missing from the program object")]
     MissingMap(&'static str),
     #[error("{what}: {source}")]
-    Io {
-        what: String,
-        source: std::io::Error,
-    },
+    Io { what: String, source: std::io::Error },
 }
 
 /// The map names, as DESIGN.md fixes them.
-pub const MAP_NAMES: [&str; 7] = [
-    "VIPS", "BACKENDS", "RINGS", "FLOWS", "AFFINITY", "CLONES", "STATS",
-];
+pub const MAP_NAMES: [&str; 7] = ["VIPS", "BACKENDS", "RINGS", "FLOWS", "AFFINITY", "CLONES", "STATS"];
 
 /// How the program was attached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,28 +59,15 @@ const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 /// Makes sure `dir` is a bpffs mount, mounting one there if not (systemd does this at
 /// boot on most distributions; minimal systems and containers may lack it).
 pub fn ensure_bpffs(dir: &Path) -> Result<(), DataplaneError> {
-    let io = |what: String| {
-        move |e: nix::Error| DataplaneError::Io {
-            what,
-            source: std::io::Error::from(e),
-        }
-    };
-    std::fs::create_dir_all(dir).map_err(|source| DataplaneError::Io {
-        what: format!("creating {}", dir.display()),
-        source,
-    })?;
+    let io = |what: String| move |e: nix::Error| DataplaneError::Io { what, source: std::io::Error::from(e) };
+    std::fs::create_dir_all(dir)
+        .map_err(|source| DataplaneError::Io { what: format!("creating {}", dir.display()), source })?;
     let st = nix::sys::statfs::statfs(dir).map_err(io(format!("statfs {}", dir.display())))?;
     if st.filesystem_type().0 as i64 == BPF_FS_MAGIC {
         return Ok(());
     }
-    nix::mount::mount(
-        Some("bpffs"),
-        dir,
-        Some("bpf"),
-        nix::mount::MsFlags::empty(),
-        None::<&str>,
-    )
-    .map_err(io(format!("mounting bpffs on {}", dir.display())))?;
+    nix::mount::mount(Some("bpffs"), dir, Some("bpf"), nix::mount::MsFlags::empty(), None::<&str>)
+        .map_err(io(format!("mounting bpffs on {}", dir.display())))?;
     tracing::info!(dir = %dir.display(), "mounted bpffs");
     Ok(())
 }
@@ -107,10 +83,8 @@ pub fn load_dispatcher(opts: &LoadOptions) -> Result<Ebpf, DataplaneError> {
             if let Some(root) = dir.parent().and_then(|p| p.parent()) {
                 ensure_bpffs(root)?;
             }
-            std::fs::create_dir_all(dir).map_err(|source| DataplaneError::Io {
-                what: format!("creating {}", dir.display()),
-                source,
-            })?;
+            std::fs::create_dir_all(dir)
+                .map_err(|source| DataplaneError::Io { what: format!("creating {}", dir.display()), source })?;
             MAP_NAMES.iter().map(|n| (*n, dir.join(n))).collect()
         }
         None => Vec::new(),
@@ -121,10 +95,7 @@ pub fn load_dispatcher(opts: &LoadOptions) -> Result<Ebpf, DataplaneError> {
     let mut ebpf = loader.load(object::DISPATCHER)?;
     program(&mut ebpf, "dispatcher")?
         .load()
-        .map_err(|source| DataplaneError::Program {
-            what: "verifying the dispatcher program".into(),
-            source,
-        })?;
+        .map_err(|source| DataplaneError::Program { what: "verifying the dispatcher program".into(), source })?;
     Ok(ebpf)
 }
 
@@ -142,10 +113,7 @@ fn load_simple(object: &[u8], name: &str) -> Result<Ebpf, DataplaneError> {
     let mut ebpf = Ebpf::load(object)?;
     program(&mut ebpf, name)?
         .load()
-        .map_err(|source| DataplaneError::Program {
-            what: format!("verifying the {name} program"),
-            source,
-        })?;
+        .map_err(|source| DataplaneError::Program { what: format!("verifying the {name} program"), source })?;
     Ok(ebpf)
 }
 
@@ -154,10 +122,7 @@ pub fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut Xdp, Datapl
         what: format!("program {name}"),
         source: std::io::Error::new(std::io::ErrorKind::NotFound, "not in the object"),
     })?;
-    p.try_into().map_err(|source| DataplaneError::Program {
-        what: format!("program {name} is not XDP"),
-        source,
-    })
+    p.try_into().map_err(|source| DataplaneError::Program { what: format!("program {name} is not XDP"), source })
 }
 
 /// Attaches `prog` to `iface`. `Auto` tries native mode first and falls back to generic
@@ -172,33 +137,23 @@ pub fn attach(
     let try_mode = |xdp: &mut Xdp, m: XdpMode| -> Result<FdLink, aya::programs::ProgramError> {
         let id = xdp.attach(iface, m)?;
         let link = xdp.take_link(id)?;
-        FdLink::try_from(link)
-            .map_err(|e| aya::programs::ProgramError::IOError(std::io::Error::other(e.to_string())))
+        FdLink::try_from(link).map_err(|e| aya::programs::ProgramError::IOError(std::io::Error::other(e.to_string())))
     };
     let what = |m: &str| format!("attaching {prog} to {iface} in {m} mode");
     match mode {
         XdpAttachMode::Native => try_mode(xdp, XdpMode::Driver)
             .map(|l| (l, Attached::Native))
-            .map_err(|source| DataplaneError::Program {
-                what: what("native"),
-                source,
-            }),
+            .map_err(|source| DataplaneError::Program { what: what("native"), source }),
         XdpAttachMode::Generic => try_mode(xdp, XdpMode::Skb)
             .map(|l| (l, Attached::Generic))
-            .map_err(|source| DataplaneError::Program {
-                what: what("generic"),
-                source,
-            }),
+            .map_err(|source| DataplaneError::Program { what: what("generic"), source }),
         XdpAttachMode::Auto => match try_mode(xdp, XdpMode::Driver) {
             Ok(l) => Ok((l, Attached::Native)),
             Err(e) => {
                 tracing::warn!(interface = iface, error = %e, "native XDP not available, falling back to generic (skb) mode");
                 try_mode(xdp, XdpMode::Skb)
                     .map(|l| (l, Attached::Generic))
-                    .map_err(|source| DataplaneError::Program {
-                        what: what("generic"),
-                        source,
-                    })
+                    .map_err(|source| DataplaneError::Program { what: what("generic"), source })
             }
         },
     }
@@ -212,20 +167,12 @@ pub fn unpin_all(dir: &Path) -> Result<(), DataplaneError> {
         match std::fs::remove_file(&p) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => {
-                return Err(DataplaneError::Io {
-                    what: format!("removing {}", p.display()),
-                    source,
-                })
-            }
+            Err(source) => return Err(DataplaneError::Io { what: format!("removing {}", p.display()), source }),
         }
     }
     match std::fs::remove_dir(dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(source) => Err(DataplaneError::Io {
-            what: format!("removing {}", dir.display()),
-            source,
-        }),
+        Err(source) => Err(DataplaneError::Io { what: format!("removing {}", dir.display()), source }),
     }
 }

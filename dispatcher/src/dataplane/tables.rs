@@ -8,9 +8,9 @@ use aya::{
     Ebpf,
 };
 use dispatcher_common::{
-    stats, BackendInfo, Counter, FlowKey, FlowValue, VipInfo, VipKey, AF_INET, AF_INET6, FWD_IPIP,
-    FWD_MAC, IPPROTO_TCP, IPPROTO_UDP, MAX_RING_SIZE, MODE_ADDR_MARKER, MODE_HTTP, MODE_L4,
-    NO_BACKEND, STATE_UP, VIP_F_AFFINITY,
+    stats, BackendInfo, Counter, FlowKey, FlowValue, VipInfo, VipKey, AF_INET, AF_INET6, FWD_IPIP, FWD_MAC,
+    IPPROTO_TCP, IPPROTO_UDP, MAX_RING_SIZE, MODE_ADDR_MARKER, MODE_HTTP, MODE_L4, NO_BACKEND, STATE_UP,
+    VIP_F_AFFINITY,
 };
 
 use super::DataplaneError;
@@ -33,9 +33,7 @@ fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, DataplaneError>
 where
     T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
 {
-    let map = ebpf
-        .take_map(name)
-        .ok_or(DataplaneError::MissingMap(name))?;
+    let map = ebpf.take_map(name).ok_or(DataplaneError::MissingMap(name))?;
     T::try_from(map).map_err(|source| DataplaneError::Map { name, source })
 }
 
@@ -61,12 +59,7 @@ pub fn vip_key(v: &Vip) -> VipKey {
         Protocol::Tcp => IPPROTO_TCP,
         Protocol::Udp => IPPROTO_UDP,
     };
-    VipKey {
-        addr,
-        port: v.port.to_be(),
-        proto,
-        family,
-    }
+    VipKey { addr, port: v.port.to_be(), proto, family }
 }
 
 pub fn vip_info(id: u32, v: &Vip) -> VipInfo {
@@ -80,11 +73,7 @@ pub fn vip_info(id: u32, v: &Vip) -> VipInfo {
             Forwarding::Mac => FWD_MAC,
             Forwarding::Ipip => FWD_IPIP,
         },
-        flags: if v.sticky_time.is_some() {
-            VIP_F_AFFINITY
-        } else {
-            0
-        },
+        flags: if v.sticky_time.is_some() { VIP_F_AFFINITY } else { 0 },
         ring_size: v.ring_size,
         sticky_secs: v.sticky_time.map(|d| d.as_secs() as u32).unwrap_or(0),
         port_group: v.port_group,
@@ -123,10 +112,8 @@ impl Tables {
             dir: &std::path::Path,
             name: &'static str,
         ) -> Result<T, DataplaneError> {
-            let data = MapData::from_pin(dir.join(name))
-                .map_err(|source| DataplaneError::Map { name, source })?;
-            let map = aya::maps::Map::from_map_data(data)
-                .map_err(|source| DataplaneError::Map { name, source })?;
+            let data = MapData::from_pin(dir.join(name)).map_err(|source| DataplaneError::Map { name, source })?;
+            let map = aya::maps::Map::from_map_data(data).map_err(|source| DataplaneError::Map { name, source })?;
             T::try_from(map).map_err(|source| DataplaneError::Map { name, source })
         }
         Ok(Tables {
@@ -158,9 +145,7 @@ impl Tables {
         let mut written = 0;
         for (slot, &b) in table.iter().enumerate() {
             if self.ring_cache[idx].get(slot) != Some(&b) {
-                self.rings
-                    .set(base + slot as u32, b, 0)
-                    .map_err(map_err("RINGS"))?;
+                self.rings.set(base + slot as u32, b, 0).map_err(map_err("RINGS"))?;
                 written += 1;
             }
         }
@@ -170,10 +155,7 @@ impl Tables {
 
     /// The table last written for a VIP.
     pub fn ring(&self, vip_id: u32) -> Option<&[u32]> {
-        self.ring_cache
-            .get(vip_id as usize)
-            .map(|v| v.as_slice())
-            .filter(|v| !v.is_empty())
+        self.ring_cache.get(vip_id as usize).map(|v| v.as_slice()).filter(|v| !v.is_empty())
     }
 
     /// Loads the ring currently in the map (e.g. adopted from a previous run) into the
@@ -182,11 +164,7 @@ impl Tables {
         let base = vip_id * MAX_RING_SIZE;
         let mut cur = Vec::with_capacity(size as usize);
         for slot in 0..size {
-            cur.push(
-                self.rings
-                    .get(&(base + slot), 0)
-                    .map_err(map_err("RINGS"))?,
-            );
+            cur.push(self.rings.get(&(base + slot), 0).map_err(map_err("RINGS"))?);
         }
         let idx = vip_id as usize;
         if self.ring_cache.len() <= idx {
@@ -208,11 +186,7 @@ impl Tables {
             .backends
             .iter()
             .filter(|&&b| states.get(b).copied() == Some(STATE_UP))
-            .map(|&b| maglev::Member {
-                id: b as u32,
-                key: &cfg.backends[b].name,
-                weight: cfg.backends[b].weight,
-            })
+            .map(|&b| maglev::Member { id: b as u32, key: &cfg.backends[b].name, weight: cfg.backends[b].weight })
             .collect();
         let table = maglev::build(&members, vip.ring_size);
         self.write_ring(vip_id, &table)
@@ -230,17 +204,9 @@ impl Tables {
             self.rebuild_ring(id, v, cfg, states)?;
             let key = vip_key(v);
             let marker = VipKey { port: 0, ..key };
-            let marker_info = VipInfo {
-                id,
-                mode: MODE_ADDR_MARKER,
-                ..Default::default()
-            };
-            self.vips
-                .insert(marker, marker_info, 0)
-                .map_err(map_err("VIPS"))?;
-            self.vips
-                .insert(key, vip_info(id, v), 0)
-                .map_err(map_err("VIPS"))?;
+            let marker_info = VipInfo { id, mode: MODE_ADDR_MARKER, ..Default::default() };
+            self.vips.insert(marker, marker_info, 0).map_err(map_err("VIPS"))?;
+            self.vips.insert(key, vip_info(id, v), 0).map_err(map_err("VIPS"))?;
         }
         Ok(())
     }
@@ -255,11 +221,7 @@ impl Tables {
     }
 
     pub fn global_counters(&self) -> Result<Vec<(&'static str, Counter)>, DataplaneError> {
-        stats::GLOBAL_NAMES
-            .iter()
-            .enumerate()
-            .map(|(i, n)| Ok((*n, self.counter(i as u32)?)))
-            .collect()
+        stats::GLOBAL_NAMES.iter().enumerate().map(|(i, n)| Ok((*n, self.counter(i as u32)?))).collect()
     }
 
     /// Number of entries in the flow table (walks it; for status, not for hot paths).
@@ -274,11 +236,7 @@ pub fn ring_table(vip: &Vip, cfg: &Config, states: &[u8]) -> Vec<u32> {
         .backends
         .iter()
         .filter(|&&b| states.get(b).copied() == Some(STATE_UP))
-        .map(|&b| maglev::Member {
-            id: b as u32,
-            key: &cfg.backends[b].name,
-            weight: cfg.backends[b].weight,
-        })
+        .map(|&b| maglev::Member { id: b as u32, key: &cfg.backends[b].name, weight: cfg.backends[b].weight })
         .collect();
     maglev::build(&members, vip.ring_size)
 }

@@ -1,0 +1,206 @@
+//! `cargo xtask demo`: a testbed in network namespaces, L4 traffic through the XDP
+//! program, a backend drained and another failed on the way, live counters from the
+//! pinned maps, a summary, and everything torn down.
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead, BufReader, Write},
+    net::{SocketAddr, TcpStream, UdpSocket},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex,
+    },
+    time::{Duration, Instant},
+};
+
+use dispatcher::dataplane::tables::Tables;
+use dispatcher_common::stats;
+use dispatcher_tests::netns::Testbed;
+
+const VIP: &str = "10.99.100.1";
+const CLIENT_THREADS: usize = 6;
+
+#[derive(Default)]
+struct Phase {
+    conns: BTreeMap<String, u64>,
+    errors: u64,
+}
+
+struct Shared {
+    phase: Mutex<usize>,
+    per_phase: Mutex<[Phase; 3]>,
+}
+
+fn main() {
+    let seconds: u64 =
+        std::env::args().skip_while(|a| a != "--seconds").nth(1).and_then(|s| s.parse().ok()).unwrap_or(12);
+    let seconds = seconds.clamp(6, 600);
+    println!("dispatcher demo: client -> XDP on the dispatcher -> 4 backends (replica pairs b0/b1, b2/b3), direct server return\n");
+
+    let mut tb = Testbed::new(4, &[VIP]);
+    let cfg_text = format!(
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n{}\n[[vip]]\nname = \"web\"\naddress = \"{VIP}\"\nport = 80\n\n[[vip]]\nname = \"sessions\"\naddress = \"{VIP}\"\nport = 5060\nprotocol = \"udp\"\n",
+        tb.instance(),
+        tb.backend_config(&[100, 100, 100, 100])
+    );
+    let cfg_path = tb.write_config(&cfg_text);
+    let cfg_arg = cfg_path.to_str().unwrap().to_string();
+    println!(
+        "testbed {}: namespaces {}-{{cl,lb,sw,b0..b3}}, VIP {VIP} tcp/80 and udp/5060, MAC forwarding",
+        tb.instance(),
+        tb.instance()
+    );
+    tb.start_servers(&[80], &[(VIP, 5060)]);
+    tb.start_dispatcher(&cfg_path);
+    println!("dispatcher running in {} (maps pinned under {})\n", tb.lb.name, tb.pin_dir().display());
+
+    // Long-lived UDP flows ("sessions"); make sure two of them sit on b2, which will fail.
+    let mut sessions: Vec<(UdpSocket, String)> = Vec::new();
+    for _ in 0..200 {
+        if sessions.iter().filter(|(_, b)| b == "b2").count() >= 2 && sessions.len() >= 4 {
+            break;
+        }
+        let s = udp_socket(&tb);
+        if let Some(b) = udp_ask(&s) {
+            if b == "b2" || sessions.len() < 2 {
+                sessions.push((s, b));
+            }
+        }
+    }
+
+    let shared = Arc::new(Shared { phase: Mutex::new(0), per_phase: Mutex::new(Default::default()) });
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut clients = Vec::new();
+    for _ in 0..CLIENT_THREADS {
+        let (shared, stop) = (shared.clone(), stop.clone());
+        clients.push(tb.client.spawn(move || client_loop(&shared, &stop)));
+    }
+
+    let tables = Tables::from_pinned(&tb.pin_dir()).expect("pinned maps");
+    let start = Instant::now();
+    let mut drained = false;
+    let mut failed = false;
+    while start.elapsed() < Duration::from_secs(seconds) {
+        std::thread::sleep(Duration::from_secs(1));
+        let t = start.elapsed().as_secs();
+        if !drained && t >= seconds / 3 {
+            drained = true;
+            println!("\n>>> t={t}s  dispatcher drain b0: b0 keeps its connections, takes no new ones");
+            print!("    {}", tb.dispatcher_cmd(&["drain", "--config", &cfg_arg, "b0"]));
+            // Connections counted from here on were opened after the drain took effect.
+            *shared.phase.lock().unwrap() = 1;
+        }
+        if !failed && t >= 2 * seconds / 3 {
+            failed = true;
+            println!("\n>>> t={t}s  b2 fails (its servers stop) and is disabled: its flows move to its replica b3");
+            tb.kill_servers_of(2, 1, 1);
+            print!("    {}", tb.dispatcher_cmd(&["disable", "--config", &cfg_arg, "b2"]));
+            *shared.phase.lock().unwrap() = 2;
+        }
+        print_live(&tables, t);
+    }
+    stop.store(true, Ordering::SeqCst);
+    for c in clients {
+        let _ = c.join();
+    }
+
+    println!("\n=== what happened ===");
+    let per = shared.per_phase.lock().unwrap();
+    for (i, name) in ["all up", "b0 drained", "b0 drained, b2 failed"].iter().enumerate() {
+        let total: u64 = per[i].conns.values().sum();
+        let spread: Vec<String> = per[i].conns.iter().map(|(b, n)| format!("{b}={n}")).collect();
+        println!("{name:<24} {total:>6} new TCP connections: {}   broken: {}", spread.join(" "), per[i].errors);
+    }
+    let after_drain_b0: u64 =
+        per[1].conns.get("b0").copied().unwrap_or(0) + per[2].conns.get("b0").copied().unwrap_or(0);
+    println!("new connections to b0 after its drain: {after_drain_b0} (expected 0)");
+    let after_fail_b2 = per[2].conns.get("b2").copied().unwrap_or(0);
+    println!("new connections to b2 after its failure: {after_fail_b2} (expected 0)");
+    for (s, before) in &sessions {
+        let now = udp_ask(s).unwrap_or_else(|| "no answer".into());
+        let note = if before == "b2" { "  <- moved to b2's peer replica" } else { "" };
+        println!("UDP flow {:>5}: before {before}, now {now}{note}", s.local_addr().unwrap().port());
+    }
+    let hits = tables.counter(stats::vip_slot(1, stats::VIP_REPINNED)).map(|c| c.packets).unwrap_or(0);
+    println!("flows re-pinned to a replica by XDP: {hits}");
+    println!("\nfinal status (dispatcher status):");
+    print!("{}", tb.dispatcher_cmd(&["status", "--config", &cfg_arg]));
+    drop(per);
+    drop(tables);
+    let name = tb.instance().to_string();
+    drop(tb);
+    println!("\ntestbed {name} torn down: processes stopped, namespaces deleted, pinned maps removed");
+}
+
+fn client_loop(shared: &Shared, stop: &AtomicBool) {
+    let addr: SocketAddr = format!("{VIP}:80").parse().unwrap();
+    while !stop.load(Ordering::SeqCst) {
+        let phase = *shared.phase.lock().unwrap();
+        let result = (|| -> std::io::Result<String> {
+            let s = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
+            s.set_read_timeout(Some(Duration::from_secs(1)))?;
+            let mut w = s.try_clone()?;
+            let mut r = BufReader::new(s);
+            let mut first = String::new();
+            for i in 0..5 {
+                w.write_all(b"who\n")?;
+                let mut line = String::new();
+                if r.read_line(&mut line)? == 0 {
+                    return Err(std::io::ErrorKind::UnexpectedEof.into());
+                }
+                if i == 0 {
+                    first = line.trim().to_string();
+                } else if line.trim() != first {
+                    return Err(std::io::Error::other("connection moved between backends"));
+                }
+            }
+            Ok(first)
+        })();
+        let mut per = shared.per_phase.lock().unwrap();
+        match result {
+            Ok(b) => *per[phase].conns.entry(b).or_default() += 1,
+            Err(_) => per[phase].errors += 1,
+        }
+        drop(per);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn udp_socket(tb: &Testbed) -> UdpSocket {
+    let addr: SocketAddr = format!("{VIP}:5060").parse().unwrap();
+    let s = tb.client.run(move || {
+        let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+        s.connect(addr).unwrap();
+        s
+    });
+    s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    s
+}
+
+fn udp_ask(s: &UdpSocket) -> Option<String> {
+    let mut buf = [0u8; 64];
+    for _ in 0..4 {
+        let _ = s.send(b"who");
+        if let Ok(n) = s.recv(&mut buf) {
+            return Some(String::from_utf8_lossy(&buf[..n]).trim().to_string());
+        }
+    }
+    None
+}
+
+fn print_live(tables: &Tables, t: u64) {
+    let mut row = format!("t={t:>3}s  XDP per backend (packets / new flows):");
+    for b in 0..4u32 {
+        let st = tables.backend(b).map(|i| i.state).unwrap_or(0);
+        let state = match st {
+            dispatcher_common::STATE_UP => "up",
+            dispatcher_common::STATE_DRAIN => "drain",
+            dispatcher_common::STATE_DISABLED => "disabled",
+            _ => "down",
+        };
+        let p = tables.counter(stats::backend_slot(b, stats::BACKEND_PACKETS)).map(|c| c.packets).unwrap_or(0);
+        let n = tables.counter(stats::backend_slot(b, stats::BACKEND_NEW_FLOWS)).map(|c| c.packets).unwrap_or(0);
+        row += &format!("  b{b}[{state}] {p}/{n}");
+    }
+    println!("{row}");
+}
