@@ -58,6 +58,29 @@ fn addr4(a: [u8; 4]) -> [u8; 16] {
     out
 }
 
+/// An IPv4 header with a bad version or IHL, options, or fragment bits: a defined,
+/// counted verdict; nothing but VIP traffic is ever dropped.
+#[inline(always)]
+fn unusual_ipv4(ver_ihl: u8, proto: u8, dst: &[u8; 16], len: u64) -> u32 {
+    if !is_vip_addr(AF_INET, dst, proto) {
+        count(stats::PASS_NON_VIP, len);
+        return PASS;
+    }
+    let ihl = ver_ihl & 0x0f;
+    let (slot, verdict) = if ver_ihl >> 4 != 4 {
+        (stats::DROP_BAD_VERSION, DROP)
+    } else if ihl < 5 {
+        (stats::DROP_BAD_IHL, DROP)
+    } else if ihl > 5 {
+        (stats::PASS_IP_OPTIONS, PASS)
+    } else {
+        // More-fragments flag or a fragment offset: later fragments carry no ports.
+        (stats::PASS_FRAGMENT, PASS)
+    };
+    count(slot, len);
+    verdict
+}
+
 pub fn try_dispatch(ctx: &XdpContext) -> Result<u32, ()> {
     let len = (ctx.data_end() - ctx.data()) as u64;
     let Some(l2) = parse_l2(ctx) else {
@@ -74,23 +97,10 @@ pub fn try_dispatch(ctx: &XdpContext) -> Result<u32, ()> {
             key.proto = ip.proto;
             key.src = addr4(ip.src);
             key.dst = addr4(ip.dst);
-            let vip_addr = is_vip_addr(AF_INET, &key.dst, ip.proto);
-            if ip.ver_ihl >> 4 != 4 {
-                return if vip_addr { drop(stats::DROP_BAD_VERSION, len) } else { pass(stats::PASS_NON_VIP, len) };
-            }
-            let ihl = (ip.ver_ihl & 0x0f) as usize;
-            if ihl < 5 {
-                return if vip_addr { drop(stats::DROP_BAD_IHL, len) } else { pass(stats::PASS_NON_VIP, len) };
-            }
-            if !vip_addr {
-                return pass(stats::PASS_NON_VIP, len);
-            }
-            if ihl > 5 {
-                return pass(stats::PASS_IP_OPTIONS, len);
-            }
-            // More-fragments flag or a fragment offset: later fragments carry no ports.
-            if be16(ip.frag_off) & 0x3fff != 0 {
-                return pass(stats::PASS_FRAGMENT, len);
+            // Common case first: version 4, no options, not a fragment. Only a packet that
+            // is not asks whether its address carries VIPs (one more lookup).
+            if ip.ver_ihl != 0x45 || be16(ip.frag_off) & 0x3fff != 0 {
+                return Ok(unusual_ipv4(ip.ver_ihl, ip.proto, &key.dst, len));
             }
             L3 { family: AF_INET, proto: ip.proto, l4_off: l2.l3_off + IPV4_HLEN, ip_len: be16(ip.tot_len) }
         }

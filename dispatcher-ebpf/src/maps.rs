@@ -2,6 +2,7 @@
 //! AFFINITY at load time and pins them all under bpffs.
 
 use aya_ebpf::{
+    bindings::BPF_F_NO_COMMON_LRU,
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };

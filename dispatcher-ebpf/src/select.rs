@@ -1,7 +1,7 @@
 //! Which backend a VIP packet goes to: pinned flow, then client affinity, then the
 //! VIP's Maglev ring — each filtered by the backend's state.
 
-use aya_ebpf::helpers::bpf_ktime_get_ns;
+use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
 use dispatcher_common::{
     hash::flow_hash, keeps_flows, stats, takes_new_flows, AffinityKey, AffinityValue, BackendInfo, FlowKey, FlowValue,
     VipInfo, MAX_RING_SIZE, NO_BACKEND, STATE_UP, VIP_F_AFFINITY,
@@ -76,7 +76,9 @@ fn from_affinity(akey: &AffinityKey, now: u64) -> Option<(u32, BackendInfo)> {
 }
 
 pub fn select_backend(vip: &VipInfo, key: &FlowKey) -> Option<(u32, BackendInfo)> {
-    let now = unsafe { bpf_ktime_get_ns() };
+    // Coarse clock (jiffy resolution): enough for "last seen" and sticky times, and far
+    // cheaper than the precise one on every packet.
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
     if let Some(flow) = FLOWS.get_ptr_mut(key) {
         let pinned = unsafe { (*flow).backend };
         if let Some(b) = backend(pinned) {

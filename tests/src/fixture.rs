@@ -59,6 +59,10 @@ impl Fixture {
         Fixture { ebpf, tables, affinity, cfg, states }
     }
 
+    pub fn ebpf_mut(&mut self) -> &mut Ebpf {
+        &mut self.ebpf
+    }
+
     pub fn run_bytes(&mut self, input: &[u8]) -> Outcome {
         let xdp = dataplane::program(&mut self.ebpf, "dispatcher").expect("program");
         let mut out = vec![0u8; input.len() + 256];
