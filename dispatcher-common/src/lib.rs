@@ -3,7 +3,9 @@
 //! Every map key and value is `#[repr(C)]` without implicit padding (explicit `_pad`
 //! fields) so that the kernel and user space agree byte for byte. Addresses and ports are
 //! kept in network byte order exactly as they appear on the wire; counters, ids and times
-//! are host order.
+//! are host order. An address is four `u32` words holding the wire bytes in memory order
+//! (`addr_words`): word-aligned, so the XDP program copies and compares it with four
+//! loads instead of a byte loop. IPv4 uses the first word, the others are zero.
 #![no_std]
 
 pub mod hash;
@@ -51,6 +53,26 @@ pub const STATE_DOWN: u8 = 3;
 pub const STATE_DRAIN: u8 = 4;
 pub const STATE_DISABLED: u8 = 5;
 
+/// An address's wire bytes as the maps hold them.
+#[inline(always)]
+pub fn addr_words(b: &[u8; 16]) -> [u32; 4] {
+    [
+        u32::from_ne_bytes([b[0], b[1], b[2], b[3]]),
+        u32::from_ne_bytes([b[4], b[5], b[6], b[7]]),
+        u32::from_ne_bytes([b[8], b[9], b[10], b[11]]),
+        u32::from_ne_bytes([b[12], b[13], b[14], b[15]]),
+    ]
+}
+
+/// The wire bytes of an address held as words.
+pub fn addr_from_words(w: &[u32; 4]) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    for (i, x) in w.iter().enumerate() {
+        b[i * 4..i * 4 + 4].copy_from_slice(&x.to_ne_bytes());
+    }
+    b
+}
+
 /// May this backend take a new flow?
 #[inline(always)]
 pub fn takes_new_flows(state: u8) -> bool {
@@ -67,8 +89,7 @@ pub fn keeps_flows(state: u8) -> bool {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct VipKey {
-    /// Network order; IPv4 uses the first 4 bytes, the rest zero.
-    pub addr: [u8; 16],
+    pub addr: [u32; 4],
     /// Network order; 0 for an address marker.
     pub port: u16,
     pub proto: u8,
@@ -90,18 +111,18 @@ pub struct VipInfo {
     /// Affinity scope: VIPs with the same group share client affinity (cross-port).
     pub port_group: u32,
     pub _pad: u32,
-    /// Outer source address for IPIP (network order, same family as the VIP).
-    pub encap_src: [u8; 16],
+    /// Outer source address for IPIP (same family as the VIP).
+    pub encap_src: [u32; 4],
 }
 
 /// `BACKENDS` value (index = backend id).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct BackendInfo {
-    /// Network order.
-    pub addr4: [u8; 4],
-    /// Network order; all zero when the backend has no IPv6 address.
-    pub addr6: [u8; 16],
+    /// Wire bytes in memory order.
+    pub addr4: u32,
+    /// All zero when the backend has no IPv6 address.
+    pub addr6: [u32; 4],
     /// MAC the frames go to: the backend itself (MAC forwarding) or the next hop (IPIP).
     pub mac: [u8; 6],
     pub state: u8,
@@ -115,15 +136,15 @@ pub struct BackendInfo {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct FlowKey {
-    pub src: [u8; 16],
-    pub dst: [u8; 16],
+    pub src: [u32; 4],
+    pub dst: [u32; 4],
     /// Network order.
     pub sport: u16,
     /// Network order.
     pub dport: u16,
     pub proto: u8,
     pub family: u8,
-    pub _pad: [u8; 2],
+    pub _pad: u16,
 }
 
 /// `FLOWS` value.
@@ -143,9 +164,9 @@ pub struct FlowValue {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct AffinityKey {
     pub group: u32,
-    pub family: u8,
-    pub _pad: [u8; 3],
-    pub client: [u8; 16],
+    /// AF_INET or AF_INET6 (a whole word: no padding bytes to clear).
+    pub family: u32,
+    pub client: [u32; 4],
 }
 
 /// `AFFINITY` value.

@@ -9,7 +9,10 @@ mod parse;
 
 use aya_ebpf::{bindings::xdp_action, helpers::bpf_xdp_adjust_head, macros::xdp, programs::XdpContext};
 use dispatcher_common::{IPPROTO_IPIP, IPPROTO_IPV6};
-use parse::{parse_l2, ptr_at, EthHdr, Ipv4Hdr, Ipv6Hdr, ETH_HLEN, ETH_P_IP, ETH_P_IPV6, IPV4_HLEN, IPV6_HLEN};
+use parse::{
+    parse_l2, ptr_at, read_mac, write_mac, EthHdr, Ipv4Hdr, Ipv6Hdr, ETH_HLEN, ETH_P_IP, ETH_P_IPV6, IPV4_HLEN,
+    IPV6_HLEN,
+};
 
 #[xdp]
 pub fn decap(ctx: XdpContext) -> u32 {
@@ -49,10 +52,12 @@ fn try_decap(ctx: &XdpContext) -> Result<u32, ()> {
     // The inner header must at least be there, or the stack gets garbage.
     ptr_at::<[u8; IPV4_HLEN]>(ctx, ETH_HLEN + outer)?;
     {
+        // The old and new link headers overlap: read both MACs before writing.
         let old = unsafe { &*ptr_at::<EthHdr>(ctx, 0)? };
+        let (dst, src) = (read_mac(&old.dst), read_mac(&old.src));
         let new = unsafe { &mut *ptr_at::<EthHdr>(ctx, outer)? };
-        new.dst = old.dst;
-        new.src = old.src;
+        write_mac(&mut new.dst, dst);
+        write_mac(&mut new.src, src);
         new.proto = inner_type.to_be_bytes();
     }
     if unsafe { bpf_xdp_adjust_head(ctx.ctx, outer as i32) } != 0 {

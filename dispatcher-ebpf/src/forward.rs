@@ -7,7 +7,10 @@ use dispatcher_common::{BackendInfo, VipInfo, AF_INET, FWD_IPIP, IPPROTO_IPIP, I
 use crate::{
     csum::ipv4_header_csum,
     dispatch::L3,
-    parse::{ptr_at, EthHdr, Ipv4Hdr, Ipv6Hdr, ETH_HLEN, ETH_P_IP, ETH_P_IPV6, IPV4_HLEN, IPV6_HLEN, L2, VLAN_HLEN},
+    parse::{
+        ptr_at, read_mac, read_word, write_addr6, write_mac, write_word, EthHdr, Ipv4Hdr, Ipv6Hdr, ETH_HLEN, ETH_P_IP,
+        ETH_P_IPV6, IPV4_HLEN, IPV6_HLEN, L2, VLAN_HLEN,
+    },
 };
 
 const TX: u32 = xdp_action::XDP_TX;
@@ -37,8 +40,9 @@ pub fn forward(ctx: &XdpContext, l2: &L2, l3: &L3, vip: &VipInfo, b: &BackendInf
 #[inline(always)]
 fn rewrite_macs(ctx: &XdpContext, eth_off: usize, b: &BackendInfo) -> Result<(), ()> {
     let eth = unsafe { &mut *ptr_at::<EthHdr>(ctx, eth_off)? };
-    eth.src = eth.dst;
-    eth.dst = b.mac;
+    let to = read_mac(&eth.dst);
+    write_mac(&mut eth.src, to);
+    write_mac(&mut eth.dst, b.mac);
     Ok(())
 }
 
@@ -50,14 +54,16 @@ fn push_outer(ctx: &XdpContext, l2: &L2, outer: usize, ethertype: u16, b: &Backe
         return Err(());
     }
     let old = unsafe { &*ptr_at::<EthHdr>(ctx, outer)? };
+    let to = read_mac(&old.dst);
+    let old_proto = old.proto;
     let new = unsafe { &mut *ptr_at::<EthHdr>(ctx, 0)? };
-    new.src = old.dst;
-    new.dst = b.mac;
+    write_mac(&mut new.src, to);
+    write_mac(&mut new.dst, b.mac);
     if l2.l3_off == ETH_HLEN {
         new.proto = ethertype.to_be_bytes();
     } else {
         // Keep the 802.1Q tag: the next hop is on the same VLAN we received on.
-        new.proto = old.proto;
+        new.proto = old_proto;
         let tag_old: *const [u8; 2] = ptr_at(ctx, outer + ETH_HLEN)?;
         let tag_new: *mut [u8; 4] = ptr_at(ctx, ETH_HLEN)?;
         unsafe {
@@ -82,26 +88,26 @@ fn encap_ipv4(ctx: &XdpContext, l2: &L2, l3: &L3, vip: &VipInfo, b: &BackendInfo
     outer.ttl = OUTER_TTL;
     outer.proto = IPPROTO_IPIP;
     outer.check = [0, 0];
-    outer.src = [vip.encap_src[0], vip.encap_src[1], vip.encap_src[2], vip.encap_src[3]];
-    outer.dst = b.addr4;
+    write_word(&mut outer.src, vip.encap_src[0]);
+    write_word(&mut outer.dst, b.addr4);
     outer.check = ipv4_header_csum(outer);
     Ok(())
 }
 
 #[inline(always)]
 fn encap_ipv6(ctx: &XdpContext, l2: &L2, l3: &L3, vip: &VipInfo, b: &BackendInfo) -> Result<(), ()> {
-    if b.addr6 == [0u8; 16] {
+    if b.addr6 == [0u32; 4] {
         return Err(());
     }
-    let first = unsafe { (*ptr_at::<Ipv6Hdr>(ctx, l2.l3_off)?).ver_tc_flow };
+    let first = read_word(unsafe { &(*ptr_at::<Ipv6Hdr>(ctx, l2.l3_off)?).ver_tc_flow });
     push_outer(ctx, l2, IPV6_HLEN, ETH_P_IPV6, b)?;
     let off = if l2.l3_off == ETH_HLEN { ETH_HLEN } else { ETH_HLEN + VLAN_HLEN };
     let outer = unsafe { &mut *ptr_at::<Ipv6Hdr>(ctx, off)? };
-    outer.ver_tc_flow = first;
+    write_word(&mut outer.ver_tc_flow, first);
     outer.payload_len = l3.ip_len.to_be_bytes();
     outer.next_hdr = IPPROTO_IPV6;
     outer.hop_limit = OUTER_TTL;
-    outer.src = vip.encap_src;
-    outer.dst = b.addr6;
+    write_addr6(&mut outer.src, &vip.encap_src);
+    write_addr6(&mut outer.dst, &b.addr6);
     Ok(())
 }

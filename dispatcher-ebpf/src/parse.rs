@@ -69,6 +69,49 @@ pub fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Result<*mut T, ()> {
     Ok((start + offset) as *mut T)
 }
 
+// Copies into and out of packet memory are written out byte by byte: an array copy
+// would become a call to a byte-loop memcpy/memmove in BPF, several times slower.
+
+#[inline(always)]
+pub fn read_mac(m: &[u8; 6]) -> [u8; 6] {
+    [m[0], m[1], m[2], m[3], m[4], m[5]]
+}
+
+#[inline(always)]
+pub fn write_mac(dst: &mut [u8; 6], v: [u8; 6]) {
+    dst[0] = v[0];
+    dst[1] = v[1];
+    dst[2] = v[2];
+    dst[3] = v[3];
+    dst[4] = v[4];
+    dst[5] = v[5];
+}
+
+#[inline(always)]
+pub fn read_word(b: &[u8; 4]) -> u32 {
+    u32::from_ne_bytes([b[0], b[1], b[2], b[3]])
+}
+
+#[inline(always)]
+pub fn write_word(dst: &mut [u8; 4], w: u32) {
+    let b = w.to_ne_bytes();
+    dst[0] = b[0];
+    dst[1] = b[1];
+    dst[2] = b[2];
+    dst[3] = b[3];
+}
+
+#[inline(always)]
+pub fn write_addr6(dst: &mut [u8; 16], w: &[u32; 4]) {
+    for (i, word) in w.iter().enumerate() {
+        let b = word.to_ne_bytes();
+        dst[i * 4] = b[0];
+        dst[i * 4 + 1] = b[1];
+        dst[i * 4 + 2] = b[2];
+        dst[i * 4 + 3] = b[3];
+    }
+}
+
 #[inline(always)]
 pub fn be16(b: [u8; 2]) -> u16 {
     u16::from_be_bytes(b)

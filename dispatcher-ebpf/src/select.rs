@@ -101,7 +101,7 @@ pub fn select_backend(vip: &VipInfo, key: &FlowKey) -> Option<(u32, BackendInfo)
     }
 
     let sticky = vip.flags & VIP_F_AFFINITY != 0;
-    let akey = AffinityKey { group: vip.port_group, family: key.family, _pad: [0; 3], client: key.src };
+    let akey = AffinityKey { group: vip.port_group, family: key.family as u32, client: key.src };
     let mut chosen = None;
     if sticky {
         chosen = from_affinity(&akey, now);

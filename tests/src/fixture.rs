@@ -13,7 +13,7 @@ use dispatcher::{
     config::Config,
     dataplane::{
         self,
-        tables::{addr_bytes, backend_info, initial_states, Tables},
+        tables::{addr_key, backend_info, initial_states, Tables},
         LoadOptions,
     },
 };
@@ -41,9 +41,9 @@ pub const XDP_PASS: u32 = 2;
 pub const XDP_TX: u32 = 3;
 
 pub fn flow_key(p: &Packet) -> FlowKey {
-    let (src, family) = addr_bytes(p.src);
-    let (dst, _) = addr_bytes(p.dst);
-    FlowKey { src, dst, sport: p.sport.to_be(), dport: p.dport.to_be(), proto: p.proto, family, _pad: [0; 2] }
+    let (src, family) = addr_key(p.src);
+    let (dst, _) = addr_key(p.dst);
+    FlowKey { src, dst, sport: p.sport.to_be(), dport: p.dport.to_be(), proto: p.proto, family, _pad: 0 }
 }
 
 impl Fixture {

@@ -10,7 +10,7 @@ use std::{
 
 use dispatcher::{
     config::Config,
-    dataplane::tables::{addr_bytes, initial_states, ring_table},
+    dataplane::tables::{addr_key, initial_states, ring_table},
 };
 use dispatcher_common::{hash::flow_hash, FlowKey, STATE_DISABLED, STATE_DRAIN};
 use dispatcher_tests::netns::{Testbed, CLIENT_IP};
@@ -56,13 +56,13 @@ impl Conn {
 fn predicted(cfg: &Config, vip: usize, states: &[u8], sport: u16, proto: u8) -> String {
     let table = ring_table(&cfg.vips[vip], cfg, states);
     let key = FlowKey {
-        src: addr_bytes(CLIENT_IP.parse().unwrap()).0,
-        dst: addr_bytes(cfg.vips[vip].address).0,
+        src: addr_key(CLIENT_IP.parse().unwrap()).0,
+        dst: addr_key(cfg.vips[vip].address).0,
         sport: sport.to_be(),
         dport: cfg.vips[vip].port.to_be(),
         proto,
         family: 2,
-        _pad: [0; 2],
+        _pad: 0,
     };
     let b = table[(flow_hash(&key) % table.len() as u32) as usize];
     cfg.backends[b as usize].name.clone()

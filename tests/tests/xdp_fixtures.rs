@@ -456,7 +456,7 @@ fn expired_affinity_is_ignored() {
     let ring = fx.ring_choice(STICKY_A, &p);
     let other = (ring + 1) % 4;
     let group = fx.cfg.vips[STICKY_A].port_group;
-    let key = AffinityKey { group, family: 2, _pad: [0; 3], client: flow_key(&p).src };
+    let key = AffinityKey { group, family: 2, client: flow_key(&p).src };
     fx.affinity.insert(key, AffinityValue { backend: other as u32, _pad: 0, expires_ns: 1 }, 0).unwrap();
     let o = fx.run(&p);
     assert_eq!(o.out[0..6], fx.mac(ring), "expired entry: the ring decides");

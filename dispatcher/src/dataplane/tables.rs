@@ -8,7 +8,7 @@ use aya::{
     Ebpf,
 };
 use dispatcher_common::{
-    stats, BackendInfo, Counter, FlowKey, FlowValue, VipInfo, VipKey, AF_INET, AF_INET6, FWD_IPIP, FWD_MAC,
+    addr_words, stats, BackendInfo, Counter, FlowKey, FlowValue, VipInfo, VipKey, AF_INET, AF_INET6, FWD_IPIP, FWD_MAC,
     IPPROTO_TCP, IPPROTO_UDP, MAX_RING_SIZE, MODE_ADDR_MARKER, MODE_HTTP, MODE_L4, NO_BACKEND, STATE_UP,
     VIP_F_AFFINITY,
 };
@@ -41,20 +41,16 @@ fn map_err(name: &'static str) -> impl Fn(aya::maps::MapError) -> DataplaneError
     move |source| DataplaneError::Map { name, source }
 }
 
-/// An IP address as the maps store it: network order, IPv4 in the first 4 bytes.
-pub fn addr_bytes(a: IpAddr) -> ([u8; 16], u8) {
+/// An IP address as the maps store it (`dispatcher_common::addr_words`), and its family.
+pub fn addr_key(a: IpAddr) -> ([u32; 4], u8) {
     match a {
-        IpAddr::V4(v4) => {
-            let mut out = [0u8; 16];
-            out[..4].copy_from_slice(&v4.octets());
-            (out, AF_INET)
-        }
-        IpAddr::V6(v6) => (v6.octets(), AF_INET6),
+        IpAddr::V4(v4) => ([u32::from_ne_bytes(v4.octets()), 0, 0, 0], AF_INET),
+        IpAddr::V6(v6) => (addr_words(&v6.octets()), AF_INET6),
     }
 }
 
 pub fn vip_key(v: &Vip) -> VipKey {
-    let (addr, family) = addr_bytes(v.address);
+    let (addr, family) = addr_key(v.address);
     let proto = match v.protocol {
         Protocol::Tcp => IPPROTO_TCP,
         Protocol::Udp => IPPROTO_UDP,
@@ -78,14 +74,14 @@ pub fn vip_info(id: u32, v: &Vip) -> VipInfo {
         sticky_secs: v.sticky_time.map(|d| d.as_secs() as u32).unwrap_or(0),
         port_group: v.port_group,
         _pad: 0,
-        encap_src: v.encap_source.map(|a| addr_bytes(a).0).unwrap_or([0; 16]),
+        encap_src: v.encap_source.map(|a| addr_key(a).0).unwrap_or([0; 4]),
     }
 }
 
 pub fn backend_info(b: &Backend, state: u8) -> BackendInfo {
     BackendInfo {
-        addr4: b.address.octets(),
-        addr6: b.address6.map(|a| a.octets()).unwrap_or([0; 16]),
+        addr4: u32::from_ne_bytes(b.address.octets()),
+        addr6: b.address6.map(|a| addr_words(&a.octets())).unwrap_or([0; 4]),
         mac: b.mac.unwrap_or([0; 6]),
         state,
         _pad: 0,

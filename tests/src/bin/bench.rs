@@ -78,7 +78,13 @@ struct Case {
     target: Option<u64>,
 }
 
-fn case(name: &'static str, packet: impl Fn(u32) -> Vec<u8> + 'static, verdict: u32, repeatable: bool, target: Option<u64>) -> Case {
+fn case(
+    name: &'static str,
+    packet: impl Fn(u32) -> Vec<u8> + 'static,
+    verdict: u32,
+    repeatable: bool,
+    target: Option<u64>,
+) -> Case {
     Case { name, packet: Box::new(packet), verdict, repeatable, target }
 }
 
@@ -99,7 +105,9 @@ fn fixed(p: Packet) -> impl Fn(u32) -> Vec<u8> {
 fn run_prog(ebpf: &mut aya::Ebpf, prog: &str, input: &[u8], repeat: u32) -> (u32, u64) {
     let xdp = dispatcher::dataplane::program(ebpf, prog).unwrap();
     let mut out = vec![0u8; input.len() + 256];
-    let r = xdp.test_run(TestRunOptions { data_in: Some(input), data_out: Some(&mut out), repeat, ..Default::default() }).unwrap();
+    let r = xdp
+        .test_run(TestRunOptions { data_in: Some(input), data_out: Some(&mut out), repeat, ..Default::default() })
+        .unwrap();
     (r.return_value, nanos(r.duration))
 }
 
@@ -113,15 +121,39 @@ fn main() {
     let cases = vec![
         case("non-VIP pass", fixed(Packet::tcp("10.0.0.2", 4000, "10.0.0.99", 80)), XDP_PASS, true, None),
         case("HTTP VIP pass", fixed(Packet::tcp("10.0.0.2", 4000, "10.0.100.3", 80)), XDP_PASS, true, None),
-        case("malformed drop (IHL 4)", fixed(Packet::tcp("10.0.0.2", 4000, "10.0.100.1", 80).with(|p| p.ihl = 4)), XDP_DROP, true, None),
+        case(
+            "malformed drop (IHL 4)",
+            fixed(Packet::tcp("10.0.0.2", 4000, "10.0.100.1", 80).with(|p| p.ihl = 4)),
+            XDP_DROP,
+            true,
+            None,
+        ),
         case("L4 new flow, MAC, IPv4", new_flow("10.0.100.1"), XDP_TX, false, Some(150)),
         case("L4 new flow, IPIP, IPv4", new_flow("10.0.100.2"), XDP_TX, false, Some(150)),
         case("L4 new flow, MAC, IPv6", new_flow("fd00::100"), XDP_TX, false, Some(150)),
         case("L4 new flow, IPIP, IPv6", new_flow("fd00::200"), XDP_TX, false, Some(150)),
-        case("L4 established, MAC, IPv4", fixed(Packet::tcp("10.0.0.2", 4001, "10.0.100.1", 80)), XDP_TX, true, Some(60)),
-        case("L4 established, IPIP, IPv4", fixed(Packet::tcp("10.0.0.2", 4001, "10.0.100.2", 80)), XDP_TX, false, Some(60)),
+        case(
+            "L4 established, MAC, IPv4",
+            fixed(Packet::tcp("10.0.0.2", 4001, "10.0.100.1", 80)),
+            XDP_TX,
+            true,
+            Some(60),
+        ),
+        case(
+            "L4 established, IPIP, IPv4",
+            fixed(Packet::tcp("10.0.0.2", 4001, "10.0.100.2", 80)),
+            XDP_TX,
+            false,
+            Some(60),
+        ),
         case("L4 established, MAC, IPv6", fixed(Packet::tcp("fd00::2", 4001, "fd00::100", 80)), XDP_TX, true, Some(60)),
-        case("L4 established, IPIP, IPv6", fixed(Packet::tcp("fd00::2", 4001, "fd00::200", 80)), XDP_TX, false, Some(60)),
+        case(
+            "L4 established, IPIP, IPv6",
+            fixed(Packet::tcp("fd00::2", 4001, "fd00::200", 80)),
+            XDP_TX,
+            false,
+            Some(60),
+        ),
     ];
 
     let floor_pkt = Packet::tcp("10.0.0.2", 4000, "10.0.100.1", 80).build();
