@@ -5,6 +5,8 @@
 #![no_std]
 #![no_main]
 
+mod rt;
+
 mod parse;
 
 use aya_ebpf::{bindings::xdp_action, helpers::bpf_xdp_adjust_head, macros::xdp, programs::XdpContext};
@@ -65,13 +67,3 @@ fn try_decap(ctx: &XdpContext) -> Result<u32, ()> {
     }
     Ok(xdp_action::XDP_PASS)
 }
-
-#[cfg(not(test))]
-#[panic_handler]
-fn panic(_info: &core::panic::PanicInfo) -> ! {
-    loop {}
-}
-
-#[unsafe(link_section = "license")]
-#[unsafe(no_mangle)]
-static LICENSE: [u8; 4] = *b"GPL\0";

@@ -7,6 +7,8 @@
 #![no_std]
 #![no_main]
 
+mod rt;
+
 mod csum;
 mod dispatch;
 mod forward;
@@ -23,13 +25,3 @@ pub fn dispatcher(ctx: XdpContext) -> u32 {
     // by then the packet is a VIP packet half rewritten and must not reach the host.
     dispatch::try_dispatch(&ctx).unwrap_or(xdp_action::XDP_DROP)
 }
-
-#[cfg(not(test))]
-#[panic_handler]
-fn panic(_info: &core::panic::PanicInfo) -> ! {
-    loop {}
-}
-
-#[unsafe(link_section = "license")]
-#[unsafe(no_mangle)]
-static LICENSE: [u8; 4] = *b"GPL\0";

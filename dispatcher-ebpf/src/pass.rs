@@ -4,19 +4,11 @@
 #![no_std]
 #![no_main]
 
+mod rt;
+
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 
 #[xdp]
 pub fn pass(_ctx: XdpContext) -> u32 {
     xdp_action::XDP_PASS
 }
-
-#[cfg(not(test))]
-#[panic_handler]
-fn panic(_info: &core::panic::PanicInfo) -> ! {
-    loop {}
-}
-
-#[unsafe(link_section = "license")]
-#[unsafe(no_mangle)]
-static LICENSE: [u8; 4] = *b"GPL\0";

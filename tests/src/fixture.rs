@@ -21,6 +21,94 @@ use dispatcher_common::{hash::flow_hash, AffinityKey, AffinityValue, FlowKey, Fl
 
 use crate::packet::Packet;
 
+/// The fixtures' configuration: two replica pairs, VIPs for each forwarding mode and
+/// family (VIP ids in order: mac4, ipip4, mac6 (udp/53), ipip6 (tcp/443), http,
+/// sticky-a, sticky-b).
+pub const CONFIG: &str = r#"
+[dispatcher]
+interface = "lo"
+
+[[backend]]
+name = "b0"
+address = "10.0.0.10"
+address6 = "fd00::10"
+mac = "02:00:00:00:01:00"
+replica = "b1"
+
+[[backend]]
+name = "b1"
+address = "10.0.0.11"
+address6 = "fd00::11"
+mac = "02:00:00:00:01:01"
+replica = "b0"
+
+[[backend]]
+name = "b2"
+address = "10.0.0.12"
+address6 = "fd00::12"
+mac = "02:00:00:00:01:02"
+replica = "b3"
+
+[[backend]]
+name = "b3"
+address = "10.0.0.13"
+address6 = "fd00::13"
+mac = "02:00:00:00:01:03"
+replica = "b2"
+
+[[vip]]
+name = "mac4"
+address = "10.0.100.1"
+port = 80
+ring_size = 1009
+
+[[vip]]
+name = "ipip4"
+address = "10.0.100.2"
+port = 80
+forwarding = "ipip"
+encap_source = "10.0.0.1"
+ring_size = 1009
+
+[[vip]]
+name = "mac6"
+address = "fd00::100"
+port = 53
+protocol = "udp"
+ring_size = 1009
+
+[[vip]]
+name = "ipip6"
+address = "fd00::200"
+port = 443
+forwarding = "ipip"
+encap_source = "fd00::1"
+ring_size = 1009
+
+[[vip]]
+name = "http"
+address = "10.0.100.3"
+port = 80
+mode = "http"
+ring_size = 1009
+
+[[vip]]
+name = "sticky-a"
+address = "10.0.100.4"
+port = 80
+sticky_time = "300s"
+port_group = "g"
+ring_size = 1009
+
+[[vip]]
+name = "sticky-b"
+address = "10.0.100.4"
+port = 443
+sticky_time = "300s"
+port_group = "g"
+ring_size = 1009
+"#;
+
 pub struct Fixture {
     ebpf: Ebpf,
     pub tables: Tables,
@@ -40,6 +128,18 @@ pub const XDP_DROP: u32 = 1;
 pub const XDP_PASS: u32 = 2;
 pub const XDP_TX: u32 = 3;
 
+/// Runs an XDP program of `ebpf` on `input` through BPF_PROG_TEST_RUN. With `repeat > 1`
+/// the kernel runs it on its own output again and reports the mean duration.
+pub fn test_run(ebpf: &mut Ebpf, prog: &str, input: &[u8], repeat: u32) -> Outcome {
+    let xdp = dataplane::program(ebpf, prog).expect("program");
+    let mut out = vec![0u8; input.len() + 256];
+    let r = xdp
+        .test_run(TestRunOptions { data_in: Some(input), data_out: Some(&mut out), repeat, ..Default::default() })
+        .expect("BPF_PROG_TEST_RUN");
+    out.truncate(r.data_size_out as usize);
+    Outcome { verdict: r.return_value, out, duration: r.duration }
+}
+
 pub fn flow_key(p: &Packet) -> FlowKey {
     let (src, family) = addr_key(p.src);
     let (dst, _) = addr_key(p.dst);
@@ -48,8 +148,12 @@ pub fn flow_key(p: &Packet) -> FlowKey {
 
 impl Fixture {
     pub fn new(config: &str) -> Fixture {
+        Fixture::with_flow_table(config, 4096)
+    }
+
+    pub fn with_flow_table(config: &str, flows: u32) -> Fixture {
         let cfg = Config::parse(config, "fixture.toml").expect("fixture configuration");
-        let opts = LoadOptions { flow_table_size: 4096, affinity_table_size: 4096, ..Default::default() };
+        let opts = LoadOptions { flow_table_size: flows, affinity_table_size: 4096, ..Default::default() };
         let mut ebpf = dataplane::load_dispatcher(&opts).expect("load and verify the XDP program");
         let mut tables = Tables::from_ebpf(&mut ebpf).expect("maps");
         let affinity_map = ebpf.take_map("AFFINITY").expect("AFFINITY map");
@@ -64,18 +168,7 @@ impl Fixture {
     }
 
     pub fn run_bytes(&mut self, input: &[u8]) -> Outcome {
-        let xdp = dataplane::program(&mut self.ebpf, "dispatcher").expect("program");
-        let mut out = vec![0u8; input.len() + 256];
-        let r = xdp
-            .test_run(TestRunOptions {
-                data_in: Some(input),
-                data_out: Some(&mut out),
-                repeat: 1,
-                ..Default::default()
-            })
-            .expect("BPF_PROG_TEST_RUN");
-        out.truncate(r.data_size_out as usize);
-        Outcome { verdict: r.return_value, out, duration: r.duration }
+        test_run(&mut self.ebpf, "dispatcher", input, 1)
     }
 
     pub fn run(&mut self, p: &Packet) -> Outcome {

@@ -335,12 +335,17 @@ impl Testbed {
     /// Starts `dispatcher run` in the dispatcher namespace and waits until the program is
     /// attached (its link pinned).
     pub fn start_dispatcher(&mut self, config: &Path) {
+        self.start_dispatcher_with(config, &[]);
+    }
+
+    pub fn start_dispatcher_with(&mut self, config: &Path, extra: &[&str]) {
         let mut cmd = self.lb.command(dispatcher_bin());
-        cmd.arg("run").arg("--config").arg(config);
+        cmd.arg("run").arg("--config").arg(config).args(extra);
+        // A restarted agent writes a new log; keep the old one readable.
+        let _ = std::fs::rename(self.workdir.join("dispatcher.log"), self.workdir.join("dispatcher.previous.log"));
         self.start("dispatcher", cmd);
-        let link = self.pin_dir().join("link");
         let deadline = Instant::now() + Duration::from_secs(30);
-        while !link.exists() {
+        while !self.log("dispatcher").contains("dispatcher running") {
             if let Some(status) = self.child_exited("dispatcher") {
                 panic!("dispatcher exited ({status}):\n{}", self.log("dispatcher"));
             }

@@ -249,3 +249,48 @@ fn source_affinity_holds_for_the_sticky_time_across_ports() {
     let mut c = Conn::open(&tb, VIP_STICKY, 80);
     assert_eq!(c.ask(), predicted(&cfg, 0, &states, c.sport, 6), "affinity expired");
 }
+
+#[test]
+fn agent_exit_keeps_or_removes_the_dataplane_and_a_restart_adopts_it() {
+    let mut tb = Testbed::new(2, &[VIP_MAC]);
+    let vips = format!("[[vip]]\nname = \"web\"\naddress = \"{VIP_MAC}\"\nport = 80\nring_size = 1009\n");
+    let text = config(&tb, &[], &vips);
+    let path = tb.write_config(&text);
+    let cfg_arg = path.to_str().unwrap().to_string();
+    tb.start_servers(&[80], &[]);
+    tb.start_dispatcher_with(&path, &["--keep-dataplane"]);
+    let mut conns: Vec<(Conn, String)> = (0..6)
+        .map(|_| {
+            let mut c = Conn::open(&tb, VIP_MAC, 80);
+            let b = c.ask();
+            (c, b)
+        })
+        .collect();
+
+    // SIGTERM with --keep-dataplane: the program stays attached, pinned flows keep going.
+    tb.stop("dispatcher");
+    assert!(tb.pin_dir().join("link").exists() && tb.pin_dir().join("FLOWS").exists(), "pins kept");
+    assert!(tb.lb.ip(&["link", "show", "eth0"]).contains("xdp"), "program still attached");
+    for (c, b) in &mut conns {
+        assert_eq!(&c.ask(), b, "forwarding goes on without the agent");
+    }
+    let status = tb.dispatcher_cmd(&["status", "--config", &cfg_arg, "--json"]);
+    assert!(status.contains("\"flows\":6"), "status works from the pins alone: {status}");
+
+    // A new agent adopts the maps and swaps its program into the pinned link.
+    tb.start_dispatcher(&path);
+    assert!(tb.log("dispatcher").contains("adopted pinned maps"), "{}", tb.log("dispatcher"));
+    for (c, b) in &mut conns {
+        assert_eq!(&c.ask(), b, "flows survive the restart");
+    }
+    let status = tb.dispatcher_cmd(&["status", "--config", &cfg_arg, "--json"]);
+    assert!(status.contains("\"flows\":6"), "flow table adopted, not reset: {status}");
+
+    // SIGTERM without --keep-dataplane: detached and unpinned.
+    tb.stop("dispatcher");
+    assert!(!tb.pin_dir().exists(), "pins removed");
+    assert!(!tb.lb.ip(&["link", "show", "eth0"]).contains("xdp"), "program detached");
+    let addr: SocketAddr = format!("{VIP_MAC}:80").parse().unwrap();
+    let r = tb.client.run(move || TcpStream::connect_timeout(&addr, Duration::from_millis(700)));
+    assert!(r.is_err(), "without the data plane the VIP is not served");
+}

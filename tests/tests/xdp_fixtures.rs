@@ -6,94 +6,9 @@ use dispatcher_common::{
     AffinityKey, AffinityValue, STATE_DOWN, STATE_DRAIN, STATE_UP,
 };
 use dispatcher_tests::{
-    fixture::{flow_key, Fixture, XDP_DROP, XDP_PASS, XDP_TX},
+    fixture::{flow_key, test_run, Fixture, CONFIG, XDP_DROP, XDP_PASS, XDP_TX},
     packet::{eth, ipv4_header, ipv6_header, Packet, LB_MAC, TCP_ACK},
 };
-
-const CONFIG: &str = r#"
-[dispatcher]
-interface = "lo"
-
-[[backend]]
-name = "b0"
-address = "10.0.0.10"
-address6 = "fd00::10"
-mac = "02:00:00:00:01:00"
-replica = "b1"
-
-[[backend]]
-name = "b1"
-address = "10.0.0.11"
-address6 = "fd00::11"
-mac = "02:00:00:00:01:01"
-replica = "b0"
-
-[[backend]]
-name = "b2"
-address = "10.0.0.12"
-address6 = "fd00::12"
-mac = "02:00:00:00:01:02"
-replica = "b3"
-
-[[backend]]
-name = "b3"
-address = "10.0.0.13"
-address6 = "fd00::13"
-mac = "02:00:00:00:01:03"
-replica = "b2"
-
-[[vip]]
-name = "mac4"
-address = "10.0.100.1"
-port = 80
-ring_size = 1009
-
-[[vip]]
-name = "ipip4"
-address = "10.0.100.2"
-port = 80
-forwarding = "ipip"
-encap_source = "10.0.0.1"
-ring_size = 1009
-
-[[vip]]
-name = "mac6"
-address = "fd00::100"
-port = 53
-protocol = "udp"
-ring_size = 1009
-
-[[vip]]
-name = "ipip6"
-address = "fd00::200"
-port = 443
-forwarding = "ipip"
-encap_source = "fd00::1"
-ring_size = 1009
-
-[[vip]]
-name = "http"
-address = "10.0.100.3"
-port = 80
-mode = "http"
-ring_size = 1009
-
-[[vip]]
-name = "sticky-a"
-address = "10.0.100.4"
-port = 80
-sticky_time = "300s"
-port_group = "g"
-ring_size = 1009
-
-[[vip]]
-name = "sticky-b"
-address = "10.0.100.4"
-port = 443
-sticky_time = "300s"
-port_group = "g"
-ring_size = 1009
-"#;
 
 const MAC4: usize = 0;
 const IPIP4: usize = 1;
@@ -508,20 +423,9 @@ fn malformed_vip_traffic_gets_a_defined_counted_verdict() {
 #[test]
 fn decap_strips_the_outer_header() {
     let mut ebpf = dispatcher::dataplane::load_decap().expect("load decap");
-    let xdp = dispatcher::dataplane::program(&mut ebpf, "decap").unwrap();
-    let run = |input: &[u8]| {
-        use aya::programs::{TestRun, TestRunOptions};
-        let mut out = vec![0u8; input.len() + 64];
-        let r = xdp
-            .test_run(TestRunOptions {
-                data_in: Some(input),
-                data_out: Some(&mut out),
-                repeat: 1,
-                ..Default::default()
-            })
-            .unwrap();
-        out.truncate(r.data_size_out as usize);
-        (r.return_value, out)
+    let mut run = |input: &[u8]| {
+        let o = test_run(&mut ebpf, "decap", input, 1);
+        (o.verdict, o.out)
     };
     let inner = Packet::tcp("10.0.0.2", 40013, "10.0.100.2", 80);
     let inner_ip = inner.ip_packet();

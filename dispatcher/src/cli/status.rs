@@ -1,19 +1,8 @@
 use std::{path::Path, process::ExitCode};
 
 use anyhow::Context as _;
-use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray};
-use dispatcher::config::Config;
-use dispatcher_common::{
-    stats, BackendInfo, Counter, FlowKey, FlowValue, STATE_DISABLED, STATE_DOWN, STATE_DRAIN, STATE_SUSPECT, STATE_UP,
-};
-
-fn open<T: TryFrom<Map, Error = aya::maps::MapError>>(dir: &Path, name: &str) -> anyhow::Result<T> {
-    let path = dir.join(name);
-    let data =
-        MapData::from_pin(&path).with_context(|| format!("opening {} (is the dispatcher loaded?)", path.display()))?;
-    let map = Map::from_map_data(data)?;
-    Ok(T::try_from(map)?)
-}
+use dispatcher::{config::Config, dataplane::tables::Tables};
+use dispatcher_common::{stats, STATE_DISABLED, STATE_DOWN, STATE_DRAIN, STATE_SUSPECT, STATE_UP};
 
 pub fn state_name(s: u8) -> &'static str {
     match s {
@@ -26,23 +15,17 @@ pub fn state_name(s: u8) -> &'static str {
     }
 }
 
-fn sum(stats: &PerCpuArray<MapData, Counter>, slot: u32) -> anyhow::Result<Counter> {
-    let v = stats.get(&slot, 0)?;
-    Ok(v.iter().fold(Counter::default(), |a, c| Counter { packets: a.packets + c.packets, bytes: a.bytes + c.bytes }))
-}
-
 pub fn status(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
     let cfg = Config::load(path)?;
     let dir = cfg.pin_dir();
-    let backends: Array<MapData, BackendInfo> = open(&dir, "BACKENDS")?;
-    let stats_map: PerCpuArray<MapData, Counter> = open(&dir, "STATS")?;
-    let flows: HashMap<MapData, FlowKey, FlowValue> = open(&dir, "FLOWS")?;
-    let flow_count = flows.keys().filter(|k| k.is_ok()).count();
+    let tables = Tables::from_pinned(&dir)
+        .with_context(|| format!("opening the maps pinned under {} (is the dispatcher loaded?)", dir.display()))?;
+    let flow_count = tables.flow_count();
 
     let mut vip_rows = Vec::new();
     for (i, v) in cfg.vips.iter().enumerate() {
         let id = i as u32;
-        let c = |what| sum(&stats_map, stats::vip_slot(id, what));
+        let c = |what| tables.counter(stats::vip_slot(id, what));
         vip_rows.push((
             v,
             c(stats::VIP_PACKETS)?,
@@ -54,15 +37,12 @@ pub fn status(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
     let mut be_rows = Vec::new();
     for (i, b) in cfg.backends.iter().enumerate() {
         let id = i as u32;
-        let info = backends.get(&id, 0)?;
-        let pk = sum(&stats_map, stats::backend_slot(id, stats::BACKEND_PACKETS))?;
-        let nf = sum(&stats_map, stats::backend_slot(id, stats::BACKEND_NEW_FLOWS))?;
+        let info = tables.backend(id)?;
+        let pk = tables.counter(stats::backend_slot(id, stats::BACKEND_PACKETS))?;
+        let nf = tables.counter(stats::backend_slot(id, stats::BACKEND_NEW_FLOWS))?;
         be_rows.push((b, info, pk, nf.packets));
     }
-    let mut globals = Vec::new();
-    for (i, n) in stats::GLOBAL_NAMES.iter().enumerate() {
-        globals.push((*n, sum(&stats_map, i as u32)?.packets));
-    }
+    let globals: Vec<(&str, u64)> = tables.global_counters()?.into_iter().map(|(n, c)| (n, c.packets)).collect();
 
     if json {
         let vips: Vec<String> = vip_rows

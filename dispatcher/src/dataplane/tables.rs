@@ -29,12 +29,15 @@ pub struct Tables {
     ring_cache: Vec<Vec<u32>>,
 }
 
-fn take<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, DataplaneError>
+/// A typed map from a source of untyped ones (a loaded object or the pins).
+fn typed<T>(
+    open: &mut impl FnMut(&'static str) -> Result<aya::maps::Map, DataplaneError>,
+    name: &'static str,
+) -> Result<T, DataplaneError>
 where
     T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
 {
-    let map = ebpf.take_map(name).ok_or(DataplaneError::MissingMap(name))?;
-    T::try_from(map).map_err(|source| DataplaneError::Map { name, source })
+    T::try_from(open(name)?).map_err(|source| DataplaneError::Map { name, source })
 }
 
 fn map_err(name: &'static str) -> impl Fn(aya::maps::MapError) -> DataplaneError {
@@ -91,34 +94,29 @@ pub fn backend_info(b: &Backend, state: u8) -> BackendInfo {
 }
 
 impl Tables {
-    pub fn from_ebpf(ebpf: &mut Ebpf) -> Result<Tables, DataplaneError> {
+    fn open(
+        mut open: impl FnMut(&'static str) -> Result<aya::maps::Map, DataplaneError>,
+    ) -> Result<Tables, DataplaneError> {
         Ok(Tables {
-            vips: take(ebpf, "VIPS")?,
-            backends: take(ebpf, "BACKENDS")?,
-            rings: take(ebpf, "RINGS")?,
-            flows: take(ebpf, "FLOWS")?,
-            stats: take(ebpf, "STATS")?,
+            vips: typed(&mut open, "VIPS")?,
+            backends: typed(&mut open, "BACKENDS")?,
+            rings: typed(&mut open, "RINGS")?,
+            flows: typed(&mut open, "FLOWS")?,
+            stats: typed(&mut open, "STATS")?,
             ring_cache: Vec::new(),
         })
     }
 
+    /// Takes the maps out of a just-loaded program object.
+    pub fn from_ebpf(ebpf: &mut Ebpf) -> Result<Tables, DataplaneError> {
+        Tables::open(|name| ebpf.take_map(name).ok_or(DataplaneError::MissingMap(name)))
+    }
+
     /// Opens the maps a running (or exited, `--keep-dataplane`) agent pinned under `dir`.
     pub fn from_pinned(dir: &std::path::Path) -> Result<Tables, DataplaneError> {
-        fn open<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
-            dir: &std::path::Path,
-            name: &'static str,
-        ) -> Result<T, DataplaneError> {
+        Tables::open(|name| {
             let data = MapData::from_pin(dir.join(name)).map_err(|source| DataplaneError::Map { name, source })?;
-            let map = aya::maps::Map::from_map_data(data).map_err(|source| DataplaneError::Map { name, source })?;
-            T::try_from(map).map_err(|source| DataplaneError::Map { name, source })
-        }
-        Ok(Tables {
-            vips: open(dir, "VIPS")?,
-            backends: open(dir, "BACKENDS")?,
-            rings: open(dir, "RINGS")?,
-            flows: open(dir, "FLOWS")?,
-            stats: open(dir, "STATS")?,
-            ring_cache: Vec::new(),
+            aya::maps::Map::from_map_data(data).map_err(|source| DataplaneError::Map { name, source })
         })
     }
 
@@ -178,13 +176,7 @@ impl Tables {
         cfg: &Config,
         states: &[u8],
     ) -> Result<usize, DataplaneError> {
-        let members: Vec<maglev::Member> = vip
-            .backends
-            .iter()
-            .filter(|&&b| states.get(b).copied() == Some(STATE_UP))
-            .map(|&b| maglev::Member { id: b as u32, key: &cfg.backends[b].name, weight: cfg.backends[b].weight })
-            .collect();
-        let table = maglev::build(&members, vip.ring_size);
+        let table = ring_table(vip, cfg, states);
         self.write_ring(vip_id, &table)
     }
 

@@ -5,60 +5,10 @@
 
 use std::time::Duration;
 
-use aya::programs::{TestRun, TestRunOptions};
 use dispatcher_tests::{
-    fixture::{Fixture, XDP_DROP, XDP_PASS, XDP_TX},
+    fixture::{test_run, Fixture, CONFIG, XDP_DROP, XDP_PASS, XDP_TX},
     packet::Packet,
 };
-
-const CONFIG: &str = r#"
-[dispatcher]
-interface = "lo"
-
-[[backend]]
-name = "b0"
-address = "10.0.0.10"
-address6 = "fd00::10"
-mac = "02:00:00:00:01:00"
-replica = "b1"
-
-[[backend]]
-name = "b1"
-address = "10.0.0.11"
-address6 = "fd00::11"
-mac = "02:00:00:00:01:01"
-replica = "b0"
-
-[[vip]]
-name = "mac4"
-address = "10.0.100.1"
-port = 80
-
-[[vip]]
-name = "ipip4"
-address = "10.0.100.2"
-port = 80
-forwarding = "ipip"
-encap_source = "10.0.0.1"
-
-[[vip]]
-name = "mac6"
-address = "fd00::100"
-port = 80
-
-[[vip]]
-name = "ipip6"
-address = "fd00::200"
-port = 80
-forwarding = "ipip"
-encap_source = "fd00::1"
-
-[[vip]]
-name = "http"
-address = "10.0.100.3"
-port = 80
-mode = "http"
-"#;
 
 fn median(mut v: Vec<u64>) -> u64 {
     v.sort_unstable();
@@ -88,13 +38,14 @@ fn case(
     Case { name, packet: Box::new(packet), verdict, repeatable, target }
 }
 
-/// A new TCP flow per run: source port and address advance with `i`.
-fn new_flow(dst: &'static str) -> impl Fn(u32) -> Vec<u8> {
+/// A new flow per run to a VIP of the fixture configuration: source port and address
+/// advance with `i`.
+fn new_flow(dst: &'static str, dport: u16, udp: bool) -> impl Fn(u32) -> Vec<u8> {
     move |i: u32| {
         let v6 = dst.contains(':');
         let (hi, port) = (i / 60000, 1024 + (i % 60000) as u16);
         let src = if v6 { format!("fd00::{:x}", 2 + hi) } else { format!("10.0.{}.{}", 1 + hi / 250, 2 + hi % 250) };
-        Packet::tcp(&src, port, dst, 80).build()
+        if udp { Packet::udp(&src, port, dst, dport) } else { Packet::tcp(&src, port, dst, dport) }.build()
     }
 }
 
@@ -103,19 +54,16 @@ fn fixed(p: Packet) -> impl Fn(u32) -> Vec<u8> {
 }
 
 fn run_prog(ebpf: &mut aya::Ebpf, prog: &str, input: &[u8], repeat: u32) -> (u32, u64) {
-    let xdp = dispatcher::dataplane::program(ebpf, prog).unwrap();
-    let mut out = vec![0u8; input.len() + 256];
-    let r = xdp
-        .test_run(TestRunOptions { data_in: Some(input), data_out: Some(&mut out), repeat, ..Default::default() })
-        .unwrap();
-    (r.return_value, nanos(r.duration))
+    let o = test_run(ebpf, prog, input, repeat);
+    (o.verdict, nanos(o.duration))
 }
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let runs: u32 = if quick { 2_000 } else { 20_000 };
     let rounds: u32 = if quick { 5 } else { 21 };
-    let mut fx = Fixture::new(CONFIG);
+    // The flow table as deployed (1M entries): new flows do not evict each other here.
+    let mut fx = Fixture::with_flow_table(CONFIG, dispatcher_common::DEFAULT_MAX_FLOWS);
     let mut pass = dispatcher::dataplane::load_pass().expect("load pass");
 
     let cases = vec![
@@ -128,10 +76,10 @@ fn main() {
             true,
             None,
         ),
-        case("L4 new flow, MAC, IPv4", new_flow("10.0.100.1"), XDP_TX, false, Some(150)),
-        case("L4 new flow, IPIP, IPv4", new_flow("10.0.100.2"), XDP_TX, false, Some(150)),
-        case("L4 new flow, MAC, IPv6", new_flow("fd00::100"), XDP_TX, false, Some(150)),
-        case("L4 new flow, IPIP, IPv6", new_flow("fd00::200"), XDP_TX, false, Some(150)),
+        case("L4 new flow, MAC, IPv4", new_flow("10.0.100.1", 80, false), XDP_TX, false, Some(150)),
+        case("L4 new flow, IPIP, IPv4", new_flow("10.0.100.2", 80, false), XDP_TX, false, Some(150)),
+        case("L4 new flow, MAC, IPv6 (UDP)", new_flow("fd00::100", 53, true), XDP_TX, false, Some(150)),
+        case("L4 new flow, IPIP, IPv6", new_flow("fd00::200", 443, false), XDP_TX, false, Some(150)),
         case(
             "L4 established, MAC, IPv4",
             fixed(Packet::tcp("10.0.0.2", 4001, "10.0.100.1", 80)),
@@ -146,10 +94,16 @@ fn main() {
             false,
             Some(60),
         ),
-        case("L4 established, MAC, IPv6", fixed(Packet::tcp("fd00::2", 4001, "fd00::100", 80)), XDP_TX, true, Some(60)),
+        case(
+            "L4 established, MAC, IPv6 (UDP)",
+            fixed(Packet::udp("fd00::2", 4001, "fd00::100", 53)),
+            XDP_TX,
+            true,
+            Some(60),
+        ),
         case(
             "L4 established, IPIP, IPv6",
-            fixed(Packet::tcp("fd00::2", 4001, "fd00::200", 80)),
+            fixed(Packet::tcp("fd00::2", 4001, "fd00::200", 443)),
             XDP_TX,
             false,
             Some(60),
