@@ -10,7 +10,7 @@ use std::{
 
 use dispatcher::{
     config::Config,
-    dataplane::tables::{addr_key, initial_states, ring_table},
+    dataplane::tables::{addr_key, initial_states, ring_table, Tables},
 };
 use dispatcher_common::{hash::flow_hash, FlowKey, STATE_DISABLED, STATE_DRAIN};
 use dispatcher_tests::netns::{Testbed, CLIENT_IP};
@@ -120,7 +120,15 @@ fn mac_forwarding_pins_connections_and_spreads_by_maglev() {
         }
     }
     assert_eq!(per_backend.len(), 4, "all backends used: {per_backend:?}");
-    assert!(per_backend["b2"] > per_backend["b0"].min(per_backend["b1"]), "weight 200 gets more: {per_backend:?}");
+    // The table the agent wrote is the weighted Maglev table: b2 (weight 200) holds
+    // twice the slots of each other backend.
+    let mut tables = Tables::from_pinned(&tb.pin_dir()).expect("pinned maps");
+    tables.adopt_ring(0, 1009).unwrap();
+    let ring = tables.ring(0).unwrap().to_vec();
+    assert_eq!(ring, ring_table(&cfg.vips[0], &cfg, &states), "RINGS holds the Maglev table");
+    let slots = |b: u32| ring.iter().filter(|&&x| x == b).count() as f64;
+    let share = slots(2) / slots(0);
+    assert!((1.8..2.2).contains(&share), "weight 200 vs 100: {share}");
 
     for _ in 0..8 {
         let s = udp_client(&tb, VIP_MAC, 53);

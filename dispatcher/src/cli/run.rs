@@ -32,6 +32,11 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<ExitCode> {
     let states = initial_states(&cfg);
     tables.apply(&cfg, &states).context("writing the configuration into the maps")?;
 
+    // The program too, so that bpftool and a later agent can find it by path.
+    let prog_path = pin_dir.join("prog");
+    let _ = std::fs::remove_file(&prog_path);
+    dataplane::program(&mut ebpf, "dispatcher")?.pin(&prog_path).context("pinning the XDP program")?;
+
     let link_path = pin_dir.join("link");
     let (link, how) = if link_path.exists() {
         // A previous run left the program attached: swap the new program in atomically.
