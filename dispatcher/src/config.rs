@@ -32,6 +32,50 @@ struct RawConfig {
     backends: Vec<Spanned<RawBackend>>,
     #[serde(default, rename = "vip")]
     vips: Vec<Spanned<RawVip>>,
+    #[serde(default, rename = "partition")]
+    partitions: Vec<Spanned<RawPartition>>,
+    #[serde(default)]
+    http: Option<Spanned<RawHttp>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPartition {
+    id: Spanned<String>,
+    primary: Spanned<String>,
+    #[serde(default)]
+    replica: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHttp {
+    #[serde(default)]
+    workers: Option<Spanned<usize>>,
+    #[serde(default)]
+    cookie_name: Option<Spanned<String>>,
+    #[serde(default)]
+    url_parameter: Option<Spanned<String>>,
+    #[serde(default)]
+    max_header_bytes: Option<Spanned<usize>>,
+    #[serde(default)]
+    max_headers: Option<Spanned<usize>>,
+    #[serde(default)]
+    header_timeout: Option<Spanned<String>>,
+    #[serde(default)]
+    client_idle_timeout: Option<Spanned<String>>,
+    #[serde(default)]
+    connect_timeout: Option<Spanned<String>>,
+    #[serde(default)]
+    server_timeout: Option<Spanned<String>>,
+    #[serde(default)]
+    pool_max_idle: Option<Spanned<usize>>,
+    #[serde(default)]
+    pool_idle_timeout: Option<Spanned<String>>,
+    #[serde(default)]
+    max_connections_per_backend: Option<Spanned<usize>>,
+    #[serde(default)]
+    drain_timeout: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -91,6 +135,10 @@ struct RawVip {
     sticky_time: Option<Spanned<String>>,
     #[serde(default)]
     port_group: Option<Spanned<String>>,
+    #[serde(default)]
+    balance: Option<Spanned<String>>,
+    #[serde(default)]
+    backend_port: Option<Spanned<u16>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,6 +161,15 @@ pub enum VipMode {
     Http,
 }
 
+/// How requests without a usable session are spread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Balance {
+    /// Smooth weighted round robin (nginx's).
+    RoundRobin,
+    /// Fewest requests in flight, weighted.
+    LeastOutstanding,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Forwarding {
     Mac,
@@ -130,6 +187,59 @@ pub struct Config {
     pub log_level: String,
     pub backends: Vec<Backend>,
     pub vips: Vec<Vip>,
+    pub partitions: Vec<Partition>,
+    pub http: HttpSettings,
+}
+
+/// A partition of WebSphere memory-to-memory replication: its primary and replica.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Partition {
+    pub id: String,
+    pub primary: usize,
+    pub replica: Option<usize>,
+}
+
+/// The HTTP proxy's settings (`[http]`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct HttpSettings {
+    /// Worker threads of the request path.
+    pub workers: usize,
+    pub cookie_name: String,
+    pub url_parameter: String,
+    pub max_header_bytes: usize,
+    pub max_headers: usize,
+    /// From the first byte of a request head to its end (slow-loris bound).
+    pub header_timeout: Duration,
+    /// How long a keep-alive client connection may sit idle between requests.
+    pub client_idle_timeout: Duration,
+    pub connect_timeout: Duration,
+    /// Longest wait for a backend's bytes (response head or body).
+    pub server_timeout: Duration,
+    pub pool_max_idle: usize,
+    pub pool_idle_timeout: Duration,
+    pub max_connections_per_backend: usize,
+    /// On SIGTERM, how long in-flight requests may take to finish.
+    pub drain_timeout: Duration,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        HttpSettings {
+            workers: 2,
+            cookie_name: "JSESSIONID".into(),
+            url_parameter: "jsessionid".into(),
+            max_header_bytes: 16 * 1024,
+            max_headers: 100,
+            header_timeout: Duration::from_secs(10),
+            client_idle_timeout: Duration::from_secs(60),
+            connect_timeout: Duration::from_secs(3),
+            server_timeout: Duration::from_secs(30),
+            pool_max_idle: 32,
+            pool_idle_timeout: Duration::from_secs(30),
+            max_connections_per_backend: 1024,
+            drain_timeout: Duration::from_secs(10),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -159,6 +269,9 @@ pub struct Vip {
     pub sticky_time: Option<Duration>,
     /// VIPs with the same group share source-IP affinity (cross-port affinity).
     pub port_group: u32,
+    pub balance: Balance,
+    /// Port of the backends' HTTP servers (HTTP VIPs); default: the VIP's port.
+    pub backend_port: u16,
 }
 
 impl Config {
@@ -514,6 +627,19 @@ impl Ctx<'_> {
                 Some(g) => *groups.entry(g.get_ref().clone()).or_insert(next),
                 None => i as u32,
             };
+            let balance = self.choice(
+                &v.balance,
+                &f("balance"),
+                Balance::RoundRobin,
+                &[("round_robin", Balance::RoundRobin), ("least_outstanding", Balance::LeastOutstanding)],
+            )?;
+            let backend_port = match &v.backend_port {
+                Some(p) if *p.get_ref() == 0 => {
+                    return Err(self.err(p.span(), &f("backend_port"), "must be 1..=65535"))
+                }
+                Some(p) => *p.get_ref(),
+                None => *v.port.get_ref(),
+            };
             vips.push(Vip {
                 name: v.name.get_ref().clone(),
                 address,
@@ -526,8 +652,49 @@ impl Ctx<'_> {
                 ring_size,
                 sticky_time,
                 port_group,
+                balance,
+                backend_port,
             });
         }
+        let mut partitions = Vec::new();
+        let mut partition_ids = HashSet::new();
+        for (i, p) in raw.partitions.iter().enumerate() {
+            let p = p.get_ref();
+            let f = |field: &str| format!("partition[{i}].{field}");
+            let id = p.id.get_ref();
+            if !crate::http::session::is_partition(id.as_bytes()) {
+                return Err(self.err(
+                    p.id.span(),
+                    &f("id"),
+                    format!("`{id}` is not a partition ID (a decimal number)"),
+                ));
+            }
+            if !partition_ids.insert(id.clone()) || clone_owner.contains_key(id) {
+                return Err(self.err(p.id.span(), &f("id"), format!("`{id}` is defined twice")));
+            }
+            let lookup = |s: &Spanned<String>, field: &str| {
+                by_name
+                    .get(s.get_ref())
+                    .copied()
+                    .ok_or_else(|| self.err(s.span(), &f(field), format!("names no backend: `{}`", s.get_ref())))
+            };
+            let primary = lookup(&p.primary, "primary")?;
+            let replica = match &p.replica {
+                Some(r) => {
+                    let ri = lookup(r, "replica")?;
+                    if ri == primary {
+                        return Err(self.err(r.span(), &f("replica"), "the replica must differ from the primary"));
+                    }
+                    Some(ri)
+                }
+                None => backends[primary].replica,
+            };
+            partitions.push(Partition { id: id.clone(), primary, replica });
+        }
+        let http = match &raw.http {
+            Some(h) => self.http(h.get_ref())?,
+            None => HttpSettings::default(),
+        };
         let bpffs = PathBuf::from(d.bpffs.as_ref().map(|s| s.get_ref().as_str()).unwrap_or("/sys/fs/bpf"));
         Ok(Config {
             interface,
@@ -539,7 +706,72 @@ impl Ctx<'_> {
             log_level,
             backends,
             vips,
+            partitions,
+            http,
         })
+    }
+
+    fn http(&self, h: &RawHttp) -> Result<HttpSettings, ConfigError> {
+        let mut s = HttpSettings::default();
+        let dur = |v: &Option<Spanned<String>>, field: &str, into: &mut Duration| -> Result<(), ConfigError> {
+            if let Some(v) = v {
+                let d = parse_duration(v.get_ref()).map_err(|e| self.err(v.span(), &format!("http.{field}"), e))?;
+                if d.is_zero() {
+                    return Err(self.err(v.span(), &format!("http.{field}"), "must be more than zero"));
+                }
+                *into = d;
+            }
+            Ok(())
+        };
+        dur(&h.header_timeout, "header_timeout", &mut s.header_timeout)?;
+        dur(&h.client_idle_timeout, "client_idle_timeout", &mut s.client_idle_timeout)?;
+        dur(&h.connect_timeout, "connect_timeout", &mut s.connect_timeout)?;
+        dur(&h.server_timeout, "server_timeout", &mut s.server_timeout)?;
+        dur(&h.pool_idle_timeout, "pool_idle_timeout", &mut s.pool_idle_timeout)?;
+        dur(&h.drain_timeout, "drain_timeout", &mut s.drain_timeout)?;
+        let num = |v: &Option<Spanned<usize>>,
+                   field: &str,
+                   lo: usize,
+                   hi: usize,
+                   into: &mut usize|
+         -> Result<(), ConfigError> {
+            if let Some(v) = v {
+                let n = *v.get_ref();
+                if n < lo || n > hi {
+                    return Err(self.err(v.span(), &format!("http.{field}"), format!("must be {lo}..={hi}")));
+                }
+                *into = n;
+            }
+            Ok(())
+        };
+        num(&h.workers, "workers", 1, 256, &mut s.workers)?;
+        num(&h.max_header_bytes, "max_header_bytes", 1024, 1 << 20, &mut s.max_header_bytes)?;
+        num(&h.max_headers, "max_headers", 8, crate::http::head::MAX_HEADERS, &mut s.max_headers)?;
+        num(&h.pool_max_idle, "pool_max_idle", 0, 100_000, &mut s.pool_max_idle)?;
+        num(
+            &h.max_connections_per_backend,
+            "max_connections_per_backend",
+            1,
+            1_000_000,
+            &mut s.max_connections_per_backend,
+        )?;
+        let token = |v: &Option<Spanned<String>>, field: &str, into: &mut String| -> Result<(), ConfigError> {
+            if let Some(v) = v {
+                let t = v.get_ref();
+                if t.is_empty() || !t.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)) {
+                    return Err(self.err(
+                        v.span(),
+                        &format!("http.{field}"),
+                        format!("`{t}` is not a cookie or parameter name"),
+                    ));
+                }
+                *into = t.clone();
+            }
+            Ok(())
+        };
+        token(&h.cookie_name, "cookie_name", &mut s.cookie_name)?;
+        token(&h.url_parameter, "url_parameter", &mut s.url_parameter)?;
+        Ok(s)
     }
 }
 

@@ -3,7 +3,11 @@
 //!
 //! Where a packet goes: `dispatcher-ebpf` (the XDP program), fed by `dataplane`, which
 //! writes the shared maps from `config`, with Maglev tables from `maglev`.
+//! Where a request goes: `http` (listener -> proxy -> route -> pool), reading the
+//! cluster's state (backends, clone table) from `state`.
 
 pub mod config;
 pub mod dataplane;
+pub mod http;
 pub mod maglev;
+pub mod state;

@@ -34,13 +34,16 @@ pub fn init_logging(level: &str) {
 /// Blocks until SIGTERM or SIGINT.
 pub fn wait_for_shutdown() -> anyhow::Result<&'static str> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    rt.block_on(async {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate())?;
-        let mut int = signal(SignalKind::interrupt())?;
-        tokio::select! {
-            _ = term.recv() => Ok("SIGTERM"),
-            _ = int.recv() => Ok("SIGINT"),
-        }
-    })
+    rt.block_on(shutdown_signal())
+}
+
+/// Resolves on SIGTERM or SIGINT, naming it.
+pub async fn shutdown_signal() -> anyhow::Result<&'static str> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => Ok("SIGTERM"),
+        _ = int.recv() => Ok("SIGINT"),
+    }
 }

@@ -2,13 +2,17 @@ use std::{path::Path, process::ExitCode};
 
 use anyhow::Context as _;
 use aya::programs::links::{FdLink, PinnedLink};
+use std::sync::Arc;
+
 use dispatcher::{
-    config::Config,
+    config::{Config, VipMode},
     dataplane::{
         self,
         tables::{initial_states, Tables},
         Attached, LoadOptions,
     },
+    http::listener::HttpServer,
+    state::Cluster,
 };
 
 pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<ExitCode> {
@@ -52,9 +56,27 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<ExitCode> {
         let link: FdLink = link.pin(&link_path).context("pinning the XDP link")?.into();
         (link, if how == Attached::Native { "native" } else { "generic" })
     };
+    // The request path: the cluster state (with CLONES written through) and the HTTP VIPs.
+    let clones = ebpf.take_map("CLONES").ok_or_else(|| anyhow::anyhow!("CLONES map missing"))?;
+    let clones = aya::maps::HashMap::try_from(clones).context("CLONES map")?;
+    let cluster = Arc::new(Cluster::new(&cfg, &states, Some(clones)));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cfg.http.workers)
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let server = if cfg.vips.iter().any(|v| v.mode == VipMode::Http) {
+        Some(rt.block_on(HttpServer::start(&cfg, cluster.clone())).context("starting the HTTP VIPs")?)
+    } else {
+        None
+    };
     tracing::info!(interface = %cfg.interface, mode = how, vips = cfg.vips.len(), backends = cfg.backends.len(), "dispatcher running");
 
-    let why = super::wait_for_shutdown()?;
+    let why = rt.block_on(super::shutdown_signal())?;
+    if let Some(server) = server {
+        let left = rt.block_on(server.shutdown(cfg.http.drain_timeout));
+        tracing::info!(signal = why, unfinished = left, "HTTP VIPs stopped");
+    }
     if keep_dataplane {
         tracing::info!(signal = why, dir = %pin_dir.display(), "exiting; program stays attached and maps stay pinned");
     } else {

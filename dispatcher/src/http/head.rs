@@ -1,0 +1,449 @@
+//! Request and response heads: httparse over the connection's read buffer, then the
+//! checks httparse leaves to us (RFC 9112 framing, Host, line endings). A parsed head
+//! keeps byte ranges into the buffer, not copies: no allocation per header.
+
+use std::ops::Range;
+
+/// Why a head was refused; the status to answer with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reject {
+    pub status: u16,
+    pub reason: &'static str,
+}
+
+pub const fn reject(status: u16, reason: &'static str) -> Reject {
+    Reject { status, reason }
+}
+
+/// How a message body is delimited.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Framing {
+    None,
+    Length(u64),
+    Chunked,
+    /// Response only: until the server closes.
+    UntilClose,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Header {
+    pub name: Range<usize>,
+    pub value: Range<usize>,
+}
+
+/// What the proxy needs to know of a request, plus where its parts are in the buffer.
+#[derive(Clone, Debug)]
+pub struct RequestHead {
+    /// Length of the head in the buffer (through the empty line).
+    pub len: usize,
+    pub method: Range<usize>,
+    pub target: Range<usize>,
+    /// 0 for HTTP/1.0, 1 for HTTP/1.1.
+    pub minor: u8,
+    pub headers: Vec<Header>,
+    pub framing: Framing,
+    /// The client wants the connection kept after this exchange.
+    pub keep_alive: bool,
+    pub expect_continue: bool,
+    /// `Connection: upgrade` with an `Upgrade` header (WebSocket).
+    pub upgrade: bool,
+    pub is_head: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct ResponseHead {
+    pub len: usize,
+    pub status: u16,
+    pub reason: Range<usize>,
+    pub minor: u8,
+    pub headers: Vec<Header>,
+    pub framing: Framing,
+    /// The server will close (or requires closing) after this response.
+    pub close: bool,
+}
+
+/// Hard cap on header fields per head (the parse array lives on the stack).
+pub const MAX_HEADERS: usize = 256;
+
+/// Limits on what a client may send as a head.
+#[derive(Clone, Copy, Debug)]
+pub struct HeadLimits {
+    pub max_bytes: usize,
+    pub max_headers: usize,
+}
+
+impl Default for HeadLimits {
+    fn default() -> Self {
+        HeadLimits { max_bytes: 16 * 1024, max_headers: 100 }
+    }
+}
+
+fn range_of(buf: &[u8], part: &[u8]) -> Range<usize> {
+    let start = part.as_ptr() as usize - buf.as_ptr() as usize;
+    start..start + part.len()
+}
+
+/// Every line must end in CRLF: a bare LF or a bare CR is refused (RFC 9112 2.2 lets a
+/// recipient accept bare LF, but a proxy that does and forwards is a smuggling vector).
+fn check_line_endings(head: &[u8]) -> Result<(), Reject> {
+    for (i, &b) in head.iter().enumerate() {
+        match b {
+            b'\n' if i == 0 || head[i - 1] != b'\r' => return Err(reject(400, "bare LF")),
+            b'\r' if head.get(i + 1) != Some(&b'\n') => return Err(reject(400, "bare CR")),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn trim_ows(v: &[u8]) -> &[u8] {
+    let start = v.iter().position(|&b| b != b' ' && b != b'\t').unwrap_or(v.len());
+    let end = v.iter().rposition(|&b| b != b' ' && b != b'\t').map(|e| e + 1).unwrap_or(start);
+    &v[start..end.max(start)]
+}
+
+/// `Content-Length`: 1*DIGIT, nothing else (no sign, no list, no spaces inside).
+fn parse_length(v: &[u8]) -> Option<u64> {
+    let v = trim_ows(v);
+    if v.is_empty() || v.len() > 18 || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(v).ok()?.parse().ok()
+}
+
+/// Comma-separated tokens of a header value, trimmed, empty elements skipped.
+pub fn tokens(v: &[u8]) -> impl Iterator<Item = &[u8]> {
+    v.split(|&b| b == b',').map(trim_ows).filter(|t| !t.is_empty())
+}
+
+/// The framing and connection facts common to both directions.
+struct Fields {
+    content_length: Option<u64>,
+    chunked: bool,
+    hosts: usize,
+    conn_close: bool,
+    conn_keep_alive: bool,
+    conn_upgrade: bool,
+    has_upgrade: bool,
+    expect_continue: bool,
+}
+
+fn scan(buf: &[u8], headers: &[Header], request: bool) -> Result<Fields, Reject> {
+    let bad = |reason| if request { reject(400, reason) } else { reject(502, reason) };
+    let mut f = Fields {
+        content_length: None,
+        chunked: false,
+        hosts: 0,
+        conn_close: false,
+        conn_keep_alive: false,
+        conn_upgrade: false,
+        has_upgrade: false,
+        expect_continue: false,
+    };
+    let mut te_seen = false;
+    for h in headers {
+        let name = &buf[h.name.clone()];
+        let value = &buf[h.value.clone()];
+        if name.eq_ignore_ascii_case(b"content-length") {
+            if f.content_length.is_some() {
+                return Err(bad("more than one Content-Length"));
+            }
+            f.content_length = Some(parse_length(value).ok_or(bad("Content-Length is not a plain decimal"))?);
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            // Exactly one header whose whole value is `chunked`: anything else is a coding
+            // this proxy would have to understand to find the message's end.
+            if te_seen {
+                return Err(bad("more than one Transfer-Encoding"));
+            }
+            te_seen = true;
+            if !trim_ows(value).eq_ignore_ascii_case(b"chunked") {
+                return Err(bad("Transfer-Encoding other than chunked"));
+            }
+            f.chunked = true;
+        } else if name.eq_ignore_ascii_case(b"host") {
+            f.hosts += 1;
+        } else if name.eq_ignore_ascii_case(b"connection") {
+            for t in tokens(value) {
+                f.conn_close |= t.eq_ignore_ascii_case(b"close");
+                f.conn_keep_alive |= t.eq_ignore_ascii_case(b"keep-alive");
+                f.conn_upgrade |= t.eq_ignore_ascii_case(b"upgrade");
+            }
+        } else if name.eq_ignore_ascii_case(b"upgrade") {
+            f.has_upgrade = true;
+        } else if name.eq_ignore_ascii_case(b"expect") {
+            if trim_ows(value).eq_ignore_ascii_case(b"100-continue") {
+                f.expect_continue = true;
+            } else {
+                return Err(if request { reject(417, "unsupported expectation") } else { bad("Expect in a response") });
+            }
+        }
+    }
+    if f.chunked && f.content_length.is_some() {
+        // RFC 9112 6.3: a sender must not send both; for a proxy, refusing is the safe
+        // reading (never forward both, never guess which one the next hop believes).
+        return Err(bad("both Content-Length and Transfer-Encoding"));
+    }
+    Ok(f)
+}
+
+fn collect_headers(buf: &[u8], parsed: &[httparse::Header], out: &mut Vec<Header>) {
+    out.clear();
+    for h in parsed {
+        out.push(Header { name: range_of(buf, h.name.as_bytes()), value: range_of(buf, h.value) });
+    }
+}
+
+/// Tries to parse a complete request head at the start of `buf`. `Ok(None)`: more bytes
+/// are needed (the caller enforces the size limit and the deadline).
+pub fn parse_request(
+    buf: &[u8],
+    limits: &HeadLimits,
+    scratch: &mut Vec<Header>,
+) -> Result<Option<RequestHead>, Reject> {
+    let mut hdrs = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let n = limits.max_headers.min(MAX_HEADERS);
+    let mut req = httparse::Request::new(&mut hdrs[..n]);
+    let len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => {
+            if buf.len() > limits.max_bytes {
+                return Err(reject(431, "request header section too large"));
+            }
+            return Ok(None);
+        }
+        Err(httparse::Error::TooManyHeaders) => return Err(reject(431, "too many header fields")),
+        Err(httparse::Error::Version) => return Err(reject(400, "bad HTTP version")),
+        Err(_) => return Err(reject(400, "malformed request head")),
+    };
+    if len > limits.max_bytes {
+        return Err(reject(431, "request header section too large"));
+    }
+    check_line_endings(&buf[..len])?;
+    let method = req.method.ok_or(reject(400, "no method"))?;
+    let target = req.path.ok_or(reject(400, "no request target"))?;
+    let minor = req.version.ok_or(reject(400, "no version"))?;
+    if method == "CONNECT" {
+        return Err(reject(405, "CONNECT is not supported"));
+    }
+    if target == "*" && method != "OPTIONS" {
+        return Err(reject(400, "asterisk-form target outside OPTIONS"));
+    }
+    if !(target.starts_with('/') || target == "*" || target.starts_with("http://") || target.starts_with("https://")) {
+        return Err(reject(400, "bad request target"));
+    }
+    collect_headers(buf, req.headers, scratch);
+    let f = scan(buf, scratch, true)?;
+    if minor == 1 && f.hosts != 1 {
+        return Err(reject(400, if f.hosts == 0 { "HTTP/1.1 request without Host" } else { "more than one Host" }));
+    }
+    if f.hosts > 1 {
+        return Err(reject(400, "more than one Host"));
+    }
+    if minor == 0 && f.chunked {
+        return Err(reject(400, "Transfer-Encoding in an HTTP/1.0 request"));
+    }
+    let framing = match (f.chunked, f.content_length) {
+        (true, _) => Framing::Chunked,
+        (false, Some(0)) | (false, None) => Framing::None,
+        (false, Some(n)) => Framing::Length(n),
+    };
+    let keep_alive = if minor == 1 { !f.conn_close } else { f.conn_keep_alive && !f.conn_close };
+    Ok(Some(RequestHead {
+        len,
+        method: range_of(buf, method.as_bytes()),
+        target: range_of(buf, target.as_bytes()),
+        minor,
+        headers: std::mem::take(scratch),
+        framing,
+        keep_alive,
+        expect_continue: f.expect_continue && minor == 1,
+        upgrade: f.conn_upgrade && f.has_upgrade,
+        is_head: method == "HEAD",
+    }))
+}
+
+/// Parses a response head from a backend. Invalid framing is the backend's fault: 502.
+pub fn parse_response(
+    buf: &[u8],
+    request: &RequestHead,
+    limits: &HeadLimits,
+    scratch: &mut Vec<Header>,
+) -> Result<Option<ResponseHead>, Reject> {
+    let mut hdrs = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let n = limits.max_headers.min(MAX_HEADERS);
+    let mut res = httparse::Response::new(&mut hdrs[..n]);
+    let len = match res.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => {
+            if buf.len() > limits.max_bytes {
+                return Err(reject(502, "response header section too large"));
+            }
+            return Ok(None);
+        }
+        Err(_) => return Err(reject(502, "malformed response head")),
+    };
+    check_line_endings(&buf[..len]).map_err(|_| reject(502, "bad line ending in response head"))?;
+    let status = res.code.ok_or(reject(502, "no status"))?;
+    let minor = res.version.ok_or(reject(502, "no version"))?;
+    let reason = range_of(buf, res.reason.unwrap_or("").as_bytes());
+    collect_headers(buf, res.headers, scratch);
+    let f = scan(buf, scratch, false)?;
+    // RFC 9112 6.3: responses to HEAD, 1xx, 204 and 304 have no body whatever they say.
+    let bodiless = request.is_head || (100..200).contains(&status) || status == 204 || status == 304;
+    let framing = if bodiless {
+        Framing::None
+    } else if f.chunked {
+        Framing::Chunked
+    } else if let Some(n) = f.content_length {
+        if n == 0 {
+            Framing::None
+        } else {
+            Framing::Length(n)
+        }
+    } else {
+        Framing::UntilClose
+    };
+    let close = f.conn_close || (minor == 0 && !f.conn_keep_alive) || framing == Framing::UntilClose;
+    Ok(Some(ResponseHead { len, status, reason, minor, headers: std::mem::take(scratch), framing, close }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(s: &str) -> Result<Option<RequestHead>, Reject> {
+        parse_request(s.as_bytes(), &HeadLimits::default(), &mut Vec::new())
+    }
+
+    fn status(s: &str) -> u16 {
+        match req(s) {
+            Err(r) => r.status,
+            Ok(Some(_)) => 200,
+            Ok(None) => 0,
+        }
+    }
+
+    #[test]
+    fn a_simple_request_at_every_split() {
+        let text = "GET /a?b=1 HTTP/1.1\r\nHost: x\r\nCookie: JSESSIONID=0000a:c1\r\n\r\n";
+        for cut in 0..text.len() {
+            assert!(matches!(req(&text[..cut]), Ok(None)), "partial at {cut}");
+        }
+        let h = req(text).unwrap().unwrap();
+        assert_eq!(h.len, text.len());
+        assert_eq!(&text.as_bytes()[h.target.clone()], b"/a?b=1");
+        assert_eq!(h.headers.len(), 2);
+        assert_eq!(h.framing, Framing::None);
+        assert!(h.keep_alive);
+    }
+
+    #[test]
+    fn framing_is_strict() {
+        let with = |hs: &str| status(&format!("POST / HTTP/1.1\r\nHost: x\r\n{hs}\r\n"));
+        assert_eq!(with("Content-Length: 5\r\n"), 200);
+        for bad in ["+1", "-1", "0x10", "1.5", "abc", "1Z", "", "0,", "1 2", "99999999999999999999"] {
+            assert_eq!(with(&format!("Content-Length: {bad}\r\n")), 400, "CL {bad:?}");
+        }
+        assert_eq!(with("Content-Length: 0\r\nContent-Length: 0\r\n"), 400);
+        assert_eq!(with("Content-Length: 0\r\nContent-Length: 31\r\n"), 400);
+        assert_eq!(with("Content-Length: 5\r\nTransfer-Encoding: chunked\r\n"), 400);
+        assert_eq!(with("Transfer-Encoding: chunked\r\n"), 200);
+        assert_eq!(with("Transfer-Encoding: CHUNKED\r\n"), 200);
+        for bad in [
+            "chunked, chunked",
+            "chunked, gzip",
+            "gzip",
+            ",chunked",
+            "gzip, chunked",
+            "identity",
+            "chunked\x0b",
+            "chunked\x0c",
+            "chunked\u{a0}",
+        ] {
+            assert_eq!(with(&format!("Transfer-Encoding: {bad}\r\n")), 400, "TE {bad:?}");
+        }
+        assert_eq!(with("Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n"), 400);
+        assert_eq!(status("POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n"), 400);
+    }
+
+    #[test]
+    fn header_syntax_is_strict() {
+        let with = |hs: &str| status(&format!("GET / HTTP/1.1\r\nHost: x\r\n{hs}\r\n"));
+        assert_eq!(with("X : y\r\n"), 400, "space before colon");
+        assert_eq!(with("no colon\r\n"), 400);
+        assert_eq!(with(": empty name\r\n"), 400);
+        assert_eq!(with("X: a\r\n folded\r\n"), 400, "obs-fold");
+        assert_eq!(with("X: a\0b\r\n"), 400, "NUL");
+        assert_eq!(with("X: a\rb\r\n"), 400, "bare CR");
+        assert_eq!(with("X\u{e9}: a\r\n"), 400, "non-ASCII in a name");
+        assert_eq!(status("GET / HTTP/1.1\r\n Host: x\r\n\r\n"), 400, "leading whitespace");
+        assert_eq!(status("GET / HTTP/1.1\nHost: x\n\n"), 400, "bare LF");
+        assert_eq!(status("GET / HTTP/1.1\r\nHost: x\nX: y\r\n\r\n"), 400, "one bare LF");
+    }
+
+    #[test]
+    fn host_and_request_line() {
+        assert_eq!(status("GET / HTTP/1.1\r\n\r\n"), 400);
+        assert_eq!(status("GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"), 400);
+        assert_eq!(status("GET / HTTP/1.0\r\n\r\n"), 200, "HTTP/1.0 needs no Host");
+        assert_eq!(status("GET / HTTP/1.32\r\nHost: x\r\n\r\n"), 400);
+        assert_eq!(status("GET / HTTP/2.0\r\nHost: x\r\n\r\n"), 400);
+        assert_eq!(status("GET / HTTP/1.1000000000000\r\nHost: x\r\n\r\n"), 400);
+        assert_eq!(status("GET * HTTP/1.1\r\nHost: x\r\n\r\n"), 400);
+        assert_eq!(status("OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n"), 200);
+        assert_eq!(status("CONNECT / HTTP/1.1\r\nHost: x\r\n\r\n"), 405);
+        assert_eq!(status("GET HTTP/1.1\r\nHost: x\r\n\r\n"), 400, "missing target");
+        assert_eq!(status("GET x HTTP/1.1\r\nHost: x\r\n\r\n"), 400);
+        assert_eq!(status("GET / HTTP/1.1\r\nHost: x\r\nExpect: 200-ok\r\n\r\n"), 417);
+    }
+
+    #[test]
+    fn limits() {
+        let many: String = (0..101).map(|i| format!("X-{i}: v\r\n")).collect();
+        assert_eq!(status(&format!("GET / HTTP/1.1\r\nHost: x\r\n{many}\r\n")), 431);
+        let big = format!("GET / HTTP/1.1\r\nHost: x\r\nX: {}\r\n", "a".repeat(20_000));
+        assert_eq!(status(&big), 431, "over the limit before the head is complete");
+    }
+
+    #[test]
+    fn persistence() {
+        assert!(!req("GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap().unwrap().keep_alive);
+        assert!(!req("GET / HTTP/1.0\r\n\r\n").unwrap().unwrap().keep_alive);
+        assert!(req("GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n").unwrap().unwrap().keep_alive);
+        let up =
+            req("GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n").unwrap().unwrap();
+        assert!(up.upgrade);
+        let e = req("PUT / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n").unwrap().unwrap();
+        assert!(e.expect_continue);
+        assert_eq!(e.framing, Framing::Length(3));
+    }
+
+    #[test]
+    fn responses() {
+        let get = req("GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap().unwrap();
+        let head = req("HEAD / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap().unwrap();
+        let res = |s: &str, r: &RequestHead| parse_response(s.as_bytes(), r, &HeadLimits::default(), &mut Vec::new());
+        let ok = res("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", &get).unwrap().unwrap();
+        assert_eq!((ok.status, ok.framing, ok.close), (200, Framing::Length(5), false));
+        assert_eq!(res("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", &head).unwrap().unwrap().framing, Framing::None);
+        assert_eq!(
+            res("HTTP/1.1 304 Not Modified\r\nContent-Length: 5\r\n\r\n", &get).unwrap().unwrap().framing,
+            Framing::None
+        );
+        assert_eq!(res("HTTP/1.1 200 OK\r\n\r\n", &get).unwrap().unwrap().framing, Framing::UntilClose);
+        assert!(res("HTTP/1.1 200 OK\r\n\r\n", &get).unwrap().unwrap().close);
+        assert_eq!(
+            res("HTTP/1.1 200 OK\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n", &get).unwrap_err().status,
+            502
+        );
+        assert_eq!(
+            res("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, chunked\r\n\r\n", &get).unwrap_err().status,
+            502
+        );
+        assert_eq!(
+            res("HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", &get).unwrap_err().status,
+            502
+        );
+        assert!(matches!(res("HTTP/1.1 200 OK\r\nContent-", &get), Ok(None)));
+    }
+}

@@ -1,0 +1,12 @@
+//! The L7 path: where a request goes. `listener` accepts on each HTTP VIP, `proxy` runs
+//! one client connection (head -> route -> upstream -> response), `head` and `body` are
+//! the HTTP/1.1 message handling, `session` reads JSESSIONID, `route` picks the backend,
+//! `pool` keeps upstream connections.
+
+pub mod body;
+pub mod head;
+pub mod listener;
+pub mod pool;
+pub mod proxy;
+pub mod route;
+pub mod session;

@@ -1,0 +1,542 @@
+//! One client connection: read a request head, route it, send it upstream over a pooled
+//! connection, stream the body both ways, learn clone IDs from the response, repeat while
+//! both sides keep the connection.
+
+use std::{
+    net::{IpAddr, SocketAddr},
+    sync::{atomic::Ordering, Arc},
+    time::{Duration, Instant},
+};
+
+use bytes::BytesMut;
+use tokio::{
+    io::{AsyncRead, AsyncWrite, AsyncWriteExt},
+    net::{tcp::OwnedWriteHalf, TcpStream},
+    sync::watch,
+};
+
+use super::{
+    body::{relay_chunked, relay_length, relay_until_close, Inbound, RelayError},
+    head::{parse_request, parse_response, tokens, Framing, HeadLimits, Header, Reject, RequestHead, ResponseHead},
+    pool::{Pool, Upstream},
+    route::{Decision, VipRoute},
+    session,
+};
+use crate::{config::HttpSettings, state::Cluster};
+
+/// Everything a connection on one HTTP VIP needs.
+pub struct VipCtx {
+    pub name: String,
+    pub route: VipRoute,
+    /// Indexed by backend id; `Some` for the VIP's members.
+    pub pools: Vec<Option<Pool>>,
+    pub cluster: Arc<Cluster>,
+    pub settings: HttpSettings,
+    pub limits: HeadLimits,
+}
+
+const VIA: &str = "1.1 dispatcher";
+/// How long to wait for a backend's `100 Continue` before sending the body anyway.
+const CONTINUE_WAIT: Duration = Duration::from_secs(1);
+
+enum Next {
+    KeepAlive,
+    Close,
+}
+
+enum HeadRead {
+    Head(RequestHead),
+    /// The client closed (or idled out, or the agent is stopping) between requests.
+    Closed,
+    Reject(Reject),
+}
+
+pub fn reason(status: u16) -> &'static str {
+    match status {
+        400 => "Bad Request",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        417 => "Expectation Failed",
+        431 => "Request Header Fields Too Large",
+        501 => "Not Implemented",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        _ => "Error",
+    }
+}
+
+/// An answer of the proxy's own; the connection is closed after it.
+async fn send_error<W: AsyncWrite + Unpin>(w: &mut W, status: u16, why: &str, retry_after: Option<u32>) {
+    let body = format!("{status} {}: {why}\n", reason(status));
+    let retry = retry_after.map(|s| format!("Retry-After: {s}\r\n")).unwrap_or_default();
+    let head = format!(
+        "HTTP/1.1 {status} {}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n{retry}Connection: close\r\n\r\n{body}",
+        reason(status),
+        body.len()
+    );
+    let _ = w.write_all(head.as_bytes()).await;
+}
+
+pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut stop: watch::Receiver<bool>) {
+    let _ = stream.set_nodelay(true);
+    let (r, mut w) = stream.into_split();
+    let mut client = Inbound::new(r);
+    let mut scratch = Vec::new();
+    let mut out = Vec::with_capacity(2048);
+    loop {
+        let head = match read_head(&ctx, &mut client, &mut scratch, &mut stop).await {
+            HeadRead::Head(h) => h,
+            HeadRead::Closed => return,
+            HeadRead::Reject(r) => {
+                send_error(&mut w, r.status, r.reason, None).await;
+                return;
+            }
+        };
+        let head_bytes = client.buf.split_to(head.len);
+        match exchange(&ctx, &head, &head_bytes, &mut client, &mut w, peer, &mut out, &mut scratch).await {
+            Next::KeepAlive if !*stop.borrow() => {}
+            _ => {
+                let _ = w.shutdown().await;
+                return;
+            }
+        }
+    }
+}
+
+/// Reads one request head. The header deadline runs from the head's first byte (a
+/// trickling client gets 408 however often it sends), the idle timeout before it.
+async fn read_head(
+    ctx: &VipCtx,
+    client: &mut Inbound<impl AsyncRead + Unpin>,
+    scratch: &mut Vec<Header>,
+    stop: &mut watch::Receiver<bool>,
+) -> HeadRead {
+    let mut deadline: Option<Instant> = None;
+    loop {
+        if !client.buf.is_empty() {
+            deadline.get_or_insert_with(|| Instant::now() + ctx.settings.header_timeout);
+            match parse_request(&client.buf, &ctx.limits, scratch) {
+                Ok(Some(h)) => return HeadRead::Head(h),
+                Ok(None) => {}
+                Err(r) => return HeadRead::Reject(r),
+            }
+        } else if *stop.borrow() {
+            return HeadRead::Closed;
+        }
+        let wait = match deadline {
+            Some(d) => d.saturating_duration_since(Instant::now()),
+            None => ctx.settings.client_idle_timeout,
+        };
+        if wait.is_zero() {
+            return HeadRead::Reject(Reject { status: 408, reason: "request head not received in time" });
+        }
+        let filled = tokio::select! {
+            r = client.fill(wait) => r,
+            _ = stop.changed(), if deadline.is_none() => return HeadRead::Closed,
+        };
+        match filled {
+            Ok(0) if client.buf.is_empty() => return HeadRead::Closed,
+            Ok(0) => {
+                return HeadRead::Reject(Reject { status: 400, reason: "connection closed inside the request head" })
+            }
+            Ok(_) => {}
+            Err(RelayError::Timeout) if deadline.is_some() => {
+                return HeadRead::Reject(Reject { status: 408, reason: "request head not received in time" })
+            }
+            Err(_) => return HeadRead::Closed,
+        }
+    }
+}
+
+fn is(name: &[u8], what: &str) -> bool {
+    name.eq_ignore_ascii_case(what.as_bytes())
+}
+
+/// Hop-by-hop fields (RFC 9110 7.6.1), never forwarded as they are.
+fn hop_by_hop(name: &[u8]) -> bool {
+    ["connection", "keep-alive", "proxy-connection", "te", "trailer", "upgrade"].iter().any(|h| is(name, h))
+}
+
+/// Field names listed in the `Connection` headers (also hop-by-hop).
+fn connection_listed<'a>(buf: &'a [u8], headers: &[Header]) -> Vec<&'a [u8]> {
+    headers
+        .iter()
+        .filter(|h| is(&buf[h.name.clone()], "connection"))
+        .flat_map(|h| tokens(&buf[h.value.clone()]))
+        .collect()
+}
+
+fn write_header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The request head as it goes upstream: HTTP/1.1, hop-by-hop fields removed,
+/// `X-Forwarded-For` appended, `X-Forwarded-Proto` and `Via` set.
+fn build_request(out: &mut Vec<u8>, head: &RequestHead, buf: &[u8], client: IpAddr, vip: &str) {
+    out.clear();
+    out.extend_from_slice(&buf[head.method.clone()]);
+    out.push(b' ');
+    out.extend_from_slice(&buf[head.target.clone()]);
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    let listed = connection_listed(buf, &head.headers);
+    let mut xff: Vec<&[u8]> = Vec::new();
+    let mut via: Vec<&[u8]> = Vec::new();
+    let mut has_host = false;
+    for h in &head.headers {
+        let (name, value) = (&buf[h.name.clone()], &buf[h.value.clone()]);
+        if is(name, "x-forwarded-for") {
+            xff.push(value);
+        } else if is(name, "via") {
+            via.push(value);
+        } else if is(name, "x-forwarded-proto") || listed.iter().any(|l| name.eq_ignore_ascii_case(l)) {
+        } else if is(name, "upgrade") && head.upgrade {
+            write_header(out, name, value);
+        } else if !hop_by_hop(name) {
+            has_host |= is(name, "host");
+            write_header(out, name, value);
+        }
+    }
+    if !has_host {
+        // An HTTP/1.0 request may come without Host; the hop upstream is HTTP/1.1.
+        write_header(out, b"Host", vip.as_bytes());
+    }
+    out.extend_from_slice(b"X-Forwarded-For: ");
+    for v in &xff {
+        out.extend_from_slice(v);
+        out.extend_from_slice(b", ");
+    }
+    out.extend_from_slice(client.to_string().as_bytes());
+    out.extend_from_slice(b"\r\nX-Forwarded-Proto: http\r\nVia: ");
+    for v in &via {
+        out.extend_from_slice(v);
+        out.extend_from_slice(b", ");
+    }
+    out.extend_from_slice(VIA.as_bytes());
+    out.extend_from_slice(b"\r\n");
+    if head.upgrade {
+        out.extend_from_slice(b"Connection: upgrade\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The response head as it goes to the client.
+fn build_response(out: &mut Vec<u8>, res: &ResponseHead, buf: &[u8], close: bool, dechunk: bool) {
+    out.clear();
+    out.extend_from_slice(format!("HTTP/1.1 {} ", res.status).as_bytes());
+    out.extend_from_slice(&buf[res.reason.clone()]);
+    out.extend_from_slice(b"\r\n");
+    let listed = connection_listed(buf, &res.headers);
+    let mut via: Vec<&[u8]> = Vec::new();
+    for h in &res.headers {
+        let (name, value) = (&buf[h.name.clone()], &buf[h.value.clone()]);
+        if is(name, "via") {
+            via.push(value);
+        } else if listed.iter().any(|l| name.eq_ignore_ascii_case(l)) || (dechunk && is(name, "transfer-encoding")) {
+        } else if is(name, "upgrade") && res.status == 101 {
+            write_header(out, name, value);
+        } else if !hop_by_hop(name) {
+            write_header(out, name, value);
+        }
+    }
+    out.extend_from_slice(b"Via: ");
+    for v in &via {
+        out.extend_from_slice(v);
+        out.extend_from_slice(b", ");
+    }
+    out.extend_from_slice(VIA.as_bytes());
+    out.extend_from_slice(b"\r\n");
+    if res.status == 101 {
+        out.extend_from_slice(b"Connection: upgrade\r\n");
+    } else if close {
+        out.extend_from_slice(b"Connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Why no response head came from a backend.
+enum UpstreamFail {
+    /// Closed or reset before any byte of a response: on a reused connection, the
+    /// server had closed it while idle.
+    Stale,
+    Timeout,
+    Bad(Reject),
+}
+
+async fn read_response(
+    up: &mut Upstream,
+    req: &RequestHead,
+    limits: &HeadLimits,
+    scratch: &mut Vec<Header>,
+    timeout: Duration,
+) -> Result<ResponseHead, UpstreamFail> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if !up.r.buf.is_empty() {
+            match parse_response(&up.r.buf, req, limits, scratch) {
+                Ok(Some(h)) => return Ok(h),
+                Ok(None) => {}
+                Err(r) => return Err(UpstreamFail::Bad(r)),
+            }
+        }
+        let wait = deadline.saturating_duration_since(Instant::now());
+        match up.r.fill(wait).await {
+            Ok(0) | Err(RelayError::Read(_)) if up.r.buf.is_empty() => return Err(UpstreamFail::Stale),
+            Ok(0) | Err(RelayError::Read(_)) => {
+                return Err(UpstreamFail::Bad(Reject {
+                    status: 502,
+                    reason: "backend closed inside the response head",
+                }))
+            }
+            Ok(_) => {}
+            Err(RelayError::Timeout) => return Err(UpstreamFail::Timeout),
+            Err(_) => return Err(UpstreamFail::Stale),
+        }
+    }
+}
+
+async fn relay_body<R, W>(
+    framing: Framing,
+    src: &mut Inbound<R>,
+    dst: &mut W,
+    timeout: Duration,
+    dechunk: bool,
+) -> Result<(), RelayError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    match framing {
+        Framing::None => Ok(()),
+        Framing::Length(n) => relay_length(src, dst, n, timeout).await,
+        Framing::Chunked => relay_chunked(src, dst, timeout, dechunk).await,
+        Framing::UntilClose => relay_until_close(src, dst, timeout).await,
+    }
+}
+
+/// Counts a request in flight on a backend for as long as it lives.
+struct InFlight<'a>(&'a crate::state::Backend);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.outstanding.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn exchange<R: AsyncRead + Unpin>(
+    ctx: &VipCtx,
+    head: &RequestHead,
+    buf: &BytesMut,
+    client: &mut Inbound<R>,
+    w: &mut OwnedWriteHalf,
+    peer: SocketAddr,
+    out: &mut Vec<u8>,
+    scratch: &mut Vec<Header>,
+) -> Next {
+    let s = &ctx.settings;
+    let cookies = head.headers.iter().filter(|h| is(&buf[h.name.clone()], "cookie")).map(|h| &buf[h.value.clone()]);
+    let sess = session::find(cookies, &buf[head.target.clone()], s.cookie_name.as_bytes(), s.url_parameter.as_bytes());
+    let backend = match ctx.route.route(&ctx.cluster, sess.as_ref()) {
+        Decision::Affinity(b) | Decision::Balanced(b) => b,
+        Decision::SessionUnavailable => {
+            send_error(w, 503, "the session's server and its replica are unavailable", Some(5)).await;
+            return Next::Close;
+        }
+        Decision::NoBackend => {
+            send_error(w, 503, "no server available", Some(5)).await;
+            return Next::Close;
+        }
+    };
+    let be = &ctx.cluster.backends[backend];
+    be.outstanding.fetch_add(1, Ordering::Relaxed);
+    let _in_flight = InFlight(be);
+    be.requests.fetch_add(1, Ordering::Relaxed);
+    let Some(pool) = ctx.pools[backend].as_ref() else {
+        send_error(w, 503, "no server available", Some(5)).await;
+        return Next::Close;
+    };
+    build_request(out, head, buf, peer.ip(), &ctx.name);
+    let has_body = head.framing != Framing::None;
+
+    // Send the head (and body); a reused connection found closed is retried once on a
+    // fresh one, only when nothing of the request could have been consumed (no body).
+    let mut attempt = 0;
+    let (mut up, res, body_skipped) = loop {
+        attempt += 1;
+        let mut up = match if attempt == 1 { pool.get().await } else { pool.connect().await } {
+            Ok(up) => up,
+            Err(e) => {
+                be.errors.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(backend = %be.name, error = %e, "upstream connect failed");
+                send_error(w, 502, "cannot connect to the server", None).await;
+                return Next::Close;
+            }
+        };
+        let retryable = up.reused && !has_body && attempt == 1;
+        if up.w.write_all(out).await.is_err() {
+            if retryable {
+                continue;
+            }
+            be.errors.fetch_add(1, Ordering::Relaxed);
+            send_error(w, 502, "the server closed the connection", None).await;
+            return Next::Close;
+        }
+        let mut early = None;
+        if has_body {
+            if head.expect_continue {
+                // Wait briefly for the server's verdict on the body.
+                match tokio::time::timeout(
+                    CONTINUE_WAIT,
+                    read_response(&mut up, head, &ctx.limits, scratch, s.server_timeout),
+                )
+                .await
+                {
+                    Ok(Ok(r)) if r.status == 100 => {
+                        bytes::Buf::advance(&mut up.r.buf, r.len);
+                        if w.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await.is_err() {
+                            return Next::Close;
+                        }
+                    }
+                    Ok(Ok(r)) => early = Some(r),
+                    Ok(Err(_)) => {
+                        be.errors.fetch_add(1, Ordering::Relaxed);
+                        send_error(w, 502, "no response from the server", None).await;
+                        return Next::Close;
+                    }
+                    Err(_) => {}
+                }
+            }
+            if early.is_none() {
+                match relay_body(head.framing, client, &mut up.w, s.client_idle_timeout, false).await {
+                    Ok(()) => {}
+                    Err(RelayError::Chunk(why)) => {
+                        send_error(w, 400, why, None).await;
+                        return Next::Close;
+                    }
+                    Err(RelayError::Write(_)) => {
+                        be.errors.fetch_add(1, Ordering::Relaxed);
+                        send_error(w, 502, "the server closed the connection", None).await;
+                        return Next::Close;
+                    }
+                    Err(RelayError::Timeout) => {
+                        send_error(w, 408, "request body not received in time", None).await;
+                        return Next::Close;
+                    }
+                    Err(_) => return Next::Close,
+                }
+            }
+        }
+        let early_answer = early.is_some();
+        let res = match early {
+            Some(r) => Ok(r),
+            None => read_response(&mut up, head, &ctx.limits, scratch, s.server_timeout).await,
+        };
+        match res {
+            Err(UpstreamFail::Stale) if retryable => continue,
+            other => break (up, other, early_answer),
+        }
+    };
+    let mut res = match res {
+        Ok(r) => r,
+        Err(fail) => {
+            be.errors.fetch_add(1, Ordering::Relaxed);
+            let (status, why) = match fail {
+                UpstreamFail::Timeout => (504, "the server did not answer in time"),
+                UpstreamFail::Stale => (502, "the server closed the connection"),
+                UpstreamFail::Bad(r) => (502, r.reason),
+            };
+            send_error(w, status, why, None).await;
+            return Next::Close;
+        }
+    };
+    // Interim responses (other than 101) go to the client as they are; then the final one.
+    while (100..200).contains(&res.status) && res.status != 101 {
+        let interim = up.r.buf.split_to(res.len);
+        if w.write_all(&interim).await.is_err() {
+            return Next::Close;
+        }
+        res = match read_response(&mut up, head, &ctx.limits, scratch, s.server_timeout).await {
+            Ok(r) => r,
+            Err(_) => return Next::Close,
+        };
+    }
+    let res_buf = up.r.buf.split_to(res.len);
+    learn(ctx, &res, &res_buf, backend);
+
+    if res.status == 101 {
+        build_response(out, &res, &res_buf, false, false);
+        if w.write_all(out).await.is_err() {
+            return Next::Close;
+        }
+        tunnel(client, w, up).await;
+        return Next::Close;
+    }
+    // An HTTP/1.0 client cannot read chunked: it gets the bare body, delimited by close.
+    let dechunk = head.minor == 0 && res.framing == Framing::Chunked;
+    // A server that answered before `100 Continue` leaves the request body unread: the
+    // connection cannot carry another request.
+    let close = !head.keep_alive || res.framing == Framing::UntilClose || dechunk || body_skipped;
+    build_response(out, &res, &res_buf, close, dechunk);
+    if w.write_all(out).await.is_err() {
+        return Next::Close;
+    }
+    let framing = if dechunk { Framing::Chunked } else { res.framing };
+    if let Err(e) = relay_body(framing, &mut up.r, w, s.server_timeout, dechunk).await {
+        // Part of the response is out: the client must see the connection abort, never
+        // a response that looks complete.
+        be.errors.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(backend = %be.name, error = %e, "response body relay failed");
+        return Next::Close;
+    }
+    if !res.close && !body_skipped {
+        pool.put(up);
+    }
+    if close {
+        Next::Close
+    } else {
+        Next::KeepAlive
+    }
+}
+
+/// Clone IDs from `Set-Cookie: JSESSIONID=...`: the last ID is the responding server's
+/// own (WebSphere appends its clone ID when it takes a session over).
+fn learn(ctx: &VipCtx, res: &ResponseHead, buf: &[u8], backend: usize) {
+    let name = ctx.settings.cookie_name.as_bytes();
+    for h in &res.headers {
+        if !is(&buf[h.name.clone()], "set-cookie") {
+            continue;
+        }
+        if let Some(id) = session::set_cookie(&buf[h.value.clone()], name).and_then(session::parse) {
+            if let Some(own) = id.clones.last() {
+                if !session::is_partition(own) {
+                    ctx.cluster.learn(own, backend);
+                }
+            }
+        }
+    }
+}
+
+/// After `101 Switching Protocols`: bytes both ways until either side closes.
+async fn tunnel<R: AsyncRead + Unpin>(client: &mut Inbound<R>, w: &mut OwnedWriteHalf, mut up: Upstream) {
+    if !client.buf.is_empty() && up.w.write_all(&client.buf).await.is_err() {
+        return;
+    }
+    client.buf.clear();
+    if !up.r.buf.is_empty() && w.write_all(&up.r.buf).await.is_err() {
+        return;
+    }
+    up.r.buf.clear();
+    let to_server = async {
+        let _ = tokio::io::copy(&mut client.io, &mut up.w).await;
+        let _ = up.w.shutdown().await;
+    };
+    let to_client = async {
+        let _ = tokio::io::copy(&mut up.r.io, w).await;
+        let _ = w.shutdown().await;
+    };
+    tokio::join!(to_server, to_client);
+}

@@ -1,0 +1,221 @@
+//! Which backend a request goes to: the first live owner among its session's clone IDs;
+//! without a usable session, the VIP's balancing policy.
+
+use std::sync::{
+    atomic::{AtomicUsize, Ordering},
+    Mutex,
+};
+
+use super::session::SessionId;
+use crate::{config::Balance, state::Cluster};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// The session's owner (or, the owner being out, its peer replica).
+    Affinity(usize),
+    /// No usable session: balanced.
+    Balanced(usize),
+    /// The session's owner and replica are both out: never another server.
+    SessionUnavailable,
+    /// No backend of the VIP is eligible.
+    NoBackend,
+}
+
+pub struct VipRoute {
+    /// Backend ids serving this VIP.
+    pub members: Vec<usize>,
+    balance: Balance,
+    /// Smooth weighted round robin state, per member.
+    current: Mutex<Vec<i64>>,
+    rotate: AtomicUsize,
+}
+
+impl VipRoute {
+    pub fn new(members: Vec<usize>, balance: Balance) -> VipRoute {
+        let n = members.len();
+        VipRoute { members, balance, current: Mutex::new(vec![0; n]), rotate: AtomicUsize::new(0) }
+    }
+
+    pub fn route(&self, cluster: &Cluster, session: Option<&SessionId>) -> Decision {
+        if let Some(s) = session {
+            let mut first_known = None;
+            for id in &s.clones {
+                if let Some((owner, replica)) = cluster.owner(id) {
+                    if !self.members.contains(&owner) {
+                        continue;
+                    }
+                    if cluster.backends[owner].is_up() {
+                        cluster.counters.affinity_hits.fetch_add(1, Ordering::Relaxed);
+                        return Decision::Affinity(owner);
+                    }
+                    first_known.get_or_insert(replica);
+                }
+            }
+            if let Some(replica) = first_known {
+                // The owner is out: only its replica holds the session's data.
+                return match replica {
+                    Some(r) if self.members.contains(&r) && cluster.backends[r].is_up() => Decision::Affinity(r),
+                    _ => Decision::SessionUnavailable,
+                };
+            }
+        }
+        match self.balanced(cluster) {
+            Some(b) => {
+                cluster.counters.balanced.fetch_add(1, Ordering::Relaxed);
+                Decision::Balanced(b)
+            }
+            None => {
+                cluster.counters.no_backend.fetch_add(1, Ordering::Relaxed);
+                Decision::NoBackend
+            }
+        }
+    }
+
+    fn balanced(&self, cluster: &Cluster) -> Option<usize> {
+        match self.balance {
+            Balance::RoundRobin => {
+                // nginx's smooth weighted round robin: each pick adds every weight to its
+                // member's credit, takes the largest, and charges it the total.
+                let mut cur = self.current.lock().unwrap();
+                let mut total = 0i64;
+                let mut best: Option<usize> = None;
+                for (i, &b) in self.members.iter().enumerate() {
+                    let be = &cluster.backends[b];
+                    if !be.is_up() {
+                        continue;
+                    }
+                    cur[i] += be.weight as i64;
+                    total += be.weight as i64;
+                    if best.is_none_or(|j| cur[i] > cur[j]) {
+                        best = Some(i);
+                    }
+                }
+                let i = best?;
+                cur[i] -= total;
+                Some(self.members[i])
+            }
+            Balance::LeastOutstanding => {
+                // Fewest in flight per unit of weight; ties rotate.
+                let n = self.members.len();
+                let start = self.rotate.fetch_add(1, Ordering::Relaxed);
+                let mut best: Option<(usize, u64, u64)> = None;
+                for k in 0..n {
+                    let b = self.members[(start + k) % n];
+                    let be = &cluster.backends[b];
+                    if !be.is_up() {
+                        continue;
+                    }
+                    let (o, w) = (be.outstanding.load(Ordering::Relaxed), be.weight as u64);
+                    if best.is_none_or(|(_, bo, bw)| o * bw < bo * w) {
+                        best = Some((b, o, w));
+                    }
+                }
+                best.map(|(b, _, _)| b)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{config::Config, http::session};
+    use dispatcher_common::{STATE_DOWN, STATE_UP};
+
+    const CFG: &str = r#"
+[dispatcher]
+interface = "eth0"
+[[backend]]
+name = "a"
+address = "10.0.0.1"
+replica = "b"
+clone_ids = ["cA"]
+[[backend]]
+name = "b"
+address = "10.0.0.2"
+replica = "a"
+clone_ids = ["cB"]
+weight = 300
+[[backend]]
+name = "c"
+address = "10.0.0.3"
+clone_ids = ["cC"]
+[[partition]]
+id = "-42"
+primary = "c"
+replica = "a"
+[[vip]]
+name = "web"
+address = "10.0.100.1"
+port = 80
+mode = "http"
+"#;
+
+    fn setup(balance: Balance) -> (Cluster, VipRoute) {
+        let cfg = Config::parse(CFG, "t").unwrap();
+        let cluster = Cluster::new(&cfg, &[STATE_UP; 3], None);
+        (cluster, VipRoute::new(vec![0, 1, 2], balance))
+    }
+
+    fn route(c: &Cluster, r: &VipRoute, cookie: &str) -> Decision {
+        r.route(c, session::parse(cookie.as_bytes()).as_ref())
+    }
+
+    #[test]
+    fn first_live_clone_in_order() {
+        let (c, r) = setup(Balance::RoundRobin);
+        assert_eq!(route(&c, &r, "0000x:cB"), Decision::Affinity(1));
+        assert_eq!(route(&c, &r, "0000x:cA:cB"), Decision::Affinity(0));
+        c.backends[0].state.store(STATE_DOWN, Ordering::Relaxed);
+        assert_eq!(route(&c, &r, "0000x:cA:cB"), Decision::Affinity(1), "next clone in the list");
+        assert_eq!(route(&c, &r, "0000x:cA"), Decision::Affinity(1), "the owner's replica");
+        assert_eq!(route(&c, &r, "0000x:unknown:cA"), Decision::Affinity(1), "unknown IDs are skipped");
+    }
+
+    #[test]
+    fn partitions_resolve_through_the_table() {
+        let (c, r) = setup(Balance::RoundRobin);
+        assert_eq!(route(&c, &r, "0000x:-42"), Decision::Affinity(2));
+        c.backends[2].state.store(STATE_DOWN, Ordering::Relaxed);
+        assert_eq!(route(&c, &r, "0000x:-42"), Decision::Affinity(0), "partition replica");
+        c.backends[0].state.store(STATE_DOWN, Ordering::Relaxed);
+        assert_eq!(route(&c, &r, "0000x:-42"), Decision::SessionUnavailable, "never a third server");
+    }
+
+    #[test]
+    fn no_usable_session_is_balanced_by_weight() {
+        let (c, r) = setup(Balance::RoundRobin);
+        let mut n = [0; 3];
+        for _ in 0..500 {
+            match route(&c, &r, "0000x:nobody") {
+                Decision::Balanced(b) => n[b] += 1,
+                d => panic!("{d:?}"),
+            }
+        }
+        assert_eq!(n, [100, 300, 100], "smooth WRR is exact over a full cycle");
+        assert_eq!(r.route(&c, None), Decision::Balanced(1));
+    }
+
+    #[test]
+    fn least_outstanding_prefers_the_idle() {
+        let (c, r) = setup(Balance::LeastOutstanding);
+        c.backends[0].outstanding.store(5, Ordering::Relaxed);
+        c.backends[1].outstanding.store(9, Ordering::Relaxed); // weight 3: 3 per unit
+        c.backends[2].outstanding.store(4, Ordering::Relaxed);
+        assert_eq!(r.route(&c, None), Decision::Balanced(1));
+        for b in &c.backends {
+            b.state.store(STATE_DOWN, Ordering::Relaxed);
+        }
+        assert_eq!(r.route(&c, None), Decision::NoBackend);
+    }
+
+    #[test]
+    fn learning_respects_configured_ids() {
+        let (c, _) = setup(Balance::RoundRobin);
+        assert_eq!(c.learn(b"newclone", 2), crate::state::Learned::New);
+        assert_eq!(c.learn(b"newclone", 2), crate::state::Learned::Known);
+        assert_eq!(c.learn(b"newclone", 0), crate::state::Learned::Conflict { owner: 2 });
+        assert_eq!(c.learn(b"cA", 1), crate::state::Learned::Conflict { owner: 0 }, "configured wins");
+        assert_eq!(c.owner(b"newclone"), Some((2, None)));
+    }
+}

@@ -1,0 +1,193 @@
+//! JSESSIONID: where it is in a request, and what it says.
+//!
+//! WebSphere's form: a 4-character cache ID, the session ID, then `:` and one or more
+//! clone IDs (`0000HHAnbYWnNxGD-iVupvcArfr:14dtuueci:1a2b3c`), tried in order; or a
+//! partition ID (a number) where memory-to-memory replication uses partitions.
+//!
+//! Precedence (documented in the README): the `Cookie` header wins over `;jsessionid=`
+//! in the URL, because a client that sends the cookie has the newer value (URL rewriting
+//! is the fallback for clients without cookies). Among several `JSESSIONID` cookies —
+//! in one `Cookie` header or several — the first one in header order that yields a
+//! usable value wins. Only the exact cookie name matches (configurable); the URL
+//! parameter name is matched exactly too.
+
+/// A parsed session identifier: the clone (or partition) IDs after the first `:`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionId<'a> {
+    pub value: &'a [u8],
+    pub clones: Vec<&'a [u8]>,
+}
+
+/// Upper bound on a JSESSIONID value; longer ones give no affinity (header limits apply
+/// before this anyway).
+pub const MAX_ID_LEN: usize = 4096;
+/// At most this many clone IDs are tried.
+pub const MAX_CLONES_PER_ID: usize = 8;
+
+/// Splits a JSESSIONID value. `None` when it carries no usable clone ID: empty, no `:`,
+/// too long, or only empty parts.
+pub fn parse(value: &[u8]) -> Option<SessionId<'_>> {
+    let value = unquote(value);
+    if value.len() < 6 || value.len() > MAX_ID_LEN {
+        return None;
+    }
+    let colon = value.iter().position(|&b| b == b':')?;
+    if colon < 5 {
+        // Cache ID (4) plus at least one byte of session ID.
+        return None;
+    }
+    let clones: Vec<&[u8]> =
+        value[colon + 1..].split(|&b| b == b':').filter(|c| !c.is_empty()).take(MAX_CLONES_PER_ID).collect();
+    if clones.is_empty() {
+        return None;
+    }
+    Some(SessionId { value, clones })
+}
+
+fn unquote(v: &[u8]) -> &[u8] {
+    if v.len() >= 2 && v[0] == b'"' && v[v.len() - 1] == b'"' {
+        &v[1..v.len() - 1]
+    } else {
+        v
+    }
+}
+
+/// The value of cookie `name` in one `Cookie` header value (`a=1; b=2`), first match.
+pub fn cookie<'a>(header: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
+    header.split(|&b| b == b';').find_map(|pair| {
+        let pair = trim(pair);
+        let eq = pair.iter().position(|&b| b == b'=')?;
+        (trim(&pair[..eq]) == name).then(|| trim(&pair[eq + 1..]))
+    })
+}
+
+/// Every value of cookie `name` in one header, in order.
+fn cookies<'a>(header: &'a [u8], name: &'a [u8]) -> impl Iterator<Item = &'a [u8]> {
+    header.split(|&b| b == b';').filter_map(move |pair| {
+        let pair = trim(pair);
+        let eq = pair.iter().position(|&b| b == b'=')?;
+        (trim(&pair[..eq]) == name).then(|| trim(&pair[eq + 1..]))
+    })
+}
+
+fn trim(v: &[u8]) -> &[u8] {
+    let s = v.iter().position(|&b| b != b' ' && b != b'\t').unwrap_or(v.len());
+    let e = v.iter().rposition(|&b| b != b' ' && b != b'\t').map(|e| e + 1).unwrap_or(s);
+    &v[s..e.max(s)]
+}
+
+/// `;name=value` as a path parameter: the value ends at `?`, `#`, `;` or `/`.
+pub fn url_param<'a>(target: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
+    let path_end = target.iter().position(|&b| b == b'?' || b == b'#').unwrap_or(target.len());
+    let path = &target[..path_end];
+    let mut i = 0;
+    while let Some(p) = path[i..].iter().position(|&b| b == b';') {
+        let start = i + p + 1;
+        let rest = &path[start..];
+        if rest.len() > name.len() && &rest[..name.len()] == name && rest[name.len()] == b'=' {
+            let v = &rest[name.len() + 1..];
+            let end = v.iter().position(|&b| b == b';' || b == b'/').unwrap_or(v.len());
+            return Some(&v[..end]);
+        }
+        i = start;
+    }
+    None
+}
+
+/// The session of a request: cookies first (first usable `name` cookie across all
+/// `Cookie` headers in order), then the URL parameter.
+pub fn find<'a>(
+    cookie_headers: impl Iterator<Item = &'a [u8]>,
+    target: &'a [u8],
+    cookie_name: &'a [u8],
+    url_name: &[u8],
+) -> Option<SessionId<'a>> {
+    for h in cookie_headers {
+        if let Some(s) = cookies(h, cookie_name).find_map(parse) {
+            return Some(s);
+        }
+    }
+    url_param(target, url_name).and_then(parse)
+}
+
+/// The JSESSIONID value a `Set-Cookie` header sets, if it sets that cookie.
+pub fn set_cookie<'a>(header: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
+    let first = header.split(|&b| b == b';').next()?;
+    let eq = first.iter().position(|&b| b == b'=')?;
+    (trim(&first[..eq]) == name).then(|| trim(&first[eq + 1..]))
+}
+
+/// A partition ID is all digits (WebSphere prints it as a long, possibly negative).
+pub fn is_partition(id: &[u8]) -> bool {
+    let digits = id.strip_prefix(b"-").unwrap_or(id);
+    !digits.is_empty() && digits.len() <= 20 && digits.iter().all(u8::is_ascii_digit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(s: Option<SessionId>) -> Vec<String> {
+        s.map(|s| s.clones.iter().map(|c| String::from_utf8_lossy(c).into_owned()).collect()).unwrap_or_default()
+    }
+
+    fn from(cookies: &[&str], target: &str) -> Vec<String> {
+        ids(find(cookies.iter().map(|c| c.as_bytes()), target.as_bytes(), b"JSESSIONID", b"jsessionid"))
+    }
+
+    #[test]
+    fn websphere_forms() {
+        assert_eq!(ids(parse(b"0000HHAnbYWnNxGD-iVupvcArfr:14dtuueci")), ["14dtuueci"]);
+        assert_eq!(ids(parse(b"0000abc:cA:cB")), ["cA", "cB"]);
+        assert_eq!(ids(parse(b"\"0000abc:cA\"")), ["cA"], "quoted value");
+        assert_eq!(ids(parse(b"0000abc:-1234567890123")), ["-1234567890123"]);
+        assert!(
+            is_partition(b"-1234567890123")
+                && is_partition(b"42")
+                && !is_partition(b"14dtuueci")
+                && !is_partition(b"-")
+        );
+        for none in [&b""[..], b"0000abc", b"0000abc:", b"0000abc::", b":cA", b"00:cA"] {
+            assert_eq!(parse(none), None, "{:?}", String::from_utf8_lossy(none));
+        }
+        assert_eq!(parse(&[b'a'; MAX_ID_LEN + 1]), None);
+        let long = format!("0000abc:{}", (0..20).map(|i| format!("c{i}")).collect::<Vec<_>>().join(":"));
+        assert_eq!(ids(parse(long.as_bytes())).len(), MAX_CLONES_PER_ID);
+    }
+
+    #[test]
+    fn exact_cookie_name_only() {
+        assert_eq!(from(&["JSESSIONID=0000abc:cA"], "/"), ["cA"]);
+        assert_eq!(from(&["jsessionid=0000abc:cA"], "/"), Vec::<String>::new());
+        assert_eq!(from(&["XJSESSIONID=0000abc:cA"], "/"), Vec::<String>::new());
+        assert_eq!(from(&["JSESSIONIDX=0000abc:cA"], "/"), Vec::<String>::new());
+        assert_eq!(from(&["a=1; JSESSIONID=0000abc:cA; b=2"], "/"), ["cA"]);
+        assert_eq!(from(&["JSESSIONID="], "/"), Vec::<String>::new());
+    }
+
+    #[test]
+    fn several_cookies_first_usable_wins() {
+        assert_eq!(from(&["JSESSIONID=0000abc:cA; JSESSIONID=0000def:cB"], "/"), ["cA"]);
+        assert_eq!(from(&["JSESSIONID=garbage; JSESSIONID=0000def:cB"], "/"), ["cB"]);
+        assert_eq!(from(&["a=1", "JSESSIONID=0000def:cB"], "/"), ["cB"]);
+        assert_eq!(from(&["JSESSIONID=0000abc:cA", "JSESSIONID=0000def:cB"], "/"), ["cA"]);
+    }
+
+    #[test]
+    fn url_rewriting_and_precedence() {
+        assert_eq!(from(&[], "/app/page;jsessionid=0000abc:cA?x=1"), ["cA"]);
+        assert_eq!(from(&[], "/app/page;jsessionid=0000abc:cA:cB#frag"), ["cA", "cB"]);
+        assert_eq!(from(&[], "/app;jsessionid=0000abc:cA/more"), ["cA"]);
+        assert_eq!(from(&[], "/app/page?jsessionid=0000abc:cA"), Vec::<String>::new(), "query, not a path parameter");
+        assert_eq!(from(&[], "/app/page;JSESSIONID=0000abc:cA"), Vec::<String>::new());
+        // Cookie over URL, both ways round.
+        assert_eq!(from(&["JSESSIONID=0000abc:cookie"], "/p;jsessionid=0000abc:url"), ["cookie"]);
+        assert_eq!(from(&["JSESSIONID=bad"], "/p;jsessionid=0000abc:url"), ["url"], "unusable cookie: the URL");
+    }
+
+    #[test]
+    fn set_cookie_value() {
+        assert_eq!(set_cookie(b"JSESSIONID=0000abc:cA; Path=/; HttpOnly", b"JSESSIONID"), Some(&b"0000abc:cA"[..]));
+        assert_eq!(set_cookie(b"OTHER=1; JSESSIONID=x", b"JSESSIONID"), None);
+    }
+}

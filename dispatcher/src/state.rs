@@ -1,0 +1,168 @@
+//! The cluster as the agent's request path sees it: backends and their states, the clone
+//! table (clone or partition ID -> owner and replica) with its write-through to the
+//! `CLONES` map, and the counters. Kept in one place so that it can later be backed by a
+//! shared store (DESIGN.md, scale-out).
+
+use std::{
+    collections::HashMap,
+    net::Ipv4Addr,
+    sync::{
+        atomic::{AtomicU64, AtomicU8, Ordering},
+        Mutex, RwLock,
+    },
+};
+
+use aya::maps::{HashMap as BpfHashMap, MapData};
+use dispatcher_common::{hash::cookie_hash, CloneValue, NO_BACKEND, STATE_UP};
+
+use crate::config::Config;
+
+pub struct Backend {
+    pub name: String,
+    pub address: Ipv4Addr,
+    pub weight: u32,
+    pub replica: Option<usize>,
+    pub state: AtomicU8,
+    /// Requests in flight to this backend (least-outstanding balancing).
+    pub outstanding: AtomicU64,
+    pub requests: AtomicU64,
+    pub errors: AtomicU64,
+}
+
+impl Backend {
+    pub fn is_up(&self) -> bool {
+        self.state.load(Ordering::Relaxed) == STATE_UP
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct CloneEntry {
+    owner: usize,
+    replica: Option<usize>,
+    /// From the configuration (`clone_ids`, partitions): learning never overrides it.
+    configured: bool,
+}
+
+/// What learning a clone ID from a response did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Learned {
+    New,
+    Known,
+    /// The ID is owned by another backend already (configured, or learned earlier);
+    /// the table is left as it is.
+    Conflict {
+        owner: usize,
+    },
+}
+
+#[derive(Default)]
+pub struct Counters {
+    pub learned: AtomicU64,
+    pub learn_conflicts: AtomicU64,
+    pub affinity_hits: AtomicU64,
+    pub balanced: AtomicU64,
+    pub no_backend: AtomicU64,
+}
+
+pub struct Cluster {
+    pub backends: Vec<Backend>,
+    /// The in-memory mirror the request path reads (no syscall per request).
+    clones: RwLock<HashMap<u64, CloneEntry>>,
+    /// Write-through target; `None` when running without the data plane (unit tests).
+    clones_map: Mutex<Option<BpfHashMap<MapData, u64, CloneValue>>>,
+    pub counters: Counters,
+}
+
+impl Cluster {
+    pub fn new(cfg: &Config, states: &[u8], clones_map: Option<BpfHashMap<MapData, u64, CloneValue>>) -> Cluster {
+        let backends = cfg
+            .backends
+            .iter()
+            .enumerate()
+            .map(|(i, b)| Backend {
+                name: b.name.clone(),
+                address: b.address,
+                weight: b.weight,
+                replica: b.replica,
+                state: AtomicU8::new(states.get(i).copied().unwrap_or(STATE_UP)),
+                outstanding: AtomicU64::new(0),
+                requests: AtomicU64::new(0),
+                errors: AtomicU64::new(0),
+            })
+            .collect();
+        let mut table = HashMap::new();
+        for (i, b) in cfg.backends.iter().enumerate() {
+            for id in &b.clone_ids {
+                table.insert(cookie_hash(id.as_bytes()), CloneEntry { owner: i, replica: b.replica, configured: true });
+            }
+        }
+        for p in &cfg.partitions {
+            table.insert(
+                cookie_hash(p.id.as_bytes()),
+                CloneEntry { owner: p.primary, replica: p.replica, configured: true },
+            );
+        }
+        let cluster = Cluster {
+            backends,
+            clones: RwLock::new(table),
+            clones_map: Mutex::new(clones_map),
+            counters: Counters::default(),
+        };
+        let entries: Vec<(u64, CloneEntry)> = cluster.clones.read().unwrap().iter().map(|(k, v)| (*k, *v)).collect();
+        for (k, e) in entries {
+            cluster.write_through(k, e);
+        }
+        cluster
+    }
+
+    /// Owner and replica of a clone or partition ID.
+    pub fn owner(&self, id: &[u8]) -> Option<(usize, Option<usize>)> {
+        self.clones.read().unwrap().get(&cookie_hash(id)).map(|e| (e.owner, e.replica))
+    }
+
+    pub fn clone_count(&self) -> usize {
+        self.clones.read().unwrap().len()
+    }
+
+    /// Records that `backend` issued a session cookie naming `id` as its clone ID.
+    pub fn learn(&self, id: &[u8], backend: usize) -> Learned {
+        let key = cookie_hash(id);
+        if let Some(e) = self.clones.read().unwrap().get(&key) {
+            return if e.owner == backend { Learned::Known } else { self.conflict(id, backend, e.owner) };
+        }
+        let entry = CloneEntry { owner: backend, replica: self.backends[backend].replica, configured: false };
+        {
+            let mut t = self.clones.write().unwrap();
+            if let Some(e) = t.get(&key) {
+                let owner = e.owner;
+                drop(t);
+                return if owner == backend { Learned::Known } else { self.conflict(id, backend, owner) };
+            }
+            t.insert(key, entry);
+        }
+        self.write_through(key, entry);
+        self.counters.learned.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(clone = %String::from_utf8_lossy(id), backend = %self.backends[backend].name, "learned clone ID");
+        Learned::New
+    }
+
+    fn conflict(&self, id: &[u8], backend: usize, owner: usize) -> Learned {
+        self.counters.learn_conflicts.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            clone = %String::from_utf8_lossy(id),
+            claimed_by = %self.backends[backend].name,
+            owner = %self.backends[owner].name,
+            "clone ID claimed by a second backend; keeping the first owner"
+        );
+        Learned::Conflict { owner }
+    }
+
+    fn write_through(&self, key: u64, e: CloneEntry) {
+        if let Some(map) = self.clones_map.lock().unwrap().as_mut() {
+            let v = CloneValue { owner: e.owner as u32, replica: e.replica.map(|r| r as u32).unwrap_or(NO_BACKEND) };
+            if let Err(err) = map.insert(key, v, 0) {
+                tracing::warn!(error = %err, "writing CLONES");
+            }
+        }
+    }
+}
