@@ -4,3 +4,4 @@
 pub mod fixture;
 pub mod netns;
 pub mod packet;
+pub mod websphere;

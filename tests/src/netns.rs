@@ -304,6 +304,11 @@ impl Testbed {
 
     /// `[[backend]]` entries for every backend, pairing 0-1, 2-3, ... as replicas.
     pub fn backend_config(&self, weights: &[u32]) -> String {
+        self.backend_config_with_clones(weights, &[])
+    }
+
+    /// As `backend_config`, backend `i` owning the configured clone ID `clone_ids[i]`.
+    pub fn backend_config_with_clones(&self, weights: &[u32], clone_ids: &[String]) -> String {
         let mut s = String::new();
         for i in 0..self.backends.len() {
             let replica = i ^ 1;
@@ -314,6 +319,9 @@ impl Testbed {
                 weights.get(i).copied().unwrap_or(100),
                 if replica < self.backends.len() { format!("replica = \"b{replica}\"\n") } else { String::new() }
             );
+            if let Some(id) = clone_ids.get(i) {
+                s += &format!("clone_ids = [\"{id}\"]\n");
+            }
         }
         s
     }
@@ -405,6 +413,20 @@ impl Testbed {
         }
         // Listeners bind synchronously in their thread before it loops; give them a moment.
         std::thread::sleep(Duration::from_millis(100));
+    }
+
+    /// Every backend runs a WebSphere-like clone (`websphere::serve`) on `port`.
+    pub fn start_websphere(&mut self, cluster: &Arc<crate::websphere::Cluster>, port: u16) {
+        for i in 0..self.backends.len() {
+            let c = cluster.clone();
+            self.spawn_task(i, move |stop| crate::websphere::serve(c, i, port, stop));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    /// An HTTP VIP terminates on the dispatcher: its address must be local there.
+    pub fn add_local_vip(&self, vip: &str) {
+        self.lb.ip(&["addr", "add", &format!("{vip}/32"), "dev", "lo"]);
     }
 
     fn spawn_task(&mut self, backend: usize, f: impl FnOnce(Arc<AtomicBool>) + Send + 'static) {

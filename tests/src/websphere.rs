@@ -1,0 +1,319 @@
+//! A WebSphere-like cluster member for the tests: issues `JSESSIONID=0000<id>:<clone>`,
+//! keeps a counter per session, replicates every write synchronously to its peer
+//! replica, takes over a session it holds as replica by appending its own clone ID, and
+//! marks a request that found no session (`session lost`). Every request is logged, so
+//! tests can prove where each session's requests went.
+
+use std::{
+    collections::HashMap,
+    io::{BufRead, BufReader, Read, Write},
+    net::{TcpListener, TcpStream},
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc, Mutex,
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
+#[derive(Default)]
+struct Store {
+    /// Sessions this clone owns: session id -> counter.
+    own: HashMap<String, u64>,
+    /// Copies replicated from its peer.
+    replica: HashMap<String, u64>,
+}
+
+/// One request as a clone saw it.
+#[derive(Clone, Debug)]
+pub struct Hit {
+    pub backend: usize,
+    /// The session the request was served in (after any takeover or creation).
+    pub session: String,
+    /// The cookie named a session this clone did not have (neither owned nor replicated).
+    pub lost: bool,
+    /// The clone IDs the request's cookie carried.
+    pub cookie_clones: Vec<String>,
+}
+
+pub struct Cluster {
+    pub clone_ids: Vec<String>,
+    peers: Vec<Option<usize>>,
+    stores: Vec<Mutex<Store>>,
+    pub log: Mutex<Vec<Hit>>,
+    next_session: AtomicU64,
+}
+
+impl Cluster {
+    /// `n` clones, paired 0-1, 2-3, ... as peer replicas.
+    pub fn new(n: usize) -> Arc<Cluster> {
+        Arc::new(Cluster {
+            clone_ids: (0..n).map(|i| format!("clone{i}x")).collect(),
+            peers: (0..n).map(|i| if i ^ 1 < n { Some(i ^ 1) } else { None }).collect(),
+            stores: (0..n).map(|_| Mutex::new(Store::default())).collect(),
+            log: Mutex::new(Vec::new()),
+            next_session: AtomicU64::new(1),
+        })
+    }
+
+    pub fn hits(&self) -> Vec<Hit> {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Serves one request; returns status line extras, headers and body.
+    fn handle(&self, me: usize, cookie: Option<&str>) -> (Vec<String>, String) {
+        let parsed = cookie.and_then(|v| {
+            let v = v.trim_matches('"');
+            let colon = v.find(':')?;
+            (colon > 4).then(|| {
+                (
+                    v[4..colon].to_string(),
+                    v[colon + 1..].split(':').map(str::to_string).collect::<Vec<_>>(),
+                    v.to_string(),
+                )
+            })
+        });
+        let mut headers = Vec::new();
+        let mut lost = false;
+        let (sid, count, clones) = match parsed {
+            Some((sid, clones, value)) => {
+                let mut store = self.stores[me].lock().unwrap();
+                if let Some(c) = store.own.get_mut(&sid) {
+                    *c += 1;
+                    (sid, *c, clones)
+                } else if let Some(c) = store.replica.remove(&sid) {
+                    // Take over the replicated session: it is ours now, and the cookie
+                    // says so by our clone ID appended.
+                    store.own.insert(sid.clone(), c + 1);
+                    headers.push(format!("Set-Cookie: JSESSIONID={value}:{}; Path=/", self.clone_ids[me]));
+                    (sid, c + 1, clones)
+                } else {
+                    lost = true;
+                    drop(store);
+                    let (sid, c) = self.create(me, &mut headers);
+                    (sid, c, clones)
+                }
+            }
+            None => {
+                let (sid, c) = self.create(me, &mut headers);
+                (sid, c, Vec::new())
+            }
+        };
+        // Synchronous replication of the write to the peer.
+        if let Some(p) = self.peers[me] {
+            self.stores[p].lock().unwrap().replica.insert(sid.clone(), count);
+        }
+        if lost {
+            headers.push("X-Session-Lost: 1".into());
+        }
+        self.log.lock().unwrap().push(Hit { backend: me, session: sid.clone(), lost, cookie_clones: clones });
+        (headers, format!("clone={} session={sid} count={count} lost={}\n", self.clone_ids[me], lost as u8))
+    }
+
+    fn create(&self, me: usize, headers: &mut Vec<String>) -> (String, u64) {
+        let sid = format!("S{:08}ABCDEFGHIJ", self.next_session.fetch_add(1, Ordering::SeqCst));
+        self.stores[me].lock().unwrap().own.insert(sid.clone(), 1);
+        headers.push(format!("Set-Cookie: JSESSIONID=0000{sid}:{}; Path=/; HttpOnly", self.clone_ids[me]));
+        (sid, 1)
+    }
+}
+
+/// Serves HTTP/1.1 with keep-alive on `port` as clone `me` until `stop`.
+pub fn serve(cluster: Arc<Cluster>, me: usize, port: u16, stop: Arc<AtomicBool>) {
+    let listener = TcpListener::bind(("0.0.0.0", port)).expect("bind the clone's port");
+    listener.set_nonblocking(true).unwrap();
+    let mut conns: Vec<JoinHandle<()>> = Vec::new();
+    while !stop.load(Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((s, _)) => {
+                let (cluster, stop) = (cluster.clone(), stop.clone());
+                conns.push(std::thread::spawn(move || connection(&cluster, me, s, &stop)));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(5)),
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+        conns.retain(|c| !c.is_finished());
+    }
+    for c in conns {
+        let _ = c.join();
+    }
+}
+
+fn connection(cluster: &Cluster, me: usize, s: TcpStream, stop: &AtomicBool) {
+    s.set_nonblocking(false).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let _ = s.set_nodelay(true);
+    let mut w = s.try_clone().unwrap();
+    let mut r = BufReader::new(s);
+    loop {
+        // Request head, line by line.
+        let mut lines: Vec<String> = Vec::new();
+        let mut line = String::new();
+        loop {
+            if stop.load(Ordering::SeqCst) {
+                return;
+            }
+            match r.read_line(&mut line) {
+                Ok(0) => return,
+                Ok(_) => {
+                    if line == "\r\n" {
+                        break;
+                    }
+                    lines.push(line.trim_end().to_string());
+                    line.clear();
+                }
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                Err(_) => return,
+            }
+        }
+        let header = |name: &str| {
+            lines.iter().skip(1).find_map(|l| {
+                let (n, v) = l.split_once(':')?;
+                n.trim().eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+            })
+        };
+        let close = header("connection").is_some_and(|v| v.eq_ignore_ascii_case("close"));
+        if let Some(n) = header("content-length").and_then(|v| v.parse::<usize>().ok()) {
+            let mut body = vec![0u8; n];
+            r.get_ref().set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            if r.read_exact(&mut body).is_err() {
+                return;
+            }
+            r.get_ref().set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        }
+        // The session ID from the cookie, else from URL rewriting (`;jsessionid=`).
+        let target = lines.first().and_then(|l| l.split_whitespace().nth(1)).unwrap_or("");
+        let from_url = target
+            .split(['?', '#'])
+            .next()
+            .unwrap_or("")
+            .split_once(";jsessionid=")
+            .map(|(_, v)| v.split([';', '/']).next().unwrap_or("").to_string());
+        let cookie = header("cookie")
+            .and_then(|c| {
+                c.split(';').find_map(|p| {
+                    let (n, v) = p.trim().split_once('=')?;
+                    (n == "JSESSIONID").then(|| v.to_string())
+                })
+            })
+            .or(from_url);
+        let (headers, body) = cluster.handle(me, cookie.as_deref());
+        let mut resp = format!("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n", body.len());
+        for h in headers {
+            resp += &h;
+            resp += "\r\n";
+        }
+        if close {
+            resp += "Connection: close\r\n";
+        }
+        resp += "\r\n";
+        resp += &body;
+        if w.write_all(resp.as_bytes()).is_err() || close {
+            return;
+        }
+    }
+}
+
+/// A client with a cookie jar over keep-alive connections.
+pub struct Client {
+    pub addr: std::net::SocketAddr,
+    pub jar: Option<String>,
+    conn: Option<(BufReader<TcpStream>, TcpStream)>,
+    ns: crate::netns::Ns,
+}
+
+/// One response as the client read it.
+#[derive(Debug, Clone)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+
+    /// `key=value` from the emulator's body.
+    pub fn field(&self, key: &str) -> Option<&str> {
+        self.body.split_whitespace().find_map(|kv| kv.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+    }
+}
+
+impl Client {
+    pub fn new(ns: &crate::netns::Ns, addr: std::net::SocketAddr) -> Client {
+        Client { addr, jar: None, conn: None, ns: ns.clone() }
+    }
+
+    /// Drops the connection; the next request opens a new one.
+    pub fn reconnect(&mut self) {
+        self.conn = None;
+    }
+
+    pub fn get(&mut self, path: &str) -> std::io::Result<Response> {
+        if self.conn.is_none() {
+            let addr = self.addr;
+            let s = self.ns.run(move || TcpStream::connect_timeout(&addr, Duration::from_secs(3)))?;
+            s.set_read_timeout(Some(Duration::from_secs(10)))?;
+            let w = s.try_clone()?;
+            self.conn = Some((BufReader::new(s), w));
+        }
+        let (r, w) = self.conn.as_mut().unwrap();
+        let cookie = self.jar.as_ref().map(|c| format!("Cookie: JSESSIONID={c}\r\n")).unwrap_or_default();
+        let req = format!("GET {path} HTTP/1.1\r\nHost: {}\r\n{cookie}\r\n", self.addr);
+        let result = (|| {
+            w.write_all(req.as_bytes())?;
+            read_response(r)
+        })();
+        match result {
+            Ok(resp) => {
+                for (n, v) in &resp.headers {
+                    if n.eq_ignore_ascii_case("set-cookie") {
+                        if let Some(rest) = v.strip_prefix("JSESSIONID=") {
+                            self.jar = Some(rest.split(';').next().unwrap_or("").to_string());
+                        }
+                    }
+                }
+                if resp.header("connection").is_some_and(|c| c.eq_ignore_ascii_case("close")) {
+                    self.conn = None;
+                }
+                Ok(resp)
+            }
+            Err(e) => {
+                self.conn = None;
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Reads a response with a Content-Length body (or none).
+pub fn read_response(r: &mut BufReader<TcpStream>) -> std::io::Result<Response> {
+    let mut line = String::new();
+    if r.read_line(&mut line)? == 0 {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    let status = line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).ok_or(std::io::ErrorKind::InvalidData)?;
+    let mut headers = Vec::new();
+    loop {
+        let mut l = String::new();
+        if r.read_line(&mut l)? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        if l == "\r\n" {
+            break;
+        }
+        if let Some((n, v)) = l.trim_end().split_once(':') {
+            headers.push((n.trim().to_string(), v.trim().to_string()));
+        }
+    }
+    let len = headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case("content-length"))
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0);
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body)?;
+    Ok(Response { status, headers, body: String::from_utf8_lossy(&body).into_owned() })
+}

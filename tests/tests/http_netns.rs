@@ -1,0 +1,218 @@
+//! The HTTP path end to end: clients with cookie jars -> XDP (pass) -> the agent on the
+//! dispatcher -> WebSphere-like clones; and hostile input over a real socket.
+
+use std::{
+    collections::{HashMap, HashSet},
+    io::{BufReader, Read, Write},
+    net::{SocketAddr, TcpStream},
+    time::{Duration, Instant},
+};
+
+use dispatcher_tests::{
+    netns::Testbed,
+    websphere::{self, read_response, Client},
+};
+
+const VIP: &str = "10.99.100.8";
+const PORT: u16 = 80;
+const BACKEND_PORT: u16 = 8080;
+
+fn http_testbed(
+    n: usize,
+    configured_clones: bool,
+    http: &str,
+) -> (Testbed, std::sync::Arc<websphere::Cluster>, SocketAddr) {
+    let mut tb = Testbed::new(n, &[VIP]);
+    tb.add_local_vip(VIP);
+    let cluster = websphere::Cluster::new(n);
+    let clones = if configured_clones { cluster.clone_ids.clone() } else { Vec::new() };
+    tb.start_websphere(&cluster, BACKEND_PORT);
+    let text = format!(
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nheader_timeout = \"1s\"\n{http}\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = {PORT}\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\n",
+        tb.instance(),
+        tb.backend_config_with_clones(&[], &clones)
+    );
+    let path = tb.write_config(&text);
+    tb.start_dispatcher(&path);
+    let addr: SocketAddr = format!("{VIP}:{PORT}").parse().unwrap();
+    (tb, cluster, addr)
+}
+
+#[test]
+fn sessions_stay_with_their_clone_across_connections() {
+    let (tb, cluster, addr) = http_testbed(4, false, "");
+    const CLIENTS: usize = 8;
+    const REQUESTS: u64 = 120;
+    let mut clients: Vec<Client> = (0..CLIENTS).map(|_| Client::new(&tb.client, addr)).collect();
+    for i in 1..=REQUESTS {
+        for c in clients.iter_mut() {
+            if i % 25 == 0 {
+                c.reconnect(); // several connections per session
+            }
+            let r = c.get("/app/counter").expect("response");
+            assert_eq!(r.status, 200, "{r:?}");
+            assert_eq!(r.field("count"), Some(i.to_string().as_str()), "the session's counter continues: {r:?}");
+            assert_eq!(r.field("lost"), Some("0"));
+        }
+    }
+    // Every request of a session reached the clone its cookie names, and the new sessions
+    // were spread over the clones.
+    let hits = cluster.hits();
+    assert_eq!(hits.len(), CLIENTS * REQUESTS as usize);
+    let mut owner: HashMap<&str, usize> = HashMap::new();
+    for h in &hits {
+        let o = *owner.entry(h.session.as_str()).or_insert(h.backend);
+        assert_eq!(o, h.backend, "session {} moved from clone {o} to {}", h.session, h.backend);
+        if let Some(first) = h.cookie_clones.first() {
+            assert_eq!(first, &cluster.clone_ids[h.backend], "served by the clone the cookie names");
+        }
+    }
+    let used: HashSet<usize> = owner.values().copied().collect();
+    assert_eq!(used.len(), 4, "{CLIENTS} sessions spread over the 4 clones: {owner:?}");
+}
+
+#[test]
+fn a_learned_clone_id_routes_every_later_request() {
+    let (tb, _cluster, addr) = http_testbed(4, false, "");
+    // New sessions are balanced; find one that b2 created (its Set-Cookie teaches the
+    // dispatcher that clone2x is b2).
+    let mut b2_cookie = None;
+    for _ in 0..8 {
+        let mut fresh = Client::new(&tb.client, addr);
+        let r = fresh.get("/").unwrap();
+        if r.field("clone") == Some("clone2x") {
+            b2_cookie = fresh.jar.clone();
+            break;
+        }
+    }
+    let mut c = Client::new(&tb.client, addr);
+    c.jar = Some(b2_cookie.expect("round robin reaches b2 within 8 new sessions"));
+    for _ in 0..20 {
+        c.reconnect();
+        assert_eq!(c.get("/").unwrap().field("clone"), Some("clone2x"));
+    }
+}
+
+#[test]
+fn configured_clone_ids_route_without_learning() {
+    let (tb, cluster, addr) = http_testbed(4, true, "");
+    // A session the dispatcher has never seen a cookie for: the configured table routes it.
+    for (i, id) in cluster.clone_ids.iter().enumerate() {
+        let mut c = Client::new(&tb.client, addr);
+        c.jar = Some(format!("0000UNSEEN{i}SESSION:{id}"));
+        let r = c.get("/").unwrap();
+        assert_eq!(r.field("clone"), Some(id.as_str()), "cookie naming {id}");
+    }
+    // Several clone IDs: the first one whose backend is up.
+    let mut c = Client::new(&tb.client, addr);
+    c.jar = Some(format!("0000UNSEENMULTI:nosuchclone:{}:{}", cluster.clone_ids[3], cluster.clone_ids[1]));
+    assert_eq!(c.get("/").unwrap().field("clone"), Some(cluster.clone_ids[3].as_str()));
+}
+
+#[test]
+fn url_rewritten_session_id_is_honoured() {
+    let (tb, _cluster, addr) = http_testbed(2, false, "");
+    let mut c = Client::new(&tb.client, addr);
+    let first = c.get("/app").unwrap();
+    let clone = first.field("clone").unwrap().to_string();
+    let id = c.jar.take().unwrap();
+    // No cookie now: the ID travels in the URL, as with cookies disabled.
+    for i in 2..=10 {
+        let r = c.get(&format!("/app/page;jsessionid={id}?q=1")).unwrap();
+        assert_eq!(r.field("clone"), Some(clone.as_str()));
+        assert_eq!(r.field("count"), Some(i.to_string().as_str()));
+    }
+}
+
+/// Sends raw bytes on a new connection and returns the status the proxy answered with
+/// (0 when it closed without answering).
+fn raw_status(tb: &Testbed, addr: SocketAddr, bytes: &[u8]) -> u16 {
+    let s = tb.client.run(move || TcpStream::connect_timeout(&addr, Duration::from_secs(3))).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut w = s.try_clone().unwrap();
+    let _ = w.write_all(bytes);
+    let mut r = BufReader::new(s);
+    read_response(&mut r).map(|r| r.status).unwrap_or(0)
+}
+
+#[test]
+fn hostile_requests_get_their_status_over_a_socket() {
+    let (tb, cluster, addr) = http_testbed(2, false, "");
+    let cases: &[(&str, &[u8], u16)] = &[
+        (
+            "CL and TE",
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            400,
+        ),
+        ("two CL", b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n", 400),
+        ("CL +1", b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: +1\r\n\r\nx", 400),
+        (
+            "TE chunked, chunked",
+            b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, chunked\r\n\r\n0\r\n\r\n",
+            400,
+        ),
+        ("TE gzip", b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 400),
+        ("space before colon", b"GET / HTTP/1.1\r\nHost : x\r\n\r\n", 400),
+        ("obs-fold", b"GET / HTTP/1.1\r\nHost: x\r\nX: a\r\n b\r\n\r\n", 400),
+        ("bare LF", b"GET / HTTP/1.1\nHost: x\n\n", 400),
+        ("no Host", b"GET / HTTP/1.1\r\n\r\n", 400),
+        ("two Host", b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400),
+        ("HTTP/1.32", b"GET / HTTP/1.32\r\nHost: x\r\n\r\n", 400),
+        ("GET *", b"GET * HTTP/1.1\r\nHost: x\r\n\r\n", 400),
+        ("CONNECT", b"CONNECT / HTTP/1.1\r\nHost: x\r\n\r\n", 405),
+        ("NUL in a value", b"GET / HTTP/1.1\r\nHost: x\r\nX: a\0b\r\n\r\n", 400),
+    ];
+    for (what, bytes, want) in cases {
+        assert_eq!(raw_status(&tb, addr, bytes), *want, "{what}");
+        assert!(cluster.hits().is_empty(), "{what}: reached a backend: {:?}", cluster.hits());
+    }
+    let many: String = (0..150).map(|i| format!("X-{i}: v\r\n")).collect();
+    assert_eq!(raw_status(&tb, addr, format!("GET / HTTP/1.1\r\nHost: x\r\n{many}\r\n").as_bytes()), 431);
+    let big = format!("GET / HTTP/1.1\r\nHost: x\r\nX: {}\r\n\r\n", "a".repeat(20_000));
+    assert_eq!(raw_status(&tb, addr, big.as_bytes()), 431);
+    assert!(cluster.hits().is_empty(), "no hostile request reached a backend");
+    // Body errors show only once the head is on its way upstream (bodies are streamed):
+    // the client still gets 400 and the connection closes.
+    let bad_chunks: &[&[u8]] = &[
+        b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0x1\r\na\r\n0\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nab\r\n0\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\na\r\n0\r\n\r\n",
+    ];
+    for bytes in bad_chunks {
+        assert_eq!(raw_status(&tb, addr, bytes), 400, "{}", String::from_utf8_lossy(bytes));
+    }
+    // A good request on the same proxy still works.
+    assert_eq!(raw_status(&tb, addr, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"), 200);
+}
+
+#[test]
+fn header_trickle_gets_408_at_the_total_deadline() {
+    let (tb, _cluster, addr) = http_testbed(2, false, "");
+    let s = tb.client.run(move || TcpStream::connect_timeout(&addr, Duration::from_secs(3))).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    let mut w = s.try_clone().unwrap();
+    let mut r = s;
+    let start = Instant::now();
+    let head = b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    let mut got = Vec::new();
+    // One byte every 100 ms: each read is quick, the head never completes.
+    for b in head.iter() {
+        if w.write_all(&[*b]).is_err() {
+            break;
+        }
+        let mut buf = [0u8; 256];
+        if let Ok(n) = r.read(&mut buf) {
+            got.extend_from_slice(&buf[..n]);
+            if n == 0 || !got.is_empty() {
+                break;
+            }
+        }
+    }
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 408"), "got {text:?}");
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_millis(2500),
+        "408 at the 1s header deadline, after {took:?}"
+    );
+}
