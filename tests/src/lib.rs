@@ -4,4 +4,5 @@
 pub mod fixture;
 pub mod netns;
 pub mod packet;
+pub mod scripted;
 pub mod websphere;

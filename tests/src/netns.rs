@@ -424,6 +424,15 @@ impl Testbed {
         std::thread::sleep(Duration::from_millis(100));
     }
 
+    /// Every backend runs the scripted backend (`scripted::serve`) on `port`.
+    pub fn start_scripted(&mut self, record: &Arc<crate::scripted::Record>, port: u16) {
+        for i in 0..self.backends.len() {
+            let r = record.clone();
+            self.spawn_task(i, move |stop| crate::scripted::serve(r, port, stop));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
     /// An HTTP VIP terminates on the dispatcher: its address must be local there.
     pub fn add_local_vip(&self, vip: &str) {
         self.lb.ip(&["addr", "add", &format!("{vip}/32"), "dev", "lo"]);

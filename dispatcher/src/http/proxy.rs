@@ -192,9 +192,10 @@ fn build_request(out: &mut Vec<u8>, head: &RequestHead, buf: &[u8], client: IpAd
             xff.push(value);
         } else if is(name, "via") {
             via.push(value);
-        } else if is(name, "x-forwarded-proto") || listed.iter().any(|l| name.eq_ignore_ascii_case(l)) {
         } else if is(name, "upgrade") && head.upgrade {
+            // Listed in `Connection`, but the one hop-by-hop field a tunnel must carry.
             write_header(out, name, value);
+        } else if is(name, "x-forwarded-proto") || listed.iter().any(|l| name.eq_ignore_ascii_case(l)) {
         } else if !hop_by_hop(name) {
             has_host |= is(name, "host");
             write_header(out, name, value);
@@ -235,9 +236,9 @@ fn build_response(out: &mut Vec<u8>, res: &ResponseHead, buf: &[u8], close: bool
         let (name, value) = (&buf[h.name.clone()], &buf[h.value.clone()]);
         if is(name, "via") {
             via.push(value);
-        } else if listed.iter().any(|l| name.eq_ignore_ascii_case(l)) || (dechunk && is(name, "transfer-encoding")) {
         } else if is(name, "upgrade") && res.status == 101 {
             write_header(out, name, value);
+        } else if listed.iter().any(|l| name.eq_ignore_ascii_case(l)) || (dechunk && is(name, "transfer-encoding")) {
         } else if !hop_by_hop(name) {
             write_header(out, name, value);
         }

@@ -1,0 +1,181 @@
+//! A backend whose answer depends on the request path: well-formed, malformed, cut off,
+//! interim, upgraded. It records every request it receives, raw, so tests can see what
+//! the proxy forwarded.
+
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    net::{TcpListener, TcpStream},
+    sync::{
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+        Arc, Mutex,
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
+#[derive(Default)]
+pub struct Record {
+    /// Every request received: head and body as they arrived.
+    pub requests: Mutex<Vec<String>>,
+    /// Connections accepted.
+    pub connections: AtomicUsize,
+}
+
+impl Record {
+    pub fn last(&self) -> String {
+        self.requests.lock().unwrap().last().cloned().unwrap_or_default()
+    }
+
+    pub fn count(&self) -> usize {
+        self.requests.lock().unwrap().len()
+    }
+}
+
+pub fn serve(record: Arc<Record>, port: u16, stop: Arc<AtomicBool>) {
+    let listener = TcpListener::bind(("0.0.0.0", port)).expect("bind");
+    listener.set_nonblocking(true).unwrap();
+    let mut conns: Vec<JoinHandle<()>> = Vec::new();
+    while !stop.load(Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((s, _)) => {
+                record.connections.fetch_add(1, Ordering::SeqCst);
+                let (record, stop) = (record.clone(), stop.clone());
+                conns.push(std::thread::spawn(move || {
+                    let _ = connection(&record, s, &stop);
+                }));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(5)),
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+        conns.retain(|c| !c.is_finished());
+    }
+    for c in conns {
+        let _ = c.join();
+    }
+}
+
+fn read_line(r: &mut BufReader<TcpStream>, stop: &AtomicBool) -> std::io::Result<Option<String>> {
+    let mut line = String::new();
+    loop {
+        if stop.load(Ordering::SeqCst) {
+            return Ok(None);
+        }
+        match r.read_line(&mut line) {
+            Ok(0) => return Ok(None),
+            Ok(_) if line.ends_with('\n') => return Ok(Some(line)),
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn connection(record: &Record, s: TcpStream, stop: &AtomicBool) -> std::io::Result<()> {
+    s.set_read_timeout(Some(Duration::from_millis(50)))?;
+    let mut w = s.try_clone()?;
+    let mut r = BufReader::new(s);
+    loop {
+        let mut raw = String::new();
+        let mut lines = Vec::new();
+        loop {
+            let Some(l) = read_line(&mut r, stop)? else { return Ok(()) };
+            raw += &l;
+            if l == "\r\n" {
+                break;
+            }
+            lines.push(l.trim_end().to_string());
+        }
+        let path = lines.first().and_then(|l| l.split_whitespace().nth(1)).unwrap_or("/").to_string();
+        let header = |name: &str| {
+            lines.iter().skip(1).find_map(|l| {
+                let (n, v) = l.split_once(':')?;
+                n.trim().eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+            })
+        };
+        if header("expect").is_some() && path == "/continue" {
+            w.write_all(b"HTTP/1.1 100 Continue\r\n\r\n")?;
+        }
+        if header("expect").is_some() && path == "/refuse-body" {
+            w.write_all(b"HTTP/1.1 413 Content Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
+            record.requests.lock().unwrap().push(raw);
+            return Ok(());
+        }
+        // The body, by Content-Length or chunked.
+        if let Some(n) = header("content-length").and_then(|v| v.parse::<usize>().ok()) {
+            let mut body = vec![0u8; n];
+            r.get_ref().set_read_timeout(Some(Duration::from_secs(5)))?;
+            r.read_exact(&mut body)?;
+            r.get_ref().set_read_timeout(Some(Duration::from_millis(50)))?;
+            raw += &String::from_utf8_lossy(&body);
+        } else if header("transfer-encoding").is_some() {
+            loop {
+                let Some(size) = read_line(&mut r, stop)? else { return Ok(()) };
+                raw += &size;
+                let n = usize::from_str_radix(size.trim_end().split(';').next().unwrap_or(""), 16).unwrap_or(0);
+                if n == 0 {
+                    // Trailers until the empty line.
+                    loop {
+                        let Some(t) = read_line(&mut r, stop)? else { return Ok(()) };
+                        raw += &t;
+                        if t == "\r\n" {
+                            break;
+                        }
+                    }
+                    break;
+                }
+                let mut data = vec![0u8; n + 2];
+                r.get_ref().set_read_timeout(Some(Duration::from_secs(5)))?;
+                r.read_exact(&mut data)?;
+                r.get_ref().set_read_timeout(Some(Duration::from_millis(50)))?;
+                raw += &String::from_utf8_lossy(&data);
+            }
+        }
+        record.requests.lock().unwrap().push(raw.clone());
+        let reply: Vec<u8> = match path.as_str() {
+            "/echo" | "/continue" => {
+                let body = raw.clone();
+                format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}", body.len()).into_bytes()
+            }
+            "/chunked" => b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Sum\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\nX-Sum: 11\r\n\r\n".to_vec(),
+            "/both-te-cl" => b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n".to_vec(),
+            "/double-chunked" => b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, chunked\r\n\r\n0\r\n\r\n".to_vec(),
+            "/bad-chunk" => b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\nSMUGGLED\r\n0\r\n\r\n".to_vec(),
+            "/cut-head" => {
+                w.write_all(b"HTTP/1.1 200 OK\r\nContent-Le")?;
+                return Ok(());
+            }
+            "/cut-body" => {
+                w.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly part")?;
+                w.flush()?;
+                std::thread::sleep(Duration::from_millis(100));
+                return Ok(());
+            }
+            "/no-length" => {
+                w.write_all(b"HTTP/1.1 200 OK\r\n\r\nuntil close")?;
+                return Ok(());
+            }
+            "/head-len" => b"HTTP/1.1 200 OK\r\nContent-Length: 1234\r\n\r\n".to_vec(),
+            "/upgrade" => {
+                w.write_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")?;
+                // Echo whatever comes, upper-cased, until the client closes.
+                let mut buf = [0u8; 256];
+                r.get_ref().set_read_timeout(Some(Duration::from_secs(5)))?;
+                loop {
+                    let n = r.read(&mut buf)?;
+                    if n == 0 {
+                        return Ok(());
+                    }
+                    w.write_all(&buf[..n].to_ascii_uppercase())?;
+                }
+            }
+            "/close-idle" => {
+                // Keep-alive promised, then the server drops the idle connection.
+                w.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")?;
+                std::thread::sleep(Duration::from_millis(100));
+                return Ok(());
+            }
+            _ => b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_vec(),
+        };
+        w.write_all(&reply)?;
+    }
+}

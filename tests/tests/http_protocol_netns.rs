@@ -1,0 +1,213 @@
+//! HTTP/1.1 semantics through the proxy, against a scripted backend: what is forwarded,
+//! bodies both ways, interim and upgraded responses, bad responses, pooled connections.
+
+use std::{
+    io::{BufReader, Read, Write},
+    net::{SocketAddr, TcpStream},
+    sync::{atomic::Ordering, Arc},
+    time::Duration,
+};
+
+use dispatcher_tests::{
+    netns::Testbed,
+    scripted::Record,
+    websphere::{read_response, Response},
+};
+
+const VIP: &str = "10.99.100.9";
+const BACKEND_PORT: u16 = 8080;
+
+struct Bed {
+    tb: Testbed,
+    record: Arc<Record>,
+    addr: SocketAddr,
+}
+
+fn bed() -> Bed {
+    let mut tb = Testbed::new(1, &[VIP]);
+    tb.add_local_vip(VIP);
+    let record = Arc::new(Record::default());
+    tb.start_scripted(&record, BACKEND_PORT);
+    let text = format!(
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nserver_timeout = \"2s\"\n\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\n",
+        tb.instance(),
+        tb.backend_config(&[])
+    );
+    let path = tb.write_config(&text);
+    tb.start_dispatcher(&path);
+    Bed { tb, record, addr: format!("{VIP}:80").parse().unwrap() }
+}
+
+impl Bed {
+    fn connect(&self) -> (BufReader<TcpStream>, TcpStream) {
+        let addr = self.addr;
+        let s = self.tb.client.run(move || TcpStream::connect_timeout(&addr, Duration::from_secs(3))).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let w = s.try_clone().unwrap();
+        (BufReader::new(s), w)
+    }
+
+    /// Sends `req`, reads everything until the proxy closes.
+    fn all(&self, req: &[u8]) -> String {
+        let (mut r, mut w) = self.connect();
+        w.write_all(req).unwrap();
+        let mut out = Vec::new();
+        let _ = r.read_to_end(&mut out);
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    fn one(&self, req: &[u8]) -> Response {
+        let (mut r, mut w) = self.connect();
+        w.write_all(req).unwrap();
+        read_response(&mut r).expect("a response")
+    }
+}
+
+#[test]
+fn the_forwarded_head_drops_hop_by_hop_and_adds_forwarding_fields() {
+    let b = bed();
+    let r = b.one(b"GET /echo HTTP/1.1\r\nHost: app\r\nConnection: keep-alive, X-Private\r\nKeep-Alive: timeout=5\r\nX-Private: secret\r\nTE: trailers\r\nProxy-Connection: keep-alive\r\nX-Forwarded-For: 192.0.2.7\r\nVia: 1.0 edge\r\nX-Kept: yes\r\n\r\n");
+    assert_eq!(r.status, 200);
+    let fwd = b.record.last();
+    for gone in ["Keep-Alive", "X-Private", "TE:", "Proxy-Connection", "Connection:"] {
+        assert!(!fwd.contains(gone), "{gone} forwarded:\n{fwd}");
+    }
+    assert!(fwd.starts_with("GET /echo HTTP/1.1\r\n"), "{fwd}");
+    assert!(fwd.contains("X-Kept: yes\r\n") && fwd.contains("Host: app\r\n"), "{fwd}");
+    assert!(fwd.contains("X-Forwarded-For: 192.0.2.7, 10.99.0.2\r\n"), "{fwd}");
+    assert!(fwd.contains("X-Forwarded-Proto: http\r\n"), "{fwd}");
+    assert!(fwd.contains("Via: 1.0 edge, 1.1 dispatcher\r\n"), "{fwd}");
+    assert!(r.header("via").is_some_and(|v| v.ends_with("1.1 dispatcher")), "{r:?}");
+}
+
+#[test]
+fn request_bodies_are_streamed_with_their_framing() {
+    let b = bed();
+    let r = b.one(b"POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 11\r\n\r\nhello world");
+    assert_eq!(r.status, 200);
+    assert!(b.record.last().ends_with("\r\n\r\nhello world"), "{}", b.record.last());
+
+    let r = b.one(b"POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5;ext=x\r\nhello\r\n0\r\nX-T: 1\r\nContent-Length: 99\r\nHost: evil\r\n\r\n");
+    assert_eq!(r.status, 200);
+    let fwd = b.record.last();
+    assert!(fwd.ends_with("Transfer-Encoding: chunked\r\nX-Forwarded-For: 10.99.0.2\r\nX-Forwarded-Proto: http\r\nVia: 1.1 dispatcher\r\n\r\n5\r\nhello\r\n0\r\nX-T: 1\r\n\r\n"), "trailers filtered, extension dropped:\n{fwd:?}");
+}
+
+#[test]
+fn chunked_responses_and_http10_clients() {
+    let b = bed();
+    let out = b.all(b"GET /chunked HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+    assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
+    assert!(
+        out.contains("Transfer-Encoding: chunked\r\n")
+            && out.ends_with("5\r\nhello\r\n6\r\n world\r\n0\r\nX-Sum: 11\r\n\r\n"),
+        "{out:?}"
+    );
+    let out = b.all(b"GET /chunked HTTP/1.0\r\n\r\n");
+    assert!(
+        !out.contains("Transfer-Encoding")
+            && out.contains("Connection: close\r\n")
+            && out.ends_with("\r\n\r\nhello world"),
+        "HTTP/1.0 gets the bare body: {out:?}"
+    );
+}
+
+#[test]
+fn bad_responses_never_reach_the_client_as_complete() {
+    let b = bed();
+    for path in ["/both-te-cl", "/double-chunked", "/cut-head"] {
+        let out = b.all(format!("GET {path} HTTP/1.1\r\nHost: a\r\n\r\n").as_bytes());
+        assert!(out.starts_with("HTTP/1.1 502 "), "{path}: {out}");
+        assert!(!out.contains("hello"), "{path}: no backend byte forwarded: {out}");
+    }
+    let out = b.all(b"GET /bad-chunk HTTP/1.1\r\nHost: a\r\n\r\n");
+    assert!(!out.contains("SMUGGLED") && !out.ends_with("0\r\n\r\n"), "aborted, not completed: {out:?}");
+    let out = b.all(b"GET /cut-body HTTP/1.1\r\nHost: a\r\n\r\n");
+    assert!(out.contains("Content-Length: 100") && out.ends_with("only part"), "the client sees the abort: {out:?}");
+    let out = b.all(b"GET /no-length HTTP/1.1\r\nHost: a\r\n\r\n");
+    assert!(out.contains("Connection: close\r\n") && out.ends_with("until close"), "{out:?}");
+}
+
+#[test]
+fn head_keeps_content_length_and_no_body() {
+    let b = bed();
+    let (mut r, mut w) = b.connect();
+    w.write_all(b"HEAD /head-len HTTP/1.1\r\nHost: a\r\n\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+    // read_response would wait for 1234 body bytes: read the head by hand.
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        r.read_exact(&mut byte).unwrap();
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head);
+    assert!(head.contains("Content-Length: 1234"), "{head}");
+    let next = read_response(&mut r).expect("the pipelined request answered next");
+    assert_eq!((next.status, next.body.as_str()), (200, "ok"));
+}
+
+#[test]
+fn pipelined_requests_are_answered_in_order() {
+    let b = bed();
+    let (mut r, mut w) = b.connect();
+    w.write_all(b"GET /echo HTTP/1.1\r\nHost: first\r\n\r\nGET /echo HTTP/1.1\r\nHost: second\r\n\r\n").unwrap();
+    let a = read_response(&mut r).unwrap();
+    let c = read_response(&mut r).unwrap();
+    assert!(a.body.contains("Host: first") && c.body.contains("Host: second"), "{a:?} {c:?}");
+}
+
+#[test]
+fn expect_100_continue() {
+    let b = bed();
+    let (mut r, mut w) = b.connect();
+    w.write_all(b"POST /continue HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 4\r\n\r\n").unwrap();
+    let interim = read_response(&mut r).unwrap();
+    assert_eq!(interim.status, 100);
+    w.write_all(b"body").unwrap();
+    let fin = read_response(&mut r).unwrap();
+    assert_eq!(fin.status, 200);
+    assert!(fin.body.ends_with("body"), "{fin:?}");
+
+    // The server refuses the body: the client gets the final answer, the connection ends.
+    let out = b.all(b"POST /refuse-body HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 4\r\n\r\n");
+    assert!(out.starts_with("HTTP/1.1 413 "), "{out}");
+}
+
+#[test]
+fn websocket_upgrade_is_tunnelled() {
+    let b = bed();
+    let (mut r, mut w) = b.connect();
+    w.write_all(b"GET /upgrade HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n").unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        r.read_exact(&mut byte).unwrap();
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head);
+    assert!(head.starts_with("HTTP/1.1 101 ") && head.contains("Upgrade: websocket"), "{head}");
+    assert!(
+        b.record.last().contains("Connection: upgrade\r\n") && b.record.last().contains("Upgrade: websocket\r\n"),
+        "{}",
+        b.record.last()
+    );
+    w.write_all(b"hello").unwrap();
+    let mut echo = [0u8; 5];
+    r.read_exact(&mut echo).unwrap();
+    assert_eq!(&echo, b"HELLO");
+}
+
+#[test]
+fn a_pooled_connection_closed_by_the_server_is_retried_once() {
+    let b = bed();
+    let (mut r, mut w) = b.connect();
+    w.write_all(b"GET /close-idle HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+    assert_eq!(read_response(&mut r).unwrap().status, 200);
+    // The server has now closed the connection the proxy keeps in its pool.
+    std::thread::sleep(Duration::from_millis(300));
+    w.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+    let next = read_response(&mut r).unwrap();
+    assert_eq!(next.status, 200, "answered over a fresh connection");
+    assert_eq!(b.record.count(), 2, "the request reached the server exactly once more");
+    assert_eq!(b.record.connections.load(Ordering::SeqCst), 2);
+}
