@@ -504,12 +504,42 @@ pub fn dispatcher_bin() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().unwrap();
     let candidates = [dir.join("dispatcher"), dir.parent().unwrap().join("dispatcher")];
-    candidates.iter().find(|p| p.is_file()).cloned().unwrap_or_else(|| {
+    let bin = candidates.iter().find(|p| p.is_file()).cloned().unwrap_or_else(|| {
         panic!(
-            "{} is missing: build it first (`cargo build -p dispatcher`, which `cargo xtask test` does)",
+            "{} is missing: build it first (`cargo build --bins`, which `cargo xtask test` does)",
             candidates[1].display()
         )
-    })
+    });
+    // `cargo test` alone does not rebuild another package's binary: refuse to test a
+    // stale agent rather than pass or fail on old code.
+    let built = std::fs::metadata(&bin).and_then(|m| m.modified()).unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    for src in ["dispatcher/src", "dispatcher-ebpf/src", "dispatcher-common/src"] {
+        if let Some((_, newer)) = newest(&root.join(src)).filter(|(t, _)| *t > built) {
+            panic!(
+                "{} is older than {}: run `cargo build --bins` (or `cargo xtask test`)",
+                bin.display(),
+                newer.display()
+            );
+        }
+    }
+    bin
+}
+
+/// The most recently modified file below `dir`.
+fn newest(dir: &Path) -> Option<(std::time::SystemTime, PathBuf)> {
+    let mut best: Option<(std::time::SystemTime, PathBuf)> = None;
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        let p = e.path();
+        let cand =
+            if p.is_dir() { newest(&p) } else { e.metadata().ok().and_then(|m| m.modified().ok()).map(|t| (t, p)) };
+        if let Some(c) = cand {
+            if best.as_ref().is_none_or(|b| c.0 > b.0) {
+                best = Some(c);
+            }
+        }
+    }
+    best
 }
 
 const POLL: Duration = Duration::from_millis(50);
