@@ -20,11 +20,14 @@ pub static BACKENDS: Array<BackendInfo> = Array::with_max_entries(MAX_BACKENDS, 
 #[map]
 pub static RINGS: Array<u32> = Array::with_max_entries(MAX_VIPS * MAX_RING_SIZE, 0);
 
+/// Per-CPU LRU lists (as Katran's per-CPU LRU maps): inserting a new flow takes no lock
+/// shared with the other CPUs; a flow's packets arrive on one CPU (RSS).
 #[map]
-pub static FLOWS: LruHashMap<FlowKey, FlowValue> = LruHashMap::with_max_entries(DEFAULT_MAX_FLOWS, 0);
+pub static FLOWS: LruHashMap<FlowKey, FlowValue> = LruHashMap::with_max_entries(DEFAULT_MAX_FLOWS, BPF_F_NO_COMMON_LRU);
 
 #[map]
-pub static AFFINITY: LruHashMap<AffinityKey, AffinityValue> = LruHashMap::with_max_entries(DEFAULT_MAX_AFFINITY, 0);
+pub static AFFINITY: LruHashMap<AffinityKey, AffinityValue> =
+    LruHashMap::with_max_entries(DEFAULT_MAX_AFFINITY, BPF_F_NO_COMMON_LRU);
 
 /// Read by the agent only for now; declared here so that both planes share one object.
 #[map]

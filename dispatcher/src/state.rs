@@ -30,8 +30,14 @@ pub struct Backend {
 }
 
 impl Backend {
+    /// Takes new sessions and unbound requests.
     pub fn is_up(&self) -> bool {
         self.state.load(Ordering::Relaxed) == STATE_UP
+    }
+
+    /// Keeps serving the sessions it owns: up, suspect or draining (as XDP keeps flows).
+    pub fn serves_sessions(&self) -> bool {
+        dispatcher_common::keeps_flows(self.state.load(Ordering::Relaxed))
     }
 }
 
@@ -118,6 +124,12 @@ impl Cluster {
     /// Owner and replica of a clone or partition ID.
     pub fn owner(&self, id: &[u8]) -> Option<(usize, Option<usize>)> {
         self.clones.read().unwrap().get(&cookie_hash(id)).map(|e| (e.owner, e.replica))
+    }
+
+    /// Takes a backend's state as the maps hold it; returns whether it changed.
+    pub fn set_state(&self, backend: usize, state: u8) -> bool {
+        let old = self.backends[backend].state.swap(state, Ordering::Relaxed);
+        old != state
     }
 
     pub fn clone_count(&self) -> usize {

@@ -216,3 +216,54 @@ fn header_trickle_gets_408_at_the_total_deadline() {
         "408 at the 1s header deadline, after {took:?}"
     );
 }
+
+#[test]
+fn operator_drain_and_disable_reach_the_request_path() {
+    let (tb, cluster, addr) = http_testbed(4, false, "");
+    let cfg = tb.workdir.join("dispatcher.toml");
+    let cfg = cfg.to_str().unwrap();
+    let mut clients: Vec<Client> = (0..8).map(|_| Client::new(&tb.client, addr)).collect();
+    for i in 1..=10u64 {
+        for c in clients.iter_mut() {
+            assert_eq!(c.get("/").unwrap().field("count"), Some(i.to_string().as_str()));
+        }
+    }
+    // The clone that owns a session now: the last ID in its cookie.
+    let owner_of = |c: &Client| {
+        c.jar
+            .as_ref()
+            .and_then(|j| j.split(':').next_back())
+            .map(|id| id.trim_start_matches("clone").trim_end_matches('x').parse::<usize>().unwrap())
+            .unwrap()
+    };
+    let before: Vec<usize> = clients.iter().map(owner_of).collect();
+    assert!(before.contains(&0) && before.contains(&1), "{before:?}");
+
+    tb.dispatcher_cmd(&["drain", "--config", cfg, "b1"]);
+    tb.dispatcher_cmd(&["disable", "--config", cfg, "b0"]);
+    std::thread::sleep(Duration::from_millis(600)); // the agent follows the maps every 200 ms
+    let mark = cluster.hits().len();
+    for i in 11..=30u64 {
+        for c in clients.iter_mut() {
+            let r = c.get("/").unwrap();
+            assert_eq!(r.field("count"), Some(i.to_string().as_str()), "session data kept: {r:?}");
+            assert_eq!(r.field("lost"), Some("0"));
+        }
+    }
+    for h in &cluster.hits()[mark..] {
+        assert_ne!(h.backend, 0, "nothing reaches the disabled clone");
+    }
+    for (k, &b) in before.iter().enumerate() {
+        let now = owner_of(&clients[k]);
+        match b {
+            0 => assert_eq!(now, 1, "b0 sessions moved to its replica b1: {:?}", clients[k].jar),
+            _ => assert_eq!(now, b, "other sessions stay (b1 drains: it keeps its own)"),
+        }
+    }
+    // New sessions: neither the disabled nor the draining clone.
+    for _ in 0..8 {
+        let mut fresh = Client::new(&tb.client, addr);
+        let clone = fresh.get("/").unwrap().field("clone").unwrap().to_string();
+        assert!(clone != "clone0x" && clone != "clone1x", "new session on {clone}");
+    }
+}

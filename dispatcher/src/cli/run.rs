@@ -33,7 +33,17 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<ExitCode> {
         }
         tracing::info!(dir = %pin_dir.display(), flows = tables.flow_count(), "adopted pinned maps");
     }
-    let states = initial_states(&cfg);
+    let mut states = initial_states(&cfg);
+    if adopted {
+        // An operator's drain or disable survives an agent restart.
+        for (i, s) in states.iter_mut().enumerate() {
+            if let Ok(info) = tables.backend(i as u32) {
+                if info.state != dispatcher_common::STATE_UNUSED {
+                    *s = info.state;
+                }
+            }
+        }
+    }
     tables.apply(&cfg, &states).context("writing the configuration into the maps")?;
 
     // The program too, so that bpftool and a later agent can find it by path.
@@ -72,7 +82,13 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<ExitCode> {
     };
     tracing::info!(interface = %cfg.interface, mode = how, vips = cfg.vips.len(), backends = cfg.backends.len(), "dispatcher running");
 
+    // Backend states live in BACKENDS (operator commands write them there): follow them
+    // into the request path's mirror.
+    let tables = Arc::new(std::sync::Mutex::new(tables));
+    let follower = rt.spawn(follow_states(tables.clone(), cluster.clone()));
+
     let why = rt.block_on(super::shutdown_signal())?;
+    follower.abort();
     if let Some(server) = server {
         let left = rt.block_on(server.shutdown(cfg.http.drain_timeout));
         tracing::info!(signal = why, unfinished = left, "HTTP VIPs stopped");
@@ -82,11 +98,27 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<ExitCode> {
     } else {
         let _ = std::fs::remove_file(&link_path);
         drop(link);
+        drop(rt);
         drop(tables);
         dataplane::unpin_all(&pin_dir)?;
         tracing::info!(signal = why, "detached and unpinned");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Polls the backends' states in the maps (a few syscalls every 200 ms, off the request
+/// path) and applies changes to the cluster mirror.
+async fn follow_states(tables: Arc<std::sync::Mutex<Tables>>, cluster: Arc<Cluster>) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(200));
+    loop {
+        tick.tick().await;
+        for (i, b) in cluster.backends.iter().enumerate() {
+            let Ok(info) = tables.lock().unwrap().backend(i as u32) else { continue };
+            if cluster.set_state(i, info.state) {
+                tracing::info!(backend = %b.name, state = super::status::state_name(info.state), "backend state changed");
+            }
+        }
+    }
 }
 
 pub fn stop(path: &Path) -> anyhow::Result<ExitCode> {

@@ -44,7 +44,7 @@ impl VipRoute {
                     if !self.members.contains(&owner) {
                         continue;
                     }
-                    if cluster.backends[owner].is_up() {
+                    if cluster.backends[owner].serves_sessions() {
                         cluster.counters.affinity_hits.fetch_add(1, Ordering::Relaxed);
                         return Decision::Affinity(owner);
                     }
@@ -54,7 +54,9 @@ impl VipRoute {
             if let Some(replica) = first_known {
                 // The owner is out: only its replica holds the session's data.
                 return match replica {
-                    Some(r) if self.members.contains(&r) && cluster.backends[r].is_up() => Decision::Affinity(r),
+                    Some(r) if self.members.contains(&r) && cluster.backends[r].serves_sessions() => {
+                        Decision::Affinity(r)
+                    }
                     _ => Decision::SessionUnavailable,
                 };
             }
@@ -170,6 +172,16 @@ mode = "http"
         assert_eq!(route(&c, &r, "0000x:cA:cB"), Decision::Affinity(1), "next clone in the list");
         assert_eq!(route(&c, &r, "0000x:cA"), Decision::Affinity(1), "the owner's replica");
         assert_eq!(route(&c, &r, "0000x:unknown:cA"), Decision::Affinity(1), "unknown IDs are skipped");
+    }
+
+    #[test]
+    fn a_draining_owner_keeps_its_sessions_but_gets_no_new_ones() {
+        let (c, r) = setup(Balance::RoundRobin);
+        c.backends[1].state.store(dispatcher_common::STATE_DRAIN, Ordering::Relaxed);
+        assert_eq!(route(&c, &r, "0000x:cB"), Decision::Affinity(1));
+        for _ in 0..10 {
+            assert_ne!(r.route(&c, None), Decision::Balanced(1));
+        }
     }
 
     #[test]
