@@ -122,6 +122,7 @@ impl Ns {
 
 /// A background task the testbed stops on drop.
 struct Stoppable {
+    backend: usize,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -442,13 +443,12 @@ impl Testbed {
         let stop = Arc::new(AtomicBool::new(false));
         let s2 = stop.clone();
         let thread = self.backends[backend].spawn(move || f(s2));
-        self.tasks.push(Stoppable { stop, thread: Some(thread) });
+        self.tasks.push(Stoppable { backend, stop, thread: Some(thread) });
     }
 
-    /// Stops backend `i`'s servers only (the namespace stays).
-    pub fn kill_servers_of(&mut self, i: usize, tcp_ports: usize, udp_ports: usize) {
-        let per = tcp_ports + udp_ports;
-        for t in &mut self.tasks[i * per..(i + 1) * per] {
+    /// Stops every server of backend `i` (the namespace stays): the backend has failed.
+    pub fn kill_servers_of(&mut self, i: usize) {
+        for t in self.tasks.iter_mut().filter(|t| t.backend == i) {
             t.stop.store(true, Ordering::SeqCst);
             if let Some(h) = t.thread.take() {
                 let _ = h.join();

@@ -214,7 +214,7 @@ fn drain_keeps_flows_and_disable_moves_them_to_the_replica() {
             on_b2.push(s);
         }
     }
-    tb.kill_servers_of(2, 1, 1);
+    tb.kill_servers_of(2);
     let out = tb.dispatcher_cmd(&["disable", "--config", &cfg_arg, "b2"]);
     assert!(out.contains("b2: up -> disabled"), "{out}");
     states[2] = STATE_DISABLED;

@@ -7,7 +7,7 @@ use std::{
     io::{BufRead, BufReader, Write},
     net::{SocketAddr, TcpStream, UdpSocket},
     sync::{
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
         Arc, Mutex,
     },
     time::{Duration, Instant},
@@ -15,9 +15,14 @@ use std::{
 
 use dispatcher::dataplane::tables::Tables;
 use dispatcher_common::stats;
-use dispatcher_tests::netns::Testbed;
+use dispatcher_tests::{
+    netns::Testbed,
+    websphere::{self, Client},
+};
 
 const VIP: &str = "10.99.100.1";
+const HTTP_VIP: &str = "10.99.100.8";
+const HTTP_CLIENTS: usize = 6;
 const CLIENT_THREADS: usize = 6;
 
 #[derive(Default)]
@@ -35,11 +40,14 @@ fn main() {
     let seconds: u64 =
         std::env::args().skip_while(|a| a != "--seconds").nth(1).and_then(|s| s.parse().ok()).unwrap_or(12);
     let seconds = seconds.clamp(6, 600);
-    println!("dispatcher demo: client -> XDP on the dispatcher -> 4 backends (replica pairs b0/b1, b2/b3), direct server return\n");
+    println!("dispatcher demo: a client, the dispatcher and 4 backends (replica pairs b0/b1, b2/b3)");
+    println!("  L4:   VIP {VIP} tcp/80, udp/5060 -> XDP (MAC forwarding, direct server return)");
+    println!("  HTTP: VIP {HTTP_VIP}:80 -> the agent -> WebSphere-like clones on :8080, JSESSIONID affinity\n");
 
-    let mut tb = Testbed::new(4, &[VIP]);
+    let mut tb = Testbed::new(4, &[VIP, HTTP_VIP]);
+    tb.add_local_vip(HTTP_VIP);
     let cfg_text = format!(
-        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n{}\n[[vip]]\nname = \"web\"\naddress = \"{VIP}\"\nport = 80\n\n[[vip]]\nname = \"sessions\"\naddress = \"{VIP}\"\nport = 5060\nprotocol = \"udp\"\n",
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n{}\n[[vip]]\nname = \"web\"\naddress = \"{VIP}\"\nport = 80\n\n[[vip]]\nname = \"sessions\"\naddress = \"{VIP}\"\nport = 5060\nprotocol = \"udp\"\n\n[[vip]]\nname = \"app\"\naddress = \"{HTTP_VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = 8080\n",
         tb.instance(),
         tb.backend_config(&[100, 100, 100, 100])
     );
@@ -51,6 +59,8 @@ fn main() {
         tb.instance()
     );
     tb.start_servers(&[80], &[(VIP, 5060)]);
+    let app = websphere::Cluster::new(4);
+    tb.start_websphere(&app, 8080);
     tb.start_dispatcher(&cfg_path);
     println!("dispatcher running in {} (maps pinned under {})\n", tb.lb.name, tb.pin_dir().display());
 
@@ -76,6 +86,13 @@ fn main() {
         clients.push(tb.client.spawn(move || client_loop(&shared, &stop)));
     }
 
+    let http = Arc::new(HttpStats::default());
+    let mut http_clients = Vec::new();
+    for _ in 0..HTTP_CLIENTS {
+        let (http, stop, ns) = (http.clone(), stop.clone(), tb.client.clone());
+        http_clients.push(std::thread::spawn(move || http_client_loop(&ns, &http, &stop)));
+    }
+
     let tables = Tables::from_pinned(&tb.pin_dir()).expect("pinned maps");
     let start = Instant::now();
     let mut drained = false;
@@ -93,14 +110,15 @@ fn main() {
         if !failed && t >= 2 * seconds / 3 {
             failed = true;
             println!("\n>>> t={t}s  b2 fails (its servers stop) and is disabled: its flows move to its replica b3");
-            tb.kill_servers_of(2, 1, 1);
-            print!("    {}", tb.dispatcher_cmd(&["disable", "--config", &cfg_arg, "b2"]));
+            // Connections that break while b2 dies count in the failure phase.
             *shared.phase.lock().unwrap() = 2;
+            tb.kill_servers_of(2);
+            print!("    {}", tb.dispatcher_cmd(&["disable", "--config", &cfg_arg, "b2"]));
         }
-        print_live(&tables, t);
+        print_live(&tables, &app, t);
     }
     stop.store(true, Ordering::SeqCst);
-    for c in clients {
+    for c in clients.into_iter().chain(http_clients) {
         let _ = c.join();
     }
 
@@ -123,6 +141,19 @@ fn main() {
     }
     let hits = tables.counter(stats::vip_slot(1, stats::VIP_REPINNED)).map(|c| c.packets).unwrap_or(0);
     println!("flows re-pinned to a replica by XDP: {hits}");
+
+    println!("\nHTTP ({HTTP_CLIENTS} clients with cookie jars, new connection every 10 requests):");
+    let requests = http.requests.load(Ordering::SeqCst);
+    println!("  requests answered: {requests}, errors: {}", http.errors.load(Ordering::SeqCst));
+    println!(
+        "  session counters that continued without a gap: {} of {} responses",
+        http.continued.load(Ordering::SeqCst),
+        requests
+    );
+    println!("  sessions lost (a clone found no copy): {}", http.lost.load(Ordering::SeqCst));
+    let (moved, misroutes) = session_moves(&app);
+    println!("  sessions that moved to their replica when b2 failed: {moved}");
+    println!("  misroutes (served by neither the session's owner nor its replica): {misroutes}");
     println!("\nfinal status (dispatcher status):");
     print!("{}", tb.dispatcher_cmd(&["status", "--config", &cfg_arg]));
     drop(per);
@@ -130,6 +161,63 @@ fn main() {
     let name = tb.instance().to_string();
     drop(tb);
     println!("\ntestbed {name} torn down: processes stopped, namespaces deleted, pinned maps removed");
+}
+
+#[derive(Default)]
+struct HttpStats {
+    requests: AtomicU64,
+    errors: AtomicU64,
+    continued: AtomicU64,
+    lost: AtomicU64,
+}
+
+fn http_client_loop(ns: &dispatcher_tests::netns::Ns, stats: &HttpStats, stop: &AtomicBool) {
+    let addr: SocketAddr = format!("{HTTP_VIP}:80").parse().unwrap();
+    let mut c = Client::new(ns, addr);
+    let mut last = 0u64;
+    let mut n = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        n += 1;
+        if n % 10 == 0 {
+            c.reconnect();
+        }
+        match c.get("/app/cart") {
+            Ok(r) if r.status == 200 => {
+                stats.requests.fetch_add(1, Ordering::SeqCst);
+                let count: u64 = r.field("count").and_then(|v| v.parse().ok()).unwrap_or(0);
+                if count == last + 1 {
+                    stats.continued.fetch_add(1, Ordering::SeqCst);
+                }
+                if r.field("lost") == Some("1") {
+                    stats.lost.fetch_add(1, Ordering::SeqCst);
+                }
+                last = count;
+            }
+            _ => {
+                stats.errors.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(30));
+    }
+}
+
+/// From the clones' own logs: sessions served by a second clone, and requests served by
+/// a clone that was neither the session's first owner nor that owner's replica.
+fn session_moves(app: &websphere::Cluster) -> (usize, usize) {
+    let mut first: std::collections::HashMap<String, usize> = Default::default();
+    let mut moved = std::collections::HashSet::new();
+    let mut misroutes = 0;
+    for h in app.hits() {
+        let owner = *first.entry(h.session.clone()).or_insert(h.backend);
+        if h.backend != owner {
+            if h.backend == owner ^ 1 {
+                moved.insert(h.session.clone());
+            } else {
+                misroutes += 1;
+            }
+        }
+    }
+    (moved.len(), misroutes)
 }
 
 fn client_loop(shared: &Shared, stop: &AtomicBool) {
@@ -188,8 +276,9 @@ fn udp_ask(s: &UdpSocket) -> Option<String> {
     None
 }
 
-fn print_live(tables: &Tables, t: u64) {
-    let mut row = format!("t={t:>3}s  XDP per backend (packets / new flows):");
+fn print_live(tables: &Tables, app: &websphere::Cluster, t: u64) {
+    let hits = app.hits();
+    let mut row = format!("t={t:>3}s  per backend: XDP packets/new flows, HTTP requests:");
     for b in 0..4u32 {
         let st = tables.backend(b).map(|i| i.state).unwrap_or(0);
         let state = match st {
@@ -200,7 +289,8 @@ fn print_live(tables: &Tables, t: u64) {
         };
         let p = tables.counter(stats::backend_slot(b, stats::BACKEND_PACKETS)).map(|c| c.packets).unwrap_or(0);
         let n = tables.counter(stats::backend_slot(b, stats::BACKEND_NEW_FLOWS)).map(|c| c.packets).unwrap_or(0);
-        row += &format!("  b{b}[{state}] {p}/{n}");
+        let h = hits.iter().filter(|x| x.backend == b as usize).count();
+        row += &format!("  b{b}[{state}] {p}/{n} {h}");
     }
     println!("{row}");
 }
