@@ -337,6 +337,11 @@ impl Testbed {
         pid
     }
 
+    /// The pid of a process the testbed started.
+    pub fn pid_of(&self, what: &str) -> Option<u32> {
+        self.children.iter().find(|(w, _)| w == what).map(|(_, c)| c.id())
+    }
+
     pub fn log(&self, what: &str) -> String {
         std::fs::read_to_string(self.workdir.join(format!("{what}.log"))).unwrap_or_default()
     }

@@ -41,6 +41,9 @@ enum Cmd {
         /// ns/packet through BPF_PROG_TEST_RUN.
         #[arg(long)]
         xdp: bool,
+        /// Requests/s and latency against HAProxy and nginx.
+        #[arg(long)]
+        http: bool,
         /// Fewer runs per case.
         #[arg(long)]
         quick: bool,
@@ -81,15 +84,22 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             build(false)?;
             exec_built("demo", &["--seconds".to_string(), seconds.to_string()])
         }
-        Cmd::Bench { xdp: _, quick } => {
-            require_root("the benchmarks load BPF programs")?;
+        Cmd::Bench { xdp, http, quick } => {
+            require_root("the benchmarks load BPF programs and create network namespaces")?;
             setup::setup()?;
-            build(false)?;
-            let mut args = vec!["--xdp".to_string()];
-            if quick {
-                args.push("--quick".into());
+            let all = !xdp && !http;
+            if all || http {
+                // The peers measured beside the dispatcher, and the load generator.
+                setup::ensure_packages(&["haproxy", "nginx", "wrk"])?;
             }
-            exec_built("bench", &args)
+            build(true)?;
+            let mut args = Vec::new();
+            for (on, flag) in [(xdp, "--xdp"), (http, "--http"), (quick, "--quick")] {
+                if on {
+                    args.push(flag.to_string());
+                }
+            }
+            exec_built_profile("bench", &args, "release")
         }
         Cmd::Testbed { action } => {
             require_root("the testbed creates network namespaces")?;
@@ -107,7 +117,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 /// just made. They are not part of xtask itself: xtask must compile on a fresh machine,
 /// before `setup` has installed what the XDP programs need.
 fn exec_built(program: &str, args: &[String]) -> anyhow::Result<()> {
-    let exe = workspace_root().join("target/debug").join(program);
+    exec_built_profile(program, args, "debug")
+}
+
+fn exec_built_profile(program: &str, args: &[String], profile: &str) -> anyhow::Result<()> {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
+    let exe = target.join(profile).join(program);
     let mut cmd = Command::new(&exe);
     cmd.args(args);
     run_cmd(&mut cmd)

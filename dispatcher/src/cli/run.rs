@@ -18,6 +18,7 @@ use dispatcher::{
 pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<ExitCode> {
     let cfg = Config::load(path)?;
     super::init_logging(&cfg.log_level);
+    raise_fd_limit();
     let pin_dir = cfg.pin_dir();
     let adopted = pin_dir.join("VIPS").exists();
     let mut ebpf = dataplane::load_dispatcher(&LoadOptions {
@@ -117,6 +118,17 @@ async fn follow_states(tables: Arc<std::sync::Mutex<Tables>>, cluster: Arc<Clust
             if cluster.set_state(i, info.state) {
                 tracing::info!(backend = %b.name, state = super::status::state_name(info.state), "backend state changed");
             }
+        }
+    }
+}
+
+/// A proxy holds two descriptors per connection: take the hard limit, not the default
+/// soft 1024.
+fn raise_fd_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if soft < hard {
+            let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
         }
     }
 }

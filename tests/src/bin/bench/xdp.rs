@@ -1,4 +1,4 @@
-//! `cargo xtask bench --xdp`: ns/packet of the XDP program through BPF_PROG_TEST_RUN, per
+//! XDP micro-benchmark: ns/packet of the XDP program through BPF_PROG_TEST_RUN, per
 //! packet class and forwarding mode, beside a trivial XDP_PASS program measured in the
 //! same run. Single-shot runs (the kernel reuses the rewritten buffer under `repeat`);
 //! the median of many.
@@ -58,8 +58,7 @@ fn run_prog(ebpf: &mut aya::Ebpf, prog: &str, input: &[u8], repeat: u32) -> (u32
     (o.verdict, nanos(o.duration))
 }
 
-fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
+pub fn run(quick: bool) -> (String, String) {
     let runs: u32 = if quick { 2_000 } else { 20_000 };
     let rounds: u32 = if quick { 5 } else { 21 };
     // The flow table as deployed (1M entries): new flows do not evict each other here.
@@ -146,9 +145,7 @@ fn main() {
         eprintln!("    {:<28} single-shot {:>4} ns (floor {}), warm {warm_s}", c.name, cold.0, cold.1);
         rows.push((c.name, cold, warm, c.target));
     }
-    println!();
-    println!("| case | single-shot ns | floor | above floor | warm ns | warm floor | warm above floor | target above floor | met (single-shot) |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---|");
+    let mut table = String::from("| case | single-shot ns | floor | above floor | warm ns | warm floor | warm above floor | target above floor | met (single-shot) |\n|---|---:|---:|---:|---:|---:|---:|---:|---|\n");
     let mut json = Vec::new();
     for (name, (m, f), warm, target) in &rows {
         let above = m.saturating_sub(*f);
@@ -160,19 +157,15 @@ fn main() {
             Some((w, f)) => (w.to_string(), f.to_string(), w.saturating_sub(*f).to_string()),
             None => ("-".into(), "-".into(), "-".into()),
         };
-        println!("| {name} | {m} | {f} | {above} | {wn} | {wf} | {wa} | {t} | {met} |");
+        table += &format!("| {name} | {m} | {f} | {above} | {wn} | {wf} | {wa} | {t} | {met} |\n");
         let warm_json = warm.map(|(w, f)| format!(r#"{{"ns":{w},"floor_ns":{f}}}"#)).unwrap_or("null".into());
         json.push(format!(
             r#"{{"case":"{name}","ns":{m},"floor_ns":{f},"above_floor_ns":{above},"warm":{warm_json},"target_above_floor_ns":{}}}"#,
             target.map(|t| t.to_string()).unwrap_or("null".into())
         ));
     }
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().join("target/bench");
-    std::fs::create_dir_all(&dir).unwrap();
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let report = format!(r#"{{"kernel":"{}","runs_per_case":{runs},"xdp":[{}]}}"#, kernel.trim(), json.join(","));
-    std::fs::write(dir.join("report.json"), report).unwrap();
-    println!("\nreport: {}", dir.join("report.json").display());
+    println!("\n{table}");
+    (format!(r#"{{"runs_per_case":{runs},"cases":[{}]}}"#, json.join(",")), table)
 }
 
 fn dispatcher_ebpf(fx: &mut Fixture) -> &mut aya::Ebpf {

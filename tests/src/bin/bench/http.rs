@@ -1,0 +1,287 @@
+//! HTTP: the dispatcher, HAProxy (routing by the clone ID in JSESSIONID) and nginx
+//! (`hash $cookie_JSESSIONID consistent`) in the dispatcher namespace, with the same
+//! worker count, in front of the same four nginx backends; wrk from the client namespace.
+
+use std::{
+    io::{BufReader, Write},
+    net::{SocketAddr, TcpStream},
+    time::{Duration, Instant},
+};
+
+use dispatcher_tests::{
+    netns::{backend_ip, Testbed},
+    websphere::read_response,
+};
+
+const VIP: &str = "10.99.100.20";
+const BACKEND_PORT: u16 = 8080;
+const WORKERS: usize = 1;
+const CONNECTIONS: usize = 50;
+
+struct System {
+    name: &'static str,
+    port: u16,
+    /// The process log to show when it does not come up.
+    log: &'static str,
+}
+
+const SYSTEMS: [System; 3] = [
+    System { name: "dispatcher", port: 80, log: "dispatcher" },
+    System { name: "haproxy", port: 81, log: "haproxy" },
+    System { name: "nginx", port: 82, log: "nginx-proxy" },
+];
+
+struct Measured {
+    rps: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    errors: u64,
+    /// Of the sampled requests, the share that reached the clone their cookie names.
+    affinity: f64,
+}
+
+fn backend_conf(i: usize, dir: &std::path::Path) -> String {
+    format!(
+        "daemon off;\nworker_processes 1;\npid {d}/b{i}.pid;\nerror_log {d}/b{i}.err;\nevents {{ worker_connections 4096; }}\nhttp {{\n access_log off;\n client_body_temp_path {d}/b{i}-body;\n proxy_temp_path {d}/b{i}-proxy;\n fastcgi_temp_path {d}/b{i}-fcgi;\n uwsgi_temp_path {d}/b{i}-uwsgi;\n scgi_temp_path {d}/b{i}-scgi;\n keepalive_requests 1000000;\n server {{\n  listen {BACKEND_PORT};\n  location / {{ add_header Set-Cookie \"JSESSIONID=0000benchsession{i}:clone{i}x; Path=/\"; return 200 \"clone{i}x\\n\"; }}\n }}\n}}\n",
+        d = dir.display()
+    )
+}
+
+fn haproxy_conf(dir: &std::path::Path) -> String {
+    let mut s = format!(
+        "global\n nbthread {WORKERS}\n maxconn 4000\n pidfile {d}/haproxy.pid\ndefaults\n mode http\n timeout connect 3s\n timeout client 30s\n timeout server 30s\n option http-keep-alive\nfrontend fe\n bind {VIP}:81\n default_backend be\nbackend be\n balance roundrobin\n http-reuse safe\n",
+        d = dir.display()
+    );
+    for i in 0..4 {
+        s += &format!(" use-server clone{i}x if {{ req.cook(JSESSIONID),field(2,:) -m str clone{i}x }}\n");
+    }
+    for i in 0..4 {
+        s += &format!(" server clone{i}x {}:{BACKEND_PORT}\n", backend_ip(i));
+    }
+    s
+}
+
+fn nginx_proxy_conf(dir: &std::path::Path) -> String {
+    let servers: String = (0..4).map(|i| format!("  server {}:{BACKEND_PORT};\n", backend_ip(i))).collect();
+    format!(
+        "daemon off;\nworker_processes {WORKERS};\npid {d}/proxy.pid;\nerror_log {d}/proxy.err;\nevents {{ worker_connections 20000; }}\nhttp {{\n access_log off;\n client_body_temp_path {d}/p-body;\n proxy_temp_path {d}/p-proxy;\n fastcgi_temp_path {d}/p-fcgi;\n uwsgi_temp_path {d}/p-uwsgi;\n scgi_temp_path {d}/p-scgi;\n keepalive_requests 1000000;\n upstream clones {{\n  hash $cookie_JSESSIONID consistent;\n{servers}  keepalive 64;\n }}\n server {{\n  listen {VIP}:82;\n  location / {{ proxy_pass http://clones; proxy_http_version 1.1; proxy_set_header Connection \"\"; }}\n }}\n}}\n",
+        d = dir.display()
+    )
+}
+
+const LUA: &str = r#"
+local i = 0
+request = function()
+  i = i + 1
+  return wrk.format("GET", "/", {["Cookie"] = "JSESSIONID=0000benchsession" .. (i % 64) .. ":clone" .. (i % 4) .. "x"})
+end
+"#;
+
+/// `1.23ms`, `456.00us`, `1.2s` -> milliseconds.
+fn ms(v: &str) -> f64 {
+    let (num, unit) = v.split_at(v.find(|c: char| c.is_alphabetic()).unwrap_or(v.len()));
+    let n: f64 = num.parse().unwrap_or(f64::NAN);
+    match unit {
+        "us" => n / 1000.0,
+        "ms" => n,
+        "s" => n * 1000.0,
+        "m" => n * 60_000.0,
+        _ => f64::NAN,
+    }
+}
+
+fn wrk(tb: &Testbed, port: u16, secs: u64, script: &std::path::Path) -> (f64, f64, f64, u64) {
+    let url = format!("http://{VIP}:{port}/");
+    let out = tb.client.exec(&[
+        "wrk",
+        "-t1",
+        &format!("-c{CONNECTIONS}"),
+        &format!("-d{secs}s"),
+        "--latency",
+        "-s",
+        script.to_str().unwrap(),
+        &url,
+    ]);
+    let mut rps = f64::NAN;
+    let (mut p50, mut p99) = (f64::NAN, f64::NAN);
+    let mut errors = 0;
+    for line in out.lines() {
+        let t = line.trim();
+        if let Some(v) = t.strip_prefix("Requests/sec:") {
+            rps = v.trim().parse().unwrap_or(f64::NAN);
+        } else if let Some(v) = t.strip_prefix("50%") {
+            p50 = ms(v.trim());
+        } else if let Some(v) = t.strip_prefix("99%") {
+            p99 = ms(v.trim());
+        } else if let Some(v) = t.strip_prefix("Non-2xx or 3xx responses:") {
+            errors += v.trim().parse::<u64>().unwrap_or(0);
+        } else if t.starts_with("Socket errors:") {
+            errors += t.split(|c: char| !c.is_ascii_digit()).filter_map(|n| n.parse::<u64>().ok()).sum::<u64>();
+        }
+    }
+    (rps, p50, p99, errors)
+}
+
+/// Sends requests naming each clone and counts those that reached it.
+fn affinity(tb: &Testbed, port: u16) -> f64 {
+    let addr: SocketAddr = format!("{VIP}:{port}").parse().unwrap();
+    let s = tb.client.run(move || TcpStream::connect_timeout(&addr, Duration::from_secs(3))).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut w = s.try_clone().unwrap();
+    let mut r = BufReader::new(s);
+    let (mut ok, total) = (0, 40);
+    for k in 0..total {
+        let clone = format!("clone{}x", k % 4);
+        let req = format!("GET / HTTP/1.1\r\nHost: b\r\nCookie: JSESSIONID=0000affinity{k}:{clone}\r\n\r\n");
+        w.write_all(req.as_bytes()).unwrap();
+        let resp = read_response(&mut r).expect("response");
+        if resp.body.trim() == clone {
+            ok += 1;
+        }
+    }
+    ok as f64 / total as f64
+}
+
+fn wait_ready(tb: &Testbed, port: u16, log: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let addr: SocketAddr = format!("{VIP}:{port}").parse().unwrap();
+    loop {
+        let ok = tb.client.run(move || {
+            let Ok(s) = TcpStream::connect_timeout(&addr, Duration::from_millis(300)) else { return false };
+            let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+            let mut w = s.try_clone().unwrap();
+            let _ = w.write_all(b"GET / HTTP/1.1\r\nHost: b\r\n\r\n");
+            read_response(&mut BufReader::new(s)).map(|r| r.status == 200).unwrap_or(false)
+        });
+        if ok {
+            return;
+        }
+        assert!(Instant::now() < deadline, "port {port} not serving:\n{}", tb.log(log));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The agent's memory with 1,000 idle keep-alive client connections open.
+fn idle_memory(tb: &Testbed, pid: u32) -> (u64, u64) {
+    let before = rss_kib(pid);
+    let addr: SocketAddr = format!("{VIP}:80").parse().unwrap();
+    let conns: Vec<TcpStream> = tb.client.run(move || {
+        (0..1000)
+            .map(|k| {
+                let s = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).expect("connect");
+                s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                let mut w = s.try_clone().unwrap();
+                let req =
+                    format!("GET / HTTP/1.1\r\nHost: b\r\nCookie: JSESSIONID=0000idle{k}:clone{}x\r\n\r\n", k % 4);
+                w.write_all(req.as_bytes()).unwrap();
+                read_response(&mut BufReader::new(s.try_clone().unwrap())).expect("response");
+                s
+            })
+            .collect()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let after = rss_kib(pid);
+    drop(conns);
+    (before, after)
+}
+
+fn raise_nofile() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}
+
+pub fn run(quick: bool) -> (String, String) {
+    raise_nofile();
+    let secs = if quick { 4 } else { 15 };
+    eprintln!("==> HTTP benchmark: {WORKERS} worker(s) each, wrk {CONNECTIONS} connections, {secs}s per system");
+    let mut tb = Testbed::new(4, &[VIP]);
+    tb.add_local_vip(VIP);
+    let dir = tb.workdir.clone();
+    for i in 0..4 {
+        let conf = dir.join(format!("backend{i}.conf"));
+        std::fs::write(&conf, backend_conf(i, &dir)).unwrap();
+        let mut cmd = tb.backends[i].command("nginx");
+        cmd.arg("-p").arg(&dir).arg("-c").arg(&conf);
+        tb.start(&format!("nginx-b{i}"), cmd);
+    }
+    let clone_ids: Vec<String> = (0..4).map(|i| format!("clone{i}x")).collect();
+    let cfg = format!(
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nworkers = {WORKERS}\n\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\n",
+        tb.instance(),
+        tb.backend_config_with_clones(&[], &clone_ids)
+    );
+    let path = tb.write_config(&cfg);
+    tb.start_dispatcher(&path);
+    let agent_pid = tb.pid_of("dispatcher").expect("agent pid");
+    let hconf = dir.join("haproxy.cfg");
+    std::fs::write(&hconf, haproxy_conf(&dir)).unwrap();
+    let mut cmd = tb.lb.command("haproxy");
+    cmd.arg("-db").arg("-f").arg(&hconf);
+    tb.start("haproxy", cmd);
+    let nconf = dir.join("nginx-proxy.conf");
+    std::fs::write(&nconf, nginx_proxy_conf(&dir)).unwrap();
+    let mut cmd = tb.lb.command("nginx");
+    cmd.arg("-p").arg(&dir).arg("-c").arg(&nconf);
+    tb.start("nginx-proxy", cmd);
+    let script = dir.join("cookies.lua");
+    std::fs::write(&script, LUA).unwrap();
+
+    let mut results = Vec::new();
+    for s in &SYSTEMS {
+        wait_ready(&tb, s.port, s.log);
+        let aff = affinity(&tb, s.port);
+        let (rps, p50, p99, errors) = wrk(&tb, s.port, secs, &script);
+        eprintln!(
+            "    {:<11} {rps:>10.0} req/s  p50 {p50:.3} ms  p99 {p99:.3} ms  errors {errors}  affinity {:.0}%",
+            s.name,
+            aff * 100.0
+        );
+        results.push(Measured { rps, p50_ms: p50, p99_ms: p99, errors, affinity: aff });
+    }
+    let (rss_before, rss_after) = idle_memory(&tb, agent_pid);
+    eprintln!("    dispatcher RSS: {rss_before} KiB idle, {rss_after} KiB with 1,000 idle keep-alive connections");
+
+    let base = &results[1];
+    let mut table = String::from(
+        "| system | requests/s | p50 ms | p99 ms | errors | routed to the cookie's clone | req/s vs HAProxy | p99 vs HAProxy |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    let mut json = Vec::new();
+    for (s, m) in SYSTEMS.iter().zip(&results) {
+        table += &format!(
+            "| {} | {:.0} | {:.3} | {:.3} | {} | {:.0}% | {:.2} | {:.2} |\n",
+            s.name,
+            m.rps,
+            m.p50_ms,
+            m.p99_ms,
+            m.errors,
+            m.affinity * 100.0,
+            m.rps / base.rps,
+            m.p99_ms / base.p99_ms
+        );
+        json.push(format!(
+            r#"{{"system":"{}","rps":{:.1},"p50_ms":{:.3},"p99_ms":{:.3},"errors":{},"affinity":{:.3}}}"#,
+            s.name, m.rps, m.p50_ms, m.p99_ms, m.errors, m.affinity
+        ));
+    }
+    table += &format!(
+        "\nworkers: {WORKERS} each; wrk: 1 thread, {CONNECTIONS} connections, {secs} s, cookies naming the 4 clones in turn.\nDispatcher RSS: {rss_before} KiB idle, {rss_after} KiB with 1,000 idle keep-alive client connections (target < 65,536 KiB).\n"
+    );
+    println!("\n{table}");
+    let json = format!(
+        r#"{{"workers":{WORKERS},"connections":{CONNECTIONS},"seconds":{secs},"systems":[{}],"rss_idle_kib":{rss_before},"rss_1000_idle_conns_kib":{rss_after}}}"#,
+        json.join(",")
+    );
+    (json, table)
+}

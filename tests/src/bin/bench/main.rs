@@ -1,0 +1,36 @@
+//! `cargo xtask bench`: the benchmarks, each against its peers measured in the same run.
+//! Writes `target/bench/report.json` and `target/bench/report.md`.
+
+mod http;
+mod xdp;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let has = |f: &str| args.iter().any(|a| a == f);
+    let quick = has("--quick");
+    let all = !has("--xdp") && !has("--http");
+    let mut parts = Vec::new();
+    let mut md = String::new();
+    if all || has("--xdp") {
+        let (json, table) = xdp::run(quick);
+        parts.push(format!(r#""xdp":{json}"#));
+        md += "## XDP (ns/packet, BPF_PROG_TEST_RUN)\n\n";
+        md += &table;
+        md += "\n";
+    }
+    if all || has("--http") {
+        let (json, table) = http::run(quick);
+        parts.push(format!(r#""http":{json}"#));
+        md += "## HTTP (wrk, same backends, same worker count)\n\n";
+        md += &table;
+        md += "\n";
+    }
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().join("target/bench");
+    std::fs::create_dir_all(&dir).unwrap();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let report = format!(r#"{{"kernel":"{}","cpus":{cpus},"quick":{quick},{}}}"#, kernel.trim(), parts.join(","));
+    std::fs::write(dir.join("report.json"), report).unwrap();
+    std::fs::write(dir.join("report.md"), &md).unwrap();
+    println!("\nreport: {} and report.md", dir.join("report.json").display());
+}
