@@ -200,10 +200,11 @@ pub fn parse_request(
     limits: &HeadLimits,
     scratch: &mut Vec<Header>,
 ) -> Result<Option<RequestHead>, Reject> {
-    let mut hdrs = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    // Uninitialised: no 8 KiB memset per parse.
+    let mut hdrs = [const { std::mem::MaybeUninit::<httparse::Header>::uninit() }; MAX_HEADERS];
     let n = limits.max_headers.min(MAX_HEADERS);
-    let mut req = httparse::Request::new(&mut hdrs[..n]);
-    let len = match req.parse(buf) {
+    let mut req = httparse::Request::new(&mut []);
+    let len = match req.parse_with_uninit_headers(buf, &mut hdrs[..n]) {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) => {
             if buf.len() > limits.max_bytes {
@@ -269,10 +270,10 @@ pub fn parse_response(
     limits: &HeadLimits,
     scratch: &mut Vec<Header>,
 ) -> Result<Option<ResponseHead>, Reject> {
-    let mut hdrs = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut hdrs = [const { std::mem::MaybeUninit::<httparse::Header>::uninit() }; MAX_HEADERS];
     let n = limits.max_headers.min(MAX_HEADERS);
-    let mut res = httparse::Response::new(&mut hdrs[..n]);
-    let len = match res.parse(buf) {
+    let mut res = httparse::Response::new(&mut []);
+    let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(&mut res, buf, &mut hdrs[..n]) {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) => {
             if buf.len() > limits.max_bytes {

@@ -94,7 +94,10 @@ pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut st
             }
         };
         let head_bytes = client.buf.split_to(head.len);
-        match exchange(&ctx, &head, &head_bytes, &mut client, &mut w, peer, &mut out, &mut scratch).await {
+        let next = exchange(&ctx, &head, &head_bytes, &mut client, &mut w, peer, &mut out, &mut scratch).await;
+        // Keep the header index's allocation for the next request.
+        scratch = head.headers;
+        match next {
             Next::KeepAlive if !*stop.borrow() => {}
             _ => {
                 let _ = w.shutdown().await;
@@ -210,7 +213,7 @@ fn build_request(out: &mut Vec<u8>, head: &RequestHead, buf: &[u8], client: IpAd
         out.extend_from_slice(v);
         out.extend_from_slice(b", ");
     }
-    out.extend_from_slice(client.to_string().as_bytes());
+    let _ = std::io::Write::write_fmt(out, format_args!("{client}"));
     out.extend_from_slice(b"\r\nX-Forwarded-Proto: http\r\nVia: ");
     for v in &via {
         out.extend_from_slice(v);
@@ -227,7 +230,7 @@ fn build_request(out: &mut Vec<u8>, head: &RequestHead, buf: &[u8], client: IpAd
 /// The response head as it goes to the client.
 fn build_response(out: &mut Vec<u8>, res: &ResponseHead, buf: &[u8], close: bool, dechunk: bool) {
     out.clear();
-    out.extend_from_slice(format!("HTTP/1.1 {} ", res.status).as_bytes());
+    let _ = std::io::Write::write_fmt(out, format_args!("HTTP/1.1 {} ", res.status));
     out.extend_from_slice(&buf[res.reason.clone()]);
     out.extend_from_slice(b"\r\n");
     let listed = connection_listed(buf, &res.headers);
@@ -482,10 +485,17 @@ async fn exchange<R: AsyncRead + Unpin>(
     // connection cannot carry another request.
     let close = !head.keep_alive || res.framing == Framing::UntilClose || dechunk || body_skipped;
     build_response(out, &res, &res_buf, close, dechunk);
+    // A small body already read goes out with the head: one write per response.
+    let mut framing = if dechunk { Framing::Chunked } else { res.framing };
+    if let Framing::Length(n) = framing {
+        if up.r.buf.len() as u64 >= n && n <= 64 * 1024 {
+            out.extend_from_slice(&up.r.buf.split_to(n as usize));
+            framing = Framing::None;
+        }
+    }
     if w.write_all(out).await.is_err() {
         return Next::Close;
     }
-    let framing = if dechunk { Framing::Chunked } else { res.framing };
     if let Err(e) = relay_body(framing, &mut up.r, w, s.server_timeout, dechunk).await {
         // Part of the response is out: the client must see the connection abort, never
         // a response that looks complete.
