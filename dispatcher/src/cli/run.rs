@@ -71,13 +71,11 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<ExitCode> {
     let clones = ebpf.take_map("CLONES").ok_or_else(|| anyhow::anyhow!("CLONES map missing"))?;
     let clones = aya::maps::HashMap::try_from(clones).context("CLONES map")?;
     let cluster = Arc::new(Cluster::new(&cfg, &states, Some(clones)));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(cfg.http.workers)
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
+    // The control runtime (signals, state following); the request path has its own
+    // event loops (`http::listener`).
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
     let server = if cfg.vips.iter().any(|v| v.mode == VipMode::Http) {
-        Some(rt.block_on(HttpServer::start(&cfg, cluster.clone())).context("starting the HTTP VIPs")?)
+        Some(HttpServer::start(&cfg, cluster.clone()).context("starting the HTTP VIPs")?)
     } else {
         None
     };
@@ -91,7 +89,7 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<ExitCode> {
     let why = rt.block_on(super::shutdown_signal())?;
     follower.abort();
     if let Some(server) = server {
-        let left = rt.block_on(server.shutdown(cfg.http.drain_timeout));
+        let left = server.shutdown();
         tracing::info!(signal = why, unfinished = left, "HTTP VIPs stopped");
     }
     if keep_dataplane {

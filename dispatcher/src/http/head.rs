@@ -273,7 +273,8 @@ pub fn parse_response(
     let mut hdrs = [const { std::mem::MaybeUninit::<httparse::Header>::uninit() }; MAX_HEADERS];
     let n = limits.max_headers.min(MAX_HEADERS);
     let mut res = httparse::Response::new(&mut []);
-    let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(&mut res, buf, &mut hdrs[..n]) {
+    let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(&mut res, buf, &mut hdrs[..n])
+    {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) => {
             if buf.len() > limits.max_bytes {

@@ -27,7 +27,7 @@ use crate::{config::HttpSettings, state::Cluster};
 /// Everything a connection on one HTTP VIP needs.
 pub struct VipCtx {
     pub name: String,
-    pub route: VipRoute,
+    pub route: Arc<VipRoute>,
     /// Indexed by backend id; `Some` for the VIP's members.
     pub pools: Vec<Option<Pool>>,
     pub cluster: Arc<Cluster>,
