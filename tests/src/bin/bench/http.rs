@@ -8,6 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::load;
 use dispatcher_tests::{
     netns::{backend_ip, Testbed},
     websphere::read_response,
@@ -250,6 +251,26 @@ pub fn run(quick: bool) -> (String, String) {
         );
         results.push(Measured { rps, p50_ms: p50, p99_ms: p99, errors, affinity: aff });
     }
+    // Fixed offered loads, the same for every system: shares of HAProxy's maximum.
+    let level_secs = if quick { 3 } else { 10 };
+    let mut fixed = Vec::new();
+    for pct in [25.0, 50.0, 75.0, 90.0] {
+        let rate = (results[1].rps * pct / 100.0).max(100.0);
+        for s in &SYSTEMS {
+            let addr: SocketAddr = format!("{VIP}:{}", s.port).parse().unwrap();
+            let l = tb.client.run(move || load::open_loop(addr, rate, Duration::from_secs(level_secs), CONNECTIONS));
+            eprintln!(
+                "    {pct:>3}% ({rate:>6.0} req/s) {:<11} achieved {:>6.0}  p50 {:.3} ms  p99 {:.3} ms  p99.9 {:.3} ms  errors {}",
+                s.name,
+                l.achieved_rps,
+                l.pct_ms(50.0),
+                l.pct_ms(99.0),
+                l.pct_ms(99.9),
+                l.errors
+            );
+            fixed.push((pct, s.name, l));
+        }
+    }
     let (rss_before, rss_after) = idle_memory(&tb, agent_pid);
     eprintln!("    dispatcher RSS: {rss_before} KiB idle, {rss_after} KiB with 1,000 idle keep-alive connections");
 
@@ -275,13 +296,40 @@ pub fn run(quick: bool) -> (String, String) {
             s.name, m.rps, m.p50_ms, m.p99_ms, m.errors, m.affinity
         ));
     }
+    table += "\nAt fixed offered loads (open loop, latency from each request's scheduled time; shares of HAProxy's maximum above):\n\n| offered req/s | system | achieved req/s | p50 ms | p99 ms | p99.9 ms | errors | p99 vs HAProxy |\n|---:|---|---:|---:|---:|---:|---:|---:|\n";
+    let mut fixed_json = Vec::new();
+    for chunk in fixed.chunks(SYSTEMS.len()) {
+        let haproxy_p99 = chunk[1].2.pct_ms(99.0);
+        for (pct, name, l) in chunk {
+            table += &format!(
+                "| {:.0} ({pct:.0}%) | {name} | {:.0} | {:.3} | {:.3} | {:.3} | {} | {:.2} |\n",
+                l.offered_rps,
+                l.achieved_rps,
+                l.pct_ms(50.0),
+                l.pct_ms(99.0),
+                l.pct_ms(99.9),
+                l.errors,
+                l.pct_ms(99.0) / haproxy_p99
+            );
+            fixed_json.push(format!(
+                r#"{{"share_of_haproxy_max":{pct},"system":"{name}","offered_rps":{:.1},"achieved_rps":{:.1},"p50_ms":{:.3},"p99_ms":{:.3},"p999_ms":{:.3},"errors":{}}}"#,
+                l.offered_rps,
+                l.achieved_rps,
+                l.pct_ms(50.0),
+                l.pct_ms(99.0),
+                l.pct_ms(99.9),
+                l.errors
+            ));
+        }
+    }
     table += &format!(
         "\nworkers: {WORKERS} each; wrk: 1 thread, {CONNECTIONS} connections, {secs} s, cookies naming the 4 clones in turn.\nDispatcher RSS: {rss_before} KiB idle, {rss_after} KiB with 1,000 idle keep-alive client connections (target < 65,536 KiB).\n"
     );
     println!("\n{table}");
     let json = format!(
-        r#"{{"workers":{WORKERS},"connections":{CONNECTIONS},"seconds":{secs},"systems":[{}],"rss_idle_kib":{rss_before},"rss_1000_idle_conns_kib":{rss_after}}}"#,
-        json.join(",")
+        r#"{{"workers":{WORKERS},"connections":{CONNECTIONS},"seconds":{secs},"systems":[{}],"fixed_rate":[{}],"rss_idle_kib":{rss_before},"rss_1000_idle_conns_kib":{rss_after}}}"#,
+        json.join(","),
+        fixed_json.join(",")
     );
     (json, table)
 }

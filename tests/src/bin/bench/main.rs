@@ -2,6 +2,7 @@
 //! Writes `target/bench/report.json` and `target/bench/report.md`.
 
 mod http;
+mod load;
 mod xdp;
 
 fn main() {
