@@ -166,6 +166,47 @@ fn hostile_requests_get_their_status_over_a_socket() {
         assert_eq!(raw_status(&tb, addr, bytes), *want, "{what}");
         assert!(cluster.hits().is_empty(), "{what}: reached a backend: {:?}", cluster.hits());
     }
+    // Every variant TESTING.md lists, generated.
+    let post = |hs: &str| format!("POST / HTTP/1.1\r\nHost: x\r\n{hs}\r\n");
+    let mut variants: Vec<(String, String)> = Vec::new();
+    for cl in ["+1", "-1", "0x10", "1.5", "abc", "1Z", "", "0,"] {
+        variants.push((format!("Content-Length: {cl:?}"), post(&format!("Content-Length: {cl}\r\n"))));
+    }
+    for (a, b) in [("0", "0"), ("0", "31"), ("", "5")] {
+        variants.push((
+            format!("Content-Length {a:?} and {b:?}"),
+            post(&format!("Content-Length: {a}\r\nContent-Length: {b}\r\n")),
+        ));
+    }
+    for te in [
+        "chunked, chunked",
+        "chunked, gzip",
+        "gzip",
+        ",chunked",
+        "identity",
+        "chunked\x0b",
+        "chunked\x0c",
+        "chunked\u{a0}",
+        "chunked\u{ff}",
+    ] {
+        variants.push((format!("Transfer-Encoding: {te:?}"), post(&format!("Transfer-Encoding: {te}\r\n"))));
+    }
+    variants.push(("two TE headers".into(), post("Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n")));
+    for (what, line) in [
+        ("line without a colon", "NoColon\r\n"),
+        ("empty header name", ": v\r\n"),
+        ("bare CR in a value", "X: a\rb\r\n"),
+        ("byte 0x80 in a name", "X\u{80}Y: v\r\n"),
+    ] {
+        variants.push((what.into(), format!("GET / HTTP/1.1\r\nHost: x\r\n{line}\r\n")));
+    }
+    variants.push(("leading whitespace on the first header".into(), "GET / HTTP/1.1\r\n Host: x\r\n\r\n".into()));
+    variants.push(("huge version".into(), "GET / HTTP/1.10000000000000\r\nHost: x\r\n\r\n".into()));
+    variants.push(("missing target".into(), "GET HTTP/1.1\r\nHost: x\r\n\r\n".into()));
+    for (what, req) in &variants {
+        assert_eq!(raw_status(&tb, addr, req.as_bytes()), 400, "{what}");
+    }
+    assert!(cluster.hits().is_empty(), "no malformed request reached a backend");
     let many: String = (0..150).map(|i| format!("X-{i}: v\r\n")).collect();
     assert_eq!(raw_status(&tb, addr, format!("GET / HTTP/1.1\r\nHost: x\r\n{many}\r\n").as_bytes()), 431);
     let big = format!("GET / HTTP/1.1\r\nHost: x\r\nX: {}\r\n\r\n", "a".repeat(20_000));
@@ -180,6 +221,10 @@ fn hostile_requests_get_their_status_over_a_socket() {
     ];
     for bytes in bad_chunks {
         assert_eq!(raw_status(&tb, addr, bytes), 400, "{}", String::from_utf8_lossy(bytes));
+    }
+    for size in ["0x1", "+1", " 0", "-0", "0_2", "Z", ""] {
+        let req = format!("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n{size}\r\n\r\n");
+        assert_eq!(raw_status(&tb, addr, req.as_bytes()), 400, "chunk size {size:?}");
     }
     // A good request on the same proxy still works.
     assert_eq!(raw_status(&tb, addr, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"), 200);
