@@ -48,6 +48,9 @@ enum Cmd {
         #[arg(long)]
         quick: bool,
     },
+    /// Copy target/bench/report.md (from the last `cargo xtask bench`) into README.md's
+    /// performance section.
+    BenchReadme,
     /// Bring a namespace testbed up (and leave it) or take it down: `up`, `down`.
     Testbed { action: String },
 }
@@ -101,6 +104,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             exec_built_profile("bench", &args, "release")
         }
+        Cmd::BenchReadme => bench_readme(),
         Cmd::Testbed { action } => {
             require_root("the testbed creates network namespaces")?;
             if !["up", "down"].contains(&action.as_str()) {
@@ -172,4 +176,39 @@ fn require_root(why: &str) -> anyhow::Result<()> {
 fn nix_is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
+}
+
+const BENCH_START: &str = "<!-- bench:start (cargo xtask bench-readme) -->";
+const BENCH_END: &str = "<!-- bench:end -->";
+
+fn bench_readme() -> anyhow::Result<()> {
+    let root = workspace_root();
+    let report = std::fs::read_to_string(root.join("target/bench/report.md"))
+        .context("target/bench/report.md: run `cargo xtask bench` first")?;
+    let json = std::fs::read_to_string(root.join("target/bench/report.json")).unwrap_or_default();
+    if json.contains("\"quick\":true") {
+        bail!("the last report comes from a --quick run: run the full `cargo xtask bench` for the README");
+    }
+    let readme_path = root.join("README.md");
+    let readme = std::fs::read_to_string(&readme_path)?;
+    let (Some(a), Some(b)) = (readme.find(BENCH_START), readme.find(BENCH_END)) else {
+        bail!("README.md has no {BENCH_START} ... {BENCH_END} section");
+    };
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find_map(|l| l.strip_prefix("model name").map(|v| v.trim_start_matches([' ', '\t', ':']).to_string()))
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let body = format!(
+        "{BENCH_START}\n\nMeasured by `cargo xtask bench` on {cpus} vCPU ({cpu}), kernel {}.\n\n{report}\n{BENCH_END}",
+        kernel.trim()
+    );
+    let updated = format!("{}{}{}", &readme[..a], body, &readme[b + BENCH_END.len()..]);
+    std::fs::write(&readme_path, updated)?;
+    step("README.md performance section updated from target/bench/report.md");
+    Ok(())
 }

@@ -15,14 +15,14 @@ fn main() {
     if all || has("--xdp") {
         let (json, table) = xdp::run(quick);
         parts.push(format!(r#""xdp":{json}"#));
-        md += "## XDP (ns/packet, BPF_PROG_TEST_RUN)\n\n";
+        md += "### XDP (ns/packet, BPF_PROG_TEST_RUN)\n\n";
         md += &table;
         md += "\n";
     }
     if all || has("--http") {
         let (json, table) = http::run(quick);
         parts.push(format!(r#""http":{json}"#));
-        md += "## HTTP (wrk, same backends, same worker count)\n\n";
+        md += "### HTTP (wrk, same backends, same worker count)\n\n";
         md += &table;
         md += "\n";
     }
