@@ -337,7 +337,7 @@ pub fn is_prime(n: u32) -> bool {
     }
     let mut d = 2u64;
     while d * d <= n as u64 {
-        if n as u64 % d == 0 {
+        if (n as u64).is_multiple_of(d) {
             return false;
         }
         d += 1;

@@ -63,6 +63,17 @@ impl Bed {
     }
 }
 
+/// A response head only (for responses whose body must not be waited for).
+fn read_head(r: &mut BufReader<TcpStream>) -> String {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        r.read_exact(&mut byte).unwrap();
+        head.push(byte[0]);
+    }
+    String::from_utf8_lossy(&head).into_owned()
+}
+
 #[test]
 fn the_forwarded_head_drops_hop_by_hop_and_adds_forwarding_fields() {
     let b = bed();
@@ -134,13 +145,7 @@ fn head_keeps_content_length_and_no_body() {
     let (mut r, mut w) = b.connect();
     w.write_all(b"HEAD /head-len HTTP/1.1\r\nHost: a\r\n\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
     // read_response would wait for 1234 body bytes: read the head by hand.
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        r.read_exact(&mut byte).unwrap();
-        head.push(byte[0]);
-    }
-    let head = String::from_utf8_lossy(&head);
+    let head = read_head(&mut r);
     assert!(head.contains("Content-Length: 1234"), "{head}");
     let next = read_response(&mut r).expect("the pipelined request answered next");
     assert_eq!((next.status, next.body.as_str()), (200, "ok"));
@@ -178,13 +183,7 @@ fn websocket_upgrade_is_tunnelled() {
     let b = bed();
     let (mut r, mut w) = b.connect();
     w.write_all(b"GET /upgrade HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n").unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        r.read_exact(&mut byte).unwrap();
-        head.push(byte[0]);
-    }
-    let head = String::from_utf8_lossy(&head);
+    let head = read_head(&mut r);
     assert!(head.starts_with("HTTP/1.1 101 ") && head.contains("Upgrade: websocket"), "{head}");
     assert!(
         b.record.last().contains("Connection: upgrade\r\n") && b.record.last().contains("Upgrade: websocket\r\n"),

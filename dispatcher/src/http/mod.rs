@@ -1,6 +1,7 @@
 //! The L7 path: where a request goes. `listener` accepts on each HTTP VIP, `proxy` runs
 //! one client connection (head -> route -> upstream -> response), `head` and `body` are
-//! the HTTP/1.1 message handling, `session` reads JSESSIONID, `route` picks the backend,
+//! the HTTP/1.1 message handling, `rewrite` builds the forwarded heads, `session` reads JSESSIONID, `route` picks the
+//! backend,
 //! `pool` keeps upstream connections.
 
 pub mod body;
@@ -8,5 +9,6 @@ pub mod head;
 pub mod listener;
 pub mod pool;
 pub mod proxy;
+pub mod rewrite;
 pub mod route;
 pub mod session;

@@ -3,7 +3,7 @@
 //! both sides keep the connection.
 
 use std::{
-    net::{IpAddr, SocketAddr},
+    net::SocketAddr,
     sync::{atomic::Ordering, Arc},
     time::{Duration, Instant},
 };
@@ -17,8 +17,9 @@ use tokio::{
 
 use super::{
     body::{relay_chunked, relay_length, relay_until_close, Inbound, RelayError},
-    head::{parse_request, parse_response, tokens, Framing, HeadLimits, Header, Reject, RequestHead, ResponseHead},
+    head::{parse_request, parse_response, Framing, HeadLimits, Header, Reject, RequestHead, ResponseHead},
     pool::{Pool, Upstream},
+    rewrite::{build_request, build_response, is},
     route::{Decision, VipRoute},
     session,
 };
@@ -35,7 +36,6 @@ pub struct VipCtx {
     pub limits: HeadLimits,
 }
 
-const VIA: &str = "1.1 dispatcher";
 /// How long to wait for a backend's `100 Continue` before sending the body anyway.
 const CONTINUE_WAIT: Duration = Duration::from_secs(1);
 
@@ -150,115 +150,6 @@ async fn read_head(
             Err(_) => return HeadRead::Closed,
         }
     }
-}
-
-fn is(name: &[u8], what: &str) -> bool {
-    name.eq_ignore_ascii_case(what.as_bytes())
-}
-
-/// Hop-by-hop fields (RFC 9110 7.6.1), never forwarded as they are.
-fn hop_by_hop(name: &[u8]) -> bool {
-    ["connection", "keep-alive", "proxy-connection", "te", "trailer", "upgrade"].iter().any(|h| is(name, h))
-}
-
-/// Field names listed in the `Connection` headers (also hop-by-hop).
-fn connection_listed<'a>(buf: &'a [u8], headers: &[Header]) -> Vec<&'a [u8]> {
-    headers
-        .iter()
-        .filter(|h| is(&buf[h.name.clone()], "connection"))
-        .flat_map(|h| tokens(&buf[h.value.clone()]))
-        .collect()
-}
-
-fn write_header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
-    out.extend_from_slice(name);
-    out.extend_from_slice(b": ");
-    out.extend_from_slice(value);
-    out.extend_from_slice(b"\r\n");
-}
-
-/// The request head as it goes upstream: HTTP/1.1, hop-by-hop fields removed,
-/// `X-Forwarded-For` appended, `X-Forwarded-Proto` and `Via` set.
-fn build_request(out: &mut Vec<u8>, head: &RequestHead, buf: &[u8], client: IpAddr, vip: &str) {
-    out.clear();
-    out.extend_from_slice(&buf[head.method.clone()]);
-    out.push(b' ');
-    out.extend_from_slice(&buf[head.target.clone()]);
-    out.extend_from_slice(b" HTTP/1.1\r\n");
-    let listed = connection_listed(buf, &head.headers);
-    let mut xff: Vec<&[u8]> = Vec::new();
-    let mut via: Vec<&[u8]> = Vec::new();
-    let mut has_host = false;
-    for h in &head.headers {
-        let (name, value) = (&buf[h.name.clone()], &buf[h.value.clone()]);
-        if is(name, "x-forwarded-for") {
-            xff.push(value);
-        } else if is(name, "via") {
-            via.push(value);
-        } else if is(name, "upgrade") && head.upgrade {
-            // Listed in `Connection`, but the one hop-by-hop field a tunnel must carry.
-            write_header(out, name, value);
-        } else if is(name, "x-forwarded-proto") || listed.iter().any(|l| name.eq_ignore_ascii_case(l)) {
-        } else if !hop_by_hop(name) {
-            has_host |= is(name, "host");
-            write_header(out, name, value);
-        }
-    }
-    if !has_host {
-        // An HTTP/1.0 request may come without Host; the hop upstream is HTTP/1.1.
-        write_header(out, b"Host", vip.as_bytes());
-    }
-    out.extend_from_slice(b"X-Forwarded-For: ");
-    for v in &xff {
-        out.extend_from_slice(v);
-        out.extend_from_slice(b", ");
-    }
-    let _ = std::io::Write::write_fmt(out, format_args!("{client}"));
-    out.extend_from_slice(b"\r\nX-Forwarded-Proto: http\r\nVia: ");
-    for v in &via {
-        out.extend_from_slice(v);
-        out.extend_from_slice(b", ");
-    }
-    out.extend_from_slice(VIA.as_bytes());
-    out.extend_from_slice(b"\r\n");
-    if head.upgrade {
-        out.extend_from_slice(b"Connection: upgrade\r\n");
-    }
-    out.extend_from_slice(b"\r\n");
-}
-
-/// The response head as it goes to the client.
-fn build_response(out: &mut Vec<u8>, res: &ResponseHead, buf: &[u8], close: bool, dechunk: bool) {
-    out.clear();
-    let _ = std::io::Write::write_fmt(out, format_args!("HTTP/1.1 {} ", res.status));
-    out.extend_from_slice(&buf[res.reason.clone()]);
-    out.extend_from_slice(b"\r\n");
-    let listed = connection_listed(buf, &res.headers);
-    let mut via: Vec<&[u8]> = Vec::new();
-    for h in &res.headers {
-        let (name, value) = (&buf[h.name.clone()], &buf[h.value.clone()]);
-        if is(name, "via") {
-            via.push(value);
-        } else if is(name, "upgrade") && res.status == 101 {
-            write_header(out, name, value);
-        } else if listed.iter().any(|l| name.eq_ignore_ascii_case(l)) || (dechunk && is(name, "transfer-encoding")) {
-        } else if !hop_by_hop(name) {
-            write_header(out, name, value);
-        }
-    }
-    out.extend_from_slice(b"Via: ");
-    for v in &via {
-        out.extend_from_slice(v);
-        out.extend_from_slice(b", ");
-    }
-    out.extend_from_slice(VIA.as_bytes());
-    out.extend_from_slice(b"\r\n");
-    if res.status == 101 {
-        out.extend_from_slice(b"Connection: upgrade\r\n");
-    } else if close {
-        out.extend_from_slice(b"Connection: close\r\n");
-    }
-    out.extend_from_slice(b"\r\n");
 }
 
 /// Why no response head came from a backend.

@@ -178,7 +178,7 @@ fn http_client_loop(ns: &dispatcher_tests::netns::Ns, stats: &HttpStats, stop: &
     let mut n = 0u64;
     while !stop.load(Ordering::SeqCst) {
         n += 1;
-        if n % 10 == 0 {
+        if n.is_multiple_of(10) {
             c.reconnect();
         }
         match c.get("/app/cart") {

@@ -1,0 +1,113 @@
+//! Heads as they leave the proxy: hop-by-hop fields removed (RFC 9110 7.6.1), the
+//! forwarding fields added, the version normalised to HTTP/1.1.
+
+use std::net::IpAddr;
+
+use super::head::{tokens, Header, RequestHead, ResponseHead};
+
+const VIA: &str = "1.1 dispatcher";
+
+pub fn is(name: &[u8], what: &str) -> bool {
+    name.eq_ignore_ascii_case(what.as_bytes())
+}
+
+/// Hop-by-hop fields (RFC 9110 7.6.1), never forwarded as they are.
+fn hop_by_hop(name: &[u8]) -> bool {
+    ["connection", "keep-alive", "proxy-connection", "te", "trailer", "upgrade"].iter().any(|h| is(name, h))
+}
+
+/// Field names listed in the `Connection` headers (also hop-by-hop).
+fn connection_listed<'a>(buf: &'a [u8], headers: &[Header]) -> Vec<&'a [u8]> {
+    headers
+        .iter()
+        .filter(|h| is(&buf[h.name.clone()], "connection"))
+        .flat_map(|h| tokens(&buf[h.value.clone()]))
+        .collect()
+}
+
+fn write_header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The request head as it goes upstream: HTTP/1.1, hop-by-hop fields removed,
+/// `X-Forwarded-For` appended, `X-Forwarded-Proto` and `Via` set.
+pub fn build_request(out: &mut Vec<u8>, head: &RequestHead, buf: &[u8], client: IpAddr, vip: &str) {
+    out.clear();
+    out.extend_from_slice(&buf[head.method.clone()]);
+    out.push(b' ');
+    out.extend_from_slice(&buf[head.target.clone()]);
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    let listed = connection_listed(buf, &head.headers);
+    let mut xff: Vec<&[u8]> = Vec::new();
+    let mut via: Vec<&[u8]> = Vec::new();
+    let mut has_host = false;
+    for h in &head.headers {
+        let (name, value) = (&buf[h.name.clone()], &buf[h.value.clone()]);
+        if is(name, "x-forwarded-for") {
+            xff.push(value);
+        } else if is(name, "via") {
+            via.push(value);
+        } else if is(name, "upgrade") && head.upgrade {
+            // Listed in `Connection`, but the one hop-by-hop field a tunnel must carry.
+            write_header(out, name, value);
+        } else if is(name, "x-forwarded-proto") || listed.iter().any(|l| name.eq_ignore_ascii_case(l)) {
+        } else if !hop_by_hop(name) {
+            has_host |= is(name, "host");
+            write_header(out, name, value);
+        }
+    }
+    if !has_host {
+        // An HTTP/1.0 request may come without Host; the hop upstream is HTTP/1.1.
+        write_header(out, b"Host", vip.as_bytes());
+    }
+    write_list(out, b"X-Forwarded-For", &xff, format_args!("{client}"));
+    out.extend_from_slice(b"X-Forwarded-Proto: http\r\n");
+    write_list(out, b"Via", &via, format_args!("{VIA}"));
+    if head.upgrade {
+        out.extend_from_slice(b"Connection: upgrade\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The response head as it goes to the client.
+pub fn build_response(out: &mut Vec<u8>, res: &ResponseHead, buf: &[u8], close: bool, dechunk: bool) {
+    out.clear();
+    let _ = std::io::Write::write_fmt(out, format_args!("HTTP/1.1 {} ", res.status));
+    out.extend_from_slice(&buf[res.reason.clone()]);
+    out.extend_from_slice(b"\r\n");
+    let listed = connection_listed(buf, &res.headers);
+    let mut via: Vec<&[u8]> = Vec::new();
+    for h in &res.headers {
+        let (name, value) = (&buf[h.name.clone()], &buf[h.value.clone()]);
+        if is(name, "via") {
+            via.push(value);
+        } else if is(name, "upgrade") && res.status == 101 {
+            write_header(out, name, value);
+        } else if listed.iter().any(|l| name.eq_ignore_ascii_case(l)) || (dechunk && is(name, "transfer-encoding")) {
+        } else if !hop_by_hop(name) {
+            write_header(out, name, value);
+        }
+    }
+    write_list(out, b"Via", &via, format_args!("{VIA}"));
+    if res.status == 101 {
+        out.extend_from_slice(b"Connection: upgrade\r\n");
+    } else if close {
+        out.extend_from_slice(b"Connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// `Name: earlier values, ours` — one field carrying the list (X-Forwarded-For, Via).
+fn write_list(out: &mut Vec<u8>, name: &[u8], earlier: &[&[u8]], ours: std::fmt::Arguments) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    for v in earlier {
+        out.extend_from_slice(v);
+        out.extend_from_slice(b", ");
+    }
+    let _ = std::io::Write::write_fmt(out, ours);
+    out.extend_from_slice(b"\r\n");
+}
