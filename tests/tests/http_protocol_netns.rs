@@ -114,6 +114,14 @@ fn chunked_responses_and_http10_clients() {
             && out.ends_with("5\r\nhello\r\n6\r\n world\r\n0\r\nX-Sum: 11\r\n\r\n"),
         "{out:?}"
     );
+    // HTTP/1.0 with keep-alive: told explicitly, and the connection carries a second one.
+    let (mut r, mut w) = b.connect();
+    w.write_all(b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n").unwrap();
+    let first = read_response(&mut r).unwrap();
+    assert_eq!(first.header("connection"), Some("keep-alive"), "{first:?}");
+    w.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+    let second = read_response(&mut r).unwrap();
+    assert_eq!((second.status, second.header("connection")), (200, Some("close")));
     let out = b.all(b"GET /chunked HTTP/1.0\r\n\r\n");
     assert!(
         !out.contains("Transfer-Encoding")

@@ -363,7 +363,7 @@ async fn exchange<R: AsyncRead + Unpin>(
     learn(ctx, &res, &res_buf, backend);
 
     if res.status == 101 {
-        build_response(out, &res, &res_buf, false, false);
+        build_response(out, &res, &res_buf, false, false, false);
         if w.write_all(out).await.is_err() {
             return Next::Close;
         }
@@ -375,7 +375,7 @@ async fn exchange<R: AsyncRead + Unpin>(
     // A server that answered before `100 Continue` leaves the request body unread: the
     // connection cannot carry another request.
     let close = !head.keep_alive || res.framing == Framing::UntilClose || dechunk || body_skipped;
-    build_response(out, &res, &res_buf, close, dechunk);
+    build_response(out, &res, &res_buf, close, dechunk, head.minor == 0);
     // A small body already read goes out with the head: one write per response.
     let mut framing = if dechunk { Framing::Chunked } else { res.framing };
     if let Framing::Length(n) = framing {

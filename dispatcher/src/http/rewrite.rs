@@ -73,7 +73,9 @@ pub fn build_request(out: &mut Vec<u8>, head: &RequestHead, buf: &[u8], client: 
 }
 
 /// The response head as it goes to the client.
-pub fn build_response(out: &mut Vec<u8>, res: &ResponseHead, buf: &[u8], close: bool, dechunk: bool) {
+/// `close`: the client connection ends after this response; an HTTP/1.0 client that
+/// keeps it must be told so explicitly (`http10`).
+pub fn build_response(out: &mut Vec<u8>, res: &ResponseHead, buf: &[u8], close: bool, dechunk: bool, http10: bool) {
     out.clear();
     let _ = std::io::Write::write_fmt(out, format_args!("HTTP/1.1 {} ", res.status));
     out.extend_from_slice(&buf[res.reason.clone()]);
@@ -96,6 +98,8 @@ pub fn build_response(out: &mut Vec<u8>, res: &ResponseHead, buf: &[u8], close: 
         out.extend_from_slice(b"Connection: upgrade\r\n");
     } else if close {
         out.extend_from_slice(b"Connection: close\r\n");
+    } else if http10 {
+        out.extend_from_slice(b"Connection: keep-alive\r\n");
     }
     out.extend_from_slice(b"\r\n");
 }
