@@ -91,6 +91,12 @@ fn a_learned_clone_id_routes_every_later_request() {
         c.reconnect();
         assert_eq!(c.get("/").unwrap().field("clone"), Some("clone2x"));
     }
+    // The learned entry is in the shared CLONES map (owner b2, replica b3).
+    let data = aya::maps::MapData::from_pin(tb.pin_dir().join("CLONES")).expect("pinned CLONES");
+    let clones: aya::maps::HashMap<_, u64, dispatcher_common::CloneValue> =
+        aya::maps::HashMap::try_from(aya::maps::Map::from_map_data(data).unwrap()).unwrap();
+    let v = clones.get(&dispatcher_common::hash::cookie_hash(b"clone2x"), 0).expect("clone2x in CLONES");
+    assert_eq!((v.owner, v.replica), (2, 3));
 }
 
 #[test]
