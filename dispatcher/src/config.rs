@@ -36,6 +36,31 @@ struct RawConfig {
     partitions: Vec<Spanned<RawPartition>>,
     #[serde(default)]
     http: Option<Spanned<RawHttp>>,
+    #[serde(default)]
+    health: Option<Spanned<RawHealth>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHealth {
+    #[serde(default)]
+    kind: Option<Spanned<String>>,
+    #[serde(default)]
+    path: Option<Spanned<String>>,
+    #[serde(default)]
+    expect_status: Option<Spanned<u16>>,
+    #[serde(default)]
+    port: Option<Spanned<u16>>,
+    #[serde(default)]
+    interval: Option<Spanned<String>>,
+    #[serde(default)]
+    timeout: Option<Spanned<String>>,
+    #[serde(default)]
+    rise: Option<Spanned<u32>>,
+    #[serde(default)]
+    fall: Option<Spanned<u32>>,
+    #[serde(default)]
+    enabled: Option<Spanned<bool>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -189,6 +214,51 @@ pub struct Config {
     pub vips: Vec<Vip>,
     pub partitions: Vec<Partition>,
     pub http: HttpSettings,
+    pub health: HealthSettings,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CheckKind {
+    /// HTTP for backends of HTTP VIPs, TCP for the others.
+    Auto,
+    /// `GET path`, expecting `expect_status`.
+    Http,
+    /// A TCP connect.
+    Tcp,
+}
+
+/// Active health checks (`[health]`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct HealthSettings {
+    pub enabled: bool,
+    pub kind: CheckKind,
+    pub path: String,
+    pub expect_status: u16,
+    /// Port to check; default: the backend port of its first HTTP VIP, else its first
+    /// VIP's port.
+    pub port: Option<u16>,
+    pub interval: Duration,
+    pub timeout: Duration,
+    /// Consecutive successes that bring a down backend up.
+    pub rise: u32,
+    /// Consecutive failures that take a backend down (the first makes it suspect).
+    pub fall: u32,
+}
+
+impl Default for HealthSettings {
+    fn default() -> Self {
+        HealthSettings {
+            enabled: true,
+            kind: CheckKind::Auto,
+            path: "/".into(),
+            expect_status: 200,
+            port: None,
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_millis(500),
+            rise: 2,
+            fall: 2,
+        }
+    }
 }
 
 /// A partition of WebSphere memory-to-memory replication: its primary and replica.
@@ -695,6 +765,10 @@ impl Ctx<'_> {
             Some(h) => self.http(h.get_ref())?,
             None => HttpSettings::default(),
         };
+        let health = match &raw.health {
+            Some(h) => self.health(h.get_ref())?,
+            None => HealthSettings::default(),
+        };
         let bpffs = PathBuf::from(d.bpffs.as_ref().map(|s| s.get_ref().as_str()).unwrap_or("/sys/fs/bpf"));
         Ok(Config {
             interface,
@@ -708,7 +782,61 @@ impl Ctx<'_> {
             vips,
             partitions,
             http,
+            health,
         })
+    }
+
+    fn health(&self, h: &RawHealth) -> Result<HealthSettings, ConfigError> {
+        let mut s = HealthSettings::default();
+        s.kind = self.choice(
+            &h.kind,
+            "health.kind",
+            CheckKind::Auto,
+            &[("auto", CheckKind::Auto), ("http", CheckKind::Http), ("tcp", CheckKind::Tcp)],
+        )?;
+        if let Some(p) = &h.path {
+            if !p.get_ref().starts_with('/') || p.get_ref().bytes().any(|b| b <= b' ' || b == 0x7f) {
+                return Err(self.err(
+                    p.span(),
+                    "health.path",
+                    "must start with / and contain no spaces or control bytes",
+                ));
+            }
+            s.path = p.get_ref().clone();
+        }
+        if let Some(e) = &h.expect_status {
+            if !(100..=599).contains(e.get_ref()) {
+                return Err(self.err(e.span(), "health.expect_status", "must be an HTTP status, 100..=599"));
+            }
+            s.expect_status = *e.get_ref();
+        }
+        if let Some(p) = &h.port {
+            if *p.get_ref() == 0 {
+                return Err(self.err(p.span(), "health.port", "must be 1..=65535"));
+            }
+            s.port = Some(*p.get_ref());
+        }
+        for (v, field, into) in [(&h.interval, "interval", &mut s.interval), (&h.timeout, "timeout", &mut s.timeout)] {
+            if let Some(v) = v {
+                let d = parse_duration(v.get_ref()).map_err(|e| self.err(v.span(), &format!("health.{field}"), e))?;
+                if d < Duration::from_millis(10) {
+                    return Err(self.err(v.span(), &format!("health.{field}"), "must be at least 10ms"));
+                }
+                *into = d;
+            }
+        }
+        for (v, field, into) in [(&h.rise, "rise", &mut s.rise), (&h.fall, "fall", &mut s.fall)] {
+            if let Some(v) = v {
+                if !(1..=100).contains(v.get_ref()) {
+                    return Err(self.err(v.span(), &format!("health.{field}"), "must be 1..=100"));
+                }
+                *into = *v.get_ref();
+            }
+        }
+        if let Some(e) = &h.enabled {
+            s.enabled = *e.get_ref();
+        }
+        Ok(s)
     }
 
     fn http(&self, h: &RawHttp) -> Result<HttpSettings, ConfigError> {

@@ -4,10 +4,13 @@
 //! Where a packet goes: `dispatcher-ebpf` (the XDP program), fed by `dataplane`, which
 //! writes the shared maps from `config`, with Maglev tables from `maglev`.
 //! Where a request goes: `http` (listener -> proxy -> route -> pool), reading the
-//! cluster's state (backends, clone table) from `state`.
+//! cluster's state (backends, clone table) from `state`. What decides that state:
+//! `control` (health checks from `health`, failed requests, operator commands).
 
 pub mod config;
+pub mod control;
 pub mod dataplane;
+pub mod health;
 pub mod http;
 pub mod maglev;
 pub mod state;

@@ -13,7 +13,9 @@ use std::{
 };
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
-use dispatcher_common::{hash::cookie_hash, CloneValue, NO_BACKEND, STATE_UP};
+use dispatcher_common::{
+    hash::cookie_hash, CloneValue, NO_BACKEND, STATE_DISABLED, STATE_DOWN, STATE_DRAIN, STATE_SUSPECT, STATE_UP,
+};
 
 use crate::config::Config;
 
@@ -22,7 +24,14 @@ pub struct Backend {
     pub address: Ipv4Addr,
     pub weight: u32,
     pub replica: Option<usize>,
+    /// The state routing reads: the operator's (drain, disabled) if set, else health's.
     pub state: AtomicU8,
+    /// From active checks and passive signals: up, suspect or down.
+    pub health: AtomicU8,
+    /// The operator's override: 0 (none), drain or disabled.
+    pub admin: AtomicU8,
+    /// Woken on every state change (held requests wait here).
+    pub changed: tokio::sync::Notify,
     /// Requests in flight to this backend (least-outstanding balancing).
     pub outstanding: AtomicU64,
     pub requests: AtomicU64,
@@ -68,6 +77,23 @@ pub struct Counters {
     pub affinity_hits: AtomicU64,
     pub balanced: AtomicU64,
     pub no_backend: AtomicU64,
+    pub passive_failures: AtomicU64,
+    pub holds: AtomicU64,
+    pub hold_timeouts: AtomicU64,
+    pub held_now: AtomicU64,
+    pub hold_refused: AtomicU64,
+    pub retries: AtomicU64,
+    pub retry_budget_refusals: AtomicU64,
+    pub failovers: AtomicU64,
+    pub clone_rewrites: AtomicU64,
+    pub flow_rewrites: AtomicU64,
+    pub transitions: AtomicU64,
+    /// Session requests sent to a server that is neither the session's owner nor its
+    /// replica. Must stay zero.
+    pub misroutes: AtomicU64,
+    /// Requests in flight to any backend, and retries among them (the retry budget).
+    pub in_flight: AtomicU64,
+    pub retries_in_flight: AtomicU64,
 }
 
 pub struct Cluster {
@@ -76,6 +102,7 @@ pub struct Cluster {
     clones: RwLock<HashMap<u64, CloneEntry>>,
     /// Write-through target; `None` when running without the data plane (unit tests).
     clones_map: Mutex<Option<BpfHashMap<MapData, u64, CloneValue>>>,
+    events: Mutex<Option<tokio::sync::mpsc::UnboundedSender<usize>>>,
     pub counters: Counters,
 }
 
@@ -91,6 +118,15 @@ impl Cluster {
                 weight: b.weight,
                 replica: b.replica,
                 state: AtomicU8::new(states.get(i).copied().unwrap_or(STATE_UP)),
+                health: AtomicU8::new(match states.get(i).copied() {
+                    Some(s @ (STATE_SUSPECT | STATE_DOWN)) => s,
+                    _ => STATE_UP,
+                }),
+                admin: AtomicU8::new(match states.get(i).copied() {
+                    Some(s @ (STATE_DRAIN | STATE_DISABLED)) => s,
+                    _ => 0,
+                }),
+                changed: tokio::sync::Notify::new(),
                 outstanding: AtomicU64::new(0),
                 requests: AtomicU64::new(0),
                 errors: AtomicU64::new(0),
@@ -112,6 +148,7 @@ impl Cluster {
             backends,
             clones: RwLock::new(table),
             clones_map: Mutex::new(clones_map),
+            events: Mutex::new(None),
             counters: Counters::default(),
         };
         let entries: Vec<(u64, CloneEntry)> = cluster.clones.read().unwrap().iter().map(|(k, v)| (*k, *v)).collect();
@@ -126,10 +163,62 @@ impl Cluster {
         self.clones.read().unwrap().get(&cookie_hash(id)).map(|e| (e.owner, e.replica))
     }
 
-    /// Takes a backend's state as the maps hold it; returns whether it changed.
-    pub fn set_state(&self, backend: usize, state: u8) -> bool {
-        let old = self.backends[backend].state.swap(state, Ordering::Relaxed);
-        old != state
+    /// Recomputes the effective state from health and the operator's override; returns
+    /// the old and new state when it changed (and wakes the requests held on it).
+    fn settle(&self, backend: usize) -> Option<(u8, u8)> {
+        let b = &self.backends[backend];
+        let admin = b.admin.load(Ordering::SeqCst);
+        let new = if admin != 0 { admin } else { b.health.load(Ordering::SeqCst) };
+        let old = b.state.swap(new, Ordering::SeqCst);
+        if old == new {
+            return None;
+        }
+        b.changed.notify_waiters();
+        Some((old, new))
+    }
+
+    /// A health verdict (active check or passive signal).
+    pub fn set_health(&self, backend: usize, health: u8) -> Option<(u8, u8)> {
+        self.backends[backend].health.store(health, Ordering::SeqCst);
+        self.settle(backend)
+    }
+
+    /// The operator's override: 0 clears it.
+    pub fn set_admin(&self, backend: usize, admin: u8) -> Option<(u8, u8)> {
+        self.backends[backend].admin.store(admin, Ordering::SeqCst);
+        self.settle(backend)
+    }
+
+    /// A request saw the backend fail (refused, reset, timed out): suspect at once, and
+    /// the control loop is told so that it writes the maps and confirms with checks.
+    pub fn passive_failure(&self, backend: usize) {
+        let b = &self.backends[backend];
+        if b.health.compare_exchange(STATE_UP, STATE_SUSPECT, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+            self.counters.passive_failures.fetch_add(1, Ordering::Relaxed);
+            if self.settle(backend).is_some() {
+                tracing::warn!(backend = %b.name, "backend suspect after a failed request");
+            }
+            if let Some(tx) = self.events.lock().unwrap().as_ref() {
+                let _ = tx.send(backend);
+            }
+        }
+    }
+
+    /// Where the control loop hears of passive failures.
+    pub fn subscribe_failures(&self) -> tokio::sync::mpsc::UnboundedReceiver<usize> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        *self.events.lock().unwrap() = Some(tx);
+        rx
+    }
+
+    /// Clone-table keys owned by `backend` (for rewriting CLONES on failover).
+    pub fn clone_keys_of(&self, backend: usize) -> Vec<(u64, Option<usize>)> {
+        self.clones.read().unwrap().iter().filter(|(_, e)| e.owner == backend).map(|(k, e)| (*k, e.replica)).collect()
+    }
+
+    /// Writes a CLONES map entry (the shared view; the mirror keeps the original owner).
+    pub fn write_clone_entry(&self, key: u64, owner: usize, replica: Option<usize>) {
+        self.write_through(key, CloneEntry { owner, replica, configured: false });
     }
 
     pub fn clone_count(&self) -> usize {

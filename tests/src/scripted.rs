@@ -86,6 +86,12 @@ fn connection(record: &Record, s: TcpStream, stop: &AtomicBool) -> std::io::Resu
             lines.push(l.trim_end().to_string());
         }
         let path = lines.first().and_then(|l| l.split_whitespace().nth(1)).unwrap_or("/").to_string();
+        if path == "/health" {
+            // The dispatcher's health check: answered, not recorded (nor its connection).
+            record.connections.fetch_sub(1, Ordering::SeqCst);
+            w.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
+            return Ok(());
+        }
         let header = |name: &str| {
             lines.iter().skip(1).find_map(|l| {
                 let (n, v) = l.split_once(':')?;

@@ -173,6 +173,18 @@ fn connection(cluster: &Cluster, me: usize, s: TcpStream, stop: &AtomicBool) {
             })
         };
         let close = header("connection").is_some_and(|v| v.eq_ignore_ascii_case("close"));
+        if lines.first().is_some_and(|l| l.starts_with("GET /health ")) {
+            // The dispatcher's health check: no session, not logged.
+            let resp = if close {
+                "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            } else {
+                "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+            };
+            if w.write_all(resp.as_bytes()).is_err() || close {
+                return;
+            }
+            continue;
+        }
         if let Some(n) = header("content-length").and_then(|v| v.parse::<usize>().ok()) {
             let mut body = vec![0u8; n];
             r.get_ref().set_read_timeout(Some(Duration::from_secs(5))).unwrap();

@@ -28,7 +28,7 @@ fn http_testbed(
     let clones = if configured_clones { cluster.clone_ids.clone() } else { Vec::new() };
     tb.start_websphere(&cluster, BACKEND_PORT);
     let text = format!(
-        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nheader_timeout = \"1s\"\n{http}\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = {PORT}\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\n",
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nheader_timeout = \"1s\"\n{http}\n[health]\npath = \"/health\"\ninterval = \"200ms\"\n\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = {PORT}\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\n",
         tb.instance(),
         tb.backend_config_with_clones(&[], &clones)
     );

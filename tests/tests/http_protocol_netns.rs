@@ -29,7 +29,7 @@ fn bed() -> Bed {
     let record = Arc::new(Record::default());
     tb.start_scripted(&record, BACKEND_PORT);
     let text = format!(
-        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nserver_timeout = \"2s\"\n\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\n",
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nserver_timeout = \"2s\"\n\n[health]\npath = \"/health\"\n\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\n",
         tb.instance(),
         tb.backend_config(&[])
     );

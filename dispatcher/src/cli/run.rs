@@ -81,10 +81,10 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<ExitCode> {
     };
     tracing::info!(interface = %cfg.interface, mode = how, vips = cfg.vips.len(), backends = cfg.backends.len(), "dispatcher running");
 
-    // Backend states live in BACKENDS (operator commands write them there): follow them
-    // into the request path's mirror.
+    // Health checks, failed requests and operator commands (read from BACKENDS) decide
+    // the backends' states.
     let tables = Arc::new(std::sync::Mutex::new(tables));
-    let follower = rt.spawn(follow_states(tables.clone(), cluster.clone()));
+    let follower = rt.spawn(dispatcher::control::run(cfg.clone(), cluster.clone(), tables.clone()));
 
     let why = rt.block_on(super::shutdown_signal())?;
     follower.abort();
@@ -103,21 +103,6 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<ExitCode> {
         tracing::info!(signal = why, "detached and unpinned");
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Polls the backends' states in the maps (a few syscalls every 200 ms, off the request
-/// path) and applies changes to the cluster mirror.
-async fn follow_states(tables: Arc<std::sync::Mutex<Tables>>, cluster: Arc<Cluster>) {
-    let mut tick = tokio::time::interval(std::time::Duration::from_millis(200));
-    loop {
-        tick.tick().await;
-        for (i, b) in cluster.backends.iter().enumerate() {
-            let Ok(info) = tables.lock().unwrap().backend(i as u32) else { continue };
-            if cluster.set_state(i, info.state) {
-                tracing::info!(backend = %b.name, state = super::status::state_name(info.state), "backend state changed");
-            }
-        }
-    }
 }
 
 /// A proxy holds two descriptors per connection: take the hard limit, not the default

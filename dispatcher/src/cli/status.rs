@@ -2,18 +2,9 @@ use std::{path::Path, process::ExitCode};
 
 use anyhow::Context as _;
 use dispatcher::{config::Config, dataplane::tables::Tables};
-use dispatcher_common::{stats, STATE_DISABLED, STATE_DOWN, STATE_DRAIN, STATE_SUSPECT, STATE_UP};
+use dispatcher_common::stats;
 
-pub fn state_name(s: u8) -> &'static str {
-    match s {
-        STATE_UP => "up",
-        STATE_SUSPECT => "suspect",
-        STATE_DOWN => "down",
-        STATE_DRAIN => "drain",
-        STATE_DISABLED => "disabled",
-        _ => "unused",
-    }
-}
+pub use dispatcher::control::state_name;
 
 pub fn status(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
     let cfg = Config::load(path)?;

@@ -61,9 +61,12 @@ impl Pool {
         }
     }
 
-    /// An idle connection if one is fresh enough, else a new one.
-    pub async fn get(&self) -> Result<Upstream, PoolError> {
-        if let Some(up) = self.take_idle() {
+    /// An idle connection if one is fresh enough, else a new one. `trusted`: the backend
+    /// is in good health; otherwise its idle connections are closed, not reused.
+    pub async fn get(&self, trusted: bool) -> Result<Upstream, PoolError> {
+        if !trusted {
+            self.clear();
+        } else if let Some(up) = self.take_idle() {
             return Ok(up);
         }
         self.connect().await

@@ -262,10 +262,12 @@ async fn exchange<R: AsyncRead + Unpin>(
     let mut attempt = 0;
     let (mut up, res, body_skipped) = loop {
         attempt += 1;
-        let mut up = match if attempt == 1 { pool.get().await } else { pool.connect().await } {
+        let trusted = be.is_up() || be.state.load(Ordering::Relaxed) == dispatcher_common::STATE_DRAIN;
+        let mut up = match if attempt == 1 { pool.get(trusted).await } else { pool.connect().await } {
             Ok(up) => up,
             Err(e) => {
                 be.errors.fetch_add(1, Ordering::Relaxed);
+                ctx.cluster.passive_failure(backend);
                 tracing::debug!(backend = %be.name, error = %e, "upstream connect failed");
                 send_error(w, 502, "cannot connect to the server", None).await;
                 return Next::Close;
@@ -340,8 +342,17 @@ async fn exchange<R: AsyncRead + Unpin>(
         Err(fail) => {
             be.errors.fetch_add(1, Ordering::Relaxed);
             let (status, why) = match fail {
-                UpstreamFail::Timeout => (504, "the server did not answer in time"),
-                UpstreamFail::Stale => (502, "the server closed the connection"),
+                UpstreamFail::Timeout => {
+                    // Half-dead: no more requests for it until a check passes, and none
+                    // of its idle connections is trusted.
+                    ctx.cluster.passive_failure(backend);
+                    pool.clear();
+                    (504, "the server did not answer in time")
+                }
+                UpstreamFail::Stale => {
+                    ctx.cluster.passive_failure(backend);
+                    (502, "the server closed the connection")
+                }
                 UpstreamFail::Bad(r) => (502, r.reason),
             };
             send_error(w, status, why, None).await;

@@ -47,7 +47,7 @@ fn main() {
     let mut tb = Testbed::new(4, &[VIP, HTTP_VIP]);
     tb.add_local_vip(HTTP_VIP);
     let cfg_text = format!(
-        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n{}\n[[vip]]\nname = \"web\"\naddress = \"{VIP}\"\nport = 80\n\n[[vip]]\nname = \"sessions\"\naddress = \"{VIP}\"\nport = 5060\nprotocol = \"udp\"\n\n[[vip]]\nname = \"app\"\naddress = \"{HTTP_VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = 8080\n",
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[health]\npath = \"/health\"\ninterval = \"500ms\"\n\n{}\n[[vip]]\nname = \"web\"\naddress = \"{VIP}\"\nport = 80\n\n[[vip]]\nname = \"sessions\"\naddress = \"{VIP}\"\nport = 5060\nprotocol = \"udp\"\n\n[[vip]]\nname = \"app\"\naddress = \"{HTTP_VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = 8080\n",
         tb.instance(),
         tb.backend_config(&[100, 100, 100, 100])
     );

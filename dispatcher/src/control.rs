@@ -1,0 +1,213 @@
+//! The control loop: health checks, failed requests and the operator's overrides decide
+//! each backend's state; a change is written to `BACKENDS`, the rings of its VIPs are
+//! rebuilt, and a backend that goes out of service hands its L4 flows and its `CLONES`
+//! entries to its peer replica (given back when it returns).
+
+use std::{
+    sync::{atomic::Ordering, Arc, Mutex},
+    time::Duration,
+};
+
+use dispatcher_common::{FlowValue, STATE_DISABLED, STATE_DOWN, STATE_DRAIN, STATE_UP};
+use tokio::sync::mpsc;
+
+use crate::{
+    config::Config,
+    dataplane::tables::{backend_info, Tables},
+    health::{self, Probe, Streak},
+    state::Cluster,
+};
+
+/// How often the maps are read for the operator's commands.
+const OPERATOR_POLL: Duration = Duration::from_millis(200);
+
+fn out_of_service(s: u8) -> bool {
+    s == STATE_DOWN || s == STATE_DISABLED
+}
+
+pub fn state_name(s: u8) -> &'static str {
+    match s {
+        STATE_UP => "up",
+        dispatcher_common::STATE_SUSPECT => "suspect",
+        STATE_DOWN => "down",
+        STATE_DRAIN => "drain",
+        STATE_DISABLED => "disabled",
+        _ => "unused",
+    }
+}
+
+struct Control {
+    cfg: Config,
+    cluster: Arc<Cluster>,
+    tables: Arc<Mutex<Tables>>,
+    /// What this loop last wrote to BACKENDS for each backend: a different value there
+    /// is an operator's command.
+    written: Vec<u8>,
+}
+
+impl Control {
+    /// Applies a change of effective state to the maps.
+    fn apply(&mut self, b: usize, old: u8, new: u8) {
+        let name = &self.cluster.backends[b].name;
+        tracing::info!(backend = %name, from = state_name(old), to = state_name(new), "backend state changed");
+        self.cluster.counters.transitions.fetch_add(1, Ordering::Relaxed);
+        let mut t = self.tables.lock().unwrap();
+        let info = backend_info(&self.cfg.backends[b], new);
+        if let Err(e) = t.set_backend(b as u32, &info) {
+            tracing::warn!(error = %e, "writing BACKENDS");
+        }
+        self.written[b] = new;
+        let states: Vec<u8> = self.cluster.backends.iter().map(|x| x.state.load(Ordering::SeqCst)).collect();
+        for (i, v) in self.cfg.vips.iter().enumerate() {
+            if v.backends.contains(&b) {
+                if let Err(e) = t.rebuild_ring(i as u32, v, &self.cfg, &states) {
+                    tracing::warn!(error = %e, vip = %v.name, "rebuilding the ring");
+                }
+            }
+        }
+        drop(t);
+        if out_of_service(new) && !out_of_service(old) {
+            self.fail_over(b);
+        } else if !out_of_service(new) && out_of_service(old) {
+            self.give_back(b);
+        }
+    }
+
+    /// `b` is out: its clone IDs and pinned flows go to its replica when that one serves.
+    fn fail_over(&self, b: usize) {
+        let c = &self.cluster;
+        let replica = c.backends[b].replica.filter(|&r| c.backends[r].serves_sessions());
+        c.counters.failovers.fetch_add(1, Ordering::Relaxed);
+        let mut clones = 0;
+        if let Some(r) = replica {
+            for (key, _) in c.clone_keys_of(b) {
+                c.write_clone_entry(key, r, Some(b));
+                clones += 1;
+            }
+        }
+        c.counters.clone_rewrites.fetch_add(clones, Ordering::Relaxed);
+        let flows = self.rewrite_flows(b, replica);
+        tracing::info!(
+            backend = %c.backends[b].name,
+            replica = replica.map(|r| c.backends[r].name.as_str()).unwrap_or("none"),
+            clone_entries = clones,
+            flows,
+            "failover"
+        );
+    }
+
+    /// `b` is back: the CLONES entries name it again (new sessions reach it; sessions its
+    /// replica took over carry the replica's ID too and go by the cookie's order).
+    fn give_back(&self, b: usize) {
+        let c = &self.cluster;
+        let mut n = 0;
+        for (key, replica) in c.clone_keys_of(b) {
+            c.write_clone_entry(key, b, replica);
+            n += 1;
+        }
+        c.counters.clone_rewrites.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Flows pinned to `b` move to `to`, or are removed (re-hashed by XDP) without one.
+    fn rewrite_flows(&self, b: usize, to: Option<usize>) -> u64 {
+        let mut t = self.tables.lock().unwrap();
+        let pinned: Vec<_> = t.flows.iter().filter_map(|r| r.ok()).filter(|(_, v)| v.backend == b as u32).collect();
+        let mut n = 0;
+        for (k, v) in pinned {
+            let done = match to {
+                Some(r) => t.flows.insert(k, FlowValue { backend: r as u32, ..v }, 0).is_ok(),
+                None => t.flows.remove(&k).is_ok(),
+            };
+            n += done as u64;
+        }
+        self.cluster.counters.flow_rewrites.fetch_add(n, Ordering::Relaxed);
+        n
+    }
+
+    /// Reads BACKENDS for states an operator wrote (`dispatcher drain|disable|enable`).
+    fn observe_operator(&mut self) {
+        for b in 0..self.written.len() {
+            let Ok(info) = self.tables.lock().unwrap().backend(b as u32) else { continue };
+            if info.state == self.written[b] {
+                continue;
+            }
+            let admin = match info.state {
+                STATE_DRAIN | STATE_DISABLED => info.state,
+                STATE_UP => 0,
+                // Not an operator's value (a tool wrote health states): take it as written.
+                other => {
+                    self.written[b] = other;
+                    continue;
+                }
+            };
+            self.written[b] = info.state;
+            tracing::info!(backend = %self.cluster.backends[b].name, admin = state_name(info.state), "operator command");
+            match self.cluster.set_admin(b, admin) {
+                Some((old, new)) => self.apply(b, old, new),
+                None => {
+                    // Effective state unchanged (e.g. enable of a backend that is down):
+                    // write it back so that the map says the truth.
+                    let now = self.cluster.backends[b].state.load(Ordering::SeqCst);
+                    if now != info.state {
+                        self.apply(b, info.state, now);
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn probe_loop(
+    b: usize,
+    probe: Probe,
+    s: crate::config::HealthSettings,
+    tx: mpsc::UnboundedSender<(usize, bool)>,
+) {
+    let mut tick = tokio::time::interval(s.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let ok = health::check(&probe, &s).await;
+        if tx.send((b, ok)).is_err() {
+            return;
+        }
+    }
+}
+
+/// Runs until the task is aborted.
+pub async fn run(cfg: Config, cluster: Arc<Cluster>, tables: Arc<Mutex<Tables>>) {
+    let mut failures = cluster.subscribe_failures();
+    let (tx, mut checks) = mpsc::unbounded_channel();
+    for (b, p) in health::probes(&cfg).into_iter().enumerate() {
+        if let Some(p) = p {
+            tokio::spawn(probe_loop(b, p, cfg.health.clone(), tx.clone()));
+        }
+    }
+    drop(tx);
+    let written = cluster.backends.iter().map(|b| b.state.load(Ordering::SeqCst)).collect();
+    let (rise, fall) = (cfg.health.rise, cfg.health.fall);
+    let mut streaks = vec![Streak::default(); cluster.backends.len()];
+    let mut ctl = Control { cfg, cluster: cluster.clone(), tables, written };
+    let mut poll = tokio::time::interval(OPERATOR_POLL);
+    loop {
+        tokio::select! {
+            Some((b, ok)) = checks.recv() => {
+                let h = health::next(cluster.backends[b].health.load(Ordering::SeqCst), ok, &mut streaks[b], rise, fall);
+                if let Some((old, new)) = cluster.set_health(b, h) {
+                    ctl.apply(b, old, new);
+                }
+            }
+            Some(b) = failures.recv() => {
+                // The request path already marked it suspect in the mirror; the maps follow,
+                // and the failure counts towards `fall`.
+                streaks[b] = Streak::after_failure();
+                let now = cluster.backends[b].state.load(Ordering::SeqCst);
+                if now != ctl.written[b] {
+                    let old = ctl.written[b];
+                    ctl.apply(b, old, now);
+                }
+            }
+            _ = poll.tick() => ctl.observe_operator(),
+        }
+    }
+}
