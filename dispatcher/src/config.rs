@@ -101,6 +101,16 @@ struct RawHttp {
     max_connections_per_backend: Option<Spanned<usize>>,
     #[serde(default)]
     drain_timeout: Option<Spanned<String>>,
+    #[serde(default)]
+    hold_time: Option<Spanned<String>>,
+    #[serde(default)]
+    max_held: Option<Spanned<usize>>,
+    #[serde(default)]
+    retries: Option<Spanned<usize>>,
+    #[serde(default)]
+    retry_budget_percent: Option<Spanned<usize>>,
+    #[serde(default)]
+    retry_budget_min: Option<Spanned<usize>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -290,6 +300,16 @@ pub struct HttpSettings {
     pub max_connections_per_backend: usize,
     /// On SIGTERM, how long in-flight requests may take to finish.
     pub drain_timeout: Duration,
+    /// How long a request waits while its session's owner is suspect.
+    pub hold_time: Duration,
+    /// Requests held at once; beyond, 503 at once.
+    pub max_held: usize,
+    /// Extra attempts per request (idempotent, bodiless, before any response byte).
+    pub retries: u32,
+    /// Retries in flight may be at most this share of the requests in flight...
+    pub retry_budget_percent: u64,
+    /// ...or this many, whichever is more.
+    pub retry_budget_min: u64,
 }
 
 impl Default for HttpSettings {
@@ -308,6 +328,11 @@ impl Default for HttpSettings {
             pool_idle_timeout: Duration::from_secs(30),
             max_connections_per_backend: 1024,
             drain_timeout: Duration::from_secs(10),
+            hold_time: Duration::from_secs(5),
+            max_held: 1000,
+            retries: 1,
+            retry_budget_percent: 20,
+            retry_budget_min: 3,
         }
     }
 }
@@ -857,6 +882,7 @@ impl Ctx<'_> {
         dur(&h.server_timeout, "server_timeout", &mut s.server_timeout)?;
         dur(&h.pool_idle_timeout, "pool_idle_timeout", &mut s.pool_idle_timeout)?;
         dur(&h.drain_timeout, "drain_timeout", &mut s.drain_timeout)?;
+        dur(&h.hold_time, "hold_time", &mut s.hold_time)?;
         let num = |v: &Option<Spanned<usize>>,
                    field: &str,
                    lo: usize,
@@ -883,6 +909,13 @@ impl Ctx<'_> {
             1_000_000,
             &mut s.max_connections_per_backend,
         )?;
+        num(&h.max_held, "max_held", 0, 1_000_000, &mut s.max_held)?;
+        let (mut retries, mut pct, mut min) =
+            (s.retries as usize, s.retry_budget_percent as usize, s.retry_budget_min as usize);
+        num(&h.retries, "retries", 0, 10, &mut retries)?;
+        num(&h.retry_budget_percent, "retry_budget_percent", 0, 100, &mut pct)?;
+        num(&h.retry_budget_min, "retry_budget_min", 0, 1_000_000, &mut min)?;
+        (s.retries, s.retry_budget_percent, s.retry_budget_min) = (retries as u32, pct as u64, min as u64);
         let token = |v: &Option<Spanned<String>>, field: &str, into: &mut String| -> Result<(), ConfigError> {
             if let Some(v) = v {
                 let t = v.get_ref();

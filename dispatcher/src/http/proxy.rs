@@ -212,6 +212,74 @@ where
     }
 }
 
+/// RFC 9110 9.2.2: methods whose repetition has the effect of one request.
+fn is_idempotent(method: &[u8]) -> bool {
+    matches!(method, b"GET" | b"HEAD" | b"OPTIONS" | b"TRACE" | b"PUT" | b"DELETE")
+}
+
+/// The cluster-wide retry budget: retries in flight stay under a share of the requests
+/// in flight (with a floor), so a mass failure cannot double the survivors' load.
+fn retry_allowed(c: &Cluster, s: &HttpSettings) -> bool {
+    let in_flight = c.counters.in_flight.load(Ordering::Relaxed);
+    let retrying = c.counters.retries_in_flight.load(Ordering::Relaxed);
+    let budget = (in_flight * s.retry_budget_percent / 100).max(s.retry_budget_min);
+    retrying < budget
+}
+
+/// Decrements a gauge when dropped.
+struct Counted<'a>(&'a std::sync::atomic::AtomicU64);
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+enum HoldEnd {
+    /// The backend's state changed: route again.
+    Changed,
+    /// The hold time is over.
+    Expired,
+    /// Too many requests are held already.
+    Full,
+    ClientGone,
+}
+
+/// Waits (no polling, no backend connection held) until backend `b` changes state, the
+/// deadline passes, or the client goes away.
+async fn hold<R: AsyncRead + Unpin>(ctx: &VipCtx, b: usize, client: &mut Inbound<R>, deadline: Instant) -> HoldEnd {
+    let c = &ctx.cluster;
+    if c.counters.held_now.fetch_add(1, Ordering::SeqCst) >= ctx.settings.max_held as u64 {
+        c.counters.held_now.fetch_sub(1, Ordering::SeqCst);
+        c.counters.hold_refused.fetch_add(1, Ordering::Relaxed);
+        return HoldEnd::Full;
+    }
+    let _held = Counted(&c.counters.held_now);
+    let be = &c.backends[b];
+    loop {
+        let notified = be.changed.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if be.state.load(Ordering::SeqCst) != dispatcher_common::STATE_SUSPECT {
+            return HoldEnd::Changed;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return HoldEnd::Expired;
+        }
+        tokio::select! {
+            _ = &mut notified => return HoldEnd::Changed,
+            _ = tokio::time::sleep(left) => return HoldEnd::Expired,
+            r = client.fill(left) => match r {
+                // More bytes (a body, a pipelined request) stay buffered; keep waiting.
+                Ok(n) if n > 0 => {}
+                Err(RelayError::Timeout) => return HoldEnd::Expired,
+                _ => return HoldEnd::ClientGone,
+            },
+        }
+    }
+}
+
 /// Counts a request in flight on a backend for as long as it lives.
 struct InFlight<'a>(&'a crate::state::Backend);
 
@@ -235,39 +303,105 @@ async fn exchange<R: AsyncRead + Unpin>(
     let s = &ctx.settings;
     let cookies = head.headers.iter().filter(|h| is(&buf[h.name.clone()], "cookie")).map(|h| &buf[h.value.clone()]);
     let sess = session::find(cookies, &buf[head.target.clone()], s.cookie_name.as_bytes(), s.url_parameter.as_bytes());
-    let backend = match ctx.route.route(&ctx.cluster, sess.as_ref()) {
-        Decision::Affinity(b) | Decision::Balanced(b) => b,
-        Decision::SessionUnavailable => {
-            send_error(w, 503, "the session's server and its replica are unavailable", Some(5)).await;
-            return Next::Close;
+    let c = &ctx.cluster;
+    c.counters.in_flight.fetch_add(1, Ordering::Relaxed);
+    let _request = Counted(&c.counters.in_flight);
+    let mut retry_guard = None;
+    let has_body = head.framing != Framing::None;
+    let idempotent = is_idempotent(&buf[head.method.clone()]);
+    let mut hold_deadline: Option<Instant> = None;
+    let mut hold_expired = false;
+    let mut extra_attempts = 0u32;
+    // Choose a backend and connect; hold while the session's owner is suspect; retry a
+    // refused connection elsewhere (bounded, budgeted, idempotent requests only).
+    let (backend, first_up) = loop {
+        let backend = match ctx.route.route(c, sess.as_ref(), hold_expired) {
+            Decision::Affinity(b) | Decision::Balanced(b) => b,
+            Decision::Hold(b) => {
+                let deadline = *hold_deadline.get_or_insert_with(|| {
+                    c.counters.holds.fetch_add(1, Ordering::Relaxed);
+                    Instant::now() + s.hold_time
+                });
+                match hold(ctx, b, client, deadline).await {
+                    HoldEnd::Changed => {}
+                    HoldEnd::Expired => {
+                        c.counters.hold_timeouts.fetch_add(1, Ordering::Relaxed);
+                        hold_expired = true;
+                    }
+                    HoldEnd::Full => {
+                        send_error(w, 503, "too many requests waiting for their server", Some(2)).await;
+                        return Next::Close;
+                    }
+                    HoldEnd::ClientGone => return Next::Close,
+                }
+                continue;
+            }
+            Decision::SessionUnavailable => {
+                send_error(w, 503, "the session's server and its replica are unavailable", Some(5)).await;
+                return Next::Close;
+            }
+            Decision::NoBackend => {
+                send_error(w, 503, "no server available", Some(5)).await;
+                return Next::Close;
+            }
+        };
+        if let Some(sess) = &sess {
+            if !VipRoute::may_serve(c, sess, backend) {
+                c.counters.misroutes.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(backend = %c.backends[backend].name, "misroute: a session request to a server that neither owns it nor replicates it");
+            }
         }
-        Decision::NoBackend => {
+        let Some(pool) = ctx.pools[backend].as_ref() else {
             send_error(w, 503, "no server available", Some(5)).await;
             return Next::Close;
+        };
+        let be = &c.backends[backend];
+        let trusted = be.is_up() || be.state.load(Ordering::Relaxed) == dispatcher_common::STATE_DRAIN;
+        match pool.get(trusted).await {
+            Ok(up) => break (backend, up),
+            Err(e) => {
+                be.errors.fetch_add(1, Ordering::Relaxed);
+                c.passive_failure(backend);
+                tracing::debug!(backend = %be.name, error = %e, "upstream connect failed");
+                if idempotent && !has_body && extra_attempts < s.retries {
+                    if retry_allowed(c, s) {
+                        extra_attempts += 1;
+                        c.counters.retries.fetch_add(1, Ordering::Relaxed);
+                        if retry_guard.is_none() {
+                            c.counters.retries_in_flight.fetch_add(1, Ordering::Relaxed);
+                            retry_guard = Some(Counted(&c.counters.retries_in_flight));
+                        }
+                        continue;
+                    }
+                    c.counters.retry_budget_refusals.fetch_add(1, Ordering::Relaxed);
+                }
+                send_error(w, 503, "the server could not be reached", Some(2)).await;
+                return Next::Close;
+            }
         }
     };
-    let be = &ctx.cluster.backends[backend];
+    let be = &c.backends[backend];
     be.outstanding.fetch_add(1, Ordering::Relaxed);
     let _in_flight = InFlight(be);
     be.requests.fetch_add(1, Ordering::Relaxed);
-    let Some(pool) = ctx.pools[backend].as_ref() else {
-        send_error(w, 503, "no server available", Some(5)).await;
-        return Next::Close;
-    };
+    let pool = ctx.pools[backend].as_ref().expect("a pool for the chosen backend");
+    let mut first_up = Some(first_up);
     build_request(out, head, buf, peer.ip(), &ctx.name);
-    let has_body = head.framing != Framing::None;
 
     // Send the head (and body); a reused connection found closed is retried once on a
     // fresh one, only when nothing of the request could have been consumed (no body).
     let mut attempt = 0;
     let (mut up, res, body_skipped) = loop {
         attempt += 1;
-        let trusted = be.is_up() || be.state.load(Ordering::Relaxed) == dispatcher_common::STATE_DRAIN;
-        let mut up = match if attempt == 1 { pool.get(trusted).await } else { pool.connect().await } {
+        let conn = match first_up.take() {
+            Some(up) => Ok(up),
+            None => pool.connect().await,
+        };
+        let mut up = match conn {
             Ok(up) => up,
             Err(e) => {
                 be.errors.fetch_add(1, Ordering::Relaxed);
-                ctx.cluster.passive_failure(backend);
+                c.passive_failure(backend);
                 tracing::debug!(backend = %be.name, error = %e, "upstream connect failed");
                 send_error(w, 502, "cannot connect to the server", None).await;
                 return Next::Close;

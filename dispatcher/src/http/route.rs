@@ -6,6 +6,8 @@ use std::sync::{
     Mutex,
 };
 
+use dispatcher_common::{STATE_DRAIN, STATE_SUSPECT};
+
 use super::session::SessionId;
 use crate::{config::Balance, state::Cluster};
 
@@ -17,6 +19,8 @@ pub enum Decision {
     Balanced(usize),
     /// The session's owner and replica are both out: never another server.
     SessionUnavailable,
+    /// The session's owner is suspect: wait for its state to resolve.
+    Hold(usize),
     /// No backend of the VIP is eligible.
     NoBackend,
 }
@@ -36,25 +40,37 @@ impl VipRoute {
         VipRoute { members, balance, current: Mutex::new(vec![0; n]), rotate: AtomicUsize::new(0) }
     }
 
-    pub fn route(&self, cluster: &Cluster, session: Option<&SessionId>) -> Decision {
+    /// `hold_expired`: the request was already held for the whole hold time; a suspect
+    /// owner is then treated as out (its replica serves, or 503).
+    pub fn route(&self, cluster: &Cluster, session: Option<&SessionId>, hold_expired: bool) -> Decision {
         if let Some(s) = session {
             let mut first_known = None;
             for id in &s.clones {
-                if let Some((owner, replica)) = cluster.owner(id) {
-                    if !self.members.contains(&owner) {
-                        continue;
-                    }
-                    if cluster.backends[owner].serves_sessions() {
-                        cluster.counters.affinity_hits.fetch_add(1, Ordering::Relaxed);
-                        return Decision::Affinity(owner);
-                    }
-                    first_known.get_or_insert(replica);
+                let Some((owner, replica)) = cluster.owner(id) else { continue };
+                if !self.members.contains(&owner) {
+                    continue;
                 }
+                let state = cluster.backends[owner].state.load(Ordering::SeqCst);
+                if state == STATE_SUSPECT && !hold_expired {
+                    // Ownership unknown: wait, never guess.
+                    return Decision::Hold(owner);
+                }
+                if cluster.backends[owner].serves_sessions() && state != STATE_SUSPECT {
+                    cluster.counters.affinity_hits.fetch_add(1, Ordering::Relaxed);
+                    return Decision::Affinity(owner);
+                }
+                first_known.get_or_insert(replica);
             }
             if let Some(replica) = first_known {
                 // The owner is out: only its replica holds the session's data.
-                return match replica {
-                    Some(r) if self.members.contains(&r) && cluster.backends[r].serves_sessions() => {
+                return match replica.filter(|r| self.members.contains(r)) {
+                    Some(r) if cluster.backends[r].state.load(Ordering::SeqCst) == STATE_SUSPECT && !hold_expired => {
+                        Decision::Hold(r)
+                    }
+                    Some(r)
+                        if cluster.backends[r].is_up()
+                            || cluster.backends[r].state.load(Ordering::SeqCst) == STATE_DRAIN =>
+                    {
                         Decision::Affinity(r)
                     }
                     _ => Decision::SessionUnavailable,
@@ -71,6 +87,21 @@ impl VipRoute {
                 Decision::NoBackend
             }
         }
+    }
+
+    /// Whether `backend` may serve a request of `session`: one of its clones' owners or
+    /// their replicas (the misroute check).
+    pub fn may_serve(cluster: &Cluster, session: &SessionId, backend: usize) -> bool {
+        let mut known = false;
+        for id in &session.clones {
+            if let Some((owner, replica)) = cluster.owner(id) {
+                known = true;
+                if owner == backend || replica == Some(backend) {
+                    return true;
+                }
+            }
+        }
+        !known
     }
 
     fn balanced(&self, cluster: &Cluster) -> Option<usize> {
@@ -122,7 +153,7 @@ impl VipRoute {
 mod tests {
     use super::*;
     use crate::{config::Config, http::session};
-    use dispatcher_common::{STATE_DOWN, STATE_UP};
+    use dispatcher_common::{STATE_DOWN, STATE_SUSPECT, STATE_UP};
 
     const CFG: &str = r#"
 [dispatcher]
@@ -160,7 +191,7 @@ mode = "http"
     }
 
     fn route(c: &Cluster, r: &VipRoute, cookie: &str) -> Decision {
-        r.route(c, session::parse(cookie.as_bytes()).as_ref())
+        r.route(c, session::parse(cookie.as_bytes()).as_ref(), false)
     }
 
     #[test]
@@ -180,7 +211,22 @@ mode = "http"
         c.backends[1].state.store(dispatcher_common::STATE_DRAIN, Ordering::Relaxed);
         assert_eq!(route(&c, &r, "0000x:cB"), Decision::Affinity(1));
         for _ in 0..10 {
-            assert_ne!(r.route(&c, None), Decision::Balanced(1));
+            assert_ne!(r.route(&c, None, false), Decision::Balanced(1));
+        }
+    }
+
+    #[test]
+    fn a_suspect_owner_holds_its_sessions_until_the_hold_expires() {
+        let (c, r) = setup(Balance::RoundRobin);
+        c.backends[0].state.store(STATE_SUSPECT, Ordering::Relaxed);
+        assert_eq!(route(&c, &r, "0000x:cA"), Decision::Hold(0));
+        assert_eq!(route(&c, &r, "0000x:cA:cB"), Decision::Hold(0), "order matters: cA first");
+        let s = session::parse(b"0000x:cA");
+        assert_eq!(r.route(&c, s.as_ref(), true), Decision::Affinity(1), "after the hold: the replica");
+        c.backends[1].state.store(STATE_DOWN, Ordering::Relaxed);
+        assert_eq!(r.route(&c, s.as_ref(), true), Decision::SessionUnavailable);
+        for _ in 0..5 {
+            assert_ne!(r.route(&c, None, false), Decision::Balanced(0), "no new work for a suspect");
         }
     }
 
@@ -205,7 +251,7 @@ mode = "http"
             }
         }
         assert_eq!(n, [100, 300, 100], "smooth WRR is exact over a full cycle");
-        assert_eq!(r.route(&c, None), Decision::Balanced(1));
+        assert_eq!(r.route(&c, None, false), Decision::Balanced(1));
     }
 
     #[test]
@@ -214,11 +260,11 @@ mode = "http"
         c.backends[0].outstanding.store(5, Ordering::Relaxed);
         c.backends[1].outstanding.store(9, Ordering::Relaxed); // weight 3: 3 per unit
         c.backends[2].outstanding.store(4, Ordering::Relaxed);
-        assert_eq!(r.route(&c, None), Decision::Balanced(1));
+        assert_eq!(r.route(&c, None, false), Decision::Balanced(1));
         for b in &c.backends {
             b.state.store(STATE_DOWN, Ordering::Relaxed);
         }
-        assert_eq!(r.route(&c, None), Decision::NoBackend);
+        assert_eq!(r.route(&c, None, false), Decision::NoBackend);
     }
 
     #[test]
