@@ -40,6 +40,12 @@ pub struct Cluster {
     pub clone_ids: Vec<String>,
     peers: Vec<Option<usize>>,
     stores: Vec<Mutex<Store>>,
+    /// A clone that is down (killed) neither serves nor receives replication.
+    alive: Vec<AtomicBool>,
+    /// A frozen clone (as under SIGSTOP) accepts connections but answers nothing.
+    frozen: Vec<AtomicBool>,
+    /// Requests a clone read while frozen.
+    pub received_frozen: Vec<AtomicU64>,
     pub log: Mutex<Vec<Hit>>,
     next_session: AtomicU64,
 }
@@ -51,6 +57,9 @@ impl Cluster {
             clone_ids: (0..n).map(|i| format!("clone{i}x")).collect(),
             peers: (0..n).map(|i| if i ^ 1 < n { Some(i ^ 1) } else { None }).collect(),
             stores: (0..n).map(|_| Mutex::new(Store::default())).collect(),
+            alive: (0..n).map(|_| AtomicBool::new(true)).collect(),
+            frozen: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            received_frozen: (0..n).map(|_| AtomicU64::new(0)).collect(),
             log: Mutex::new(Vec::new()),
             next_session: AtomicU64::new(1),
         })
@@ -78,6 +87,15 @@ impl Cluster {
         let (sid, count, clones) = match parsed {
             Some((sid, clones, value)) => {
                 let mut store = self.stores[me].lock().unwrap();
+                // A copy replicated from the peer that is newer than ours (the peer served
+                // the session meanwhile) wins: sessions are versioned, as DRS's are.
+                let newer = match (store.own.get(&sid), store.replica.get(&sid)) {
+                    (Some(o), Some(r)) => r > o,
+                    _ => false,
+                };
+                if newer {
+                    store.own.remove(&sid);
+                }
                 if let Some(c) = store.own.get_mut(&sid) {
                     *c += 1;
                     (sid, *c, clones)
@@ -100,7 +118,7 @@ impl Cluster {
             }
         };
         // Synchronous replication of the write to the peer.
-        if let Some(p) = self.peers[me] {
+        if let Some(p) = self.peers[me].filter(|&p| self.alive[p].load(Ordering::SeqCst)) {
             self.stores[p].lock().unwrap().replica.insert(sid.clone(), count);
         }
         if lost {
@@ -108,6 +126,28 @@ impl Cluster {
         }
         self.log.lock().unwrap().push(Hit { backend: me, session: sid.clone(), lost, cookie_clones: clones });
         (headers, format!("clone={} session={sid} count={count} lost={}\n", self.clone_ids[me], lost as u8))
+    }
+
+    /// The process dies (kill -9): its memory is gone. The caller stops its servers.
+    pub fn kill(&self, me: usize) {
+        self.alive[me].store(false, Ordering::SeqCst);
+        *self.stores[me].lock().unwrap() = Store::default();
+    }
+
+    /// It starts again and, as a replication domain member does, gets its sessions' copies
+    /// back from its peer (and gives the peer copies of the peer's).
+    pub fn revive(&self, me: usize) {
+        if let Some(p) = self.peers[me] {
+            let peer = self.stores[p].lock().unwrap();
+            let mut mine = self.stores[me].lock().unwrap();
+            mine.own = peer.replica.clone();
+            mine.replica = peer.own.clone();
+        }
+        self.alive[me].store(true, Ordering::SeqCst);
+    }
+
+    pub fn freeze(&self, me: usize, on: bool) {
+        self.frozen[me].store(on, Ordering::SeqCst);
     }
 
     fn create(&self, me: usize, headers: &mut Vec<String>) -> (String, u64) {
@@ -173,7 +213,20 @@ fn connection(cluster: &Cluster, me: usize, s: TcpStream, stop: &AtomicBool) {
             })
         };
         let close = header("connection").is_some_and(|v| v.eq_ignore_ascii_case("close"));
-        if lines.first().is_some_and(|l| l.starts_with("GET /health ")) {
+        let is_health = lines.first().is_some_and(|l| l.starts_with("GET /health "));
+        if cluster.frozen[me].load(Ordering::SeqCst) {
+            // Stopped: the request sits unread by the application until it is thawed.
+            if !is_health {
+                cluster.received_frozen[me].fetch_add(1, Ordering::SeqCst);
+            }
+            while cluster.frozen[me].load(Ordering::SeqCst) {
+                if stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        if is_health {
             // The dispatcher's health check: no session, not logged.
             let resp = if close {
                 "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"

@@ -280,6 +280,107 @@ async fn hold<R: AsyncRead + Unpin>(ctx: &VipCtx, b: usize, client: &mut Inbound
     }
 }
 
+/// How an attempt on one backend failed, before any response byte reached the client.
+enum SendFail {
+    /// Could not connect (refused, timed out, connection limit).
+    Unreachable(super::pool::PoolError),
+    /// Reset or closed before any response byte (on a fresh connection).
+    Closed,
+    /// No response within the server timeout.
+    Timeout,
+    /// A malformed response head.
+    Bad(Reject),
+    /// The client has been answered already (400, 408...) or is gone.
+    Answered,
+}
+
+/// Sends the request (head in `out`, body from the client) to `backend` and reads the
+/// response head. A pooled connection found closed is replaced once by a fresh one, only
+/// when nothing of the request could have been consumed (no body).
+async fn send<R: AsyncRead + Unpin>(
+    ctx: &VipCtx,
+    head: &RequestHead,
+    backend: usize,
+    client: &mut Inbound<R>,
+    w: &mut OwnedWriteHalf,
+    out: &[u8],
+    scratch: &mut Vec<Header>,
+) -> Result<(Upstream, ResponseHead, bool), SendFail> {
+    let s = &ctx.settings;
+    let be = &ctx.cluster.backends[backend];
+    let pool = ctx.pools[backend].as_ref().ok_or(SendFail::Answered)?;
+    let has_body = head.framing != Framing::None;
+    let trusted = be.is_up() || be.state.load(Ordering::Relaxed) == dispatcher_common::STATE_DRAIN;
+    let mut up = pool.get(trusted).await.map_err(SendFail::Unreachable)?;
+    let mut fresh_tried = false;
+    loop {
+        let replaceable = up.reused && !has_body && !fresh_tried;
+        if up.w.write_all(out).await.is_err() {
+            if replaceable {
+                fresh_tried = true;
+                up = pool.connect().await.map_err(SendFail::Unreachable)?;
+                continue;
+            }
+            return Err(SendFail::Closed);
+        }
+        let mut early = None;
+        if has_body {
+            if head.expect_continue {
+                // Wait briefly for the server's verdict on the body.
+                match tokio::time::timeout(
+                    CONTINUE_WAIT,
+                    read_response(&mut up, head, &ctx.limits, scratch, s.server_timeout),
+                )
+                .await
+                {
+                    Ok(Ok(r)) if r.status == 100 => {
+                        bytes::Buf::advance(&mut up.r.buf, r.len);
+                        if w.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await.is_err() {
+                            return Err(SendFail::Answered);
+                        }
+                    }
+                    Ok(Ok(r)) => early = Some(r),
+                    Ok(Err(UpstreamFail::Timeout)) => return Err(SendFail::Timeout),
+                    Ok(Err(UpstreamFail::Bad(r))) => return Err(SendFail::Bad(r)),
+                    Ok(Err(UpstreamFail::Stale)) => return Err(SendFail::Closed),
+                    Err(_) => {}
+                }
+            }
+            if early.is_none() {
+                match relay_body(head.framing, client, &mut up.w, s.client_idle_timeout, false).await {
+                    Ok(()) => {}
+                    Err(RelayError::Chunk(why)) => {
+                        send_error(w, 400, why, None).await;
+                        return Err(SendFail::Answered);
+                    }
+                    Err(RelayError::Write(_)) => return Err(SendFail::Closed),
+                    Err(RelayError::Timeout) => {
+                        send_error(w, 408, "request body not received in time", None).await;
+                        return Err(SendFail::Answered);
+                    }
+                    Err(_) => return Err(SendFail::Answered),
+                }
+            }
+        }
+        let skipped = early.is_some();
+        let res = match early {
+            Some(r) => Ok(r),
+            None => read_response(&mut up, head, &ctx.limits, scratch, s.server_timeout).await,
+        };
+        return match res {
+            Ok(r) => Ok((up, r, skipped)),
+            Err(UpstreamFail::Stale) if replaceable => {
+                fresh_tried = true;
+                up = pool.connect().await.map_err(SendFail::Unreachable)?;
+                continue;
+            }
+            Err(UpstreamFail::Stale) => Err(SendFail::Closed),
+            Err(UpstreamFail::Timeout) => Err(SendFail::Timeout),
+            Err(UpstreamFail::Bad(r)) => Err(SendFail::Bad(r)),
+        };
+    }
+}
+
 /// Counts a request in flight on a backend for as long as it lives.
 struct InFlight<'a>(&'a crate::state::Backend);
 
@@ -312,9 +413,10 @@ async fn exchange<R: AsyncRead + Unpin>(
     let mut hold_deadline: Option<Instant> = None;
     let mut hold_expired = false;
     let mut extra_attempts = 0u32;
-    // Choose a backend and connect; hold while the session's owner is suspect; retry a
-    // refused connection elsewhere (bounded, budgeted, idempotent requests only).
-    let (backend, first_up) = loop {
+    // Choose a backend, hold while the session's owner is suspect, send; a failure before
+    // any response byte is retried after re-routing (bounded, budgeted, idempotent and
+    // bodiless requests only). A server that timed out is never retried: no replays.
+    let (backend, mut up, mut res, body_skipped) = loop {
         let backend = match ctx.route.route(c, sess.as_ref(), hold_expired) {
             Decision::Affinity(b) | Decision::Balanced(b) => b,
             Decision::Hold(b) => {
@@ -351,148 +453,62 @@ async fn exchange<R: AsyncRead + Unpin>(
                 tracing::error!(backend = %c.backends[backend].name, "misroute: a session request to a server that neither owns it nor replicates it");
             }
         }
-        let Some(pool) = ctx.pools[backend].as_ref() else {
-            send_error(w, 503, "no server available", Some(5)).await;
-            return Next::Close;
-        };
         let be = &c.backends[backend];
-        let trusted = be.is_up() || be.state.load(Ordering::Relaxed) == dispatcher_common::STATE_DRAIN;
-        match pool.get(trusted).await {
-            Ok(up) => break (backend, up),
-            Err(e) => {
-                be.errors.fetch_add(1, Ordering::Relaxed);
+        be.outstanding.fetch_add(1, Ordering::Relaxed);
+        let in_flight = InFlight(be);
+        be.requests.fetch_add(1, Ordering::Relaxed);
+        build_request(out, head, buf, peer.ip(), &ctx.name);
+        let failure = match send(ctx, head, backend, client, w, out, scratch).await {
+            Ok((up, res, skipped)) => {
+                std::mem::forget(in_flight);
+                break (backend, up, res, skipped);
+            }
+            Err(f) => f,
+        };
+        drop(in_flight);
+        be.errors.fetch_add(1, Ordering::Relaxed);
+        let retry = matches!(failure, SendFail::Unreachable(_) | SendFail::Closed);
+        let (status, why, retry_after) = match failure {
+            SendFail::Answered => return Next::Close,
+            SendFail::Unreachable(e) => {
                 c.passive_failure(backend);
                 tracing::debug!(backend = %be.name, error = %e, "upstream connect failed");
-                if idempotent && !has_body && extra_attempts < s.retries {
-                    if retry_allowed(c, s) {
-                        extra_attempts += 1;
-                        c.counters.retries.fetch_add(1, Ordering::Relaxed);
-                        if retry_guard.is_none() {
-                            c.counters.retries_in_flight.fetch_add(1, Ordering::Relaxed);
-                            retry_guard = Some(Counted(&c.counters.retries_in_flight));
-                        }
-                        continue;
-                    }
-                    c.counters.retry_budget_refusals.fetch_add(1, Ordering::Relaxed);
+                (503, "the server could not be reached", Some(2))
+            }
+            SendFail::Closed => {
+                c.passive_failure(backend);
+                (502, "the server closed the connection", None)
+            }
+            SendFail::Timeout => {
+                // Half-dead: suspect (no more requests for it until a check passes), its idle
+                // connections closed, and this request not replayed anywhere.
+                c.passive_failure(backend);
+                if let Some(pool) = ctx.pools[backend].as_ref() {
+                    pool.clear();
                 }
-                send_error(w, 503, "the server could not be reached", Some(2)).await;
+                send_error(w, 504, "the server did not answer in time", None).await;
                 return Next::Close;
             }
-        }
-    };
-    let be = &c.backends[backend];
-    be.outstanding.fetch_add(1, Ordering::Relaxed);
-    let _in_flight = InFlight(be);
-    be.requests.fetch_add(1, Ordering::Relaxed);
-    let pool = ctx.pools[backend].as_ref().expect("a pool for the chosen backend");
-    let mut first_up = Some(first_up);
-    build_request(out, head, buf, peer.ip(), &ctx.name);
-
-    // Send the head (and body); a reused connection found closed is retried once on a
-    // fresh one, only when nothing of the request could have been consumed (no body).
-    let mut attempt = 0;
-    let (mut up, res, body_skipped) = loop {
-        attempt += 1;
-        let conn = match first_up.take() {
-            Some(up) => Ok(up),
-            None => pool.connect().await,
+            SendFail::Bad(r) => (502, r.reason, None),
         };
-        let mut up = match conn {
-            Ok(up) => up,
-            Err(e) => {
-                be.errors.fetch_add(1, Ordering::Relaxed);
-                c.passive_failure(backend);
-                tracing::debug!(backend = %be.name, error = %e, "upstream connect failed");
-                send_error(w, 502, "cannot connect to the server", None).await;
-                return Next::Close;
-            }
-        };
-        let retryable = up.reused && !has_body && attempt == 1;
-        if up.w.write_all(out).await.is_err() {
-            if retryable {
+        if retry && idempotent && !has_body && extra_attempts < s.retries {
+            if retry_allowed(c, s) {
+                extra_attempts += 1;
+                c.counters.retries.fetch_add(1, Ordering::Relaxed);
+                if retry_guard.is_none() {
+                    c.counters.retries_in_flight.fetch_add(1, Ordering::Relaxed);
+                    retry_guard = Some(Counted(&c.counters.retries_in_flight));
+                }
                 continue;
             }
-            be.errors.fetch_add(1, Ordering::Relaxed);
-            send_error(w, 502, "the server closed the connection", None).await;
-            return Next::Close;
+            c.counters.retry_budget_refusals.fetch_add(1, Ordering::Relaxed);
         }
-        let mut early = None;
-        if has_body {
-            if head.expect_continue {
-                // Wait briefly for the server's verdict on the body.
-                match tokio::time::timeout(
-                    CONTINUE_WAIT,
-                    read_response(&mut up, head, &ctx.limits, scratch, s.server_timeout),
-                )
-                .await
-                {
-                    Ok(Ok(r)) if r.status == 100 => {
-                        bytes::Buf::advance(&mut up.r.buf, r.len);
-                        if w.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await.is_err() {
-                            return Next::Close;
-                        }
-                    }
-                    Ok(Ok(r)) => early = Some(r),
-                    Ok(Err(_)) => {
-                        be.errors.fetch_add(1, Ordering::Relaxed);
-                        send_error(w, 502, "no response from the server", None).await;
-                        return Next::Close;
-                    }
-                    Err(_) => {}
-                }
-            }
-            if early.is_none() {
-                match relay_body(head.framing, client, &mut up.w, s.client_idle_timeout, false).await {
-                    Ok(()) => {}
-                    Err(RelayError::Chunk(why)) => {
-                        send_error(w, 400, why, None).await;
-                        return Next::Close;
-                    }
-                    Err(RelayError::Write(_)) => {
-                        be.errors.fetch_add(1, Ordering::Relaxed);
-                        send_error(w, 502, "the server closed the connection", None).await;
-                        return Next::Close;
-                    }
-                    Err(RelayError::Timeout) => {
-                        send_error(w, 408, "request body not received in time", None).await;
-                        return Next::Close;
-                    }
-                    Err(_) => return Next::Close,
-                }
-            }
-        }
-        let early_answer = early.is_some();
-        let res = match early {
-            Some(r) => Ok(r),
-            None => read_response(&mut up, head, &ctx.limits, scratch, s.server_timeout).await,
-        };
-        match res {
-            Err(UpstreamFail::Stale) if retryable => continue,
-            other => break (up, other, early_answer),
-        }
+        send_error(w, status, why, retry_after).await;
+        return Next::Close;
     };
-    let mut res = match res {
-        Ok(r) => r,
-        Err(fail) => {
-            be.errors.fetch_add(1, Ordering::Relaxed);
-            let (status, why) = match fail {
-                UpstreamFail::Timeout => {
-                    // Half-dead: no more requests for it until a check passes, and none
-                    // of its idle connections is trusted.
-                    ctx.cluster.passive_failure(backend);
-                    pool.clear();
-                    (504, "the server did not answer in time")
-                }
-                UpstreamFail::Stale => {
-                    ctx.cluster.passive_failure(backend);
-                    (502, "the server closed the connection")
-                }
-                UpstreamFail::Bad(r) => (502, r.reason),
-            };
-            send_error(w, status, why, None).await;
-            return Next::Close;
-        }
-    };
+    let be = &c.backends[backend];
+    let _in_flight = InFlight(be);
+    let pool = ctx.pools[backend].as_ref().expect("a pool for the chosen backend");
     // Interim responses (other than 101) go to the client as they are; then the final one.
     while (100..200).contains(&res.status) && res.status != 101 {
         let interim = up.r.buf.split_to(res.len);

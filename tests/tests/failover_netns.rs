@@ -1,0 +1,269 @@
+//! Faults under load from clients with cookie jars: a clone killed, a clone stopped
+//! (accepts TCP, never answers), a replica pair lost, every clone lost. Whatever happens,
+//! no request of a session reaches a server that is neither its owner nor its replica,
+//! no session whose owner or replica lives loses data, and every failed request gets a
+//! 5xx answer.
+
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex,
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use dispatcher_tests::{
+    netns::Testbed,
+    websphere::{self, Client},
+};
+
+const VIP: &str = "10.99.100.30";
+const PORT: u16 = 8080;
+const HOLD: Duration = Duration::from_secs(3);
+const SERVER_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// One answer (or failure) a client saw.
+#[derive(Clone, Debug)]
+struct Seen {
+    status: u16,
+    count: u64,
+    lost: bool,
+    clone: String,
+    took: Duration,
+    retry_after: bool,
+}
+
+struct Load {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    seen: Vec<Arc<Mutex<Vec<Seen>>>>,
+}
+
+fn start_load(tb: &Testbed, addr: SocketAddr, clients: usize) -> Load {
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut threads = Vec::new();
+    let mut seen = Vec::new();
+    for k in 0..clients {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        seen.push(log.clone());
+        let (stop, ns) = (stop.clone(), tb.client.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut c = Client::new(&ns, addr);
+            let mut n = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                n += 1;
+                if n % 7 == 0 {
+                    c.reconnect();
+                }
+                let t = Instant::now();
+                let s = match c.get(&format!("/app/{k}")) {
+                    Ok(r) => Seen {
+                        status: r.status,
+                        count: r.field("count").and_then(|v| v.parse().ok()).unwrap_or(0),
+                        lost: r.field("lost") == Some("1"),
+                        clone: r.field("clone").unwrap_or("").to_string(),
+                        took: t.elapsed(),
+                        retry_after: r.header("retry-after").is_some(),
+                    },
+                    Err(_) => Seen {
+                        status: 0,
+                        count: 0,
+                        lost: false,
+                        clone: String::new(),
+                        took: t.elapsed(),
+                        retry_after: false,
+                    },
+                };
+                let failed = s.status != 200;
+                log.lock().unwrap().push(s);
+                if failed {
+                    // A 5xx closes the connection: start over on a new one.
+                    c.reconnect();
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }));
+    }
+    Load { stop, threads, seen }
+}
+
+impl Load {
+    fn finish(self) -> Vec<Vec<Seen>> {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.threads {
+            t.join().unwrap();
+        }
+        self.seen.iter().map(|s| s.lock().unwrap().clone()).collect()
+    }
+}
+
+fn bed(n: usize) -> (Testbed, Arc<websphere::Cluster>, SocketAddr, String) {
+    let mut tb = Testbed::new(n, &[VIP]);
+    tb.add_local_vip(VIP);
+    let cluster = websphere::Cluster::new(n);
+    tb.start_websphere(&cluster, PORT);
+    let text = format!(
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nhold_time = \"{}ms\"\nserver_timeout = \"{}ms\"\n\n[health]\npath = \"/health\"\ninterval = \"200ms\"\ntimeout = \"300ms\"\nrise = 2\nfall = 2\n\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {PORT}\nring_size = 1009\n",
+        tb.instance(),
+        HOLD.as_millis(),
+        SERVER_TIMEOUT.as_millis(),
+        tb.backend_config(&[])
+    );
+    let path = tb.write_config(&text);
+    tb.start_dispatcher(&path);
+    let cfg = path.to_str().unwrap().to_string();
+    (tb, cluster, format!("{VIP}:80").parse().unwrap(), cfg)
+}
+
+/// No session was served by a clone other than its first owner or that owner's peer.
+fn assert_no_misroute(cluster: &websphere::Cluster) {
+    let mut owner: HashMap<String, usize> = HashMap::new();
+    for h in cluster.hits() {
+        let o = *owner.entry(h.session.clone()).or_insert(h.backend);
+        assert!(
+            h.backend == o || h.backend == o ^ 1,
+            "session {} of clone {o} served by clone {}",
+            h.session,
+            h.backend
+        );
+    }
+}
+
+/// Each client's session counter continues across answers: never back (data lost), and
+/// a step of more than one only for requests that failed with a 5xx yet ran on a server
+/// (a 504 whose request the stopped server finished after it was thawed).
+fn assert_sessions_kept(seen: &[Vec<Seen>]) {
+    for (k, s) in seen.iter().enumerate() {
+        let mut last = 0;
+        let mut unexplained_allowed = 0u64;
+        for x in s {
+            if x.status != 200 {
+                unexplained_allowed += 1;
+                continue;
+            }
+            assert!(!x.lost, "client {k}: session lost");
+            assert!(x.count > last, "client {k}: counter went back from {last} to {}", x.count);
+            let extra = x.count - last - 1;
+            assert!(
+                extra <= unexplained_allowed,
+                "client {k}: counter went from {last} to {} with only {unexplained_allowed} failed requests before",
+                x.count
+            );
+            unexplained_allowed -= extra;
+            last = x.count;
+        }
+        assert!(last > 5, "client {k} made progress");
+    }
+}
+
+/// Every request that did not succeed got a 5xx answer, within the hold bound.
+fn assert_failures_answered(seen: &[Vec<Seen>], bound: Duration) {
+    for s in seen {
+        for x in s {
+            assert!(x.status == 200 || (500..600).contains(&x.status), "a request ended without a 5xx: {x:?}");
+            assert!(x.took < bound, "a request took {:?} (bound {bound:?})", x.took);
+        }
+    }
+}
+
+#[test]
+fn a_killed_clone_hands_its_sessions_to_its_replica() {
+    let (mut tb, cluster, addr, _) = bed(4);
+    let load = start_load(&tb, addr, 8);
+    std::thread::sleep(Duration::from_millis(1500));
+    tb.kill_servers_of(0);
+    cluster.kill(0);
+    std::thread::sleep(Duration::from_millis(3500));
+    let seen = load.finish();
+
+    assert_no_misroute(&cluster);
+    assert_sessions_kept(&seen);
+    assert_failures_answered(&seen, HOLD + SERVER_TIMEOUT + Duration::from_secs(1));
+    // The sessions b0 owned are now served by b1, with their data.
+    let moved = seen
+        .iter()
+        .filter(|s| s.iter().any(|x| x.clone == "clone0x") && s.last().is_some_and(|x| x.clone == "clone1x"))
+        .count();
+    assert!(
+        moved >= 1,
+        "b0's sessions continue on b1: {:?}",
+        seen.iter().map(|s| s.last().map(|x| x.clone.clone())).collect::<Vec<_>>()
+    );
+    let errors: usize = seen.iter().map(|s| s.iter().filter(|x| x.status != 200).count()).sum();
+    assert!(errors <= 8, "at most the requests in flight on b0 fail: {errors}");
+}
+
+#[test]
+fn a_stopped_clone_gets_no_replay_storm_and_its_sessions_move_on() {
+    let (tb, cluster, addr, _) = bed(4);
+    let load = start_load(&tb, addr, 8);
+    std::thread::sleep(Duration::from_millis(1000));
+    cluster.freeze(2, true);
+    std::thread::sleep(Duration::from_millis(4000));
+    let during = cluster.received_frozen[2].load(Ordering::SeqCst);
+    cluster.freeze(2, false);
+    std::thread::sleep(Duration::from_millis(1500));
+    let seen = load.finish();
+
+    assert_no_misroute(&cluster);
+    assert_sessions_kept(&seen);
+    assert_failures_answered(&seen, HOLD + SERVER_TIMEOUT + Duration::from_secs(1));
+    // Only the requests in flight when it stopped reached it: no replays over the pool.
+    assert!(during <= 8, "the stopped clone received {during} requests");
+    let timeouts: usize = seen.iter().map(|s| s.iter().filter(|x| x.status == 504).count()).sum();
+    assert!(timeouts >= 1, "requests in flight on the stopped clone end with 504");
+}
+
+#[test]
+fn owner_and_replica_lost_means_503_with_retry_after_not_another_server() {
+    let (mut tb, cluster, addr, _) = bed(4);
+    // A session on b2 first.
+    let mut c = Client::new(&tb.client, addr);
+    let mut on_b2 = None;
+    for _ in 0..8 {
+        let mut fresh = Client::new(&tb.client, addr);
+        if fresh.get("/").unwrap().field("clone") == Some("clone2x") {
+            on_b2 = fresh.jar.clone();
+            break;
+        }
+    }
+    c.jar = Some(on_b2.expect("a session on b2"));
+    tb.kill_servers_of(2);
+    cluster.kill(2);
+    tb.kill_servers_of(3);
+    cluster.kill(3);
+    let t = Instant::now();
+    let r = c.get("/").unwrap();
+    assert_eq!(r.status, 503, "{r:?}");
+    assert!(r.header("retry-after").is_some(), "{r:?}");
+    assert!(t.elapsed() < HOLD + Duration::from_secs(2), "answered within the hold bound: {:?}", t.elapsed());
+    assert_no_misroute(&cluster);
+    // Sessions of the surviving pair still work.
+    let mut other = Client::new(&tb.client, addr);
+    assert_eq!(other.get("/").unwrap().status, 200);
+}
+
+#[test]
+fn all_clones_lost_means_503_within_the_hold_bound() {
+    let (mut tb, cluster, addr, _) = bed(2);
+    let mut c = Client::new(&tb.client, addr);
+    assert_eq!(c.get("/").unwrap().status, 200);
+    for i in 0..2 {
+        tb.kill_servers_of(i);
+        cluster.kill(i);
+    }
+    let t = Instant::now();
+    let r = c.get("/").unwrap();
+    assert_eq!(r.status, 503);
+    assert!(r.header("retry-after").is_some());
+    assert!(t.elapsed() < HOLD + Duration::from_secs(2), "{:?}", t.elapsed());
+    let mut fresh = Client::new(&tb.client, addr);
+    let t = Instant::now();
+    let r = fresh.get("/").unwrap();
+    assert_eq!(r.status, 503, "no session, no server: 503");
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+}
