@@ -302,3 +302,46 @@ fn agent_exit_keeps_or_removes_the_dataplane_and_a_restart_adopts_it() {
     let r = tb.client.run(move || TcpStream::connect_timeout(&addr, Duration::from_millis(700)));
     assert!(r.is_err(), "without the data plane the VIP is not served");
 }
+
+#[test]
+fn a_backend_failing_its_checks_hands_its_flows_to_its_replica() {
+    let mut tb = Testbed::new(4, &[VIP_MAC]);
+    let vips = format!(
+        "[[vip]]\nname = \"web\"\naddress = \"{VIP_MAC}\"\nport = 80\nring_size = 1009\n\n[[vip]]\nname = \"dns\"\naddress = \"{VIP_MAC}\"\nport = 53\nprotocol = \"udp\"\nring_size = 1009\n"
+    );
+    let text = config(&tb, &[], &vips).replace(
+        "xdp_mode = \"native\"\n",
+        "xdp_mode = \"native\"\n\n[health]\ninterval = \"200ms\"\ntimeout = \"200ms\"\nfall = 2\n",
+    );
+    let path = tb.write_config(&text);
+    let cfg_arg = path.to_str().unwrap().to_string();
+    tb.start_servers(&[80], &[(VIP_MAC, 53)]);
+    tb.start_dispatcher(&path);
+    let mut on_b2 = Vec::new();
+    while on_b2.len() < 3 {
+        let s = udp_client(&tb, VIP_MAC, 53);
+        if udp_ask(&s) == "b2" {
+            on_b2.push(s);
+        }
+    }
+    // b2 dies; nobody tells the dispatcher: its TCP check fails, it goes down.
+    tb.kill_servers_of(2);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let status = tb.dispatcher_cmd(&["status", "--config", &cfg_arg, "--json"]);
+        if status.contains("\"name\":\"b2\",\"address\":\"10.99.0.12\",\"state\":\"down\"") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "b2 not marked down: {status}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The agent moved the pinned flows (not only XDP on the next packet).
+    let data = aya::maps::MapData::from_pin(tb.pin_dir().join("FLOWS")).unwrap();
+    let flows: aya::maps::HashMap<_, dispatcher_common::FlowKey, dispatcher_common::FlowValue> =
+        aya::maps::HashMap::try_from(aya::maps::Map::from_map_data(data).unwrap()).unwrap();
+    let on_down = flows.iter().filter_map(|r| r.ok()).filter(|(_, v)| v.backend == 2).count();
+    assert_eq!(on_down, 0, "no flow left pinned to the down backend");
+    for s in &on_b2 {
+        assert_eq!(udp_ask(s), "b3", "the failed backend's flows reach its replica");
+    }
+}
