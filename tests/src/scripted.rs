@@ -160,6 +160,10 @@ fn connection(record: &Record, s: TcpStream, stop: &AtomicBool) -> std::io::Resu
                 w.write_all(b"HTTP/1.1 200 OK\r\n\r\nuntil close")?;
                 return Ok(());
             }
+            "/die-after-body" => {
+                // The request (body included) arrived; the server dies before answering.
+                return Ok(());
+            }
             "/head-len" => b"HTTP/1.1 200 OK\r\nContent-Length: 1234\r\n\r\n".to_vec(),
             "/upgrade" => {
                 w.write_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")?;

@@ -218,3 +218,18 @@ fn a_pooled_connection_closed_by_the_server_is_retried_once() {
     assert_eq!(b.record.count(), 2, "the request reached the server exactly once more");
     assert_eq!(b.record.connections.load(Ordering::SeqCst), 2);
 }
+
+#[test]
+fn a_post_whose_server_dies_gets_502_and_is_not_retried() {
+    let b = bed();
+    let out = b.all(b"POST /die-after-body HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello");
+    assert!(out.starts_with("HTTP/1.1 502 "), "{out}");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(b.record.count(), 1, "a POST is never replayed");
+    // The failed server is suspect now: no new work for it until a check passes, and this
+    // VIP has no other server, so the next request gets 503 at once.
+    let out = b.all(b"GET /die-after-body HTTP/1.1\r\nHost: a\r\n\r\n");
+    assert!(out.starts_with("HTTP/1.1 503 ") && out.contains("Retry-After"), "{out}");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(b.record.count(), 1, "nothing sent to the suspect server");
+}
