@@ -44,6 +44,9 @@ enum Cmd {
         /// Requests/s and latency against HAProxy and nginx.
         #[arg(long)]
         http: bool,
+        /// A clone killed or stopped under load, against HAProxy.
+        #[arg(long)]
+        failover: bool,
         /// Fewer runs per case.
         #[arg(long)]
         quick: bool,
@@ -87,17 +90,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             build(false)?;
             exec_built("demo", &["--seconds".to_string(), seconds.to_string()])
         }
-        Cmd::Bench { xdp, http, quick } => {
+        Cmd::Bench { xdp, http, failover, quick } => {
             require_root("the benchmarks load BPF programs and create network namespaces")?;
             setup::setup()?;
-            let all = !xdp && !http;
-            if all || http {
+            let all = !xdp && !http && !failover;
+            if all || http || failover {
                 // The peers measured beside the dispatcher, and the load generator.
                 setup::ensure_packages(&["haproxy", "nginx", "wrk"])?;
             }
             build(true)?;
             let mut args = Vec::new();
-            for (on, flag) in [(xdp, "--xdp"), (http, "--http"), (quick, "--quick")] {
+            for (on, flag) in [(xdp, "--xdp"), (http, "--http"), (failover, "--failover"), (quick, "--quick")] {
                 if on {
                     args.push(flag.to_string());
                 }

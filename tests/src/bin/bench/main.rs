@@ -1,6 +1,7 @@
 //! `cargo xtask bench`: the benchmarks, each against its peers measured in the same run.
 //! Writes `target/bench/report.json` and `target/bench/report.md`.
 
+mod failover;
 mod http;
 mod load;
 mod xdp;
@@ -9,7 +10,7 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let has = |f: &str| args.iter().any(|a| a == f);
     let quick = has("--quick");
-    let all = !has("--xdp") && !has("--http");
+    let all = !has("--xdp") && !has("--http") && !has("--failover");
     let mut parts = Vec::new();
     let mut md = String::new();
     if all || has("--xdp") {
@@ -23,6 +24,13 @@ fn main() {
         let (json, table) = http::run(quick);
         parts.push(format!(r#""http":{json}"#));
         md += "### HTTP (wrk, same backends, same worker count)\n\n";
+        md += &table;
+        md += "\n";
+    }
+    if all || has("--failover") {
+        let (json, table) = failover::run(quick);
+        parts.push(format!(r#""failover":{json}"#));
+        md += "### Failover (a clone killed or stopped under load)\n\n";
         md += &table;
         md += "\n";
     }
