@@ -129,6 +129,8 @@ struct RawDispatcher {
     affinity_table_size: Option<Spanned<u32>>,
     #[serde(default)]
     log_level: Option<Spanned<String>>,
+    #[serde(default)]
+    admin_socket: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -220,6 +222,8 @@ pub struct Config {
     pub flow_table_size: u32,
     pub affinity_table_size: u32,
     pub log_level: String,
+    /// The admin endpoint (a Unix socket: never reachable from the network).
+    pub admin_socket: PathBuf,
     pub backends: Vec<Backend>,
     pub vips: Vec<Vip>,
     pub partitions: Vec<Partition>,
@@ -509,6 +513,13 @@ impl Ctx<'_> {
         let affinity_table_size =
             table(&d.affinity_table_size, "dispatcher.affinity_table_size", dispatcher_common::DEFAULT_MAX_AFFINITY)?;
         let log_level = d.log_level.as_ref().map(|s| s.get_ref().clone()).unwrap_or_else(|| "info".into());
+        let admin_socket = match &d.admin_socket {
+            Some(p) if !p.get_ref().starts_with('/') => {
+                return Err(self.err(p.span(), "dispatcher.admin_socket", "must be an absolute path"));
+            }
+            Some(p) => PathBuf::from(p.get_ref()),
+            None => PathBuf::from(format!("/run/dispatcher/{instance}.sock")),
+        };
 
         if raw.backends.len() > MAX_BACKENDS as usize {
             return Err(self.err(
@@ -803,6 +814,7 @@ impl Ctx<'_> {
             flow_table_size,
             affinity_table_size,
             log_level,
+            admin_socket,
             backends,
             vips,
             partitions,

@@ -175,7 +175,20 @@ async fn probe_loop(
 }
 
 /// Runs until the task is aborted.
-pub async fn run(cfg: Config, cluster: Arc<Cluster>, tables: Arc<Mutex<Tables>>) {
+/// An operator's command through the admin endpoint: set a backend's override (0 clears
+/// it); the reply is the backend's state before and after.
+pub struct AdminCommand {
+    pub backend: usize,
+    pub admin: u8,
+    pub reply: tokio::sync::oneshot::Sender<(u8, u8)>,
+}
+
+pub async fn run(
+    cfg: Config,
+    cluster: Arc<Cluster>,
+    tables: Arc<Mutex<Tables>>,
+    mut commands: mpsc::UnboundedReceiver<AdminCommand>,
+) {
     let mut failures = cluster.subscribe_failures();
     let (tx, mut checks) = mpsc::unbounded_channel();
     for (b, p) in health::probes(&cfg).into_iter().enumerate() {
@@ -208,6 +221,14 @@ pub async fn run(cfg: Config, cluster: Arc<Cluster>, tables: Arc<Mutex<Tables>>)
                 }
             }
             _ = poll.tick() => ctl.observe_operator(),
+            Some(cmd) = commands.recv() => {
+                let before = cluster.backends[cmd.backend].state.load(Ordering::SeqCst);
+                tracing::info!(backend = %cluster.backends[cmd.backend].name, admin = state_name(cmd.admin), "operator command");
+                if let Some((old, new)) = cluster.set_admin(cmd.backend, cmd.admin) {
+                    ctl.apply(cmd.backend, old, new);
+                }
+                let _ = cmd.reply.send((before, cluster.backends[cmd.backend].state.load(Ordering::SeqCst)));
+            }
         }
     }
 }

@@ -7,6 +7,7 @@
 //! cluster's state (backends, clone table) from `state`. What decides that state:
 //! `control` (health checks from `health`, failed requests, operator commands).
 
+pub mod admin;
 pub mod config;
 pub mod control;
 pub mod dataplane;

@@ -32,6 +32,8 @@ pub struct Backend {
     pub admin: AtomicU8,
     /// Woken on every state change (held requests wait here).
     pub changed: tokio::sync::Notify,
+    /// Time to the response head.
+    pub latency: Histogram,
     /// Requests in flight to this backend (least-outstanding balancing).
     pub outstanding: AtomicU64,
     pub requests: AtomicU64,
@@ -104,6 +106,42 @@ pub struct Cluster {
     clones_map: Mutex<Option<BpfHashMap<MapData, u64, CloneValue>>>,
     events: Mutex<Option<tokio::sync::mpsc::UnboundedSender<usize>>>,
     pub counters: Counters,
+    /// Time to the response head per VIP (indexed like `Config::vips`).
+    pub vip_latency: Vec<Histogram>,
+}
+
+/// A latency histogram with fixed bounds, lock-free.
+pub struct Histogram {
+    pub buckets: [AtomicU64; Histogram::BOUNDS_US.len()],
+    pub count: AtomicU64,
+    pub sum_us: AtomicU64,
+}
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram {
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            count: AtomicU64::new(0),
+            sum_us: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Histogram {
+    /// Upper bounds in microseconds (Prometheus `le`, in seconds on export).
+    pub const BOUNDS_US: [u64; 14] = [
+        250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000,
+        5_000_000,
+    ];
+
+    pub fn record(&self, d: std::time::Duration) {
+        let us = d.as_micros() as u64;
+        if let Some(i) = Self::BOUNDS_US.iter().position(|&b| us <= b) {
+            self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_us.fetch_add(us, Ordering::Relaxed);
+    }
 }
 
 impl Cluster {
@@ -127,6 +165,7 @@ impl Cluster {
                     _ => 0,
                 }),
                 changed: tokio::sync::Notify::new(),
+                latency: Histogram::default(),
                 outstanding: AtomicU64::new(0),
                 requests: AtomicU64::new(0),
                 errors: AtomicU64::new(0),
@@ -150,6 +189,7 @@ impl Cluster {
             clones_map: Mutex::new(clones_map),
             events: Mutex::new(None),
             counters: Counters::default(),
+            vip_latency: cfg.vips.iter().map(|_| Histogram::default()).collect(),
         };
         let entries: Vec<(u64, CloneEntry)> = cluster.clones.read().unwrap().iter().map(|(k, v)| (*k, *v)).collect();
         for (k, e) in entries {

@@ -172,6 +172,14 @@ pub fn cleanup_stale() {
             }
         }
     }
+    if let Ok(entries) = std::fs::read_dir("/run/dispatcher") {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().trim_end_matches(".sock").to_string();
+            if owner_dead(&name) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
 }
 
 impl Testbed {
@@ -504,6 +512,8 @@ impl Drop for Testbed {
         for d in &self.pin_dirs {
             let _ = dispatcher::dataplane::unpin_all(d);
         }
+        // An agent killed hard leaves its admin socket behind.
+        let _ = std::fs::remove_file(format!("/run/dispatcher/{}.sock", self.prefix));
         let _ = std::fs::remove_dir_all(&self.workdir);
     }
 }

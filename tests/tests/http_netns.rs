@@ -318,3 +318,47 @@ fn operator_drain_and_disable_reach_the_request_path() {
         assert!(clone != "clone0x" && clone != "clone1x", "new session on {clone}");
     }
 }
+
+#[test]
+fn admin_endpoint_serves_metrics_status_and_commands() {
+    let (tb, _cluster, addr) = http_testbed(2, false, "");
+    let cfg = tb.workdir.join("dispatcher.toml");
+    let cfg = cfg.to_str().unwrap();
+    let mut c = Client::new(&tb.client, addr);
+    for _ in 0..5 {
+        assert_eq!(c.get("/").unwrap().status, 200);
+    }
+    // Owner-only Unix socket: nothing listens on the network for the admin side.
+    let sock = format!("/run/dispatcher/{}.sock", tb.instance());
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let meta = std::fs::metadata(&sock).expect("admin socket");
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+
+    let metrics = tb.dispatcher_cmd(&["metrics", "--config", cfg]);
+    for needle in [
+        "dispatcher_misroutes_total 0",
+        "dispatcher_backend_state{backend=\"b0\"} 1",
+        "dispatcher_vip_response_seconds_count{vip=\"app\"} 5",
+        "# TYPE dispatcher_backend_response_seconds histogram",
+        "dispatcher_xdp_events_total{reason=\"pass_http\"}",
+        "dispatcher_learned_clones_total 1",
+    ] {
+        assert!(metrics.contains(needle), "{needle} missing from:\n{metrics}");
+    }
+    let requests: u64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("dispatcher_backend_requests_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert_eq!(requests, 5);
+
+    let out = tb.dispatcher_cmd(&["drain", "--config", cfg, "b1"]);
+    assert_eq!(out.trim(), "b1: up -> drain", "through the agent, which answers with the result");
+    let status = tb.dispatcher_cmd(&["status", "--config", cfg, "--json"]);
+    let st: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(st["agent"]["backends"][1]["admin"], "drain", "{status}");
+    assert_eq!(st["backends"][1]["state"], "drain", "written to BACKENDS too: {status}");
+    let out = tb.dispatcher_cmd(&["enable", "--config", cfg, "b1"]);
+    assert_eq!(out.trim(), "b1: drain -> up");
+}

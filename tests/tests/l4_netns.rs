@@ -139,13 +139,10 @@ fn mac_forwarding_pins_connections_and_spreads_by_maglev() {
     }
 
     let status = tb.dispatcher_cmd(&["status", "--config", path.to_str().unwrap(), "--json"]);
-    assert!(status.contains("\"name\":\"web\""), "{status}");
-    let flows: usize = status
-        .split("\"flows\":")
-        .nth(1)
-        .and_then(|s| s.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .expect("flow count");
+    let st: serde_json::Value = serde_json::from_str(&status).expect("status --json is JSON");
+    assert_eq!(st["vips"][0]["name"], "web", "{status}");
+    assert!(st["agent"]["pid"].is_u64(), "the agent answers: {status}");
+    let flows = st["flows"].as_u64().expect("flow count");
     assert!(flows >= 56, "each TCP and UDP flow is in FLOWS: {flows}");
 }
 
@@ -283,7 +280,9 @@ fn agent_exit_keeps_or_removes_the_dataplane_and_a_restart_adopts_it() {
         assert_eq!(&c.ask(), b, "forwarding goes on without the agent");
     }
     let status = tb.dispatcher_cmd(&["status", "--config", &cfg_arg, "--json"]);
-    assert!(status.contains("\"flows\":6"), "status works from the pins alone: {status}");
+    let st: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(st["flows"], 6, "status works from the pins alone: {status}");
+    assert!(st["agent"].is_null(), "and says the agent is not running: {status}");
 
     // A new agent adopts the maps and swaps its program into the pinned link.
     tb.start_dispatcher(&path);
@@ -292,7 +291,8 @@ fn agent_exit_keeps_or_removes_the_dataplane_and_a_restart_adopts_it() {
         assert_eq!(&c.ask(), b, "flows survive the restart");
     }
     let status = tb.dispatcher_cmd(&["status", "--config", &cfg_arg, "--json"]);
-    assert!(status.contains("\"flows\":6"), "flow table adopted, not reset: {status}");
+    let st: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(st["flows"], 6, "flow table adopted, not reset: {status}");
 
     // SIGTERM without --keep-dataplane: detached and unpinned.
     tb.stop("dispatcher");
@@ -329,7 +329,8 @@ fn a_backend_failing_its_checks_hands_its_flows_to_its_replica() {
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
         let status = tb.dispatcher_cmd(&["status", "--config", &cfg_arg, "--json"]);
-        if status.contains("\"name\":\"b2\",\"address\":\"10.99.0.12\",\"state\":\"down\"") {
+        let st: serde_json::Value = serde_json::from_str(&status).unwrap();
+        if st["backends"][2]["state"] == "down" {
             break;
         }
         assert!(std::time::Instant::now() < deadline, "b2 not marked down: {status}");

@@ -59,6 +59,11 @@ pub enum Command {
         config: PathBuf,
         backend: String,
     },
+    /// Print the agent's Prometheus metrics (from its admin socket).
+    Metrics {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
     /// Detach the program and remove the pinned maps of the configured instance.
     Stop {
         #[arg(long, short)]

@@ -1,6 +1,6 @@
-//! `drain`, `disable`, `enable`: change a backend's state in the pinned maps and rebuild
-//! the rings of its VIPs. (Until the agent has its admin endpoint these act on the maps
-//! directly; the XDP program reads the state on every packet.)
+//! `drain`, `disable`, `enable`: through the agent's admin endpoint; with no agent
+//! running, directly on the pinned maps (state and rings), which the XDP program reads on
+//! every packet and a starting agent adopts.
 
 use std::{path::Path, process::ExitCode};
 
@@ -19,6 +19,21 @@ pub enum Action {
 
 pub fn control(path: &Path, backend: &str, action: Action) -> anyhow::Result<ExitCode> {
     let cfg = Config::load(path)?;
+    let verb = match action {
+        Action::Drain => "drain",
+        Action::Disable => "disable",
+        Action::Enable => "enable",
+    };
+    // The running agent applies it (and answers with the resulting state).
+    match super::admin_client::request(&cfg.admin_socket, "POST", &format!("/backends/{backend}/{verb}")) {
+        Ok((200, body)) => {
+            let v: serde_json::Value = serde_json::from_str(&body)?;
+            println!("{backend}: {} -> {}", v["from"].as_str().unwrap_or("?"), v["to"].as_str().unwrap_or("?"));
+            return Ok(ExitCode::SUCCESS);
+        }
+        Ok((_, body)) => anyhow::bail!("the agent refused: {}", body.trim()),
+        Err(_) => println!("(agent not running: writing the pinned maps directly)"),
+    }
     let id = cfg
         .backends
         .iter()

@@ -1,5 +1,6 @@
 //! The command line: one module per subcommand.
 
+mod admin_client;
 pub mod args;
 mod check;
 mod control;
@@ -21,6 +22,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Disable { config, backend } => control::control(&config, &backend, control::Action::Disable),
         Command::Enable { config, backend } => control::control(&config, &backend, control::Action::Enable),
         Command::Stop { config } => run::stop(&config),
+        Command::Metrics { config } => status::metrics(&config),
     }
 }
 

@@ -5,6 +5,7 @@ use aya::programs::links::{FdLink, PinnedLink};
 use std::sync::Arc;
 
 use dispatcher::{
+    admin::{self, Admin},
     config::{Config, VipMode},
     dataplane::{
         self,
@@ -79,15 +80,30 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<ExitCode> {
     } else {
         None
     };
-    tracing::info!(interface = %cfg.interface, mode = how, vips = cfg.vips.len(), backends = cfg.backends.len(), "dispatcher running");
-
-    // Health checks, failed requests and operator commands (read from BACKENDS) decide
-    // the backends' states.
+    // Health checks, failed requests and operator commands (admin endpoint, or read from
+    // BACKENDS) decide the backends' states.
     let tables = Arc::new(std::sync::Mutex::new(tables));
-    let follower = rt.spawn(dispatcher::control::run(cfg.clone(), cluster.clone(), tables.clone()));
+    let (commands, commands_rx) = tokio::sync::mpsc::unbounded_channel();
+    let follower = rt.spawn(dispatcher::control::run(cfg.clone(), cluster.clone(), tables.clone(), commands_rx));
+    let admin = Arc::new(Admin {
+        cfg: cfg.clone(),
+        cluster: cluster.clone(),
+        tables: tables.clone(),
+        commands,
+        started: std::time::Instant::now(),
+    });
+    let listener = {
+        let _guard = rt.enter();
+        admin::bind(&cfg.admin_socket)
+            .with_context(|| format!("binding the admin socket {}", cfg.admin_socket.display()))?
+    };
+    let admin_task = rt.spawn(admin::serve(admin, listener));
+    tracing::info!(interface = %cfg.interface, mode = how, vips = cfg.vips.len(), backends = cfg.backends.len(), admin = %cfg.admin_socket.display(), "dispatcher running");
 
     let why = rt.block_on(super::shutdown_signal())?;
     follower.abort();
+    admin_task.abort();
+    let _ = std::fs::remove_file(&cfg.admin_socket);
     if let Some(server) = server {
         let left = server.shutdown();
         tracing::info!(signal = why, unfinished = left, "HTTP VIPs stopped");

@@ -35,38 +35,47 @@ pub fn status(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
     }
     let globals: Vec<(&str, u64)> = tables.global_counters()?.into_iter().map(|(n, c)| (n, c.packets)).collect();
 
+    let agent: Option<serde_json::Value> = super::admin_client::request(&cfg.admin_socket, "GET", "/status")
+        .ok()
+        .filter(|(code, _)| *code == 200)
+        .and_then(|(_, body)| serde_json::from_str(&body).ok());
+    // Per-backend figures only the agent has (requests, errors, active, health).
+    let agent_backend = |name: &str| -> Option<&serde_json::Value> {
+        agent.as_ref()?.get("backends")?.as_array()?.iter().find(|b| b["name"] == name)
+    };
     if json {
-        let vips: Vec<String> = vip_rows
+        let vips: Vec<_> = vip_rows
             .iter()
-            .map(|(v, p, nf, hits, drops)| format!(r#"{{"name":"{}","address":"{}","port":{},"packets":{},"bytes":{},"new_flows":{},"flow_hits":{},"drops":{}}}"#, v.name, v.address, v.port, p.packets, p.bytes, nf, hits, drops))
-            .collect();
-        let bes: Vec<String> = be_rows
-            .iter()
-            .map(|(b, info, pk, nf)| {
-                format!(
-                    r#"{{"name":"{}","address":"{}","state":"{}","weight":{},"packets":{},"bytes":{},"new_flows":{}}}"#,
-                    b.name,
-                    b.address,
-                    state_name(info.state),
-                    info.weight,
-                    pk.packets,
-                    pk.bytes,
-                    nf
-                )
+            .map(|(v, p, nf, hits, drops)| {
+                serde_json::json!({"name": v.name, "address": v.address.to_string(), "port": v.port, "packets": p.packets,
+                    "bytes": p.bytes, "new_flows": nf, "flow_hits": hits, "drops": drops})
             })
             .collect();
-        let gl: Vec<String> = globals.iter().map(|(n, v)| format!(r#""{n}":{v}"#)).collect();
-        println!(
-            r#"{{"instance":"{}","flows":{},"vips":[{}],"backends":[{}],"xdp":{{{}}}}}"#,
-            cfg.instance,
-            flow_count,
-            vips.join(","),
-            bes.join(","),
-            gl.join(",")
-        );
+        let bes: Vec<_> = be_rows
+            .iter()
+            .map(|(b, info, pk, nf)| {
+                serde_json::json!({"name": b.name, "address": b.address.to_string(), "state": state_name(info.state),
+                    "weight": info.weight, "packets": pk.packets, "bytes": pk.bytes, "new_flows": nf})
+            })
+            .collect();
+        let xdp: serde_json::Map<String, serde_json::Value> =
+            globals.iter().map(|(n, v)| (n.to_string(), (*v).into())).collect();
+        let out = serde_json::json!({"instance": cfg.instance, "flows": flow_count, "vips": vips, "backends": bes, "xdp": xdp, "agent": agent});
+        println!("{out}");
         return Ok(ExitCode::SUCCESS);
     }
-    println!("instance {}  (maps pinned under {})  flows in table: {}", cfg.instance, dir.display(), flow_count);
+    match &agent {
+        Some(a) => println!(
+            "instance {}: agent running (pid {}, up {} s), clone table {} entries, flows in table {}",
+            cfg.instance, a["pid"], a["uptime_s"], a["clones"], flow_count
+        ),
+        None => println!(
+            "instance {}: agent NOT running - showing the pinned maps under {} only; flows in table {}",
+            cfg.instance,
+            dir.display(),
+            flow_count
+        ),
+    }
     println!();
     println!(
         "{:<16} {:<28} {:>12} {:>14} {:>10} {:>10} {:>8}",
@@ -78,24 +87,55 @@ pub fn status(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
     }
     println!();
     println!(
-        "{:<16} {:<16} {:<9} {:>6} {:<16} {:>12} {:>10}",
-        "BACKEND", "ADDRESS", "STATE", "WEIGHT", "REPLICA", "PACKETS", "NEW FLOWS"
+        "{:<12} {:<15} {:<9} {:<8} {:>6} {:<12} {:>10} {:>9} {:>7} {:>9} {:>7}",
+        "BACKEND",
+        "ADDRESS",
+        "STATE",
+        "HEALTH",
+        "WEIGHT",
+        "REPLICA",
+        "XDP PKTS",
+        "NEW FLOWS",
+        "ACTIVE",
+        "REQUESTS",
+        "ERRORS"
     );
     for (b, info, pk, nf) in &be_rows {
         let replica = b.replica.map(|r| cfg.backends[r].name.as_str()).unwrap_or("-");
+        let a = agent_backend(&b.name);
+        let field = |k: &str| a.map(|x| x[k].to_string().trim_matches('"').to_string()).unwrap_or_else(|| "-".into());
         println!(
-            "{:<16} {:<16} {:<9} {:>6} {:<16} {:>12} {:>10}",
+            "{:<12} {:<15} {:<9} {:<8} {:>6} {:<12} {:>10} {:>9} {:>7} {:>9} {:>7}",
             b.name,
             b.address.to_string(),
             state_name(info.state),
+            field("health"),
             info.weight,
             replica,
             pk.packets,
-            nf
+            nf,
+            field("active"),
+            field("requests"),
+            field("errors")
         );
     }
     println!();
     let nonzero: Vec<String> = globals.iter().filter(|(_, v)| *v > 0).map(|(n, v)| format!("{n}={v}")).collect();
     println!("xdp: {}", if nonzero.is_empty() { "no pass/drop events".to_string() } else { nonzero.join(" ") });
+    if let Some(c) = agent.as_ref().map(|a| &a["counters"]) {
+        println!(
+            "http: holds={} held_now={} hold_timeouts={} retries={} retry_budget_refusals={} failovers={} misroutes={} learned_clones={}",
+            c["holds"], c["held_now"], c["hold_timeouts"], c["retries"], c["retry_budget_refusals"], c["failovers"], c["misroutes"], c["learned_clones"]
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn metrics(path: &Path) -> anyhow::Result<ExitCode> {
+    let cfg = Config::load(path)?;
+    let (code, body) = super::admin_client::request(&cfg.admin_socket, "GET", "/metrics")
+        .with_context(|| format!("asking the agent at {} (is it running?)", cfg.admin_socket.display()))?;
+    anyhow::ensure!(code == 200, "the agent answered {code}");
+    print!("{body}");
     Ok(ExitCode::SUCCESS)
 }

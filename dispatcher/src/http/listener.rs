@@ -66,7 +66,7 @@ fn worker_vips(
     routes: &[Arc<VipRoute>],
 ) -> std::io::Result<Vec<(Arc<VipCtx>, TcpListener)>> {
     let mut out = Vec::new();
-    for (v, route) in cfg.vips.iter().filter(|v| v.mode == VipMode::Http).zip(routes) {
+    for ((vip_index, v), route) in cfg.vips.iter().enumerate().filter(|(_, v)| v.mode == VipMode::Http).zip(routes) {
         let pools = (0..cfg.backends.len())
             .map(|b| {
                 v.backends
@@ -76,6 +76,7 @@ fn worker_vips(
             .collect();
         let ctx = Arc::new(VipCtx {
             name: v.address.to_string(),
+            vip_index,
             route: route.clone(),
             pools,
             cluster: cluster.clone(),

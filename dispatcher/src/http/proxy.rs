@@ -28,6 +28,8 @@ use crate::{config::HttpSettings, state::Cluster};
 /// Everything a connection on one HTTP VIP needs.
 pub struct VipCtx {
     pub name: String,
+    /// Index in `Config::vips` (for the per-VIP counters).
+    pub vip_index: usize,
     pub route: Arc<VipRoute>,
     /// Indexed by backend id; `Some` for the VIP's members.
     pub pools: Vec<Option<Pool>>,
@@ -404,6 +406,7 @@ async fn exchange<R: AsyncRead + Unpin>(
     let s = &ctx.settings;
     let cookies = head.headers.iter().filter(|h| is(&buf[h.name.clone()], "cookie")).map(|h| &buf[h.value.clone()]);
     let sess = session::find(cookies, &buf[head.target.clone()], s.cookie_name.as_bytes(), s.url_parameter.as_bytes());
+    let started = Instant::now();
     let c = &ctx.cluster;
     c.counters.in_flight.fetch_add(1, Ordering::Relaxed);
     let _request = Counted(&c.counters.in_flight);
@@ -519,6 +522,11 @@ async fn exchange<R: AsyncRead + Unpin>(
             Ok(r) => r,
             Err(_) => return Next::Close,
         };
+    }
+    let took = started.elapsed();
+    be.latency.record(took);
+    if let Some(h) = c.vip_latency.get(ctx.vip_index) {
+        h.record(took);
     }
     let res_buf = up.r.buf.split_to(res.len);
     learn(ctx, &res, &res_buf, backend);
