@@ -154,6 +154,13 @@ fn main() {
     let (moved, misroutes) = session_moves(&app);
     println!("  sessions that moved to their replica when b2 failed: {moved}");
     println!("  misroutes (served by neither the session's owner nor its replica): {misroutes}");
+    let status: serde_json::Value =
+        serde_json::from_str(&tb.dispatcher_cmd(&["status", "--config", &cfg_arg, "--json"])).unwrap_or_default();
+    let k = &status["agent"]["counters"];
+    println!(
+        "  the agent counted: held {} (timed out {}), retries {}, failovers {}, misroutes {}",
+        k["holds"], k["hold_timeouts"], k["retries"], k["failovers"], k["misroutes"]
+    );
     println!("\nfinal status (dispatcher status):");
     print!("{}", tb.dispatcher_cmd(&["status", "--config", &cfg_arg]));
     drop(per);
