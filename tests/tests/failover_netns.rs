@@ -267,3 +267,36 @@ fn all_clones_lost_means_503_within_the_hold_bound() {
     assert_eq!(r.status, 503, "no session, no server: 503");
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
 }
+
+#[test]
+fn a_flapping_clone_does_not_make_ownership_oscillate() {
+    let (tb, cluster, addr, _) = bed(4);
+    let load = start_load(&tb, addr, 8);
+    std::thread::sleep(Duration::from_millis(800));
+    // Stopped and resumed every 300 ms for 3 s.
+    for _ in 0..5 {
+        cluster.freeze(1, true);
+        std::thread::sleep(Duration::from_millis(300));
+        cluster.freeze(1, false);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    std::thread::sleep(Duration::from_millis(800));
+    let seen = load.finish();
+    drop(tb);
+
+    assert_no_misroute(&cluster);
+    assert_sessions_kept(&seen);
+    assert_failures_answered(&seen, HOLD + SERVER_TIMEOUT + Duration::from_secs(1));
+    // Each session changes the clone serving it a bounded number of times.
+    let mut last: HashMap<String, usize> = HashMap::new();
+    let mut switches: HashMap<String, usize> = HashMap::new();
+    for h in cluster.hits() {
+        if let Some(prev) = last.insert(h.session.clone(), h.backend) {
+            if prev != h.backend {
+                *switches.entry(h.session.clone()).or_default() += 1;
+            }
+        }
+    }
+    let worst = switches.values().copied().max().unwrap_or(0);
+    assert!(worst <= 2, "a session changed clones {worst} times: {switches:?}");
+}
