@@ -170,9 +170,23 @@ fn assert_failures_answered(seen: &[Vec<Seen>], bound: Duration) {
     }
 }
 
+/// The agent's open descriptors and resident memory.
+fn agent_footprint(tb: &Testbed) -> (usize, u64) {
+    let pid = tb.pid_of("dispatcher").expect("agent pid");
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0);
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    (fds, rss)
+}
+
 #[test]
 fn a_killed_clone_hands_its_sessions_to_its_replica() {
-    let (mut tb, cluster, addr, _) = bed(4);
+    let (mut tb, cluster, addr, cfg) = bed(4);
+    let (fds_before, rss_before) = agent_footprint(&tb);
     let load = start_load(&tb, addr, 8);
     std::thread::sleep(Duration::from_millis(1500));
     tb.kill_servers_of(0);
@@ -195,6 +209,18 @@ fn a_killed_clone_hands_its_sessions_to_its_replica() {
     );
     let errors: usize = seen.iter().map(|s| s.iter().filter(|x| x.status != 200).count()).sum();
     assert!(errors <= 8, "at most the requests in flight on b0 fail: {errors}");
+
+    // The agent counted no misroute, holds nothing now, and is back to its footprint
+    // (plus idle pooled upstream connections: at most one per client per worker).
+    std::thread::sleep(Duration::from_millis(500));
+    let st: serde_json::Value =
+        serde_json::from_str(&tb.dispatcher_cmd(&["status", "--config", &cfg, "--json"])).unwrap();
+    assert_eq!(st["agent"]["counters"]["misroutes"], 0);
+    assert_eq!(st["agent"]["counters"]["held_now"], 0);
+    assert_eq!(st["agent"]["backends"][0]["state"], "down");
+    let (fds_after, rss_after) = agent_footprint(&tb);
+    assert!(fds_after <= fds_before + 16, "descriptors {fds_before} -> {fds_after}");
+    assert!(rss_after <= rss_before + 8 * 1024, "RSS {rss_before} KiB -> {rss_after} KiB");
 }
 
 #[test]
