@@ -164,6 +164,14 @@ fn connection(record: &Record, s: TcpStream, stop: &AtomicBool) -> std::io::Resu
                 // The request (body included) arrived; the server dies before answering.
                 return Ok(());
             }
+            "/big" => {
+                // 16 MiB: more than socket buffers hold, for readers that stop reading.
+                let body = vec![b'x'; 16 << 20];
+                w.write_all(format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len()).as_bytes())?;
+                r.get_ref().set_write_timeout(Some(Duration::from_secs(10)))?;
+                w.write_all(&body)?;
+                continue;
+            }
             "/head-len" => b"HTTP/1.1 200 OK\r\nContent-Length: 1234\r\n\r\n".to_vec(),
             "/upgrade" => {
                 w.write_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")?;

@@ -233,3 +233,16 @@ fn a_post_whose_server_dies_gets_502_and_is_not_retried() {
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(b.record.count(), 1, "nothing sent to the suspect server");
 }
+
+#[test]
+fn a_client_that_stops_reading_is_cut_off_at_the_timeout() {
+    let b = bed();
+    let (mut r, mut w) = b.connect();
+    w.write_all(b"GET /big HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+    // Read nothing for longer than the relay's timeout (server_timeout = 2 s here).
+    std::thread::sleep(Duration::from_secs(4));
+    r.get_ref().set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut got = Vec::new();
+    let _ = r.read_to_end(&mut got);
+    assert!(got.len() < (16 << 20), "the proxy gave up on the stalled reader ({} bytes)", got.len());
+}

@@ -82,8 +82,13 @@ impl<R: AsyncRead + Unpin> Inbound<R> {
     }
 }
 
-async fn write<W: AsyncWrite + Unpin>(dst: &mut W, bytes: &[u8]) -> Result<(), RelayError> {
-    dst.write_all(bytes).await.map_err(RelayError::Write)
+/// Writes with a deadline: a peer that stops reading cannot hold the relay (and the
+/// connection on the other side) forever.
+async fn write<W: AsyncWrite + Unpin>(dst: &mut W, bytes: &[u8], timeout: Duration) -> Result<(), RelayError> {
+    match tokio::time::timeout(timeout, dst.write_all(bytes)).await {
+        Ok(r) => r.map_err(RelayError::Write),
+        Err(_) => Err(RelayError::Write(std::io::ErrorKind::TimedOut.into())),
+    }
 }
 
 /// Copies exactly `n` body bytes.
@@ -100,7 +105,7 @@ where
     while n > 0 {
         src.need(timeout).await?;
         let take = (src.buf.len() as u64).min(n) as usize;
-        write(dst, &src.buf[..take]).await?;
+        write(dst, &src.buf[..take], timeout).await?;
         src.buf.advance(take);
         n -= take as u64;
     }
@@ -115,7 +120,7 @@ where
 {
     loop {
         if !src.buf.is_empty() {
-            write(dst, &src.buf).await?;
+            write(dst, &src.buf, timeout).await?;
             src.buf.clear();
         }
         if src.fill(timeout).await? == 0 {
@@ -176,7 +181,7 @@ where
             break;
         }
         if !dechunk {
-            write(dst, format!("{size:x}\r\n").as_bytes()).await?;
+            write(dst, format!("{size:x}\r\n").as_bytes(), timeout).await?;
         }
         relay_length(src, dst, size, timeout).await?;
         let end = src.line(timeout, 2).await?;
@@ -184,7 +189,7 @@ where
             return Err(RelayError::Chunk("chunk data longer than its size"));
         }
         if !dechunk {
-            write(dst, b"\r\n").await?;
+            write(dst, b"\r\n", timeout).await?;
         }
     }
     let mut out = Vec::from(&b"0\r\n"[..]);
@@ -212,7 +217,7 @@ where
     if dechunk {
         return Ok(());
     }
-    write(dst, &out).await
+    write(dst, &out, timeout).await
 }
 
 #[cfg(test)]

@@ -38,6 +38,8 @@ pub struct VipCtx {
     pub limits: HeadLimits,
 }
 
+/// Bytes buffered from a client whose request is held.
+const HOLD_READ_LIMIT: usize = 64 * 1024;
 /// How long to wait for a backend's `100 Continue` before sending the body anyway.
 const CONTINUE_WAIT: Duration = Duration::from_secs(1);
 
@@ -269,10 +271,13 @@ async fn hold<R: AsyncRead + Unpin>(ctx: &VipCtx, b: usize, client: &mut Inbound
         if left.is_zero() {
             return HoldEnd::Expired;
         }
+        // While held, at most this much of what the client sends next (its body, a
+        // pipelined request) is buffered; beyond it, nothing more is read.
+        let room = client.buf.len() < HOLD_READ_LIMIT;
         tokio::select! {
             _ = &mut notified => return HoldEnd::Changed,
             _ = tokio::time::sleep(left) => return HoldEnd::Expired,
-            r = client.fill(left) => match r {
+            r = client.fill(left), if room => match r {
                 // More bytes (a body, a pipelined request) stay buffered; keep waiting.
                 Ok(n) if n > 0 => {}
                 Err(RelayError::Timeout) => return HoldEnd::Expired,
@@ -531,6 +536,12 @@ async fn exchange<R: AsyncRead + Unpin>(
     let res_buf = up.r.buf.split_to(res.len);
     learn(ctx, &res, &res_buf, backend);
 
+    if res.status == 101 && !head.upgrade {
+        // Switching protocols nobody asked for: the stream can no longer be trusted.
+        be.errors.fetch_add(1, Ordering::Relaxed);
+        send_error(w, 502, "unsolicited 101 from the server", None).await;
+        return Next::Close;
+    }
     if res.status == 101 {
         build_response(out, &res, &res_buf, false, false, false);
         if w.write_all(out).await.is_err() {
