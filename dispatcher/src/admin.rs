@@ -7,7 +7,7 @@
 
 use std::{
     fmt::Write as _,
-    path::{Path, PathBuf},
+    path::Path,
     sync::{atomic::Ordering, Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -27,12 +27,28 @@ use crate::{
     state::{Cluster, Histogram},
 };
 
-pub struct Admin {
-    pub cfg: Config,
+/// What a reload replaces.
+pub struct Live {
+    pub cfg: Arc<Config>,
     pub cluster: Arc<Cluster>,
-    pub tables: Arc<Mutex<Tables>>,
     pub commands: mpsc::UnboundedSender<AdminCommand>,
+}
+
+/// A reload request: the reply says what changed, or why nothing did.
+pub type ReloadRequest = oneshot::Sender<Result<String, String>>;
+
+pub struct Admin {
+    pub live: std::sync::RwLock<Live>,
+    pub tables: Arc<Mutex<Tables>>,
+    pub reloads: mpsc::UnboundedSender<ReloadRequest>,
     pub started: Instant,
+}
+
+impl Admin {
+    fn current(&self) -> (Arc<Config>, Arc<Cluster>, mpsc::UnboundedSender<AdminCommand>) {
+        let l = self.live.read().unwrap();
+        (l.cfg.clone(), l.cluster.clone(), l.commands.clone())
+    }
 }
 
 /// Binds the socket (replacing a stale one), owner-only permissions.
@@ -80,8 +96,20 @@ async fn handle(admin: &Admin, mut s: UnixStream) -> std::io::Result<()> {
     match (method.as_str(), parts.as_slice()) {
         ("GET", ["metrics"]) => respond(&mut s, 200, "text/plain; version=0.0.4", &metrics(admin)).await,
         ("GET", ["status"]) => respond(&mut s, 200, "application/json", &status(admin).to_string()).await,
+        ("POST", ["reload"]) => {
+            let (tx, rx) = oneshot::channel();
+            if admin.reloads.send(tx).is_err() {
+                return respond(&mut s, 503, "application/json", &json!({"error": "agent stopping"}).to_string()).await;
+            }
+            match rx.await {
+                Ok(Ok(what)) => respond(&mut s, 200, "application/json", &json!({"reloaded": what}).to_string()).await,
+                Ok(Err(why)) => respond(&mut s, 400, "application/json", &json!({"error": why}).to_string()).await,
+                Err(_) => respond(&mut s, 503, "application/json", &json!({"error": "no reply"}).to_string()).await,
+            }
+        }
         ("POST", ["backends", name, action]) => {
-            let Some(b) = admin.cluster.backends.iter().position(|x| x.name == *name) else {
+            let (_, cluster, commands) = admin.current();
+            let Some(b) = cluster.backends.iter().position(|x| x.name == *name) else {
                 return respond(
                     &mut s,
                     404,
@@ -100,7 +128,7 @@ async fn handle(admin: &Admin, mut s: UnixStream) -> std::io::Result<()> {
                 }
             };
             let (tx, rx) = oneshot::channel();
-            if admin.commands.send(AdminCommand { backend: b, admin: a, reply: tx }).is_err() {
+            if commands.send(AdminCommand { backend: b, admin: a, reply: tx }).is_err() {
                 return respond(&mut s, 503, "application/json", &json!({"error": "control loop stopped"}).to_string())
                     .await;
             }
@@ -127,7 +155,7 @@ async fn respond(s: &mut UnixStream, status: u16, ctype: &str, body: &str) -> st
 }
 
 fn status(a: &Admin) -> serde_json::Value {
-    let c = &a.cluster;
+    let (_, c, _) = a.current();
     let backends: Vec<_> = c
         .backends
         .iter()
@@ -176,7 +204,7 @@ fn histogram(out: &mut String, name: &str, labels: &str, h: &Histogram) {
 }
 
 fn metrics(a: &Admin) -> String {
-    let c = &a.cluster;
+    let (cfg, c, _) = a.current();
     let k = &c.counters;
     let mut o = String::new();
     let counter = |o: &mut String, name: &str, help: &str, v: u64| {
@@ -302,7 +330,7 @@ fn metrics(a: &Admin) -> String {
         histogram(&mut o, "dispatcher_backend_response_seconds", &format!("backend=\"{}\"", b.name), &b.latency);
     }
     let _ = writeln!(o, "# HELP dispatcher_vip_response_seconds Time to the response head, per HTTP VIP.\n# TYPE dispatcher_vip_response_seconds histogram");
-    for (i, v) in a.cfg.vips.iter().enumerate() {
+    for (i, v) in cfg.vips.iter().enumerate() {
         if let Some(h) = c.vip_latency.get(i) {
             histogram(&mut o, "dispatcher_vip_response_seconds", &format!("vip=\"{}\"", v.name), h);
         }
@@ -320,7 +348,7 @@ fn metrics(a: &Admin) -> String {
         }
     }
     let _ = writeln!(o, "# TYPE dispatcher_xdp_vip_packets_total counter\n# TYPE dispatcher_xdp_vip_bytes_total counter\n# TYPE dispatcher_xdp_vip_new_flows_total counter");
-    for (i, v) in a.cfg.vips.iter().enumerate() {
+    for (i, v) in cfg.vips.iter().enumerate() {
         let id = i as u32;
         if let (Ok(p), Ok(n)) =
             (t.counter(stats::vip_slot(id, stats::VIP_PACKETS)), t.counter(stats::vip_slot(id, stats::VIP_NEW_FLOWS)))
@@ -331,15 +359,10 @@ fn metrics(a: &Admin) -> String {
         }
     }
     let _ = writeln!(o, "# TYPE dispatcher_xdp_backend_packets_total counter");
-    for (i, b) in a.cfg.backends.iter().enumerate() {
+    for (i, b) in cfg.backends.iter().enumerate() {
         if let Ok(p) = t.counter(stats::backend_slot(i as u32, stats::BACKEND_PACKETS)) {
             let _ = writeln!(o, "dispatcher_xdp_backend_packets_total{{backend=\"{}\"}} {}", b.name, p.packets);
         }
     }
     o
-}
-
-/// The default socket path's directory, for the CLI.
-pub fn socket_path(cfg: &Config) -> PathBuf {
-    cfg.admin_socket.clone()
 }

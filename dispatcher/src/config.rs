@@ -351,6 +351,8 @@ pub struct Backend {
     /// Index into `Config::backends`.
     pub replica: Option<usize>,
     pub clone_ids: Vec<String>,
+    /// Removed by a reload: kept in its slot (its id stays reserved) but out of service.
+    pub retired: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -371,9 +373,85 @@ pub struct Vip {
     pub balance: Balance,
     /// Port of the backends' HTTP servers (HTTP VIPs); default: the VIP's port.
     pub backend_port: u16,
+    /// Removed by a reload: its id stays reserved, it is served no more.
+    pub retired: bool,
 }
 
 impl Config {
+    /// `new` re-indexed for a reload of `self`: every backend and VIP keeps the id (the
+    /// position) it has now, so that pinned flows, rings and the clone table stay right;
+    /// removed ones stay in their slots as `retired`, added ones get new slots.
+    pub fn merged_for_reload(&self, new: Config) -> Result<Config, String> {
+        let restart = |what: &str| {
+            Err(format!("{what} changed: this needs a restart (`dispatcher run` adopts the pinned maps; L4 forwarding goes on meanwhile)"))
+        };
+        if new.interface != self.interface {
+            return restart("dispatcher.interface");
+        }
+        if new.instance != self.instance || new.bpffs != self.bpffs || new.admin_socket != self.admin_socket {
+            return restart("the instance, bpffs or admin socket");
+        }
+        if new.flow_table_size != self.flow_table_size || new.affinity_table_size != self.affinity_table_size {
+            return restart("a table size");
+        }
+        // Backends by name.
+        let mut backend_slot = vec![0usize; new.backends.len()];
+        let mut backends: Vec<Backend> = Vec::new();
+        for old in &self.backends {
+            match new.backends.iter().position(|b| b.name == old.name) {
+                Some(j) => {
+                    backend_slot[j] = backends.len();
+                    backends.push(new.backends[j].clone());
+                }
+                // Its sessions go to its replica (same slot id as before) until they end.
+                None => backends.push(Backend { retired: true, ..old.clone() }),
+            }
+        }
+        for (j, b) in new.backends.iter().enumerate() {
+            if !self.backends.iter().any(|o| o.name == b.name) {
+                backend_slot[j] = backends.len();
+                backends.push(b.clone());
+            }
+        }
+        if backends.len() > MAX_BACKENDS as usize {
+            return Err(format!(
+                "more than {MAX_BACKENDS} backend slots (removed backends keep theirs until a restart)"
+            ));
+        }
+        // New definitions name replicas by their position in `new`: map them to slots.
+        // (Retired ones keep the slot ids they had.)
+        for b in backends.iter_mut().filter(|b| !b.retired) {
+            b.replica = b.replica.map(|j| backend_slot[j]);
+        }
+        // VIPs by name.
+        let remap = |v: &Vip| Vip { backends: v.backends.iter().map(|&j| backend_slot[j]).collect(), ..v.clone() };
+        let mut vips: Vec<Vip> = Vec::new();
+        for old in &self.vips {
+            match new.vips.iter().find(|v| v.name == old.name) {
+                Some(v) => vips.push(remap(v)),
+                None => vips.push(Vip { retired: true, backends: Vec::new(), ..old.clone() }),
+            }
+        }
+        for v in &new.vips {
+            if !self.vips.iter().any(|o| o.name == v.name) {
+                vips.push(remap(v));
+            }
+        }
+        if vips.len() > MAX_VIPS as usize {
+            return Err(format!("more than {MAX_VIPS} VIP slots (removed VIPs keep theirs until a restart)"));
+        }
+        let partitions = new
+            .partitions
+            .iter()
+            .map(|p| Partition {
+                primary: backend_slot[p.primary],
+                replica: p.replica.map(|r| backend_slot[r]),
+                ..p.clone()
+            })
+            .collect();
+        Ok(Config { backends, vips, partitions, ..new })
+    }
+
     /// The bpffs directory this instance pins its maps, program and link under.
     pub fn pin_dir(&self) -> PathBuf {
         self.bpffs.join("dispatcher").join(&self.instance)
@@ -603,6 +681,7 @@ impl Ctx<'_> {
                 weight,
                 replica,
                 clone_ids: b.clone_ids.iter().map(|c| c.get_ref().clone()).collect(),
+                retired: false,
             });
         }
 
@@ -760,6 +839,7 @@ impl Ctx<'_> {
                 port_group,
                 balance,
                 backend_port,
+                retired: false,
             });
         }
         let mut partitions = Vec::new();

@@ -31,10 +31,10 @@ pub fn probes(cfg: &Config) -> Vec<Option<Probe>> {
     let h = &cfg.health;
     (0..cfg.backends.len())
         .map(|b| {
-            if !h.enabled {
+            if !h.enabled || cfg.backends[b].retired {
                 return None;
             }
-            let vips: Vec<_> = cfg.vips.iter().filter(|v| v.backends.contains(&b)).collect();
+            let vips: Vec<_> = cfg.vips.iter().filter(|v| !v.retired && v.backends.contains(&b)).collect();
             let http_vip = vips.iter().find(|v| v.mode == VipMode::Http);
             let tcp_vip = vips.iter().find(|v| v.protocol == Protocol::Tcp);
             let (port, speaks_http) = match (http_vip, tcp_vip) {

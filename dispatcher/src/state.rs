@@ -74,6 +74,8 @@ pub enum Learned {
 
 #[derive(Default)]
 pub struct Counters {
+    // (Gauges — held_now, in_flight, retries_in_flight — belong to the requests of the
+    // cluster that counts them and are not carried over by `copy_from`.)
     pub learned: AtomicU64,
     pub learn_conflicts: AtomicU64,
     pub affinity_hits: AtomicU64,
@@ -123,6 +125,32 @@ impl Default for Histogram {
             buckets: std::array::from_fn(|_| AtomicU64::new(0)),
             count: AtomicU64::new(0),
             sum_us: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Counters {
+    /// Carries the totals over a reload (counters must not go back).
+    pub fn copy_from(&self, o: &Counters) {
+        for (to, from) in [
+            (&self.learned, &o.learned),
+            (&self.learn_conflicts, &o.learn_conflicts),
+            (&self.affinity_hits, &o.affinity_hits),
+            (&self.balanced, &o.balanced),
+            (&self.no_backend, &o.no_backend),
+            (&self.passive_failures, &o.passive_failures),
+            (&self.holds, &o.holds),
+            (&self.hold_timeouts, &o.hold_timeouts),
+            (&self.hold_refused, &o.hold_refused),
+            (&self.retries, &o.retries),
+            (&self.retry_budget_refusals, &o.retry_budget_refusals),
+            (&self.failovers, &o.failovers),
+            (&self.clone_rewrites, &o.clone_rewrites),
+            (&self.flow_rewrites, &o.flow_rewrites),
+            (&self.transitions, &o.transitions),
+            (&self.misroutes, &o.misroutes),
+        ] {
+            to.fetch_add(from.load(Ordering::Relaxed), Ordering::Relaxed);
         }
     }
 }
@@ -242,6 +270,32 @@ impl Cluster {
                 let _ = tx.send(backend);
             }
         }
+    }
+
+    /// Hands the CLONES map over (to the cluster that replaces this one on reload).
+    pub fn take_clones_map(&self) -> Option<BpfHashMap<MapData, u64, CloneValue>> {
+        self.clones_map.lock().unwrap().take()
+    }
+
+    /// Takes over the map and the learned (not configured) entries of `old` whose owner
+    /// still serves, and the counters.
+    pub fn inherit(&self, old: &Cluster) {
+        *self.clones_map.lock().unwrap() = old.take_clones_map();
+        let learned: Vec<(u64, CloneEntry)> =
+            old.clones.read().unwrap().iter().filter(|(_, e)| !e.configured).map(|(k, e)| (*k, *e)).collect();
+        {
+            let mut t = self.clones.write().unwrap();
+            for (k, e) in learned {
+                if e.owner < self.backends.len() {
+                    t.entry(k).or_insert(CloneEntry { replica: self.backends[e.owner].replica, ..e });
+                }
+            }
+        }
+        let entries: Vec<(u64, CloneEntry)> = self.clones.read().unwrap().iter().map(|(k, v)| (*k, *v)).collect();
+        for (k, e) in entries {
+            self.write_through(k, e);
+        }
+        self.counters.copy_from(&old.counters);
     }
 
     /// Where the control loop hears of passive failures.

@@ -59,6 +59,11 @@ pub enum Command {
         config: PathBuf,
         backend: String,
     },
+    /// Make the running agent re-read its configuration file and apply the difference.
+    Reload {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
     /// Print the agent's Prometheus metrics (from its admin socket).
     Metrics {
         #[arg(long, short)]

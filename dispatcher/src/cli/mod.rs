@@ -23,6 +23,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Enable { config, backend } => control::control(&config, &backend, control::Action::Enable),
         Command::Stop { config } => run::stop(&config),
         Command::Metrics { config } => status::metrics(&config),
+        Command::Reload { config } => status::reload(&config),
     }
 }
 

@@ -5,8 +5,9 @@ use aya::programs::links::{FdLink, PinnedLink};
 use std::sync::Arc;
 
 use dispatcher::{
-    admin::{self, Admin},
+    admin::{self, Admin, Live, ReloadRequest},
     config::{Config, VipMode},
+    control::AdminCommand,
     dataplane::{
         self,
         tables::{initial_states, Tables},
@@ -72,24 +73,19 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<ExitCode> {
     let clones = ebpf.take_map("CLONES").ok_or_else(|| anyhow::anyhow!("CLONES map missing"))?;
     let clones = aya::maps::HashMap::try_from(clones).context("CLONES map")?;
     let cluster = Arc::new(Cluster::new(&cfg, &states, Some(clones)));
-    // The control runtime (signals, state following); the request path has its own
-    // event loops (`http::listener`).
+    // When a listener closes (reload), connections in its accept queue move to the new
+    // one instead of being reset (SO_REUSEPORT group; Linux 5.14+).
+    let _ = std::fs::write("/proc/sys/net/ipv4/tcp_migrate_req", "1");
+    // The control runtime (signals, state, admin); the request path has its own event
+    // loops (`http::listener`).
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
-    let server = if cfg.vips.iter().any(|v| v.mode == VipMode::Http) {
-        Some(HttpServer::start(&cfg, cluster.clone()).context("starting the HTTP VIPs")?)
-    } else {
-        None
-    };
-    // Health checks, failed requests and operator commands (admin endpoint, or read from
-    // BACKENDS) decide the backends' states.
     let tables = Arc::new(std::sync::Mutex::new(tables));
-    let (commands, commands_rx) = tokio::sync::mpsc::unbounded_channel();
-    let follower = rt.spawn(dispatcher::control::run(cfg.clone(), cluster.clone(), tables.clone(), commands_rx));
+    let mut live = Running::start(Arc::new(cfg.clone()), cluster, &tables, &rt)?;
+    let (reloads, mut reload_rx) = tokio::sync::mpsc::unbounded_channel::<ReloadRequest>();
     let admin = Arc::new(Admin {
-        cfg: cfg.clone(),
-        cluster: cluster.clone(),
+        live: std::sync::RwLock::new(live.view()),
         tables: tables.clone(),
-        commands,
+        reloads,
         started: std::time::Instant::now(),
     });
     let listener = {
@@ -97,28 +93,135 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<ExitCode> {
         admin::bind(&cfg.admin_socket)
             .with_context(|| format!("binding the admin socket {}", cfg.admin_socket.display()))?
     };
-    let admin_task = rt.spawn(admin::serve(admin, listener));
+    let admin_task = rt.spawn(admin::serve(admin.clone(), listener));
     tracing::info!(interface = %cfg.interface, mode = how, vips = cfg.vips.len(), backends = cfg.backends.len(), admin = %cfg.admin_socket.display(), "dispatcher running");
 
-    let why = rt.block_on(super::shutdown_signal())?;
-    follower.abort();
+    let why = rt.block_on(async {
+        let signal = super::shutdown_signal();
+        tokio::pin!(signal);
+        loop {
+            tokio::select! {
+                s = &mut signal => return s,
+                Some(reply) = reload_rx.recv() => {
+                    let r = live.reload(path, &tables, &rt);
+                    match &r {
+                        Ok(what) => {
+                            *admin.live.write().unwrap() = live.view();
+                            tracing::info!(changes = %what, "configuration reloaded");
+                        }
+                        Err(why) => tracing::warn!(error = %why, "reload refused; the running configuration stays"),
+                    }
+                    let _ = reply.send(r);
+                }
+            }
+        }
+    })?;
     admin_task.abort();
     let _ = std::fs::remove_file(&cfg.admin_socket);
-    if let Some(server) = server {
-        let left = server.shutdown();
-        tracing::info!(signal = why, unfinished = left, "HTTP VIPs stopped");
-    }
+    live.stop(why);
     if keep_dataplane {
         tracing::info!(signal = why, dir = %pin_dir.display(), "exiting; program stays attached and maps stay pinned");
     } else {
         let _ = std::fs::remove_file(&link_path);
         drop(link);
         drop(rt);
+        drop(admin);
         drop(tables);
         dataplane::unpin_all(&pin_dir)?;
         tracing::info!(signal = why, "detached and unpinned");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What runs for one configuration: the cluster state, the HTTP VIPs, the control loop.
+struct Running {
+    cfg: Arc<Config>,
+    cluster: Arc<Cluster>,
+    server: Option<HttpServer>,
+    control: tokio::task::JoinHandle<()>,
+    commands: tokio::sync::mpsc::UnboundedSender<AdminCommand>,
+}
+
+impl Running {
+    fn start(
+        cfg: Arc<Config>,
+        cluster: Arc<Cluster>,
+        tables: &Arc<std::sync::Mutex<Tables>>,
+        rt: &tokio::runtime::Runtime,
+    ) -> anyhow::Result<Running> {
+        let server = if cfg.vips.iter().any(|v| v.mode == VipMode::Http && !v.retired) {
+            Some(HttpServer::start(&cfg, cluster.clone()).context("starting the HTTP VIPs")?)
+        } else {
+            None
+        };
+        // Health checks, failed requests and operator commands decide the backends' states.
+        let (commands, commands_rx) = tokio::sync::mpsc::unbounded_channel();
+        let control = rt.spawn(dispatcher::control::run((*cfg).clone(), cluster.clone(), tables.clone(), commands_rx));
+        Ok(Running { cfg, cluster, server, control, commands })
+    }
+
+    fn view(&self) -> Live {
+        Live { cfg: self.cfg.clone(), cluster: self.cluster.clone(), commands: self.commands.clone() }
+    }
+
+    /// Re-reads the file and swaps in what it says: ids kept by name, new listeners up
+    /// before the old ones close (their queued connections migrate), in-flight requests
+    /// finish on the old loops, backend states and learned clone IDs carried over.
+    fn reload(
+        &mut self,
+        path: &Path,
+        tables: &Arc<std::sync::Mutex<Tables>>,
+        rt: &tokio::runtime::Runtime,
+    ) -> Result<String, String> {
+        let new = Config::load(path).map_err(|e| e.to_string())?;
+        let merged = self.cfg.merged_for_reload(new)?;
+        let states: Vec<u8> = merged
+            .backends
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                if b.retired {
+                    dispatcher_common::STATE_DISABLED
+                } else {
+                    self.cluster
+                        .backends
+                        .get(i)
+                        .map(|x| x.state.load(std::sync::atomic::Ordering::SeqCst))
+                        .unwrap_or(dispatcher_common::STATE_UP)
+                }
+            })
+            .collect();
+        let cluster = Arc::new(Cluster::new(&merged, &states, None));
+        let merged = Arc::new(merged);
+        let next = Running::start(merged.clone(), cluster.clone(), tables, rt).map_err(|e| format!("{e:#}"))?;
+        tables.lock().unwrap().apply(&merged, &states).map_err(|e| format!("writing the maps: {e}"))?;
+        cluster.inherit(&self.cluster);
+        let summary = format!(
+            "{} backends ({} retired), {} VIPs ({} retired)",
+            merged.backends.len(),
+            merged.backends.iter().filter(|b| b.retired).count(),
+            merged.vips.len(),
+            merged.vips.iter().filter(|v| v.retired).count()
+        );
+        let old = std::mem::replace(self, next);
+        old.control.abort();
+        if let Some(server) = old.server {
+            // The old loops finish their requests in the background.
+            std::thread::spawn(move || {
+                let left = server.shutdown();
+                tracing::info!(unfinished = left, "previous HTTP listeners stopped");
+            });
+        }
+        Ok(summary)
+    }
+
+    fn stop(self, why: &str) {
+        self.control.abort();
+        if let Some(server) = self.server {
+            let left = server.shutdown();
+            tracing::info!(signal = why, unfinished = left, "HTTP VIPs stopped");
+        }
+    }
 }
 
 /// A proxy holds two descriptors per connection: take the hard limit, not the default

@@ -139,3 +139,25 @@ pub fn metrics(path: &Path) -> anyhow::Result<ExitCode> {
     print!("{body}");
     Ok(ExitCode::SUCCESS)
 }
+
+pub fn reload(path: &Path) -> anyhow::Result<ExitCode> {
+    // A file that does not validate is refused here already; the agent, which validates
+    // it again, keeps running its current configuration either way.
+    let cfg = match Config::load(path) {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            eprintln!("reload refused: {e}");
+            return Ok(ExitCode::from(1));
+        }
+    };
+    let (code, body) = super::admin_client::request(&cfg.admin_socket, "POST", "/reload")
+        .with_context(|| format!("asking the agent at {} (is it running?)", cfg.admin_socket.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    if code == 200 {
+        println!("reloaded: {}", v["reloaded"].as_str().unwrap_or(""));
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!("reload refused: {}", v["error"].as_str().unwrap_or(body.trim()));
+        Ok(ExitCode::from(1))
+    }
+}

@@ -188,9 +188,19 @@ impl Tables {
         }
         for (i, v) in cfg.vips.iter().enumerate() {
             let id = i as u32;
+            let key = vip_key(v);
+            if v.retired {
+                // Removed by a reload: no longer served (the address marker stays while
+                // another VIP lives on the same address and protocol).
+                let _ = self.vips.remove(&key);
+                let shared = cfg.vips.iter().any(|o| !o.retired && o.address == v.address && o.protocol == v.protocol);
+                if !shared {
+                    let _ = self.vips.remove(&VipKey { port: 0, ..key });
+                }
+                continue;
+            }
             // Ring before VIP: a VIP never becomes visible with an unfilled table.
             self.rebuild_ring(id, v, cfg, states)?;
-            let key = vip_key(v);
             let marker = VipKey { port: 0, ..key };
             let marker_info = VipInfo { id, mode: MODE_ADDR_MARKER, ..Default::default() };
             self.vips.insert(marker, marker_info, 0).map_err(map_err("VIPS"))?;

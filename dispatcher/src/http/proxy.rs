@@ -38,6 +38,9 @@ pub struct VipCtx {
     pub limits: HeadLimits,
 }
 
+/// After the listener stops: how long an idle keep-alive client has to send its next
+/// request (answered, with `Connection: close`) before its connection is closed.
+const STOP_GRACE: Duration = Duration::from_secs(1);
 /// Bytes buffered from a client whose request is held.
 const HOLD_READ_LIMIT: usize = 64 * 1024;
 /// How long to wait for a backend's `100 Continue` before sending the body anyway.
@@ -98,11 +101,12 @@ pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut st
             }
         };
         let head_bytes = client.buf.split_to(head.len);
-        let next = exchange(&ctx, &head, &head_bytes, &mut client, &mut w, peer, &mut out, &mut scratch).await;
+        let closing = *stop.borrow();
+        let next = exchange(&ctx, &head, &head_bytes, &mut client, &mut w, peer, &mut out, &mut scratch, closing).await;
         // Keep the header index's allocation for the next request.
         scratch = head.headers;
         match next {
-            Next::KeepAlive if !*stop.borrow() => {}
+            Next::KeepAlive => {}
             _ => {
                 let _ = w.shutdown().await;
                 return;
@@ -120,6 +124,13 @@ async fn read_head(
     stop: &mut watch::Receiver<bool>,
 ) -> HeadRead {
     let mut deadline: Option<Instant> = None;
+    // Between requests: the idle timeout, or a short grace once the listener stops (a
+    // request that comes in it is answered, with `Connection: close`).
+    let mut idle_until = Instant::now() + ctx.settings.client_idle_timeout;
+    let mut stopping = *stop.borrow();
+    if stopping {
+        idle_until = idle_until.min(Instant::now() + STOP_GRACE);
+    }
     loop {
         if !client.buf.is_empty() {
             deadline.get_or_insert_with(|| Instant::now() + ctx.settings.header_timeout);
@@ -128,21 +139,24 @@ async fn read_head(
                 Ok(None) => {}
                 Err(r) => return HeadRead::Reject(r),
             }
-        } else if *stop.borrow() {
-            return HeadRead::Closed;
         }
-        let wait = match deadline {
-            Some(d) => d.saturating_duration_since(Instant::now()),
-            None => ctx.settings.client_idle_timeout,
-        };
+        let wait = deadline.unwrap_or(idle_until).saturating_duration_since(Instant::now());
         if wait.is_zero() {
-            return HeadRead::Reject(Reject { status: 408, reason: "request head not received in time" });
+            return match deadline {
+                Some(_) => HeadRead::Reject(Reject { status: 408, reason: "request head not received in time" }),
+                None => HeadRead::Closed,
+            };
         }
         let filled = tokio::select! {
             r = client.fill(wait) => r,
-            _ = stop.changed(), if deadline.is_none() => return HeadRead::Closed,
+            _ = stop.changed(), if !stopping => {
+                stopping = true;
+                idle_until = idle_until.min(Instant::now() + STOP_GRACE);
+                continue;
+            }
         };
         match filled {
+            Err(RelayError::Timeout) if deadline.is_none() => return HeadRead::Closed,
             Ok(0) if client.buf.is_empty() => return HeadRead::Closed,
             Ok(0) => {
                 return HeadRead::Reject(Reject { status: 400, reason: "connection closed inside the request head" })
@@ -407,6 +421,7 @@ async fn exchange<R: AsyncRead + Unpin>(
     peer: SocketAddr,
     out: &mut Vec<u8>,
     scratch: &mut Vec<Header>,
+    closing: bool,
 ) -> Next {
     let s = &ctx.settings;
     let cookies = head.headers.iter().filter(|h| is(&buf[h.name.clone()], "cookie")).map(|h| &buf[h.value.clone()]);
@@ -554,7 +569,9 @@ async fn exchange<R: AsyncRead + Unpin>(
     let dechunk = head.minor == 0 && res.framing == Framing::Chunked;
     // A server that answered before `100 Continue` leaves the request body unread: the
     // connection cannot carry another request.
-    let close = !head.keep_alive || res.framing == Framing::UntilClose || dechunk || body_skipped;
+    // `closing`: this listener is stopping (shutdown or reload): the client is told to
+    // reconnect, which reaches the new listeners.
+    let close = !head.keep_alive || res.framing == Framing::UntilClose || dechunk || body_skipped || closing;
     build_response(out, &res, &res_buf, close, dechunk, head.minor == 0);
     // A small body already read goes out with the head: one write per response.
     let mut framing = if dechunk { Framing::Chunked } else { res.framing };

@@ -1,0 +1,153 @@
+//! `dispatcher reload` under load: backends and VIP members added and removed, weights
+//! changed — no refused connection, no failed request, sessions kept; a bad file is
+//! refused and the running configuration stays.
+
+use std::{
+    collections::HashMap,
+    net::{SocketAddr, TcpStream},
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use dispatcher_tests::{
+    netns::{backend_ip, backend_mac, Testbed},
+    websphere::{self, Client},
+};
+
+const VIP: &str = "10.99.100.50";
+const PORT: u16 = 8080;
+
+/// Backend blocks for the given (index, replica) pairs, and the HTTP VIP over `members`.
+fn config(tb: &Testbed, backends: &[(usize, Option<usize>, u32)], members: &[usize]) -> String {
+    let mut s = format!(
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[health]\npath = \"/health\"\ninterval = \"200ms\"\n\n",
+        tb.instance()
+    );
+    for &(i, replica, weight) in backends {
+        s += &format!(
+            "[[backend]]\nname = \"b{i}\"\naddress = \"{}\"\nmac = \"{}\"\nweight = {weight}\n",
+            backend_ip(i),
+            backend_mac(i)
+        );
+        if let Some(r) = replica {
+            s += &format!("replica = \"b{r}\"\n");
+        }
+        s += "\n";
+    }
+    let names: Vec<String> = members.iter().map(|i| format!("\"b{i}\"")).collect();
+    s += &format!(
+        "[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {PORT}\nring_size = 1009\nbackends = [{}]\n",
+        names.join(", ")
+    );
+    s
+}
+
+#[test]
+fn reload_under_load_refuses_nothing_and_keeps_sessions() {
+    let mut tb = Testbed::new(4, &[VIP]);
+    tb.add_local_vip(VIP);
+    let cluster = websphere::Cluster::new(4);
+    tb.start_websphere(&cluster, PORT);
+    let path = tb.write_config(&config(&tb, &[(0, Some(1), 100), (1, Some(0), 100)], &[0, 1]));
+    let cfg = path.to_str().unwrap().to_string();
+    tb.start_dispatcher(&path);
+    let addr: SocketAddr = format!("{VIP}:80").parse().unwrap();
+
+    // Cookie-jar clients, and a client that opens a new connection for every request.
+    let stop = Arc::new(AtomicBool::new(false));
+    let failures = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicU64::new(0));
+    let mut threads = Vec::new();
+    for _ in 0..6 {
+        let (stop, failures, done, ns) = (stop.clone(), failures.clone(), done.clone(), tb.client.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut c = Client::new(&ns, addr);
+            let mut last = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                match c.get("/app") {
+                    Ok(r)
+                        if r.status == 200
+                            && r.field("count").and_then(|v| v.parse::<u64>().ok()) == Some(last + 1) =>
+                    {
+                        last += 1
+                    }
+                    other => {
+                        failures.fetch_add(1, Ordering::SeqCst);
+                        eprintln!("failed: {other:?}");
+                    }
+                }
+                done.fetch_add(1, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }));
+    }
+    {
+        let (stop, failures, done, ns) = (stop.clone(), failures.clone(), done.clone(), tb.client.clone());
+        threads.push(std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                let ok = ns.run(move || TcpStream::connect_timeout(&addr, Duration::from_secs(2)).is_ok());
+                if !ok {
+                    failures.fetch_add(1, Ordering::SeqCst);
+                    eprintln!("connection refused");
+                }
+                done.fetch_add(1, Ordering::SeqCst);
+            }
+        }));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+
+    // 1: two backends added (new ids), members widened, a weight changed.
+    tb.write_config(&config(
+        &tb,
+        &[(0, Some(1), 100), (1, Some(0), 300), (2, Some(3), 100), (3, Some(2), 100)],
+        &[0, 1, 2, 3],
+    ));
+    let out = tb.dispatcher_cmd(&["reload", "--config", &cfg]);
+    assert!(out.contains("4 backends (0 retired)"), "{out}");
+    std::thread::sleep(Duration::from_millis(600));
+    let mut fresh_on: HashMap<String, usize> = HashMap::new();
+    for _ in 0..12 {
+        let mut f = Client::new(&tb.client, addr);
+        *fresh_on.entry(f.get("/").unwrap().field("clone").unwrap().to_string()).or_default() += 1;
+    }
+    assert!(
+        fresh_on.contains_key("clone2x") || fresh_on.contains_key("clone3x"),
+        "new backends take new sessions: {fresh_on:?}"
+    );
+
+    // 2: b3 removed altogether (b2 loses its replica): retired, no new sessions.
+    tb.write_config(&config(&tb, &[(0, Some(1), 100), (1, Some(0), 300), (2, None, 100)], &[0, 1, 2]));
+    let out = tb.dispatcher_cmd(&["reload", "--config", &cfg]);
+    assert!(out.contains("4 backends (1 retired)"), "{out}");
+    std::thread::sleep(Duration::from_millis(600));
+    for _ in 0..12 {
+        let mut f = Client::new(&tb.client, addr);
+        assert_ne!(f.get("/").unwrap().field("clone"), Some("clone3x"), "a removed backend takes no new session");
+    }
+
+    // 3: a broken file is refused; the agent keeps serving the last good configuration.
+    tb.write_config("[dispatcher]\ninterface = \"eth0\"\n[[vip]]\nname = 3\n");
+    let out =
+        tb.lb.command(dispatcher_tests::netns::dispatcher_bin()).args(["reload", "--config", &cfg]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("reload refused"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::thread::sleep(Duration::from_millis(300));
+
+    stop.store(true, Ordering::SeqCst);
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!(done.load(Ordering::SeqCst) > 200, "load ran");
+    assert_eq!(
+        failures.load(Ordering::SeqCst),
+        0,
+        "no refused connection, no failed request, no session lost across reloads"
+    );
+}
