@@ -185,7 +185,13 @@ pub struct AffinityValue {
 pub struct CloneValue {
     pub owner: u32,
     pub replica: u32,
+    /// `CLONE_F_FAILED_OVER`: `owner` stands in for the clone's own backend, which is
+    /// out and recorded in `replica`.
+    pub flags: u32,
+    pub _pad: u32,
 }
+
+pub const CLONE_F_FAILED_OVER: u32 = 1;
 
 /// `STATS` value (per CPU).
 #[repr(C)]

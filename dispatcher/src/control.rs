@@ -81,7 +81,7 @@ impl Control {
         let mut clones = 0;
         if let Some(r) = replica {
             for (key, _) in c.clone_keys_of(b) {
-                c.write_clone_entry(key, r, Some(b));
+                c.write_failed_over(key, r, b);
                 clones += 1;
             }
         }

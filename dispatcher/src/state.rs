@@ -14,7 +14,8 @@ use std::{
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use dispatcher_common::{
-    hash::cookie_hash, CloneValue, NO_BACKEND, STATE_DISABLED, STATE_DOWN, STATE_DRAIN, STATE_SUSPECT, STATE_UP,
+    hash::cookie_hash, CloneValue, CLONE_F_FAILED_OVER, NO_BACKEND, STATE_DISABLED, STATE_DOWN, STATE_DRAIN,
+    STATE_SUSPECT, STATE_UP,
 };
 
 use crate::config::Config;
@@ -219,11 +220,39 @@ impl Cluster {
             counters: Counters::default(),
             vip_latency: cfg.vips.iter().map(|_| Histogram::default()).collect(),
         };
+        cluster.adopt_learned();
         let entries: Vec<(u64, CloneEntry)> = cluster.clones.read().unwrap().iter().map(|(k, v)| (*k, *v)).collect();
         for (k, e) in entries {
             cluster.write_through(k, e);
         }
         cluster
+    }
+
+    /// Entries an earlier agent learned and left in the pinned CLONES map: a restarted
+    /// agent routes those sessions at once, without waiting for new Set-Cookies. An entry
+    /// rewritten for a failover is taken back to its own backend (routing sends its
+    /// sessions to the replica for as long as that backend is out).
+    fn adopt_learned(&self) {
+        let found: Vec<(u64, CloneValue)> = match self.clones_map.lock().unwrap().as_ref() {
+            Some(map) => map.iter().filter_map(|r| r.ok()).collect(),
+            None => return,
+        };
+        let mut t = self.clones.write().unwrap();
+        let n = self.backends.len();
+        let id = |x: u32| (x != NO_BACKEND && (x as usize) < n).then_some(x as usize);
+        for (key, v) in found {
+            if t.contains_key(&key) {
+                continue;
+            }
+            let (owner, replica) = if v.flags & CLONE_F_FAILED_OVER != 0 {
+                (id(v.replica), id(v.owner))
+            } else {
+                (id(v.owner), id(v.replica))
+            };
+            if let Some(owner) = owner {
+                t.insert(key, CloneEntry { owner, replica, configured: false });
+            }
+        }
     }
 
     /// Owner and replica of a clone or partition ID.
@@ -310,7 +339,18 @@ impl Cluster {
         self.clones.read().unwrap().iter().filter(|(_, e)| e.owner == backend).map(|(k, e)| (*k, e.replica)).collect()
     }
 
-    /// Writes a CLONES map entry (the shared view; the mirror keeps the original owner).
+    /// Points a CLONES map entry at `stand_in` while the clone's own backend `own` is out
+    /// (the shared view; the mirror keeps the original owner and routes to the replica).
+    pub fn write_failed_over(&self, key: u64, stand_in: usize, own: usize) {
+        if let Some(map) = self.clones_map.lock().unwrap().as_mut() {
+            let v = CloneValue { owner: stand_in as u32, replica: own as u32, flags: CLONE_F_FAILED_OVER, _pad: 0 };
+            if let Err(err) = map.insert(key, v, 0) {
+                tracing::warn!(error = %err, "writing CLONES");
+            }
+        }
+    }
+
+    /// Writes a CLONES map entry as the mirror holds it (a backend's return).
     pub fn write_clone_entry(&self, key: u64, owner: usize, replica: Option<usize>) {
         self.write_through(key, CloneEntry { owner, replica, configured: false });
     }
@@ -354,7 +394,12 @@ impl Cluster {
 
     fn write_through(&self, key: u64, e: CloneEntry) {
         if let Some(map) = self.clones_map.lock().unwrap().as_mut() {
-            let v = CloneValue { owner: e.owner as u32, replica: e.replica.map(|r| r as u32).unwrap_or(NO_BACKEND) };
+            let v = CloneValue {
+                owner: e.owner as u32,
+                replica: e.replica.map(|r| r as u32).unwrap_or(NO_BACKEND),
+                flags: 0,
+                _pad: 0,
+            };
             if let Err(err) = map.insert(key, v, 0) {
                 tracing::warn!(error = %err, "writing CLONES");
             }

@@ -395,6 +395,15 @@ impl Testbed {
         }
     }
 
+    /// Kills a started process with SIGKILL (no chance to clean up) and waits for it.
+    pub fn kill_hard(&mut self, what: &str) {
+        if let Some(pos) = self.children.iter().position(|(w, _)| w == what) {
+            let (_, mut child) = self.children.remove(pos);
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
     /// Attaches the `decap` program to every backend's eth0 (`dispatcher decap`).
     pub fn start_decap(&mut self) {
         for i in 0..self.backends.len() {

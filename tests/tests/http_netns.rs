@@ -362,3 +362,32 @@ fn admin_endpoint_serves_metrics_status_and_commands() {
     let out = tb.dispatcher_cmd(&["enable", "--config", cfg, "b1"]);
     assert_eq!(out.trim(), "b1: drain -> up");
 }
+
+#[test]
+fn an_agent_killed_hard_is_replaced_without_losing_learned_clones() {
+    let (mut tb, _cluster, addr) = http_testbed(4, false, "");
+    let cfg = tb.workdir.join("dispatcher.toml");
+    let mut b2_cookie = None;
+    for _ in 0..8 {
+        let mut fresh = Client::new(&tb.client, addr);
+        if fresh.get("/").unwrap().field("clone") == Some("clone2x") {
+            b2_cookie = fresh.jar.clone();
+        }
+    }
+    let b2_cookie = b2_cookie.expect("a session on b2");
+    let before: serde_json::Value =
+        serde_json::from_str(&tb.dispatcher_cmd(&["status", "--config", cfg.to_str().unwrap(), "--json"])).unwrap();
+    assert_eq!(before["agent"]["clones"], 4, "{before}");
+
+    tb.kill_hard("dispatcher");
+    tb.start_dispatcher(&cfg);
+    let after: serde_json::Value =
+        serde_json::from_str(&tb.dispatcher_cmd(&["status", "--config", cfg.to_str().unwrap(), "--json"])).unwrap();
+    assert_eq!(after["agent"]["clones"], 4, "learned entries adopted from the pinned map: {after}");
+    // No new Set-Cookie needed: the session goes to b2 at once, every time.
+    for _ in 0..10 {
+        let mut c = Client::new(&tb.client, addr);
+        c.jar = Some(b2_cookie.clone());
+        assert_eq!(c.get("/").unwrap().field("clone"), Some("clone2x"));
+    }
+}
