@@ -904,13 +904,13 @@ impl Ctx<'_> {
     }
 
     fn health(&self, h: &RawHealth) -> Result<HealthSettings, ConfigError> {
-        let mut s = HealthSettings::default();
-        s.kind = self.choice(
+        let kind = self.choice(
             &h.kind,
             "health.kind",
             CheckKind::Auto,
             &[("auto", CheckKind::Auto), ("http", CheckKind::Http), ("tcp", CheckKind::Tcp)],
         )?;
+        let mut s = HealthSettings { kind, ..HealthSettings::default() };
         if let Some(p) = &h.path {
             if !p.get_ref().starts_with('/') || p.get_ref().bytes().any(|b| b <= b' ' || b == 0x7f) {
                 return Err(self.err(

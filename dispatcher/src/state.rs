@@ -189,10 +189,9 @@ impl Cluster {
                     Some(s @ (STATE_SUSPECT | STATE_DOWN)) => s,
                     _ => STATE_UP,
                 }),
-                admin: AtomicU8::new(match states.get(i).copied() {
-                    Some(s @ (STATE_DRAIN | STATE_DISABLED)) => s,
-                    _ => 0,
-                }),
+                admin: AtomicU8::new(
+                    states.get(i).copied().filter(|&s| s == STATE_DRAIN || s == STATE_DISABLED).unwrap_or(0),
+                ),
                 changed: tokio::sync::Notify::new(),
                 latency: Histogram::default(),
                 outstanding: AtomicU64::new(0),

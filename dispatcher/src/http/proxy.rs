@@ -439,7 +439,7 @@ async fn exchange<R: AsyncRead + Unpin>(
     // Choose a backend, hold while the session's owner is suspect, send; a failure before
     // any response byte is retried after re-routing (bounded, budgeted, idempotent and
     // bodiless requests only). A server that timed out is never retried: no replays.
-    let (backend, mut up, mut res, body_skipped) = loop {
+    let (backend, mut up, mut res, body_skipped, _in_flight) = loop {
         let backend = match ctx.route.route(c, sess.as_ref(), hold_expired) {
             Decision::Affinity(b) | Decision::Balanced(b) => b,
             Decision::Hold(b) => {
@@ -483,8 +483,7 @@ async fn exchange<R: AsyncRead + Unpin>(
         build_request(out, head, buf, peer.ip(), &ctx.name);
         let failure = match send(ctx, head, backend, client, w, out, scratch).await {
             Ok((up, res, skipped)) => {
-                std::mem::forget(in_flight);
-                break (backend, up, res, skipped);
+                break (backend, up, res, skipped, in_flight);
             }
             Err(f) => f,
         };
@@ -530,7 +529,6 @@ async fn exchange<R: AsyncRead + Unpin>(
         return Next::Close;
     };
     let be = &c.backends[backend];
-    let _in_flight = InFlight(be);
     let pool = ctx.pools[backend].as_ref().expect("a pool for the chosen backend");
     // Interim responses (other than 101) go to the client as they are; then the final one.
     while (100..200).contains(&res.status) && res.status != 101 {
