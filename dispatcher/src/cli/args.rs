@@ -69,9 +69,12 @@ pub enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
-    /// Detach the program and remove the pinned maps of the configured instance.
+    /// Detach the program and remove the pinned maps of the configured instance
+    /// (`--detach`: the same, spelled out; the data plane stops forwarding).
     Stop {
         #[arg(long, short)]
         config: PathBuf,
+        #[arg(long)]
+        detach: bool,
     },
 }

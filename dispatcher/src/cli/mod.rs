@@ -21,7 +21,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Drain { config, backend } => control::control(&config, &backend, control::Action::Drain),
         Command::Disable { config, backend } => control::control(&config, &backend, control::Action::Disable),
         Command::Enable { config, backend } => control::control(&config, &backend, control::Action::Enable),
-        Command::Stop { config } => run::stop(&config),
+        Command::Stop { config, detach: _ } => run::stop(&config),
         Command::Metrics { config } => status::metrics(&config),
         Command::Reload { config } => status::reload(&config),
     }
