@@ -47,6 +47,9 @@ enum Cmd {
         /// A clone killed or stopped under load, against HAProxy.
         #[arg(long)]
         failover: bool,
+        /// L4 forwarding: XDP vs nftables DNAT vs HAProxy mode tcp.
+        #[arg(long)]
+        l4: bool,
         /// Fewer runs per case.
         #[arg(long)]
         quick: bool,
@@ -90,17 +93,19 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             build(false)?;
             exec_built("demo", &["--seconds".to_string(), seconds.to_string()])
         }
-        Cmd::Bench { xdp, http, failover, quick } => {
+        Cmd::Bench { xdp, http, failover, l4, quick } => {
             require_root("the benchmarks load BPF programs and create network namespaces")?;
             setup::setup()?;
-            let all = !xdp && !http && !failover;
-            if all || http || failover {
+            let all = !xdp && !http && !failover && !l4;
+            if all || http || failover || l4 {
                 // The peers measured beside the dispatcher, and the load generator.
-                setup::ensure_packages(&["haproxy", "nginx", "wrk"])?;
+                setup::ensure_packages(&["haproxy", "nginx", "wrk", "nftables"])?;
             }
             build(true)?;
             let mut args = Vec::new();
-            for (on, flag) in [(xdp, "--xdp"), (http, "--http"), (failover, "--failover"), (quick, "--quick")] {
+            for (on, flag) in
+                [(xdp, "--xdp"), (http, "--http"), (failover, "--failover"), (l4, "--l4"), (quick, "--quick")]
+            {
                 if on {
                     args.push(flag.to_string());
                 }

@@ -3,6 +3,7 @@
 
 mod failover;
 mod http;
+mod l4;
 mod load;
 mod xdp;
 
@@ -10,13 +11,20 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let has = |f: &str| args.iter().any(|a| a == f);
     let quick = has("--quick");
-    let all = !has("--xdp") && !has("--http") && !has("--failover");
+    let all = !has("--xdp") && !has("--http") && !has("--failover") && !has("--l4");
     let mut parts = Vec::new();
     let mut md = String::new();
     if all || has("--xdp") {
         let (json, table) = xdp::run(quick);
         parts.push(format!(r#""xdp":{json}"#));
         md += "### XDP (ns/packet, BPF_PROG_TEST_RUN)\n\n";
+        md += &table;
+        md += "\n";
+    }
+    if all || has("--l4") {
+        let (json, table) = l4::run(quick);
+        parts.push(format!(r#""l4":{json}"#));
+        md += "### L4 forwarding (connections/s, packets/s)\n\n";
         md += &table;
         md += "\n";
     }

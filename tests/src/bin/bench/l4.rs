@@ -1,0 +1,286 @@
+//! L4 forwarding in the namespace testbed, same backends and traffic for each system:
+//! the XDP data plane (MAC forwarding, direct server return), nftables DNAT with `jhash`
+//! over the backends (as kube-proxy's nftables mode does; this kernel has no IPVS), and
+//! HAProxy in `mode tcp`. Measures TCP connections/s (short HTTP/1.0 exchanges) and UDP
+//! packets/s (counted where they arrive, on the backends).
+
+use std::{
+    net::{SocketAddr, UdpSocket},
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use dispatcher_tests::netns::{backend_ip, Testbed, CLIENT_IP, LB_IP};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const VIP: &str = "10.99.100.60";
+const TCP_PORT: u16 = 80;
+const UDP_PORT: u16 = 9000;
+const CONCURRENCY: usize = 32;
+
+fn nginx_conf(i: usize, dir: &std::path::Path) -> String {
+    format!(
+        "daemon off;\nworker_processes 1;\npid {d}/l4b{i}.pid;\nerror_log {d}/l4b{i}.err;\nevents {{ worker_connections 4096; }}\nhttp {{\n access_log off;\n client_body_temp_path {d}/l4b{i}-body;\n proxy_temp_path {d}/l4b{i}-proxy;\n fastcgi_temp_path {d}/l4b{i}-fcgi;\n uwsgi_temp_path {d}/l4b{i}-uwsgi;\n scgi_temp_path {d}/l4b{i}-scgi;\n server {{ listen {TCP_PORT}; location / {{ return 200 \"b{i}\\n\"; }} }}\n}}\n",
+        d = dir.display()
+    )
+}
+
+/// Short TCP exchanges as fast as `CONCURRENCY` clients can: connections per second.
+fn connections_per_second(tb: &Testbed, secs: u64) -> (f64, u64) {
+    let addr: SocketAddr = format!("{VIP}:{TCP_PORT}").parse().unwrap();
+    tb.client.run(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async move {
+            let done = Arc::new(AtomicU64::new(0));
+            let errors = Arc::new(AtomicU64::new(0));
+            let end = Instant::now() + Duration::from_secs(secs);
+            let mut tasks = Vec::new();
+            for _ in 0..CONCURRENCY {
+                let (done, errors) = (done.clone(), errors.clone());
+                tasks.push(tokio::spawn(async move {
+                    let mut buf = [0u8; 512];
+                    while Instant::now() < end {
+                        let r = tokio::time::timeout(Duration::from_secs(2), async {
+                            let mut s = tokio::net::TcpStream::connect(addr).await?;
+                            s.write_all(b"GET / HTTP/1.0\r\n\r\n").await?;
+                            let mut got = 0;
+                            loop {
+                                let n = s.read(&mut buf).await?;
+                                if n == 0 {
+                                    break;
+                                }
+                                got += n;
+                            }
+                            std::io::Result::Ok(got)
+                        })
+                        .await;
+                        match r {
+                            Ok(Ok(n)) if n > 0 => done.fetch_add(1, Ordering::Relaxed),
+                            _ => errors.fetch_add(1, Ordering::Relaxed),
+                        };
+                    }
+                }));
+            }
+            for t in tasks {
+                let _ = t.await;
+            }
+            (done.load(Ordering::Relaxed) as f64 / secs as f64, errors.load(Ordering::Relaxed))
+        })
+    })
+}
+
+/// UDP sinks on every backend, counting datagrams.
+struct Sinks {
+    stop: Arc<AtomicBool>,
+    count: Arc<AtomicU64>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+fn start_sinks(tb: &Testbed, bind_vip: bool) -> Sinks {
+    let stop = Arc::new(AtomicBool::new(false));
+    let count = Arc::new(AtomicU64::new(0));
+    let mut threads = Vec::new();
+    for (i, ns) in tb.backends.iter().enumerate() {
+        let (stop, count) = (stop.clone(), count.clone());
+        // DSR delivers to the VIP, DNAT to the backend's own address.
+        let bind = if bind_vip { VIP.to_string() } else { backend_ip(i).to_string() };
+        threads.push(ns.spawn(move || {
+            let s = UdpSocket::bind((bind.as_str(), UDP_PORT)).expect("bind sink");
+            s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+            let mut buf = [0u8; 2048];
+            while !stop.load(Ordering::Relaxed) {
+                if s.recv(&mut buf).is_ok() {
+                    count.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    Sinks { stop, count, threads }
+}
+
+/// Busy CPU time of the whole machine so far (user, nice, system, irq, softirq), in
+/// clock ticks.
+fn busy_ticks() -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let cpu = stat.lines().next().unwrap_or("");
+    let v: Vec<u64> = cpu.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+    // user nice system idle iowait irq softirq
+    [0, 1, 2, 5, 6].iter().filter_map(|&i| v.get(i)).sum()
+}
+
+/// 64-byte datagrams from 16 source ports as fast as one sender can: packets per second
+/// received by the backends, sent per second, and the machine's CPU time per delivered
+/// packet (sender included: the same sender for every system, so differences are the
+/// forwarding path's).
+fn packets_per_second(tb: &Testbed, sinks: &Sinks, secs: u64) -> (f64, f64, f64) {
+    let addr: SocketAddr = format!("{VIP}:{UDP_PORT}").parse().unwrap();
+    let before = sinks.count.load(Ordering::Relaxed);
+    let ticks_before = busy_ticks();
+    let sent = tb.client.run(move || {
+        let socks: Vec<UdpSocket> = (0..16)
+            .map(|_| {
+                let s = UdpSocket::bind((CLIENT_IP, 0)).unwrap();
+                s.connect(addr).unwrap();
+                s.set_nonblocking(true).unwrap();
+                s
+            })
+            .collect();
+        let payload = [0u8; 22]; // 14 + 20 + 8 + 22 = 64-byte frames
+        let end = Instant::now() + Duration::from_secs(secs);
+        let mut sent = 0u64;
+        while Instant::now() < end {
+            for s in &socks {
+                for _ in 0..32 {
+                    if s.send(&payload).is_ok() {
+                        sent += 1;
+                    }
+                }
+            }
+        }
+        sent
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let got = sinks.count.load(Ordering::Relaxed) - before;
+    let tick_ns = 1e9 / 100.0; // USER_HZ
+    let cpu_ns_per_packet = (busy_ticks() - ticks_before) as f64 * tick_ns / got.max(1) as f64;
+    (got as f64 / secs as f64, sent as f64 / secs as f64, cpu_ns_per_packet)
+}
+
+fn stop_sinks(s: Sinks) {
+    s.stop.store(true, Ordering::SeqCst);
+    for t in s.threads {
+        let _ = t.join();
+    }
+}
+
+struct Measured {
+    system: &'static str,
+    cps: f64,
+    cps_errors: u64,
+    pps: Option<(f64, f64, f64)>,
+}
+
+pub fn run(quick: bool) -> (String, String) {
+    let secs = if quick { 3 } else { 8 };
+    eprintln!(
+        "==> L4 benchmark: {CONCURRENCY} concurrent short TCP connections and a UDP flood, {secs}s each, per system"
+    );
+    let mut tb = Testbed::new(4, &[VIP]);
+    let dir = tb.workdir.clone();
+    for i in 0..4 {
+        let conf = dir.join(format!("l4backend{i}.conf"));
+        std::fs::write(&conf, nginx_conf(i, &dir)).unwrap();
+        let mut cmd = tb.backends[i].command("nginx");
+        cmd.arg("-p").arg(&dir).arg("-c").arg(&conf);
+        tb.start(&format!("nginx-l4-b{i}"), cmd);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let mut results = Vec::new();
+
+    // 1. The XDP data plane.
+    let cfg = format!(
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[health]\nenabled = false\n\n{}\n[[vip]]\nname = \"tcp\"\naddress = \"{VIP}\"\nport = {TCP_PORT}\n\n[[vip]]\nname = \"udp\"\naddress = \"{VIP}\"\nport = {UDP_PORT}\nprotocol = \"udp\"\n",
+        tb.instance(),
+        tb.backend_config(&[])
+    );
+    let path = tb.write_config(&cfg);
+    tb.start_dispatcher(&path);
+    let (cps, cps_errors) = connections_per_second(&tb, secs);
+    let sinks = start_sinks(&tb, true);
+    let pps = packets_per_second(&tb, &sinks, secs);
+    stop_sinks(sinks);
+    tb.stop("dispatcher");
+    results.push(Measured { system: "dispatcher (XDP)", cps, cps_errors, pps: Some(pps) });
+
+    // 2. nftables DNAT, jhash over the backends; replies come back through the box.
+    let map: Vec<String> = (0..4).map(|i| format!("{i} : {}", backend_ip(i))).collect();
+    let rules = format!(
+        "table ip l4bench {{\n chain pre {{\n  type nat hook prerouting priority dstnat;\n  ip daddr {VIP} tcp dport {TCP_PORT} dnat to jhash ip saddr . tcp sport mod 4 map {{ {m} }}\n  ip daddr {VIP} udp dport {UDP_PORT} dnat to jhash ip saddr . udp sport mod 4 map {{ {m} }}\n }}\n}}\n",
+        m = map.join(", ")
+    );
+    let rules_path = dir.join("l4bench.nft");
+    std::fs::write(&rules_path, rules).unwrap();
+    tb.lb.exec(&["nft", "-f", rules_path.to_str().unwrap()]);
+    tb.lb.sysctl("net.ipv4.ip_forward=1");
+    for b in &tb.backends {
+        b.ip(&["route", "add", &format!("{CLIENT_IP}/32"), "via", LB_IP]);
+    }
+    let (cps, cps_errors) = connections_per_second(&tb, secs);
+    let sinks = start_sinks(&tb, false);
+    let pps = packets_per_second(&tb, &sinks, secs);
+    stop_sinks(sinks);
+    tb.lb.exec(&["nft", "delete", "table", "ip", "l4bench"]);
+    tb.lb.sysctl("net.ipv4.ip_forward=0");
+    for b in &tb.backends {
+        b.ip(&["route", "del", &format!("{CLIENT_IP}/32")]);
+    }
+    results.push(Measured { system: "nftables DNAT", cps, cps_errors, pps: Some(pps) });
+
+    // 3. HAProxy, mode tcp (a full proxy: TCP only).
+    tb.add_local_vip(VIP);
+    let servers: String = (0..4).map(|i| format!(" server b{i} {}:{TCP_PORT}\n", backend_ip(i))).collect();
+    let hconf = dir.join("haproxy-l4.cfg");
+    std::fs::write(
+        &hconf,
+        format!("global\n nbthread 1\n maxconn 4000\ndefaults\n mode tcp\n timeout connect 2s\n timeout client 10s\n timeout server 10s\nfrontend fe\n bind {VIP}:{TCP_PORT}\n default_backend be\nbackend be\n balance source\n{servers}"),
+    )
+    .unwrap();
+    let mut cmd = tb.lb.command("haproxy");
+    cmd.arg("-db").arg("-f").arg(&hconf);
+    tb.start("haproxy-l4", cmd);
+    std::thread::sleep(Duration::from_millis(500));
+    let (cps, cps_errors) = connections_per_second(&tb, secs);
+    results.push(Measured { system: "HAProxy mode tcp", cps, cps_errors, pps: None });
+    tb.stop("haproxy-l4");
+
+    let nft_pps = results[1].pps.map(|p| p.0).unwrap_or(f64::NAN);
+    let nft_cpu = results[1].pps.map(|p| p.2).unwrap_or(f64::NAN);
+    let nft_cps = results[1].cps;
+    let mut table = String::from(
+        "| system | connections/s | connection errors | UDP packets/s delivered | UDP packets/s offered | CPU ns per delivered packet | pps vs nftables | CPU/packet vs nftables | conn/s vs nftables |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    let mut json = Vec::new();
+    for m in &results {
+        let cells = match m.pps {
+            Some((p, o, c)) => [
+                format!("{p:.0}"),
+                format!("{o:.0}"),
+                format!("{c:.0}"),
+                format!("{:.2}", p / nft_pps),
+                format!("{:.2}", c / nft_cpu),
+            ],
+            None => std::array::from_fn(|_| "-".to_string()),
+        };
+        eprintln!(
+            "    {:<18} {:>8.0} conn/s ({} errors)  {} pps delivered of {} offered, {} CPU ns/packet",
+            m.system, m.cps, m.cps_errors, cells[0], cells[1], cells[2]
+        );
+        table += &format!(
+            "| {} | {:.0} | {} | {} | {:.2} |\n",
+            m.system,
+            m.cps,
+            m.cps_errors,
+            cells.join(" | "),
+            m.cps / nft_cps
+        );
+        let num = |i: usize| m.pps.map(|p| format!("{:.1}", [p.0, p.1, p.2][i])).unwrap_or("null".into());
+        json.push(format!(
+            r#"{{"system":"{}","connections_per_s":{:.1},"connection_errors":{},"udp_pps_delivered":{},"udp_pps_offered":{},"cpu_ns_per_packet":{}}}"#,
+            m.system,
+            m.cps,
+            m.cps_errors,
+            num(0),
+            num(1),
+            num(2)
+        ));
+    }
+    table += &format!(
+        "\n{CONCURRENCY} concurrent HTTP/1.0 exchanges with nginx backends for connections/s; one sender, 64-byte frames from 16 source ports, for packets/s; {secs} s each. The sender shares the 2 vCPUs with the data path: \"offered\" is what it managed to send; while everything offered is delivered, packets/s measures the sender, and the CPU time per delivered packet (whole machine, the same sender for every system) compares the forwarding paths.\n"
+    );
+    println!("\n{table}");
+    (format!("[{}]", json.join(",")), table)
+}
