@@ -137,6 +137,8 @@ pub struct Testbed {
     tasks: Vec<Stoppable>,
     pin_dirs: Vec<PathBuf>,
     pass: Option<(aya::Ebpf, aya::programs::links::FdLink)>,
+    /// `pass` on more switch ports (`enable_xdp_tx_from`).
+    extra_pass: Vec<(aya::Ebpf, aya::programs::links::FdLink)>,
     pub workdir: PathBuf,
 }
 
@@ -206,6 +208,7 @@ impl Testbed {
             tasks: Vec::new(),
             pin_dirs: Vec::new(),
             pass: None,
+            extra_pass: Vec::new(),
             workdir,
         };
         // From here on Drop cleans up whatever was created.
@@ -461,6 +464,16 @@ impl Testbed {
         std::thread::sleep(Duration::from_millis(100));
     }
 
+    /// Lets frames sent by XDP_TX from the client's interface through the switch (the
+    /// benchmark's in-kernel packet generator): `pass` on the client's switch port.
+    pub fn enable_xdp_tx_from_client(&mut self) {
+        let mut pass = dispatcher::dataplane::load_pass().expect("load the pass program");
+        let link = self.switch.run_with(&mut pass, |p| {
+            dispatcher::dataplane::attach(p, "pass", "c", dispatcher::config::XdpAttachMode::Native).map(|(l, _)| l)
+        });
+        self.extra_pass.push((pass, link.expect("attach pass to the client's switch port")));
+    }
+
     /// An HTTP VIP terminates on the dispatcher: its address must be local there.
     pub fn add_local_vip(&self, vip: &str) {
         self.lb.ip(&["addr", "add", &format!("{vip}/32"), "dev", "lo"]);
@@ -515,6 +528,7 @@ impl Drop for Testbed {
             }
         }
         self.pass = None;
+        self.extra_pass.clear();
         for n in std::iter::once(&self.switch).chain([&self.client, &self.lb]).chain(self.backends.iter()) {
             sh_quiet(&["ip", "netns", "del", &n.name]);
         }

@@ -104,6 +104,11 @@ pub fn load_decap() -> Result<Ebpf, DataplaneError> {
     load_simple(object::DECAP, "decap")
 }
 
+/// Loads `tx` (every frame sent back out: a packet generator under BPF_PROG_TEST_RUN).
+pub fn load_tx() -> Result<Ebpf, DataplaneError> {
+    load_simple(object::TX, "tx")
+}
+
 /// Loads the trivial `pass` program.
 pub fn load_pass() -> Result<Ebpf, DataplaneError> {
     load_simple(object::PASS, "pass")

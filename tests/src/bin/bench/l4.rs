@@ -102,6 +102,79 @@ fn start_sinks(tb: &Testbed, bind_vip: bool) -> Sinks {
     Sinks { stop, count, threads }
 }
 
+/// One frame, sent as fast as the kernel can: the `tx` program under BPF_PROG_TEST_RUN in
+/// live-frames mode on the client's interface (no userspace sender in the way). Returns
+/// frames sent per second.
+fn generate(tb: &Testbed, secs: u64) -> f64 {
+    tb.client.run(move || {
+        use aya::programs::{TestRun, TestRunAttrs, TestRunOptions};
+        let frame = dispatcher_tests::packet::Packet::udp(CLIENT_IP, 40000, VIP, UDP_PORT)
+            .with(|p| {
+                p.eth_dst = [0x02, 0x99, 0, 0, 0, 0x01];
+                p.eth_src = [0x02, 0x99, 0, 0, 0, 0x02];
+                p.payload = vec![0u8; 22];
+            })
+            .build();
+        let ifindex = nix::net::if_::if_nametoindex("eth0").expect("client eth0");
+        let mut ctx = Vec::new();
+        for v in [0u32, frame.len() as u32, 0, ifindex, 0, 0] {
+            ctx.extend_from_slice(&v.to_ne_bytes());
+        }
+        let mut ebpf = dispatcher::dataplane::load_tx().expect("load tx");
+        let xdp = dispatcher::dataplane::program(&mut ebpf, "tx").unwrap();
+        let end = Instant::now() + Duration::from_secs(secs);
+        let start = Instant::now();
+        let mut sent = 0u64;
+        const BURST: u32 = 200_000;
+        while Instant::now() < end {
+            let r = xdp.test_run(TestRunOptions {
+                data_in: Some(&frame),
+                ctx_in: Some(&ctx),
+                repeat: BURST,
+                attrs: TestRunAttrs::new().xdp_live_frames(64),
+                ..Default::default()
+            });
+            if let Err(e) = r {
+                panic!("live-frames generator: {e}");
+            }
+            sent += BURST as u64;
+        }
+        sent as f64 / start.elapsed().as_secs_f64()
+    })
+}
+
+/// Frames received by all backends' interfaces so far.
+fn backends_rx(tb: &Testbed) -> u64 {
+    tb.backends
+        .iter()
+        .map(|b| {
+            let out = b.ip(&["-s", "link", "show", "eth0"]);
+            let mut lines = out.lines();
+            while let Some(l) = lines.next() {
+                if l.trim_start().starts_with("RX:") {
+                    return lines
+                        .next()
+                        .and_then(|n| n.split_whitespace().nth(1))
+                        .and_then(|n| n.parse().ok())
+                        .unwrap_or(0);
+                }
+            }
+            0
+        })
+        .sum()
+}
+
+/// Packets per second through the forwarding path at saturation: offered by the in-kernel
+/// generator, delivered as counted on the backends' interfaces.
+fn saturated_pps(tb: &Testbed, secs: u64) -> (f64, f64) {
+    let before = backends_rx(tb);
+    let start = Instant::now();
+    let offered = generate(tb, secs);
+    std::thread::sleep(Duration::from_millis(200));
+    let delivered = (backends_rx(tb) - before) as f64 / start.elapsed().as_secs_f64();
+    (offered, delivered)
+}
+
 /// Busy CPU time of the whole machine so far (user, nice, system, irq, softirq), in
 /// clock ticks.
 fn busy_ticks() -> u64 {
@@ -162,6 +235,8 @@ struct Measured {
     cps: f64,
     cps_errors: u64,
     pps: Option<(f64, f64, f64)>,
+    /// (offered, delivered) by the in-kernel generator.
+    saturated: Option<(f64, f64)>,
 }
 
 pub fn run(quick: bool) -> (String, String) {
@@ -170,6 +245,7 @@ pub fn run(quick: bool) -> (String, String) {
         "==> L4 benchmark: {CONCURRENCY} concurrent short TCP connections and a UDP flood, {secs}s each, per system"
     );
     let mut tb = Testbed::new(4, &[VIP]);
+    tb.enable_xdp_tx_from_client();
     let dir = tb.workdir.clone();
     for i in 0..4 {
         let conf = dir.join(format!("l4backend{i}.conf"));
@@ -193,10 +269,31 @@ pub fn run(quick: bool) -> (String, String) {
     let sinks = start_sinks(&tb, true);
     let pps = packets_per_second(&tb, &sinks, secs);
     stop_sinks(sinks);
+    let saturated = saturated_pps(&tb, secs);
     tb.stop("dispatcher");
-    results.push(Measured { system: "dispatcher (XDP)", cps, cps_errors, pps: Some(pps) });
+    results.push(Measured { system: "dispatcher (XDP)", cps, cps_errors, pps: Some(pps), saturated: Some(saturated) });
 
-    // 2. nftables DNAT, jhash over the backends; replies come back through the box.
+    // 2. HAProxy, mode tcp (a full proxy: TCP only).
+    tb.add_local_vip(VIP);
+    let servers: String = (0..4).map(|i| format!(" server b{i} {}:{TCP_PORT}\n", backend_ip(i))).collect();
+    let hconf = dir.join("haproxy-l4.cfg");
+    std::fs::write(
+        &hconf,
+        format!("global\n nbthread 1\n maxconn 4000\ndefaults\n mode tcp\n timeout connect 2s\n timeout client 10s\n timeout server 10s\nfrontend fe\n bind {VIP}:{TCP_PORT}\n default_backend be\nbackend be\n balance source\n{servers}"),
+    )
+    .unwrap();
+    let mut cmd = tb.lb.command("haproxy");
+    cmd.arg("-db").arg("-f").arg(&hconf);
+    tb.start("haproxy-l4", cmd);
+    std::thread::sleep(Duration::from_millis(500));
+    let (cps, cps_errors) = connections_per_second(&tb, secs);
+    if cps_errors > 0 {
+        eprintln!("haproxy log:\n{}", tb.log("haproxy-l4"));
+    }
+    results.push(Measured { system: "HAProxy mode tcp", cps, cps_errors, pps: None, saturated: None });
+    tb.stop("haproxy-l4");
+
+    // 3. nftables DNAT, jhash over the backends; replies come back through the box.
     let map: Vec<String> = (0..4).map(|i| format!("{i} : {}", backend_ip(i))).collect();
     let rules = format!(
         "table ip l4bench {{\n chain pre {{\n  type nat hook prerouting priority dstnat;\n  ip daddr {VIP} tcp dport {TCP_PORT} dnat to jhash ip saddr . tcp sport mod 4 map {{ {m} }}\n  ip daddr {VIP} udp dport {UDP_PORT} dnat to jhash ip saddr . udp sport mod 4 map {{ {m} }}\n }}\n}}\n",
@@ -213,35 +310,20 @@ pub fn run(quick: bool) -> (String, String) {
     let sinks = start_sinks(&tb, false);
     let pps = packets_per_second(&tb, &sinks, secs);
     stop_sinks(sinks);
+    let saturated = saturated_pps(&tb, secs);
     tb.lb.exec(&["nft", "delete", "table", "ip", "l4bench"]);
     tb.lb.sysctl("net.ipv4.ip_forward=0");
     for b in &tb.backends {
         b.ip(&["route", "del", &format!("{CLIENT_IP}/32")]);
     }
-    results.push(Measured { system: "nftables DNAT", cps, cps_errors, pps: Some(pps) });
+    results.push(Measured { system: "nftables DNAT", cps, cps_errors, pps: Some(pps), saturated: Some(saturated) });
 
-    // 3. HAProxy, mode tcp (a full proxy: TCP only).
-    tb.add_local_vip(VIP);
-    let servers: String = (0..4).map(|i| format!(" server b{i} {}:{TCP_PORT}\n", backend_ip(i))).collect();
-    let hconf = dir.join("haproxy-l4.cfg");
-    std::fs::write(
-        &hconf,
-        format!("global\n nbthread 1\n maxconn 4000\ndefaults\n mode tcp\n timeout connect 2s\n timeout client 10s\n timeout server 10s\nfrontend fe\n bind {VIP}:{TCP_PORT}\n default_backend be\nbackend be\n balance source\n{servers}"),
-    )
-    .unwrap();
-    let mut cmd = tb.lb.command("haproxy");
-    cmd.arg("-db").arg("-f").arg(&hconf);
-    tb.start("haproxy-l4", cmd);
-    std::thread::sleep(Duration::from_millis(500));
-    let (cps, cps_errors) = connections_per_second(&tb, secs);
-    results.push(Measured { system: "HAProxy mode tcp", cps, cps_errors, pps: None });
-    tb.stop("haproxy-l4");
-
-    let nft_pps = results[1].pps.map(|p| p.0).unwrap_or(f64::NAN);
-    let nft_cpu = results[1].pps.map(|p| p.2).unwrap_or(f64::NAN);
-    let nft_cps = results[1].cps;
+    let nft_pps = results[2].pps.map(|p| p.0).unwrap_or(f64::NAN);
+    let nft_cpu = results[2].pps.map(|p| p.2).unwrap_or(f64::NAN);
+    let nft_cps = results[2].cps;
+    let nft_sat = results[2].saturated.map(|p| p.1).unwrap_or(f64::NAN);
     let mut table = String::from(
-        "| system | connections/s | connection errors | UDP packets/s delivered | UDP packets/s offered | CPU ns per delivered packet | pps vs nftables | CPU/packet vs nftables | conn/s vs nftables |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| system | connections/s | connection errors | UDP pps delivered (userspace sender) | offered | CPU ns per delivered packet | pps vs nftables | CPU/packet vs nftables | conn/s vs nftables | pps delivered at saturation (in-kernel generator) | offered | saturated pps vs nftables |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     let mut json = Vec::new();
     for m in &results {
@@ -259,8 +341,13 @@ pub fn run(quick: bool) -> (String, String) {
             "    {:<18} {:>8.0} conn/s ({} errors)  {} pps delivered of {} offered, {} CPU ns/packet",
             m.system, m.cps, m.cps_errors, cells[0], cells[1], cells[2]
         );
+        let sat = match m.saturated {
+            Some((o, d)) => format!("{d:.0} | {o:.0} | {:.2}", d / nft_sat),
+            None => "- | - | -".into(),
+        };
+        eprintln!("    {:<18} at saturation: delivered | offered | vs nftables = {sat}", m.system);
         table += &format!(
-            "| {} | {:.0} | {} | {} | {:.2} |\n",
+            "| {} | {:.0} | {} | {} | {:.2} | {sat} |\n",
             m.system,
             m.cps,
             m.cps_errors,
