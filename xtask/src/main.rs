@@ -50,6 +50,9 @@ enum Cmd {
         /// L4 forwarding: XDP vs nftables DNAT vs HAProxy mode tcp.
         #[arg(long)]
         l4: bool,
+        /// XDP cost vs flow-table fill and backend count.
+        #[arg(long)]
+        scaling: bool,
         /// Fewer runs per case.
         #[arg(long)]
         quick: bool,
@@ -93,19 +96,24 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             build(false)?;
             exec_built("demo", &["--seconds".to_string(), seconds.to_string()])
         }
-        Cmd::Bench { xdp, http, failover, l4, quick } => {
+        Cmd::Bench { xdp, http, failover, l4, scaling, quick } => {
             require_root("the benchmarks load BPF programs and create network namespaces")?;
             setup::setup()?;
-            let all = !xdp && !http && !failover && !l4;
+            let all = !xdp && !http && !failover && !l4 && !scaling;
             if all || http || failover || l4 {
                 // The peers measured beside the dispatcher, and the load generator.
                 setup::ensure_packages(&["haproxy", "nginx", "wrk", "nftables"])?;
             }
             build(true)?;
             let mut args = Vec::new();
-            for (on, flag) in
-                [(xdp, "--xdp"), (http, "--http"), (failover, "--failover"), (l4, "--l4"), (quick, "--quick")]
-            {
+            for (on, flag) in [
+                (xdp, "--xdp"),
+                (http, "--http"),
+                (failover, "--failover"),
+                (l4, "--l4"),
+                (scaling, "--scaling"),
+                (quick, "--quick"),
+            ] {
                 if on {
                     args.push(flag.to_string());
                 }

@@ -5,19 +5,27 @@ mod failover;
 mod http;
 mod l4;
 mod load;
+mod scaling;
 mod xdp;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let has = |f: &str| args.iter().any(|a| a == f);
     let quick = has("--quick");
-    let all = !has("--xdp") && !has("--http") && !has("--failover") && !has("--l4");
+    let all = !has("--xdp") && !has("--http") && !has("--failover") && !has("--l4") && !has("--scaling");
     let mut parts = Vec::new();
     let mut md = String::new();
     if all || has("--xdp") {
         let (json, table) = xdp::run(quick);
         parts.push(format!(r#""xdp":{json}"#));
         md += "### XDP (ns/packet, BPF_PROG_TEST_RUN)\n\n";
+        md += &table;
+        md += "\n";
+    }
+    if all || has("--scaling") {
+        let (json, table) = scaling::run(quick);
+        parts.push(format!(r#""scaling":{json}"#));
+        md += "### Scaling (XDP cost vs flow-table fill and backend count)\n\n";
         md += &table;
         md += "\n";
     }
