@@ -26,19 +26,27 @@ pub enum RelayError {
 pub struct Inbound<R> {
     pub io: R,
     pub buf: BytesMut,
+    /// How much room each read makes when the buffer is (nearly) full.
+    chunk: usize,
 }
 
 const READ_CHUNK: usize = 16 * 1024;
 
 impl<R: AsyncRead + Unpin> Inbound<R> {
     pub fn new(io: R) -> Self {
-        Inbound { io, buf: BytesMut::with_capacity(READ_CHUNK) }
+        Inbound::with_chunk(io, READ_CHUNK)
+    }
+
+    /// A reader that allocates `chunk` bytes at a time, and nothing before its first read
+    /// (an idle client connection costs no buffer).
+    pub fn with_chunk(io: R, chunk: usize) -> Self {
+        Inbound { io, buf: BytesMut::new(), chunk }
     }
 
     /// Reads more bytes into the buffer; `Ok(0)` at end of stream.
     pub async fn fill(&mut self, timeout: Duration) -> Result<usize, RelayError> {
         if self.buf.capacity() - self.buf.len() < 1024 {
-            self.buf.reserve(READ_CHUNK);
+            self.buf.reserve(self.chunk);
         }
         match tokio::time::timeout(timeout, self.io.read_buf(&mut self.buf)).await {
             Ok(Ok(n)) => Ok(n),

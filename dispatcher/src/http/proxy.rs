@@ -88,9 +88,11 @@ async fn send_error<W: AsyncWrite + Unpin>(w: &mut W, status: u16, why: &str, re
 pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut stop: watch::Receiver<bool>) {
     let _ = stream.set_nodelay(true);
     let (r, mut w) = stream.into_split();
-    let mut client = Inbound::new(r);
+    // Request heads are small: 4 KiB reads (more for bodies), allocated at the first
+    // read, keep many idle keep-alive clients cheap.
+    let mut client = Inbound::with_chunk(r, 4096);
     let mut scratch = Vec::new();
-    let mut out = Vec::with_capacity(2048);
+    let mut out = Vec::new();
     loop {
         let head = match read_head(&ctx, &mut client, &mut scratch, &mut stop).await {
             HeadRead::Head(h) => h,
@@ -102,7 +104,11 @@ pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut st
         };
         let head_bytes = client.buf.split_to(head.len);
         let closing = *stop.borrow();
-        let next = exchange(&ctx, &head, &head_bytes, &mut client, &mut w, peer, &mut out, &mut scratch, closing).await;
+        // Boxed: the exchange's (large) state exists only while a request is in flight,
+        // so an idle keep-alive connection's task stays small.
+        let next =
+            Box::pin(exchange(&ctx, &head, &head_bytes, &mut client, &mut w, peer, &mut out, &mut scratch, closing))
+                .await;
         // Keep the header index's allocation for the next request.
         scratch = head.headers;
         match next {

@@ -172,28 +172,35 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-/// The agent's memory with 1,000 idle keep-alive client connections open.
-fn idle_memory(tb: &Testbed, pid: u32) -> (u64, u64) {
+/// The agent's memory with 10, 1,000 and 10,000 idle keep-alive client connections open
+/// (each has had one request). Returns (idle RSS, [(connections, RSS)]).
+fn idle_memory(tb: &Testbed, pid: u32) -> (u64, Vec<(usize, u64)>) {
     let before = rss_kib(pid);
     let addr: SocketAddr = format!("{VIP}:80").parse().unwrap();
-    let conns: Vec<TcpStream> = tb.client.run(move || {
-        (0..1000)
-            .map(|k| {
-                let s = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).expect("connect");
-                s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-                let mut w = s.try_clone().unwrap();
-                let req =
-                    format!("GET / HTTP/1.1\r\nHost: b\r\nCookie: JSESSIONID=0000idle{k}:clone{}x\r\n\r\n", k % 4);
-                w.write_all(req.as_bytes()).unwrap();
-                read_response(&mut BufReader::new(s.try_clone().unwrap())).expect("response");
-                s
-            })
-            .collect()
-    });
-    std::thread::sleep(Duration::from_millis(300));
-    let after = rss_kib(pid);
-    drop(conns);
-    (before, after)
+    let mut held: Vec<TcpStream> = Vec::new();
+    let mut points = Vec::new();
+    for target in [10usize, 1_000, 10_000] {
+        let from = held.len();
+        let more: Vec<TcpStream> = tb.client.run(move || {
+            (from..target)
+                .map(|k| {
+                    let s = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).expect("connect");
+                    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                    let mut w = s.try_clone().unwrap();
+                    let req =
+                        format!("GET / HTTP/1.1\r\nHost: b\r\nCookie: JSESSIONID=0000idle{k}:clone{}x\r\n\r\n", k % 4);
+                    w.write_all(req.as_bytes()).unwrap();
+                    read_response(&mut BufReader::new(s.try_clone().unwrap())).expect("response");
+                    s
+                })
+                .collect()
+        });
+        held.extend(more);
+        std::thread::sleep(Duration::from_millis(300));
+        points.push((target, rss_kib(pid)));
+    }
+    drop(held);
+    (before, points)
 }
 
 fn raise_nofile() {
@@ -271,8 +278,10 @@ pub fn run(quick: bool) -> (String, String) {
             fixed.push((pct, s.name, l));
         }
     }
-    let (rss_before, rss_after) = idle_memory(&tb, agent_pid);
-    eprintln!("    dispatcher RSS: {rss_before} KiB idle, {rss_after} KiB with 1,000 idle keep-alive connections");
+    let (rss_before, points) = idle_memory(&tb, agent_pid);
+    let rss_after = points.iter().find(|(n, _)| *n == 1_000).map(|p| p.1).unwrap_or(0);
+    let curve: Vec<String> = points.iter().map(|(n, r)| format!("{r} KiB with {n}")).collect();
+    eprintln!("    dispatcher RSS: {rss_before} KiB idle; {}", curve.join(", "));
 
     let base = &results[1];
     let mut table = String::from(
@@ -323,7 +332,8 @@ pub fn run(quick: bool) -> (String, String) {
         }
     }
     table += &format!(
-        "\nworkers: {WORKERS} each; wrk: 1 thread, {CONNECTIONS} connections, {secs} s, cookies naming the 4 clones in turn.\nDispatcher RSS: {rss_before} KiB idle, {rss_after} KiB with 1,000 idle keep-alive client connections (target < 65,536 KiB).\n"
+        "\nworkers: {WORKERS} each; wrk: 1 thread, {CONNECTIONS} connections, {secs} s, cookies naming the 4 clones in turn.\nDispatcher RSS: {rss_before} KiB idle, {rss_after} KiB with 1,000 idle keep-alive client connections (target < 65,536 KiB); {}.\n",
+        curve.join(", ")
     );
     println!("\n{table}");
     let json = format!(
