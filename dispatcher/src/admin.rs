@@ -298,33 +298,15 @@ fn metrics(a: &Admin) -> String {
     for b in &c.backends {
         let _ = writeln!(o, "dispatcher_backend_state{{backend=\"{}\"}} {}", b.name, b.state.load(Ordering::SeqCst));
     }
-    let _ = writeln!(o, "# TYPE dispatcher_backend_requests_total counter");
-    for b in &c.backends {
-        let _ = writeln!(
-            o,
-            "dispatcher_backend_requests_total{{backend=\"{}\"}} {}",
-            b.name,
-            b.requests.load(Ordering::Relaxed)
-        );
-    }
-    let _ = writeln!(o, "# TYPE dispatcher_backend_errors_total counter");
-    for b in &c.backends {
-        let _ = writeln!(
-            o,
-            "dispatcher_backend_errors_total{{backend=\"{}\"}} {}",
-            b.name,
-            b.errors.load(Ordering::Relaxed)
-        );
-    }
-    let _ = writeln!(o, "# TYPE dispatcher_backend_active_requests gauge");
-    for b in &c.backends {
-        let _ = writeln!(
-            o,
-            "dispatcher_backend_active_requests{{backend=\"{}\"}} {}",
-            b.name,
-            b.outstanding.load(Ordering::Relaxed)
-        );
-    }
+    let per_backend = |o: &mut String, name: &str, kind: &str, value: &dyn Fn(&crate::state::Backend) -> u64| {
+        let _ = writeln!(o, "# TYPE {name} {kind}");
+        for b in &c.backends {
+            let _ = writeln!(o, "{name}{{backend=\"{}\"}} {}", b.name, value(b));
+        }
+    };
+    per_backend(&mut o, "dispatcher_backend_requests_total", "counter", &|b| b.requests.load(Ordering::Relaxed));
+    per_backend(&mut o, "dispatcher_backend_errors_total", "counter", &|b| b.errors.load(Ordering::Relaxed));
+    per_backend(&mut o, "dispatcher_backend_active_requests", "gauge", &|b| b.outstanding.load(Ordering::Relaxed));
     let _ = writeln!(o, "# HELP dispatcher_backend_response_seconds Time to the response head, per backend.\n# TYPE dispatcher_backend_response_seconds histogram");
     for b in &c.backends {
         histogram(&mut o, "dispatcher_backend_response_seconds", &format!("backend=\"{}\"", b.name), &b.latency);

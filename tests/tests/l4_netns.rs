@@ -28,6 +28,13 @@ fn config(tb: &Testbed, weights: &[u32], vips: &str) -> String {
     )
 }
 
+/// A TCP VIP on port 80 and a UDP VIP on port 53, both on VIP_MAC.
+fn web_and_dns() -> String {
+    format!(
+        "[[vip]]\nname = \"web\"\naddress = \"{VIP_MAC}\"\nport = 80\nring_size = 1009\n\n[[vip]]\nname = \"dns\"\naddress = \"{VIP_MAC}\"\nport = 53\nprotocol = \"udp\"\nring_size = 1009\n"
+    )
+}
+
 struct Conn {
     r: BufReader<TcpStream>,
     w: TcpStream,
@@ -94,9 +101,7 @@ fn udp_ask(s: &UdpSocket) -> String {
 #[test]
 fn mac_forwarding_pins_connections_and_spreads_by_maglev() {
     let mut tb = Testbed::new(4, &[VIP_MAC]);
-    let vips = format!(
-        "[[vip]]\nname = \"web\"\naddress = \"{VIP_MAC}\"\nport = 80\nring_size = 1009\n\n[[vip]]\nname = \"dns\"\naddress = \"{VIP_MAC}\"\nport = 53\nprotocol = \"udp\"\nring_size = 1009\n"
-    );
+    let vips = web_and_dns();
     let text = config(&tb, &[100, 100, 200, 100], &vips);
     let cfg = Config::parse(&text, "t").unwrap();
     let path = tb.write_config(&text);
@@ -171,9 +176,7 @@ fn ipip_forwarding_reaches_backends_through_decap() {
 #[test]
 fn drain_keeps_flows_and_disable_moves_them_to_the_replica() {
     let mut tb = Testbed::new(4, &[VIP_MAC]);
-    let vips = format!(
-        "[[vip]]\nname = \"web\"\naddress = \"{VIP_MAC}\"\nport = 80\nring_size = 1009\n\n[[vip]]\nname = \"dns\"\naddress = \"{VIP_MAC}\"\nport = 53\nprotocol = \"udp\"\nring_size = 1009\n"
-    );
+    let vips = web_and_dns();
     let text = config(&tb, &[], &vips);
     let cfg = Config::parse(&text, "t").unwrap();
     let path = tb.write_config(&text);
@@ -306,9 +309,7 @@ fn agent_exit_keeps_or_removes_the_dataplane_and_a_restart_adopts_it() {
 #[test]
 fn a_backend_failing_its_checks_hands_its_flows_to_its_replica() {
     let mut tb = Testbed::new(4, &[VIP_MAC]);
-    let vips = format!(
-        "[[vip]]\nname = \"web\"\naddress = \"{VIP_MAC}\"\nport = 80\nring_size = 1009\n\n[[vip]]\nname = \"dns\"\naddress = \"{VIP_MAC}\"\nport = 53\nprotocol = \"udp\"\nring_size = 1009\n"
-    );
+    let vips = web_and_dns();
     let text = config(&tb, &[], &vips).replace(
         "xdp_mode = \"native\"\n",
         "xdp_mode = \"native\"\n\n[health]\ninterval = \"200ms\"\ntimeout = \"200ms\"\nfall = 2\n",
