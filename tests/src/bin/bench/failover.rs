@@ -38,6 +38,9 @@ struct Outcome {
     first_moved_ms: Option<f64>,
     longest_ms: f64,
     stopped_clone_got: u64,
+    /// The dispatcher's own counters (held requests, retries); HAProxy: none.
+    held: Option<u64>,
+    retries: Option<u64>,
 }
 
 fn config(tb: &Testbed) -> String {
@@ -121,6 +124,16 @@ fn scenario(system: &'static str, fault: Fault, secs: u64) -> Outcome {
     }
     std::thread::sleep(Duration::from_secs(secs));
     let stopped_got = cluster.received_frozen[0].load(Ordering::SeqCst);
+    let counters = (system == "dispatcher").then(|| {
+        let cfg = tb.workdir.join("dispatcher.toml");
+        let st: serde_json::Value =
+            serde_json::from_str(&tb.dispatcher_cmd(&["status", "--config", cfg.to_str().unwrap(), "--json"]))
+                .unwrap_or_default();
+        (
+            st["agent"]["counters"]["holds"].as_u64().unwrap_or(0),
+            st["agent"]["counters"]["retries"].as_u64().unwrap_or(0),
+        )
+    });
     stop.store(true, Ordering::SeqCst);
     for t in threads {
         let _ = t.join();
@@ -171,6 +184,8 @@ fn scenario(system: &'static str, fault: Fault, secs: u64) -> Outcome {
         first_moved_ms: first_moved.map(|d| d.as_secs_f64() * 1000.0),
         longest_ms: longest.as_secs_f64() * 1000.0,
         stopped_clone_got: stopped_got,
+        held: counters.map(|c| c.0),
+        retries: counters.map(|c| c.1),
     }
 }
 
@@ -197,14 +212,22 @@ pub fn run(quick: bool) -> (String, String) {
             rows.push(o);
         }
     }
-    let mut table = String::from("| fault | system | requests | failed (5xx or error) | sessions lost | misroutes | replica serves a moved session after | longest request | requests the stopped clone received |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
+    let mut table = String::from("| fault | system | requests | failed (5xx or error) | sessions lost | misroutes | replica serves a moved session after | longest request | requests held | retries | requests the stopped clone received |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     let mut json = Vec::new();
     for o in &rows {
         let moved = o.first_moved_ms.map(|m| format!("{m:.0} ms")).unwrap_or_else(|| "-".into());
         let stopped = if o.fault == "SIGSTOP" { o.stopped_clone_got.to_string() } else { "-".into() };
         table += &format!(
-            "| {} | {} | {} | {} | {} | {} | {moved} | {:.0} ms | {stopped} |\n",
-            o.fault, o.system, o.requests, o.failed, o.lost_sessions, o.misroutes, o.longest_ms
+            "| {} | {} | {} | {} | {} | {} | {moved} | {:.0} ms | {} | {} | {stopped} |\n",
+            o.fault,
+            o.system,
+            o.requests,
+            o.failed,
+            o.lost_sessions,
+            o.misroutes,
+            o.longest_ms,
+            o.held.map(|v| v.to_string()).unwrap_or("-".into()),
+            o.retries.map(|v| v.to_string()).unwrap_or("-".into())
         );
         json.push(format!(
             r#"{{"fault":"{}","system":"{}","requests":{},"failed":{},"lost_sessions":{},"misroutes":{},"first_moved_ms":{},"longest_ms":{:.1},"stopped_clone_received":{}}}"#,
