@@ -311,6 +311,11 @@ fn metrics(a: &Admin) -> String {
     for b in &c.backends {
         histogram(&mut o, "dispatcher_backend_response_seconds", &format!("backend=\"{}\"", b.name), &b.latency);
     }
+    let _ = writeln!(
+        o,
+        "# HELP dispatcher_hold_seconds How long held requests waited.\n# TYPE dispatcher_hold_seconds histogram"
+    );
+    histogram(&mut o, "dispatcher_hold_seconds", "scope=\"all\"", &c.hold_time);
     let _ = writeln!(o, "# HELP dispatcher_vip_response_seconds Time to the response head, per HTTP VIP.\n# TYPE dispatcher_vip_response_seconds histogram");
     for (i, v) in cfg.vips.iter().enumerate() {
         if let Some(h) = c.vip_latency.get(i) {

@@ -111,6 +111,8 @@ pub struct Cluster {
     pub counters: Counters,
     /// Time to the response head per VIP (indexed like `Config::vips`).
     pub vip_latency: Vec<Histogram>,
+    /// How long held requests waited, whatever the outcome.
+    pub hold_time: Histogram,
 }
 
 /// A latency histogram with fixed bounds, lock-free.
@@ -218,6 +220,7 @@ impl Cluster {
             events: Mutex::new(None),
             counters: Counters::default(),
             vip_latency: cfg.vips.iter().map(|_| Histogram::default()).collect(),
+            hold_time: Histogram::default(),
         };
         cluster.adopt_learned();
         let entries: Vec<(u64, CloneEntry)> = cluster.clones.read().unwrap().iter().map(|(k, v)| (*k, *v)).collect();

@@ -218,6 +218,14 @@ fn a_killed_clone_hands_its_sessions_to_its_replica() {
     assert_eq!(st["agent"]["counters"]["misroutes"], 0);
     assert_eq!(st["agent"]["counters"]["held_now"], 0);
     assert_eq!(st["agent"]["backends"][0]["state"], "down");
+    // Every hold was timed.
+    let metrics = tb.dispatcher_cmd(&["metrics", "--config", &cfg]);
+    let timed: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("dispatcher_hold_seconds_count{scope=\"all\"} "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("hold histogram");
+    assert!(timed >= st["agent"]["counters"]["holds"].as_u64().unwrap(), "holds timed: {timed}");
     let (fds_after, rss_after) = agent_footprint(&tb);
     assert!(fds_after <= fds_before + 16, "descriptors {fds_before} -> {fds_after}");
     assert!(rss_after <= rss_before + 8 * 1024, "RSS {rss_before} KiB -> {rss_after} KiB");

@@ -250,6 +250,15 @@ fn retry_allowed(c: &Cluster, s: &HttpSettings) -> bool {
     retrying < budget
 }
 
+/// Records how long a hold lasted, however it ended (including the client leaving).
+struct HoldTimer<'a>(&'a crate::state::Histogram, Instant);
+
+impl Drop for HoldTimer<'_> {
+    fn drop(&mut self) {
+        self.0.record(self.1.elapsed());
+    }
+}
+
 /// Decrements a gauge when dropped.
 struct Counted<'a>(&'a std::sync::atomic::AtomicU64);
 
@@ -279,6 +288,7 @@ async fn hold<R: AsyncRead + Unpin>(ctx: &VipCtx, b: usize, client: &mut Inbound
         return HoldEnd::Full;
     }
     let _held = Counted(&c.counters.held_now);
+    let _timer = HoldTimer(&c.hold_time, Instant::now());
     let be = &c.backends[b];
     loop {
         let notified = be.changed.notified();
