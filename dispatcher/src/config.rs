@@ -111,6 +111,8 @@ struct RawHttp {
     retry_budget_percent: Option<Spanned<usize>>,
     #[serde(default)]
     retry_budget_min: Option<Spanned<usize>>,
+    #[serde(default)]
+    retry_buffer: Option<Spanned<usize>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -314,6 +316,9 @@ pub struct HttpSettings {
     pub retry_budget_percent: u64,
     /// ...or this many, whichever is more.
     pub retry_budget_min: u64,
+    /// Bodies up to this size (Content-Length) of idempotent requests are read ahead so
+    /// that the request can be retried.
+    pub retry_buffer: usize,
 }
 
 impl Default for HttpSettings {
@@ -337,6 +342,7 @@ impl Default for HttpSettings {
             retries: 1,
             retry_budget_percent: 20,
             retry_budget_min: 3,
+            retry_buffer: 64 * 1024,
         }
     }
 }
@@ -1002,6 +1008,7 @@ impl Ctx<'_> {
             &mut s.max_connections_per_backend,
         )?;
         num(&h.max_held, "max_held", 0, 1_000_000, &mut s.max_held)?;
+        num(&h.retry_buffer, "retry_buffer", 0, 16 << 20, &mut s.retry_buffer)?;
         let (mut retries, mut pct, mut min) =
             (s.retries as usize, s.retry_budget_percent as usize, s.retry_budget_min as usize);
         num(&h.retries, "retries", 0, 10, &mut retries)?;

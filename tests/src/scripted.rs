@@ -19,6 +19,8 @@ pub struct Record {
     pub requests: Mutex<Vec<String>>,
     /// Connections accepted.
     pub connections: AtomicUsize,
+    /// `/die-once`: set by the first request that took it (on any backend).
+    pub died: std::sync::atomic::AtomicBool,
 }
 
 impl Record {
@@ -158,6 +160,10 @@ fn connection(record: &Record, s: TcpStream, stop: &AtomicBool) -> std::io::Resu
             }
             "/no-length" => {
                 w.write_all(b"HTTP/1.1 200 OK\r\n\r\nuntil close")?;
+                return Ok(());
+            }
+            "/die-once" if !record.died.swap(true, Ordering::SeqCst) => {
+                // The first such request, on whichever backend, finds the server dying.
                 return Ok(());
             }
             "/die-after-body" => {

@@ -246,3 +246,26 @@ fn a_client_that_stops_reading_is_cut_off_at_the_timeout() {
     let _ = r.read_to_end(&mut got);
     assert!(got.len() < (16 << 20), "the proxy gave up on the stalled reader ({} bytes)", got.len());
 }
+
+#[test]
+fn an_idempotent_request_with_a_small_body_is_replayed_from_the_retry_buffer() {
+    let mut tb = Testbed::new(2, &[VIP]);
+    tb.add_local_vip(VIP);
+    let record = Arc::new(Record::default());
+    tb.start_scripted(&record, BACKEND_PORT);
+    let text = format!(
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[health]\npath = \"/health\"\n\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\n",
+        tb.instance(),
+        tb.backend_config(&[])
+    );
+    let path = tb.write_config(&text);
+    tb.start_dispatcher(&path);
+    let b = Bed { tb, record, addr: format!("{VIP}:80").parse().unwrap() };
+    // The server that gets it first dies after reading it; the retry elsewhere carries the
+    // same body.
+    let r = b.one(b"PUT /die-once HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello");
+    assert_eq!(r.status, 200, "{r:?}");
+    let reqs = b.record.requests.lock().unwrap().clone();
+    assert_eq!(reqs.len(), 2, "one attempt and one retry: {reqs:?}");
+    assert!(reqs.iter().all(|q| q.starts_with("PUT /die-once ") && q.ends_with("hello")), "{reqs:?}");
+}

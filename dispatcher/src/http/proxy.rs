@@ -236,6 +236,20 @@ where
     }
 }
 
+/// Reads exactly `n` body bytes from the client into memory (the retry buffer).
+async fn read_body<R: AsyncRead + Unpin>(
+    client: &mut Inbound<R>,
+    n: usize,
+    timeout: Duration,
+) -> Result<Vec<u8>, RelayError> {
+    while client.buf.len() < n {
+        if client.fill(timeout).await? == 0 {
+            return Err(RelayError::Eof);
+        }
+    }
+    Ok(client.buf.split_to(n).to_vec())
+}
+
 /// RFC 9110 9.2.2: methods whose repetition has the effect of one request.
 fn is_idempotent(method: &[u8]) -> bool {
     matches!(method, b"GET" | b"HEAD" | b"OPTIONS" | b"TRACE" | b"PUT" | b"DELETE")
@@ -342,17 +356,27 @@ async fn send<R: AsyncRead + Unpin>(
     w: &mut OwnedWriteHalf,
     out: &[u8],
     scratch: &mut Vec<Header>,
+    buffered_body: Option<&[u8]>,
 ) -> Result<(Upstream, ResponseHead, bool), SendFail> {
     let s = &ctx.settings;
     let be = &ctx.cluster.backends[backend];
     let pool = ctx.pools[backend].as_ref().ok_or(SendFail::Answered)?;
-    let has_body = head.framing != Framing::None;
+    // A body read ahead into the retry buffer is sent like part of the head: nothing of
+    // the client's stream is consumed by an attempt, so it can be replayed.
+    let has_body = head.framing != Framing::None && buffered_body.is_none();
     let trusted = be.is_up() || be.state.load(Ordering::Relaxed) == dispatcher_common::STATE_DRAIN;
     let mut up = pool.get(trusted).await.map_err(SendFail::Unreachable)?;
     let mut fresh_tried = false;
     loop {
         let replaceable = up.reused && !has_body && !fresh_tried;
-        if up.w.write_all(out).await.is_err() {
+        let written = match up.w.write_all(out).await {
+            Ok(()) => match buffered_body {
+                Some(b) => up.w.write_all(b).await,
+                None => Ok(()),
+            },
+            Err(e) => Err(e),
+        };
+        if written.is_err() {
             if replaceable {
                 fresh_tried = true;
                 up = pool.connect().await.map_err(SendFail::Unreachable)?;
@@ -449,6 +473,22 @@ async fn exchange<R: AsyncRead + Unpin>(
     let mut retry_guard = None;
     let has_body = head.framing != Framing::None;
     let idempotent = is_idempotent(&buf[head.method.clone()]);
+    // An idempotent request with a small body (Content-Length within the retry buffer) is
+    // read ahead, so that a retry can replay it; larger or chunked bodies are streamed
+    // and such requests are not retried.
+    let buffered_body = match head.framing {
+        Framing::Length(n) if idempotent && !head.expect_continue && n <= s.retry_buffer as u64 => {
+            match read_body(client, n as usize, s.client_idle_timeout).await {
+                Ok(b) => Some(b),
+                Err(RelayError::Timeout) => {
+                    send_error(w, 408, "request body not received in time", None).await;
+                    return Next::Close;
+                }
+                Err(_) => return Next::Close,
+            }
+        }
+        _ => None,
+    };
     let mut hold_deadline: Option<Instant> = None;
     let mut hold_expired = false;
     let mut extra_attempts = 0u32;
@@ -497,7 +537,7 @@ async fn exchange<R: AsyncRead + Unpin>(
         let in_flight = InFlight(be);
         be.requests.fetch_add(1, Ordering::Relaxed);
         build_request(out, head, buf, peer.ip(), &ctx.name);
-        let failure = match send(ctx, head, backend, client, w, out, scratch).await {
+        let failure = match send(ctx, head, backend, client, w, out, scratch, buffered_body.as_deref()).await {
             Ok((up, res, skipped)) => {
                 break (backend, up, res, skipped, in_flight);
             }
@@ -529,7 +569,7 @@ async fn exchange<R: AsyncRead + Unpin>(
             }
             SendFail::Bad(r) => (502, r.reason, None),
         };
-        if retry && idempotent && !has_body && extra_attempts < s.retries {
+        if retry && idempotent && (!has_body || buffered_body.is_some()) && extra_attempts < s.retries {
             if retry_allowed(c, s) {
                 extra_attempts += 1;
                 c.counters.retries.fetch_add(1, Ordering::Relaxed);
