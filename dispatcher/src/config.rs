@@ -61,6 +61,8 @@ struct RawHealth {
     fall: Option<Spanned<u32>>,
     #[serde(default)]
     enabled: Option<Spanned<bool>>,
+    #[serde(default)]
+    suspect_on_status: Option<Spanned<Vec<Spanned<u16>>>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -259,6 +261,9 @@ pub struct HealthSettings {
     pub rise: u32,
     /// Consecutive failures that take a backend down (the first makes it suspect).
     pub fall: u32,
+    /// Response statuses that count as a failure of the backend (passive 5xx policy),
+    /// e.g. `[502, 503, 504]`; empty by default (a 5xx is the application's answer).
+    pub suspect_on_status: Vec<u16>,
 }
 
 impl Default for HealthSettings {
@@ -273,6 +278,7 @@ impl Default for HealthSettings {
             timeout: Duration::from_millis(500),
             rise: 2,
             fall: 2,
+            suspect_on_status: Vec::new(),
         }
     }
 }
@@ -958,6 +964,18 @@ impl Ctx<'_> {
         }
         if let Some(e) = &h.enabled {
             s.enabled = *e.get_ref();
+        }
+        if let Some(list) = &h.suspect_on_status {
+            for st in list.get_ref() {
+                if !(500..=599).contains(st.get_ref()) {
+                    return Err(self.err(
+                        st.span(),
+                        "health.suspect_on_status",
+                        "only 5xx statuses can mark a backend suspect",
+                    ));
+                }
+                s.suspect_on_status.push(*st.get_ref());
+            }
         }
         Ok(s)
     }

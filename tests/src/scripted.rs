@@ -162,6 +162,7 @@ fn connection(record: &Record, s: TcpStream, stop: &AtomicBool) -> std::io::Resu
                 w.write_all(b"HTTP/1.1 200 OK\r\n\r\nuntil close")?;
                 return Ok(());
             }
+            "/503" => b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\nbusy".to_vec(),
             "/die-once" if !record.died.swap(true, Ordering::SeqCst) => {
                 // The first such request, on whichever backend, finds the server dying.
                 return Ok(());

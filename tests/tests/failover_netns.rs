@@ -334,3 +334,29 @@ fn a_flapping_clone_does_not_make_ownership_oscillate() {
     let worst = switches.values().copied().max().unwrap_or(0);
     assert!(worst <= 2, "a session changed clones {worst} times: {switches:?}");
 }
+
+#[test]
+fn a_clone_that_comes_back_gets_its_sessions_back_with_their_data() {
+    let (mut tb, cluster, addr, _) = bed(4);
+    let load = start_load(&tb, addr, 8);
+    std::thread::sleep(Duration::from_millis(1000));
+    tb.kill_servers_of(0);
+    cluster.kill(0);
+    std::thread::sleep(Duration::from_millis(1500));
+    // It restarts: it takes its sessions' copies back from its peer, the checks see it
+    // up again (rise 2), and the first clone in each cookie is live again.
+    cluster.revive(0);
+    tb.start_websphere_on(&cluster, 0, PORT);
+    std::thread::sleep(Duration::from_millis(2000));
+    let seen = load.finish();
+    assert_no_misroute(&cluster);
+    assert_sessions_kept(&seen);
+    assert_failures_answered(&seen, HOLD + SERVER_TIMEOUT + Duration::from_secs(1));
+    // Sessions whose cookie names clone0x first are served by clone0x again.
+    let back = seen
+        .iter()
+        .filter(|s| s.iter().any(|x| x.clone == "clone0x") && s.last().is_some_and(|x| x.clone == "clone0x"))
+        .count();
+    let were_on_0 = seen.iter().filter(|s| s.iter().any(|x| x.clone == "clone0x")).count();
+    assert!(were_on_0 >= 1 && back == were_on_0, "{back} of {were_on_0} sessions back on clone0x");
+}

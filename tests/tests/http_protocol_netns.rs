@@ -269,3 +269,26 @@ fn an_idempotent_request_with_a_small_body_is_replayed_from_the_retry_buffer() {
     assert_eq!(reqs.len(), 2, "one attempt and one retry: {reqs:?}");
     assert!(reqs.iter().all(|q| q.starts_with("PUT /die-once ") && q.ends_with("hello")), "{reqs:?}");
 }
+
+#[test]
+fn a_configured_5xx_makes_the_backend_suspect() {
+    let mut tb = Testbed::new(1, &[VIP]);
+    tb.add_local_vip(VIP);
+    let record = Arc::new(Record::default());
+    tb.start_scripted(&record, BACKEND_PORT);
+    let text = format!(
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[health]\npath = \"/health\"\ninterval = \"10s\"\nsuspect_on_status = [503]\n\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\n",
+        tb.instance(),
+        tb.backend_config(&[])
+    );
+    let path = tb.write_config(&text);
+    tb.start_dispatcher(&path);
+    let b = Bed { tb, record, addr: format!("{VIP}:80").parse().unwrap() };
+    assert_eq!(b.one(b"GET /500-is-fine HTTP/1.1\r\nHost: a\r\n\r\n").status, 200);
+    let r = b.one(b"GET /503 HTTP/1.1\r\nHost: a\r\n\r\n");
+    assert_eq!((r.status, r.body.as_str()), (503, "busy"), "the answer itself is relayed");
+    let cfg = path.to_str().unwrap();
+    let st: serde_json::Value =
+        serde_json::from_str(&b.tb.dispatcher_cmd(&["status", "--config", cfg, "--json"])).unwrap();
+    assert_eq!(st["agent"]["backends"][0]["health"], "suspect", "{st}");
+}

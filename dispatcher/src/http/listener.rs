@@ -84,6 +84,7 @@ fn worker_vips(
             cluster: cluster.clone(),
             settings: cfg.http.clone(),
             limits: HeadLimits { max_bytes: cfg.http.max_header_bytes, max_headers: cfg.http.max_headers },
+            suspect_on_status: cfg.health.suspect_on_status.clone(),
         });
         out.push((ctx, bind(v)?));
     }

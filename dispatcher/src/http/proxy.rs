@@ -36,6 +36,8 @@ pub struct VipCtx {
     pub cluster: Arc<Cluster>,
     pub settings: HttpSettings,
     pub limits: HeadLimits,
+    /// Statuses that make the answering backend suspect (`health.suspect_on_status`).
+    pub suspect_on_status: Vec<u16>,
 }
 
 /// After the listener stops: how long an idle keep-alive client has to send its next
@@ -601,6 +603,10 @@ async fn exchange<R: AsyncRead + Unpin>(
     be.latency.record(took);
     if let Some(h) = c.vip_latency.get(ctx.vip_index) {
         h.record(took);
+    }
+    if ctx.suspect_on_status.contains(&res.status) {
+        // The configured passive 5xx policy: the answer is relayed, the backend is suspect.
+        c.passive_failure(backend);
     }
     let res_buf = up.r.buf.split_to(res.len);
     learn(ctx, &res, &res_buf, backend);
