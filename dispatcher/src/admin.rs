@@ -184,6 +184,8 @@ fn status(a: &Admin) -> serde_json::Value {
             "retries": k.retries.load(Ordering::Relaxed),
             "retry_budget_refusals": k.retry_budget_refusals.load(Ordering::Relaxed),
             "failovers": k.failovers.load(Ordering::Relaxed),
+            "flow_rewrites": k.flow_rewrites.load(Ordering::Relaxed),
+            "clone_rewrites": k.clone_rewrites.load(Ordering::Relaxed),
             "misroutes": k.misroutes.load(Ordering::Relaxed),
             "learned_clones": k.learned.load(Ordering::Relaxed),
             "learn_conflicts": k.learn_conflicts.load(Ordering::Relaxed),

@@ -140,7 +140,12 @@ fn main() {
         println!("UDP flow {:>5}: before {before}, now {now}{note}", s.local_addr().unwrap().port());
     }
     let hits = tables.counter(stats::vip_slot(1, stats::VIP_REPINNED)).map(|c| c.packets).unwrap_or(0);
-    println!("flows re-pinned to a replica by XDP: {hits}");
+    let agent_status: serde_json::Value =
+        serde_json::from_str(&tb.dispatcher_cmd(&["status", "--config", &cfg_arg, "--json"])).unwrap_or_default();
+    println!(
+        "flows moved to a replica: {} by the agent when b2 went out, {hits} by XDP on a packet before that",
+        agent_status["agent"]["counters"]["flow_rewrites"]
+    );
 
     println!("\nHTTP ({HTTP_CLIENTS} clients with cookie jars, new connection every 10 requests):");
     let requests = http.requests.load(Ordering::SeqCst);
