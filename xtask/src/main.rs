@@ -104,6 +104,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 // The peers measured beside the dispatcher, and the load generator.
                 setup::ensure_packages(&["haproxy", "nginx", "wrk", "nftables"])?;
             }
+            // Charts: SVG drawn by the bench, turned into PNG by rsvg-convert.
+            setup::ensure_packages(&["librsvg2-bin"])?;
             build(true)?;
             let mut args = Vec::new();
             for (on, flag) in [

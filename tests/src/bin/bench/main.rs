@@ -1,6 +1,7 @@
 //! `cargo xtask bench`: the benchmarks, each against its peers measured in the same run.
 //! Writes `target/bench/report.json` and `target/bench/report.md`.
 
+mod charts;
 mod failover;
 mod http;
 mod l4;
@@ -55,7 +56,14 @@ fn main() {
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
     let report = format!(r#"{{"kernel":"{}","cpus":{cpus},"quick":{quick},{}}}"#, kernel.trim(), parts.join(","));
-    std::fs::write(dir.join("report.json"), report).unwrap();
+    std::fs::write(dir.join("report.json"), &report).unwrap();
+    // Charts (PNG via rsvg-convert) of what this run measured.
+    if let Ok(v) = serde_json::from_str::<serde_json::Value>(&report) {
+        let files = charts::draw(&v, &dir);
+        if !files.is_empty() {
+            eprintln!("==> charts: {}", files.join(", "));
+        }
+    }
     std::fs::write(dir.join("report.md"), &md).unwrap();
     println!("\nreport: {} and report.md", dir.join("report.json").display());
 }
