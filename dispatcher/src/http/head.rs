@@ -78,9 +78,15 @@ impl Default for HeadLimits {
     }
 }
 
+/// Where `part` (a slice httparse returned) lies in `buf`; an empty part that is not
+/// inside `buf` (httparse may hand out a static "" for an absent reason phrase) maps to an
+/// empty range.
 fn range_of(buf: &[u8], part: &[u8]) -> Range<usize> {
-    let start = part.as_ptr() as usize - buf.as_ptr() as usize;
-    start..start + part.len()
+    let (b, p) = (buf.as_ptr() as usize, part.as_ptr() as usize);
+    if p < b || p + part.len() > b + buf.len() {
+        return 0..0;
+    }
+    p - b..p - b + part.len()
 }
 
 /// Every line must end in CRLF: a bare LF or a bare CR is refused (RFC 9112 2.2 lets a
@@ -447,5 +453,8 @@ mod tests {
             502
         );
         assert!(matches!(res("HTTP/1.1 200 OK\r\nContent-", &get), Ok(None)));
+        // No reason phrase at all: fine, and nothing points outside the buffer.
+        let bare = res("HTTP/1.1 204\r\n\r\n", &get).unwrap().unwrap();
+        assert_eq!((bare.status, bare.reason.len()), (204, 0));
     }
 }
