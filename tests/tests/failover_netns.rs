@@ -165,6 +165,7 @@ fn assert_failures_answered(seen: &[Vec<Seen>], bound: Duration) {
     for s in seen {
         for x in s {
             assert!(x.status == 200 || (500..600).contains(&x.status), "a request ended without a 5xx: {x:?}");
+            assert!(x.status != 503 || x.retry_after, "a 503 says when to retry: {x:?}");
             assert!(x.took < bound, "a request took {:?} (bound {bound:?})", x.took);
         }
     }

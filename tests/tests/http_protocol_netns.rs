@@ -24,12 +24,17 @@ struct Bed {
 }
 
 fn bed() -> Bed {
-    let mut tb = Testbed::new(1, &[VIP]);
+    bed_with(1, "")
+}
+
+/// `backends` scripted backends behind one HTTP VIP; `health` adds lines to `[health]`.
+fn bed_with(backends: usize, health: &str) -> Bed {
+    let mut tb = Testbed::new(backends, &[VIP]);
     tb.add_local_vip(VIP);
     let record = Arc::new(Record::default());
     tb.start_scripted(&record, BACKEND_PORT);
     let text = format!(
-        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nserver_timeout = \"2s\"\n\n[health]\npath = \"/health\"\n\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\n",
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nserver_timeout = \"2s\"\n\n[health]\npath = \"/health\"\n{health}\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\n",
         tb.instance(),
         tb.backend_config(&[])
     );
@@ -249,18 +254,7 @@ fn a_client_that_stops_reading_is_cut_off_at_the_timeout() {
 
 #[test]
 fn an_idempotent_request_with_a_small_body_is_replayed_from_the_retry_buffer() {
-    let mut tb = Testbed::new(2, &[VIP]);
-    tb.add_local_vip(VIP);
-    let record = Arc::new(Record::default());
-    tb.start_scripted(&record, BACKEND_PORT);
-    let text = format!(
-        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[health]\npath = \"/health\"\n\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\n",
-        tb.instance(),
-        tb.backend_config(&[])
-    );
-    let path = tb.write_config(&text);
-    tb.start_dispatcher(&path);
-    let b = Bed { tb, record, addr: format!("{VIP}:80").parse().unwrap() };
+    let b = bed_with(2, "");
     // The server that gets it first dies after reading it; the retry elsewhere carries the
     // same body.
     let r = b.one(b"PUT /die-once HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello");
@@ -272,22 +266,12 @@ fn an_idempotent_request_with_a_small_body_is_replayed_from_the_retry_buffer() {
 
 #[test]
 fn a_configured_5xx_makes_the_backend_suspect() {
-    let mut tb = Testbed::new(1, &[VIP]);
-    tb.add_local_vip(VIP);
-    let record = Arc::new(Record::default());
-    tb.start_scripted(&record, BACKEND_PORT);
-    let text = format!(
-        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[health]\npath = \"/health\"\ninterval = \"10s\"\nsuspect_on_status = [503]\n\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\n",
-        tb.instance(),
-        tb.backend_config(&[])
-    );
-    let path = tb.write_config(&text);
-    tb.start_dispatcher(&path);
-    let b = Bed { tb, record, addr: format!("{VIP}:80").parse().unwrap() };
+    let b = bed_with(1, "interval = \"10s\"\nsuspect_on_status = [503]\n");
     assert_eq!(b.one(b"GET /500-is-fine HTTP/1.1\r\nHost: a\r\n\r\n").status, 200);
     let r = b.one(b"GET /503 HTTP/1.1\r\nHost: a\r\n\r\n");
     assert_eq!((r.status, r.body.as_str()), (503, "busy"), "the answer itself is relayed");
-    let cfg = path.to_str().unwrap();
+    let cfg = b.tb.workdir.join("dispatcher.toml");
+    let cfg = cfg.to_str().unwrap();
     let st: serde_json::Value =
         serde_json::from_str(&b.tb.dispatcher_cmd(&["status", "--config", cfg, "--json"])).unwrap();
     assert_eq!(st["agent"]["backends"][0]["health"], "suspect", "{st}");

@@ -98,6 +98,22 @@ fn udp_ask(s: &UdpSocket) -> String {
     panic!("no UDP answer from the VIP");
 }
 
+/// Opens UDP clients until `want` of them land on `backend`; bounded, so a
+/// hash that never picks it fails the test instead of spinning.
+fn udp_flows_on(tb: &Testbed, vip: &str, port: u16, backend: &str, want: usize) -> Vec<UdpSocket> {
+    let mut on = Vec::new();
+    for _ in 0..200 {
+        let s = udp_client(tb, vip, port);
+        if udp_ask(&s) == backend {
+            on.push(s);
+            if on.len() == want {
+                return on;
+            }
+        }
+    }
+    panic!("only {} of 200 UDP flows landed on {backend}", on.len());
+}
+
 #[test]
 fn mac_forwarding_pins_connections_and_spreads_by_maglev() {
     let mut tb = Testbed::new(4, &[VIP_MAC]);
@@ -207,13 +223,7 @@ fn drain_keeps_flows_and_disable_moves_them_to_the_replica() {
     }
 
     // UDP flows on b2; then b2 fails: its flows must reach its replica b3.
-    let mut on_b2 = Vec::new();
-    while on_b2.len() < 3 {
-        let s = udp_client(&tb, VIP_MAC, 53);
-        if udp_ask(&s) == "b2" {
-            on_b2.push(s);
-        }
-    }
+    let on_b2 = udp_flows_on(&tb, VIP_MAC, 53, "b2", 3);
     tb.kill_servers_of(2);
     let out = tb.dispatcher_cmd(&["disable", "--config", &cfg_arg, "b2"]);
     assert!(out.contains("b2: up -> disabled"), "{out}");
@@ -318,13 +328,7 @@ fn a_backend_failing_its_checks_hands_its_flows_to_its_replica() {
     let cfg_arg = path.to_str().unwrap().to_string();
     tb.start_servers(&[80], &[(VIP_MAC, 53)]);
     tb.start_dispatcher(&path);
-    let mut on_b2 = Vec::new();
-    while on_b2.len() < 3 {
-        let s = udp_client(&tb, VIP_MAC, 53);
-        if udp_ask(&s) == "b2" {
-            on_b2.push(s);
-        }
-    }
+    let on_b2 = udp_flows_on(&tb, VIP_MAC, 53, "b2", 3);
     // b2 dies; nobody tells the dispatcher: its TCP check fails, it goes down.
     tb.kill_servers_of(2);
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
