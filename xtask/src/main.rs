@@ -88,7 +88,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             step("running the tests");
             let mut cmd = cargo();
             cmd.arg("test").args(&args);
-            run_cmd(&mut cmd)
+            let result = run_cmd(&mut cmd);
+            remove_empty_shared_dirs();
+            result
         }
         Cmd::Demo { seconds } => {
             require_root("the demo loads BPF programs and creates network namespaces")?;
@@ -149,7 +151,9 @@ fn exec_built_profile(program: &str, args: &[String], profile: &str) -> anyhow::
     let exe = target.join(profile).join(program);
     let mut cmd = Command::new(&exe);
     cmd.args(args);
-    run_cmd(&mut cmd)
+    let result = run_cmd(&mut cmd);
+    remove_empty_shared_dirs();
+    result
 }
 
 pub fn step(what: &str) {
@@ -229,4 +233,13 @@ fn bench_readme() -> anyhow::Result<()> {
     std::fs::write(&readme_path, updated)?;
     step("README.md performance section updated from target/bench/report.md");
     Ok(())
+}
+
+/// Each testbed removes its own pins and socket; the shared parents they were made in
+/// go here, once no test, demo or bench runs any more (a testbed removing them could race another
+/// agent creating its own). `remove_dir` keeps a directory something else still uses.
+fn remove_empty_shared_dirs() {
+    for dir in ["/sys/fs/bpf/dispatcher", "/run/dispatcher"] {
+        let _ = std::fs::remove_dir(dir);
+    }
 }
