@@ -2,8 +2,9 @@
 //! file, the line and the field.
 
 use std::{
+    cell::RefCell,
     collections::{HashMap, HashSet},
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     ops::Range,
     path::{Path, PathBuf},
     str::FromStr,
@@ -21,6 +22,9 @@ pub enum ConfigError {
     Read { file: String, source: std::io::Error },
     #[error("{file}:{line}: {message}")]
     Invalid { file: String, line: usize, message: String },
+    /// Several errors, in line order, one per line.
+    #[error("{}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n"))]
+    Many(Vec<ConfigError>),
 }
 
 /// Raw file shape. Every field a validation message must point at is `Spanned`.
@@ -135,6 +139,8 @@ struct RawDispatcher {
     log_level: Option<Spanned<String>>,
     #[serde(default)]
     admin_socket: Option<Spanned<String>>,
+    #[serde(default)]
+    admin_address: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -228,6 +234,9 @@ pub struct Config {
     pub log_level: String,
     /// The admin endpoint (a Unix socket: never reachable from the network).
     pub admin_socket: PathBuf,
+    /// Optional: the admin endpoint over TCP as well (for Prometheus). Peers that are not
+    /// on loopback may only `GET /metrics`.
+    pub admin_address: Option<SocketAddr>,
     pub backends: Vec<Backend>,
     pub vips: Vec<Vip>,
     pub partitions: Vec<Partition>,
@@ -400,8 +409,12 @@ impl Config {
         if new.interface != self.interface {
             return restart("dispatcher.interface");
         }
-        if new.instance != self.instance || new.bpffs != self.bpffs || new.admin_socket != self.admin_socket {
-            return restart("the instance, bpffs or admin socket");
+        if new.instance != self.instance
+            || new.bpffs != self.bpffs
+            || new.admin_socket != self.admin_socket
+            || new.admin_address != self.admin_address
+        {
+            return restart("the instance, bpffs or admin socket/address");
         }
         if new.flow_table_size != self.flow_table_size || new.affinity_table_size != self.affinity_table_size {
             return restart("a table size");
@@ -476,13 +489,40 @@ impl Config {
     }
 
     pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
-        let ctx = Ctx { text, file };
+        let ctx = Ctx { text, file, errors: RefCell::new(Vec::new()) };
         let raw: RawConfig = toml::from_str(text).map_err(|e| {
             let line = e.span().map(|s| ctx.line(s.start)).unwrap_or(1);
             ConfigError::Invalid { file: file.to_string(), line, message: e.message().trim().to_string() }
         })?;
-        ctx.build(raw)
+        let cfg = ctx.build(raw);
+        let mut errors = ctx.errors.into_inner();
+        errors.sort_by_key(|e| match e {
+            ConfigError::Invalid { line, .. } => *line,
+            _ => 0,
+        });
+        match errors.len() {
+            0 => Ok(cfg),
+            1 => Err(errors.remove(0)),
+            _ => Err(ConfigError::Many(errors)),
+        }
     }
+}
+
+/// A log level: `off`, `error`, `warn`, `info`, `debug` or `trace`, or a comma-separated
+/// list of those and `target=level` directives (`info,dispatcher::http=debug`).
+pub fn check_log_level(s: &str) -> Result<(), String> {
+    const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+    let target_ok = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_alphanumeric() || b"_:-".contains(&b));
+    for d in s.split(',') {
+        let ok = match d.split_once('=') {
+            None => LEVELS.contains(&d),
+            Some((target, level)) => target_ok(target) && LEVELS.contains(&level),
+        };
+        if !ok {
+            return Err(format!("`{d}` is not a level (off, error, warn, info, debug, trace) or target=level"));
+        }
+    }
+    Ok(())
 }
 
 /// Parse a duration such as `"2s"`, `"500ms"`, `"1m"`, `"1h"`, `"250us"`.
@@ -537,6 +577,9 @@ pub fn is_prime(n: u32) -> bool {
 struct Ctx<'a> {
     text: &'a str,
     file: &'a str,
+    /// Every error found so far: validation goes on after one, so that a single
+    /// `dispatcher check` lists all of them.
+    errors: RefCell<Vec<ConfigError>>,
 }
 
 impl Ctx<'_> {
@@ -552,84 +595,119 @@ impl Ctx<'_> {
         }
     }
 
+    /// Records an error and goes on.
+    fn report(&self, span: Range<usize>, field: &str, message: impl std::fmt::Display) {
+        let e = self.err(span, field, message);
+        self.errors.borrow_mut().push(e);
+    }
+
+    /// The value, or `fallback` after recording the error.
+    fn or<T>(&self, r: Result<T, ConfigError>, fallback: T) -> T {
+        r.unwrap_or_else(|e| {
+            self.errors.borrow_mut().push(e);
+            fallback
+        })
+    }
+
     fn parsed<T: FromStr>(&self, v: &Spanned<String>, field: &str, what: &str) -> Result<T, ConfigError> {
         v.get_ref().parse().map_err(|_| self.err(v.span(), field, format!("`{}` is not {what}", v.get_ref())))
     }
 
-    fn choice<T: Copy>(
-        &self,
-        v: &Option<Spanned<String>>,
-        field: &str,
-        default: T,
-        options: &[(&str, T)],
-    ) -> Result<T, ConfigError> {
-        let Some(v) = v else { return Ok(default) };
-        options.iter().find(|(name, _)| *name == v.get_ref()).map(|(_, t)| *t).ok_or_else(|| {
-            let names: Vec<&str> = options.iter().map(|(n, _)| *n).collect();
-            self.err(v.span(), field, format!("`{}` is not one of {}", v.get_ref(), names.join(", ")))
-        })
+    fn choice<T: Copy>(&self, v: &Option<Spanned<String>>, field: &str, default: T, options: &[(&str, T)]) -> T {
+        let Some(v) = v else { return default };
+        match options.iter().find(|(name, _)| *name == v.get_ref()) {
+            Some((_, t)) => *t,
+            None => {
+                let names: Vec<&str> = options.iter().map(|(n, _)| *n).collect();
+                self.report(v.span(), field, format!("`{}` is not one of {}", v.get_ref(), names.join(", ")));
+                default
+            }
+        }
     }
 
-    fn build(&self, raw: RawConfig) -> Result<Config, ConfigError> {
+    fn duration(&self, v: &Spanned<String>, field: &str, min: Duration) -> Option<Duration> {
+        match parse_duration(v.get_ref()) {
+            Err(e) => self.report(v.span(), field, e),
+            Ok(d) if d < min && min <= Duration::from_nanos(1) => {
+                self.report(v.span(), field, "must be more than zero")
+            }
+            Ok(d) if d < min => self.report(v.span(), field, format!("must be at least {min:?}")),
+            Ok(d) => return Some(d),
+        }
+        None
+    }
+
+    fn build(&self, raw: RawConfig) -> Config {
         let d = raw.dispatcher.get_ref();
         let interface = d.interface.get_ref().clone();
         if interface.is_empty() || interface.len() > 15 {
-            return Err(self.err(
-                d.interface.span(),
-                "dispatcher.interface",
-                "must be an interface name of 1 to 15 bytes",
-            ));
+            self.report(d.interface.span(), "dispatcher.interface", "must be an interface name of 1 to 15 bytes");
         }
         let instance = d.instance.as_ref().map(|s| s.get_ref().clone()).unwrap_or_else(|| "default".into());
         if instance.is_empty() || !instance.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
             let span = d.instance.as_ref().map(|s| s.span()).unwrap_or(raw.dispatcher.span());
-            return Err(self.err(span, "dispatcher.instance", "use letters, digits, '-' and '_' only"));
+            self.report(span, "dispatcher.instance", "use letters, digits, '-' and '_' only");
         }
         let xdp_mode = self.choice(
             &d.xdp_mode,
             "dispatcher.xdp_mode",
             XdpAttachMode::Auto,
             &[("auto", XdpAttachMode::Auto), ("native", XdpAttachMode::Native), ("generic", XdpAttachMode::Generic)],
-        )?;
-        let table = |v: &Option<Spanned<u32>>, field: &str, default: u32| -> Result<u32, ConfigError> {
-            match v {
-                None => Ok(default),
-                Some(s) if *s.get_ref() >= 1024 => Ok(*s.get_ref()),
-                Some(s) => Err(self.err(s.span(), field, "must be at least 1024")),
+        );
+        let table = |v: &Option<Spanned<u32>>, field: &str, default: u32| match v {
+            None => default,
+            Some(s) if *s.get_ref() >= 1024 => *s.get_ref(),
+            Some(s) => {
+                self.report(s.span(), field, "must be at least 1024");
+                default
             }
         };
         let flow_table_size =
-            table(&d.flow_table_size, "dispatcher.flow_table_size", dispatcher_common::DEFAULT_MAX_FLOWS)?;
+            table(&d.flow_table_size, "dispatcher.flow_table_size", dispatcher_common::DEFAULT_MAX_FLOWS);
         let affinity_table_size =
-            table(&d.affinity_table_size, "dispatcher.affinity_table_size", dispatcher_common::DEFAULT_MAX_AFFINITY)?;
-        let log_level = d.log_level.as_ref().map(|s| s.get_ref().clone()).unwrap_or_else(|| "info".into());
+            table(&d.affinity_table_size, "dispatcher.affinity_table_size", dispatcher_common::DEFAULT_MAX_AFFINITY);
+        let log_level = match &d.log_level {
+            Some(l) => {
+                if let Err(e) = check_log_level(l.get_ref()) {
+                    self.report(l.span(), "dispatcher.log_level", e);
+                }
+                l.get_ref().clone()
+            }
+            None => "info".into(),
+        };
         let admin_socket = match &d.admin_socket {
             Some(p) if !p.get_ref().starts_with('/') => {
-                return Err(self.err(p.span(), "dispatcher.admin_socket", "must be an absolute path"));
+                self.report(p.span(), "dispatcher.admin_socket", "must be an absolute path");
+                PathBuf::new()
             }
             Some(p) => PathBuf::from(p.get_ref()),
             None => PathBuf::from(format!("/run/dispatcher/{instance}.sock")),
         };
+        let admin_address = d.admin_address.as_ref().and_then(|a| {
+            let r = self.parsed::<SocketAddr>(a, "dispatcher.admin_address", "an address:port such as 127.0.0.1:9901");
+            self.or(r.map(Some), None)
+        });
 
         if raw.backends.len() > MAX_BACKENDS as usize {
-            return Err(self.err(
+            self.report(
                 raw.backends[MAX_BACKENDS as usize].span(),
                 "backend",
                 format!("at most {MAX_BACKENDS} backends"),
-            ));
+            );
         }
         let mut by_name: HashMap<String, usize> = HashMap::new();
         for (i, b) in raw.backends.iter().enumerate() {
             let name = b.get_ref().name.get_ref();
             if name.is_empty() {
-                return Err(self.err(b.get_ref().name.span(), &format!("backend[{i}].name"), "must not be empty"));
-            }
-            if by_name.insert(name.clone(), i).is_some() {
-                return Err(self.err(
+                self.report(b.get_ref().name.span(), &format!("backend[{i}].name"), "must not be empty");
+            } else if by_name.contains_key(name) {
+                self.report(
                     b.get_ref().name.span(),
                     &format!("backend[{i}].name"),
                     format!("`{name}` is defined twice"),
-                ));
+                );
+            } else {
+                by_name.insert(name.clone(), i);
             }
         }
         let mut clone_owner: HashMap<String, usize> = HashMap::new();
@@ -637,52 +715,51 @@ impl Ctx<'_> {
         for (i, b) in raw.backends.iter().enumerate() {
             let b = b.get_ref();
             let f = |field: &str| format!("backend[{i}].{field}");
-            let address: Ipv4Addr = self.parsed(&b.address, &f("address"), "an IPv4 address")?;
-            let address6 = match &b.address6 {
-                Some(a) => Some(self.parsed::<Ipv6Addr>(a, &f("address6"), "an IPv6 address")?),
-                None => None,
-            };
-            let mac = match &b.mac {
-                Some(m) => Some(parse_mac(m.get_ref()).map_err(|e| self.err(m.span(), &f("mac"), e))?),
-                None => None,
-            };
+            let address: Ipv4Addr =
+                self.or(self.parsed(&b.address, &f("address"), "an IPv4 address"), Ipv4Addr::UNSPECIFIED);
+            let address6 = b
+                .address6
+                .as_ref()
+                .map(|a| self.or(self.parsed::<Ipv6Addr>(a, &f("address6"), "an IPv6 address"), Ipv6Addr::UNSPECIFIED));
+            // A bad MAC is reported here; the VIP checks then treat it as given.
+            let mac = b
+                .mac
+                .as_ref()
+                .map(|m| self.or(parse_mac(m.get_ref()).map_err(|e| self.err(m.span(), &f("mac"), e)), [0; 6]));
             let weight = match &b.weight {
                 Some(w) if *w.get_ref() == 0 || *w.get_ref() > 10_000 => {
-                    return Err(self.err(
-                        w.span(),
-                        &f("weight"),
-                        "must be 1..=10000 (drain a backend instead of weight 0)",
-                    ));
+                    self.report(w.span(), &f("weight"), "must be 1..=10000 (drain a backend instead of weight 0)");
+                    100
                 }
                 Some(w) => *w.get_ref(),
                 None => 100,
             };
-            let replica = match &b.replica {
-                Some(r) => {
-                    let Some(&ri) = by_name.get(r.get_ref()) else {
-                        return Err(self.err(r.span(), &f("replica"), format!("names no backend: `{}`", r.get_ref())));
-                    };
-                    if ri == i {
-                        return Err(self.err(r.span(), &f("replica"), "a backend cannot be its own replica"));
-                    }
-                    Some(ri)
+            let replica = b.replica.as_ref().and_then(|r| match by_name.get(r.get_ref()) {
+                None => {
+                    self.report(r.span(), &f("replica"), format!("names no backend: `{}`", r.get_ref()));
+                    None
                 }
-                None => None,
-            };
+                Some(&ri) if ri == i => {
+                    self.report(r.span(), &f("replica"), "a backend cannot be its own replica");
+                    None
+                }
+                Some(&ri) => Some(ri),
+            });
             for c in &b.clone_ids {
                 let id = c.get_ref();
                 if id.is_empty() || id.contains(':') || id.len() > 64 {
-                    return Err(self.err(c.span(), &f("clone_ids"), format!("`{id}`: 1 to 64 bytes, no ':'")));
-                }
-                if let Some(prev) = clone_owner.insert(id.clone(), i) {
-                    return Err(self.err(
+                    self.report(c.span(), &f("clone_ids"), format!("`{id}`: 1 to 64 bytes, no ':'"));
+                } else if let Some(&prev) = clone_owner.get(id) {
+                    self.report(
                         c.span(),
                         &f("clone_ids"),
                         format!(
                             "clone ID `{id}` already belongs to backend `{}`",
                             raw.backends[prev].get_ref().name.get_ref()
                         ),
-                    ));
+                    );
+                } else {
+                    clone_owner.insert(id.clone(), i);
                 }
             }
             backends.push(Backend {
@@ -698,7 +775,7 @@ impl Ctx<'_> {
         }
 
         if raw.vips.len() > MAX_VIPS as usize {
-            return Err(self.err(raw.vips[MAX_VIPS as usize].span(), "vip", format!("at most {MAX_VIPS} VIPs")));
+            self.report(raw.vips[MAX_VIPS as usize].span(), "vip", format!("at most {MAX_VIPS} VIPs"));
         }
         let mut groups: HashMap<String, u32> = HashMap::new();
         let mut seen: HashSet<(IpAddr, u16, Protocol)> = HashSet::new();
@@ -708,83 +785,77 @@ impl Ctx<'_> {
             let v = v.get_ref();
             let f = |field: &str| format!("vip[{i}].{field}");
             if !names.insert(v.name.get_ref().clone()) {
-                return Err(self.err(v.name.span(), &f("name"), format!("`{}` is defined twice", v.name.get_ref())));
+                self.report(v.name.span(), &f("name"), format!("`{}` is defined twice", v.name.get_ref()));
             }
-            let address: IpAddr = self.parsed(&v.address, &f("address"), "an IP address")?;
+            let address: IpAddr =
+                self.or(self.parsed(&v.address, &f("address"), "an IP address"), IpAddr::V4(Ipv4Addr::UNSPECIFIED));
             if *v.port.get_ref() == 0 {
-                return Err(self.err(v.port.span(), &f("port"), "must be 1..=65535"));
+                self.report(v.port.span(), &f("port"), "must be 1..=65535");
             }
             let protocol = self.choice(
                 &v.protocol,
                 &f("protocol"),
                 Protocol::Tcp,
                 &[("tcp", Protocol::Tcp), ("udp", Protocol::Udp)],
-            )?;
+            );
             if !seen.insert((address, *v.port.get_ref(), protocol)) {
-                return Err(self.err(v.port.span(), &f("port"), "another VIP has the same address, port and protocol"));
+                self.report(v.port.span(), &f("port"), "another VIP has the same address, port and protocol");
             }
-            let mode =
-                self.choice(&v.mode, &f("mode"), VipMode::L4, &[("l4", VipMode::L4), ("http", VipMode::Http)])?;
+            let mode = self.choice(&v.mode, &f("mode"), VipMode::L4, &[("l4", VipMode::L4), ("http", VipMode::Http)]);
             if mode == VipMode::Http && protocol != Protocol::Tcp {
-                return Err(self.err(v.mode.as_ref().unwrap().span(), &f("mode"), "http needs protocol tcp"));
+                self.report(v.mode.as_ref().unwrap().span(), &f("mode"), "http needs protocol tcp");
             }
             let forwarding = self.choice(
                 &v.forwarding,
                 &f("forwarding"),
                 Forwarding::Mac,
                 &[("mac", Forwarding::Mac), ("ipip", Forwarding::Ipip)],
-            )?;
-            let encap_source = match &v.encap_source {
-                Some(a) => {
-                    let ip: IpAddr = self.parsed(a, &f("encap_source"), "an IP address")?;
-                    if ip.is_ipv4() != address.is_ipv4() {
-                        return Err(self.err(a.span(), &f("encap_source"), "must be of the VIP's address family"));
-                    }
-                    Some(ip)
+            );
+            let encap_source = v.encap_source.as_ref().and_then(|a| {
+                let ip = self.or(self.parsed::<IpAddr>(a, &f("encap_source"), "an IP address").map(Some), None)?;
+                if ip.is_ipv4() != address.is_ipv4() {
+                    self.report(a.span(), &f("encap_source"), "must be of the VIP's address family");
                 }
-                None => None,
-            };
-            if mode == VipMode::L4 && forwarding == Forwarding::Ipip && encap_source.is_none() {
+                Some(ip)
+            });
+            if mode == VipMode::L4 && forwarding == Forwarding::Ipip && v.encap_source.is_none() {
                 let span = v.forwarding.as_ref().unwrap().span();
-                return Err(self.err(span, &f("encap_source"), "required with forwarding = \"ipip\""));
+                self.report(span, &f("encap_source"), "required with forwarding = \"ipip\"");
             }
-            let members: Vec<usize> = match &v.backends {
+            let mut members: Vec<usize> = Vec::new();
+            match &v.backends {
                 Some(list) => {
-                    let mut out = Vec::new();
                     for n in list.get_ref() {
-                        let Some(&bi) = by_name.get(n.get_ref()) else {
-                            return Err(self.err(
-                                n.span(),
-                                &f("backends"),
-                                format!("names no backend: `{}`", n.get_ref()),
-                            ));
-                        };
-                        if out.contains(&bi) {
-                            return Err(self.err(n.span(), &f("backends"), format!("`{}` listed twice", n.get_ref())));
+                        match by_name.get(n.get_ref()) {
+                            None => {
+                                self.report(n.span(), &f("backends"), format!("names no backend: `{}`", n.get_ref()))
+                            }
+                            Some(bi) if members.contains(bi) => {
+                                self.report(n.span(), &f("backends"), format!("`{}` listed twice", n.get_ref()))
+                            }
+                            Some(&bi) => members.push(bi),
                         }
-                        out.push(bi);
                     }
-                    out
                 }
-                None => (0..backends.len()).collect(),
-            };
+                None => members.extend(0..backends.len()),
+            }
             if mode == VipMode::L4 {
                 for &bi in &members {
                     let b = &backends[bi];
                     let span = raw.backends[bi].span();
                     if b.mac.is_none() {
-                        return Err(self.err(
-                            span,
+                        self.report(
+                            span.clone(),
                             &format!("backend[{bi}].mac"),
                             format!("required: backend `{}` serves L4 VIP `{}`", b.name, v.name.get_ref()),
-                        ));
+                        );
                     }
                     if forwarding == Forwarding::Ipip && address.is_ipv6() && b.address6.is_none() {
-                        return Err(self.err(
+                        self.report(
                             span,
                             &format!("backend[{bi}].address6"),
                             format!("required: backend `{}` serves IPv6 IPIP VIP `{}`", b.name, v.name.get_ref()),
-                        ));
+                        );
                     }
                 }
             }
@@ -792,33 +863,29 @@ impl Ctx<'_> {
                 Some(r) => {
                     let n = *r.get_ref();
                     if !is_prime(n) || n > MAX_RING_SIZE {
-                        return Err(self.err(
+                        self.report(
                             r.span(),
                             &f("ring_size"),
                             format!("{n} must be a prime no larger than {MAX_RING_SIZE}"),
-                        ));
-                    }
-                    if (n as usize) < members.len() * 10 {
-                        return Err(self.err(
+                        );
+                    } else if (n as usize) < members.len() * 10 {
+                        self.report(
                             r.span(),
                             &f("ring_size"),
                             format!("{n} is too small for {} backends (want at least 10 slots each)", members.len()),
-                        ));
+                        );
                     }
                     n
                 }
                 None => dispatcher_common::DEFAULT_RING_SIZE,
             };
-            let sticky_time = match &v.sticky_time {
-                Some(s) => {
-                    let d = parse_duration(s.get_ref()).map_err(|e| self.err(s.span(), &f("sticky_time"), e))?;
-                    if d.as_secs() == 0 || d.as_secs() > u32::MAX as u64 {
-                        return Err(self.err(s.span(), &f("sticky_time"), "must be at least 1s"));
-                    }
-                    Some(d)
+            let sticky_time = v.sticky_time.as_ref().and_then(|s| {
+                let d = self.duration(s, &f("sticky_time"), Duration::from_secs(1))?;
+                if d.as_secs() > u32::MAX as u64 {
+                    self.report(s.span(), &f("sticky_time"), "is too long");
                 }
-                None => None,
-            };
+                Some(d)
+            });
             let next = groups.len() as u32 + MAX_VIPS;
             let port_group = match &v.port_group {
                 Some(g) => *groups.entry(g.get_ref().clone()).or_insert(next),
@@ -829,10 +896,11 @@ impl Ctx<'_> {
                 &f("balance"),
                 Balance::RoundRobin,
                 &[("round_robin", Balance::RoundRobin), ("least_outstanding", Balance::LeastOutstanding)],
-            )?;
+            );
             let backend_port = match &v.backend_port {
                 Some(p) if *p.get_ref() == 0 => {
-                    return Err(self.err(p.span(), &f("backend_port"), "must be 1..=65535"))
+                    self.report(p.span(), &f("backend_port"), "must be 1..=65535");
+                    *v.port.get_ref()
                 }
                 Some(p) => *p.get_ref(),
                 None => *v.port.get_ref(),
@@ -861,44 +929,42 @@ impl Ctx<'_> {
             let f = |field: &str| format!("partition[{i}].{field}");
             let id = p.id.get_ref();
             if !crate::http::session::is_partition(id.as_bytes()) {
-                return Err(self.err(
-                    p.id.span(),
-                    &f("id"),
-                    format!("`{id}` is not a partition ID (a decimal number)"),
-                ));
-            }
-            if !partition_ids.insert(id.clone()) || clone_owner.contains_key(id) {
-                return Err(self.err(p.id.span(), &f("id"), format!("`{id}` is defined twice")));
+                self.report(p.id.span(), &f("id"), format!("`{id}` is not a partition ID (a decimal number)"));
+            } else if !partition_ids.insert(id.clone()) || clone_owner.contains_key(id) {
+                self.report(p.id.span(), &f("id"), format!("`{id}` is defined twice"));
             }
             let lookup = |s: &Spanned<String>, field: &str| {
-                by_name
-                    .get(s.get_ref())
-                    .copied()
-                    .ok_or_else(|| self.err(s.span(), &f(field), format!("names no backend: `{}`", s.get_ref())))
+                let found = by_name.get(s.get_ref()).copied();
+                if found.is_none() {
+                    self.report(s.span(), &f(field), format!("names no backend: `{}`", s.get_ref()));
+                }
+                found
             };
-            let primary = lookup(&p.primary, "primary")?;
+            let primary = lookup(&p.primary, "primary");
             let replica = match &p.replica {
                 Some(r) => {
-                    let ri = lookup(r, "replica")?;
-                    if ri == primary {
-                        return Err(self.err(r.span(), &f("replica"), "the replica must differ from the primary"));
+                    let ri = lookup(r, "replica");
+                    if ri.is_some() && ri == primary {
+                        self.report(r.span(), &f("replica"), "the replica must differ from the primary");
                     }
-                    Some(ri)
+                    ri
                 }
-                None => backends[primary].replica,
+                None => primary.and_then(|p| backends[p].replica),
             };
-            partitions.push(Partition { id: id.clone(), primary, replica });
+            if let Some(primary) = primary {
+                partitions.push(Partition { id: id.clone(), primary, replica });
+            }
         }
         let http = match &raw.http {
-            Some(h) => self.http(h.get_ref())?,
+            Some(h) => self.http(h.get_ref()),
             None => HttpSettings::default(),
         };
         let health = match &raw.health {
-            Some(h) => self.health(h.get_ref())?,
+            Some(h) => self.health(h.get_ref()),
             None => HealthSettings::default(),
         };
         let bpffs = PathBuf::from(d.bpffs.as_ref().map(|s| s.get_ref().as_str()).unwrap_or("/sys/fs/bpf"));
-        Ok(Config {
+        Config {
             interface,
             instance,
             bpffs,
@@ -907,59 +973,58 @@ impl Ctx<'_> {
             affinity_table_size,
             log_level,
             admin_socket,
+            admin_address,
             backends,
             vips,
             partitions,
             http,
             health,
-        })
+        }
     }
 
-    fn health(&self, h: &RawHealth) -> Result<HealthSettings, ConfigError> {
+    fn health(&self, h: &RawHealth) -> HealthSettings {
         let kind = self.choice(
             &h.kind,
             "health.kind",
             CheckKind::Auto,
             &[("auto", CheckKind::Auto), ("http", CheckKind::Http), ("tcp", CheckKind::Tcp)],
-        )?;
+        );
         let mut s = HealthSettings { kind, ..HealthSettings::default() };
         if let Some(p) = &h.path {
             if !p.get_ref().starts_with('/') || p.get_ref().bytes().any(|b| b <= b' ' || b == 0x7f) {
-                return Err(self.err(
-                    p.span(),
-                    "health.path",
-                    "must start with / and contain no spaces or control bytes",
-                ));
+                self.report(p.span(), "health.path", "must start with / and contain no spaces or control bytes");
+            } else {
+                s.path = p.get_ref().clone();
             }
-            s.path = p.get_ref().clone();
         }
         if let Some(e) = &h.expect_status {
             if !(100..=599).contains(e.get_ref()) {
-                return Err(self.err(e.span(), "health.expect_status", "must be an HTTP status, 100..=599"));
+                self.report(e.span(), "health.expect_status", "must be an HTTP status, 100..=599");
+            } else {
+                s.expect_status = *e.get_ref();
             }
-            s.expect_status = *e.get_ref();
         }
         if let Some(p) = &h.port {
             if *p.get_ref() == 0 {
-                return Err(self.err(p.span(), "health.port", "must be 1..=65535"));
+                self.report(p.span(), "health.port", "must be 1..=65535");
+            } else {
+                s.port = Some(*p.get_ref());
             }
-            s.port = Some(*p.get_ref());
         }
         for (v, field, into) in [(&h.interval, "interval", &mut s.interval), (&h.timeout, "timeout", &mut s.timeout)] {
-            if let Some(v) = v {
-                let d = parse_duration(v.get_ref()).map_err(|e| self.err(v.span(), &format!("health.{field}"), e))?;
-                if d < Duration::from_millis(10) {
-                    return Err(self.err(v.span(), &format!("health.{field}"), "must be at least 10ms"));
-                }
+            if let Some(d) =
+                v.as_ref().and_then(|v| self.duration(v, &format!("health.{field}"), Duration::from_millis(10)))
+            {
                 *into = d;
             }
         }
         for (v, field, into) in [(&h.rise, "rise", &mut s.rise), (&h.fall, "fall", &mut s.fall)] {
             if let Some(v) = v {
                 if !(1..=100).contains(v.get_ref()) {
-                    return Err(self.err(v.span(), &format!("health.{field}"), "must be 1..=100"));
+                    self.report(v.span(), &format!("health.{field}"), "must be 1..=100");
+                } else {
+                    *into = *v.get_ref();
                 }
-                *into = *v.get_ref();
             }
         }
         if let Some(e) = &h.enabled {
@@ -968,88 +1033,73 @@ impl Ctx<'_> {
         if let Some(list) = &h.suspect_on_status {
             for st in list.get_ref() {
                 if !(500..=599).contains(st.get_ref()) {
-                    return Err(self.err(
-                        st.span(),
-                        "health.suspect_on_status",
-                        "only 5xx statuses can mark a backend suspect",
-                    ));
+                    self.report(st.span(), "health.suspect_on_status", "only 5xx statuses can mark a backend suspect");
+                } else {
+                    s.suspect_on_status.push(*st.get_ref());
                 }
-                s.suspect_on_status.push(*st.get_ref());
             }
         }
-        Ok(s)
+        s
     }
 
-    fn http(&self, h: &RawHttp) -> Result<HttpSettings, ConfigError> {
+    fn http(&self, h: &RawHttp) -> HttpSettings {
         let mut s = HttpSettings::default();
-        let dur = |v: &Option<Spanned<String>>, field: &str, into: &mut Duration| -> Result<(), ConfigError> {
-            if let Some(v) = v {
-                let d = parse_duration(v.get_ref()).map_err(|e| self.err(v.span(), &format!("http.{field}"), e))?;
-                if d.is_zero() {
-                    return Err(self.err(v.span(), &format!("http.{field}"), "must be more than zero"));
-                }
+        let dur = |v: &Option<Spanned<String>>, field: &str, into: &mut Duration| {
+            if let Some(d) =
+                v.as_ref().and_then(|v| self.duration(v, &format!("http.{field}"), Duration::from_nanos(1)))
+            {
                 *into = d;
             }
-            Ok(())
         };
-        dur(&h.header_timeout, "header_timeout", &mut s.header_timeout)?;
-        dur(&h.client_idle_timeout, "client_idle_timeout", &mut s.client_idle_timeout)?;
-        dur(&h.connect_timeout, "connect_timeout", &mut s.connect_timeout)?;
-        dur(&h.server_timeout, "server_timeout", &mut s.server_timeout)?;
-        dur(&h.pool_idle_timeout, "pool_idle_timeout", &mut s.pool_idle_timeout)?;
-        dur(&h.drain_timeout, "drain_timeout", &mut s.drain_timeout)?;
-        dur(&h.hold_time, "hold_time", &mut s.hold_time)?;
-        let num = |v: &Option<Spanned<usize>>,
-                   field: &str,
-                   lo: usize,
-                   hi: usize,
-                   into: &mut usize|
-         -> Result<(), ConfigError> {
+        dur(&h.header_timeout, "header_timeout", &mut s.header_timeout);
+        dur(&h.client_idle_timeout, "client_idle_timeout", &mut s.client_idle_timeout);
+        dur(&h.connect_timeout, "connect_timeout", &mut s.connect_timeout);
+        dur(&h.server_timeout, "server_timeout", &mut s.server_timeout);
+        dur(&h.pool_idle_timeout, "pool_idle_timeout", &mut s.pool_idle_timeout);
+        dur(&h.drain_timeout, "drain_timeout", &mut s.drain_timeout);
+        dur(&h.hold_time, "hold_time", &mut s.hold_time);
+        let num = |v: &Option<Spanned<usize>>, field: &str, lo: usize, hi: usize, into: &mut usize| {
             if let Some(v) = v {
                 let n = *v.get_ref();
                 if n < lo || n > hi {
-                    return Err(self.err(v.span(), &format!("http.{field}"), format!("must be {lo}..={hi}")));
+                    self.report(v.span(), &format!("http.{field}"), format!("must be {lo}..={hi}"));
+                } else {
+                    *into = n;
                 }
-                *into = n;
             }
-            Ok(())
         };
-        num(&h.workers, "workers", 1, 256, &mut s.workers)?;
-        num(&h.max_header_bytes, "max_header_bytes", 1024, 1 << 20, &mut s.max_header_bytes)?;
-        num(&h.max_headers, "max_headers", 8, crate::http::head::MAX_HEADERS, &mut s.max_headers)?;
-        num(&h.pool_max_idle, "pool_max_idle", 0, 100_000, &mut s.pool_max_idle)?;
+        num(&h.workers, "workers", 1, 256, &mut s.workers);
+        num(&h.max_header_bytes, "max_header_bytes", 1024, 1 << 20, &mut s.max_header_bytes);
+        num(&h.max_headers, "max_headers", 8, crate::http::head::MAX_HEADERS, &mut s.max_headers);
+        num(&h.pool_max_idle, "pool_max_idle", 0, 100_000, &mut s.pool_max_idle);
         num(
             &h.max_connections_per_backend,
             "max_connections_per_backend",
             1,
             1_000_000,
             &mut s.max_connections_per_backend,
-        )?;
-        num(&h.max_held, "max_held", 0, 1_000_000, &mut s.max_held)?;
-        num(&h.retry_buffer, "retry_buffer", 0, 16 << 20, &mut s.retry_buffer)?;
+        );
+        num(&h.max_held, "max_held", 0, 1_000_000, &mut s.max_held);
+        num(&h.retry_buffer, "retry_buffer", 0, 16 << 20, &mut s.retry_buffer);
         let (mut retries, mut pct, mut min) =
             (s.retries as usize, s.retry_budget_percent as usize, s.retry_budget_min as usize);
-        num(&h.retries, "retries", 0, 10, &mut retries)?;
-        num(&h.retry_budget_percent, "retry_budget_percent", 0, 100, &mut pct)?;
-        num(&h.retry_budget_min, "retry_budget_min", 0, 1_000_000, &mut min)?;
+        num(&h.retries, "retries", 0, 10, &mut retries);
+        num(&h.retry_budget_percent, "retry_budget_percent", 0, 100, &mut pct);
+        num(&h.retry_budget_min, "retry_budget_min", 0, 1_000_000, &mut min);
         (s.retries, s.retry_budget_percent, s.retry_budget_min) = (retries as u32, pct as u64, min as u64);
-        let token = |v: &Option<Spanned<String>>, field: &str, into: &mut String| -> Result<(), ConfigError> {
+        let token = |v: &Option<Spanned<String>>, field: &str, into: &mut String| {
             if let Some(v) = v {
                 let t = v.get_ref();
                 if t.is_empty() || !t.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)) {
-                    return Err(self.err(
-                        v.span(),
-                        &format!("http.{field}"),
-                        format!("`{t}` is not a cookie or parameter name"),
-                    ));
+                    self.report(v.span(), &format!("http.{field}"), format!("`{t}` is not a cookie or parameter name"));
+                } else {
+                    *into = t.clone();
                 }
-                *into = t.clone();
             }
-            Ok(())
         };
-        token(&h.cookie_name, "cookie_name", &mut s.cookie_name)?;
-        token(&h.url_parameter, "url_parameter", &mut s.url_parameter)?;
-        Ok(s)
+        token(&h.cookie_name, "cookie_name", &mut s.cookie_name);
+        token(&h.url_parameter, "url_parameter", &mut s.url_parameter);
+        s
     }
 }
 

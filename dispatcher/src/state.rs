@@ -8,7 +8,7 @@ use std::{
     net::Ipv4Addr,
     sync::{
         atomic::{AtomicU64, AtomicU8, Ordering},
-        Mutex, RwLock,
+        Arc, Mutex, RwLock,
     },
 };
 
@@ -39,6 +39,8 @@ pub struct Backend {
     pub outstanding: AtomicU64,
     pub requests: AtomicU64,
     pub errors: AtomicU64,
+    /// Open upstream connections (all workers' pools, idle ones included).
+    pub connections: Arc<AtomicU64>,
 }
 
 impl Backend {
@@ -109,10 +111,21 @@ pub struct Cluster {
     clones_map: Mutex<Option<BpfHashMap<MapData, u64, CloneValue>>>,
     events: Mutex<Option<tokio::sync::mpsc::UnboundedSender<usize>>>,
     pub counters: Counters,
-    /// Time to the response head per VIP (indexed like `Config::vips`).
-    pub vip_latency: Vec<Histogram>,
+    /// Per VIP, indexed like `Config::vips`.
+    pub vips: Vec<VipStats>,
     /// How long held requests waited, whatever the outcome.
     pub hold_time: Histogram,
+}
+
+/// What the request path counts per HTTP VIP.
+#[derive(Default)]
+pub struct VipStats {
+    /// Time to the response head.
+    pub latency: Histogram,
+    /// Request heads received (answered by a backend or by the dispatcher itself).
+    pub requests: AtomicU64,
+    /// Open client connections.
+    pub connections: AtomicU64,
 }
 
 /// A latency histogram with fixed bounds, lock-free.
@@ -199,6 +212,7 @@ impl Cluster {
                 outstanding: AtomicU64::new(0),
                 requests: AtomicU64::new(0),
                 errors: AtomicU64::new(0),
+                connections: Arc::new(AtomicU64::new(0)),
             })
             .collect();
         let mut table = HashMap::new();
@@ -219,7 +233,7 @@ impl Cluster {
             clones_map: Mutex::new(clones_map),
             events: Mutex::new(None),
             counters: Counters::default(),
-            vip_latency: cfg.vips.iter().map(|_| Histogram::default()).collect(),
+            vips: cfg.vips.iter().map(|_| VipStats::default()).collect(),
             hold_time: Histogram::default(),
         };
         cluster.adopt_learned();
@@ -327,6 +341,15 @@ impl Cluster {
             self.write_through(k, e);
         }
         self.counters.copy_from(&old.counters);
+        // Ids are kept by name across a reload: per-backend and per-VIP totals go on.
+        for (new, old) in self.backends.iter().zip(&old.backends) {
+            for (to, from) in [(&new.requests, &old.requests), (&new.errors, &old.errors)] {
+                to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
+            }
+        }
+        for (new, old) in self.vips.iter().zip(&old.vips) {
+            new.requests.store(old.requests.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
     }
 
     /// Where the control loop hears of passive failures.

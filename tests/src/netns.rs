@@ -340,6 +340,8 @@ impl Testbed {
 
     /// Starts a process in a namespace; the testbed stops it on drop.
     pub fn start(&mut self, what: &str, mut cmd: Command) -> u32 {
+        // A process of the same name that has exited (e.g. after `dispatcher stop`) is forgotten.
+        self.children.retain_mut(|(w, c)| w != what || !matches!(c.try_wait(), Ok(Some(_))));
         let log = File::create(self.workdir.join(format!("{what}.log"))).unwrap();
         cmd.stdout(log.try_clone().unwrap()).stderr(log).stdin(Stdio::null());
         let child = cmd.spawn().unwrap_or_else(|e| panic!("starting {what}: {e}"));
@@ -386,7 +388,8 @@ impl Testbed {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    fn child_exited(&mut self, what: &str) -> Option<std::process::ExitStatus> {
+    /// The exit status of a started process that has exited (and is reaped), if it has.
+    pub fn child_exited(&mut self, what: &str) -> Option<std::process::ExitStatus> {
         self.children.iter_mut().find(|(w, _)| w == what).and_then(|(_, c)| c.try_wait().ok().flatten())
     }
 

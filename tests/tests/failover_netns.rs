@@ -55,7 +55,7 @@ fn start_load(tb: &Testbed, addr: SocketAddr, clients: usize) -> Load {
             let mut n = 0u64;
             while !stop.load(Ordering::SeqCst) {
                 n += 1;
-                if n % 7 == 0 {
+                if n.is_multiple_of(7) {
                     c.reconnect();
                 }
                 let t = Instant::now();

@@ -22,13 +22,23 @@ fn http_testbed(
     configured_clones: bool,
     http: &str,
 ) -> (Testbed, std::sync::Arc<websphere::Cluster>, SocketAddr) {
+    http_testbed_with(n, configured_clones, "", http)
+}
+
+/// `dispatcher`: extra lines for the `[dispatcher]` section; `http`: for `[http]`.
+fn http_testbed_with(
+    n: usize,
+    configured_clones: bool,
+    dispatcher: &str,
+    http: &str,
+) -> (Testbed, std::sync::Arc<websphere::Cluster>, SocketAddr) {
     let mut tb = Testbed::new(n, &[VIP]);
     tb.add_local_vip(VIP);
     let cluster = websphere::Cluster::new(n);
     let clones = if configured_clones { cluster.clone_ids.clone() } else { Vec::new() };
     tb.start_websphere(&cluster, BACKEND_PORT);
     let text = format!(
-        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nheader_timeout = \"1s\"\n{http}\n[health]\npath = \"/health\"\ninterval = \"200ms\"\n\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = {PORT}\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\n",
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n{dispatcher}\n[http]\nheader_timeout = \"1s\"\n{http}\n[health]\npath = \"/health\"\ninterval = \"200ms\"\n\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = {PORT}\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\n",
         tb.instance(),
         tb.backend_config_with_clones(&[], &clones)
     );
@@ -361,6 +371,102 @@ fn admin_endpoint_serves_metrics_status_and_commands() {
     assert_eq!(st["backends"][1]["state"], "drain", "written to BACKENDS too: {status}");
     let out = tb.dispatcher_cmd(&["enable", "--config", cfg, "b1"]);
     assert_eq!(out.trim(), "b1: drain -> up");
+
+    // Per-VIP requests and per-backend upstream connections, in JSON and in the table.
+    assert_eq!(st["agent"]["vips"][0]["requests"], 5, "{status}");
+    let conns: u64 = (0..2).map(|i| st["agent"]["backends"][i]["connections"].as_u64().unwrap()).sum();
+    assert!(conns >= 1, "pooled upstream connections are counted: {status}");
+    let table = tb.dispatcher_cmd(&["status", "--config", cfg]);
+    let vip_row = table.lines().find(|l| l.starts_with("app ")).expect("a VIP row");
+    let cols: Vec<&str> = vip_row.split_whitespace().collect();
+    assert_eq!(cols[2], "http", "{table}");
+    assert_eq!(cols[cols.len() - 2], "5", "REQUESTS column: {table}");
+    assert!(table.contains("CONNS") && table.contains("agent running"), "{table}");
+}
+
+/// The admin endpoint on TCP serves the metrics to anyone who can reach it (that is
+/// what Prometheus needs) and everything else only to loopback clients; on the Unix
+/// socket, only root and the agent's user are served.
+#[test]
+fn admin_endpoint_refuses_clients_that_are_not_local() {
+    let (tb, _cluster, addr) = http_testbed_with(2, false, "admin_address = \"0.0.0.0:9901\"\n", "");
+    let cfg = tb.workdir.join("dispatcher.toml");
+    let cfg = cfg.to_str().unwrap();
+    assert_eq!(Client::new(&tb.client, addr).get("/").unwrap().status, 200);
+    let admin: SocketAddr = format!("{VIP}:9901").parse().unwrap();
+    let ask = |ns: &dispatcher_tests::netns::Ns, to: SocketAddr, method: &'static str, path: &'static str| {
+        ns.run(move || {
+            let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(2)).expect("admin port");
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            write!(s, "{method} {path} HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n").unwrap();
+            let mut out = String::new();
+            let _ = s.read_to_string(&mut out);
+            out
+        })
+    };
+    let status_line = |r: &str| r.lines().next().unwrap_or("").to_string();
+    // From the client's namespace (not local): metrics yes, nothing else.
+    let r = ask(&tb.client, admin, "GET", "/metrics");
+    assert!(status_line(&r).contains(" 200 ") && r.contains("dispatcher_misroutes_total 0"), "{r}");
+    for (m, p) in
+        [("GET", "/status"), ("POST", "/backends/b0/drain"), ("POST", "/reload"), ("POST", "/stop?detach=true")]
+    {
+        let r = ask(&tb.client, admin, m, p);
+        assert!(status_line(&r).contains(" 403 "), "{m} {p} from a remote client: {r}");
+    }
+    let st: serde_json::Value =
+        serde_json::from_str(&tb.dispatcher_cmd(&["status", "--config", cfg, "--json"])).unwrap();
+    assert_eq!(st["agent"]["backends"][0]["state"], "up", "the refused drain changed nothing: {st}");
+    assert!(tb.log("dispatcher").contains("admin request refused"), "refusals are logged");
+    // From loopback on the dispatcher's host: everything.
+    let local: SocketAddr = "127.0.0.1:9901".parse().unwrap();
+    let r = ask(&tb.lb, local, "POST", "/backends/b0/drain");
+    assert!(status_line(&r).contains(" 200 ") && r.contains("\"to\":\"drain\""), "{r}");
+    let r = ask(&tb.lb, local, "POST", "/backends/b0/enable");
+    assert!(status_line(&r).contains(" 200 "), "{r}");
+
+    // The Unix socket: another user cannot connect (mode 0600)...
+    let sock = format!("/run/dispatcher/{}.sock", tb.instance());
+    let as_nobody = |args: &[&str]| {
+        use std::os::unix::process::CommandExt;
+        let out = std::process::Command::new(dispatcher_tests::netns::dispatcher_bin())
+            .args(args)
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
+    };
+    let (code, out) = as_nobody(&["metrics", "--config", cfg]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("ermission denied"), "{out}");
+    // ...and if an operator widens the mode, the agent still serves it only the metrics.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let (code, out) = as_nobody(&["metrics", "--config", cfg]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("dispatcher_misroutes_total"), "{out}");
+    let (code, out) = as_nobody(&["drain", "--config", cfg, "b1"]);
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("the agent refused") && out.contains("not local"), "{out}");
+}
+
+/// `dispatcher reload` applies a new `log_level` without a restart.
+#[test]
+fn reload_changes_the_log_level() {
+    let (tb, _cluster, _addr) = http_testbed(2, false, "");
+    let cfg_path = tb.workdir.join("dispatcher.toml");
+    let cfg = cfg_path.to_str().unwrap();
+    tb.dispatcher_cmd(&["metrics", "--config", cfg]);
+    assert!(!tb.log("dispatcher").contains("admin request"), "no debug lines at info");
+    let text = std::fs::read_to_string(&cfg_path).unwrap();
+    tb.write_config(&text.replace("[dispatcher]\n", "[dispatcher]\nlog_level = \"info,dispatcher::admin=debug\"\n"));
+    let out = tb.dispatcher_cmd(&["reload", "--config", cfg]);
+    assert!(out.contains("log level info,dispatcher::admin=debug"), "{out}");
+    tb.dispatcher_cmd(&["metrics", "--config", cfg]);
+    let log = tb.log("dispatcher");
+    assert!(log.contains("admin request") && log.contains("/metrics"), "debug lines after the reload:\n{log}");
 }
 
 #[test]

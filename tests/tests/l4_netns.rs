@@ -307,8 +307,34 @@ fn agent_exit_keeps_or_removes_the_dataplane_and_a_restart_adopts_it() {
     let st: serde_json::Value = serde_json::from_str(&status).unwrap();
     assert_eq!(st["flows"], 6, "flow table adopted, not reset: {status}");
 
+    // `dispatcher stop`: the agent exits (cleanly), the data plane stays.
+    let out = tb.dispatcher_cmd(&["stop", "--config", &cfg_arg]);
+    assert!(out.contains("stopped after") && out.contains("XDP forwarding goes on"), "{out}");
+    assert_eq!(tb.child_exited("dispatcher").map(|s| s.success()), Some(true), "the agent exited cleanly");
+    assert!(tb.pin_dir().join("link").exists() && tb.lb.ip(&["link", "show", "eth0"]).contains("xdp"));
+    for (c, b) in &mut conns {
+        assert_eq!(&c.ask(), b, "forwarding goes on after `dispatcher stop`");
+    }
+    let out = tb.dispatcher_cmd(&["stop", "--config", &cfg_arg]);
+    assert!(out.contains("no agent running"), "{out}");
+
+    // `dispatcher stop --detach` with an agent running: everything goes.
+    tb.start_dispatcher(&path);
+    let out = tb.dispatcher_cmd(&["stop", "--config", &cfg_arg, "--detach"]);
+    assert!(out.contains("stopped after") && out.contains("data plane removed"), "{out}");
+    assert_eq!(tb.child_exited("dispatcher").map(|s| s.success()), Some(true), "the agent exited cleanly");
+    assert_data_plane_gone(&tb);
+
     // SIGTERM without --keep-dataplane: detached and unpinned.
+    tb.start_dispatcher(&path);
     tb.stop("dispatcher");
+    assert_data_plane_gone(&tb);
+    // And `stop --detach` with nothing left is not an error.
+    let out = tb.dispatcher_cmd(&["stop", "--config", &cfg_arg, "--detach"]);
+    assert!(out.contains("data plane removed"), "{out}");
+}
+
+fn assert_data_plane_gone(tb: &Testbed) {
     assert!(!tb.pin_dir().exists(), "pins removed");
     assert!(!tb.lb.ip(&["link", "show", "eth0"]).contains("xdp"), "program detached");
     let addr: SocketAddr = format!("{VIP_MAC}:80").parse().unwrap();

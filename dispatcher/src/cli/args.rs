@@ -69,8 +69,8 @@ pub enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
-    /// Detach the program and remove the pinned maps of the configured instance
-    /// (`--detach`: the same, spelled out; the data plane stops forwarding).
+    /// Stop the running agent; the XDP program stays attached and the maps pinned (L4
+    /// forwarding goes on). `--detach`: also detach the program and remove the maps.
     Stop {
         #[arg(long, short)]
         config: PathBuf,

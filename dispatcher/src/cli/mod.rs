@@ -1,6 +1,7 @@
 //! The command line: one module per subcommand.
 
 mod admin_client;
+mod agent;
 pub mod args;
 mod check;
 mod control;
@@ -21,17 +22,38 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Drain { config, backend } => control::control(&config, &backend, control::Action::Drain),
         Command::Disable { config, backend } => control::control(&config, &backend, control::Action::Disable),
         Command::Enable { config, backend } => control::control(&config, &backend, control::Action::Enable),
-        Command::Stop { config, detach: _ } => run::stop(&config),
-        Command::Metrics { config } => status::metrics(&config),
-        Command::Reload { config } => status::reload(&config),
+        Command::Stop { config, detach } => agent::stop(&config, detach),
+        Command::Metrics { config } => agent::metrics(&config),
+        Command::Reload { config } => agent::reload(&config),
     }
 }
 
+type FilterHandle = tracing_subscriber::reload::Handle<tracing_subscriber::EnvFilter, tracing_subscriber::Registry>;
+
+/// Set when the configured level decides (no RUST_LOG): a reload may change it.
+static LOG_FILTER: std::sync::OnceLock<FilterHandle> = std::sync::OnceLock::new();
+
 /// Tracing to stderr at the configured level (RUST_LOG overrides).
 pub fn init_logging(level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    use tracing_subscriber::{layer::SubscriberExt as _, util::SubscriberInitExt as _, EnvFilter};
+    let from_env = std::env::var("RUST_LOG").ok().and_then(|v| EnvFilter::try_new(v).ok());
+    let env_decides = from_env.is_some();
+    let filter = from_env.unwrap_or_else(|| EnvFilter::new(level));
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
+    let installed = tracing_subscriber::registry()
+        .with(filter)
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .try_init()
+        .is_ok();
+    if installed && !env_decides {
+        let _ = LOG_FILTER.set(handle);
+    }
+}
+
+/// Applies a reloaded `dispatcher.log_level`; false when RUST_LOG decides the level.
+pub fn set_log_level(level: &str) -> bool {
+    let Some(handle) = LOG_FILTER.get() else { return false };
+    handle.reload(tracing_subscriber::EnvFilter::new(level)).is_ok()
 }
 
 /// Blocks until SIGTERM or SIGINT.

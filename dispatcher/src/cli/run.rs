@@ -5,7 +5,7 @@ use aya::programs::links::{FdLink, PinnedLink};
 use std::sync::Arc;
 
 use dispatcher::{
-    admin::{self, Admin, Live, ReloadRequest},
+    admin::{self, Admin, AgentRequest, Live},
     config::{Config, VipMode},
     control::AdminCommand,
     dataplane::{
@@ -81,38 +81,49 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
     let tables = Arc::new(std::sync::Mutex::new(tables));
     let mut live = Running::start(Arc::new(cfg.clone()), cluster, &tables, &rt)?;
-    let (reloads, mut reload_rx) = tokio::sync::mpsc::unbounded_channel::<ReloadRequest>();
+    let (requests, mut request_rx) = tokio::sync::mpsc::unbounded_channel::<AgentRequest>();
     let admin = Arc::new(Admin {
         live: std::sync::RwLock::new(live.view()),
         tables: tables.clone(),
-        reloads,
+        requests,
         started: std::time::Instant::now(),
     });
-    let listener = {
+    let (listener, tcp) = {
         let _guard = rt.enter();
-        admin::bind(&cfg.admin_socket)
-            .with_context(|| format!("binding the admin socket {}", cfg.admin_socket.display()))?
+        let unix = admin::bind(&cfg.admin_socket)
+            .with_context(|| format!("binding the admin socket {}", cfg.admin_socket.display()))?;
+        let tcp = match cfg.admin_address {
+            Some(a) => Some(
+                rt.block_on(tokio::net::TcpListener::bind(a))
+                    .with_context(|| format!("binding the admin address {a}"))?,
+            ),
+            None => None,
+        };
+        (unix, tcp)
     };
-    let admin_task = rt.spawn(admin::serve(admin.clone(), listener));
-    tracing::info!(interface = %cfg.interface, mode = how, vips = cfg.vips.len(), backends = cfg.backends.len(), admin = %cfg.admin_socket.display(), "dispatcher running");
+    let admin_task = rt.spawn(admin::serve(admin.clone(), listener, tcp));
+    tracing::info!(interface = %cfg.interface, mode = how, vips = cfg.vips.len(), backends = cfg.backends.len(), admin = %cfg.admin_socket.display(), admin_address = ?cfg.admin_address, "dispatcher running");
 
-    let why = rt.block_on(async {
+    let (why, keep_dataplane) = rt.block_on(async {
         let signal = super::shutdown_signal();
         tokio::pin!(signal);
         loop {
             tokio::select! {
-                s = &mut signal => return s,
-                Some(reply) = reload_rx.recv() => {
-                    let r = live.reload(path, &tables, &rt);
-                    match &r {
-                        Ok(what) => {
-                            *admin.live.write().unwrap() = live.view();
-                            tracing::info!(changes = %what, "configuration reloaded");
+                s = &mut signal => return s.map(|s| (s, keep_dataplane)),
+                Some(request) = request_rx.recv() => match request {
+                    AgentRequest::Reload(reply) => {
+                        let r = live.reload(path, &tables, &rt);
+                        match &r {
+                            Ok(what) => {
+                                *admin.live.write().unwrap() = live.view();
+                                tracing::info!(changes = %what, "configuration reloaded");
+                            }
+                            Err(why) => tracing::warn!(error = %why, "reload refused; the running configuration stays"),
                         }
-                        Err(why) => tracing::warn!(error = %why, "reload refused; the running configuration stays"),
+                        let _ = reply.send(r);
                     }
-                    let _ = reply.send(r);
-                }
+                    AgentRequest::Stop { detach } => return Ok(("dispatcher stop", !detach)),
+                },
             }
         }
     })?;
@@ -196,13 +207,20 @@ impl Running {
         let next = Running::start(merged.clone(), cluster.clone(), tables, rt).map_err(|e| format!("{e:#}"))?;
         tables.lock().unwrap().apply(&merged, &states).map_err(|e| format!("writing the maps: {e}"))?;
         cluster.inherit(&self.cluster);
-        let summary = format!(
+        let mut summary = format!(
             "{} backends ({} retired), {} VIPs ({} retired)",
             merged.backends.len(),
             merged.backends.iter().filter(|b| b.retired).count(),
             merged.vips.len(),
             merged.vips.iter().filter(|v| v.retired).count()
         );
+        if merged.log_level != self.cfg.log_level {
+            if super::set_log_level(&merged.log_level) {
+                summary += &format!(", log level {}", merged.log_level);
+            } else {
+                summary += ", log level unchanged (RUST_LOG decides)";
+            }
+        }
         let old = std::mem::replace(self, next);
         old.control.abort();
         if let Some(server) = old.server {
@@ -233,13 +251,4 @@ fn raise_fd_limit() {
             let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
         }
     }
-}
-
-pub fn stop(path: &Path) -> anyhow::Result<ExitCode> {
-    let cfg = Config::load(path)?;
-    let dir = cfg.pin_dir();
-    // Removing the link's pin detaches the program once no agent holds the link.
-    dataplane::unpin_all(&dir)?;
-    println!("removed {}", dir.display());
-    Ok(ExitCode::SUCCESS)
 }

@@ -77,17 +77,36 @@ pub fn status(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
         ),
     }
     println!();
+    // Per-VIP figures only the agent has (HTTP VIPs: requests, client connections).
+    let agent_vip = |name: &str| -> Option<&serde_json::Value> {
+        agent.as_ref()?.get("vips")?.as_array()?.iter().find(|v| v["name"] == name)
+    };
     println!(
-        "{:<16} {:<28} {:>12} {:>14} {:>10} {:>10} {:>8}",
-        "VIP", "ADDRESS", "PACKETS", "BYTES", "NEW FLOWS", "FLOW HITS", "DROPS"
+        "{:<16} {:<28} {:<5} {:>12} {:>14} {:>10} {:>10} {:>8} {:>9} {:>6}",
+        "VIP", "ADDRESS", "MODE", "PACKETS", "BYTES", "NEW FLOWS", "FLOW HITS", "DROPS", "REQUESTS", "CONNS"
     );
     for (v, p, nf, hits, drops) in &vip_rows {
         let addr = format!("{}:{}/{:?}", v.address, v.port, v.protocol).to_lowercase();
-        println!("{:<16} {:<28} {:>12} {:>14} {:>10} {:>10} {:>8}", v.name, addr, p.packets, p.bytes, nf, hits, drops);
+        let a = agent_vip(&v.name);
+        let field = |k: &str| a.map(|x| x[k].to_string()).unwrap_or_else(|| "-".into());
+        let mode = format!("{:?}", v.mode).to_lowercase();
+        println!(
+            "{:<16} {:<28} {:<5} {:>12} {:>14} {:>10} {:>10} {:>8} {:>9} {:>6}",
+            v.name,
+            addr,
+            mode,
+            p.packets,
+            p.bytes,
+            nf,
+            hits,
+            drops,
+            field("requests"),
+            field("connections")
+        );
     }
     println!();
     println!(
-        "{:<12} {:<15} {:<9} {:<8} {:>6} {:<12} {:>10} {:>9} {:>7} {:>9} {:>7}",
+        "{:<12} {:<15} {:<9} {:<8} {:>6} {:<12} {:>10} {:>9} {:>7} {:>6} {:>9} {:>7}",
         "BACKEND",
         "ADDRESS",
         "STATE",
@@ -97,6 +116,7 @@ pub fn status(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
         "XDP PKTS",
         "NEW FLOWS",
         "ACTIVE",
+        "CONNS",
         "REQUESTS",
         "ERRORS"
     );
@@ -105,7 +125,7 @@ pub fn status(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
         let a = agent_backend(&b.name);
         let field = |k: &str| a.map(|x| x[k].to_string().trim_matches('"').to_string()).unwrap_or_else(|| "-".into());
         println!(
-            "{:<12} {:<15} {:<9} {:<8} {:>6} {:<12} {:>10} {:>9} {:>7} {:>9} {:>7}",
+            "{:<12} {:<15} {:<9} {:<8} {:>6} {:<12} {:>10} {:>9} {:>7} {:>6} {:>9} {:>7}",
             b.name,
             b.address.to_string(),
             state_name(info.state),
@@ -115,6 +135,7 @@ pub fn status(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
             pk.packets,
             nf,
             field("active"),
+            field("connections"),
             field("requests"),
             field("errors")
         );
@@ -129,35 +150,4 @@ pub fn status(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
-}
-
-pub fn metrics(path: &Path) -> anyhow::Result<ExitCode> {
-    let cfg = Config::load(path)?;
-    let (code, body) = super::admin_client::request(&cfg.admin_socket, "GET", "/metrics")
-        .with_context(|| format!("asking the agent at {} (is it running?)", cfg.admin_socket.display()))?;
-    anyhow::ensure!(code == 200, "the agent answered {code}");
-    print!("{body}");
-    Ok(ExitCode::SUCCESS)
-}
-
-pub fn reload(path: &Path) -> anyhow::Result<ExitCode> {
-    // A file that does not validate is refused here already; the agent, which validates
-    // it again, keeps running its current configuration either way.
-    let cfg = match Config::load(path) {
-        Ok(cfg) => cfg,
-        Err(e) => {
-            eprintln!("reload refused: {e}");
-            return Ok(ExitCode::from(1));
-        }
-    };
-    let (code, body) = super::admin_client::request(&cfg.admin_socket, "POST", "/reload")
-        .with_context(|| format!("asking the agent at {} (is it running?)", cfg.admin_socket.display()))?;
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-    if code == 200 {
-        println!("reloaded: {}", v["reloaded"].as_str().unwrap_or(""));
-        Ok(ExitCode::SUCCESS)
-    } else {
-        eprintln!("reload refused: {}", v["error"].as_str().unwrap_or(body.trim()));
-        Ok(ExitCode::from(1))
-    }
 }

@@ -71,9 +71,10 @@ fn worker_vips(
     {
         let pools = (0..cfg.backends.len())
             .map(|b| {
-                v.backends
-                    .contains(&b)
-                    .then(|| Pool::new(b, SocketAddr::new(cfg.backends[b].address.into(), v.backend_port), &cfg.http))
+                v.backends.contains(&b).then(|| {
+                    let addr = SocketAddr::new(cfg.backends[b].address.into(), v.backend_port);
+                    Pool::new(b, addr, &cfg.http, cluster.backends[b].connections.clone())
+                })
             })
             .collect();
         let ctx = Arc::new(VipCtx {

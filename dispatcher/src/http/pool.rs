@@ -4,7 +4,10 @@
 
 use std::{
     net::SocketAddr,
-    sync::{Arc, Mutex},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex,
+    },
     time::{Duration, Instant},
 };
 
@@ -26,6 +29,16 @@ pub struct Upstream {
     /// Came from the idle list (it may have been closed by the server meanwhile).
     pub reused: bool,
     _permit: OwnedSemaphorePermit,
+    _open: Open,
+}
+
+/// Counts an open upstream connection in its backend's gauge while it lives.
+struct Open(Arc<AtomicU64>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -46,12 +59,15 @@ pub struct Pool {
     max_idle: usize,
     idle_timeout: Duration,
     connect_timeout: Duration,
+    open: Arc<AtomicU64>,
 }
 
 impl Pool {
-    pub fn new(backend: usize, addr: SocketAddr, s: &HttpSettings) -> Pool {
+    /// `open`: the backend's gauge of open connections (shared by all workers' pools).
+    pub fn new(backend: usize, addr: SocketAddr, s: &HttpSettings, open: Arc<AtomicU64>) -> Pool {
         Pool {
             backend,
+            open,
             addr,
             idle: Mutex::new(Vec::new()),
             limit: Arc::new(Semaphore::new(s.max_connections_per_backend)),
@@ -98,7 +114,9 @@ impl Pool {
         };
         let _ = stream.set_nodelay(true);
         let (r, w) = stream.into_split();
-        Ok(Upstream { backend: self.backend, r: Inbound::new(r), w, reused: false, _permit: permit })
+        self.open.fetch_add(1, Ordering::Relaxed);
+        let open = Open(self.open.clone());
+        Ok(Upstream { backend: self.backend, r: Inbound::new(r), w, reused: false, _permit: permit, _open: open })
     }
 
     /// Returns a connection after a complete exchange; dropped if the pool is full or it

@@ -93,6 +93,9 @@ pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut st
     // Request heads are small: 4 KiB reads (more for bodies), allocated at the first
     // read, keep many idle keep-alive clients cheap.
     let mut client = Inbound::with_chunk(r, 4096);
+    let stats = &ctx.cluster.vips[ctx.vip_index];
+    stats.connections.fetch_add(1, Ordering::Relaxed);
+    let _open = Counted(&stats.connections);
     let mut scratch = Vec::new();
     let mut out = Vec::new();
     loop {
@@ -105,6 +108,7 @@ pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut st
             }
         };
         let head_bytes = client.buf.split_to(head.len);
+        stats.requests.fetch_add(1, Ordering::Relaxed);
         let closing = *stop.borrow();
         // Boxed: the exchange's (large) state exists only while a request is in flight,
         // so an idle keep-alive connection's task stays small.
@@ -601,8 +605,8 @@ async fn exchange<R: AsyncRead + Unpin>(
     }
     let took = started.elapsed();
     be.latency.record(took);
-    if let Some(h) = c.vip_latency.get(ctx.vip_index) {
-        h.record(took);
+    if let Some(v) = c.vips.get(ctx.vip_index) {
+        v.latency.record(took);
     }
     if ctx.suspect_on_status.contains(&res.status) {
         // The configured passive 5xx policy: the answer is relayed, the backend is suspect.

@@ -1,161 +1,16 @@
-//! The admin endpoint: HTTP over a Unix socket (never reachable from the network).
-//!
-//! - `GET /metrics`: Prometheus text exposition (XDP counters, requests and latency per
-//!   VIP and backend, health, holds, retries, failovers, misroutes).
-//! - `GET /status`: the agent's view as JSON (`dispatcher status` merges it with the maps).
-//! - `POST /backends/NAME/drain|disable|enable`: operator commands.
+//! What the admin endpoint shows: the agent's view as JSON (`GET /status`) and the
+//! Prometheus text exposition (`GET /metrics`).
 
-use std::{
-    fmt::Write as _,
-    path::Path,
-    sync::{atomic::Ordering, Arc, Mutex},
-    time::{Duration, Instant},
-};
+use std::{fmt::Write as _, sync::atomic::Ordering};
 
 use dispatcher_common::stats;
 use serde_json::json;
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::{UnixListener, UnixStream},
-    sync::{mpsc, oneshot},
-};
 
-use crate::{
-    config::Config,
-    control::{state_name, AdminCommand},
-    dataplane::tables::Tables,
-    state::{Cluster, Histogram},
-};
+use super::Admin;
+use crate::{control::state_name, state::Histogram};
 
-/// What a reload replaces.
-pub struct Live {
-    pub cfg: Arc<Config>,
-    pub cluster: Arc<Cluster>,
-    pub commands: mpsc::UnboundedSender<AdminCommand>,
-}
-
-/// A reload request: the reply says what changed, or why nothing did.
-pub type ReloadRequest = oneshot::Sender<Result<String, String>>;
-
-pub struct Admin {
-    pub live: std::sync::RwLock<Live>,
-    pub tables: Arc<Mutex<Tables>>,
-    pub reloads: mpsc::UnboundedSender<ReloadRequest>,
-    pub started: Instant,
-}
-
-impl Admin {
-    fn current(&self) -> (Arc<Config>, Arc<Cluster>, mpsc::UnboundedSender<AdminCommand>) {
-        let l = self.live.read().unwrap();
-        (l.cfg.clone(), l.cluster.clone(), l.commands.clone())
-    }
-}
-
-/// Binds the socket (replacing a stale one), owner-only permissions.
-pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let _ = std::fs::remove_file(path);
-    let l = UnixListener::bind(path)?;
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(l)
-}
-
-pub async fn serve(admin: Arc<Admin>, listener: UnixListener) {
-    loop {
-        let Ok((stream, _)) = listener.accept().await else { continue };
-        let admin = admin.clone();
-        tokio::spawn(async move {
-            let _ = tokio::time::timeout(Duration::from_secs(10), handle(&admin, stream)).await;
-        });
-    }
-}
-
-async fn handle(admin: &Admin, mut s: UnixStream) -> std::io::Result<()> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    let (method, path) = loop {
-        let n = s.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok(());
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        let mut headers = [httparse::EMPTY_HEADER; 32];
-        let mut req = httparse::Request::new(&mut headers);
-        match req.parse(&buf) {
-            Ok(httparse::Status::Complete(_)) => {
-                break (req.method.unwrap_or("").to_string(), req.path.unwrap_or("").to_string())
-            }
-            Ok(httparse::Status::Partial) if buf.len() < 8192 => continue,
-            _ => return respond(&mut s, 400, "text/plain", "bad request\n").await,
-        }
-    };
-    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
-    match (method.as_str(), parts.as_slice()) {
-        ("GET", ["metrics"]) => respond(&mut s, 200, "text/plain; version=0.0.4", &metrics(admin)).await,
-        ("GET", ["status"]) => respond(&mut s, 200, "application/json", &status(admin).to_string()).await,
-        ("POST", ["reload"]) => {
-            let (tx, rx) = oneshot::channel();
-            if admin.reloads.send(tx).is_err() {
-                return respond(&mut s, 503, "application/json", &json!({"error": "agent stopping"}).to_string()).await;
-            }
-            match rx.await {
-                Ok(Ok(what)) => respond(&mut s, 200, "application/json", &json!({"reloaded": what}).to_string()).await,
-                Ok(Err(why)) => respond(&mut s, 400, "application/json", &json!({"error": why}).to_string()).await,
-                Err(_) => respond(&mut s, 503, "application/json", &json!({"error": "no reply"}).to_string()).await,
-            }
-        }
-        ("POST", ["backends", name, action]) => {
-            let (_, cluster, commands) = admin.current();
-            let Some(b) = cluster.backends.iter().position(|x| x.name == *name) else {
-                return respond(
-                    &mut s,
-                    404,
-                    "application/json",
-                    &json!({"error": format!("no backend named {name}")}).to_string(),
-                )
-                .await;
-            };
-            let a = match *action {
-                "drain" => dispatcher_common::STATE_DRAIN,
-                "disable" => dispatcher_common::STATE_DISABLED,
-                "enable" => 0,
-                _ => {
-                    return respond(&mut s, 404, "application/json", &json!({"error": "unknown action"}).to_string())
-                        .await
-                }
-            };
-            let (tx, rx) = oneshot::channel();
-            if commands.send(AdminCommand { backend: b, admin: a, reply: tx }).is_err() {
-                return respond(&mut s, 503, "application/json", &json!({"error": "control loop stopped"}).to_string())
-                    .await;
-            }
-            match rx.await {
-                Ok((from, to)) => {
-                    let body = json!({"backend": name, "from": state_name(from), "to": state_name(to)});
-                    respond(&mut s, 200, "application/json", &body.to_string()).await
-                }
-                Err(_) => respond(&mut s, 503, "application/json", &json!({"error": "no reply"}).to_string()).await,
-            }
-        }
-        _ => respond(&mut s, 404, "text/plain", "not found\n").await,
-    }
-}
-
-async fn respond(s: &mut UnixStream, status: u16, ctype: &str, body: &str) -> std::io::Result<()> {
-    let head = format!(
-        "HTTP/1.1 {status} OK\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes()).await?;
-    s.write_all(body.as_bytes()).await?;
-    s.shutdown().await
-}
-
-fn status(a: &Admin) -> serde_json::Value {
-    let (_, c, _) = a.current();
+pub fn status(a: &Admin) -> serde_json::Value {
+    let (cfg, c, _) = a.current();
     let backends: Vec<_> = c
         .backends
         .iter()
@@ -166,8 +21,22 @@ fn status(a: &Admin) -> serde_json::Value {
                 "health": state_name(b.health.load(Ordering::SeqCst)),
                 "admin": match b.admin.load(Ordering::SeqCst) { 0 => "none", s => state_name(s) },
                 "active": b.outstanding.load(Ordering::Relaxed),
+                "connections": b.connections.load(Ordering::Relaxed),
                 "requests": b.requests.load(Ordering::Relaxed),
                 "errors": b.errors.load(Ordering::Relaxed),
+            })
+        })
+        .collect();
+    let vips: Vec<_> = cfg
+        .vips
+        .iter()
+        .zip(&c.vips)
+        .filter(|(v, _)| v.mode == crate::config::VipMode::Http && !v.retired)
+        .map(|(v, s)| {
+            json!({
+                "name": v.name,
+                "requests": s.requests.load(Ordering::Relaxed),
+                "connections": s.connections.load(Ordering::Relaxed),
             })
         })
         .collect();
@@ -177,6 +46,7 @@ fn status(a: &Admin) -> serde_json::Value {
         "uptime_s": a.started.elapsed().as_secs(),
         "clones": c.clone_count(),
         "backends": backends,
+        "vips": vips,
         "counters": {
             "holds": k.holds.load(Ordering::Relaxed),
             "held_now": k.held_now.load(Ordering::Relaxed),
@@ -205,7 +75,7 @@ fn histogram(out: &mut String, name: &str, labels: &str, h: &Histogram) {
     let _ = writeln!(out, "{name}_count{{{labels}}} {count}");
 }
 
-fn metrics(a: &Admin) -> String {
+pub fn metrics(a: &Admin) -> String {
     let (cfg, c, _) = a.current();
     let k = &c.counters;
     let mut o = String::new();
@@ -309,6 +179,7 @@ fn metrics(a: &Admin) -> String {
     per_backend(&mut o, "dispatcher_backend_requests_total", "counter", &|b| b.requests.load(Ordering::Relaxed));
     per_backend(&mut o, "dispatcher_backend_errors_total", "counter", &|b| b.errors.load(Ordering::Relaxed));
     per_backend(&mut o, "dispatcher_backend_active_requests", "gauge", &|b| b.outstanding.load(Ordering::Relaxed));
+    per_backend(&mut o, "dispatcher_backend_connections", "gauge", &|b| b.connections.load(Ordering::Relaxed));
     let _ = writeln!(o, "# HELP dispatcher_backend_response_seconds Time to the response head, per backend.\n# TYPE dispatcher_backend_response_seconds histogram");
     for b in &c.backends {
         histogram(&mut o, "dispatcher_backend_response_seconds", &format!("backend=\"{}\"", b.name), &b.latency);
@@ -318,11 +189,21 @@ fn metrics(a: &Admin) -> String {
         "# HELP dispatcher_hold_seconds How long held requests waited.\n# TYPE dispatcher_hold_seconds histogram"
     );
     histogram(&mut o, "dispatcher_hold_seconds", "scope=\"all\"", &c.hold_time);
+    let http_vips: Vec<_> =
+        cfg.vips.iter().zip(&c.vips).filter(|(v, _)| v.mode == crate::config::VipMode::Http && !v.retired).collect();
+    let _ = writeln!(o, "# HELP dispatcher_vip_requests_total Request heads received, per HTTP VIP.\n# TYPE dispatcher_vip_requests_total counter");
+    for (v, s) in &http_vips {
+        let _ =
+            writeln!(o, "dispatcher_vip_requests_total{{vip=\"{}\"}} {}", v.name, s.requests.load(Ordering::Relaxed));
+    }
+    let _ = writeln!(o, "# HELP dispatcher_vip_connections Open client connections, per HTTP VIP.\n# TYPE dispatcher_vip_connections gauge");
+    for (v, s) in &http_vips {
+        let _ =
+            writeln!(o, "dispatcher_vip_connections{{vip=\"{}\"}} {}", v.name, s.connections.load(Ordering::Relaxed));
+    }
     let _ = writeln!(o, "# HELP dispatcher_vip_response_seconds Time to the response head, per HTTP VIP.\n# TYPE dispatcher_vip_response_seconds histogram");
-    for (i, v) in cfg.vips.iter().enumerate() {
-        if let Some(h) = c.vip_latency.get(i) {
-            histogram(&mut o, "dispatcher_vip_response_seconds", &format!("vip=\"{}\"", v.name), h);
-        }
+    for (v, s) in &http_vips {
+        histogram(&mut o, "dispatcher_vip_response_seconds", &format!("vip=\"{}\"", v.name), &s.latency);
     }
 
     // The data plane's counters, summed over CPUs.

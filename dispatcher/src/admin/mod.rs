@@ -1,0 +1,274 @@
+//! The admin endpoint: HTTP/1.1 on a Unix socket (`dispatcher.admin_socket`, mode 0600),
+//! and, only if configured, on a TCP address (`dispatcher.admin_address`, for Prometheus).
+//!
+//! - `GET /metrics`: Prometheus text exposition (XDP counters, requests and latency per
+//!   VIP and backend, health, holds, retries, failovers, misroutes).
+//! - `GET /status`: the agent's view as JSON (`dispatcher status` merges it with the maps).
+//! - `POST /backends/NAME/drain|disable|enable`: operator commands.
+//! - `POST /reload`: re-read the configuration file.
+//! - `POST /stop` (`?detach=true`): the agent exits, leaving (or removing) the data plane.
+//!
+//! Who may ask (`allowed`): local clients — root or the agent's own user on the socket,
+//! loopback peers on TCP — anything; any other peer only `GET /metrics`.
+
+pub mod views;
+
+use std::{
+    net::SocketAddr,
+    path::Path,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use serde_json::json;
+use tokio::{
+    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
+    net::{TcpListener, UnixListener, UnixStream},
+    sync::{mpsc, oneshot},
+};
+
+use crate::{
+    config::Config,
+    control::{state_name, AdminCommand},
+    dataplane::tables::Tables,
+    state::Cluster,
+};
+
+/// What a reload replaces.
+pub struct Live {
+    pub cfg: Arc<Config>,
+    pub cluster: Arc<Cluster>,
+    pub commands: mpsc::UnboundedSender<AdminCommand>,
+}
+
+/// A reload request: the reply says what changed, or why nothing did.
+pub type ReloadRequest = oneshot::Sender<Result<String, String>>;
+
+/// What only the agent's main loop can do.
+pub enum AgentRequest {
+    Reload(ReloadRequest),
+    /// Exit; `detach`: also detach the program and unpin the maps.
+    Stop {
+        detach: bool,
+    },
+}
+
+pub struct Admin {
+    pub live: std::sync::RwLock<Live>,
+    pub tables: Arc<Mutex<Tables>>,
+    pub requests: mpsc::UnboundedSender<AgentRequest>,
+    pub started: Instant,
+}
+
+impl Admin {
+    fn current(&self) -> (Arc<Config>, Arc<Cluster>, mpsc::UnboundedSender<AdminCommand>) {
+        let l = self.live.read().unwrap();
+        (l.cfg.clone(), l.cluster.clone(), l.commands.clone())
+    }
+}
+
+/// Where a client connects from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Peer {
+    /// Root or the agent's user on the socket; a loopback address on TCP.
+    Local,
+    /// Anybody else.
+    Remote,
+}
+
+/// A TCP peer is local when it is on loopback (IPv4, IPv6 or IPv4-mapped).
+pub fn tcp_peer(addr: SocketAddr) -> Peer {
+    let ip = match addr.ip() {
+        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map(std::net::IpAddr::V4).unwrap_or(addr.ip()),
+        ip => ip,
+    };
+    if ip.is_loopback() {
+        Peer::Local
+    } else {
+        Peer::Remote
+    }
+}
+
+/// A socket peer is local when it runs as root or as the agent's user. (The socket is
+/// 0600, so others reach it only if an operator widened its mode or directory.)
+fn unix_peer(s: &UnixStream) -> Peer {
+    match s.peer_cred() {
+        Ok(c) if c.uid() == 0 || c.uid() == nix::unistd::geteuid().as_raw() => Peer::Local,
+        _ => Peer::Remote,
+    }
+}
+
+/// Local clients may do anything; others may only read the metrics.
+pub fn allowed(peer: Peer, method: &str, path: &str) -> bool {
+    peer == Peer::Local || (method == "GET" && path == "/metrics")
+}
+
+/// Binds the socket (replacing a stale one), owner-only permissions.
+pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let _ = std::fs::remove_file(path);
+    let l = UnixListener::bind(path)?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(l)
+}
+
+/// Serves the socket, and the TCP listener if there is one, until aborted.
+pub async fn serve(admin: Arc<Admin>, unix: UnixListener, tcp: Option<TcpListener>) {
+    let tcp_loop = {
+        let admin = admin.clone();
+        async move {
+            let Some(tcp) = tcp else { return std::future::pending().await };
+            loop {
+                let Ok((stream, addr)) = tcp.accept().await else { continue };
+                spawn_handler(admin.clone(), stream, tcp_peer(addr));
+            }
+        }
+    };
+    let unix_loop = async move {
+        loop {
+            let Ok((stream, _)) = unix.accept().await else { continue };
+            let peer = unix_peer(&stream);
+            spawn_handler(admin.clone(), stream, peer);
+        }
+    };
+    tokio::join!(tcp_loop, unix_loop);
+}
+
+fn spawn_handler<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(admin: Arc<Admin>, stream: S, peer: Peer) {
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(Duration::from_secs(10), handle(&admin, stream, peer)).await;
+    });
+}
+
+/// Reads one request head (at most 8 KiB): method and target.
+async fn read_request<S: AsyncRead + Unpin>(s: &mut S) -> std::io::Result<Option<(String, String)>> {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    loop {
+        let n = s.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(None);
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        let mut headers = [httparse::EMPTY_HEADER; 32];
+        let mut req = httparse::Request::new(&mut headers);
+        match req.parse(&buf) {
+            Ok(httparse::Status::Complete(_)) => {
+                return Ok(Some((req.method.unwrap_or("").to_string(), req.path.unwrap_or("").to_string())))
+            }
+            Ok(httparse::Status::Partial) if buf.len() < 8192 => continue,
+            _ => return Ok(Some((String::new(), String::new()))),
+        }
+    }
+}
+
+async fn handle<S: AsyncRead + AsyncWrite + Unpin>(admin: &Admin, mut s: S, peer: Peer) -> std::io::Result<()> {
+    let Some((method, target)) = read_request(&mut s).await? else { return Ok(()) };
+    if method.is_empty() {
+        return respond(&mut s, 400, "text/plain", "bad request\n").await;
+    }
+    let (path, query) = target.split_once('?').unwrap_or((&target, ""));
+    tracing::debug!(%method, %target, ?peer, "admin request");
+    if !allowed(peer, &method, path) {
+        tracing::warn!(%method, %target, ?peer, "admin request refused: not a local client");
+        let why = json!({"error": "only GET /metrics is served to clients that are not local"});
+        return respond(&mut s, 403, "application/json", &why.to_string()).await;
+    }
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    match (method.as_str(), parts.as_slice()) {
+        ("GET", ["metrics"]) => respond(&mut s, 200, "text/plain; version=0.0.4", &views::metrics(admin)).await,
+        ("GET", ["status"]) => respond(&mut s, 200, "application/json", &views::status(admin).to_string()).await,
+        ("POST", ["reload"]) => {
+            let (tx, rx) = oneshot::channel();
+            if admin.requests.send(AgentRequest::Reload(tx)).is_err() {
+                return respond(&mut s, 503, "application/json", &json!({"error": "agent stopping"}).to_string()).await;
+            }
+            match rx.await {
+                Ok(Ok(what)) => respond(&mut s, 200, "application/json", &json!({"reloaded": what}).to_string()).await,
+                Ok(Err(why)) => respond(&mut s, 400, "application/json", &json!({"error": why}).to_string()).await,
+                Err(_) => respond(&mut s, 503, "application/json", &json!({"error": "no reply"}).to_string()).await,
+            }
+        }
+        ("POST", ["stop"]) => {
+            let detach = query.split('&').any(|kv| kv == "detach=true" || kv == "detach=1");
+            if admin.requests.send(AgentRequest::Stop { detach }).is_err() {
+                return respond(&mut s, 503, "application/json", &json!({"error": "agent stopping"}).to_string()).await;
+            }
+            let body = json!({"stopping": true, "detach": detach, "pid": std::process::id()});
+            respond(&mut s, 202, "application/json", &body.to_string()).await
+        }
+        ("POST", ["backends", name, action]) => backend_command(admin, &mut s, name, action).await,
+        _ => respond(&mut s, 404, "text/plain", "not found\n").await,
+    }
+}
+
+async fn backend_command<S: AsyncWrite + Unpin>(
+    admin: &Admin,
+    s: &mut S,
+    name: &str,
+    action: &str,
+) -> std::io::Result<()> {
+    let (_, cluster, commands) = admin.current();
+    let Some(b) = cluster.backends.iter().position(|x| x.name == name) else {
+        let why = json!({"error": format!("no backend named {name}")});
+        return respond(s, 404, "application/json", &why.to_string()).await;
+    };
+    let a = match action {
+        "drain" => dispatcher_common::STATE_DRAIN,
+        "disable" => dispatcher_common::STATE_DISABLED,
+        "enable" => 0,
+        _ => return respond(s, 404, "application/json", &json!({"error": "unknown action"}).to_string()).await,
+    };
+    let (tx, rx) = oneshot::channel();
+    if commands.send(AdminCommand { backend: b, admin: a, reply: tx }).is_err() {
+        return respond(s, 503, "application/json", &json!({"error": "control loop stopped"}).to_string()).await;
+    }
+    match rx.await {
+        Ok((from, to)) => {
+            let body = json!({"backend": name, "from": state_name(from), "to": state_name(to)});
+            respond(s, 200, "application/json", &body.to_string()).await
+        }
+        Err(_) => respond(s, 503, "application/json", &json!({"error": "no reply"}).to_string()).await,
+    }
+}
+
+async fn respond<S: AsyncWrite + Unpin>(s: &mut S, status: u16, ctype: &str, body: &str) -> std::io::Result<()> {
+    let reason = match status {
+        200 => "OK",
+        202 => "Accepted",
+        400 => "Bad Request",
+        403 => "Forbidden",
+        404 => "Not Found",
+        _ => "Service Unavailable",
+    };
+    let head = format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await?;
+    s.write_all(body.as_bytes()).await?;
+    s.shutdown().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_local_peers_may_command() {
+        let remote = tcp_peer("10.0.0.5:40000".parse().unwrap());
+        assert_eq!(remote, Peer::Remote);
+        assert_eq!(tcp_peer("127.0.0.1:1".parse().unwrap()), Peer::Local);
+        assert_eq!(tcp_peer("[::1]:1".parse().unwrap()), Peer::Local);
+        assert_eq!(tcp_peer("[::ffff:127.0.0.2]:1".parse().unwrap()), Peer::Local);
+        assert_eq!(tcp_peer("[::ffff:10.0.0.5]:1".parse().unwrap()), Peer::Remote);
+        assert!(allowed(remote, "GET", "/metrics"));
+        for (m, p) in [("GET", "/status"), ("POST", "/reload"), ("POST", "/stop"), ("POST", "/backends/a/drain")] {
+            assert!(!allowed(remote, m, p), "{m} {p}");
+            assert!(allowed(Peer::Local, m, p), "{m} {p}");
+        }
+    }
+}

@@ -1,0 +1,100 @@
+//! Commands that ask the running agent (through its admin socket): `metrics`, `reload`,
+//! `stop`.
+
+use std::{path::Path, process::ExitCode, time::Duration};
+
+use anyhow::Context as _;
+use dispatcher::{config::Config, dataplane};
+
+use super::admin_client::request;
+
+pub fn metrics(path: &Path) -> anyhow::Result<ExitCode> {
+    let cfg = Config::load(path)?;
+    let (code, body) = request(&cfg.admin_socket, "GET", "/metrics")
+        .with_context(|| format!("asking the agent at {} (is it running?)", cfg.admin_socket.display()))?;
+    anyhow::ensure!(code == 200, "the agent answered {code}");
+    print!("{body}");
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn reload(path: &Path) -> anyhow::Result<ExitCode> {
+    // A file that does not validate is refused here already; the agent, which validates
+    // it again, keeps running its current configuration either way.
+    let cfg = match Config::load(path) {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            eprintln!("reload refused: {e}");
+            return Ok(ExitCode::from(1));
+        }
+    };
+    let (code, body) = request(&cfg.admin_socket, "POST", "/reload")
+        .with_context(|| format!("asking the agent at {} (is it running?)", cfg.admin_socket.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    if code == 200 {
+        println!("reloaded: {}", v["reloaded"].as_str().unwrap_or(""));
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!("reload refused: {}", v["error"].as_str().unwrap_or(body.trim()));
+        Ok(ExitCode::from(1))
+    }
+}
+
+/// `stop`: the agent finishes its requests and exits; the XDP program stays attached
+/// and the maps pinned, so L4 forwarding goes on and a later `run` adopts them.
+/// `stop --detach`: the same, then the program is detached and the maps unpinned (also
+/// when no agent runs).
+pub fn stop(path: &Path, detach: bool) -> anyhow::Result<ExitCode> {
+    let cfg = Config::load(path)?;
+    let dir = cfg.pin_dir();
+    let target = if detach { "/stop?detach=true" } else { "/stop" };
+    let agent = match request(&cfg.admin_socket, "POST", target) {
+        Ok((202, body)) => {
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            Some(v["pid"].as_u64().context("the agent's answer has no pid")? as i32)
+        }
+        Ok((code, body)) => anyhow::bail!("the agent refused to stop ({code}): {}", body.trim()),
+        Err(_) => None,
+    };
+    if let Some(pid) = agent {
+        // In-flight requests may take the drain time; give it a margin.
+        let limit = cfg.http.drain_timeout + Duration::from_secs(10);
+        print!("agent (pid {pid}) stopping");
+        let started = std::time::Instant::now();
+        while alive(pid) {
+            if started.elapsed() > limit {
+                println!();
+                anyhow::bail!("the agent (pid {pid}) has not exited after {limit:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        println!(": stopped after {} ms", started.elapsed().as_millis());
+    }
+    match (agent.is_some(), detach) {
+        (_, true) => {
+            // The agent removed them; with no agent, this does (the link's pin going
+            // detaches the program).
+            dataplane::unpin_all(&dir)?;
+            println!("data plane removed: program detached, maps unpinned under {}", dir.display());
+        }
+        (true, false) => println!(
+            "XDP forwarding goes on from the maps pinned under {}; `dispatcher run` adopts them, `dispatcher stop --detach` removes them",
+            dir.display()
+        ),
+        (false, false) => println!(
+            "no agent running for instance {}; the data plane under {} is left as it is (`--detach` removes it)",
+            cfg.instance,
+            dir.display()
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Whether a process still runs (an exited one its parent has not reaped yet is a
+/// zombie: it does not).
+fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which is in parentheses.
+        Ok(stat) => stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()) != Some('Z'),
+        Err(_) => false,
+    }
+}

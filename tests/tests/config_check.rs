@@ -1,0 +1,287 @@
+//! `dispatcher check`: every validation message, with the file, the line and the field,
+//! and all errors of a file in one run.
+
+use std::process::Command;
+
+use dispatcher_tests::netns::dispatcher_bin;
+
+/// A file that uses every field once.
+const FULL: &str = r#"[dispatcher]
+interface = "eth0"
+instance = "t"
+bpffs = "/sys/fs/bpf"
+xdp_mode = "auto"
+flow_table_size = 65536
+affinity_table_size = 65536
+log_level = "info,dispatcher::http=debug"
+admin_socket = "/run/dispatcher/t.sock"
+admin_address = "127.0.0.1:9901"
+
+[[backend]]
+name = "a"
+address = "10.0.0.11"
+address6 = "fd00::11"
+mac = "02:00:00:00:00:11"
+weight = 100
+replica = "b"
+clone_ids = ["cloneA"]
+
+[[backend]]
+name = "b"
+address = "10.0.0.12"
+mac = "02:00:00:00:00:12"
+replica = "a"
+clone_ids = ["cloneB"]
+
+[[vip]]
+name = "l4"
+address = "10.0.100.1"
+port = 80
+protocol = "tcp"
+mode = "l4"
+forwarding = "ipip"
+encap_source = "10.0.0.1"
+backends = ["a", "b"]
+ring_size = 251
+sticky_time = "30s"
+balance = "round_robin"
+port_group = "g"
+
+[[vip]]
+name = "web"
+address = "10.0.100.2"
+port = 8080
+mode = "http"
+backend_port = 9080
+
+[[partition]]
+id = "123"
+primary = "a"
+replica = "b"
+
+[health]
+kind = "http"
+path = "/health"
+expect_status = 200
+port = 9080
+interval = "1s"
+timeout = "500ms"
+rise = 2
+fall = 3
+suspect_on_status = [503]
+
+[http]
+workers = 1
+cookie_name = "JSESSIONID"
+url_parameter = "jsessionid"
+header_timeout = "10s"
+hold_time = "2s"
+max_held = 100
+retries = 1
+retry_budget_percent = 20
+"#;
+
+static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Runs `dispatcher check` on `text`: (exit code, stdout, stderr).
+fn check(text: &str) -> (i32, String, String) {
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let dir = std::env::temp_dir().join(format!("dispatcher-check-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("d.toml");
+    std::fs::write(&file, text).unwrap();
+    let out = Command::new(dispatcher_bin()).arg("check").arg(&file).output().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+/// The 1-based line of the first occurrence of `needle` in `text`.
+fn line_of(text: &str, needle: &str) -> usize {
+    let at = text.find(needle).unwrap_or_else(|| panic!("`{needle}` not in the file"));
+    text[..at].matches('\n').count() + 1
+}
+
+/// Replaces the `nth` (0-based) occurrence of `from`: the new text and the line where
+/// the replacement starts.
+fn replace_nth(text: &str, from: &str, to: &str, nth: usize) -> (String, usize) {
+    let (at, _) = text.match_indices(from).nth(nth).unwrap_or_else(|| panic!("`{from}` #{nth} not in the file"));
+    (format!("{}{to}{}", &text[..at], &text[at + from.len()..]), text[..at].matches('\n').count() + 1)
+}
+
+#[test]
+fn the_full_example_is_valid() {
+    let (code, out, err) = check(FULL);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("ok (2 VIPs, 2 backends)"), "{out}");
+}
+
+/// Each case: (text to replace, its occurrence, replacement, the expected message after
+/// `d.toml:LINE: `). LINE is where the replacement lands unless the message points at a
+/// different place (then the case gives the text whose line is expected: an L4 VIP's
+/// requirement on a backend points at that backend's table).
+#[test]
+fn every_validation_message_names_line_and_field() {
+    type Case = (&'static str, usize, &'static str, &'static str, Option<&'static str>);
+    let cases: &[Case] = &[
+        // [dispatcher]
+        ("interface = \"eth0\"", 0, "interface = \"a-very-long-ifname\"", "dispatcher.interface: must be an interface name of 1 to 15 bytes", None),
+        ("instance = \"t\"", 0, "instance = \"t/1\"", "dispatcher.instance: use letters, digits, '-' and '_' only", None),
+        ("xdp_mode = \"auto\"", 0, "xdp_mode = \"fast\"", "dispatcher.xdp_mode: `fast` is not one of auto, native, generic", None),
+        ("flow_table_size = 65536", 0, "flow_table_size = 100", "dispatcher.flow_table_size: must be at least 1024", None),
+        ("affinity_table_size = 65536", 0, "affinity_table_size = 1", "dispatcher.affinity_table_size: must be at least 1024", None),
+        ("log_level = \"info,dispatcher::http=debug\"", 0, "log_level = \"verbose\"", "dispatcher.log_level: `verbose` is not a level (off, error, warn, info, debug, trace) or target=level", None),
+        ("admin_socket = \"/run/dispatcher/t.sock\"", 0, "admin_socket = \"t.sock\"", "dispatcher.admin_socket: must be an absolute path", None),
+        ("admin_address = \"127.0.0.1:9901\"", 0, "admin_address = \"localhost\"", "dispatcher.admin_address: `localhost` is not an address:port such as 127.0.0.1:9901", None),
+        // [[backend]]
+        ("name = \"b\"", 0, "name = \"\"", "backend[1].name: must not be empty", None),
+        ("name = \"b\"", 0, "name = \"a\"", "backend[1].name: `a` is defined twice", None),
+        ("address = \"10.0.0.12\"", 0, "address = \"10.0.0.300\"", "backend[1].address: `10.0.0.300` is not an IPv4 address", None),
+        ("address6 = \"fd00::11\"", 0, "address6 = \"fd00::g\"", "backend[0].address6: `fd00::g` is not an IPv6 address", None),
+        ("mac = \"02:00:00:00:00:11\"", 0, "mac = \"02:00:00:00:11\"", "backend[0].mac: `02:00:00:00:11` is not a MAC address (expected 6 hex pairs like 02:00:00:00:00:01)", None),
+        ("mac = \"02:00:00:00:00:11\"", 0, "mac = \"02:00:00:00:00:zz\"", "backend[0].mac: `02:00:00:00:00:zz` is not a MAC address", None),
+        ("weight = 100", 0, "weight = 0", "backend[0].weight: must be 1..=10000 (drain a backend instead of weight 0)", None),
+        ("replica = \"b\"", 0, "replica = \"c\"", "backend[0].replica: names no backend: `c`", None),
+        ("replica = \"b\"", 0, "replica = \"a\"", "backend[0].replica: a backend cannot be its own replica", None),
+        ("clone_ids = [\"cloneA\"]", 0, "clone_ids = [\"clone:A\"]", "backend[0].clone_ids: `clone:A`: 1 to 64 bytes, no ':'", None),
+        ("clone_ids = [\"cloneB\"]", 0, "clone_ids = [\"cloneA\"]", "backend[1].clone_ids: clone ID `cloneA` already belongs to backend `a`", None),
+        ("mac = \"02:00:00:00:00:12\"\n", 0, "", "backend[1].mac: required: backend `b` serves L4 VIP `l4`", Some("[[backend]]\nname = \"b\"")),
+        // [[vip]]
+        ("name = \"web\"", 0, "name = \"l4\"", "vip[1].name: `l4` is defined twice", None),
+        ("address = \"10.0.100.1\"", 0, "address = \"10.0.100\"", "vip[0].address: `10.0.100` is not an IP address", None),
+        ("port = 80\n", 0, "port = 0\n", "vip[0].port: must be 1..=65535", None),
+        ("protocol = \"tcp\"", 0, "protocol = \"sctp\"", "vip[0].protocol: `sctp` is not one of tcp, udp", None),
+        ("address = \"10.0.100.2\"\nport = 8080", 0, "address = \"10.0.100.1\"\nport = 80", "vip[1].port: another VIP has the same address, port and protocol", Some("port = 80\nmode = \"http\"")),
+        ("mode = \"l4\"", 0, "mode = \"l7\"", "vip[0].mode: `l7` is not one of l4, http", None),
+        ("mode = \"http\"", 0, "mode = \"http\"\nprotocol = \"udp\"", "vip[1].mode: http needs protocol tcp", None),
+        ("forwarding = \"ipip\"", 0, "forwarding = \"gre\"", "vip[0].forwarding: `gre` is not one of mac, ipip", None),
+        ("encap_source = \"10.0.0.1\"", 0, "encap_source = \"10.0.0.1.1\"", "vip[0].encap_source: `10.0.0.1.1` is not an IP address", None),
+        ("encap_source = \"10.0.0.1\"", 0, "encap_source = \"fd00::1\"", "vip[0].encap_source: must be of the VIP's address family", None),
+        ("encap_source = \"10.0.0.1\"\n", 0, "", "vip[0].encap_source: required with forwarding = \"ipip\"", Some("forwarding = \"ipip\"")),
+        ("backends = [\"a\", \"b\"]", 0, "backends = [\"a\", \"c\"]", "vip[0].backends: names no backend: `c`", None),
+        ("backends = [\"a\", \"b\"]", 0, "backends = [\"a\", \"a\"]", "vip[0].backends: `a` listed twice", None),
+        ("address = \"10.0.100.1\"\nport = 80\nprotocol = \"tcp\"\nmode = \"l4\"\nforwarding = \"ipip\"\nencap_source = \"10.0.0.1\"", 0,
+         "address = \"fd00::100:1\"\nport = 80\nprotocol = \"tcp\"\nmode = \"l4\"\nforwarding = \"ipip\"\nencap_source = \"fd00::1\"",
+         "backend[1].address6: required: backend `b` serves IPv6 IPIP VIP `l4`", Some("[[backend]]\nname = \"b\"")),
+        ("ring_size = 251", 0, "ring_size = 250", "vip[0].ring_size: 250 must be a prime no larger than 65537", None),
+        ("ring_size = 251", 0, "ring_size = 11", "vip[0].ring_size: 11 is too small for 2 backends (want at least 10 slots each)", None),
+        ("sticky_time = \"30s\"", 0, "sticky_time = \"30 parsecs\"", "vip[0].sticky_time: `30 parsecs`: unknown unit ` parsecs` (use us, ms, s, m or h)", None),
+        ("sticky_time = \"30s\"", 0, "sticky_time = \"500ms\"", "vip[0].sticky_time: must be at least 1s", None),
+        ("sticky_time = \"30s\"", 0, "sticky_time = \"s\"", "vip[0].sticky_time: `s` is not a duration (expected e.g. \"2s\", \"500ms\")", None),
+        ("balance = \"round_robin\"", 0, "balance = \"random\"", "vip[0].balance: `random` is not one of round_robin, least_outstanding", None),
+        ("backend_port = 9080", 0, "backend_port = 0", "vip[1].backend_port: must be 1..=65535", None),
+        // [[partition]]
+        ("id = \"123\"", 0, "id = \"12a\"", "partition[0].id: `12a` is not a partition ID (a decimal number)", None),
+        ("[health]", 0, "[[partition]]\nid = \"123\"\nprimary = \"b\"\n\n[health]", "partition[1].id: `123` is defined twice", Some("id = \"123\"\nprimary = \"b\"")),
+        ("primary = \"a\"", 0, "primary = \"c\"", "partition[0].primary: names no backend: `c`", None),
+        ("replica = \"b\"", 1, "replica = \"a\"", "partition[0].replica: the replica must differ from the primary", None),
+        // [health]
+        ("kind = \"http\"", 0, "kind = \"icmp\"", "health.kind: `icmp` is not one of auto, http, tcp", None),
+        ("path = \"/health\"", 0, "path = \"health\"", "health.path: must start with / and contain no spaces or control bytes", None),
+        ("expect_status = 200", 0, "expect_status = 700", "health.expect_status: must be an HTTP status, 100..=599", None),
+        ("port = 9080\ninterval", 0, "port = 0\ninterval", "health.port: must be 1..=65535", None),
+        ("interval = \"1s\"", 0, "interval = \"5ms\"", "health.interval: must be at least 10ms", None),
+        ("timeout = \"500ms\"", 0, "timeout = \"5 s\"", "health.timeout: `5 s`: unknown unit ` s` (use us, ms, s, m or h)", None),
+        ("rise = 2", 0, "rise = 0", "health.rise: must be 1..=100", None),
+        ("fall = 3", 0, "fall = 101", "health.fall: must be 1..=100", None),
+        ("suspect_on_status = [503]", 0, "suspect_on_status = [503, 404]", "health.suspect_on_status: only 5xx statuses can mark a backend suspect", None),
+        // [http]
+        ("workers = 1", 0, "workers = 0", "http.workers: must be 1..=256", None),
+        ("cookie_name = \"JSESSIONID\"", 0, "cookie_name = \"J SESSION\"", "http.cookie_name: `J SESSION` is not a cookie or parameter name", None),
+        ("url_parameter = \"jsessionid\"", 0, "url_parameter = \"\"", "http.url_parameter: `` is not a cookie or parameter name", None),
+        ("header_timeout = \"10s\"", 0, "header_timeout = \"0s\"", "http.header_timeout: must be more than zero", None),
+        ("hold_time = \"2s\"", 0, "hold_time = \"99999999999999999999s\"", "http.hold_time: `99999999999999999999s`: number too large", None),
+        ("max_held = 100", 0, "max_held = 2000000", "http.max_held: must be 0..=1000000", None),
+        ("retries = 1", 0, "retries = 11", "http.retries: must be 0..=10", None),
+        ("retry_budget_percent = 20", 0, "retry_budget_percent = 101", "http.retry_budget_percent: must be 0..=100", None),
+        // The file's shape (from the TOML parser).
+        ("weight = 100", 0, "wieght = 100", "unknown field `wieght`, expected one of", None),
+        ("interface = \"eth0\"\n", 0, "", "missing field `interface`", Some("[dispatcher]")),
+        ("port = 8080", 0, "port = \"8080\"", "invalid type: string \"8080\", expected u16", None),
+        ("rise = 2", 0, "rise = 2\nrise = 3", "duplicate key", Some("rise = 3")),
+        ("[http]", 0, "[http", "", Some("[http")),
+    ];
+    let mut failures = Vec::new();
+    for &(from, nth, to, want, at) in cases {
+        let (text, landed) = replace_nth(FULL, from, to, nth);
+        let line = at.map(|needle| line_of(&text, needle)).unwrap_or(landed);
+        let (code, out, err) = check(&text);
+        let expect = format!("/d.toml:{line}: {want}");
+        if code != 1 || !err.lines().any(|l| l.contains(&expect)) || !out.is_empty() {
+            failures.push(format!("{from:?} -> {to:?}: want exit 1 and `{expect}`, got exit {code}: {err}{out}"));
+        }
+    }
+    assert!(failures.is_empty(), "{} of {} cases:\n{}", failures.len(), cases.len(), failures.join("\n"));
+}
+
+/// One run lists every error, in line order, and nothing is half-applied: the exit
+/// code says the file was refused.
+#[test]
+fn all_errors_of_a_file_are_reported_at_once() {
+    let text = FULL
+        .replace("xdp_mode = \"auto\"", "xdp_mode = \"fast\"")
+        .replace("weight = 100", "weight = 0")
+        .replace("ring_size = 251", "ring_size = 250")
+        .replace("workers = 1", "workers = 0");
+    let (code, out, err) = check(&text);
+    assert_eq!(code, 1, "{out}{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    let want = [
+        format!("/d.toml:{}: dispatcher.xdp_mode:", line_of(&text, "xdp_mode")),
+        format!("/d.toml:{}: backend[0].weight:", line_of(&text, "weight = 0")),
+        format!("/d.toml:{}: vip[0].ring_size:", line_of(&text, "ring_size")),
+        format!("/d.toml:{}: http.workers:", line_of(&text, "workers")),
+    ];
+    assert_eq!(lines.len(), want.len(), "{err}");
+    for (l, w) in lines.iter().zip(&want) {
+        assert!(l.contains(w.as_str()), "`{l}` should contain `{w}`\n{err}");
+    }
+}
+
+#[test]
+fn a_missing_file_or_one_that_is_not_toml_is_refused() {
+    let out = Command::new(dispatcher_bin()).args(["check", "/nonexistent/d.toml"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/d.toml: cannot read"));
+    let (code, _, err) = check("this is not toml");
+    assert_eq!(code, 1);
+    assert!(err.contains("/d.toml:1: "), "{err}");
+}
+
+/// The README's configuration example: it validates, and it shows every field the
+/// parser knows (the parser's own list, from its "unknown field" message), so the
+/// documentation cannot fall behind the code.
+#[test]
+fn the_readme_example_validates_and_documents_every_field() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let section = &readme[readme.find("\n## Configuration").expect("a Configuration section")..];
+    let start = section.find("```toml\n").expect("a toml block") + "```toml\n".len();
+    let example = &section[start..start + section[start..].find("```").unwrap()];
+    let (code, out, err) = check(example);
+    assert_eq!(code, 0, "the README example must validate:\n{err}");
+    assert!(out.contains("ok ("), "{out}");
+
+    let documented: std::collections::HashSet<&str> = example
+        .lines()
+        .filter_map(|l| l.split_once(" =").map(|(k, _)| k.trim()))
+        .filter(|k| !k.is_empty() && !k.starts_with('#'))
+        .collect();
+    for (anchor, table) in [
+        ("instance = \"t\"", "dispatcher"),
+        ("name = \"a\"", "backend"),
+        ("name = \"l4\"", "vip"),
+        ("id = \"123\"", "partition"),
+        ("kind = \"http\"", "health"),
+        ("workers = 1", "http"),
+    ] {
+        let (code, _, err) = check(&FULL.replacen(anchor, &format!("{anchor}\nno_such_field = 1"), 1));
+        assert_eq!(code, 1);
+        let list = err.split("expected one of").nth(1).unwrap_or_else(|| panic!("[{table}]: {err}"));
+        for field in list.split(',').map(|f| f.trim().trim_matches('`')).filter(|f| !f.is_empty()) {
+            assert!(documented.contains(field), "[{table}] field `{field}` is not in the README example");
+        }
+    }
+}
