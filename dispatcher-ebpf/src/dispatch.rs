@@ -20,6 +20,8 @@ use crate::{
 
 const PASS: u32 = xdp_action::XDP_PASS;
 const DROP: u32 = xdp_action::XDP_DROP;
+const TCP_SYN: u8 = 0x02;
+const TCP_ACK: u8 = 0x10;
 
 /// What the network and transport headers said.
 pub struct L3 {
@@ -159,19 +161,21 @@ pub fn try_dispatch(ctx: &XdpContext) -> Result<u32, ()> {
     if vip.mode == MODE_ADDR_MARKER {
         return pass(stats::PASS_NON_VIP, len);
     }
+    let mut syn = false;
     if l3.proto == IPPROTO_TCP {
-        // Data offset is the high nibble of byte 12.
-        let doff: *const u8 = ptr_at(ctx, l3.l4_off + 12)?;
-        if unsafe { *doff } >> 4 < 5 {
+        // Data offset is the high nibble of byte 12; the flags are byte 13.
+        let [doff, flags] = unsafe { *ptr_at::<[u8; 2]>(ctx, l3.l4_off + 12)? };
+        if doff >> 4 < 5 {
             count(vip_slot(vip.id, stats::VIP_DROPS), len);
             return drop(stats::DROP_BAD_TCP_DOFF, len);
         }
+        syn = flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
     }
     if vip.mode == MODE_HTTP {
         return pass(stats::PASS_HTTP, len);
     }
 
-    let Some((backend_id, backend)) = select::select_backend(&vip, &key) else {
+    let Some((backend_id, backend)) = select::select_backend(&vip, &key, syn) else {
         count(vip_slot(vip.id, stats::VIP_DROPS), len);
         return drop(stats::DROP_NO_BACKEND, len);
     };

@@ -75,13 +75,16 @@ fn from_affinity(akey: &AffinityKey, now: u64) -> Option<(u32, BackendInfo)> {
     usable_for_new(a.backend)
 }
 
-pub fn select_backend(vip: &VipInfo, key: &FlowKey) -> Option<(u32, BackendInfo)> {
+/// `syn`: a TCP connection attempt (SYN without ACK). One that finds its tuple pinned to
+/// a backend taking no new flows (drained, suspect, down) is a new connection reusing
+/// the client's port, not part of the old flow: it is chosen afresh.
+pub fn select_backend(vip: &VipInfo, key: &FlowKey, syn: bool) -> Option<(u32, BackendInfo)> {
     // Coarse clock (jiffy resolution): enough for "last seen" and sticky times, and far
     // cheaper than the precise one on every packet.
     let now = unsafe { bpf_ktime_get_coarse_ns() };
     if let Some(flow) = FLOWS.get_ptr_mut(key) {
         let pinned = unsafe { (*flow).backend };
-        if let Some(b) = backend(pinned) {
+        if let Some(b) = backend(pinned).filter(|b| !syn || takes_new_flows(b.state)) {
             if keeps_flows(b.state) {
                 unsafe { (*flow).last_seen_ns = now };
                 count(stats::vip_slot(vip.id, stats::VIP_FLOW_HITS), 0);
@@ -97,7 +100,8 @@ pub fn select_backend(vip: &VipInfo, key: &FlowKey) -> Option<(u32, BackendInfo)
                 return Some((rid, r));
             }
         }
-        // No replica to take it: fall through and re-hash as a new flow.
+        // No replica to take it, or a new connection: fall through and choose as for a
+        // new flow (the entry is overwritten).
     }
 
     let sticky = vip.flags & VIP_F_AFFINITY != 0;

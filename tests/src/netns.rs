@@ -432,16 +432,34 @@ impl Testbed {
     /// UDP services are given as (VIP, port): a reply must come from the VIP.
     pub fn start_servers(&mut self, tcp_ports: &[u16], udp: &[(&str, u16)]) {
         for i in 0..self.backends.len() {
-            for &port in tcp_ports {
-                self.spawn_task(i, move |stop| serve_tcp(i, port, stop));
-            }
-            for &(vip, port) in udp {
-                let vip: Ipv4Addr = vip.parse().expect("VIP address");
-                self.spawn_task(i, move |stop| serve_udp(i, vip, port, stop));
-            }
+            self.start_servers_on(i, tcp_ports, udp);
+        }
+    }
+
+    /// The same servers on backend `i` only (again, after `kill_servers_of`).
+    pub fn start_servers_on(&mut self, i: usize, tcp_ports: &[u16], udp: &[(&str, u16)]) {
+        for &port in tcp_ports {
+            self.spawn_task(i, move |stop| serve_tcp(i, port, stop));
+        }
+        for &(vip, port) in udp {
+            let vip: Ipv4Addr = vip.parse().expect("VIP address");
+            self.spawn_task(i, move |stop| serve_udp(i, vip, port, stop));
         }
         // Listeners bind synchronously in their thread before it loops; give them a moment.
         std::thread::sleep(Duration::from_millis(100));
+    }
+
+    /// One request to the agent's admin socket: (status, body), `None` if no agent answers.
+    pub fn admin(&self, method: &str, path: &str) -> Option<(u16, String)> {
+        use std::io::{Read, Write};
+        let sock = format!("/run/dispatcher/{}.sock", self.instance());
+        let mut s = std::os::unix::net::UnixStream::connect(sock).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(s, "{method} {path} HTTP/1.1\r\nHost: admin\r\nContent-Length: 0\r\n\r\n").ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        let (head, body) = out.split_once("\r\n\r\n")?;
+        Some((head.split_whitespace().nth(1)?.parse().ok()?, body.to_string()))
     }
 
     /// Every backend runs a WebSphere-like clone (`websphere::serve`) on `port`.

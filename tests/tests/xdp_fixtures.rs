@@ -458,3 +458,30 @@ fn decap_strips_the_outer_header() {
     let plain = Packet::tcp("10.0.0.2", 40015, "10.0.0.10", 22).build();
     assert_eq!(run(&plain), (XDP_PASS, plain.clone()), "non-IPIP traffic untouched");
 }
+
+/// A client reusing a port: a SYN on a tuple pinned to a drained backend is a new
+/// connection and goes where new connections go; the old flow's other packets kept
+/// their backend until then.
+#[test]
+fn a_syn_reusing_a_tuple_pinned_to_a_drained_backend_is_chosen_afresh() {
+    let mut fx = fixture();
+    let flows: Vec<Packet> = (0..200u16).map(|i| Packet::tcp("10.0.0.4", 31000 + i, "10.0.100.1", 80)).collect();
+    let b = 1usize;
+    let p = flows.iter().find(|p| fx.ring_choice(MAC4, p) == b).expect("a flow on backend 1").clone();
+    assert_eq!(fx.run(&p).out[0..6], fx.mac(b));
+    fx.set_state(b, STATE_DRAIN, true);
+
+    let ack = p.clone().with(|p| p.tcp_flags = TCP_ACK).build();
+    assert_eq!(fx.run_bytes(&ack).out, mac_forwarded(&ack, fx.mac(b)), "the old flow's packets stay");
+    let before = snapshot(&fx, &[vip_slot(MAC4 as u32, stats::VIP_NEW_FLOWS)]);
+    let syn = p.build();
+    let o = fx.run_bytes(&syn);
+    assert_eq!(o.verdict, XDP_TX);
+    assert_ne!(o.out[0..6], fx.mac(b), "a new connection never goes to a drained backend");
+    let now = (0..4).find(|&x| o.out[0..6] == fx.mac(x)).unwrap();
+    assert_eq!(fx.flow(&p).unwrap().backend, now as u32, "the tuple is pinned anew");
+    assert_eq!(deltas(&fx, &before), [1], "counted as a new flow");
+    // While up, a SYN on a pinned tuple keeps it (a retransmitted SYN stays put).
+    fx.set_state(b, STATE_UP, true);
+    assert_eq!(fx.run_bytes(&syn).out[0..6], fx.mac(now));
+}

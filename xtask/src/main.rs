@@ -30,10 +30,10 @@ enum Cmd {
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
     },
-    /// The guided tour: a testbed, traffic through XDP, a drain and a failure, live counters.
+    /// The guided tour: a testbed, L4 and HTTP traffic, a drain, a crash and a recovery, a live view.
     Demo {
         /// Seconds of traffic.
-        #[arg(long, default_value_t = 12)]
+        #[arg(long, default_value_t = 24)]
         seconds: u64,
     },
     /// Benchmarks against a trivial XDP program measured in the same run.

@@ -1,13 +1,17 @@
-//! `cargo xtask demo`: a testbed in network namespaces, L4 traffic through the XDP
-//! program, a backend drained and another failed on the way, live counters from the
-//! pinned maps, a summary, and everything torn down.
+//! `cargo xtask demo`: the tour of the product. A client, the dispatcher and four
+//! WebSphere-like clones in replica pairs (b0/b1, b2/b3), each in its own network
+//! namespace. L4 traffic (TCP connections, UDP flows) goes through the XDP program, HTTP
+//! sessions through the agent. While it runs, a live status view follows an operator
+//! draining b0, b2 crashing (requests for its sessions are held, then served by its
+//! replica b3), b2 coming back and b0 being enabled again. It ends with a summary
+//! (requests, sessions kept, misroutes, failover times) and tears everything down.
 
 use std::{
     collections::BTreeMap,
-    io::{BufRead, BufReader, Write},
+    io::{BufRead, BufReader, IsTerminal, Write},
     net::{SocketAddr, TcpStream, UdpSocket},
     sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
         Arc, Mutex,
     },
     time::{Duration, Instant},
@@ -16,159 +20,225 @@ use std::{
 use dispatcher::dataplane::tables::Tables;
 use dispatcher_common::stats;
 use dispatcher_tests::{
-    netns::Testbed,
+    netns::{Ns, Testbed},
     websphere::{self, Client},
 };
 
 const VIP: &str = "10.99.100.1";
 const HTTP_VIP: &str = "10.99.100.8";
-const HTTP_CLIENTS: usize = 6;
-const CLIENT_THREADS: usize = 6;
+const HTTP_CLIENTS: usize = 8;
+const L4_THREADS: usize = 4;
+const BACKENDS: usize = 4;
+
+/// Where the story is; L4 connections are counted per phase.
+const PHASES: [&str; 6] =
+    ["all up", "b0 drained", "b2 crashed, not yet detected", "b2 down (replica b3 serves)", "b2 back", "b0 enabled"];
+const CRASHED: usize = 2;
+const DOWN: usize = 3;
 
 #[derive(Default)]
-struct Phase {
-    conns: BTreeMap<String, u64>,
-    errors: u64,
+struct L4Stats {
+    /// Per phase: new TCP connections per backend, and connections that broke.
+    conns: Mutex<[BTreeMap<String, u64>; PHASES.len()]>,
+    broken: [AtomicU64; PHASES.len()],
 }
 
-struct Shared {
-    phase: Mutex<usize>,
-    per_phase: Mutex<[Phase; 3]>,
+#[derive(Default)]
+struct HttpStats {
+    requests: AtomicU64,
+    errors: AtomicU64,
+    lost: AtomicU64,
+    /// Clients whose session counter went on without a gap from start to end.
+    sessions_kept: AtomicU64,
+    /// The longest request, in microseconds (a held request waits for the failover).
+    slowest_us: AtomicU64,
+    /// Requests that took longer than 100 ms.
+    slow: AtomicU64,
 }
 
 fn main() {
     let seconds: u64 =
-        std::env::args().skip_while(|a| a != "--seconds").nth(1).and_then(|s| s.parse().ok()).unwrap_or(12);
-    let seconds = seconds.clamp(6, 600);
-    println!("dispatcher demo: a client, the dispatcher and 4 backends (replica pairs b0/b1, b2/b3)");
-    println!("  L4:   VIP {VIP} tcp/80, udp/5060 -> XDP (MAC forwarding, direct server return)");
+        std::env::args().skip_while(|a| a != "--seconds").nth(1).and_then(|s| s.parse().ok()).unwrap_or(24);
+    let seconds = seconds.clamp(12, 600);
+    println!("dispatcher demo: a client, the dispatcher and {BACKENDS} clones in replica pairs (b0/b1, b2/b3)");
+    println!("  L4:   VIP {VIP} tcp/80 and udp/5060 -> XDP, MAC forwarding (direct server return)");
     println!("  HTTP: VIP {HTTP_VIP}:80 -> the agent -> WebSphere-like clones on :8080, JSESSIONID affinity\n");
 
-    let mut tb = Testbed::new(4, &[VIP, HTTP_VIP]);
+    println!("[1/4] network namespaces, veth pairs, a switch");
+    let mut tb = Testbed::new(BACKENDS, &[VIP, HTTP_VIP]);
     tb.add_local_vip(HTTP_VIP);
     let cfg_text = format!(
-        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[health]\npath = \"/health\"\ninterval = \"500ms\"\n\n{}\n[[vip]]\nname = \"web\"\naddress = \"{VIP}\"\nport = 80\n\n[[vip]]\nname = \"sessions\"\naddress = \"{VIP}\"\nport = 5060\nprotocol = \"udp\"\n\n[[vip]]\nname = \"app\"\naddress = \"{HTTP_VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = 8080\n",
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[health]\npath = \"/health\"\ninterval = \"250ms\"\ntimeout = \"200ms\"\nfall = 2\nrise = 2\n\n[http]\nhold_time = \"3s\"\n\n{}\n[[vip]]\nname = \"web\"\naddress = \"{VIP}\"\nport = 80\n\n[[vip]]\nname = \"sessions\"\naddress = \"{VIP}\"\nport = 5060\nprotocol = \"udp\"\n\n[[vip]]\nname = \"app\"\naddress = \"{HTTP_VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = 8080\n",
         tb.instance(),
-        tb.backend_config(&[100, 100, 100, 100])
+        tb.backend_config(&[100; BACKENDS])
     );
     let cfg_path = tb.write_config(&cfg_text);
     let cfg_arg = cfg_path.to_str().unwrap().to_string();
-    println!(
-        "testbed {}: namespaces {}-{{cl,lb,sw,b0..b3}}, VIP {VIP} tcp/80 and udp/5060, MAC forwarding",
-        tb.instance(),
-        tb.instance()
-    );
+    println!("      testbed {}: namespaces {}-{{cl,lb,sw,b0..b3}}", tb.instance(), tb.instance());
+    println!("[2/4] backends: a line/datagram echo server (L4) and a WebSphere-like clone (HTTP) on each");
     tb.start_servers(&[80], &[(VIP, 5060)]);
-    let app = websphere::Cluster::new(4);
+    let app = websphere::Cluster::new(BACKENDS);
     tb.start_websphere(&app, 8080);
+    println!("[3/4] dispatcher run --config {cfg_arg}");
     tb.start_dispatcher(&cfg_path);
-    println!("dispatcher running in {} (maps pinned under {})\n", tb.lb.name, tb.pin_dir().display());
+    println!("      XDP attached to {}/eth0, maps pinned under {}", tb.lb.name, tb.pin_dir().display());
 
-    // Long-lived UDP flows ("sessions"); make sure two of them sit on b2, which will fail.
-    let mut sessions: Vec<(UdpSocket, String)> = Vec::new();
-    for _ in 0..200 {
-        if sessions.iter().filter(|(_, b)| b == "b2").count() >= 2 && sessions.len() >= 4 {
-            break;
-        }
-        let s = udp_socket(&tb);
-        if let Some(b) = udp_ask(&s) {
-            if b == "b2" || sessions.len() < 2 {
-                sessions.push((s, b));
-            }
-        }
-    }
-
-    let shared = Arc::new(Shared { phase: Mutex::new(0), per_phase: Mutex::new(Default::default()) });
+    println!("[4/4] traffic: {L4_THREADS} TCP clients, UDP flows, {HTTP_CLIENTS} HTTP clients with cookie jars\n");
+    let sessions = udp_sessions(&tb);
+    let phase = Arc::new(AtomicUsize::new(0));
     let stop = Arc::new(AtomicBool::new(false));
-    let mut clients = Vec::new();
-    for _ in 0..CLIENT_THREADS {
-        let (shared, stop) = (shared.clone(), stop.clone());
-        clients.push(tb.client.spawn(move || client_loop(&shared, &stop)));
-    }
-
+    let l4 = Arc::new(L4Stats::default());
     let http = Arc::new(HttpStats::default());
-    let mut http_clients = Vec::new();
+    let mut threads = Vec::new();
+    for _ in 0..L4_THREADS {
+        let (l4, phase, stop) = (l4.clone(), phase.clone(), stop.clone());
+        threads.push(tb.client.spawn(move || l4_client(&l4, &phase, &stop)));
+    }
     for _ in 0..HTTP_CLIENTS {
         let (http, stop, ns) = (http.clone(), stop.clone(), tb.client.clone());
-        http_clients.push(std::thread::spawn(move || http_client_loop(&ns, &http, &stop)));
+        threads.push(std::thread::spawn(move || http_client(&ns, &http, &stop)));
     }
 
     let tables = Tables::from_pinned(&tb.pin_dir()).expect("pinned maps");
+    let mut view = View::new(std::io::stdout().is_terminal());
     let start = Instant::now();
-    let mut drained = false;
-    let mut failed = false;
+    let at = |f: u64| Duration::from_millis(seconds * 1000 * f / 6);
+    let mut step = 0;
+    let mut crash_at = None;
+    let mut back_at = None;
+    let mut times = FailoverTimes::default();
+    let mut hits_at_return = 0;
+    let mut last_states = vec![String::new(); BACKENDS];
+    let mut next_draw = Duration::ZERO;
     while start.elapsed() < Duration::from_secs(seconds) {
-        std::thread::sleep(Duration::from_secs(1));
-        let t = start.elapsed().as_secs();
-        if !drained && t >= seconds / 3 {
-            drained = true;
-            println!("\n>>> t={t}s  dispatcher drain b0: b0 keeps its connections, takes no new ones");
-            print!("    {}", tb.dispatcher_cmd(&["drain", "--config", &cfg_arg, "b0"]));
-            // Connections counted from here on were opened after the drain took effect.
-            *shared.phase.lock().unwrap() = 1;
+        let now = start.elapsed();
+        if step < 4 && now >= at(step as u64 + 1) {
+            match step {
+                0 => {
+                    let out = tb.dispatcher_cmd(&["drain", "--config", &cfg_arg, "b0"]);
+                    view.event(now, format!("operator: dispatcher drain b0 -> {}", out.trim()));
+                    phase.store(1, Ordering::SeqCst);
+                }
+                1 => {
+                    phase.store(CRASHED, Ordering::SeqCst);
+                    crash_at = Some(Instant::now());
+                    tb.kill_servers_of(2);
+                    app.kill(2);
+                    view.event(now, "b2 crashes (its clone and servers die; nobody tells the dispatcher)".into());
+                }
+                2 => {
+                    app.revive(2);
+                    tb.start_websphere_on(&app, 2, 8080);
+                    tb.start_servers_on(2, &[80], &[(VIP, 5060)]);
+                    back_at = Some(Instant::now());
+                    hits_at_return = app.hits().len();
+                    view.event(now, "b2 restarts (its clone copies its sessions back from b3)".into());
+                    phase.store(4, Ordering::SeqCst);
+                }
+                _ => {
+                    let out = tb.dispatcher_cmd(&["enable", "--config", &cfg_arg, "b0"]);
+                    view.event(now, format!("operator: dispatcher enable b0 -> {}", out.trim()));
+                    phase.store(5, Ordering::SeqCst);
+                }
+            }
+            step += 1;
         }
-        if !failed && t >= 2 * seconds / 3 {
-            failed = true;
-            println!("\n>>> t={t}s  b2 fails (its servers stop) and is disabled: its flows move to its replica b3");
-            // Connections that break while b2 dies count in the failure phase.
-            *shared.phase.lock().unwrap() = 2;
-            tb.kill_servers_of(2);
-            print!("    {}", tb.dispatcher_cmd(&["disable", "--config", &cfg_arg, "b2"]));
+        // State changes as the agent reports them, timed from the crash and the restart.
+        let status = agent_status(&tb);
+        for (i, last) in last_states.iter_mut().enumerate() {
+            let state = status["backends"][i]["state"].as_str().unwrap_or("?").to_string();
+            if *last != state {
+                let mut note = String::new();
+                if i == 2 {
+                    if let (Some(c), None) = (crash_at, back_at) {
+                        let ms = c.elapsed().as_millis() as u64;
+                        note = format!(" ({ms} ms after the crash)");
+                        match state.as_str() {
+                            "suspect" if times.suspect_ms.is_none() => times.suspect_ms = Some(ms),
+                            "down" if times.down_ms.is_none() => {
+                                times.down_ms = Some(ms);
+                                phase.store(DOWN, Ordering::SeqCst);
+                            }
+                            _ => {}
+                        }
+                    }
+                    if let Some(b) = back_at {
+                        let ms = b.elapsed().as_millis() as u64;
+                        note = format!(" ({ms} ms after the restart)");
+                        if state == "up" && times.up_ms.is_none() {
+                            times.up_ms = Some(ms);
+                        }
+                    }
+                }
+                if !last.is_empty() {
+                    view.event(now, format!("agent: b{i} {last} -> {state}{note}"));
+                }
+                *last = state;
+            }
         }
-        print_live(&tables, &app, t);
+        if now >= next_draw {
+            view.draw(now, PHASES[phase.load(Ordering::SeqCst)], &status, &tables, &http);
+            next_draw = now + Duration::from_secs(1);
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
     stop.store(true, Ordering::SeqCst);
-    for c in clients.into_iter().chain(http_clients) {
-        let _ = c.join();
+    for t in threads {
+        let _ = t.join();
     }
+    let status = agent_status(&tb);
+    view.draw(start.elapsed(), "done", &status, &tables, &http);
 
-    println!("\n=== what happened ===");
-    let per = shared.per_phase.lock().unwrap();
-    for (i, name) in ["all up", "b0 drained", "b0 drained, b2 failed"].iter().enumerate() {
-        let total: u64 = per[i].conns.values().sum();
-        let spread: Vec<String> = per[i].conns.iter().map(|(b, n)| format!("{b}={n}")).collect();
-        println!("{name:<24} {total:>6} new TCP connections: {}   broken: {}", spread.join(" "), per[i].errors);
-    }
-    let after_drain_b0: u64 =
-        per[1].conns.get("b0").copied().unwrap_or(0) + per[2].conns.get("b0").copied().unwrap_or(0);
-    println!("new connections to b0 after its drain: {after_drain_b0} (expected 0)");
-    let after_fail_b2 = per[2].conns.get("b2").copied().unwrap_or(0);
-    println!("new connections to b2 after its failure: {after_fail_b2} (expected 0)");
-    for (s, before) in &sessions {
-        let now = udp_ask(s).unwrap_or_else(|| "no answer".into());
-        let note = if before == "b2" { "  <- moved to b2's peer replica" } else { "" };
-        println!("UDP flow {:>5}: before {before}, now {now}{note}", s.local_addr().unwrap().port());
-    }
-    let hits = tables.counter(stats::vip_slot(1, stats::VIP_REPINNED)).map(|c| c.packets).unwrap_or(0);
-    let agent_status: serde_json::Value =
-        serde_json::from_str(&tb.dispatcher_cmd(&["status", "--config", &cfg_arg, "--json"])).unwrap_or_default();
-    println!(
-        "flows moved to a replica: {} by the agent when b2 went out, {hits} by XDP on a packet before that",
-        agent_status["agent"]["counters"]["flow_rewrites"]
-    );
-
-    println!("\nHTTP ({HTTP_CLIENTS} clients with cookie jars, new connection every 10 requests):");
+    println!("\n=== summary ===");
     let requests = http.requests.load(Ordering::SeqCst);
-    println!("  requests answered: {requests}, errors: {}", http.errors.load(Ordering::SeqCst));
+    println!("HTTP ({HTTP_CLIENTS} clients, one session each, a new connection every 10 requests):");
+    println!("  requests answered {requests}, errors {}", http.errors.load(Ordering::SeqCst));
     println!(
-        "  session counters that continued without a gap: {} of {} responses",
-        http.continued.load(Ordering::SeqCst),
-        requests
+        "  sessions kept (counter went on without a gap, start to end): {} of {HTTP_CLIENTS}; lost (no copy found): {}",
+        http.sessions_kept.load(Ordering::SeqCst),
+        http.lost.load(Ordering::SeqCst)
     );
-    println!("  sessions lost (a clone found no copy): {}", http.lost.load(Ordering::SeqCst));
     let (moved, misroutes) = session_moves(&app);
-    println!("  sessions that moved to their replica when b2 failed: {moved}");
-    println!("  misroutes (served by neither the session's owner nor its replica): {misroutes}");
-    let status: serde_json::Value =
-        serde_json::from_str(&tb.dispatcher_cmd(&["status", "--config", &cfg_arg, "--json"])).unwrap_or_default();
-    let k = &status["agent"]["counters"];
+    let returned = returned_to_b2(&app, hits_at_return);
+    println!(
+        "  sessions that moved to their replica when b2 crashed: {moved}; back on b2 after its restart: {returned}"
+    );
+    println!("  misroutes (served by neither the session's owner nor its replica): {misroutes} (expected 0)");
+    let k = &status["counters"];
     println!(
         "  the agent counted: held {} (timed out {}), retries {}, failovers {}, misroutes {}",
         k["holds"], k["hold_timeouts"], k["retries"], k["failovers"], k["misroutes"]
     );
+    println!(
+        "  slowest request {} ms ({} took over 100 ms: held until the failover)",
+        http.slowest_us.load(Ordering::SeqCst) / 1000,
+        http.slow.load(Ordering::SeqCst)
+    );
+    println!("failover times (health checks every 250 ms, fall 2, rise 2):");
+    let ms = |v: Option<u64>| v.map(|v| format!("{v} ms")).unwrap_or_else(|| "not seen".into());
+    println!("  b2 crash -> suspect (requests for its sessions held): {}", ms(times.suspect_ms));
+    println!("  b2 crash -> down (its sessions and flows go to b3):    {}", ms(times.down_ms));
+    println!("  b2 restart -> up (its sessions come back):             {}", ms(times.up_ms));
+
+    println!("L4 (new TCP connections per phase, by backend):");
+    let conns = l4.conns.lock().unwrap();
+    for (i, name) in PHASES.iter().enumerate() {
+        let spread: Vec<String> = conns[i].iter().map(|(b, n)| format!("{b}={n}")).collect();
+        let broken = l4.broken[i].load(Ordering::SeqCst);
+        println!("  {name:<30} {:>6}: {}   broken: {broken}", conns[i].values().sum::<u64>(), spread.join(" "));
+    }
+    let b0_drained: u64 = (1..5).map(|p| conns[p].get("b0").copied().unwrap_or(0)).sum();
+    println!("  new connections to b0 while drained: {b0_drained} (expected 0)");
+    println!("  new connections to b2 while down: {} (expected 0)", conns[DOWN].get("b2").copied().unwrap_or(0));
+    for (s, before) in &sessions {
+        let now = udp_ask(s).unwrap_or_else(|| "no answer".into());
+        println!("  UDP flow :{:<5} pinned to {before}, now answered by {now}", s.local_addr().unwrap().port());
+    }
+    println!("  flows moved to a replica by the agent: {}", status["counters"]["flow_rewrites"].as_u64().unwrap_or(0));
+
     println!("\nfinal status (dispatcher status):");
     print!("{}", tb.dispatcher_cmd(&["status", "--config", &cfg_arg]));
-    drop(per);
+    drop(conns);
     drop(tables);
     let name = tb.instance().to_string();
     drop(tb);
@@ -176,40 +246,155 @@ fn main() {
 }
 
 #[derive(Default)]
-struct HttpStats {
-    requests: AtomicU64,
-    errors: AtomicU64,
-    continued: AtomicU64,
-    lost: AtomicU64,
+struct FailoverTimes {
+    suspect_ms: Option<u64>,
+    down_ms: Option<u64>,
+    up_ms: Option<u64>,
 }
 
-fn http_client_loop(ns: &dispatcher_tests::netns::Ns, stats: &HttpStats, stop: &AtomicBool) {
+fn agent_status(tb: &Testbed) -> serde_json::Value {
+    tb.admin("GET", "/status").and_then(|(_, body)| serde_json::from_str(&body).ok()).unwrap_or_default()
+}
+
+/// The live view: redrawn in place on a terminal; otherwise events as they happen and
+/// one line per second.
+struct View {
+    tty: bool,
+    events: Vec<String>,
+    drawn_lines: usize,
+    /// Per backend: XDP packets and agent requests at the last draw (for rates).
+    last: Vec<(u64, u64)>,
+    last_at: Duration,
+}
+
+impl View {
+    fn new(tty: bool) -> View {
+        View { tty, events: Vec::new(), drawn_lines: 0, last: vec![(0, 0); BACKENDS], last_at: Duration::ZERO }
+    }
+
+    fn event(&mut self, at: Duration, text: String) {
+        let line = format!("t={:>5.1}s  {text}", at.as_secs_f64());
+        if !self.tty {
+            println!(">>> {line}");
+        }
+        self.events.push(line);
+    }
+
+    fn draw(&mut self, now: Duration, phase: &str, status: &serde_json::Value, tables: &Tables, http: &HttpStats) {
+        let dt = (now - self.last_at).as_secs_f64().max(0.001);
+        self.last_at = now;
+        let mut rows = Vec::new();
+        for i in 0..BACKENDS {
+            let b = &status["backends"][i];
+            let pkts =
+                tables.counter(stats::backend_slot(i as u32, stats::BACKEND_PACKETS)).map(|c| c.packets).unwrap_or(0);
+            let reqs = b["requests"].as_u64().unwrap_or(0);
+            let (lp, lr) = std::mem::replace(&mut self.last[i], (pkts, reqs));
+            rows.push((
+                format!("b{i}"),
+                b["state"].as_str().unwrap_or("?").to_string(),
+                b["health"].as_str().unwrap_or("?").to_string(),
+                ((pkts - lp) as f64 / dt) as u64,
+                ((reqs - lr) as f64 / dt) as u64,
+                b["active"].as_u64().unwrap_or(0),
+                b["connections"].as_u64().unwrap_or(0),
+            ));
+        }
+        let k = &status["counters"];
+        if !self.tty {
+            let cells: Vec<String> =
+                rows.iter().map(|r| format!("{}[{}] {} pkt/s {} req/s", r.0, r.1, r.3, r.4)).collect();
+            println!(
+                "t={:>5.1}s  {}  | held now {} holds {} failovers {} misroutes {}",
+                now.as_secs_f64(),
+                cells.join("  "),
+                k["held_now"],
+                k["holds"],
+                k["failovers"],
+                k["misroutes"]
+            );
+            return;
+        }
+        let mut out = String::new();
+        if self.drawn_lines > 0 {
+            // Back to the top of the previous view, and clear below.
+            out += &format!("\x1b[{}A\x1b[J", self.drawn_lines);
+        }
+        let mut lines = vec![
+            format!("t={:>5.1}s  phase: {phase}", now.as_secs_f64()),
+            format!(
+                "  {:<8} {:<9} {:<8} {:>12} {:>10} {:>7} {:>6}",
+                "BACKEND", "STATE", "HEALTH", "XDP pkts/s", "HTTP req/s", "ACTIVE", "CONNS"
+            ),
+        ];
+        for r in &rows {
+            lines.push(format!("  {:<8} {:<9} {:<8} {:>12} {:>10} {:>7} {:>6}", r.0, r.1, r.2, r.3, r.4, r.5, r.6));
+        }
+        lines.push(format!(
+            "  HTTP: answered {} errors {} | held now {} holds {} retries {} failovers {} misroutes {} | clone table {}",
+            http.requests.load(Ordering::SeqCst),
+            http.errors.load(Ordering::SeqCst),
+            k["held_now"],
+            k["holds"],
+            k["retries"],
+            k["failovers"],
+            k["misroutes"],
+            status["clones"]
+        ));
+        lines.push("  events:".into());
+        let from = self.events.len().saturating_sub(8);
+        lines.extend(self.events[from..].iter().map(|e| format!("    {e}")));
+        for l in &lines {
+            out += l;
+            out.push('\n');
+        }
+        self.drawn_lines = lines.len();
+        print!("{out}");
+        let _ = std::io::stdout().flush();
+    }
+}
+
+/// One session per client for the whole demo; a new connection every 10 requests.
+fn http_client(ns: &Ns, stats: &HttpStats, stop: &AtomicBool) {
     let addr: SocketAddr = format!("{HTTP_VIP}:80").parse().unwrap();
     let mut c = Client::new(ns, addr);
     let mut last = 0u64;
+    let mut kept = true;
     let mut n = 0u64;
     while !stop.load(Ordering::SeqCst) {
         n += 1;
         if n.is_multiple_of(10) {
             c.reconnect();
         }
-        match c.get("/app/cart") {
+        let started = Instant::now();
+        let r = c.get("/app/cart");
+        let us = started.elapsed().as_micros() as u64;
+        stats.slowest_us.fetch_max(us, Ordering::SeqCst);
+        if us > 100_000 {
+            stats.slow.fetch_add(1, Ordering::SeqCst);
+        }
+        match r {
             Ok(r) if r.status == 200 => {
                 stats.requests.fetch_add(1, Ordering::SeqCst);
                 let count: u64 = r.field("count").and_then(|v| v.parse().ok()).unwrap_or(0);
-                if count == last + 1 {
-                    stats.continued.fetch_add(1, Ordering::SeqCst);
+                if count != last + 1 {
+                    kept = false;
                 }
                 if r.field("lost") == Some("1") {
                     stats.lost.fetch_add(1, Ordering::SeqCst);
+                    kept = false;
                 }
                 last = count;
             }
             _ => {
                 stats.errors.fetch_add(1, Ordering::SeqCst);
+                c.reconnect();
             }
         }
-        std::thread::sleep(Duration::from_millis(30));
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    if kept && last > 0 {
+        stats.sessions_kept.fetch_add(1, Ordering::SeqCst);
     }
 }
 
@@ -232,10 +417,26 @@ fn session_moves(app: &websphere::Cluster) -> (usize, usize) {
     (moved.len(), misroutes)
 }
 
-fn client_loop(shared: &Shared, stop: &AtomicBool) {
+/// Sessions first served by b2 that b2 served again after its restart.
+fn returned_to_b2(app: &websphere::Cluster, since: usize) -> usize {
+    let hits = app.hits();
+    let mut first: std::collections::HashMap<&str, usize> = Default::default();
+    for h in &hits {
+        first.entry(h.session.as_str()).or_insert(h.backend);
+    }
+    let back: std::collections::HashSet<&str> = hits[since.min(hits.len())..]
+        .iter()
+        .filter(|h| h.backend == 2 && first.get(h.session.as_str()) == Some(&2))
+        .map(|h| h.session.as_str())
+        .collect();
+    back.len()
+}
+
+/// Short TCP connections (five lines each, all answered by the same backend).
+fn l4_client(l4: &L4Stats, phase: &AtomicUsize, stop: &AtomicBool) {
     let addr: SocketAddr = format!("{VIP}:80").parse().unwrap();
     while !stop.load(Ordering::SeqCst) {
-        let phase = *shared.phase.lock().unwrap();
+        let p = phase.load(Ordering::SeqCst);
         let result = (|| -> std::io::Result<String> {
             let s = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
             s.set_read_timeout(Some(Duration::from_secs(1)))?;
@@ -256,14 +457,32 @@ fn client_loop(shared: &Shared, stop: &AtomicBool) {
             }
             Ok(first)
         })();
-        let mut per = shared.per_phase.lock().unwrap();
         match result {
-            Ok(b) => *per[phase].conns.entry(b).or_default() += 1,
-            Err(_) => per[phase].errors += 1,
+            Ok(b) => *l4.conns.lock().unwrap()[p].entry(b).or_default() += 1,
+            // Counted in the phase in which it broke.
+            Err(_) => {
+                l4.broken[phase.load(Ordering::SeqCst)].fetch_add(1, Ordering::SeqCst);
+            }
         }
-        drop(per);
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// A few long-lived UDP flows, two of them pinned to b2 (which will crash).
+fn udp_sessions(tb: &Testbed) -> Vec<(UdpSocket, String)> {
+    let mut sessions: Vec<(UdpSocket, String)> = Vec::new();
+    for _ in 0..200 {
+        if sessions.iter().filter(|(_, b)| b == "b2").count() >= 2 && sessions.len() >= 4 {
+            break;
+        }
+        let s = udp_socket(tb);
+        if let Some(b) = udp_ask(&s) {
+            if b == "b2" || sessions.len() < 2 {
+                sessions.push((s, b));
+            }
+        }
+    }
+    sessions
 }
 
 fn udp_socket(tb: &Testbed) -> UdpSocket {
@@ -286,23 +505,4 @@ fn udp_ask(s: &UdpSocket) -> Option<String> {
         }
     }
     None
-}
-
-fn print_live(tables: &Tables, app: &websphere::Cluster, t: u64) {
-    let hits = app.hits();
-    let mut row = format!("t={t:>3}s  per backend: XDP packets/new flows, HTTP requests:");
-    for b in 0..4u32 {
-        let st = tables.backend(b).map(|i| i.state).unwrap_or(0);
-        let state = match st {
-            dispatcher_common::STATE_UP => "up",
-            dispatcher_common::STATE_DRAIN => "drain",
-            dispatcher_common::STATE_DISABLED => "disabled",
-            _ => "down",
-        };
-        let p = tables.counter(stats::backend_slot(b, stats::BACKEND_PACKETS)).map(|c| c.packets).unwrap_or(0);
-        let n = tables.counter(stats::backend_slot(b, stats::BACKEND_NEW_FLOWS)).map(|c| c.packets).unwrap_or(0);
-        let h = hits.iter().filter(|x| x.backend == b as usize).count();
-        row += &format!("  b{b}[{state}] {p}/{n} {h}");
-    }
-    println!("{row}");
 }
