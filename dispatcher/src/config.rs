@@ -348,7 +348,7 @@ impl Default for HttpSettings {
             client_idle_timeout: Duration::from_secs(60),
             connect_timeout: Duration::from_secs(3),
             server_timeout: Duration::from_secs(30),
-            pool_max_idle: 32,
+            pool_max_idle: 1024,
             pool_idle_timeout: Duration::from_secs(30),
             max_connections_per_backend: 1024,
             drain_timeout: Duration::from_secs(10),

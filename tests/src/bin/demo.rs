@@ -117,6 +117,7 @@ fn main() {
                 0 => {
                     let out = tb.dispatcher_cmd(&["drain", "--config", &cfg_arg, "b0"]);
                     view.event(now, format!("operator: dispatcher drain b0 -> {}", out.trim()));
+                    // After the command: connections counted as "drained" started after it.
                     phase.store(1, Ordering::SeqCst);
                 }
                 1 => {
@@ -136,9 +137,11 @@ fn main() {
                     phase.store(4, Ordering::SeqCst);
                 }
                 _ => {
+                    // The phase first: a connection counted in the previous phase must
+                    // have started before b0 could take new ones again.
+                    phase.store(5, Ordering::SeqCst);
                     let out = tb.dispatcher_cmd(&["enable", "--config", &cfg_arg, "b0"]);
                     view.event(now, format!("operator: dispatcher enable b0 -> {}", out.trim()));
-                    phase.store(5, Ordering::SeqCst);
                 }
             }
             step += 1;

@@ -151,6 +151,9 @@ pub fn draw(report: &Value, dir: &Path) -> Vec<String> {
                 None => series.push((name.to_string(), vec![(x, y)])),
             }
         }
+        for s in &mut series {
+            s.1.sort_by(|a, b| a.0.total_cmp(&b.0));
+        }
         files.extend(write(
             dir,
             "http_p99",

@@ -48,9 +48,9 @@ fn backend_conf(i: usize, dir: &std::path::Path) -> String {
     )
 }
 
-fn haproxy_conf(dir: &std::path::Path) -> String {
+fn haproxy_conf(dir: &std::path::Path, maxconn: u64) -> String {
     let mut s = format!(
-        "global\n nbthread {WORKERS}\n maxconn 4000\n pidfile {d}/haproxy.pid\ndefaults\n mode http\n timeout connect 3s\n timeout client 30s\n timeout server 30s\n option http-keep-alive\nfrontend fe\n bind {VIP}:81\n default_backend be\nbackend be\n balance roundrobin\n http-reuse safe\n",
+        "global\n nbthread {WORKERS}\n maxconn {maxconn}\n pidfile {d}/haproxy.pid\ndefaults\n mode http\n timeout connect 3s\n timeout client 30s\n timeout server 30s\n option http-keep-alive\nfrontend fe\n bind {VIP}:81\n default_backend be\nbackend be\n balance roundrobin\n http-reuse safe\n",
         d = dir.display()
     );
     for i in 0..4 {
@@ -91,12 +91,14 @@ fn ms(v: &str) -> f64 {
     }
 }
 
-fn wrk(tb: &Testbed, port: u16, secs: u64, script: &std::path::Path) -> (f64, f64, f64, u64) {
+fn wrk(tb: &Testbed, port: u16, secs: u64, script: &std::path::Path, connections: usize) -> (f64, f64, f64, u64) {
     let url = format!("http://{VIP}:{port}/");
     let out = tb.client.exec(&[
         "wrk",
         "-t1",
-        &format!("-c{CONNECTIONS}"),
+        &format!("-c{connections}"),
+        "--timeout",
+        "10s",
         &format!("-d{secs}s"),
         "--latency",
         "-s",
@@ -119,6 +121,9 @@ fn wrk(tb: &Testbed, port: u16, secs: u64, script: &std::path::Path) -> (f64, f6
         } else if t.starts_with("Socket errors:") {
             errors += t.split(|c: char| !c.is_ascii_digit()).filter_map(|n| n.parse::<u64>().ok()).sum::<u64>();
         }
+    }
+    if rps.is_nan() || rps <= 0.0 {
+        eprintln!("    wrk -c{connections} against port {port} served nothing:\n{out}");
     }
     (rps, p50, p99, errors)
 }
@@ -203,19 +208,91 @@ fn idle_memory(tb: &Testbed, pid: u32) -> (u64, Vec<(usize, u64)>) {
     (before, points)
 }
 
-fn raise_nofile() {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+const SHARES: [f64; 4] = [25.0, 50.0, 75.0, 90.0];
+
+/// Whose maximum a fixed offered load is a share of.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Basis {
+    Own,
+    Haproxy,
+}
+
+struct Level {
+    pct: f64,
+    basis: Basis,
+    system: &'static str,
+    lat: load::Latencies,
+}
+
+fn open_loop_level(tb: &Testbed, s: &System, pct: f64, basis: Basis, max_rps: f64, secs: u64) -> Level {
+    let rate = (max_rps * pct / 100.0).max(100.0);
+    let addr: SocketAddr = format!("{VIP}:{}", s.port).parse().unwrap();
+    let lat = tb.client.run(move || load::open_loop(addr, rate, Duration::from_secs(secs), CONNECTIONS));
+    eprintln!(
+        "    {pct:>3}% of {:<8} max ({rate:>6.0} req/s) {:<11} achieved {:>6.0}  p50 {:.3} ms  p99 {:.3} ms  p99.9 {:.3} ms  errors {}",
+        if basis == Basis::Own { "its" } else { "HAProxy's" },
+        s.name,
+        lat.achieved_rps,
+        lat.pct_ms(50.0),
+        lat.pct_ms(99.0),
+        lat.pct_ms(99.9),
+        lat.errors
+    );
+    Level { pct, basis, system: s.name, lat }
+}
+
+/// Samples a process's RSS every 100 ms until stopped; the peak.
+struct PeakRss {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<u64>,
+}
+
+impl PeakRss {
+    fn start(pid: u32) -> PeakRss {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s2 = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut peak = rss_kib(pid);
+            while !s2.load(std::sync::atomic::Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(100));
+                peak = peak.max(rss_kib(pid));
+            }
+            peak
+        });
+        PeakRss { stop, thread }
+    }
+
+    fn stop(self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.thread.join().unwrap_or(0)
     }
 }
 
+/// Soft limit up to the hard one; returns the hard limit (20,000 on this machine class,
+/// which a process without CAP_SYS_RESOURCE cannot raise).
+fn raise_nofile() -> u64 {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap_or((1024, 1024));
+    let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    hard
+}
+
+/// HAProxy sizes its descriptors as 2 per connection plus a few and refuses to start
+/// beyond the limit: the largest maxconn the limit allows.
+fn haproxy_maxconn(nofile: u64) -> u64 {
+    (nofile.saturating_sub(100) / 2).min(30_000)
+}
+
 pub fn run(quick: bool) -> (String, String) {
-    raise_nofile();
+    let nofile = raise_nofile();
+    let maxconn = haproxy_maxconn(nofile);
     let secs = if quick { 4 } else { 15 };
     eprintln!("==> HTTP benchmark: {WORKERS} worker(s) each, wrk {CONNECTIONS} connections, {secs}s per system");
     let mut tb = Testbed::new(4, &[VIP]);
     tb.add_local_vip(VIP);
+    // The idle-memory curve closes 10,000 client connections; without reuse of their
+    // TIME_WAIT ports, wrk's next 10,000 connects crawl (the kernel scans past them).
+    tb.client.sysctl("net.ipv4.tcp_tw_reuse=1");
     let dir = tb.workdir.clone();
     for i in 0..4 {
         let conf = dir.join(format!("backend{i}.conf"));
@@ -234,7 +311,7 @@ pub fn run(quick: bool) -> (String, String) {
     tb.start_dispatcher(&path);
     let agent_pid = tb.pid_of("dispatcher").expect("agent pid");
     let hconf = dir.join("haproxy.cfg");
-    std::fs::write(&hconf, haproxy_conf(&dir)).unwrap();
+    std::fs::write(&hconf, haproxy_conf(&dir, maxconn)).unwrap();
     let mut cmd = tb.lb.command("haproxy");
     cmd.arg("-db").arg("-f").arg(&hconf);
     tb.start("haproxy", cmd);
@@ -250,7 +327,7 @@ pub fn run(quick: bool) -> (String, String) {
     for s in &SYSTEMS {
         wait_ready(&tb, s.port, s.log);
         let aff = affinity(&tb, s.port);
-        let (rps, p50, p99, errors) = wrk(&tb, s.port, secs, &script);
+        let (rps, p50, p99, errors) = wrk(&tb, s.port, secs, &script, CONNECTIONS);
         eprintln!(
             "    {:<11} {rps:>10.0} req/s  p50 {p50:.3} ms  p99 {p99:.3} ms  errors {errors}  affinity {:.0}%",
             s.name,
@@ -258,30 +335,39 @@ pub fn run(quick: bool) -> (String, String) {
         );
         results.push(Measured { rps, p50_ms: p50, p99_ms: p99, errors, affinity: aff });
     }
-    // Fixed offered loads, the same for every system: shares of HAProxy's maximum.
+    // Fixed offered loads: 25/50/75/90% of each system's own maximum; and the
+    // dispatcher also at HAProxy's levels, for p99 at the same offered load.
     let level_secs = if quick { 3 } else { 10 };
-    let mut fixed = Vec::new();
-    for pct in [25.0, 50.0, 75.0, 90.0] {
-        let rate = (results[1].rps * pct / 100.0).max(100.0);
-        for s in &SYSTEMS {
-            let addr: SocketAddr = format!("{VIP}:{}", s.port).parse().unwrap();
-            let l = tb.client.run(move || load::open_loop(addr, rate, Duration::from_secs(level_secs), CONNECTIONS));
-            eprintln!(
-                "    {pct:>3}% ({rate:>6.0} req/s) {:<11} achieved {:>6.0}  p50 {:.3} ms  p99 {:.3} ms  p99.9 {:.3} ms  errors {}",
-                s.name,
-                l.achieved_rps,
-                l.pct_ms(50.0),
-                l.pct_ms(99.0),
-                l.pct_ms(99.9),
-                l.errors
-            );
-            fixed.push((pct, s.name, l));
+    let mut fixed: Vec<Level> = Vec::new();
+    for pct in SHARES {
+        for (i, s) in SYSTEMS.iter().enumerate() {
+            fixed.push(open_loop_level(&tb, s, pct, Basis::Own, results[i].rps, level_secs));
         }
+        fixed.push(open_loop_level(&tb, &SYSTEMS[0], pct, Basis::Haproxy, results[1].rps, level_secs));
     }
     let (rss_before, points) = idle_memory(&tb, agent_pid);
     let rss_after = points.iter().find(|(n, _)| *n == 1_000).map(|p| p.1).unwrap_or(0);
     let curve: Vec<String> = points.iter().map(|(n, r)| format!("{r} KiB with {n}")).collect();
     eprintln!("    dispatcher RSS: {rss_before} KiB idle; {}", curve.join(", "));
+    // After the idle-memory curve: memory the allocator keeps from 10,000 busy
+    // connections would inflate it. The 10,000 closed connections settle first.
+    std::thread::sleep(Duration::from_secs(2));
+    // Concurrency: requests/s, p99 and peak memory with 10, 1,000 and 10,000 clients.
+    let conc_secs = if quick { 3 } else { 8 };
+    let haproxy_pid = tb.pid_of("haproxy").expect("haproxy pid");
+    let mut concurrency = Vec::new();
+    for n in [10usize, 1_000, 10_000] {
+        for (s, pid) in [(&SYSTEMS[0], agent_pid), (&SYSTEMS[1], haproxy_pid)] {
+            let peak = PeakRss::start(pid);
+            let (rps, _, p99, errors) = wrk(&tb, s.port, conc_secs, &script, n);
+            let rss = peak.stop();
+            eprintln!(
+                "    {n:>6} connections {:<11} {rps:>8.0} req/s  p99 {p99:.3} ms  errors {errors}  peak RSS {rss} KiB",
+                s.name
+            );
+            concurrency.push((n, s.name, rps, p99, errors, rss));
+        }
+    }
 
     let base = &results[1];
     let mut table = String::from(
@@ -305,29 +391,64 @@ pub fn run(quick: bool) -> (String, String) {
             s.name, m.rps, m.p50_ms, m.p99_ms, m.errors, m.affinity
         ));
     }
-    table += "\nAt fixed offered loads (open loop, latency from each request's scheduled time; shares of HAProxy's maximum above):\n\n| offered req/s | system | achieved req/s | p50 ms | p99 ms | p99.9 ms | errors | p99 vs HAProxy |\n|---:|---|---:|---:|---:|---:|---:|---:|\n";
-    let mut fixed_json = Vec::new();
-    for chunk in fixed.chunks(SYSTEMS.len()) {
-        let haproxy_p99 = chunk[1].2.pct_ms(99.0);
-        for (pct, name, l) in chunk {
+    table += "\nAt fixed offered loads (open loop, latency from each request's scheduled time), 25/50/75/90% of each system's own maximum:\n\n| share | system | offered req/s | achieved req/s | p50 ms | p99 ms | p99.9 ms | errors |\n|---:|---|---:|---:|---:|---:|---:|---:|\n";
+    for l in fixed.iter().filter(|l| l.basis == Basis::Own) {
+        let m = &l.lat;
+        table += &format!(
+            "| {:.0}% | {} | {:.0} | {:.0} | {:.3} | {:.3} | {:.3} | {} |\n",
+            l.pct,
+            l.system,
+            m.offered_rps,
+            m.achieved_rps,
+            m.pct_ms(50.0),
+            m.pct_ms(99.0),
+            m.pct_ms(99.9),
+            m.errors
+        );
+    }
+    table += "\nThe same offered load for the dispatcher and HAProxy (HAProxy's levels above):\n\n| offered req/s | dispatcher p99 ms | HAProxy p99 ms | p99 vs HAProxy | dispatcher p99.9 ms | HAProxy p99.9 ms |\n|---:|---:|---:|---:|---:|---:|\n";
+    for pct in SHARES {
+        let find =
+            |system: &str, basis: Basis| fixed.iter().find(|l| l.pct == pct && l.system == system && l.basis == basis);
+        if let (Some(d), Some(h)) = (find("dispatcher", Basis::Haproxy), find("haproxy", Basis::Own)) {
             table += &format!(
-                "| {:.0} ({pct:.0}%) | {name} | {:.0} | {:.3} | {:.3} | {:.3} | {} | {:.2} |\n",
-                l.offered_rps,
-                l.achieved_rps,
-                l.pct_ms(50.0),
-                l.pct_ms(99.0),
-                l.pct_ms(99.9),
-                l.errors,
-                l.pct_ms(99.0) / haproxy_p99
+                "| {:.0} ({pct:.0}% of HAProxy's max) | {:.3} | {:.3} | {:.2} | {:.3} | {:.3} |\n",
+                h.lat.offered_rps,
+                d.lat.pct_ms(99.0),
+                h.lat.pct_ms(99.0),
+                d.lat.pct_ms(99.0) / h.lat.pct_ms(99.0),
+                d.lat.pct_ms(99.9),
+                h.lat.pct_ms(99.9)
             );
-            fixed_json.push(format!(
-                r#"{{"share_of_haproxy_max":{pct},"system":"{name}","offered_rps":{:.1},"achieved_rps":{:.1},"p50_ms":{:.3},"p99_ms":{:.3},"p999_ms":{:.3},"errors":{}}}"#,
-                l.offered_rps,
-                l.achieved_rps,
-                l.pct_ms(50.0),
-                l.pct_ms(99.0),
-                l.pct_ms(99.9),
-                l.errors
+        }
+    }
+    let fixed_json: Vec<String> = fixed
+        .iter()
+        .map(|l| {
+            let m = &l.lat;
+            format!(
+                r#"{{"share":{},"basis":"{}","system":"{}","offered_rps":{:.1},"achieved_rps":{:.1},"p50_ms":{:.3},"p99_ms":{:.3},"p999_ms":{:.3},"errors":{}}}"#,
+                l.pct,
+                if l.basis == Basis::Own { "own_max" } else { "haproxy_max" },
+                l.system,
+                m.offered_rps,
+                m.achieved_rps,
+                m.pct_ms(50.0),
+                m.pct_ms(99.0),
+                m.pct_ms(99.9),
+                m.errors
+            )
+        })
+        .collect();
+    table += &format!("\nConcurrent client connections (wrk, 1 thread; peak RSS sampled every 100 ms during the run; descriptor limit {nofile}, so HAProxy runs with maxconn {maxconn}):");
+    table += "\n\n| connections | system | requests/s | p99 ms | errors | peak RSS KiB | req/s vs HAProxy |\n|---:|---|---:|---:|---:|---:|---:|\n";
+    let mut conc_json = Vec::new();
+    for pair in concurrency.chunks(2) {
+        let base = pair[1].2;
+        for &(n, name, rps, p99, errors, rss) in pair {
+            table += &format!("| {n} | {name} | {rps:.0} | {p99:.3} | {errors} | {rss} | {:.2} |\n", rps / base);
+            conc_json.push(format!(
+                r#"{{"connections":{n},"system":"{name}","rps":{rps:.1},"p99_ms":{p99:.3},"errors":{errors},"peak_rss_kib":{rss}}}"#
             ));
         }
     }
@@ -337,9 +458,10 @@ pub fn run(quick: bool) -> (String, String) {
     );
     println!("\n{table}");
     let json = format!(
-        r#"{{"workers":{WORKERS},"connections":{CONNECTIONS},"seconds":{secs},"systems":[{}],"fixed_rate":[{}],"rss_idle_kib":{rss_before},"rss_1000_idle_conns_kib":{rss_after}}}"#,
+        r#"{{"workers":{WORKERS},"connections":{CONNECTIONS},"seconds":{secs},"systems":[{}],"fixed_rate":[{}],"concurrency":[{}],"rss_idle_kib":{rss_before},"rss_1000_idle_conns_kib":{rss_after}}}"#,
         json.join(","),
-        fixed_json.join(",")
+        fixed_json.join(","),
+        conc_json.join(",")
     );
     (json, table)
 }

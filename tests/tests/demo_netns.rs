@@ -1,0 +1,39 @@
+//! `cargo xtask demo` as a user runs it: it completes, its "expected 0" lines are 0, no
+//! session is lost or misrouted, and it leaves nothing behind.
+
+use std::process::Command;
+
+#[test]
+fn the_demo_runs_its_story_and_cleans_up() {
+    let out = Command::new(env!("CARGO_BIN_EXE_demo")).args(["--seconds", "12"]).output().expect("run the demo");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    let line = |needle: &str| -> String {
+        text.lines().find(|l| l.contains(needle)).unwrap_or_else(|| panic!("no `{needle}` in:\n{text}")).to_string()
+    };
+    for step in ["[1/4]", "[2/4]", "[3/4]", "[4/4]"] {
+        line(step);
+    }
+    for needle in [
+        "operator: dispatcher drain b0 -> b0: up -> drain",
+        "agent: b2 up -> suspect",
+        "agent: b2 suspect -> down",
+        "agent: b2 down -> up",
+        "operator: dispatcher enable b0 -> b0: drain -> up",
+    ] {
+        line(needle);
+    }
+    assert!(line("new connections to b0 while drained:").contains("drained: 0 "), "{text}");
+    assert!(line("new connections to b2 while down:").contains("down: 0 "), "{text}");
+    assert!(line("misroutes (served by neither").contains("replica): 0 "), "{text}");
+    assert!(line("sessions kept").contains("8 of 8; lost (no copy found): 0"), "{text}");
+    assert!(line("requests answered").ends_with("errors 0"), "{text}");
+    assert!(line("b2 crash -> down").contains(" ms"), "failover time measured: {text}");
+    let torn = line("torn down");
+    let instance = torn.split_whitespace().nth(1).unwrap().to_string();
+    let namespaces =
+        String::from_utf8_lossy(&Command::new("ip").args(["netns", "list"]).output().unwrap().stdout).into_owned();
+    assert!(!namespaces.contains(&instance), "namespaces of {instance} left: {namespaces}");
+    assert!(!std::path::Path::new(&format!("/sys/fs/bpf/dispatcher/{instance}")).exists(), "pins left");
+    assert!(!std::path::Path::new(&format!("/run/dispatcher/{instance}.sock")).exists(), "socket left");
+}
