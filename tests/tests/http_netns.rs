@@ -382,6 +382,7 @@ fn admin_endpoint_serves_metrics_status_and_commands() {
     assert_eq!(cols[2], "http", "{table}");
     assert_eq!(cols[cols.len() - 2], "5", "REQUESTS column: {table}");
     assert!(table.contains("CONNS") && table.contains("agent running"), "{table}");
+    assert!(table.contains("flow table 0 of 1048576 entries (0.0%)"), "occupancy of the flow table: {table}");
 }
 
 /// The admin endpoint on TCP serves the metrics to anyone who can reach it (that is

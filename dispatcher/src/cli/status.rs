@@ -60,20 +60,24 @@ pub fn status(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
             .collect();
         let xdp: serde_json::Map<String, serde_json::Value> =
             globals.iter().map(|(n, v)| (n.to_string(), (*v).into())).collect();
-        let out = serde_json::json!({"instance": cfg.instance, "flows": flow_count, "vips": vips, "backends": bes, "xdp": xdp, "agent": agent});
+        let out = serde_json::json!({"instance": cfg.instance, "flows": flow_count, "flow_table_size": cfg.flow_table_size, "vips": vips, "backends": bes, "xdp": xdp, "agent": agent});
         println!("{out}");
         return Ok(ExitCode::SUCCESS);
     }
+    let occupancy = format!(
+        "flow table {flow_count} of {} entries ({:.1}%)",
+        cfg.flow_table_size,
+        flow_count as f64 * 100.0 / cfg.flow_table_size.max(1) as f64
+    );
     match &agent {
         Some(a) => println!(
-            "instance {}: agent running (pid {}, up {} s), clone table {} entries, flows in table {}",
-            cfg.instance, a["pid"], a["uptime_s"], a["clones"], flow_count
+            "instance {}: agent running (pid {}, up {} s), clone table {} entries, {occupancy}",
+            cfg.instance, a["pid"], a["uptime_s"], a["clones"]
         ),
         None => println!(
-            "instance {}: agent NOT running - showing the pinned maps under {} only; flows in table {}",
+            "instance {}: agent NOT running - showing the pinned maps under {} only; {occupancy}",
             cfg.instance,
-            dir.display(),
-            flow_count
+            dir.display()
         ),
     }
     println!();

@@ -349,8 +349,13 @@ pub fn run(quick: bool) -> (String, String) {
     let rss_after = points.iter().find(|(n, _)| *n == 1_000).map(|p| p.1).unwrap_or(0);
     let curve: Vec<String> = points.iter().map(|(n, r)| format!("{r} KiB with {n}")).collect();
     eprintln!("    dispatcher RSS: {rss_before} KiB idle; {}", curve.join(", "));
-    // After the idle-memory curve: memory the allocator keeps from 10,000 busy
-    // connections would inflate it. The 10,000 closed connections settle first.
+    // After the idle-memory curve (memory the allocator keeps from 10,000 busy
+    // connections would inflate it), with a restarted agent, so that its peak RSS is
+    // this load's. The 10,000 closed connections settle first.
+    tb.stop("dispatcher");
+    tb.start_dispatcher(&path);
+    wait_ready(&tb, SYSTEMS[0].port, SYSTEMS[0].log);
+    let agent_pid = tb.pid_of("dispatcher").expect("agent pid");
     std::thread::sleep(Duration::from_secs(2));
     // Concurrency: requests/s, p99 and peak memory with 10, 1,000 and 10,000 clients.
     let conc_secs = if quick { 3 } else { 8 };
