@@ -115,30 +115,52 @@ pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
     Ok(l)
 }
 
+/// Admin connections served at once; more are closed at once (a scraper or a script
+/// never needs many, and a flood of them must not take the agent's descriptors).
+const MAX_ADMIN_CONNECTIONS: usize = 64;
+
 /// Serves the socket, and the TCP listener if there is one, until aborted.
 pub async fn serve(admin: Arc<Admin>, unix: UnixListener, tcp: Option<TcpListener>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_ADMIN_CONNECTIONS));
     let tcp_loop = {
-        let admin = admin.clone();
+        let (admin, slots) = (admin.clone(), slots.clone());
         async move {
             let Some(tcp) = tcp else { return std::future::pending().await };
             loop {
-                let Ok((stream, addr)) = tcp.accept().await else { continue };
-                spawn_handler(admin.clone(), stream, tcp_peer(addr));
+                let Ok((stream, addr)) = tcp.accept().await else {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                };
+                spawn_handler(&admin, &slots, stream, tcp_peer(addr));
             }
         }
     };
     let unix_loop = async move {
         loop {
-            let Ok((stream, _)) = unix.accept().await else { continue };
+            let Ok((stream, _)) = unix.accept().await else {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
             let peer = unix_peer(&stream);
-            spawn_handler(admin.clone(), stream, peer);
+            spawn_handler(&admin, &slots, stream, peer);
         }
     };
     tokio::join!(tcp_loop, unix_loop);
 }
 
-fn spawn_handler<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(admin: Arc<Admin>, stream: S, peer: Peer) {
+fn spawn_handler<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+    admin: &Arc<Admin>,
+    slots: &Arc<tokio::sync::Semaphore>,
+    stream: S,
+    peer: Peer,
+) {
+    let Ok(slot) = slots.clone().try_acquire_owned() else {
+        tracing::warn!(?peer, limit = MAX_ADMIN_CONNECTIONS, "admin connection refused: too many at once");
+        return;
+    };
+    let admin = admin.clone();
     tokio::spawn(async move {
+        let _slot = slot;
         let _ = tokio::time::timeout(Duration::from_secs(10), handle(&admin, stream, peer)).await;
     });
 }

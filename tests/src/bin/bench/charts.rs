@@ -18,6 +18,8 @@ fn esc(s: &str) -> String {
 /// Horizontal bars: one per (label, value).
 fn bars(title: &str, unit: &str, rows: &[(String, f64)]) -> String {
     let max = rows.iter().map(|r| r.1).fold(0.0, f64::max).max(1e-9);
+    // Small values (milliseconds) keep two decimals.
+    let prec = if max < 100.0 { 2 } else { 0 };
     let bar_h = ((H - TOP - 30.0) / rows.len().max(1) as f64).min(36.0);
     let mut s = format!(
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="13"><rect width="100%" height="100%" fill="white"/><text x="{}" y="28" font-size="16" text-anchor="middle">{}</text>"#,
@@ -29,7 +31,7 @@ fn bars(title: &str, unit: &str, rows: &[(String, f64)]) -> String {
         let w = (W - LEFT - 90.0) * v / max;
         let _ = write!(
             s,
-            r#"<text x="{}" y="{}" text-anchor="end">{}</text><rect x="{LEFT}" y="{}" width="{w:.1}" height="{}" fill="{}"/><text x="{}" y="{}">{v:.0} {}</text>"#,
+            r#"<text x="{}" y="{}" text-anchor="end">{}</text><rect x="{LEFT}" y="{}" width="{w:.1}" height="{}" fill="{}"/><text x="{}" y="{}">{v:.prec$} {}</text>"#,
             LEFT - 8.0,
             y + bar_h * 0.6,
             esc(label),
@@ -159,6 +161,32 @@ pub fn draw(report: &Value, dir: &Path) -> Vec<String> {
             "http_p99",
             lines("HTTP: p99 latency at fixed offered loads (open loop)", "offered requests/s", "p99 ms", &series),
         ));
+    }
+    if let Some(fixed) = report["http"]["fixed_rate"].as_array() {
+        // Latency percentiles per system at half of its own maximum.
+        let mut rows = Vec::new();
+        for f in fixed.iter().filter(|f| f["basis"] == "own_max" && f["share"].as_f64() == Some(50.0)) {
+            let name = f["system"].as_str().unwrap_or("?");
+            for (label, key) in [("p50", "p50_ms"), ("p99", "p99_ms"), ("p99.9", "p999_ms")] {
+                if let Some(v) = f[key].as_f64() {
+                    rows.push((format!("{name} {label}"), v));
+                }
+            }
+        }
+        if !rows.is_empty() {
+            let title = "HTTP: latency percentiles at 50% of each system's maximum (open loop)";
+            files.extend(write(dir, "http_latency", bars(title, "ms", &rows)));
+        }
+    }
+    if let Some(conc) = report["http"]["concurrency"].as_array() {
+        let rows: Vec<(String, f64)> = conc
+            .iter()
+            .filter_map(|c| {
+                Some((format!("{}, {} conns", c["system"].as_str()?, c["connections"].as_u64()?), c["rps"].as_f64()?))
+            })
+            .collect();
+        let title = "HTTP: requests/s with 10, 1,000 and 10,000 client connections";
+        files.extend(write(dir, "http_concurrency", bars(title, "req/s", &rows)));
     }
     if let Some(l4) = report["l4"].as_array() {
         let rows: Vec<(String, f64)> = l4
