@@ -109,7 +109,8 @@ fn main() {
     let mut times = FailoverTimes::default();
     let mut hits_at_return = 0;
     let mut last_states = vec![String::new(); BACKENDS];
-    let mut next_draw = Duration::ZERO;
+    view.baseline(&agent_status(&tb), &tables);
+    let mut next_draw = Duration::from_secs(1);
     while start.elapsed() < Duration::from_secs(seconds) {
         let now = start.elapsed();
         if step < 4 && now >= at(step as u64 + 1) {
@@ -273,6 +274,15 @@ struct View {
 impl View {
     fn new(tty: bool) -> View {
         View { tty, events: Vec::new(), drawn_lines: 0, last: vec![(0, 0); BACKENDS], last_at: Duration::ZERO }
+    }
+
+    /// The counters at the start, so that the first rates cover a whole second.
+    fn baseline(&mut self, status: &serde_json::Value, tables: &Tables) {
+        for i in 0..BACKENDS {
+            let pkts =
+                tables.counter(stats::backend_slot(i as u32, stats::BACKEND_PACKETS)).map(|c| c.packets).unwrap_or(0);
+            self.last[i] = (pkts, status["backends"][i]["requests"].as_u64().unwrap_or(0));
+        }
     }
 
     fn event(&mut self, at: Duration, text: String) {
