@@ -296,6 +296,12 @@ fn agent_exit_keeps_or_removes_the_dataplane_and_a_restart_adopts_it() {
     let st: serde_json::Value = serde_json::from_str(&status).unwrap();
     assert_eq!(st["flows"], 6, "status works from the pins alone: {status}");
     assert!(st["agent"].is_null(), "and says the agent is not running: {status}");
+    // Watching: a frame every 0.2 s, three of them, each the whole table.
+    let started = std::time::Instant::now();
+    let watch = tb.dispatcher_cmd(&["status", "--config", &cfg_arg, "--watch", "0.2", "--count", "3"]);
+    assert_eq!(watch.matches("\n--- ").count() + watch.starts_with("--- ") as usize, 3, "{watch}");
+    assert_eq!(watch.matches("agent NOT running").count(), 3, "{watch}");
+    assert!(started.elapsed() >= Duration::from_millis(400), "two waits between three frames");
 
     // A new agent adopts the maps and swaps its program into the pinned link.
     tb.start_dispatcher(&path);

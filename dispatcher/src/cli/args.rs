@@ -40,6 +40,12 @@ pub enum Command {
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
+        /// Refresh every SECS seconds (on a terminal, in place) until interrupted.
+        #[arg(long, short, value_name = "SECS")]
+        watch: Option<f64>,
+        /// With --watch: stop after N frames.
+        #[arg(long, requires = "watch")]
+        count: Option<u64>,
     },
     /// Let a backend finish its flows but take no new ones.
     Drain {

@@ -18,7 +18,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Run { config, keep_dataplane } => run::run(&config, keep_dataplane),
         Command::Check { file } => check::check(&file),
         Command::Decap { iface, generic } => decap::decap(&iface, generic),
-        Command::Status { config, json } => status::status(&config, json),
+        Command::Status { config, json, watch, count } => status::status(&config, json, watch, count),
         Command::Drain { config, backend } => control::control(&config, &backend, control::Action::Drain),
         Command::Disable { config, backend } => control::control(&config, &backend, control::Action::Disable),
         Command::Enable { config, backend } => control::control(&config, &backend, control::Action::Enable),

@@ -1,4 +1,9 @@
-use std::{path::Path, process::ExitCode};
+use std::{
+    fmt::Write as _,
+    io::{IsTerminal, Write as _},
+    path::Path,
+    process::ExitCode,
+};
 
 use anyhow::Context as _;
 use dispatcher::{config::Config, dataplane::tables::Tables};
@@ -6,8 +11,46 @@ use dispatcher_common::stats;
 
 pub use dispatcher::control::state_name;
 
-pub fn status(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
+/// `status`, once or (`--watch SECS`) every SECS seconds, `count` times or until
+/// interrupted; on a terminal each frame replaces the previous one.
+pub fn status(path: &Path, json: bool, watch: Option<f64>, count: Option<u64>) -> anyhow::Result<ExitCode> {
     let cfg = Config::load(path)?;
+    let Some(every) = watch else {
+        print!("{}", render(&cfg, json)?);
+        return Ok(ExitCode::SUCCESS);
+    };
+    anyhow::ensure!(every.is_finite() && every >= 0.1, "--watch takes seconds, at least 0.1");
+    let tty = std::io::stdout().is_terminal() && !json;
+    let mut frames = 0u64;
+    loop {
+        // An agent or maps that go away while watching are shown, not fatal.
+        let frame = render(&cfg, json).unwrap_or_else(|e| format!("{e:#}\n"));
+        let stamp = chrono_free_timestamp();
+        if tty {
+            print!("\x1b[H\x1b[2J{stamp}  (every {every} s; Ctrl-C to stop)\n\n{frame}");
+        } else if json {
+            print!("{frame}");
+        } else {
+            print!("--- {stamp}\n{frame}\n");
+        }
+        let _ = std::io::stdout().flush();
+        frames += 1;
+        if count.is_some_and(|n| frames >= n) {
+            return Ok(ExitCode::SUCCESS);
+        }
+        std::thread::sleep(std::time::Duration::from_secs_f64(every));
+    }
+}
+
+/// Seconds since the epoch as UTC `HH:MM:SS` (enough to tell frames apart).
+fn chrono_free_timestamp() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    format!("{:02}:{:02}:{:02} UTC", secs / 3600 % 24, secs / 60 % 60, secs % 60)
+}
+
+/// One status frame: the aligned tables, or one line of JSON.
+fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
+    let mut o = String::new();
     let dir = cfg.pin_dir();
     let tables = Tables::from_pinned(&dir)
         .with_context(|| format!("opening the maps pinned under {} (is the dispatcher loaded?)", dir.display()))?;
@@ -61,31 +104,34 @@ pub fn status(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
         let xdp: serde_json::Map<String, serde_json::Value> =
             globals.iter().map(|(n, v)| (n.to_string(), (*v).into())).collect();
         let out = serde_json::json!({"instance": cfg.instance, "flows": flow_count, "flow_table_size": cfg.flow_table_size, "vips": vips, "backends": bes, "xdp": xdp, "agent": agent});
-        println!("{out}");
-        return Ok(ExitCode::SUCCESS);
+        let _ = writeln!(o, "{out}");
+        return Ok(o);
     }
     let occupancy = format!(
         "flow table {flow_count} of {} entries ({:.1}%)",
         cfg.flow_table_size,
         flow_count as f64 * 100.0 / cfg.flow_table_size.max(1) as f64
     );
-    match &agent {
-        Some(a) => println!(
+    let _ = match &agent {
+        Some(a) => writeln!(
+            o,
             "instance {}: agent running (pid {}, up {} s), clone table {} entries, {occupancy}",
             cfg.instance, a["pid"], a["uptime_s"], a["clones"]
         ),
-        None => println!(
+        None => writeln!(
+            o,
             "instance {}: agent NOT running - showing the pinned maps under {} only; {occupancy}",
             cfg.instance,
             dir.display()
         ),
-    }
-    println!();
+    };
+    let _ = writeln!(o);
     // Per-VIP figures only the agent has (HTTP VIPs: requests, client connections).
     let agent_vip = |name: &str| -> Option<&serde_json::Value> {
         agent.as_ref()?.get("vips")?.as_array()?.iter().find(|v| v["name"] == name)
     };
-    println!(
+    let _ = writeln!(
+        o,
         "{:<16} {:<28} {:<5} {:>12} {:>14} {:>10} {:>10} {:>8} {:>9} {:>6}",
         "VIP", "ADDRESS", "MODE", "PACKETS", "BYTES", "NEW FLOWS", "FLOW HITS", "DROPS", "REQUESTS", "CONNS"
     );
@@ -94,7 +140,8 @@ pub fn status(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
         let a = agent_vip(&v.name);
         let field = |k: &str| a.map(|x| x[k].to_string()).unwrap_or_else(|| "-".into());
         let mode = format!("{:?}", v.mode).to_lowercase();
-        println!(
+        let _ = writeln!(
+            o,
             "{:<16} {:<28} {:<5} {:>12} {:>14} {:>10} {:>10} {:>8} {:>9} {:>6}",
             v.name,
             addr,
@@ -108,8 +155,9 @@ pub fn status(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
             field("connections")
         );
     }
-    println!();
-    println!(
+    let _ = writeln!(o);
+    let _ = writeln!(
+        o,
         "{:<12} {:<15} {:<9} {:<8} {:>6} {:<12} {:>10} {:>9} {:>7} {:>6} {:>9} {:>7}",
         "BACKEND",
         "ADDRESS",
@@ -128,7 +176,8 @@ pub fn status(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
         let replica = b.replica.map(|r| cfg.backends[r].name.as_str()).unwrap_or("-");
         let a = agent_backend(&b.name);
         let field = |k: &str| a.map(|x| x[k].to_string().trim_matches('"').to_string()).unwrap_or_else(|| "-".into());
-        println!(
+        let _ = writeln!(
+            o,
             "{:<12} {:<15} {:<9} {:<8} {:>6} {:<12} {:>10} {:>9} {:>7} {:>6} {:>9} {:>7}",
             b.name,
             b.address.to_string(),
@@ -144,14 +193,15 @@ pub fn status(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
             field("errors")
         );
     }
-    println!();
+    let _ = writeln!(o);
     let nonzero: Vec<String> = globals.iter().filter(|(_, v)| *v > 0).map(|(n, v)| format!("{n}={v}")).collect();
-    println!("xdp: {}", if nonzero.is_empty() { "no pass/drop events".to_string() } else { nonzero.join(" ") });
+    let _ =
+        writeln!(o, "xdp: {}", if nonzero.is_empty() { "no pass/drop events".to_string() } else { nonzero.join(" ") });
     if let Some(c) = agent.as_ref().map(|a| &a["counters"]) {
-        println!(
+        let _ = writeln!(o,
             "http: holds={} held_now={} hold_timeouts={} retries={} retry_budget_refusals={} failovers={} misroutes={} learned_clones={}",
             c["holds"], c["held_now"], c["hold_timeouts"], c["retries"], c["retry_budget_refusals"], c["failovers"], c["misroutes"], c["learned_clones"]
         );
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(o)
 }
