@@ -398,6 +398,13 @@ pub struct Vip {
     pub retired: bool,
 }
 
+impl Vip {
+    /// An HTTP VIP the agent serves (not one a reload removed).
+    pub fn serves_http(&self) -> bool {
+        self.mode == VipMode::Http && !self.retired
+    }
+}
+
 impl Config {
     /// `new` re-indexed for a reload of `self`: every backend and VIP keeps the id (the
     /// position) it has now, so that pinned flows, rings and the clone table stay right;
@@ -625,12 +632,11 @@ impl Ctx<'_> {
         }
     }
 
+    /// A duration that is more than zero and at least `min`.
     fn duration(&self, v: &Spanned<String>, field: &str, min: Duration) -> Option<Duration> {
         match parse_duration(v.get_ref()) {
             Err(e) => self.report(v.span(), field, e),
-            Ok(d) if d < min && min <= Duration::from_nanos(1) => {
-                self.report(v.span(), field, "must be more than zero")
-            }
+            Ok(d) if d.is_zero() => self.report(v.span(), field, "must be more than zero"),
             Ok(d) if d < min => self.report(v.span(), field, format!("must be at least {min:?}")),
             Ok(d) => return Some(d),
         }
@@ -1045,9 +1051,7 @@ impl Ctx<'_> {
     fn http(&self, h: &RawHttp) -> HttpSettings {
         let mut s = HttpSettings::default();
         let dur = |v: &Option<Spanned<String>>, field: &str, into: &mut Duration| {
-            if let Some(d) =
-                v.as_ref().and_then(|v| self.duration(v, &format!("http.{field}"), Duration::from_nanos(1)))
-            {
+            if let Some(d) = v.as_ref().and_then(|v| self.duration(v, &format!("http.{field}"), Duration::ZERO)) {
                 *into = d;
             }
         };

@@ -451,15 +451,8 @@ impl Testbed {
 
     /// One request to the agent's admin socket: (status, body), `None` if no agent answers.
     pub fn admin(&self, method: &str, path: &str) -> Option<(u16, String)> {
-        use std::io::{Read, Write};
-        let sock = format!("/run/dispatcher/{}.sock", self.instance());
-        let mut s = std::os::unix::net::UnixStream::connect(sock).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        write!(s, "{method} {path} HTTP/1.1\r\nHost: admin\r\nContent-Length: 0\r\n\r\n").ok()?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).ok()?;
-        let (head, body) = out.split_once("\r\n\r\n")?;
-        Some((head.split_whitespace().nth(1)?.parse().ok()?, body.to_string()))
+        let sock = PathBuf::from(format!("/run/dispatcher/{}.sock", self.instance()));
+        dispatcher::admin::client::request(&sock, method, path).ok()
     }
 
     /// Every backend runs a WebSphere-like clone (`websphere::serve`) on `port`.

@@ -11,6 +11,7 @@
 //! Who may ask (`allowed`): local clients — root or the agent's own user on the socket,
 //! loopback peers on TCP — anything; any other peer only `GET /metrics`.
 
+pub mod client;
 pub mod views;
 
 use std::{
@@ -165,33 +166,45 @@ fn spawn_handler<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     });
 }
 
-/// Reads one request head (at most 8 KiB): method and target.
-async fn read_request<S: AsyncRead + Unpin>(s: &mut S) -> std::io::Result<Option<(String, String)>> {
+/// One request head (at most 8 KiB), as far as the endpoint cares.
+enum Request {
+    Head {
+        method: String,
+        target: String,
+    },
+    Malformed,
+    /// The client closed before sending a whole head.
+    Gone,
+}
+
+async fn read_request<S: AsyncRead + Unpin>(s: &mut S) -> std::io::Result<Request> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
     loop {
         let n = s.read(&mut chunk).await?;
         if n == 0 {
-            return Ok(None);
+            return Ok(Request::Gone);
         }
         buf.extend_from_slice(&chunk[..n]);
         let mut headers = [httparse::EMPTY_HEADER; 32];
         let mut req = httparse::Request::new(&mut headers);
         match req.parse(&buf) {
             Ok(httparse::Status::Complete(_)) => {
-                return Ok(Some((req.method.unwrap_or("").to_string(), req.path.unwrap_or("").to_string())))
+                let (method, target) = (req.method.unwrap_or("").to_string(), req.path.unwrap_or("").to_string());
+                return Ok(Request::Head { method, target });
             }
             Ok(httparse::Status::Partial) if buf.len() < 8192 => continue,
-            _ => return Ok(Some((String::new(), String::new()))),
+            _ => return Ok(Request::Malformed),
         }
     }
 }
 
 async fn handle<S: AsyncRead + AsyncWrite + Unpin>(admin: &Admin, mut s: S, peer: Peer) -> std::io::Result<()> {
-    let Some((method, target)) = read_request(&mut s).await? else { return Ok(()) };
-    if method.is_empty() {
-        return respond(&mut s, 400, "text/plain", "bad request\n").await;
-    }
+    let (method, target) = match read_request(&mut s).await? {
+        Request::Head { method, target } => (method, target),
+        Request::Malformed => return respond(&mut s, 400, "text/plain", "bad request\n").await,
+        Request::Gone => return Ok(()),
+    };
     let (path, query) = target.split_once('?').unwrap_or((&target, ""));
     tracing::debug!(%method, %target, ?peer, "admin request");
     if !allowed(peer, &method, path) {

@@ -31,7 +31,7 @@ pub fn status(a: &Admin) -> serde_json::Value {
         .vips
         .iter()
         .zip(&c.vips)
-        .filter(|(v, _)| v.mode == crate::config::VipMode::Http && !v.retired)
+        .filter(|(v, _)| v.serves_http())
         .map(|(v, s)| {
             json!({
                 "name": v.name,
@@ -189,8 +189,7 @@ pub fn metrics(a: &Admin) -> String {
         "# HELP dispatcher_hold_seconds How long held requests waited.\n# TYPE dispatcher_hold_seconds histogram"
     );
     histogram(&mut o, "dispatcher_hold_seconds", "scope=\"all\"", &c.hold_time);
-    let http_vips: Vec<_> =
-        cfg.vips.iter().zip(&c.vips).filter(|(v, _)| v.mode == crate::config::VipMode::Http && !v.retired).collect();
+    let http_vips: Vec<_> = cfg.vips.iter().zip(&c.vips).filter(|(v, _)| v.serves_http()).collect();
     let _ = writeln!(o, "# HELP dispatcher_vip_requests_total Request heads received, per HTTP VIP.\n# TYPE dispatcher_vip_requests_total counter");
     for (v, s) in &http_vips {
         let _ =

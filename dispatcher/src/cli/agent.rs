@@ -6,7 +6,7 @@ use std::{path::Path, process::ExitCode, time::Duration};
 use anyhow::Context as _;
 use dispatcher::{config::Config, dataplane};
 
-use super::admin_client::request;
+use dispatcher::admin::client::request;
 
 pub fn metrics(path: &Path) -> anyhow::Result<ExitCode> {
     let cfg = Config::load(path)?;

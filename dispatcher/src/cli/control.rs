@@ -25,7 +25,7 @@ pub fn control(path: &Path, backend: &str, action: Action) -> anyhow::Result<Exi
         Action::Enable => "enable",
     };
     // The running agent applies it (and answers with the resulting state).
-    match super::admin_client::request(&cfg.admin_socket, "POST", &format!("/backends/{backend}/{verb}")) {
+    match dispatcher::admin::client::request(&cfg.admin_socket, "POST", &format!("/backends/{backend}/{verb}")) {
         Ok((200, body)) => {
             let v: serde_json::Value = serde_json::from_str(&body)?;
             println!("{backend}: {} -> {}", v["from"].as_str().unwrap_or("?"), v["to"].as_str().unwrap_or("?"));

@@ -1,6 +1,5 @@
 //! The command line: one module per subcommand.
 
-mod admin_client;
 mod agent;
 pub mod args;
 mod check;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use dispatcher::{
     admin::{self, Admin, AgentRequest, Live},
-    config::{Config, VipMode},
+    config::Config,
     control::AdminCommand,
     dataplane::{
         self,
@@ -160,7 +160,7 @@ impl Running {
         tables: &Arc<std::sync::Mutex<Tables>>,
         rt: &tokio::runtime::Runtime,
     ) -> anyhow::Result<Running> {
-        let server = if cfg.vips.iter().any(|v| v.mode == VipMode::Http && !v.retired) {
+        let server = if cfg.vips.iter().any(|v| v.serves_http()) {
             Some(HttpServer::start(&cfg, cluster.clone()).context("starting the HTTP VIPs")?)
         } else {
             None

@@ -25,7 +25,7 @@ pub fn status(path: &Path, json: bool, watch: Option<f64>, count: Option<u64>) -
     loop {
         // An agent or maps that go away while watching are shown, not fatal.
         let frame = render(&cfg, json).unwrap_or_else(|e| format!("{e:#}\n"));
-        let stamp = chrono_free_timestamp();
+        let stamp = utc_clock();
         if tty {
             print!("\x1b[H\x1b[2J{stamp}  (every {every} s; Ctrl-C to stop)\n\n{frame}");
         } else if json {
@@ -43,7 +43,7 @@ pub fn status(path: &Path, json: bool, watch: Option<f64>, count: Option<u64>) -
 }
 
 /// Seconds since the epoch as UTC `HH:MM:SS` (enough to tell frames apart).
-fn chrono_free_timestamp() -> String {
+fn utc_clock() -> String {
     let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     format!("{:02}:{:02}:{:02} UTC", secs / 3600 % 24, secs / 60 % 60, secs % 60)
 }
@@ -78,7 +78,7 @@ fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
     }
     let globals: Vec<(&str, u64)> = tables.global_counters()?.into_iter().map(|(n, c)| (n, c.packets)).collect();
 
-    let agent: Option<serde_json::Value> = super::admin_client::request(&cfg.admin_socket, "GET", "/status")
+    let agent: Option<serde_json::Value> = dispatcher::admin::client::request(&cfg.admin_socket, "GET", "/status")
         .ok()
         .filter(|(code, _)| *code == 200)
         .and_then(|(_, body)| serde_json::from_str(&body).ok());

@@ -28,7 +28,7 @@ use super::{
     route::VipRoute,
 };
 use crate::{
-    config::{Config, Vip, VipMode},
+    config::{Config, Vip},
     state::Cluster,
 };
 
@@ -66,9 +66,7 @@ fn worker_vips(
     routes: &[Arc<VipRoute>],
 ) -> std::io::Result<Vec<(Arc<VipCtx>, TcpListener)>> {
     let mut out = Vec::new();
-    for ((vip_index, v), route) in
-        cfg.vips.iter().enumerate().filter(|(_, v)| v.mode == VipMode::Http && !v.retired).zip(routes)
-    {
+    for ((vip_index, v), route) in cfg.vips.iter().enumerate().filter(|(_, v)| v.serves_http()).zip(routes) {
         let pools = (0..cfg.backends.len())
             .map(|b| {
                 v.backends.contains(&b).then(|| {
@@ -133,15 +131,10 @@ impl HttpServer {
         let routes: Vec<Arc<VipRoute>> = cfg
             .vips
             .iter()
-            .filter(|v| v.mode == VipMode::Http && !v.retired)
+            .filter(|v| v.serves_http())
             .map(|v| Arc::new(VipRoute::new(v.backends.clone(), v.balance)))
             .collect();
-        let addrs = cfg
-            .vips
-            .iter()
-            .filter(|v| v.mode == VipMode::Http && !v.retired)
-            .map(|v| SocketAddr::new(v.address, v.port))
-            .collect();
+        let addrs = cfg.vips.iter().filter(|v| v.serves_http()).map(|v| SocketAddr::new(v.address, v.port)).collect();
         let (ready_tx, ready_rx) = mpsc::channel::<std::io::Result<()>>();
         let mut workers = Vec::new();
         for w in 0..cfg.http.workers {

@@ -1,4 +1,4 @@
-//! The CLI's side of the admin endpoint.
+//! The client side of the admin endpoint (the CLI's commands, the tests, the demo).
 
 use std::{
     io::{Read, Write},
