@@ -16,6 +16,12 @@ use toml::Spanned;
 
 use dispatcher_common::{MAX_BACKENDS, MAX_RING_SIZE, MAX_VIPS};
 
+/// The longest duration any setting takes: every deadline computed from one stays far
+/// from the clock's range.
+pub const MAX_DURATION: Duration = Duration::from_secs(86_400);
+/// The most client connections a cap may allow (the kernel's file limit is far below).
+pub const MAX_CLIENT_CONNECTIONS: usize = 10_000_000;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("{file}: cannot read: {source}")]
@@ -119,6 +125,14 @@ struct RawHttp {
     retry_budget_min: Option<Spanned<usize>>,
     #[serde(default)]
     retry_buffer: Option<Spanned<usize>>,
+    #[serde(default)]
+    client_timeout: Option<Spanned<String>>,
+    #[serde(default)]
+    body_timeout: Option<Spanned<String>>,
+    #[serde(default)]
+    queue_timeout: Option<Spanned<String>>,
+    #[serde(default)]
+    max_client_connections: Option<Spanned<usize>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -186,6 +200,8 @@ struct RawVip {
     balance: Option<Spanned<String>>,
     #[serde(default)]
     backend_port: Option<Spanned<u16>>,
+    #[serde(default)]
+    max_connections: Option<Spanned<usize>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -334,6 +350,17 @@ pub struct HttpSettings {
     /// Bodies up to this size (Content-Length) of idempotent requests are read ahead so
     /// that the request can be retried.
     pub retry_buffer: usize,
+    /// Longest wait for a client's next bytes of a request body, and for a client to take
+    /// the bytes of a response.
+    pub client_timeout: Duration,
+    /// Longest time a whole request body may take to arrive (a minimum rate, in effect).
+    pub body_timeout: Duration,
+    /// How long a request waits for a connection to a backend that is at its connection
+    /// limit; then 503 "busy" (the backend's health is not touched).
+    pub queue_timeout: Duration,
+    /// Client connections open at once over all HTTP VIPs; `None`: derived from the
+    /// descriptor limit at start (see `http::limits`).
+    pub max_client_connections: Option<usize>,
 }
 
 impl Default for HttpSettings {
@@ -358,6 +385,10 @@ impl Default for HttpSettings {
             retry_budget_percent: 20,
             retry_budget_min: 3,
             retry_buffer: 64 * 1024,
+            client_timeout: Duration::from_secs(30),
+            body_timeout: Duration::from_secs(60),
+            queue_timeout: Duration::from_secs(5),
+            max_client_connections: None,
         }
     }
 }
@@ -394,6 +425,9 @@ pub struct Vip {
     pub balance: Balance,
     /// Port of the backends' HTTP servers (HTTP VIPs); default: the VIP's port.
     pub backend_port: u16,
+    /// Client connections open at once on this VIP (HTTP VIPs); `None`: only the global
+    /// cap applies.
+    pub max_connections: Option<usize>,
     /// Removed by a reload: its id stays reserved, it is served no more.
     pub retired: bool,
 }
@@ -552,6 +586,18 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// Backend and VIP names travel in admin URLs, metric labels, logs and status tables:
+/// 1 to 64 letters, digits, `.`, `_` and `-`, nothing that needs quoting anywhere.
+pub fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 64 {
+        return Err("must be 1 to 64 characters".into());
+    }
+    if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) {
+        return Err(format!("`{}`: use letters, digits, '.', '_' and '-' only", name.escape_debug()));
+    }
+    Ok(())
+}
+
 pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
     let parts: Vec<&str> = s.split(':').collect();
     if parts.len() != 6 {
@@ -638,6 +684,7 @@ impl Ctx<'_> {
             Err(e) => self.report(v.span(), field, e),
             Ok(d) if d.is_zero() => self.report(v.span(), field, "must be more than zero"),
             Ok(d) if d < min => self.report(v.span(), field, format!("must be at least {min:?}")),
+            Ok(d) if d > MAX_DURATION => self.report(v.span(), field, "must be at most 1 day (86400s)"),
             Ok(d) => return Some(d),
         }
         None
@@ -704,8 +751,8 @@ impl Ctx<'_> {
         let mut by_name: HashMap<String, usize> = HashMap::new();
         for (i, b) in raw.backends.iter().enumerate() {
             let name = b.get_ref().name.get_ref();
-            if name.is_empty() {
-                self.report(b.get_ref().name.span(), &format!("backend[{i}].name"), "must not be empty");
+            if let Err(e) = check_name(name) {
+                self.report(b.get_ref().name.span(), &format!("backend[{i}].name"), e);
             } else if by_name.contains_key(name) {
                 self.report(
                     b.get_ref().name.span(),
@@ -790,7 +837,9 @@ impl Ctx<'_> {
         for (i, v) in raw.vips.iter().enumerate() {
             let v = v.get_ref();
             let f = |field: &str| format!("vip[{i}].{field}");
-            if !names.insert(v.name.get_ref().clone()) {
+            if let Err(e) = check_name(v.name.get_ref()) {
+                self.report(v.name.span(), &f("name"), e);
+            } else if !names.insert(v.name.get_ref().clone()) {
                 self.report(v.name.span(), &f("name"), format!("`{}` is defined twice", v.name.get_ref()));
             }
             let address: IpAddr =
@@ -844,6 +893,10 @@ impl Ctx<'_> {
                     }
                 }
                 None => members.extend(0..backends.len()),
+            }
+            if members.is_empty() && mode == VipMode::L4 {
+                let span = v.backends.as_ref().map(|l| l.span()).unwrap_or(v.name.span());
+                self.report(span, &f("backends"), "an L4 VIP needs at least one backend (it would drop all traffic)");
             }
             if mode == VipMode::L4 {
                 for &bi in &members {
@@ -903,6 +956,16 @@ impl Ctx<'_> {
                 Balance::RoundRobin,
                 &[("round_robin", Balance::RoundRobin), ("least_outstanding", Balance::LeastOutstanding)],
             );
+            let max_connections = v.max_connections.as_ref().and_then(|m| {
+                if !(1..=MAX_CLIENT_CONNECTIONS).contains(m.get_ref()) {
+                    self.report(m.span(), &f("max_connections"), format!("must be 1..={MAX_CLIENT_CONNECTIONS}"));
+                    return None;
+                }
+                if mode != VipMode::Http {
+                    self.report(m.span(), &f("max_connections"), "applies to HTTP VIPs only");
+                }
+                Some(*m.get_ref())
+            });
             let backend_port = match &v.backend_port {
                 Some(p) if *p.get_ref() == 0 => {
                     self.report(p.span(), &f("backend_port"), "must be 1..=65535");
@@ -925,6 +988,7 @@ impl Ctx<'_> {
                 port_group,
                 balance,
                 backend_port,
+                max_connections,
                 retired: false,
             });
         }
@@ -1062,6 +1126,9 @@ impl Ctx<'_> {
         dur(&h.pool_idle_timeout, "pool_idle_timeout", &mut s.pool_idle_timeout);
         dur(&h.drain_timeout, "drain_timeout", &mut s.drain_timeout);
         dur(&h.hold_time, "hold_time", &mut s.hold_time);
+        dur(&h.client_timeout, "client_timeout", &mut s.client_timeout);
+        dur(&h.body_timeout, "body_timeout", &mut s.body_timeout);
+        dur(&h.queue_timeout, "queue_timeout", &mut s.queue_timeout);
         let num = |v: &Option<Spanned<usize>>, field: &str, lo: usize, hi: usize, into: &mut usize| {
             if let Some(v) = v {
                 let n = *v.get_ref();
@@ -1085,6 +1152,9 @@ impl Ctx<'_> {
         );
         num(&h.max_held, "max_held", 0, 1_000_000, &mut s.max_held);
         num(&h.retry_buffer, "retry_buffer", 0, 16 << 20, &mut s.retry_buffer);
+        let mut cap = 0;
+        num(&h.max_client_connections, "max_client_connections", 1, MAX_CLIENT_CONNECTIONS, &mut cap);
+        s.max_client_connections = (cap > 0).then_some(cap);
         let (mut retries, mut pct, mut min) =
             (s.retries as usize, s.retry_budget_percent as usize, s.retry_budget_min as usize);
         num(&h.retries, "retries", 0, 10, &mut retries);

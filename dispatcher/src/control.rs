@@ -167,8 +167,12 @@ async fn probe_loop(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let ok = health::check(&probe, &s).await;
-        if tx.send((b, ok)).is_err() {
+        let verdict = health::check(&probe, &s).await;
+        if verdict == health::Verdict::Local {
+            // Says nothing about the backend: no streak, no state change.
+            continue;
+        }
+        if tx.send((b, verdict == health::Verdict::Pass)).is_err() {
             return;
         }
     }

@@ -56,30 +56,67 @@ pub fn probes(cfg: &Config) -> Vec<Option<Probe>> {
         .collect()
 }
 
-/// Runs one check; `true` when it passed.
-pub async fn check(p: &Probe, s: &HealthSettings) -> bool {
+/// What one check found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Pass,
+    Fail,
+    /// The check could not be made for a reason of this host's (out of descriptors,
+    /// ports, buffers): it says nothing about the backend and changes nothing.
+    Local,
+}
+
+/// Runs one check.
+pub async fn check(p: &Probe, s: &HealthSettings) -> Verdict {
     let attempt = async {
-        let mut stream = TcpStream::connect(p.addr).await.ok()?;
-        let Some(path) = &p.http_path else { return Some(true) };
+        let mut stream = match TcpStream::connect(p.addr).await {
+            Ok(st) => st,
+            Err(e) if e.raw_os_error().is_some_and(crate::http::pool::is_local_errno) => {
+                crate::ratelimit::warn("health check connect", &e);
+                return Verdict::Local;
+            }
+            Err(_) => return Verdict::Fail,
+        };
+        let Some(path) = &p.http_path else { return Verdict::Pass };
         let req = format!(
             "GET {path} HTTP/1.1\r\nHost: {}\r\nUser-Agent: dispatcher-health\r\nConnection: close\r\n\r\n",
             p.addr
         );
-        stream.write_all(req.as_bytes()).await.ok()?;
-        let mut buf = [0u8; 64];
-        let mut got = 0;
-        while got < 12 {
-            let n = stream.read(&mut buf[got..]).await.ok()?;
-            if n == 0 {
-                break;
-            }
-            got += n;
+        if stream.write_all(req.as_bytes()).await.is_err() {
+            return Verdict::Fail;
         }
-        let line = std::str::from_utf8(&buf[..got]).ok()?;
-        let status: u16 = line.strip_prefix("HTTP/1.")?.get(2..5)?.parse().ok()?;
-        Some(status == s.expect_status)
+        // The status line is in the first bytes; the rest is read and discarded until the
+        // server closes (bounded by the check's timeout).
+        let mut head = [0u8; 64];
+        let mut got = 0;
+        let mut sink = [0u8; 4096];
+        loop {
+            let read =
+                if got < head.len() { stream.read(&mut head[got..]).await } else { stream.read(&mut sink).await };
+            match read {
+                Ok(0) => break,
+                Ok(n) if got < head.len() => got += n,
+                Ok(_) => {}
+                Err(_) if got > 0 => break,
+                Err(_) => return Verdict::Fail,
+            }
+        }
+        match status_of(&head[..got]) {
+            Some(status) if status == s.expect_status => Verdict::Pass,
+            _ => Verdict::Fail,
+        }
     };
-    matches!(tokio::time::timeout(s.timeout, attempt).await, Ok(Some(true)))
+    tokio::time::timeout(s.timeout, attempt).await.unwrap_or(Verdict::Fail)
+}
+
+/// The status code of an `HTTP/1.x NNN ...` status line.
+fn status_of(response: &[u8]) -> Option<u16> {
+    let rest = response.strip_prefix(b"HTTP/1.")?;
+    let code = rest.get(2..5)?;
+    if rest.get(1) != Some(&b' ') || !code.iter().all(u8::is_ascii_digit) || rest.get(5).is_some_and(|&b| b != b' ') {
+        return None;
+    }
+    std::str::from_utf8(code).ok()?.parse().ok()
 }
 
 /// Consecutive results of one backend's checks.
@@ -119,6 +156,41 @@ pub fn next(health: u8, passed: bool, streak: &mut Streak, rise: u32, fall: u32)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn status_lines() {
+        assert_eq!(status_of(b"HTTP/1.1 200 OK\r\n\r\n"), Some(200));
+        assert_eq!(status_of(b"HTTP/1.0 503 x"), Some(503));
+        assert_eq!(status_of(b"HTTP/1.1 2000"), None);
+        assert_eq!(status_of(b"HTTP/1.1  200"), None);
+        assert_eq!(status_of(b"HTTP/2 200"), None);
+    }
+
+    /// The whole response is read before the check closes: the server's own close comes
+    /// first, so it never sees a reset (it did on most checks when only the status line
+    /// was read).
+    #[tokio::test]
+    async fn a_check_reads_the_whole_response() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut c, _) = listener.accept().await.unwrap();
+            let mut req = [0u8; 1024];
+            let _ = c.read(&mut req).await.unwrap();
+            let body = vec![b'x'; 200_000];
+            let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+            c.write_all(head.as_bytes()).await.unwrap();
+            let wrote = c.write_all(&body).await.is_ok();
+            c.shutdown().await.ok();
+            // The checker's close after our FIN: an orderly end (0), not a reset (error).
+            let mut rest = [0u8; 16];
+            wrote && matches!(c.read(&mut rest).await, Ok(0))
+        });
+        let probe = Probe { addr, http_path: Some("/".into()) };
+        let s = HealthSettings::default();
+        assert_eq!(check(&probe, &s).await, Verdict::Pass);
+        assert!(server.await.unwrap(), "the server's response was read whole and the connection closed in order");
+    }
 
     #[test]
     fn transitions_follow_rise_and_fall() {

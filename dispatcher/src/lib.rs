@@ -14,4 +14,5 @@ pub mod dataplane;
 pub mod health;
 pub mod http;
 pub mod maglev;
+pub mod ratelimit;
 pub mod state;

@@ -41,6 +41,8 @@ pub struct Backend {
     pub errors: AtomicU64,
     /// Open upstream connections (all workers' pools, idle ones included).
     pub connections: Arc<AtomicU64>,
+    /// `http.max_connections_per_backend`, shared by all workers' pools.
+    pub conn_limit: Arc<tokio::sync::Semaphore>,
 }
 
 impl Backend {
@@ -98,6 +100,14 @@ pub struct Counters {
     /// Session requests sent to a server that is neither the session's owner nor its
     /// replica. Must stay zero.
     pub misroutes: AtomicU64,
+    /// Requests answered 503 "busy": their backend stayed at its connection limit for the
+    /// whole queue timeout.
+    pub queue_timeouts: AtomicU64,
+    /// Shortages on this host (descriptors, ports, buffers) met while connecting upstream
+    /// or accepting; never counted against a backend.
+    pub local_errors: AtomicU64,
+    /// Client connections closed at once because a connection cap was reached.
+    pub conn_refused: AtomicU64,
     /// Requests in flight to any backend, and retries among them (the retry budget).
     pub in_flight: AtomicU64,
     pub retries_in_flight: AtomicU64,
@@ -165,6 +175,9 @@ impl Counters {
             (&self.flow_rewrites, &o.flow_rewrites),
             (&self.transitions, &o.transitions),
             (&self.misroutes, &o.misroutes),
+            (&self.queue_timeouts, &o.queue_timeouts),
+            (&self.local_errors, &o.local_errors),
+            (&self.conn_refused, &o.conn_refused),
         ] {
             to.fetch_add(from.load(Ordering::Relaxed), Ordering::Relaxed);
         }
@@ -213,6 +226,7 @@ impl Cluster {
                 requests: AtomicU64::new(0),
                 errors: AtomicU64::new(0),
                 connections: Arc::new(AtomicU64::new(0)),
+                conn_limit: Arc::new(tokio::sync::Semaphore::new(cfg.http.max_connections_per_backend)),
             })
             .collect();
         let mut table = HashMap::new();
@@ -322,10 +336,11 @@ impl Cluster {
         self.clones_map.lock().unwrap().take()
     }
 
-    /// Takes over the map and the learned (not configured) entries of `old` whose owner
-    /// still serves, and the counters.
+    /// Takes over the learned (not configured) entries of `old` and its counters (added to
+    /// this cluster's). Called before this cluster serves a request, so that no request
+    /// with a learned clone ID is balanced for want of its entry; the CLONES map follows
+    /// with `adopt_map` once this cluster takes over.
     pub fn inherit(&self, old: &Cluster) {
-        *self.clones_map.lock().unwrap() = old.take_clones_map();
         let learned: Vec<(u64, CloneEntry)> =
             old.clones.read().unwrap().iter().filter(|(_, e)| !e.configured).map(|(k, e)| (*k, *e)).collect();
         {
@@ -336,19 +351,26 @@ impl Cluster {
                 }
             }
         }
-        let entries: Vec<(u64, CloneEntry)> = self.clones.read().unwrap().iter().map(|(k, v)| (*k, *v)).collect();
-        for (k, e) in entries {
-            self.write_through(k, e);
-        }
         self.counters.copy_from(&old.counters);
-        // Ids are kept by name across a reload: per-backend and per-VIP totals go on.
+        // Ids are kept by name across a reload: per-backend and per-VIP totals go on
+        // (added: whatever this cluster counted already stays counted).
         for (new, old) in self.backends.iter().zip(&old.backends) {
             for (to, from) in [(&new.requests, &old.requests), (&new.errors, &old.errors)] {
-                to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
+                to.fetch_add(from.load(Ordering::Relaxed), Ordering::Relaxed);
             }
         }
         for (new, old) in self.vips.iter().zip(&old.vips) {
-            new.requests.store(old.requests.load(Ordering::Relaxed), Ordering::Relaxed);
+            new.requests.fetch_add(old.requests.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+    }
+
+    /// Takes the CLONES map over from `old` and writes this cluster's table into it
+    /// (the configured entries a reload added, the replicas it changed).
+    pub fn adopt_map(&self, old: &Cluster) {
+        *self.clones_map.lock().unwrap() = old.take_clones_map();
+        let entries: Vec<(u64, CloneEntry)> = self.clones.read().unwrap().iter().map(|(k, v)| (*k, *v)).collect();
+        for (k, e) in entries {
+            self.write_through(k, e);
         }
     }
 

@@ -163,6 +163,18 @@ fn connection(record: &Record, s: TcpStream, stop: &AtomicBool) -> std::io::Resu
                 return Ok(());
             }
             "/503" => b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\nbusy".to_vec(),
+            // A response that asks the proxy to drop its own framing field.
+            "/conn-cl" => b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: content-length\r\n\r\nok".to_vec(),
+            "/slow" => {
+                std::thread::sleep(Duration::from_millis(1500));
+                b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nslow".to_vec()
+            }
+            "/medium" => {
+                let body = vec![b'm'; 8_000];
+                let mut out = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", body.len()).into_bytes();
+                out.extend_from_slice(&body);
+                out
+            }
             "/die-once" if !record.died.swap(true, Ordering::SeqCst) => {
                 // The first such request, on whichever backend, finds the server dying.
                 return Ok(());
@@ -202,5 +214,68 @@ fn connection(record: &Record, s: TcpStream, stop: &AtomicBool) -> std::io::Resu
             _ => b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_vec(),
         };
         w.write_all(&reply)?;
+    }
+}
+
+/// A testbed of scripted backends behind one HTTP VIP (`VIP`:80, backends on
+/// `BACKEND_PORT`), with the helpers the protocol tests share.
+pub struct Bed {
+    pub tb: crate::netns::Testbed,
+    pub record: Arc<Record>,
+    pub addr: std::net::SocketAddr,
+}
+
+pub const VIP: &str = "10.99.100.9";
+pub const BACKEND_PORT: u16 = 8080;
+
+impl Bed {
+    /// `backends` scripted backends; `http` and `health` add lines to those sections.
+    pub fn new(backends: usize, http: &str, health: &str) -> Bed {
+        let mut tb = crate::netns::Testbed::new(backends, &[VIP]);
+        tb.add_local_vip(VIP);
+        let record = Arc::new(Record::default());
+        tb.start_scripted(&record, BACKEND_PORT);
+        let text = format!(
+            "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nserver_timeout = \"2s\"\nclient_timeout = \"2s\"\n{http}\n[health]\npath = \"/health\"\n{health}\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\n",
+            tb.instance(),
+            tb.backend_config(&[])
+        );
+        let path = tb.write_config(&text);
+        tb.start_dispatcher(&path);
+        Bed { tb, record, addr: format!("{VIP}:80").parse().unwrap() }
+    }
+
+    pub fn connect(&self) -> (BufReader<TcpStream>, TcpStream) {
+        let addr = self.addr;
+        let s = self.tb.client.run(move || TcpStream::connect_timeout(&addr, Duration::from_secs(3))).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let w = s.try_clone().unwrap();
+        (BufReader::new(s), w)
+    }
+
+    /// Sends `req` in one write, reads everything until the proxy closes.
+    pub fn all(&self, req: &[u8]) -> String {
+        let (mut r, mut w) = self.connect();
+        let _ = w.write_all(req);
+        let mut out = Vec::new();
+        let _ = r.read_to_end(&mut out);
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    pub fn one(&self, req: &[u8]) -> crate::websphere::Response {
+        let (mut r, mut w) = self.connect();
+        w.write_all(req).unwrap();
+        crate::websphere::read_response(&mut r).expect("a response")
+    }
+
+    /// `dispatcher status --json`.
+    pub fn status(&self) -> serde_json::Value {
+        let cfg = self.tb.workdir.join("dispatcher.toml");
+        serde_json::from_str(&self.tb.dispatcher_cmd(&["status", "--config", cfg.to_str().unwrap(), "--json"])).unwrap()
+    }
+
+    /// Requests the backends received (health checks are not recorded).
+    pub fn seen(&self) -> Vec<String> {
+        self.record.requests.lock().unwrap().clone()
     }
 }

@@ -53,6 +53,7 @@ address = "10.0.100.2"
 port = 8080
 mode = "http"
 backend_port = 9080
+max_connections = 1000
 
 [[partition]]
 id = "123"
@@ -79,6 +80,10 @@ hold_time = "2s"
 max_held = 100
 retries = 1
 retry_budget_percent = 20
+client_timeout = "30s"
+body_timeout = "60s"
+queue_timeout = "5s"
+max_client_connections = 5000
 "#;
 
 static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -137,7 +142,9 @@ fn every_validation_message_names_line_and_field() {
         ("admin_socket = \"/run/dispatcher/t.sock\"", 0, "admin_socket = \"t.sock\"", "dispatcher.admin_socket: must be an absolute path", None),
         ("admin_address = \"127.0.0.1:9901\"", 0, "admin_address = \"localhost\"", "dispatcher.admin_address: `localhost` is not an address:port such as 127.0.0.1:9901", None),
         // [[backend]]
-        ("name = \"b\"", 0, "name = \"\"", "backend[1].name: must not be empty", None),
+        ("name = \"b\"", 0, "name = \"\"", "backend[1].name: must be 1 to 64 characters", None),
+        ("name = \"b\"", 0, "name = \"b\\\"x\"", "backend[1].name: `b\\\"x`: use letters, digits, '.', '_' and '-' only", None),
+        ("name = \"web\"", 0, "name = \"we b\"", "vip[1].name: `we b`: use letters, digits, '.', '_' and '-' only", None),
         ("name = \"b\"", 0, "name = \"a\"", "backend[1].name: `a` is defined twice", None),
         ("address = \"10.0.0.12\"", 0, "address = \"10.0.0.300\"", "backend[1].address: `10.0.0.300` is not an IPv4 address", None),
         ("address6 = \"fd00::11\"", 0, "address6 = \"fd00::g\"", "backend[0].address6: `fd00::g` is not an IPv6 address", None),
@@ -163,6 +170,8 @@ fn every_validation_message_names_line_and_field() {
         ("encap_source = \"10.0.0.1\"\n", 0, "", "vip[0].encap_source: required with forwarding = \"ipip\"", Some("forwarding = \"ipip\"")),
         ("backends = [\"a\", \"b\"]", 0, "backends = [\"a\", \"c\"]", "vip[0].backends: names no backend: `c`", None),
         ("backends = [\"a\", \"b\"]", 0, "backends = [\"a\", \"a\"]", "vip[0].backends: `a` listed twice", None),
+        ("backends = [\"a\", \"b\"]", 0, "backends = []", "vip[0].backends: an L4 VIP needs at least one backend (it would drop all traffic)", None),
+        ("max_connections = 1000", 0, "max_connections = 0", "vip[1].max_connections: must be 1..=10000000", None),
         ("address = \"10.0.100.1\"\nport = 80\nprotocol = \"tcp\"\nmode = \"l4\"\nforwarding = \"ipip\"\nencap_source = \"10.0.0.1\"", 0,
          "address = \"fd00::100:1\"\nport = 80\nprotocol = \"tcp\"\nmode = \"l4\"\nforwarding = \"ipip\"\nencap_source = \"fd00::1\"",
          "backend[1].address6: required: backend `b` serves IPv6 IPIP VIP `l4`", Some("[[backend]]\nname = \"b\"")),
@@ -194,6 +203,9 @@ fn every_validation_message_names_line_and_field() {
         ("url_parameter = \"jsessionid\"", 0, "url_parameter = \"\"", "http.url_parameter: `` is not a cookie or parameter name", None),
         ("header_timeout = \"10s\"", 0, "header_timeout = \"0s\"", "http.header_timeout: must be more than zero", None),
         ("hold_time = \"2s\"", 0, "hold_time = \"99999999999999999999s\"", "http.hold_time: `99999999999999999999s`: number too large", None),
+        ("hold_time = \"2s\"", 0, "hold_time = \"18446744073709551615s\"", "http.hold_time: must be at most 1 day (86400s)", None),
+        ("client_timeout = \"30s\"", 0, "client_timeout = \"25h\"", "http.client_timeout: must be at most 1 day (86400s)", None),
+        ("max_client_connections = 5000", 0, "max_client_connections = 0", "http.max_client_connections: must be 1..=10000000", None),
         ("max_held = 100", 0, "max_held = 2000000", "http.max_held: must be 0..=1000000", None),
         ("retries = 1", 0, "retries = 11", "http.retries: must be 0..=10", None),
         ("retry_budget_percent = 20", 0, "retry_budget_percent = 101", "http.retry_budget_percent: must be 0..=100", None),

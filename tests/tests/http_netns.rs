@@ -386,8 +386,8 @@ fn admin_endpoint_serves_metrics_status_and_commands() {
 }
 
 /// The admin endpoint on TCP serves the metrics to anyone who can reach it (that is
-/// what Prometheus needs) and everything else only to loopback clients; on the Unix
-/// socket, only root and the agent's user are served.
+/// what Prometheus needs) and the status to loopback clients; commands only on the Unix
+/// socket, and there only to root and the agent's user.
 #[test]
 fn admin_endpoint_refuses_clients_that_are_not_local() {
     let (tb, _cluster, addr) = http_testbed_with(2, false, "admin_address = \"0.0.0.0:9901\"\n", "");
@@ -420,12 +420,18 @@ fn admin_endpoint_refuses_clients_that_are_not_local() {
         serde_json::from_str(&tb.dispatcher_cmd(&["status", "--config", cfg, "--json"])).unwrap();
     assert_eq!(st["agent"]["backends"][0]["state"], "up", "the refused drain changed nothing: {st}");
     assert!(tb.log("dispatcher").contains("admin request refused"), "refusals are logged");
-    // From loopback on the dispatcher's host: everything.
+    // From loopback on the dispatcher's host (any local user can connect there): status
+    // yes, commands no.
     let local: SocketAddr = "127.0.0.1:9901".parse().unwrap();
-    let r = ask(&tb.lb, local, "POST", "/backends/b0/drain");
-    assert!(status_line(&r).contains(" 200 ") && r.contains("\"to\":\"drain\""), "{r}");
-    let r = ask(&tb.lb, local, "POST", "/backends/b0/enable");
-    assert!(status_line(&r).contains(" 200 "), "{r}");
+    let r = ask(&tb.lb, local, "GET", "/status");
+    assert!(status_line(&r).contains(" 200 ") && r.contains("\"backends\""), "{r}");
+    for (m, p) in [("POST", "/backends/b0/drain"), ("POST", "/reload"), ("POST", "/stop?detach=true")] {
+        let r = ask(&tb.lb, local, m, p);
+        assert!(status_line(&r).contains(" 403 ") && r.contains("Unix socket"), "{m} {p} over loopback TCP: {r}");
+    }
+    let st: serde_json::Value =
+        serde_json::from_str(&tb.dispatcher_cmd(&["status", "--config", cfg, "--json"])).unwrap();
+    assert_eq!(st["agent"]["backends"][0]["state"], "up", "the refused drain changed nothing: {st}");
 
     // At most 64 admin connections at once: a flood of idle ones does not lock out the
     // metrics for long, and takes no more descriptors.
@@ -435,6 +441,10 @@ fn admin_endpoint_refuses_clients_that_are_not_local() {
     std::thread::sleep(Duration::from_millis(200));
     let r = ask(&tb.lb, local, "GET", "/metrics");
     assert!(r.is_empty(), "the 65th connection is closed unanswered: {r}");
+    // The operator's socket has its own budget: the TCP flood does not lock it out.
+    let st: serde_json::Value =
+        serde_json::from_str(&tb.dispatcher_cmd(&["status", "--config", cfg, "--json"])).unwrap();
+    assert_eq!(st["agent"]["backends"][0]["state"], "up", "the socket still answers: {st}");
     drop(idle);
     std::thread::sleep(Duration::from_millis(200));
     let r = ask(&tb.lb, local, "GET", "/metrics");

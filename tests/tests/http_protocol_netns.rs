@@ -3,25 +3,12 @@
 
 use std::{
     io::{BufReader, Read, Write},
-    net::{SocketAddr, TcpStream},
-    sync::{atomic::Ordering, Arc},
+    net::TcpStream,
+    sync::atomic::Ordering,
     time::Duration,
 };
 
-use dispatcher_tests::{
-    netns::Testbed,
-    scripted::Record,
-    websphere::{read_response, Response},
-};
-
-const VIP: &str = "10.99.100.9";
-const BACKEND_PORT: u16 = 8080;
-
-struct Bed {
-    tb: Testbed,
-    record: Arc<Record>,
-    addr: SocketAddr,
-}
+use dispatcher_tests::{scripted::Bed, websphere::read_response};
 
 fn bed() -> Bed {
     bed_with(1, "")
@@ -29,43 +16,7 @@ fn bed() -> Bed {
 
 /// `backends` scripted backends behind one HTTP VIP; `health` adds lines to `[health]`.
 fn bed_with(backends: usize, health: &str) -> Bed {
-    let mut tb = Testbed::new(backends, &[VIP]);
-    tb.add_local_vip(VIP);
-    let record = Arc::new(Record::default());
-    tb.start_scripted(&record, BACKEND_PORT);
-    let text = format!(
-        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nserver_timeout = \"2s\"\n\n[health]\npath = \"/health\"\n{health}\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\n",
-        tb.instance(),
-        tb.backend_config(&[])
-    );
-    let path = tb.write_config(&text);
-    tb.start_dispatcher(&path);
-    Bed { tb, record, addr: format!("{VIP}:80").parse().unwrap() }
-}
-
-impl Bed {
-    fn connect(&self) -> (BufReader<TcpStream>, TcpStream) {
-        let addr = self.addr;
-        let s = self.tb.client.run(move || TcpStream::connect_timeout(&addr, Duration::from_secs(3))).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let w = s.try_clone().unwrap();
-        (BufReader::new(s), w)
-    }
-
-    /// Sends `req`, reads everything until the proxy closes.
-    fn all(&self, req: &[u8]) -> String {
-        let (mut r, mut w) = self.connect();
-        w.write_all(req).unwrap();
-        let mut out = Vec::new();
-        let _ = r.read_to_end(&mut out);
-        String::from_utf8_lossy(&out).into_owned()
-    }
-
-    fn one(&self, req: &[u8]) -> Response {
-        let (mut r, mut w) = self.connect();
-        w.write_all(req).unwrap();
-        read_response(&mut r).expect("a response")
-    }
+    Bed::new(backends, "", health)
 }
 
 /// A response head only (for responses whose body must not be waited for).
@@ -244,7 +195,7 @@ fn a_client_that_stops_reading_is_cut_off_at_the_timeout() {
     let b = bed();
     let (mut r, mut w) = b.connect();
     w.write_all(b"GET /big HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
-    // Read nothing for longer than the relay's timeout (server_timeout = 2 s here).
+    // Read nothing for longer than the client timeout (2 s here).
     std::thread::sleep(Duration::from_secs(4));
     r.get_ref().set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut got = Vec::new();

@@ -8,8 +8,10 @@
 //! - `POST /reload`: re-read the configuration file.
 //! - `POST /stop` (`?detach=true`): the agent exits, leaving (or removing) the data plane.
 //!
-//! Who may ask (`allowed`): local clients — root or the agent's own user on the socket,
-//! loopback peers on TCP — anything; any other peer only `GET /metrics`.
+//! Who may ask (`allowed`): commands only over the Unix socket, from root or the agent's
+//! own user; on TCP a loopback peer may read `/metrics` and `/status`, any other peer (and
+//! any other user on the socket) only `/metrics`. The socket and TCP have separate
+//! connection budgets, so that scrapers can never lock the operator out.
 
 pub mod client;
 pub mod views;
@@ -68,40 +70,47 @@ impl Admin {
     }
 }
 
-/// Where a client connects from.
+/// Who a client is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Peer {
-    /// Root or the agent's user on the socket; a loopback address on TCP.
-    Local,
-    /// Anybody else.
+    /// Root or the agent's user on the Unix socket: may command.
+    Operator,
+    /// A loopback peer on TCP: may read metrics and status.
+    LocalReader,
+    /// Anybody else (another host on TCP, another user on the socket): metrics only.
     Remote,
 }
 
-/// A TCP peer is local when it is on loopback (IPv4, IPv6 or IPv4-mapped).
+/// A TCP peer on loopback (IPv4, IPv6 or IPv4-mapped) may read the status; no TCP peer
+/// may command (any local user can open a loopback connection).
 pub fn tcp_peer(addr: SocketAddr) -> Peer {
     let ip = match addr.ip() {
         std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map(std::net::IpAddr::V4).unwrap_or(addr.ip()),
         ip => ip,
     };
     if ip.is_loopback() {
-        Peer::Local
+        Peer::LocalReader
     } else {
         Peer::Remote
     }
 }
 
-/// A socket peer is local when it runs as root or as the agent's user. (The socket is
-/// 0600, so others reach it only if an operator widened its mode or directory.)
+/// A socket peer is an operator when it runs as root or as the agent's user. (The socket
+/// is 0600, so others reach it only if an operator widened its mode or directory.)
 fn unix_peer(s: &UnixStream) -> Peer {
     match s.peer_cred() {
-        Ok(c) if c.uid() == 0 || c.uid() == nix::unistd::geteuid().as_raw() => Peer::Local,
+        Ok(c) if c.uid() == 0 || c.uid() == nix::unistd::geteuid().as_raw() => Peer::Operator,
         _ => Peer::Remote,
     }
 }
 
-/// Local clients may do anything; others may only read the metrics.
+/// Operators may do anything; local readers may read; others may only read the metrics.
 pub fn allowed(peer: Peer, method: &str, path: &str) -> bool {
-    peer == Peer::Local || (method == "GET" && path == "/metrics")
+    match peer {
+        Peer::Operator => true,
+        Peer::LocalReader => method == "GET" && (path == "/metrics" || path == "/status"),
+        Peer::Remote => method == "GET" && path == "/metrics",
+    }
 }
 
 /// Binds the socket (replacing a stale one), owner-only permissions.
@@ -116,15 +125,18 @@ pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
     Ok(l)
 }
 
-/// Admin connections served at once; more are closed at once (a scraper or a script
-/// never needs many, and a flood of them must not take the agent's descriptors).
+/// Admin connections served at once on TCP, and on the Unix socket; more are closed at
+/// once (a scraper or a script never needs many, and a flood of them must not take the
+/// agent's descriptors). Separate budgets: TCP clients cannot take the operator's slots.
 const MAX_ADMIN_CONNECTIONS: usize = 64;
+const MAX_SOCKET_CONNECTIONS: usize = 32;
 
 /// Serves the socket, and the TCP listener if there is one, until aborted.
 pub async fn serve(admin: Arc<Admin>, unix: UnixListener, tcp: Option<TcpListener>) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_ADMIN_CONNECTIONS));
+    let tcp_slots = Arc::new(tokio::sync::Semaphore::new(MAX_ADMIN_CONNECTIONS));
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_SOCKET_CONNECTIONS));
     let tcp_loop = {
-        let (admin, slots) = (admin.clone(), slots.clone());
+        let (admin, slots) = (admin.clone(), tcp_slots);
         async move {
             let Some(tcp) = tcp else { return std::future::pending().await };
             loop {
@@ -156,7 +168,7 @@ fn spawn_handler<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     peer: Peer,
 ) {
     let Ok(slot) = slots.clone().try_acquire_owned() else {
-        tracing::warn!(?peer, limit = MAX_ADMIN_CONNECTIONS, "admin connection refused: too many at once");
+        crate::ratelimit::warn("admin connection (too many at once); accepting", &format_args!("{peer:?}"));
         return;
     };
     let admin = admin.clone();
@@ -209,8 +221,11 @@ async fn handle<S: AsyncRead + AsyncWrite + Unpin>(admin: &Admin, mut s: S, peer
     tracing::debug!(%method, %target, ?peer, "admin request");
     if !allowed(peer, &method, path) {
         tracing::warn!(%method, %target, ?peer, "admin request refused: not a local client");
-        let why = json!({"error": "only GET /metrics is served to clients that are not local"});
-        return respond(&mut s, 403, "application/json", &why.to_string()).await;
+        let why = match peer {
+            Peer::LocalReader => "commands are served only on the Unix socket (dispatcher.admin_socket); TCP serves GET /metrics and GET /status",
+            _ => "only GET /metrics is served to clients that are not local",
+        };
+        return respond(&mut s, 403, "application/json", &json!({ "error": why }).to_string()).await;
     }
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
     match (method.as_str(), parts.as_slice()) {
@@ -293,17 +308,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_local_peers_may_command() {
+    fn only_operators_on_the_socket_may_command() {
         let remote = tcp_peer("10.0.0.5:40000".parse().unwrap());
         assert_eq!(remote, Peer::Remote);
-        assert_eq!(tcp_peer("127.0.0.1:1".parse().unwrap()), Peer::Local);
-        assert_eq!(tcp_peer("[::1]:1".parse().unwrap()), Peer::Local);
-        assert_eq!(tcp_peer("[::ffff:127.0.0.2]:1".parse().unwrap()), Peer::Local);
+        let local = tcp_peer("127.0.0.1:1".parse().unwrap());
+        assert_eq!(local, Peer::LocalReader);
+        assert_eq!(tcp_peer("[::1]:1".parse().unwrap()), Peer::LocalReader);
+        assert_eq!(tcp_peer("[::ffff:127.0.0.2]:1".parse().unwrap()), Peer::LocalReader);
         assert_eq!(tcp_peer("[::ffff:10.0.0.5]:1".parse().unwrap()), Peer::Remote);
-        assert!(allowed(remote, "GET", "/metrics"));
-        for (m, p) in [("GET", "/status"), ("POST", "/reload"), ("POST", "/stop"), ("POST", "/backends/a/drain")] {
+        assert!(allowed(remote, "GET", "/metrics") && allowed(local, "GET", "/metrics"));
+        assert!(allowed(local, "GET", "/status") && !allowed(remote, "GET", "/status"));
+        for (m, p) in
+            [("POST", "/reload"), ("POST", "/stop"), ("POST", "/backends/a/drain"), ("GET", "/backends/a/drain")]
+        {
             assert!(!allowed(remote, m, p), "{m} {p}");
-            assert!(allowed(Peer::Local, m, p), "{m} {p}");
+            assert!(!allowed(local, m, p), "{m} {p} over loopback TCP");
+            assert!(allowed(Peer::Operator, m, p), "{m} {p}");
         }
     }
 }

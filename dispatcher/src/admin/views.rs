@@ -59,8 +59,26 @@ pub fn status(a: &Admin) -> serde_json::Value {
             "misroutes": k.misroutes.load(Ordering::Relaxed),
             "learned_clones": k.learned.load(Ordering::Relaxed),
             "learn_conflicts": k.learn_conflicts.load(Ordering::Relaxed),
+            "queue_timeouts": k.queue_timeouts.load(Ordering::Relaxed),
+            "local_errors": k.local_errors.load(Ordering::Relaxed),
+            "connections_refused": k.conn_refused.load(Ordering::Relaxed),
         }
     })
+}
+
+/// A label value as the exposition format wants it: backslash, double quote and newline
+/// escaped.
+fn esc(v: &str) -> String {
+    let mut o = String::with_capacity(v.len());
+    for ch in v.chars() {
+        match ch {
+            '\\' => o.push_str("\\\\"),
+            '"' => o.push_str("\\\""),
+            '\n' => o.push_str("\\n"),
+            c => o.push(c),
+        }
+    }
+    o
 }
 
 fn histogram(out: &mut String, name: &str, labels: &str, h: &Histogram) {
@@ -164,25 +182,53 @@ pub fn metrics(a: &Admin) -> String {
         "Clone IDs claimed by a second backend.",
         k.learn_conflicts.load(Ordering::Relaxed),
     );
+    counter(
+        &mut o,
+        "dispatcher_queue_timeouts_total",
+        "Requests answered 503 busy: their backend stayed at its connection limit for the queue timeout.",
+        k.queue_timeouts.load(Ordering::Relaxed),
+    );
+    counter(
+        &mut o,
+        "dispatcher_local_errors_total",
+        "Shortages on this host (descriptors, ports, buffers) met accepting or connecting; never a backend failure.",
+        k.local_errors.load(Ordering::Relaxed),
+    );
+    counter(
+        &mut o,
+        "dispatcher_client_connections_refused_total",
+        "Client connections closed at once at a connection cap.",
+        k.conn_refused.load(Ordering::Relaxed),
+    );
     gauge(&mut o, "dispatcher_clone_table_entries", "Entries in the clone table.", c.clone_count() as u64);
 
     let _ = writeln!(o, "# HELP dispatcher_backend_state Backend state: 1=up 2=suspect 3=down 4=drain 5=disabled.\n# TYPE dispatcher_backend_state gauge");
     for b in &c.backends {
-        let _ = writeln!(o, "dispatcher_backend_state{{backend=\"{}\"}} {}", b.name, b.state.load(Ordering::SeqCst));
+        let _ =
+            writeln!(o, "dispatcher_backend_state{{backend=\"{}\"}} {}", esc(&b.name), b.state.load(Ordering::SeqCst));
     }
-    let per_backend = |o: &mut String, name: &str, kind: &str, value: &dyn Fn(&crate::state::Backend) -> u64| {
-        let _ = writeln!(o, "# TYPE {name} {kind}");
-        for b in &c.backends {
-            let _ = writeln!(o, "{name}{{backend=\"{}\"}} {}", b.name, value(b));
-        }
-    };
-    per_backend(&mut o, "dispatcher_backend_requests_total", "counter", &|b| b.requests.load(Ordering::Relaxed));
-    per_backend(&mut o, "dispatcher_backend_errors_total", "counter", &|b| b.errors.load(Ordering::Relaxed));
-    per_backend(&mut o, "dispatcher_backend_active_requests", "gauge", &|b| b.outstanding.load(Ordering::Relaxed));
-    per_backend(&mut o, "dispatcher_backend_connections", "gauge", &|b| b.connections.load(Ordering::Relaxed));
+    let per_backend =
+        |o: &mut String, name: &str, kind: &str, help: &str, value: &dyn Fn(&crate::state::Backend) -> u64| {
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for b in &c.backends {
+                let _ = writeln!(o, "{name}{{backend=\"{}\"}} {}", esc(&b.name), value(b));
+            }
+        };
+    per_backend(&mut o, "dispatcher_backend_requests_total", "counter", "Requests sent to the backend.", &|b| {
+        b.requests.load(Ordering::Relaxed)
+    });
+    per_backend(&mut o, "dispatcher_backend_errors_total", "counter", "Failed requests to the backend.", &|b| {
+        b.errors.load(Ordering::Relaxed)
+    });
+    per_backend(&mut o, "dispatcher_backend_active_requests", "gauge", "Requests in flight to the backend.", &|b| {
+        b.outstanding.load(Ordering::Relaxed)
+    });
+    per_backend(&mut o, "dispatcher_backend_connections", "gauge", "Open upstream connections to the backend.", &|b| {
+        b.connections.load(Ordering::Relaxed)
+    });
     let _ = writeln!(o, "# HELP dispatcher_backend_response_seconds Time to the response head, per backend.\n# TYPE dispatcher_backend_response_seconds histogram");
     for b in &c.backends {
-        histogram(&mut o, "dispatcher_backend_response_seconds", &format!("backend=\"{}\"", b.name), &b.latency);
+        histogram(&mut o, "dispatcher_backend_response_seconds", &format!("backend=\"{}\"", esc(&b.name)), &b.latency);
     }
     let _ = writeln!(
         o,
@@ -192,17 +238,25 @@ pub fn metrics(a: &Admin) -> String {
     let http_vips: Vec<_> = cfg.vips.iter().zip(&c.vips).filter(|(v, _)| v.serves_http()).collect();
     let _ = writeln!(o, "# HELP dispatcher_vip_requests_total Request heads received, per HTTP VIP.\n# TYPE dispatcher_vip_requests_total counter");
     for (v, s) in &http_vips {
-        let _ =
-            writeln!(o, "dispatcher_vip_requests_total{{vip=\"{}\"}} {}", v.name, s.requests.load(Ordering::Relaxed));
+        let _ = writeln!(
+            o,
+            "dispatcher_vip_requests_total{{vip=\"{}\"}} {}",
+            esc(&v.name),
+            s.requests.load(Ordering::Relaxed)
+        );
     }
     let _ = writeln!(o, "# HELP dispatcher_vip_connections Open client connections, per HTTP VIP.\n# TYPE dispatcher_vip_connections gauge");
     for (v, s) in &http_vips {
-        let _ =
-            writeln!(o, "dispatcher_vip_connections{{vip=\"{}\"}} {}", v.name, s.connections.load(Ordering::Relaxed));
+        let _ = writeln!(
+            o,
+            "dispatcher_vip_connections{{vip=\"{}\"}} {}",
+            esc(&v.name),
+            s.connections.load(Ordering::Relaxed)
+        );
     }
     let _ = writeln!(o, "# HELP dispatcher_vip_response_seconds Time to the response head, per HTTP VIP.\n# TYPE dispatcher_vip_response_seconds histogram");
     for (v, s) in &http_vips {
-        histogram(&mut o, "dispatcher_vip_response_seconds", &format!("vip=\"{}\"", v.name), &s.latency);
+        histogram(&mut o, "dispatcher_vip_response_seconds", &format!("vip=\"{}\"", esc(&v.name)), &s.latency);
     }
 
     // The data plane's counters, summed over CPUs.
@@ -216,21 +270,24 @@ pub fn metrics(a: &Admin) -> String {
             let _ = writeln!(o, "dispatcher_xdp_events_total{{reason=\"{name}\"}} {}", v.packets);
         }
     }
-    let _ = writeln!(o, "# TYPE dispatcher_xdp_vip_packets_total counter\n# TYPE dispatcher_xdp_vip_bytes_total counter\n# TYPE dispatcher_xdp_vip_new_flows_total counter");
-    for (i, v) in cfg.vips.iter().enumerate() {
-        let id = i as u32;
-        if let (Ok(p), Ok(n)) =
-            (t.counter(stats::vip_slot(id, stats::VIP_PACKETS)), t.counter(stats::vip_slot(id, stats::VIP_NEW_FLOWS)))
-        {
-            let _ = writeln!(o, "dispatcher_xdp_vip_packets_total{{vip=\"{}\"}} {}", v.name, p.packets);
-            let _ = writeln!(o, "dispatcher_xdp_vip_bytes_total{{vip=\"{}\"}} {}", v.name, p.bytes);
-            let _ = writeln!(o, "dispatcher_xdp_vip_new_flows_total{{vip=\"{}\"}} {}", v.name, n.packets);
+    // One family at a time: the exposition format wants each family's samples together.
+    let per_vip = [
+        ("dispatcher_xdp_vip_packets_total", "Packets to the VIP seen by XDP.", stats::VIP_PACKETS, false),
+        ("dispatcher_xdp_vip_bytes_total", "Bytes to the VIP seen by XDP.", stats::VIP_PACKETS, true),
+        ("dispatcher_xdp_vip_new_flows_total", "New flows pinned by XDP.", stats::VIP_NEW_FLOWS, false),
+    ];
+    for (name, help, slot, bytes) in per_vip {
+        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
+        for (i, v) in cfg.vips.iter().enumerate() {
+            if let Ok(p) = t.counter(stats::vip_slot(i as u32, slot)) {
+                let _ = writeln!(o, "{name}{{vip=\"{}\"}} {}", esc(&v.name), if bytes { p.bytes } else { p.packets });
+            }
         }
     }
-    let _ = writeln!(o, "# TYPE dispatcher_xdp_backend_packets_total counter");
+    let _ = writeln!(o, "# HELP dispatcher_xdp_backend_packets_total Packets XDP forwarded to the backend.\n# TYPE dispatcher_xdp_backend_packets_total counter");
     for (i, b) in cfg.backends.iter().enumerate() {
         if let Ok(p) = t.counter(stats::backend_slot(i as u32, stats::BACKEND_PACKETS)) {
-            let _ = writeln!(o, "dispatcher_xdp_backend_packets_total{{backend=\"{}\"}} {}", b.name, p.packets);
+            let _ = writeln!(o, "dispatcher_xdp_backend_packets_total{{backend=\"{}\"}} {}", esc(&b.name), p.packets);
         }
     }
     o

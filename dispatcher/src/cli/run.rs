@@ -203,10 +203,13 @@ impl Running {
             })
             .collect();
         let cluster = Arc::new(Cluster::new(&merged, &states, None));
+        // The learned clone table first: the new listeners route learned IDs from their
+        // first request.
+        cluster.inherit(&self.cluster);
         let merged = Arc::new(merged);
         let next = Running::start(merged.clone(), cluster.clone(), tables, rt).map_err(|e| format!("{e:#}"))?;
         tables.lock().unwrap().apply(&merged, &states).map_err(|e| format!("writing the maps: {e}"))?;
-        cluster.inherit(&self.cluster);
+        cluster.adopt_map(&self.cluster);
         let mut summary = format!(
             "{} backends ({} retired), {} VIPs ({} retired)",
             merged.backends.len(),

@@ -62,32 +62,6 @@ impl<R: AsyncRead + Unpin> Inbound<R> {
         }
         Ok(())
     }
-
-    /// A CRLF-terminated line (without the CRLF), at most `max` bytes.
-    async fn line(&mut self, timeout: Duration, max: usize) -> Result<BytesMut, RelayError> {
-        let mut scanned = 0;
-        loop {
-            if let Some(pos) = self.buf[scanned..].iter().position(|&b| b == b'\n') {
-                let end = scanned + pos;
-                if end == 0 || self.buf[end - 1] != b'\r' {
-                    return Err(RelayError::Chunk("bare LF"));
-                }
-                let mut line = self.buf.split_to(end + 1);
-                line.truncate(end - 1);
-                if line.contains(&b'\r') {
-                    return Err(RelayError::Chunk("bare CR"));
-                }
-                return Ok(line);
-            }
-            scanned = self.buf.len();
-            if scanned > max {
-                return Err(RelayError::Chunk("line too long"));
-            }
-            if self.fill(timeout).await? == 0 {
-                return Err(RelayError::Eof);
-            }
-        }
-    }
 }
 
 /// Writes with a deadline: a peer that stops reading cannot hold the relay (and the
@@ -99,21 +73,30 @@ async fn write<W: AsyncWrite + Unpin>(dst: &mut W, bytes: &[u8], timeout: Durati
     }
 }
 
+/// How long a relay waits for the source's next bytes and for the destination to take
+/// them.
+#[derive(Clone, Copy, Debug)]
+pub struct Timeouts {
+    pub read: Duration,
+    pub write: Duration,
+}
+
+impl Timeouts {
+    pub fn both(t: Duration) -> Timeouts {
+        Timeouts { read: t, write: t }
+    }
+}
+
 /// Copies exactly `n` body bytes.
-pub async fn relay_length<R, W>(
-    src: &mut Inbound<R>,
-    dst: &mut W,
-    mut n: u64,
-    timeout: Duration,
-) -> Result<(), RelayError>
+pub async fn relay_length<R, W>(src: &mut Inbound<R>, dst: &mut W, mut n: u64, t: Timeouts) -> Result<(), RelayError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
     while n > 0 {
-        src.need(timeout).await?;
+        src.need(t.read).await?;
         let take = (src.buf.len() as u64).min(n) as usize;
-        write(dst, &src.buf[..take], timeout).await?;
+        write(dst, &src.buf[..take], t.write).await?;
         src.buf.advance(take);
         n -= take as u64;
     }
@@ -121,17 +104,17 @@ where
 }
 
 /// Copies everything until the source closes.
-pub async fn relay_until_close<R, W>(src: &mut Inbound<R>, dst: &mut W, timeout: Duration) -> Result<(), RelayError>
+pub async fn relay_until_close<R, W>(src: &mut Inbound<R>, dst: &mut W, t: Timeouts) -> Result<(), RelayError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
     loop {
         if !src.buf.is_empty() {
-            write(dst, &src.buf, timeout).await?;
+            write(dst, &src.buf, t.write).await?;
             src.buf.clear();
         }
-        if src.fill(timeout).await? == 0 {
+        if src.fill(t.read).await? == 0 {
             return Ok(());
         }
     }
@@ -169,63 +152,193 @@ fn forbidden_trailer(name: &[u8]) -> bool {
         .any(|f| name.eq_ignore_ascii_case(f))
 }
 
-/// Validates a chunked body and re-emits it: sizes normalised, extensions dropped,
-/// framing-relevant trailer fields dropped. With `dechunk`, only the data goes out (for
-/// an HTTP/1.0 recipient, which cannot read chunked).
+/// A trailer line `name: value`, checked as a header field (RFC 9110 5.1, 5.5): the name
+/// a token, the value visible characters, spaces, tabs and obs-text only.
+fn check_trailer(line: &[u8]) -> Result<&[u8], RelayError> {
+    let colon = line.iter().position(|&b| b == b':').ok_or(RelayError::Chunk("trailer line without a colon"))?;
+    let name = &line[..colon];
+    if name.is_empty() || !name.iter().all(|&b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)) {
+        return Err(RelayError::Chunk("bad trailer field name"));
+    }
+    if !line[colon + 1..].iter().all(|&b| b == b'\t' || b == b' ' || (0x21..=0x7e).contains(&b) || b >= 0x80) {
+        return Err(RelayError::Chunk("control character in a trailer field value"));
+    }
+    Ok(name)
+}
+
+/// A CRLF-terminated line at the start of `input`: `Some((line, length with CRLF))`, or
+/// `None` while it is incomplete. Bare LF, bare CR and lines over `max` are refused.
+fn take_line(input: &[u8], max: usize) -> Result<Option<(&[u8], usize)>, RelayError> {
+    let window = &input[..input.len().min(max + 2)];
+    match window.iter().position(|&b| b == b'\n') {
+        Some(end) => {
+            if end == 0 || window[end - 1] != b'\r' {
+                return Err(RelayError::Chunk("bare LF"));
+            }
+            let line = &window[..end - 1];
+            if line.contains(&b'\r') {
+                return Err(RelayError::Chunk("bare CR"));
+            }
+            Ok(Some((line, end + 1)))
+        }
+        None if window.len() > max + 1 => Err(RelayError::Chunk("line too long")),
+        None if window.iter().position(|&b| b == b'\r').is_some_and(|i| i + 1 < window.len()) => {
+            Err(RelayError::Chunk("bare CR"))
+        }
+        None => Ok(None),
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ChunkState {
+    Size,
+    Data(u64),
+    DataEnd,
+    Trailers,
+    Done,
+}
+
+/// An incremental validator and re-encoder of a chunked body: sizes normalised,
+/// extensions dropped, framing-relevant trailer fields dropped, every byte checked. It
+/// works on whatever part of the body is at hand, so the proxy can also check the part it
+/// has already read before anything goes upstream.
+#[derive(Clone, Debug)]
+pub struct ChunkedDecoder {
+    state: ChunkState,
+    trailer_bytes: usize,
+}
+
+impl Default for ChunkedDecoder {
+    fn default() -> Self {
+        ChunkedDecoder { state: ChunkState::Size, trailer_bytes: 0 }
+    }
+}
+
+impl ChunkedDecoder {
+    pub fn is_done(&self) -> bool {
+        self.state == ChunkState::Done
+    }
+
+    /// Has the first chunk-size line been read?
+    pub fn past_first_line(&self) -> bool {
+        self.state != ChunkState::Size
+    }
+
+    /// Consumes as much of `input` as forms complete elements; returns how many bytes it
+    /// took. The re-encoded body (or with `dechunk`, its data only) is appended to `out`
+    /// when given.
+    pub fn feed(&mut self, input: &[u8], mut out: Option<&mut Vec<u8>>, dechunk: bool) -> Result<usize, RelayError> {
+        use std::io::Write as _;
+        let mut pos = 0;
+        loop {
+            let rest = &input[pos..];
+            match self.state {
+                ChunkState::Done => return Ok(pos),
+                ChunkState::Size => {
+                    let Some((line, used)) = take_line(rest, MAX_CHUNK_LINE)? else { return Ok(pos) };
+                    let size = chunk_size(line)?;
+                    pos += used;
+                    if size == 0 {
+                        self.state = ChunkState::Trailers;
+                        if let (Some(o), false) = (out.as_deref_mut(), dechunk) {
+                            o.extend_from_slice(b"0\r\n");
+                        }
+                    } else {
+                        self.state = ChunkState::Data(size);
+                        if let (Some(o), false) = (out.as_deref_mut(), dechunk) {
+                            let _ = write!(o, "{size:x}\r\n");
+                        }
+                    }
+                }
+                ChunkState::Data(n) => {
+                    let take = (rest.len() as u64).min(n) as usize;
+                    if take == 0 {
+                        return Ok(pos);
+                    }
+                    if let Some(o) = out.as_deref_mut() {
+                        o.extend_from_slice(&rest[..take]);
+                    }
+                    pos += take;
+                    let left = n - take as u64;
+                    self.state = if left == 0 { ChunkState::DataEnd } else { ChunkState::Data(left) };
+                }
+                ChunkState::DataEnd => {
+                    let have = rest.len().min(2);
+                    if rest[..have] != b"\r\n"[..have] {
+                        return Err(RelayError::Chunk("chunk data longer than its size"));
+                    }
+                    if have < 2 {
+                        return Ok(pos);
+                    }
+                    pos += 2;
+                    self.state = ChunkState::Size;
+                    if let (Some(o), false) = (out.as_deref_mut(), dechunk) {
+                        o.extend_from_slice(b"\r\n");
+                    }
+                }
+                ChunkState::Trailers => {
+                    let room = MAX_TRAILER_BYTES.saturating_sub(self.trailer_bytes);
+                    let Some((line, used)) = take_line(rest, room)
+                        .map_err(|_| RelayError::Chunk("trailer section too large or malformed"))?
+                    else {
+                        return Ok(pos);
+                    };
+                    pos += used;
+                    self.trailer_bytes += used;
+                    if line.is_empty() {
+                        self.state = ChunkState::Done;
+                        if let (Some(o), false) = (out.as_deref_mut(), dechunk) {
+                            o.extend_from_slice(b"\r\n");
+                        }
+                        continue;
+                    }
+                    let name = check_trailer(line)?;
+                    if let (Some(o), false) = (out.as_deref_mut(), dechunk) {
+                        if !forbidden_trailer(name) {
+                            o.extend_from_slice(line);
+                            o.extend_from_slice(b"\r\n");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Validates a chunked body and re-emits it (see `ChunkedDecoder`). With `dechunk`, only
+/// the data goes out (for an HTTP/1.0 recipient, which cannot read chunked).
 pub async fn relay_chunked<R, W>(
     src: &mut Inbound<R>,
     dst: &mut W,
-    timeout: Duration,
+    t: Timeouts,
     dechunk: bool,
 ) -> Result<(), RelayError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
+    let mut dec = ChunkedDecoder::default();
+    let mut out = Vec::new();
     loop {
-        let line = src.line(timeout, MAX_CHUNK_LINE).await?;
-        let size = chunk_size(&line)?;
-        if size == 0 {
+        let used = dec.feed(&src.buf, Some(&mut out), dechunk)?;
+        src.buf.advance(used);
+        if dec.is_done() {
             break;
         }
-        if !dechunk {
-            write(dst, format!("{size:x}\r\n").as_bytes(), timeout).await?;
+        // What one read brought goes out in one write before the next read: a body of many
+        // tiny chunks costs a write per read, not one per chunk.
+        if !out.is_empty() {
+            write(dst, &out, t.write).await?;
+            out.clear();
         }
-        relay_length(src, dst, size, timeout).await?;
-        let end = src.line(timeout, 2).await?;
-        if !end.is_empty() {
-            return Err(RelayError::Chunk("chunk data longer than its size"));
-        }
-        if !dechunk {
-            write(dst, b"\r\n", timeout).await?;
+        if src.fill(t.read).await? == 0 {
+            return Err(RelayError::Eof);
         }
     }
-    let mut out = Vec::from(&b"0\r\n"[..]);
-    let mut total = 0;
-    loop {
-        let line = src.line(timeout, MAX_TRAILER_BYTES).await?;
-        if line.is_empty() {
-            break;
-        }
-        total += line.len();
-        if total > MAX_TRAILER_BYTES {
-            return Err(RelayError::Chunk("trailer section too large"));
-        }
-        let colon = line.iter().position(|&b| b == b':').ok_or(RelayError::Chunk("trailer line without a colon"))?;
-        let name = &line[..colon];
-        if name.is_empty() || !name.iter().all(|&b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)) {
-            return Err(RelayError::Chunk("bad trailer field name"));
-        }
-        if !forbidden_trailer(name) {
-            out.extend_from_slice(&line);
-            out.extend_from_slice(b"\r\n");
-        }
+    if !out.is_empty() {
+        write(dst, &out, t.write).await?;
     }
-    out.extend_from_slice(b"\r\n");
-    if dechunk {
-        return Ok(());
-    }
-    write(dst, &out, timeout).await
+    Ok(())
 }
 
 #[cfg(test)]
@@ -246,7 +359,7 @@ mod tests {
         });
         let mut src = Inbound::new(b);
         let mut out = Vec::new();
-        let r = relay_chunked(&mut src, &mut out, Duration::from_secs(2), false).await;
+        let r = relay_chunked(&mut src, &mut out, Timeouts::both(Duration::from_secs(2)), false).await;
         feeder.abort();
         r.map(|_| out)
     }
@@ -287,8 +400,82 @@ mod tests {
         a.write_all(b"abcdefNEXT").await.unwrap();
         let mut src = Inbound::new(b);
         let mut out = Vec::new();
-        relay_length(&mut src, &mut out, 6, Duration::from_secs(1)).await.unwrap();
+        relay_length(&mut src, &mut out, 6, Timeouts::both(Duration::from_secs(1))).await.unwrap();
         assert_eq!(out, b"abcdef");
         assert_eq!(&src.buf[..], b"NEXT");
+    }
+
+    #[tokio::test]
+    async fn trailers_are_checked_as_header_fields() {
+        for bad in [
+            &b"0\r\nX-T: a\0b\r\n\r\n"[..],
+            b"0\r\nX-T: a\x01\r\n\r\n",
+            b"0\r\nX-T: a\x7fb\r\n\r\n",
+            b"0\r\nX T: a\r\n\r\n",
+        ] {
+            assert!(matches!(chunked(bad, 2).await, Err(RelayError::Chunk(_))), "{:?}", String::from_utf8_lossy(bad));
+        }
+        assert_eq!(chunked(b"0\r\nX-T: a\tb \xe9\r\n\r\n", 2).await.unwrap(), b"0\r\nX-T: a\tb \xe9\r\n\r\n");
+    }
+
+    /// Counts the writes a relay makes.
+    #[derive(Default)]
+    struct CountingSink {
+        writes: usize,
+        bytes: Vec<u8>,
+    }
+
+    impl AsyncWrite for CountingSink {
+        fn poll_write(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            self.writes += 1;
+            self.bytes.extend_from_slice(buf);
+            std::task::Poll::Ready(Ok(buf.len()))
+        }
+        fn poll_flush(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    /// 300,000 one-byte chunks: the relay's writes follow its reads (a few hundred), not
+    /// the chunks (it used to make two or three writes per chunk).
+    #[tokio::test]
+    async fn many_tiny_chunks_cost_a_write_per_read() {
+        const N: usize = 300_000;
+        let mut input = b"1\r\na\r\n".repeat(N);
+        input.extend_from_slice(b"0\r\n\r\n");
+        let mut src = Inbound::new(&input[..]);
+        let mut sink = CountingSink::default();
+        relay_chunked(&mut src, &mut sink, Timeouts::both(Duration::from_secs(5)), false).await.unwrap();
+        assert_eq!(sink.bytes, input, "re-emitted unchanged");
+        let reads = input.len() / READ_CHUNK + 2;
+        assert!(sink.writes <= 2 * reads, "{} writes for {} chunks ({} reads)", sink.writes, N, reads);
+    }
+
+    #[test]
+    fn a_prefix_is_judged_as_far_as_it_goes() {
+        let judge = |b: &[u8]| {
+            let mut d = ChunkedDecoder::default();
+            d.feed(b, None, false).map(|_| d.past_first_line())
+        };
+        assert!(matches!(judge(b""), Ok(false)));
+        assert!(matches!(judge(b"5"), Ok(false)), "incomplete size line");
+        assert!(matches!(judge(b"5\r\nhel"), Ok(true)));
+        for bad in [&b"-5\r\n"[..], b" 5\r\n", b"5;a\nb\r\n", b"fffffffffffffffff\r\n", b"5\n", b"5\rx", b"5\r\nhelloX"]
+        {
+            assert!(judge(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
+        }
     }
 }

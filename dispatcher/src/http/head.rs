@@ -48,6 +48,12 @@ pub struct RequestHead {
     /// `Connection: upgrade` with an `Upgrade` header (WebSocket).
     pub upgrade: bool,
     pub is_head: bool,
+    /// Absolute-form target (`http://authority/path`): the authority, which replaces
+    /// any `Host` upstream (RFC 9112 3.2.2), and the origin-form part that is sent.
+    pub authority: Option<Range<usize>>,
+    /// The target as it goes upstream: origin-form (or `*`); the whole target unless it
+    /// was absolute-form.
+    pub path: Range<usize>,
 }
 
 #[derive(Clone, Debug)]
@@ -127,11 +133,19 @@ struct Fields {
     content_length: Option<u64>,
     chunked: bool,
     hosts: usize,
+    /// A Host value that is not `host[:port]` (RFC 9112 3.2: 400).
+    bad_host: bool,
     conn_close: bool,
     conn_keep_alive: bool,
     conn_upgrade: bool,
     has_upgrade: bool,
     expect_continue: bool,
+}
+
+/// Fields that frame or address a message: a `Connection` header naming one of them asks
+/// the next hop to drop it while the message still depends on it (request smuggling).
+fn framing_field(name: &[u8]) -> bool {
+    [&b"content-length"[..], b"transfer-encoding", b"host"].iter().any(|f| name.eq_ignore_ascii_case(f))
 }
 
 fn scan(buf: &[u8], headers: &[Header], request: bool) -> Result<Fields, Reject> {
@@ -140,6 +154,7 @@ fn scan(buf: &[u8], headers: &[Header], request: bool) -> Result<Fields, Reject>
         content_length: None,
         chunked: false,
         hosts: 0,
+        bad_host: false,
         conn_close: false,
         conn_keep_alive: false,
         conn_upgrade: false,
@@ -168,8 +183,13 @@ fn scan(buf: &[u8], headers: &[Header], request: bool) -> Result<Fields, Reject>
             f.chunked = true;
         } else if name.eq_ignore_ascii_case(b"host") {
             f.hosts += 1;
+            let v = trim_ows(value);
+            f.bad_host |= !v.is_empty() && !valid_authority(v);
         } else if name.eq_ignore_ascii_case(b"connection") {
             for t in tokens(value) {
+                if framing_field(t) {
+                    return Err(bad("Connection names a framing field or Host"));
+                }
                 f.conn_close |= t.eq_ignore_ascii_case(b"close");
                 f.conn_keep_alive |= t.eq_ignore_ascii_case(b"keep-alive");
                 f.conn_upgrade |= t.eq_ignore_ascii_case(b"upgrade");
@@ -235,16 +255,28 @@ pub fn parse_request(
     if target == "*" && method != "OPTIONS" {
         return Err(reject(400, "asterisk-form target outside OPTIONS"));
     }
-    if !(target.starts_with('/') || target == "*" || target.starts_with("http://") || target.starts_with("https://")) {
-        return Err(reject(400, "bad request target"));
+    if target.contains('#') {
+        // A fragment is never part of a request target (RFC 9112 3.2).
+        return Err(reject(400, "fragment in the request target"));
     }
+    let target_range = range_of(buf, target.as_bytes());
+    let (authority, path) = if target.starts_with('/') || target == "*" {
+        (None, target_range.clone())
+    } else {
+        let (a, p) = absolute_form(target.as_bytes()).ok_or(reject(400, "bad request target"))?;
+        let base = target_range.start;
+        (Some(base + a.start..base + a.end), base + p.start..base + p.end)
+    };
     collect_headers(buf, req.headers, scratch);
     let f = scan(buf, scratch, true)?;
-    if minor == 1 && f.hosts != 1 {
-        return Err(reject(400, if f.hosts == 0 { "HTTP/1.1 request without Host" } else { "more than one Host" }));
-    }
     if f.hosts > 1 {
         return Err(reject(400, "more than one Host"));
+    }
+    if minor == 1 && f.hosts != 1 {
+        return Err(reject(400, "HTTP/1.1 request without Host"));
+    }
+    if f.bad_host {
+        return Err(reject(400, "Host is not a valid authority"));
     }
     if minor == 0 && f.chunked {
         return Err(reject(400, "Transfer-Encoding in an HTTP/1.0 request"));
@@ -266,7 +298,59 @@ pub fn parse_request(
         expect_continue: f.expect_continue && minor == 1,
         upgrade: f.conn_upgrade && f.has_upgrade,
         is_head: method == "HEAD",
+        authority,
+        path,
     }))
+}
+
+/// An absolute-form target `http://authority[/path][?query]`: the authority's and the
+/// origin-form part's ranges within it (an empty path is `/`, handled by the caller as an
+/// empty range). Refused: other schemes, an empty authority, userinfo (RFC 9110 4.2.4),
+/// bytes outside host, port and brackets, a port that is not 1..65535.
+fn absolute_form(t: &[u8]) -> Option<(Range<usize>, Range<usize>)> {
+    let scheme_end = t.iter().position(|&b| b == b':')?;
+    let scheme = &t[..scheme_end];
+    if !(scheme.eq_ignore_ascii_case(b"http") || scheme.eq_ignore_ascii_case(b"https")) {
+        return None;
+    }
+    let rest = t.get(scheme_end..)?.strip_prefix(b"://")?;
+    let a_start = scheme_end + 3;
+    let a_len = rest.iter().position(|&b| b == b'/' || b == b'?').unwrap_or(rest.len());
+    let auth = &rest[..a_len];
+    valid_authority(auth).then_some(())?;
+    Some((a_start..a_start + a_len, a_start + a_len..t.len()))
+}
+
+/// `host[:port]` with host a reg-name, an IPv4 address or a bracketed IPv6 literal.
+pub fn valid_authority(a: &[u8]) -> bool {
+    let (host, port) = if a.first() == Some(&b'[') {
+        let Some(close) = a.iter().position(|&b| b == b']') else { return false };
+        let inner = &a[1..close];
+        if inner.is_empty() || !inner.iter().all(|&b| b.is_ascii_hexdigit() || b == b':' || b == b'.') {
+            return false;
+        }
+        (&a[..close + 1], &a[close + 1..])
+    } else {
+        let colon = a.iter().position(|&b| b == b':').unwrap_or(a.len());
+        let host = &a[..colon];
+        if host.is_empty() || !host.iter().all(|&b| b.is_ascii_alphanumeric() || b"-._~".contains(&b)) {
+            return false;
+        }
+        (host, &a[colon..])
+    };
+    if host.is_empty() {
+        return false;
+    }
+    match port {
+        [] => true,
+        [b':', digits @ ..] => {
+            !digits.is_empty()
+                && digits.len() <= 5
+                && digits.iter().all(u8::is_ascii_digit)
+                && std::str::from_utf8(digits).ok().and_then(|d| d.parse::<u16>().ok()).is_some_and(|p| p > 0)
+        }
+        _ => false,
+    }
 }
 
 /// Parses a response head from a backend. Invalid framing is the backend's fault: 502.
@@ -456,5 +540,59 @@ mod tests {
         // No reason phrase at all: fine, and nothing points outside the buffer.
         let bare = res("HTTP/1.1 204\r\n\r\n", &get).unwrap().unwrap();
         assert_eq!((bare.status, bare.reason.len()), (204, 0));
+    }
+
+    /// A `Connection` header that names a framing field or Host asks the next hop to drop
+    /// what frames or addresses the message: refused (request 400, response 502).
+    #[test]
+    fn connection_never_names_framing_fields() {
+        for name in ["Content-Length", "transfer-encoding", "HOST", "keep-alive, Content-Length"] {
+            let r = format!("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nConnection: {name}\r\n\r\nabc");
+            assert_eq!(status(&r), 400, "{name}");
+        }
+        let get = req("GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap().unwrap();
+        let res = parse_response(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: content-length\r\n\r\nok",
+            &get,
+            &HeadLimits::default(),
+            &mut Vec::new(),
+        );
+        assert_eq!(res.unwrap_err().status, 502);
+        assert_eq!(status("GET / HTTP/1.1\r\nHost: x\r\nConnection: close, x-private\r\n\r\n"), 200);
+    }
+
+    #[test]
+    fn absolute_form_targets_carry_the_authority() {
+        let text = "GET http://a.example:8080/p?q=1 HTTP/1.1\r\nHost: b.example\r\n\r\n";
+        let h = req(text).unwrap().unwrap();
+        assert_eq!(&text.as_bytes()[h.authority.clone().unwrap()], b"a.example:8080");
+        assert_eq!(&text.as_bytes()[h.path.clone()], b"/p?q=1");
+        let bare = "GET http://a.example HTTP/1.1\r\nHost: a.example\r\n\r\n";
+        let h = req(bare).unwrap().unwrap();
+        assert!(h.path.is_empty(), "no path: sent as /");
+        for bad in [
+            "ftp://a/p",
+            "http://user@a/p",
+            "http:///p",
+            "http://a:0/p",
+            "http://a:99999/p",
+            "http://a b/p",
+            "http://[::1/p",
+            "http://a/p#frag",
+            "http:/a/p",
+        ] {
+            assert_eq!(status(&format!("GET {bad} HTTP/1.1\r\nHost: a\r\n\r\n")), 400, "{bad}");
+        }
+        assert_eq!(status("GET http://[fd00::1]:81/ HTTP/1.1\r\nHost: x\r\n\r\n"), 200);
+    }
+
+    #[test]
+    fn host_must_be_an_authority() {
+        for bad in ["a b", "a/b", "a@b", "[::1", "a:x", "a:70000"] {
+            assert_eq!(status(&format!("GET / HTTP/1.1\r\nHost: {bad}\r\n\r\n")), 400, "{bad}");
+        }
+        for good in ["a", "a.example:8080", "[fd00::1]:80", "10.0.0.1", ""] {
+            assert_eq!(status(&format!("GET / HTTP/1.1\r\nHost: {good}\r\n\r\n")), 200, "{good}");
+        }
     }
 }

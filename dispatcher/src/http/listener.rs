@@ -5,6 +5,11 @@
 //!
 //! Stopping: the listeners close, idle keep-alive connections end, requests in flight
 //! finish, bounded by the drain timeout.
+//!
+//! Capping: client connections are counted over all VIPs (`http.max_client_connections`,
+//! by default derived from the descriptor limit so that upstream connections, health
+//! checks and the admin socket always have descriptors left) and per VIP
+//! (`vip.max_connections`); one over a cap is closed at once and counted.
 
 use std::{
     net::SocketAddr,
@@ -48,6 +53,33 @@ impl Drop for Active {
     }
 }
 
+/// Descriptors kept out of the client cap's reach: the admin socket and its clients,
+/// health checks, the maps, logs, and headroom.
+fn reserve(nofile: u64) -> u64 {
+    256 + nofile / 20
+}
+
+/// The default cap on client connections for a descriptor limit: every client may need
+/// an upstream connection too, so half of what the reserve leaves.
+pub fn default_client_cap(nofile: u64) -> usize {
+    (nofile.saturating_sub(reserve(nofile)) / 2).max(1) as usize
+}
+
+/// The descriptor limit this process runs with.
+pub fn descriptor_limit() -> u64 {
+    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).map(|(soft, _)| soft).unwrap_or(1024)
+}
+
+/// The caps one accept loop enforces.
+#[derive(Clone)]
+struct Caps {
+    /// Open client connections of this server (all workers, all VIPs) and their cap.
+    active: Arc<AtomicUsize>,
+    global: usize,
+    /// This VIP's cap (its count is `cluster.vips[i].connections`).
+    vip: Option<usize>,
+}
+
 fn bind(v: &Vip) -> std::io::Result<TcpListener> {
     let addr = SocketAddr::new(v.address, v.port);
     let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
@@ -71,12 +103,13 @@ fn worker_vips(
             .map(|b| {
                 v.backends.contains(&b).then(|| {
                     let addr = SocketAddr::new(cfg.backends[b].address.into(), v.backend_port);
-                    Pool::new(b, addr, &cfg.http, cluster.backends[b].connections.clone())
+                    let be = &cluster.backends[b];
+                    Pool::new(b, addr, &cfg.http, be.connections.clone(), be.conn_limit.clone())
                 })
             })
             .collect();
         let ctx = Arc::new(VipCtx {
-            name: v.address.to_string(),
+            host: super::rewrite::vip_authority(SocketAddr::new(v.address, v.port)),
             vip_index,
             route: route.clone(),
             pools,
@@ -94,16 +127,30 @@ async fn accept_loop(
     ctx: Arc<VipCtx>,
     listener: TcpListener,
     mut stop: watch::Receiver<bool>,
-    active: Arc<AtomicUsize>,
+    caps: Caps,
     mine: Arc<AtomicUsize>,
 ) {
+    let counters = &ctx.cluster.counters;
+    let vip_conns = &ctx.cluster.vips[ctx.vip_index].connections;
     loop {
         tokio::select! {
             r = listener.accept() => match r {
                 Ok((stream, peer)) => {
-                    active.fetch_add(1, Ordering::SeqCst);
+                    let total = caps.active.fetch_add(1, Ordering::SeqCst) + 1;
+                    let on_vip = vip_conns.fetch_add(1, Ordering::SeqCst) + 1;
+                    let guards = (Active(caps.active.clone()), VipOpen(ctx.clone()));
+                    if total > caps.global || caps.vip.is_some_and(|cap| on_vip as usize > cap) {
+                        // Over a cap: closed at once (the guards undo the counts).
+                        counters.conn_refused.fetch_add(1, Ordering::Relaxed);
+                        crate::ratelimit::warn(
+                            "client connection refused at the connection cap; accepting",
+                            &format_args!("{total} open (cap {}), {on_vip} on VIP {}", caps.global, ctx.host),
+                        );
+                        drop(stream);
+                        continue;
+                    }
                     mine.fetch_add(1, Ordering::SeqCst);
-                    let guards = (Active(active.clone()), Active(mine.clone()));
+                    let guards = (guards, Active(mine.clone()));
                     let (ctx, stop) = (ctx.clone(), stop.clone());
                     tokio::spawn(async move {
                         let _guards = guards;
@@ -111,13 +158,26 @@ async fn accept_loop(
                     });
                 }
                 Err(e) => {
-                    // Out of descriptors and the like: back off, keep serving.
-                    tracing::warn!(error = %e, "accept failed");
+                    // Out of descriptors and the like: back off, keep serving, log once
+                    // per interval with a count.
+                    if e.raw_os_error().is_some_and(super::pool::is_local_errno) {
+                        counters.local_errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                    crate::ratelimit::warn("accept", &e);
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             },
             _ = stop.changed() => return,
         }
+    }
+}
+
+/// Counts a client connection on its VIP while it lives.
+struct VipOpen(Arc<VipCtx>);
+
+impl Drop for VipOpen {
+    fn drop(&mut self) {
+        self.0.cluster.vips[self.0.vip_index].connections.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -135,6 +195,9 @@ impl HttpServer {
             .map(|v| Arc::new(VipRoute::new(v.backends.clone(), v.balance)))
             .collect();
         let addrs = cfg.vips.iter().filter(|v| v.serves_http()).map(|v| SocketAddr::new(v.address, v.port)).collect();
+        let nofile = descriptor_limit();
+        let global = cfg.http.max_client_connections.unwrap_or_else(|| default_client_cap(nofile));
+        tracing::info!(max_client_connections = global, descriptor_limit = nofile, "client connection cap");
         let (ready_tx, ready_rx) = mpsc::channel::<std::io::Result<()>>();
         let mut workers = Vec::new();
         for w in 0..cfg.http.workers {
@@ -162,7 +225,9 @@ impl HttpServer {
                     let loops: Vec<_> = vips
                         .into_iter()
                         .map(|(ctx, l)| {
-                            tokio::spawn(accept_loop(ctx, l, stop_rx.clone(), active.clone(), mine.clone()))
+                            let caps =
+                                Caps { active: active.clone(), global, vip: cfg.vips[ctx.vip_index].max_connections };
+                            tokio::spawn(accept_loop(ctx, l, stop_rx.clone(), caps, mine.clone()))
                         })
                         .collect();
                     for l in loops {

@@ -1,6 +1,9 @@
 //! Upstream connections per backend: keep-alive reuse (most recently used first, so the
-//! idle ones age out), idle timeout, at most `max_idle` idle, at most
-//! `max_connections_per_backend` open, connect timeout.
+//! idle ones age out), idle timeout, at most `max_idle` idle per worker, connect timeout,
+//! and at most `max_connections_per_backend` in use — one limit per backend shared by
+//! every worker's pool (an idle connection holds no share of it, so one worker's idle
+//! connections never starve another worker); a request at the limit waits in the
+//! backend's queue up to `queue_timeout`.
 
 use std::{
     net::SocketAddr,
@@ -28,8 +31,19 @@ pub struct Upstream {
     pub w: OwnedWriteHalf,
     /// Came from the idle list (it may have been closed by the server meanwhile).
     pub reused: bool,
-    _permit: OwnedSemaphorePermit,
+    /// This connection's share of the backend's limit while it is in use.
+    _permit: Option<OwnedSemaphorePermit>,
     _open: Open,
+}
+
+impl Upstream {
+    /// Resets the connection when it is dropped (SO_LINGER 0): the server sees an abort,
+    /// never a request that looks complete.
+    pub fn abort(&self) {
+        // Deprecated because a non-zero linger blocks the dropping thread; zero never does.
+        #[allow(deprecated)]
+        let _ = self.w.as_ref().set_linger(Some(Duration::ZERO));
+    }
 }
 
 /// Counts an open upstream connection in its backend's gauge while it lives.
@@ -47,8 +61,39 @@ pub enum PoolError {
     Connect { addr: SocketAddr, source: std::io::Error },
     #[error("connecting to {addr}: timed out")]
     ConnectTimeout { addr: SocketAddr },
-    #[error("{addr}: connection limit reached")]
+    #[error("{addr}: connection limit reached and no connection freed within the queue timeout")]
     Full { addr: SocketAddr },
+}
+
+impl PoolError {
+    /// The backend's connection limit, not a failure of the backend.
+    pub fn is_busy(&self) -> bool {
+        matches!(self, PoolError::Full { .. })
+    }
+
+    /// A shortage on this host (descriptors, ports, buffers, memory): never the backend's
+    /// failure.
+    pub fn is_local(&self) -> bool {
+        match self {
+            PoolError::Connect { source, .. } => source.raw_os_error().is_some_and(is_local_errno),
+            _ => false,
+        }
+    }
+}
+
+/// Errors that say this host ran out of something, whoever the peer is.
+pub fn is_local_errno(e: i32) -> bool {
+    [libc_errno::EMFILE, libc_errno::ENFILE, libc_errno::ENOBUFS, libc_errno::ENOMEM, libc_errno::EADDRNOTAVAIL]
+        .contains(&e)
+}
+
+mod libc_errno {
+    use nix::errno::Errno;
+    pub const EMFILE: i32 = Errno::EMFILE as i32;
+    pub const ENFILE: i32 = Errno::ENFILE as i32;
+    pub const ENOBUFS: i32 = Errno::ENOBUFS as i32;
+    pub const ENOMEM: i32 = Errno::ENOMEM as i32;
+    pub const EADDRNOTAVAIL: i32 = Errno::EADDRNOTAVAIL as i32;
 }
 
 pub struct Pool {
@@ -59,54 +104,55 @@ pub struct Pool {
     max_idle: usize,
     idle_timeout: Duration,
     connect_timeout: Duration,
+    queue_timeout: Duration,
     open: Arc<AtomicU64>,
-    /// Signalled when a connection goes back to the idle list.
-    returned: tokio::sync::Notify,
 }
 
 impl Pool {
-    /// `open`: the backend's gauge of open connections (shared by all workers' pools).
-    pub fn new(backend: usize, addr: SocketAddr, s: &HttpSettings, open: Arc<AtomicU64>) -> Pool {
+    /// `open`: the backend's gauge of open connections, and `limit` its connection limit
+    /// (both shared by all workers' pools).
+    pub fn new(
+        backend: usize,
+        addr: SocketAddr,
+        s: &HttpSettings,
+        open: Arc<AtomicU64>,
+        limit: Arc<Semaphore>,
+    ) -> Pool {
         Pool {
             backend,
             open,
             addr,
             idle: Mutex::new(Vec::new()),
-            limit: Arc::new(Semaphore::new(s.max_connections_per_backend)),
+            limit,
             max_idle: s.pool_max_idle,
             idle_timeout: s.pool_idle_timeout,
             connect_timeout: s.connect_timeout,
-            returned: tokio::sync::Notify::new(),
+            queue_timeout: s.queue_timeout,
         }
     }
 
-    /// An idle connection if one is fresh enough, else a new one. `trusted`: the backend
+    /// A share of the backend's limit (waiting in its queue up to the queue timeout), then
+    /// an idle connection if one is fresh enough, else a new one. `trusted`: the backend
     /// is in good health; otherwise its idle connections are closed, not reused.
-    ///
-    /// At the connection limit it waits (up to the connect timeout) for whichever comes
-    /// first: a connection returned to the pool or one closed. (Waiting for a closed one
-    /// only would starve behind connections that go back to the pool.)
     pub async fn get(&self, trusted: bool) -> Result<Upstream, PoolError> {
         if !trusted {
             self.clear();
         }
-        let deadline = tokio::time::Instant::now() + self.connect_timeout;
-        loop {
-            // Registered before looking, so that a return in between is not missed.
-            let returned = self.returned.notified();
-            if trusted {
-                if let Some(up) = self.take_idle() {
-                    return Ok(up);
-                }
+        let permit = self.permit().await?;
+        if trusted {
+            if let Some(mut up) = self.take_idle() {
+                up._permit = Some(permit);
+                return Ok(up);
             }
-            tokio::select! {
-                permit = self.limit.clone().acquire_owned() => {
-                    let permit = permit.map_err(|_| PoolError::Full { addr: self.addr })?;
-                    return self.open(permit).await;
-                }
-                _ = returned, if trusted => continue,
-                _ = tokio::time::sleep_until(deadline) => return Err(PoolError::Full { addr: self.addr }),
-            }
+        }
+        self.open(permit).await
+    }
+
+    /// Waits in the backend's queue for a share of its connection limit.
+    async fn permit(&self) -> Result<OwnedSemaphorePermit, PoolError> {
+        match tokio::time::timeout(self.queue_timeout, self.limit.clone().acquire_owned()).await {
+            Ok(Ok(p)) => Ok(p),
+            _ => Err(PoolError::Full { addr: self.addr }),
         }
     }
 
@@ -124,11 +170,7 @@ impl Pool {
 
     /// Always a new connection (the retry after a reused one turned out closed).
     pub async fn connect(&self) -> Result<Upstream, PoolError> {
-        let addr = self.addr;
-        let permit = tokio::time::timeout(self.connect_timeout, self.limit.clone().acquire_owned())
-            .await
-            .map_err(|_| PoolError::Full { addr })?
-            .map_err(|_| PoolError::Full { addr })?;
+        let permit = self.permit().await?;
         self.open(permit).await
     }
 
@@ -143,7 +185,7 @@ impl Pool {
         let (r, w) = stream.into_split();
         self.open.fetch_add(1, Ordering::Relaxed);
         let open = Open(self.open.clone());
-        Ok(Upstream { backend: self.backend, r: Inbound::new(r), w, reused: false, _permit: permit, _open: open })
+        Ok(Upstream { backend: self.backend, r: Inbound::new(r), w, reused: false, _permit: Some(permit), _open: open })
     }
 
     /// Returns a connection after a complete exchange; dropped if the pool is full or it
@@ -152,14 +194,17 @@ impl Pool {
         if !up.r.buf.is_empty() {
             return;
         }
-        // An idle connection keeps no read buffer (the next read allocates one).
+        // An idle connection keeps no read buffer (the next read allocates one), and no
+        // share of the limit: pushed first, then the share is freed, so that a request
+        // waiting in this worker's queue finds it.
         up.r.buf = bytes::BytesMut::new();
+        let permit = up._permit.take();
         let mut idle = self.idle.lock().unwrap();
         if idle.len() < self.max_idle {
             idle.push((up, Instant::now()));
-            drop(idle);
-            self.returned.notify_one();
         }
+        drop(idle);
+        drop(permit);
     }
 
     /// Closes every idle connection (a backend turned suspect: none of them is trusted).
@@ -179,10 +224,8 @@ impl Pool {
 mod tests {
     use super::*;
 
-    /// At the connection limit, a waiting request gets the connection another one puts
-    /// back (before the fix it waited for a close that never came, and timed out).
-    #[tokio::test]
-    async fn a_waiter_at_the_limit_gets_a_returned_connection() {
+    /// A server on loopback that accepts and keeps every connection.
+    async fn sink() -> (SocketAddr, tokio::task::JoinHandle<()>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let accepted = tokio::spawn(async move {
@@ -191,13 +234,17 @@ mod tests {
                 held.push(s);
             }
         });
-        let s = HttpSettings {
-            max_connections_per_backend: 1,
-            connect_timeout: Duration::from_millis(500),
-            ..HttpSettings::default()
-        };
+        (addr, accepted)
+    }
+
+    /// At the connection limit, a waiting request gets the connection another one puts
+    /// back (before the fix it waited for a close that never came, and timed out).
+    #[tokio::test]
+    async fn a_waiter_at_the_limit_gets_a_returned_connection() {
+        let (addr, accepted) = sink().await;
+        let s = HttpSettings { queue_timeout: Duration::from_millis(500), ..HttpSettings::default() };
         let open = Arc::new(AtomicU64::new(0));
-        let pool = Arc::new(Pool::new(0, addr, &s, open.clone()));
+        let pool = Arc::new(Pool::new(0, addr, &s, open.clone(), Arc::new(Semaphore::new(1))));
         let first = pool.get(true).await.unwrap();
         assert_eq!(open.load(Ordering::Relaxed), 1);
         let waiter = {
@@ -209,12 +256,42 @@ mod tests {
         let second = tokio::time::timeout(Duration::from_millis(300), waiter).await.unwrap().unwrap().unwrap();
         assert!(second.reused, "the returned connection, not a new one");
         assert_eq!(open.load(Ordering::Relaxed), 1, "still one connection open");
-        // And with nothing returned, the waiter gives up at the connect timeout.
+        // And with nothing returned, the waiter gives up at the queue timeout: busy.
         let started = std::time::Instant::now();
-        assert!(matches!(pool.get(true).await, Err(PoolError::Full { .. })));
+        assert!(pool.get(true).await.is_err_and(|e| e.is_busy() && !e.is_local()));
         assert!(started.elapsed() >= Duration::from_millis(450));
         drop(second);
         assert_eq!(open.load(Ordering::Relaxed), 0, "the gauge follows closes");
         accepted.abort();
+    }
+
+    /// The limit is the backend's, not one worker's: a second pool (another worker) that
+    /// shares the backend's limit waits for the first pool's connection; once that one is
+    /// idle (back in the first pool), the second pool may open its own.
+    #[tokio::test]
+    async fn the_limit_is_shared_by_every_workers_pool() {
+        let (addr, accepted) = sink().await;
+        let s = HttpSettings { queue_timeout: Duration::from_millis(200), ..HttpSettings::default() };
+        let (open, limit) = (Arc::new(AtomicU64::new(0)), Arc::new(Semaphore::new(1)));
+        let a = Pool::new(0, addr, &s, open.clone(), limit.clone());
+        let b = Pool::new(0, addr, &s, open.clone(), limit.clone());
+        let held = a.get(true).await.unwrap();
+        assert!(b.get(true).await.is_err_and(|e| e.is_busy()), "the other worker's pool is at the limit too");
+        a.put(held);
+        assert_eq!(a.idle_count(), 1);
+        assert!(b.get(true).await.is_ok(), "another worker's idle connection holds no share of the limit");
+        accepted.abort();
+    }
+
+    #[test]
+    fn local_shortages_are_not_backend_failures() {
+        let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let err =
+            |e: nix::errno::Errno| PoolError::Connect { addr, source: std::io::Error::from_raw_os_error(e as i32) };
+        for e in [nix::errno::Errno::EMFILE, nix::errno::Errno::ENFILE, nix::errno::Errno::EADDRNOTAVAIL] {
+            assert!(err(e).is_local(), "{e}");
+        }
+        assert!(!err(nix::errno::Errno::ECONNREFUSED).is_local());
+        assert!(!PoolError::ConnectTimeout { addr }.is_local());
     }
 }

@@ -16,7 +16,7 @@ use tokio::{
 };
 
 use super::{
-    body::{relay_chunked, relay_length, relay_until_close, Inbound, RelayError},
+    body::{relay_chunked, relay_length, relay_until_close, ChunkedDecoder, Inbound, RelayError, Timeouts},
     head::{parse_request, parse_response, Framing, HeadLimits, Header, Reject, RequestHead, ResponseHead},
     pool::{Pool, Upstream},
     rewrite::{build_request, build_response, is},
@@ -27,7 +27,8 @@ use crate::{config::HttpSettings, state::Cluster};
 
 /// Everything a connection on one HTTP VIP needs.
 pub struct VipCtx {
-    pub name: String,
+    /// The VIP's authority (`address[:port]`), the Host of a request that has none.
+    pub host: String,
     /// Index in `Config::vips` (for the per-VIP counters).
     pub vip_index: usize,
     pub route: Arc<VipRoute>,
@@ -47,6 +48,8 @@ const STOP_GRACE: Duration = Duration::from_secs(1);
 const HOLD_READ_LIMIT: usize = 64 * 1024;
 /// How long to wait for a backend's `100 Continue` before sending the body anyway.
 const CONTINUE_WAIT: Duration = Duration::from_secs(1);
+/// How long an answer of the proxy's own may take to leave (the client must read it).
+const ERROR_WRITE_DEADLINE: Duration = Duration::from_secs(5);
 
 enum Next {
     KeepAlive,
@@ -65,6 +68,7 @@ pub fn reason(status: u16) -> &'static str {
         400 => "Bad Request",
         405 => "Method Not Allowed",
         408 => "Request Timeout",
+        413 => "Content Too Large",
         417 => "Expectation Failed",
         431 => "Request Header Fields Too Large",
         501 => "Not Implemented",
@@ -75,7 +79,13 @@ pub fn reason(status: u16) -> &'static str {
     }
 }
 
-/// An answer of the proxy's own; the connection is closed after it.
+/// Writes to the client within `timeout`; `false` when it failed or the client did not
+/// take the bytes in time (a client that never reads cannot hold a request forever).
+async fn write_client<W: AsyncWrite + Unpin>(w: &mut W, bytes: &[u8], timeout: Duration) -> bool {
+    matches!(tokio::time::timeout(timeout, w.write_all(bytes)).await, Ok(Ok(())))
+}
+
+/// An answer of the proxy's own, bounded in time; the connection is closed after it.
 async fn send_error<W: AsyncWrite + Unpin>(w: &mut W, status: u16, why: &str, retry_after: Option<u32>) {
     let body = format!("{status} {}: {why}\n", reason(status));
     let retry = retry_after.map(|s| format!("Retry-After: {s}\r\n")).unwrap_or_default();
@@ -84,7 +94,7 @@ async fn send_error<W: AsyncWrite + Unpin>(w: &mut W, status: u16, why: &str, re
         reason(status),
         body.len()
     );
-    let _ = w.write_all(head.as_bytes()).await;
+    write_client(w, head.as_bytes(), ERROR_WRITE_DEADLINE).await;
 }
 
 pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut stop: watch::Receiver<bool>) {
@@ -94,8 +104,6 @@ pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut st
     // read, keep many idle keep-alive clients cheap.
     let mut client = Inbound::with_chunk(r, 4096);
     let stats = &ctx.cluster.vips[ctx.vip_index];
-    stats.connections.fetch_add(1, Ordering::Relaxed);
-    let _open = Counted(&stats.connections);
     let mut scratch = Vec::new();
     let mut out = Vec::new();
     loop {
@@ -227,7 +235,7 @@ async fn relay_body<R, W>(
     framing: Framing,
     src: &mut Inbound<R>,
     dst: &mut W,
-    timeout: Duration,
+    t: Timeouts,
     dechunk: bool,
 ) -> Result<(), RelayError>
 where
@@ -236,9 +244,9 @@ where
 {
     match framing {
         Framing::None => Ok(()),
-        Framing::Length(n) => relay_length(src, dst, n, timeout).await,
-        Framing::Chunked => relay_chunked(src, dst, timeout, dechunk).await,
-        Framing::UntilClose => relay_until_close(src, dst, timeout).await,
+        Framing::Length(n) => relay_length(src, dst, n, t).await,
+        Framing::Chunked => relay_chunked(src, dst, t, dechunk).await,
+        Framing::UntilClose => relay_until_close(src, dst, t).await,
     }
 }
 
@@ -254,6 +262,26 @@ async fn read_body<R: AsyncRead + Unpin>(
         }
     }
     Ok(client.buf.split_to(n).to_vec())
+}
+
+/// Checks the part of a chunked request body already read, and waits (bounded) for its
+/// first chunk-size line unless the client waits for `100 Continue` before sending it:
+/// a body that is already known to be bad never reaches a backend.
+async fn precheck_chunked<R: AsyncRead + Unpin>(
+    client: &mut Inbound<R>,
+    expect_continue: bool,
+    timeout: Duration,
+) -> Result<(), RelayError> {
+    loop {
+        let mut dec = ChunkedDecoder::default();
+        dec.feed(&client.buf, None, false)?;
+        if dec.past_first_line() || expect_continue {
+            return Ok(());
+        }
+        if client.fill(timeout).await? == 0 {
+            return Err(RelayError::Eof);
+        }
+    }
 }
 
 /// RFC 9110 9.2.2: methods whose repetition has the effect of one request.
@@ -375,14 +403,12 @@ async fn send<R: AsyncRead + Unpin>(
     let mut fresh_tried = false;
     loop {
         let replaceable = up.reused && !has_body && !fresh_tried;
-        let written = match up.w.write_all(out).await {
-            Ok(()) => match buffered_body {
-                Some(b) => up.w.write_all(b).await,
-                None => Ok(()),
-            },
-            Err(e) => Err(e),
-        };
-        if written.is_err() {
+        let written = write_client(&mut up.w, out, s.server_timeout).await
+            && match buffered_body {
+                Some(b) => write_client(&mut up.w, b, s.server_timeout).await,
+                None => true,
+            };
+        if !written {
             if replaceable {
                 fresh_tried = true;
                 up = pool.connect().await.map_err(SendFail::Unreachable)?;
@@ -402,7 +428,8 @@ async fn send<R: AsyncRead + Unpin>(
                 {
                     Ok(Ok(r)) if r.status == 100 => {
                         bytes::Buf::advance(&mut up.r.buf, r.len);
-                        if w.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await.is_err() {
+                        if !write_client(w, b"HTTP/1.1 100 Continue\r\n\r\n", s.client_timeout).await {
+                            up.abort();
                             return Err(SendFail::Answered);
                         }
                     }
@@ -414,18 +441,28 @@ async fn send<R: AsyncRead + Unpin>(
                 }
             }
             if early.is_none() {
-                match relay_body(head.framing, client, &mut up.w, s.client_idle_timeout, false).await {
+                // Per read the client timeout, in all the body deadline (a body trickling
+                // one byte at a time cannot keep a request and its server connection).
+                let t = Timeouts { read: s.client_timeout, write: s.server_timeout };
+                let relay = relay_body(head.framing, client, &mut up.w, t, false);
+                let relayed = match tokio::time::timeout(s.body_timeout, relay).await {
+                    Ok(r) => r,
+                    Err(_) => Err(RelayError::Timeout),
+                };
+                match relayed {
                     Ok(()) => {}
-                    Err(RelayError::Chunk(why)) => {
-                        send_error(w, 400, why, None).await;
-                        return Err(SendFail::Answered);
-                    }
                     Err(RelayError::Write(_)) => return Err(SendFail::Closed),
-                    Err(RelayError::Timeout) => {
-                        send_error(w, 408, "request body not received in time", None).await;
+                    Err(e) => {
+                        // The request is refused or gone: the server must not take what it
+                        // received for a whole request. The connection is reset.
+                        up.abort();
+                        match e {
+                            RelayError::Chunk(why) => send_error(w, 400, why, None).await,
+                            RelayError::Timeout => send_error(w, 408, "request body not received in time", None).await,
+                            _ => {}
+                        }
                         return Err(SendFail::Answered);
                     }
-                    Err(_) => return Err(SendFail::Answered),
                 }
             }
         }
@@ -484,7 +521,8 @@ async fn exchange<R: AsyncRead + Unpin>(
     // and such requests are not retried.
     let buffered_body = match head.framing {
         Framing::Length(n) if idempotent && !head.expect_continue && n <= s.retry_buffer as u64 => {
-            match read_body(client, n as usize, s.client_idle_timeout).await {
+            let read = tokio::time::timeout(s.body_timeout, read_body(client, n as usize, s.client_timeout));
+            match read.await.unwrap_or(Err(RelayError::Timeout)) {
                 Ok(b) => Some(b),
                 Err(RelayError::Timeout) => {
                     send_error(w, 408, "request body not received in time", None).await;
@@ -492,6 +530,18 @@ async fn exchange<R: AsyncRead + Unpin>(
                 }
                 Err(_) => return Next::Close,
             }
+        }
+        Framing::Chunked => {
+            // Refused before anything goes upstream when the part already at hand shows it.
+            if let Err(e) = precheck_chunked(client, head.expect_continue, s.client_timeout).await {
+                match e {
+                    RelayError::Chunk(why) => send_error(w, 400, why, None).await,
+                    RelayError::Timeout => send_error(w, 408, "request body not received in time", None).await,
+                    _ => {}
+                }
+                return Next::Close;
+            }
+            None
         }
         _ => None,
     };
@@ -542,7 +592,7 @@ async fn exchange<R: AsyncRead + Unpin>(
         be.outstanding.fetch_add(1, Ordering::Relaxed);
         let in_flight = InFlight(be);
         be.requests.fetch_add(1, Ordering::Relaxed);
-        build_request(out, head, buf, peer.ip(), &ctx.name);
+        build_request(out, head, buf, peer.ip(), &ctx.host);
         let failure = match send(ctx, head, backend, client, w, out, scratch, buffered_body.as_deref()).await {
             Ok((up, res, skipped)) => {
                 break (backend, up, res, skipped, in_flight);
@@ -551,9 +601,27 @@ async fn exchange<R: AsyncRead + Unpin>(
         };
         drop(in_flight);
         be.errors.fetch_add(1, Ordering::Relaxed);
-        let retry = matches!(failure, SendFail::Unreachable(_) | SendFail::Closed);
+        let retry = match &failure {
+            SendFail::Unreachable(e) => !e.is_busy() && !e.is_local(),
+            SendFail::Closed => true,
+            _ => false,
+        };
         let (status, why, retry_after) = match failure {
             SendFail::Answered => return Next::Close,
+            SendFail::Unreachable(e) if e.is_busy() => {
+                // A full queue is not a failed server: its health is left alone.
+                c.counters.queue_timeouts.fetch_add(1, Ordering::Relaxed);
+                send_error(w, 503, "the server is busy", Some(1)).await;
+                return Next::Close;
+            }
+            SendFail::Unreachable(e) if e.is_local() => {
+                // Out of descriptors, ports or buffers here: the dispatcher's trouble, never
+                // the backend's.
+                c.counters.local_errors.fetch_add(1, Ordering::Relaxed);
+                crate::ratelimit::warn("upstream connect", &e);
+                send_error(w, 503, "the dispatcher is out of resources", Some(1)).await;
+                return Next::Close;
+            }
             SendFail::Unreachable(e) => {
                 c.passive_failure(backend);
                 tracing::debug!(backend = %be.name, error = %e, "upstream connect failed");
@@ -595,7 +663,7 @@ async fn exchange<R: AsyncRead + Unpin>(
     // Interim responses (other than 101) go to the client as they are; then the final one.
     while (100..200).contains(&res.status) && res.status != 101 {
         let interim = up.r.buf.split_to(res.len);
-        if w.write_all(&interim).await.is_err() {
+        if !write_client(w, &interim, s.client_timeout).await {
             return Next::Close;
         }
         res = match read_response(&mut up, head, &ctx.limits, scratch, s.server_timeout).await {
@@ -623,7 +691,7 @@ async fn exchange<R: AsyncRead + Unpin>(
     }
     if res.status == 101 {
         build_response(out, &res, &res_buf, false, false, false);
-        if w.write_all(out).await.is_err() {
+        if !write_client(w, out, s.client_timeout).await {
             return Next::Close;
         }
         tunnel(client, w, up).await;
@@ -645,10 +713,11 @@ async fn exchange<R: AsyncRead + Unpin>(
             framing = Framing::None;
         }
     }
-    if w.write_all(out).await.is_err() {
+    if !write_client(w, out, s.client_timeout).await {
         return Next::Close;
     }
-    if let Err(e) = relay_body(framing, &mut up.r, w, s.server_timeout, dechunk).await {
+    let t = Timeouts { read: s.server_timeout, write: s.client_timeout };
+    if let Err(e) = relay_body(framing, &mut up.r, w, t, dechunk).await {
         // Part of the response is out: the client must see the connection abort, never
         // a response that looks complete.
         be.errors.fetch_add(1, Ordering::Relaxed);

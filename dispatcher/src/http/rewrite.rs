@@ -16,12 +16,15 @@ fn hop_by_hop(name: &[u8]) -> bool {
     ["connection", "keep-alive", "proxy-connection", "te", "trailer", "upgrade"].iter().any(|h| is(name, h))
 }
 
-/// Field names listed in the `Connection` headers (also hop-by-hop).
+/// Field names listed in the `Connection` headers (also hop-by-hop). Framing fields and
+/// Host are never among them: the head parser refuses such a message, and removal here
+/// would change where the message ends or whom it is for.
 fn connection_listed<'a>(buf: &'a [u8], headers: &[Header]) -> Vec<&'a [u8]> {
     headers
         .iter()
         .filter(|h| is(&buf[h.name.clone()], "connection"))
         .flat_map(|h| tokens(&buf[h.value.clone()]))
+        .filter(|t| !["content-length", "transfer-encoding", "host"].iter().any(|f| is(t, f)))
         .collect()
 }
 
@@ -32,14 +35,24 @@ fn write_header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// The request head as it goes upstream: HTTP/1.1, hop-by-hop fields removed,
-/// `X-Forwarded-For` appended, `X-Forwarded-Proto` and `Via` set.
-pub fn build_request(out: &mut Vec<u8>, head: &RequestHead, buf: &[u8], client: IpAddr, vip: &str) {
+/// The request head as it goes upstream: HTTP/1.1, origin-form target, hop-by-hop fields
+/// removed, `X-Forwarded-For` appended, `X-Forwarded-Proto` and `Via` set.
+///
+/// Host: an absolute-form target's authority replaces any Host (RFC 9112 3.2.2); an
+/// HTTP/1.0 request without Host gets `vip_host` (the VIP's authority).
+pub fn build_request(out: &mut Vec<u8>, head: &RequestHead, buf: &[u8], client: IpAddr, vip_host: &str) {
     out.clear();
     out.extend_from_slice(&buf[head.method.clone()]);
     out.push(b' ');
-    out.extend_from_slice(&buf[head.target.clone()]);
+    // An absolute-form target without a path (`http://a`, `http://a?q`) has the path `/`.
+    if head.path.is_empty() || buf[head.path.start] == b'?' {
+        out.push(b'/');
+    }
+    out.extend_from_slice(&buf[head.path.clone()]);
     out.extend_from_slice(b" HTTP/1.1\r\n");
+    if let Some(a) = &head.authority {
+        write_header(out, b"Host", &buf[a.clone()]);
+    }
     let listed = connection_listed(buf, &head.headers);
     let mut xff: Vec<&[u8]> = Vec::new();
     let mut via: Vec<&[u8]> = Vec::new();
@@ -54,14 +67,18 @@ pub fn build_request(out: &mut Vec<u8>, head: &RequestHead, buf: &[u8], client: 
             // Listed in `Connection`, but the one hop-by-hop field a tunnel must carry.
             write_header(out, name, value);
         } else if is(name, "x-forwarded-proto") || listed.iter().any(|l| name.eq_ignore_ascii_case(l)) {
+        } else if is(name, "host") {
+            if head.authority.is_none() {
+                has_host = true;
+                write_header(out, name, value);
+            }
         } else if !hop_by_hop(name) {
-            has_host |= is(name, "host");
             write_header(out, name, value);
         }
     }
-    if !has_host {
+    if !has_host && head.authority.is_none() {
         // An HTTP/1.0 request may come without Host; the hop upstream is HTTP/1.1.
-        write_header(out, b"Host", vip.as_bytes());
+        write_header(out, b"Host", vip_host.as_bytes());
     }
     write_list(out, b"X-Forwarded-For", &xff, format_args!("{client}"));
     out.extend_from_slice(b"X-Forwarded-Proto: http\r\n");
@@ -114,4 +131,51 @@ fn write_list(out: &mut Vec<u8>, name: &[u8], earlier: &[&[u8]], ours: std::fmt:
     }
     let _ = std::io::Write::write_fmt(out, ours);
     out.extend_from_slice(b"\r\n");
+}
+
+/// The authority a request without Host is given: the VIP's address (IPv6 in brackets)
+/// and its port unless it is 80.
+pub fn vip_authority(addr: std::net::SocketAddr) -> String {
+    match (addr.ip(), addr.port()) {
+        (IpAddr::V4(a), 80) => a.to_string(),
+        (IpAddr::V6(a), 80) => format!("[{a}]"),
+        _ => addr.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::head::{parse_request, HeadLimits};
+
+    fn forwarded(text: &str, vip: &str) -> String {
+        let h = parse_request(text.as_bytes(), &HeadLimits::default(), &mut Vec::new()).unwrap().unwrap();
+        let mut out = Vec::new();
+        build_request(&mut out, &h, text.as_bytes(), "192.0.2.1".parse().unwrap(), vip);
+        String::from_utf8(out).unwrap()
+    }
+
+    /// RFC 9112 3.2.2: the absolute-form target's authority wins; one Host, origin-form.
+    #[test]
+    fn an_absolute_target_replaces_host() {
+        let out = forwarded("GET http://a.example/p?x HTTP/1.1\r\nHost: b.example\r\n\r\n", "10.0.0.1");
+        assert!(out.starts_with("GET /p?x HTTP/1.1\r\nHost: a.example\r\n"), "{out}");
+        assert_eq!(out.matches("Host:").count(), 1, "{out}");
+        assert!(!out.contains("b.example"), "{out}");
+        let out = forwarded("OPTIONS http://a.example HTTP/1.1\r\nHost: a.example\r\n\r\n", "10.0.0.1");
+        assert!(out.starts_with("OPTIONS / HTTP/1.1\r\n"), "{out}");
+        let out = forwarded("GET http://a.example?q=1 HTTP/1.1\r\nHost: a.example\r\n\r\n", "10.0.0.1");
+        assert!(out.starts_with("GET /?q=1 HTTP/1.1\r\n"), "{out}");
+    }
+
+    #[test]
+    fn an_http10_request_without_host_gets_the_vips_authority() {
+        let v6: std::net::SocketAddr = "[fd00::5]:8080".parse().unwrap();
+        assert_eq!(vip_authority(v6), "[fd00::5]:8080");
+        assert_eq!(vip_authority("[fd00::5]:80".parse().unwrap()), "[fd00::5]");
+        assert_eq!(vip_authority("10.0.0.1:80".parse().unwrap()), "10.0.0.1");
+        assert_eq!(vip_authority("10.0.0.1:8080".parse().unwrap()), "10.0.0.1:8080");
+        let out = forwarded("GET / HTTP/1.0\r\n\r\n", &vip_authority(v6));
+        assert!(out.contains("\r\nHost: [fd00::5]:8080\r\n"), "{out}");
+    }
 }

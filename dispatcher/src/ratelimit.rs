@@ -1,0 +1,49 @@
+//! Warnings that can come in floods (accept and connect errors when descriptors run out):
+//! logged at most once per interval per kind, with how many were left unlogged since.
+
+use std::{
+    collections::HashMap,
+    fmt::Display,
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+const INTERVAL: Duration = Duration::from_secs(10);
+
+static SEEN: Mutex<Option<HashMap<&'static str, (Instant, u64)>>> = Mutex::new(None);
+
+/// Whether `kind` may be logged now, and how many were suppressed before it.
+fn admit(kind: &'static str, now: Instant) -> Option<u64> {
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    let entry = seen.get_or_insert_with(HashMap::new).entry(kind).or_insert((now - INTERVAL * 2, 0));
+    if now.duration_since(entry.0) >= INTERVAL {
+        let suppressed = entry.1;
+        *entry = (now, 0);
+        Some(suppressed)
+    } else {
+        entry.1 += 1;
+        None
+    }
+}
+
+/// A warning about `kind`, at most once per 10 s.
+pub fn warn(kind: &'static str, error: &dyn Display) {
+    if let Some(suppressed) = admit(kind, Instant::now()) {
+        tracing::warn!(%error, more_since_last = suppressed, "{kind} failed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn once_per_interval_with_a_count() {
+        let t = Instant::now();
+        assert_eq!(admit("test-kind", t), Some(0));
+        assert_eq!(admit("test-kind", t + Duration::from_secs(1)), None);
+        assert_eq!(admit("test-kind", t + Duration::from_secs(2)), None);
+        assert_eq!(admit("other-kind", t + Duration::from_secs(2)), Some(0), "kinds are separate");
+        assert_eq!(admit("test-kind", t + INTERVAL), Some(2));
+    }
+}

@@ -1,0 +1,195 @@
+//! What an attacker sends, through the proxy to a scripted backend that records every
+//! request: framing tricks, bodies refused before anything goes upstream, targets with an
+//! authority of their own, trailers, clients that never read or trickle, a backend at its
+//! connection limit. The rule under test: a backend never sees a request the client was
+//! told was refused, and nothing a client does costs more than a bounded time.
+
+use std::{
+    io::{BufReader, Read, Write},
+    net::TcpStream,
+    sync::atomic::Ordering,
+    time::{Duration, Instant},
+};
+
+use dispatcher_tests::{
+    scripted::{Bed, VIP},
+    websphere::read_response,
+};
+
+/// One scripted backend behind one HTTP VIP; `http` adds lines to `[http]`.
+fn bed(http: &str) -> Bed {
+    Bed::new(1, http, "interval = \"200ms\"\n")
+}
+
+fn status_line(r: &str) -> &str {
+    r.lines().next().unwrap_or("")
+}
+
+/// `Connection` naming a framing field or Host: refused before the backend sees a byte;
+/// a response doing it is a 502 and its connection is not reused.
+#[test]
+fn connection_cannot_remove_framing_or_host() {
+    let b = bed("");
+    let smuggled = "GET /admin HTTP/1.1\r\nHost: internal\r\nX: y\r\n\r\n";
+    for listed in ["Content-Length", "content-length, keep-alive", "Host", "Transfer-Encoding"] {
+        let req = format!(
+            "POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: {}\r\nConnection: {listed}\r\n\r\n{smuggled}",
+            smuggled.len()
+        );
+        let out = b.all(req.as_bytes());
+        assert!(status_line(&out).starts_with("HTTP/1.1 400 "), "{listed}: {out}");
+    }
+    let chunked = "POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nConnection: transfer-encoding\r\n\r\n0\r\n\r\n";
+    assert!(status_line(&b.all(chunked.as_bytes())).starts_with("HTTP/1.1 400 "));
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(b.seen().is_empty(), "the backend saw: {:?}", b.seen());
+
+    // The backend's turn: a 502, and the next request goes over a new connection.
+    let before = b.record.connections.load(Ordering::SeqCst);
+    let (mut r, mut w) = b.connect();
+    w.write_all(b"GET /conn-cl HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+    let res = read_response(&mut r).unwrap();
+    assert_eq!(res.status, 502, "{res:?}");
+    assert_eq!(b.one(b"GET /echo HTTP/1.1\r\nHost: a\r\n\r\n").status, 200);
+    assert_eq!(b.record.connections.load(Ordering::SeqCst), before + 2, "the 502's connection was not pooled");
+}
+
+/// A chunked body whose bytes at hand are already bad is refused before anything goes
+/// upstream; one that turns bad later is aborted, never completed, upstream.
+#[test]
+fn a_bad_chunked_body_never_reaches_the_backend_as_a_request() {
+    let b = bed("");
+    let head = "POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n";
+    for body in [
+        "-5\r\nhello\r\n0\r\n\r\n",
+        " 5\r\nhello\r\n0\r\n\r\n",
+        "fffffffffffffffffff\r\nx\r\n0\r\n\r\n",
+        "5;a\nb\r\nhello\r\n0\r\n\r\n",
+        "5\nhello\r\n0\r\n\r\n",
+        "5\r\nhelloXX\r\n0\r\n\r\n",
+        "5\r\nhello\r\n0\r\nX-T: a\0b\r\n\r\n",
+        "5\r\nhello\r\n0\r\nX-T: a\x01b\r\n\r\n",
+    ] {
+        let out = b.all(format!("{head}{body}").as_bytes());
+        assert!(status_line(&out).starts_with("HTTP/1.1 400 "), "{body:?}: {out}");
+    }
+    // The head alone first, then a bad first line: still nothing upstream.
+    let (mut r, mut w) = b.connect();
+    w.write_all(head.as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    w.write_all(b"-5\r\n").unwrap();
+    let mut out = String::new();
+    let _ = r.read_to_string(&mut out);
+    assert!(status_line(&out).starts_with("HTTP/1.1 400 "), "{out}");
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(b.seen().is_empty(), "the backend saw: {:?}", b.seen());
+
+    // Good first chunk, then a bad trailer after a pause: the client gets 400, the
+    // backend an aborted request (nothing complete is recorded).
+    let (mut r, mut w) = b.connect();
+    w.write_all(format!("{head}5\r\nhello\r\n").as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    w.write_all(b"0\r\nX-T: \x7f\r\n\r\n").unwrap();
+    let mut out = String::new();
+    let _ = r.read_to_string(&mut out);
+    assert!(status_line(&out).starts_with("HTTP/1.1 400 "), "{out}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(b.seen().is_empty(), "the backend took it for a whole request: {:?}", b.seen());
+    // And a good one still works.
+    let res = b.one(format!("{head}5\r\nhello\r\n0\r\nX-T: fine\r\n\r\n").as_bytes());
+    assert_eq!(res.status, 200);
+    assert!(b.seen().last().unwrap().ends_with("5\r\nhello\r\n0\r\nX-T: fine\r\n\r\n"), "{:?}", b.seen());
+}
+
+/// RFC 9112 3.2.2: the absolute-form target's authority wins; the backend sees one Host
+/// and an origin-form target. HTTP/1.0 without Host gets the VIP's authority.
+#[test]
+fn absolute_form_targets_and_missing_hosts() {
+    let b = bed("");
+    let r = b.one(b"GET http://a.example/echo?x=1 HTTP/1.1\r\nHost: b.example\r\n\r\n");
+    assert_eq!(r.status, 200);
+    let fwd = b.record.last();
+    assert!(fwd.starts_with("GET /echo?x=1 HTTP/1.1\r\n"), "{fwd}");
+    assert!(fwd.contains("\r\nHost: a.example\r\n") && !fwd.contains("b.example"), "{fwd}");
+    assert_eq!(fwd.matches("Host:").count(), 1, "{fwd}");
+    let r = b.one(b"GET /echo HTTP/1.0\r\n\r\n");
+    assert_eq!(r.status, 200);
+    assert!(b.record.last().contains(&format!("\r\nHost: {VIP}\r\n")), "{}", b.record.last());
+}
+
+/// A client that never reads its responses cannot keep a request in flight (and its
+/// upstream connection) past the client timeout (2 s in the bed).
+#[test]
+fn a_client_that_never_reads_is_cut_off() {
+    let b = bed("");
+    let (_r, mut w) = b.connect();
+    // 16 MB of small responses (each written with its head in one write), more than any
+    // socket buffers hold; the client reads none.
+    let reqs = "GET /medium HTTP/1.1\r\nHost: a\r\n\r\n".repeat(2000);
+    w.write_all(reqs.as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let active = |b: &Bed| b.status()["agent"]["backends"][0]["active"].as_u64().unwrap();
+    assert_eq!(active(&b), 1, "a request is stuck writing to the client");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while active(&b) != 0 {
+        assert!(Instant::now() < deadline, "still in flight 10 s later (client_timeout 2 s)");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A body trickling one byte a second meets the total body deadline, not just the per-read
+/// timeout; nothing of it counts as a request upstream.
+#[test]
+fn a_trickling_body_meets_the_body_deadline() {
+    let b = bed("body_timeout = \"3s\"\n");
+    let (mut r, mut w) = b.connect();
+    let started = Instant::now();
+    w.write_all(b"POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 100000\r\n\r\n").unwrap();
+    let trickle = std::thread::spawn(move || {
+        for _ in 0..20 {
+            if w.write_all(b"x").is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(700));
+        }
+    });
+    let mut out = String::new();
+    let _ = r.read_to_string(&mut out);
+    let took = started.elapsed();
+    assert!(status_line(&out).starts_with("HTTP/1.1 408 "), "{out}");
+    assert!(took < Duration::from_secs(6), "answered after {took:?} (body_timeout 3 s)");
+    let _ = trickle.join();
+    assert!(b.seen().is_empty(), "{:?}", b.seen());
+}
+
+/// At the backend's connection limit a request waits in a bounded queue, then gets 503
+/// "busy" with Retry-After; the backend is not made suspect for it.
+#[test]
+fn a_full_backend_is_busy_not_failed() {
+    let b = bed("max_connections_per_backend = 1\nqueue_timeout = \"400ms\"\n");
+    let addr = b.addr;
+    let slow = b.tb.client.spawn(move || {
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(b"GET /slow HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+        read_response(&mut BufReader::new(s)).map(|r| r.status)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let r = b.one(b"GET /echo HTTP/1.1\r\nHost: a\r\n\r\n");
+    assert_eq!(r.status, 503, "{r:?}");
+    assert!(r.header("retry-after").is_some() && r.body.contains("busy"), "{r:?}");
+    assert_eq!(slow.join().unwrap().unwrap(), 200, "the slow request finishes");
+    let st = b.status();
+    assert_eq!(st["agent"]["backends"][0]["health"], "up", "a full backend is not a failed one: {st}");
+    assert!(st["agent"]["counters"]["queue_timeouts"].as_u64().unwrap() >= 1, "{st}");
+    // Once the slow one is done, the queue lets the next one through within its wait.
+    let addr2 = b.addr;
+    let slow = b.tb.client.spawn(move || {
+        let mut s = TcpStream::connect_timeout(&addr2, Duration::from_secs(3)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(b"GET /slow HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+        read_response(&mut BufReader::new(s)).map(|r| r.status)
+    });
+    assert_eq!(slow.join().unwrap().unwrap(), 200);
+    assert_eq!(b.one(b"GET /echo HTTP/1.1\r\nHost: a\r\n\r\n").status, 200);
+}
