@@ -366,8 +366,22 @@ impl Testbed {
     }
 
     pub fn start_dispatcher_with(&mut self, config: &Path, extra: &[&str]) {
+        self.start_dispatcher_limited(config, extra, None);
+    }
+
+    /// As `start_dispatcher_with`; `nofile`: the agent's descriptor limit (soft and hard).
+    pub fn start_dispatcher_limited(&mut self, config: &Path, extra: &[&str], nofile: Option<u64>) {
         let mut cmd = self.lb.command(dispatcher_bin());
         cmd.arg("run").arg("--config").arg(config).args(extra);
+        if let Some(n) = nofile {
+            use std::os::unix::process::CommandExt;
+            unsafe {
+                cmd.pre_exec(move || {
+                    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, n, n)
+                        .map_err(std::io::Error::from)
+                });
+            }
+        }
         // A restarted agent writes a new log; keep the old one readable.
         let _ = std::fs::rename(self.workdir.join("dispatcher.log"), self.workdir.join("dispatcher.previous.log"));
         self.start("dispatcher", cmd);

@@ -231,6 +231,11 @@ pub const BACKEND_PORT: u16 = 8080;
 impl Bed {
     /// `backends` scripted backends; `http` and `health` add lines to those sections.
     pub fn new(backends: usize, http: &str, health: &str) -> Bed {
+        Bed::limited(backends, http, health, None)
+    }
+
+    /// As `new`, the agent run with the descriptor limit `nofile`.
+    pub fn limited(backends: usize, http: &str, health: &str, nofile: Option<u64>) -> Bed {
         let mut tb = crate::netns::Testbed::new(backends, &[VIP]);
         tb.add_local_vip(VIP);
         let record = Arc::new(Record::default());
@@ -241,7 +246,7 @@ impl Bed {
             tb.backend_config(&[])
         );
         let path = tb.write_config(&text);
-        tb.start_dispatcher(&path);
+        tb.start_dispatcher_limited(&path, &[], nofile);
         Bed { tb, record, addr: format!("{VIP}:80").parse().unwrap() }
     }
 

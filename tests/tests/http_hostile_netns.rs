@@ -193,3 +193,74 @@ fn a_full_backend_is_busy_not_failed() {
     assert_eq!(slow.join().unwrap().unwrap(), 200);
     assert_eq!(b.one(b"GET /echo HTTP/1.1\r\nHost: a\r\n\r\n").status, 200);
 }
+
+/// `/metrics` is valid Prometheus exposition, as a real parser reads it (promtool, from
+/// Debian's prometheus package, which `cargo xtask setup` installs).
+#[test]
+fn metrics_pass_promtool() {
+    let b = bed("");
+    assert_eq!(b.one(b"GET /echo HTTP/1.1\r\nHost: a\r\n\r\n").status, 200);
+    let cfg = b.tb.workdir.join("dispatcher.toml");
+    let text = b.tb.dispatcher_cmd(&["metrics", "--config", cfg.to_str().unwrap()]);
+    assert!(text.contains("dispatcher_xdp_vip_packets_total{vip=\"app\"}"), "{text}");
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (cargo xtask setup installs Debian's prometheus package)");
+    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && said.trim().is_empty(), "promtool check metrics: {said}");
+}
+
+/// Opens `n` idle client connections to the VIP from the client namespace (the test
+/// process's own descriptor limit raised to its hard limit first).
+fn idle_clients(b: &Bed, n: usize) -> Vec<TcpStream> {
+    let (_, hard) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
+    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+    let addr = b.addr;
+    b.tb.client.run(move || {
+        (0..n).filter_map(|_| TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()).collect()
+    })
+}
+
+/// With a descriptor limit of 400, 500 idle clients: the default cap (derived from the
+/// limit) keeps descriptors for health checks, upstream connections and the admin socket.
+/// The backend stays up, the admin socket answers, connections over the cap are closed
+/// and counted, and a request goes through once the idle clients leave.
+#[test]
+fn idle_clients_cannot_exhaust_the_descriptors() {
+    let b = Bed::limited(1, "", "interval = \"200ms\"\n", Some(400));
+    let idle = idle_clients(&b, 500);
+    std::thread::sleep(Duration::from_secs(2));
+    let st = b.status();
+    assert_eq!(st["agent"]["backends"][0]["health"], "up", "{st}");
+    assert!(st["agent"]["vips"][0]["connections"].as_u64().unwrap() <= 62, "{st}");
+    assert!(st["agent"]["counters"]["connections_refused"].as_u64().unwrap() >= 400, "{st}");
+    drop(idle);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(b.one(b"GET /echo HTTP/1.1\r\nHost: a\r\n\r\n").status, 200);
+}
+
+/// A cap set above what the descriptors allow (the operator's mistake): accept and the
+/// health checks meet EMFILE, and that is never taken for the backend's failure.
+#[test]
+fn running_out_of_descriptors_is_not_a_backend_failure() {
+    let b = Bed::limited(1, "max_client_connections = 100000\n", "interval = \"200ms\"\n", Some(400));
+    let idle = idle_clients(&b, 500);
+    std::thread::sleep(Duration::from_secs(2));
+    // The agent may not be able to answer on its socket now: read the state it wrote to
+    // the pinned maps.
+    let cfg = b.tb.workdir.join("dispatcher.toml");
+    let table = b.tb.dispatcher_cmd(&["status", "--config", cfg.to_str().unwrap()]);
+    let row = table.lines().find(|l| l.starts_with("b0 ")).unwrap_or_else(|| panic!("{table}"));
+    assert!(row.split_whitespace().nth(2) == Some("up"), "the backend stayed up: {table}");
+    assert!(b.tb.log("dispatcher").contains("failed"), "the shortage was logged: {}", b.tb.log("dispatcher"));
+    drop(idle);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(b.one(b"GET /echo HTTP/1.1\r\nHost: a\r\n\r\n").status, 200);
+    assert_eq!(b.status()["agent"]["backends"][0]["health"], "up");
+}

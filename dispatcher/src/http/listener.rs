@@ -197,6 +197,14 @@ impl HttpServer {
         let addrs = cfg.vips.iter().filter(|v| v.serves_http()).map(|v| SocketAddr::new(v.address, v.port)).collect();
         let nofile = descriptor_limit();
         let global = cfg.http.max_client_connections.unwrap_or_else(|| default_client_cap(nofile));
+        if global > default_client_cap(nofile) {
+            tracing::warn!(
+                max_client_connections = global,
+                descriptor_limit = nofile,
+                "the client connection cap leaves too few descriptors for upstream connections, health checks and the admin socket (at most {} advised)",
+                default_client_cap(nofile)
+            );
+        }
         tracing::info!(max_client_connections = global, descriptor_limit = nofile, "client connection cap");
         let (ready_tx, ready_rx) = mpsc::channel::<std::io::Result<()>>();
         let mut workers = Vec::new();
