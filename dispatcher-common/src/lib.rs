@@ -73,6 +73,20 @@ pub fn addr_from_words(w: &[u32; 4]) -> [u8; 16] {
     b
 }
 
+/// The state routing obeys, from the operator's state (`admin`: 0 for none, drain or
+/// disabled) and the health (up, suspect or down). They are two dimensions: a drained
+/// backend that goes down is down (its sessions and flows fail over to its replica), and
+/// a drain given to a backend that is down leaves it down.
+pub fn effective_state(admin: u8, health: u8) -> u8 {
+    match (admin, health) {
+        (STATE_DISABLED, _) => STATE_DISABLED,
+        (_, STATE_DOWN) => STATE_DOWN,
+        (_, STATE_SUSPECT) => STATE_SUSPECT,
+        (STATE_DRAIN, _) => STATE_DRAIN,
+        (_, h) => h,
+    }
+}
+
 /// May this backend take a new flow?
 #[inline(always)]
 pub fn takes_new_flows(state: u8) -> bool {
@@ -83,6 +97,22 @@ pub fn takes_new_flows(state: u8) -> bool {
 #[inline(always)]
 pub fn keeps_flows(state: u8) -> bool {
     state == STATE_UP || state == STATE_SUSPECT || state == STATE_DRAIN
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_operators_state_and_the_health_combine() {
+        assert_eq!(effective_state(0, STATE_UP), STATE_UP);
+        assert_eq!(effective_state(STATE_DRAIN, STATE_UP), STATE_DRAIN);
+        assert_eq!(effective_state(STATE_DRAIN, STATE_SUSPECT), STATE_SUSPECT, "held, not sent elsewhere");
+        assert_eq!(effective_state(STATE_DRAIN, STATE_DOWN), STATE_DOWN, "drained and dead fails over");
+        assert_eq!(effective_state(STATE_DISABLED, STATE_UP), STATE_DISABLED);
+        assert_eq!(effective_state(STATE_DISABLED, STATE_DOWN), STATE_DISABLED);
+        assert_eq!(effective_state(0, STATE_DOWN), STATE_DOWN);
+    }
 }
 
 /// `VIPS` key.
@@ -125,8 +155,11 @@ pub struct BackendInfo {
     pub addr6: [u32; 4],
     /// MAC the frames go to: the backend itself (MAC forwarding) or the next hop (IPIP).
     pub mac: [u8; 6],
+    /// What XDP obeys: `effective_state(admin, health)`.
     pub state: u8,
-    pub _pad: u8,
+    /// The operator's state (0, drain or disabled), kept here so that it survives an
+    /// agent restart beside the health; the XDP program does not read it.
+    pub admin: u8,
     /// Peer replica backend id, or NO_BACKEND.
     pub replica: u32,
     pub weight: u32,

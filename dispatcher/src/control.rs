@@ -52,7 +52,8 @@ impl Control {
         tracing::info!(backend = %name, from = state_name(old), to = state_name(new), "backend state changed");
         self.cluster.counters.transitions.fetch_add(1, Ordering::Relaxed);
         let mut t = self.tables.lock().unwrap();
-        let info = backend_info(&self.cfg.backends[b], new);
+        let admin = self.cluster.backends[b].admin.load(Ordering::SeqCst);
+        let info = backend_info(&self.cfg.backends[b], new, admin);
         if let Err(e) = t.set_backend(b as u32, &info) {
             tracing::warn!(error = %e, "writing BACKENDS");
         }

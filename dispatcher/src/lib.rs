@@ -13,6 +13,7 @@ pub mod control;
 pub mod dataplane;
 pub mod health;
 pub mod http;
+pub mod instance;
 pub mod maglev;
 pub mod ratelimit;
 pub mod state;

@@ -14,8 +14,8 @@ use std::{
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use dispatcher_common::{
-    hash::cookie_hash, CloneValue, CLONE_F_FAILED_OVER, NO_BACKEND, STATE_DISABLED, STATE_DOWN, STATE_DRAIN,
-    STATE_SUSPECT, STATE_UP,
+    effective_state, hash::cookie_hash, CloneValue, CLONE_F_FAILED_OVER, NO_BACKEND, STATE_DISABLED, STATE_DOWN,
+    STATE_DRAIN, STATE_SUSPECT, STATE_UP,
 };
 
 use crate::config::Config;
@@ -202,24 +202,31 @@ impl Histogram {
 }
 
 impl Cluster {
-    pub fn new(cfg: &Config, states: &[u8], clones_map: Option<BpfHashMap<MapData, u64, CloneValue>>) -> Cluster {
+    /// `health` (up, suspect, down) and `admin` (0, drain, disabled) per backend; missing
+    /// entries are up and without an operator's state.
+    pub fn new(
+        cfg: &Config,
+        health: &[u8],
+        admin: &[u8],
+        clones_map: Option<BpfHashMap<MapData, u64, CloneValue>>,
+    ) -> Cluster {
         let backends = cfg
             .backends
             .iter()
             .enumerate()
-            .map(|(i, b)| Backend {
+            .map(|(i, b)| {
+                let h = health.get(i).copied().filter(|&s| s == STATE_SUSPECT || s == STATE_DOWN).unwrap_or(STATE_UP);
+                let a = admin.get(i).copied().filter(|&s| s == STATE_DRAIN || s == STATE_DISABLED).unwrap_or(0);
+                (b, h, a)
+            })
+            .map(|(b, h, a)| Backend {
                 name: b.name.clone(),
                 address: b.address,
                 weight: b.weight,
                 replica: b.replica,
-                state: AtomicU8::new(states.get(i).copied().unwrap_or(STATE_UP)),
-                health: AtomicU8::new(match states.get(i).copied() {
-                    Some(s @ (STATE_SUSPECT | STATE_DOWN)) => s,
-                    _ => STATE_UP,
-                }),
-                admin: AtomicU8::new(
-                    states.get(i).copied().filter(|&s| s == STATE_DRAIN || s == STATE_DISABLED).unwrap_or(0),
-                ),
+                state: AtomicU8::new(effective_state(a, h)),
+                health: AtomicU8::new(h),
+                admin: AtomicU8::new(a),
                 changed: tokio::sync::Notify::new(),
                 latency: Histogram::default(),
                 outstanding: AtomicU64::new(0),
@@ -285,17 +292,22 @@ impl Cluster {
         }
     }
 
+    /// Health and operator state of backend `i` (what a reload carries over).
+    pub fn health_and_admin(&self, i: usize) -> Option<(u8, u8)> {
+        self.backends.get(i).map(|b| (b.health.load(Ordering::SeqCst), b.admin.load(Ordering::SeqCst)))
+    }
+
     /// Owner and replica of a clone or partition ID.
     pub fn owner(&self, id: &[u8]) -> Option<(usize, Option<usize>)> {
         self.clones.read().unwrap().get(&cookie_hash(id)).map(|e| (e.owner, e.replica))
     }
 
-    /// Recomputes the effective state from health and the operator's override; returns
-    /// the old and new state when it changed (and wakes the requests held on it).
+    /// Recomputes the effective state from health and the operator's state (two
+    /// dimensions, `effective_state`); returns the old and new state when it changed (and
+    /// wakes the requests held on it).
     fn settle(&self, backend: usize) -> Option<(u8, u8)> {
         let b = &self.backends[backend];
-        let admin = b.admin.load(Ordering::SeqCst);
-        let new = if admin != 0 { admin } else { b.health.load(Ordering::SeqCst) };
+        let new = effective_state(b.admin.load(Ordering::SeqCst), b.health.load(Ordering::SeqCst));
         let old = b.state.swap(new, Ordering::SeqCst);
         if old == new {
             return None;

@@ -159,7 +159,7 @@ impl Fixture {
         let affinity_map = ebpf.take_map("AFFINITY").expect("AFFINITY map");
         let affinity = HashMap::try_from(affinity_map).expect("AFFINITY type");
         let states = initial_states(&cfg);
-        tables.apply(&cfg, &states).expect("fill maps");
+        tables.apply(&cfg, &states, &vec![0; states.len()]).expect("fill maps");
         Fixture { ebpf, tables, affinity, cfg, states }
     }
 
@@ -192,7 +192,7 @@ impl Fixture {
     /// agent does on a state change (without it, the ring still names the backend).
     pub fn set_state(&mut self, backend: usize, state: u8, rebuild: bool) {
         self.states[backend] = state;
-        let info = backend_info(&self.cfg.backends[backend], state);
+        let info = backend_info(&self.cfg.backends[backend], state, 0);
         self.tables.set_backend(backend as u32, &info).expect("BACKENDS");
         if rebuild {
             let cfg = self.cfg.clone();

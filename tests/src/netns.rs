@@ -176,7 +176,8 @@ pub fn cleanup_stale() {
     }
     if let Ok(entries) = std::fs::read_dir("/run/dispatcher") {
         for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().trim_end_matches(".sock").to_string();
+            let file = e.file_name().to_string_lossy().into_owned();
+            let name = file.trim_end_matches(".sock").trim_end_matches(".lock").to_string();
             if owner_dead(&name) {
                 let _ = std::fs::remove_file(e.path());
             }
@@ -563,8 +564,9 @@ impl Drop for Testbed {
         for d in &self.pin_dirs {
             let _ = dispatcher::dataplane::unpin_all(d);
         }
-        // An agent killed hard leaves its admin socket behind.
+        // An agent killed hard leaves its admin socket and its (unlocked) lock file behind.
         let _ = std::fs::remove_file(format!("/run/dispatcher/{}.sock", self.prefix));
+        let _ = std::fs::remove_file(dispatcher::instance::lock_path(&self.prefix));
         let _ = std::fs::remove_dir_all(&self.workdir);
     }
 }

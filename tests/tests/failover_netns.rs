@@ -365,3 +365,62 @@ fn a_clone_that_comes_back_gets_its_sessions_back_with_their_data() {
     let were_on_0 = seen.iter().filter(|s| s.iter().any(|x| x.clone == "clone0x")).count();
     assert!(were_on_0 >= 1 && back == were_on_0, "{back} of {were_on_0} sessions back on clone0x");
 }
+
+/// The operator's state and the health are two dimensions: a drained clone that dies
+/// fails over like any other (its sessions continue on its replica with their data), and
+/// draining a clone that is down leaves it down (its sessions are not sent back to it).
+#[test]
+fn a_drained_clone_that_dies_fails_over_and_a_dead_one_stays_out_when_drained() {
+    let (mut tb, cluster, addr, cfg) = bed(4);
+    let load = start_load(&tb, addr, 8);
+    std::thread::sleep(Duration::from_millis(1000));
+    let out = tb.dispatcher_cmd(&["drain", "--config", &cfg, "b0"]);
+    assert!(out.contains("b0: up -> drain"), "{out}");
+    std::thread::sleep(Duration::from_millis(500));
+    tb.kill_servers_of(0);
+    cluster.kill(0);
+    // b2 dies, is found down, and only then does the operator drain it.
+    tb.kill_servers_of(2);
+    cluster.kill(2);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let state = |tb: &Testbed, b: usize| -> serde_json::Value {
+        let st: serde_json::Value =
+            serde_json::from_str(&tb.dispatcher_cmd(&["status", "--config", &cfg, "--json"])).unwrap();
+        st["agent"]["backends"][b].clone()
+    };
+    while state(&tb, 2)["state"] != "down" || state(&tb, 0)["state"] != "down" {
+        assert!(Instant::now() < deadline, "b0 and b2 not down: {} {}", state(&tb, 0), state(&tb, 2));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = tb.dispatcher_cmd(&["drain", "--config", &cfg, "b2"]);
+    assert!(out.contains("b2: down -> down"), "draining a dead backend keeps it out: {out}");
+    std::thread::sleep(Duration::from_millis(2500));
+    let seen = load.finish();
+
+    assert_no_misroute(&cluster);
+    assert_sessions_kept(&seen);
+    assert_failures_answered(&seen, HOLD + SERVER_TIMEOUT + Duration::from_secs(1));
+    for (from, to) in [("clone0x", "clone1x"), ("clone2x", "clone3x")] {
+        let moved = seen
+            .iter()
+            .filter(|s| s.iter().any(|x| x.clone == from) && s.last().is_some_and(|x| x.clone == to))
+            .count();
+        assert!(moved >= 1, "{from}'s sessions continue on {to}");
+    }
+    // Only the requests in flight when they died (and those held meanwhile) fail: not the
+    // rest of the run.
+    let errors: usize = seen.iter().map(|s| s.iter().filter(|x| x.status != 200).count()).sum();
+    assert!(errors <= 16, "{errors} failed requests");
+    for b in [0, 2] {
+        let s = state(&tb, b);
+        assert_eq!(
+            (s["state"].as_str(), s["health"].as_str(), s["admin"].as_str()),
+            (Some("down"), Some("down"), Some("drain")),
+            "{s}"
+        );
+    }
+    let table = tb.dispatcher_cmd(&["status", "--config", &cfg]);
+    let row = table.lines().find(|l| l.starts_with("b0 ")).unwrap();
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(&cols[2..5], ["down", "down", "drain"], "STATE, HEALTH and OPERATOR: {table}");
+}

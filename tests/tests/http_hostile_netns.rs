@@ -222,9 +222,8 @@ fn idle_clients(b: &Bed, n: usize) -> Vec<TcpStream> {
     let (_, hard) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
     nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard).unwrap();
     let addr = b.addr;
-    b.tb.client.run(move || {
-        (0..n).filter_map(|_| TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()).collect()
-    })
+    b.tb.client
+        .run(move || (0..n).filter_map(|_| TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()).collect())
 }
 
 /// With a descriptor limit of 400, 500 idle clients: the default cap (derived from the

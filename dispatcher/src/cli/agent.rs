@@ -6,12 +6,12 @@ use std::{path::Path, process::ExitCode, time::Duration};
 use anyhow::Context as _;
 use dispatcher::{config::Config, dataplane};
 
-use dispatcher::admin::client::request;
+use dispatcher::admin::client::{explain, request, AdminError};
 
 pub fn metrics(path: &Path) -> anyhow::Result<ExitCode> {
     let cfg = Config::load(path)?;
-    let (code, body) = request(&cfg.admin_socket, "GET", "/metrics")
-        .with_context(|| format!("asking the agent at {} (is it running?)", cfg.admin_socket.display()))?;
+    let (code, body) =
+        request(&cfg.admin_socket, "GET", "/metrics").map_err(|e| anyhow::anyhow!(explain(&e, &cfg.instance)))?;
     anyhow::ensure!(code == 200, "the agent answered {code}");
     print!("{body}");
     Ok(ExitCode::SUCCESS)
@@ -27,8 +27,8 @@ pub fn reload(path: &Path) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(1));
         }
     };
-    let (code, body) = request(&cfg.admin_socket, "POST", "/reload")
-        .with_context(|| format!("asking the agent at {} (is it running?)", cfg.admin_socket.display()))?;
+    let (code, body) =
+        request(&cfg.admin_socket, "POST", "/reload").map_err(|e| anyhow::anyhow!(explain(&e, &cfg.instance)))?;
     let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
     if code == 200 {
         println!("reloaded: {}", v["reloaded"].as_str().unwrap_or(""));
@@ -53,7 +53,10 @@ pub fn stop(path: &Path, detach: bool) -> anyhow::Result<ExitCode> {
             Some(v["pid"].as_u64().context("the agent's answer has no pid")? as i32)
         }
         Ok((code, body)) => anyhow::bail!("the agent refused to stop ({code}): {}", body.trim()),
-        Err(_) => None,
+        Err(AdminError::NotRunning(_)) if dispatcher::instance::holder(&cfg.instance).is_none() => None,
+        // An agent holds the instance but cannot be asked: it is not stopped, and its
+        // data plane is not removed behind it.
+        Err(e) => anyhow::bail!("{}; nothing done", explain(&e, &cfg.instance)),
     };
     if let Some(pid) = agent {
         // In-flight requests may take the drain time; give it a margin.

@@ -6,7 +6,7 @@ use std::{path::Path, process::ExitCode};
 
 use anyhow::{anyhow, Context as _};
 use dispatcher::{config::Config, dataplane::tables::Tables};
-use dispatcher_common::{STATE_DISABLED, STATE_DRAIN, STATE_UP};
+use dispatcher_common::{effective_state, STATE_DISABLED, STATE_DOWN, STATE_DRAIN, STATE_SUSPECT, STATE_UP};
 
 use super::status::state_name;
 
@@ -32,7 +32,17 @@ pub fn control(path: &Path, backend: &str, action: Action) -> anyhow::Result<Exi
             return Ok(ExitCode::SUCCESS);
         }
         Ok((_, body)) => anyhow::bail!("the agent refused: {}", body.trim()),
-        Err(_) => println!("(agent not running: writing the pinned maps directly)"),
+        // Only with no agent at all are the maps written directly: never behind a running
+        // agent (whose state would then disagree with them).
+        Err(dispatcher::admin::client::AdminError::NotRunning(_))
+            if dispatcher::instance::holder(&cfg.instance).is_none() =>
+        {
+            println!("(agent not running: writing the pinned maps directly)")
+        }
+        Err(e) => anyhow::bail!(
+            "{}; nothing changed (the maps are not written while an agent holds the instance)",
+            dispatcher::admin::client::explain(&e, &cfg.instance)
+        ),
     }
     let id = cfg
         .backends
@@ -45,15 +55,22 @@ pub fn control(path: &Path, backend: &str, action: Action) -> anyhow::Result<Exi
     for i in 0..cfg.backends.len() {
         states.push(tables.backend(i as u32)?.state);
     }
-    let state = match action {
+    let admin = match action {
         Action::Drain => STATE_DRAIN,
         Action::Disable => STATE_DISABLED,
-        Action::Enable => STATE_UP,
+        Action::Enable => 0,
     };
     let old = states[id];
-    states[id] = state;
     let mut info = tables.backend(id as u32)?;
+    // The health the last agent saw stays; the operator's state changes beside it.
+    let health = match info.state {
+        s @ (STATE_SUSPECT | STATE_DOWN) => s,
+        _ => STATE_UP,
+    };
+    let state = effective_state(admin, health);
+    states[id] = state;
     info.state = state;
+    info.admin = admin;
     // Ring first when the backend leaves (no new flow picks it), state first when it
     // joins (a flow picking it finds it up).
     if state == STATE_UP {

@@ -4,6 +4,8 @@ use anyhow::Context as _;
 use aya::programs::links::{FdLink, PinnedLink};
 use std::sync::Arc;
 
+use dispatcher_common::effective_state;
+
 use dispatcher::{
     admin::{self, Admin, AgentRequest, Live},
     config::Config,
@@ -20,6 +22,9 @@ use dispatcher::{
 pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<ExitCode> {
     let cfg = Config::load(path)?;
     super::init_logging(&cfg.log_level);
+    // Before anything is touched: a second agent for the instance would swap the program,
+    // rebind the admin socket and share the HTTP ports.
+    let _lock = dispatcher::instance::acquire(&cfg.instance)?;
     raise_fd_limit();
     let pin_dir = cfg.pin_dir();
     let adopted = pin_dir.join("VIPS").exists();
@@ -36,18 +41,19 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<ExitCode> {
         }
         tracing::info!(dir = %pin_dir.display(), flows = tables.flow_count(), "adopted pinned maps");
     }
-    let mut states = initial_states(&cfg);
+    let n = cfg.backends.len();
+    let (mut health, mut admin) = (initial_states(&cfg), vec![0u8; n]);
     if adopted {
-        // An operator's drain or disable survives an agent restart.
-        for (i, s) in states.iter_mut().enumerate() {
+        // An operator's drain or disable, and a backend found down, survive an agent
+        // restart.
+        for i in 0..n {
             if let Ok(info) = tables.backend(i as u32) {
-                if info.state != dispatcher_common::STATE_UNUSED {
-                    *s = info.state;
-                }
+                (health[i], admin[i]) = adopted_state(&info);
             }
         }
     }
-    tables.apply(&cfg, &states).context("writing the configuration into the maps")?;
+    let states: Vec<u8> = (0..n).map(|i| effective_state(admin[i], health[i])).collect();
+    tables.apply(&cfg, &states, &admin).context("writing the configuration into the maps")?;
 
     // The program too, so that bpftool and a later agent can find it by path.
     let prog_path = pin_dir.join("prog");
@@ -72,7 +78,7 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<ExitCode> {
     // The request path: the cluster state (with CLONES written through) and the HTTP VIPs.
     let clones = ebpf.take_map("CLONES").ok_or_else(|| anyhow::anyhow!("CLONES map missing"))?;
     let clones = aya::maps::HashMap::try_from(clones).context("CLONES map")?;
-    let cluster = Arc::new(Cluster::new(&cfg, &states, Some(clones)));
+    let cluster = Arc::new(Cluster::new(&cfg, &health, &admin, Some(clones)));
     // When a listener closes (reload), connections in its accept queue move to the new
     // one instead of being reset (SO_REUSEPORT group; Linux 5.14+).
     let _ = std::fs::write("/proc/sys/net/ipv4/tcp_migrate_req", "1");
@@ -186,29 +192,28 @@ impl Running {
     ) -> Result<String, String> {
         let new = Config::load(path).map_err(|e| e.to_string())?;
         let merged = self.cfg.merged_for_reload(new)?;
-        let states: Vec<u8> = merged
+        // Health and the operator's state go on; a removed backend is disabled.
+        let (health, admin): (Vec<u8>, Vec<u8>) = merged
             .backends
             .iter()
             .enumerate()
             .map(|(i, b)| {
+                let (h, a) = self.cluster.health_and_admin(i).unwrap_or((dispatcher_common::STATE_UP, 0));
                 if b.retired {
-                    dispatcher_common::STATE_DISABLED
+                    (h, dispatcher_common::STATE_DISABLED)
                 } else {
-                    self.cluster
-                        .backends
-                        .get(i)
-                        .map(|x| x.state.load(std::sync::atomic::Ordering::SeqCst))
-                        .unwrap_or(dispatcher_common::STATE_UP)
+                    (h, a)
                 }
             })
-            .collect();
-        let cluster = Arc::new(Cluster::new(&merged, &states, None));
+            .unzip();
+        let states: Vec<u8> = health.iter().zip(&admin).map(|(&h, &a)| effective_state(a, h)).collect();
+        let cluster = Arc::new(Cluster::new(&merged, &health, &admin, None));
         // The learned clone table first: the new listeners route learned IDs from their
         // first request.
         cluster.inherit(&self.cluster);
         let merged = Arc::new(merged);
         let next = Running::start(merged.clone(), cluster.clone(), tables, rt).map_err(|e| format!("{e:#}"))?;
-        tables.lock().unwrap().apply(&merged, &states).map_err(|e| format!("writing the maps: {e}"))?;
+        tables.lock().unwrap().apply(&merged, &states, &admin).map_err(|e| format!("writing the maps: {e}"))?;
         cluster.adopt_map(&self.cluster);
         let mut summary = format!(
             "{} backends ({} retired), {} VIPs ({} retired)",
@@ -243,6 +248,23 @@ impl Running {
             tracing::info!(signal = why, unfinished = left, "HTTP VIPs stopped");
         }
     }
+}
+
+/// Health and operator state from a `BACKENDS` entry a previous agent left. (An agent
+/// before the `admin` field existed kept only one state: drain or disabled there is the
+/// operator's.)
+fn adopted_state(info: &dispatcher_common::BackendInfo) -> (u8, u8) {
+    use dispatcher_common::{STATE_DISABLED, STATE_DOWN, STATE_DRAIN, STATE_SUSPECT, STATE_UP};
+    let health = match info.state {
+        s @ (STATE_SUSPECT | STATE_DOWN) => s,
+        _ => STATE_UP,
+    };
+    let admin = match (info.admin, info.state) {
+        (a @ (STATE_DRAIN | STATE_DISABLED), _) => a,
+        (_, s @ (STATE_DRAIN | STATE_DISABLED)) => s,
+        _ => 0,
+    };
+    (health, admin)
 }
 
 /// A proxy holds two descriptors per connection: take the hard limit, not the default

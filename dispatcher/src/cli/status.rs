@@ -78,10 +78,12 @@ fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
     }
     let globals: Vec<(&str, u64)> = tables.global_counters()?.into_iter().map(|(n, c)| (n, c.packets)).collect();
 
-    let agent: Option<serde_json::Value> = dispatcher::admin::client::request(&cfg.admin_socket, "GET", "/status")
-        .ok()
-        .filter(|(code, _)| *code == 200)
-        .and_then(|(_, body)| serde_json::from_str(&body).ok());
+    // The agent's view if it answers; otherwise why not (not running, not allowed, busy).
+    let (agent, unanswered) = match dispatcher::admin::client::request(&cfg.admin_socket, "GET", "/status") {
+        Ok((200, body)) => (serde_json::from_str::<serde_json::Value>(&body).ok(), None),
+        Ok((code, body)) => (None, Some(format!("the agent answered {code}: {}", body.trim()))),
+        Err(e) => (None, Some(dispatcher::admin::client::explain(&e, &cfg.instance))),
+    };
     // Per-backend figures only the agent has (requests, errors, active, health).
     let agent_backend = |name: &str| -> Option<&serde_json::Value> {
         agent.as_ref()?.get("backends")?.as_array()?.iter().find(|b| b["name"] == name)
@@ -98,7 +100,7 @@ fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
             .iter()
             .map(|(b, info, pk, nf)| {
                 serde_json::json!({"name": b.name, "address": b.address.to_string(), "state": state_name(info.state),
-                    "weight": info.weight, "packets": pk.packets, "bytes": pk.bytes, "new_flows": nf})
+                    "operator": operator_name(info.admin), "weight": info.weight, "packets": pk.packets, "bytes": pk.bytes, "new_flows": nf})
             })
             .collect();
         let xdp: serde_json::Map<String, serde_json::Value> =
@@ -120,8 +122,9 @@ fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
         ),
         None => writeln!(
             o,
-            "instance {}: agent NOT running - showing the pinned maps under {} only; {occupancy}",
+            "instance {}: {} - showing the pinned maps under {} only; {occupancy}",
             cfg.instance,
+            unanswered.as_deref().unwrap_or("agent not answering").replace("agent not running", "agent NOT running"),
             dir.display()
         ),
     };
@@ -158,11 +161,12 @@ fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
     let _ = writeln!(o);
     let _ = writeln!(
         o,
-        "{:<12} {:<15} {:<9} {:<8} {:>6} {:<12} {:>10} {:>9} {:>7} {:>6} {:>9} {:>7}",
+        "{:<12} {:<15} {:<9} {:<8} {:<9} {:>6} {:<12} {:>10} {:>9} {:>7} {:>6} {:>9} {:>7}",
         "BACKEND",
         "ADDRESS",
         "STATE",
         "HEALTH",
+        "OPERATOR",
         "WEIGHT",
         "REPLICA",
         "XDP PKTS",
@@ -178,11 +182,12 @@ fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
         let field = |k: &str| a.map(|x| x[k].to_string().trim_matches('"').to_string()).unwrap_or_else(|| "-".into());
         let _ = writeln!(
             o,
-            "{:<12} {:<15} {:<9} {:<8} {:>6} {:<12} {:>10} {:>9} {:>7} {:>6} {:>9} {:>7}",
+            "{:<12} {:<15} {:<9} {:<8} {:<9} {:>6} {:<12} {:>10} {:>9} {:>7} {:>6} {:>9} {:>7}",
             b.name,
             b.address.to_string(),
             state_name(info.state),
             field("health"),
+            operator_name(info.admin),
             info.weight,
             replica,
             pk.packets,
@@ -204,4 +209,12 @@ fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
         );
     }
     Ok(o)
+}
+
+/// The operator's state as the maps keep it (`BackendInfo::admin`).
+fn operator_name(admin: u8) -> &'static str {
+    match admin {
+        0 => "-",
+        a => state_name(a),
+    }
 }

@@ -81,13 +81,14 @@ pub fn vip_info(id: u32, v: &Vip) -> VipInfo {
     }
 }
 
-pub fn backend_info(b: &Backend, state: u8) -> BackendInfo {
+/// A backend's `BACKENDS` entry: `state` is what XDP obeys, `admin` the operator's state.
+pub fn backend_info(b: &Backend, state: u8, admin: u8) -> BackendInfo {
     BackendInfo {
         addr4: u32::from_ne_bytes(b.address.octets()),
         addr6: b.address6.map(|a| addr_words(&a.octets())).unwrap_or([0; 4]),
         mac: b.mac.unwrap_or([0; 6]),
         state,
-        _pad: 0,
+        admin,
         replica: b.replica.map(|r| r as u32).unwrap_or(NO_BACKEND),
         weight: b.weight,
     }
@@ -180,11 +181,11 @@ impl Tables {
         self.write_ring(vip_id, &table)
     }
 
-    /// Writes the whole configuration: backends with the given states, VIPs with their
-    /// address markers, and every ring.
-    pub fn apply(&mut self, cfg: &Config, states: &[u8]) -> Result<(), DataplaneError> {
+    /// Writes the whole configuration: backends with the given (effective) states and
+    /// operator states, VIPs with their address markers, and every ring.
+    pub fn apply(&mut self, cfg: &Config, states: &[u8], admins: &[u8]) -> Result<(), DataplaneError> {
         for (i, b) in cfg.backends.iter().enumerate() {
-            self.set_backend(i as u32, &backend_info(b, states[i]))?;
+            self.set_backend(i as u32, &backend_info(b, states[i], admins.get(i).copied().unwrap_or(0)))?;
         }
         for (i, v) in cfg.vips.iter().enumerate() {
             let id = i as u32;

@@ -186,7 +186,7 @@ mode = "http"
 
     fn setup(balance: Balance) -> (Cluster, VipRoute) {
         let cfg = Config::parse(CFG, "t").unwrap();
-        let cluster = Cluster::new(&cfg, &[STATE_UP; 3], None);
+        let cluster = Cluster::new(&cfg, &[STATE_UP; 3], &[0; 3], None);
         (cluster, VipRoute::new(vec![0, 1, 2], balance))
     }
 

@@ -1,0 +1,98 @@
+//! One agent per instance: `/run/dispatcher/<instance>.lock`, locked (flock) for the
+//! agent's whole life and naming its pid. A second `dispatcher run` for the instance is
+//! refused; the CLI never writes the maps behind an agent that holds it.
+
+use std::{
+    fs::File,
+    io::{Read, Seek, Write},
+    path::PathBuf,
+};
+
+use nix::{
+    errno::Errno,
+    fcntl::{Flock, FlockArg},
+};
+
+/// Where the lock of `instance` lives.
+pub fn lock_path(instance: &str) -> PathBuf {
+    PathBuf::from(format!("/run/dispatcher/{instance}.lock"))
+}
+
+/// The lock, held until dropped (the file is removed then).
+pub struct InstanceLock {
+    path: PathBuf,
+    _lock: Flock<File>,
+}
+
+impl Drop for InstanceLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    #[error("another agent (pid {pid}) runs instance `{instance}`; stop it first (`dispatcher stop`) or give this configuration another `dispatcher.instance`")]
+    Held { instance: String, pid: String },
+    #[error("{path}: {source}")]
+    Io { path: String, source: std::io::Error },
+}
+
+/// Takes the lock of `instance` for this process.
+pub fn acquire(instance: &str) -> Result<InstanceLock, LockError> {
+    let path = lock_path(instance);
+    let io = |source: std::io::Error| LockError::Io { path: path.display().to_string(), source };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
+    let file =
+        std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).map_err(io)?;
+    let mut lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(l) => l,
+        Err((mut f, Errno::EWOULDBLOCK)) => {
+            return Err(LockError::Held { instance: instance.to_string(), pid: read_pid(&mut f) })
+        }
+        Err((_, e)) => return Err(io(e.into())),
+    };
+    lock.set_len(0).map_err(io)?;
+    lock.rewind().map_err(io)?;
+    writeln!(lock, "{}", std::process::id()).map_err(io)?;
+    Ok(InstanceLock { path, _lock: lock })
+}
+
+/// The pid of the agent that holds `instance`, if one does.
+pub fn holder(instance: &str) -> Option<String> {
+    let file = File::open(lock_path(instance)).ok()?;
+    match Flock::lock(file, FlockArg::LockSharedNonblock) {
+        Ok(_) => None,
+        Err((mut f, Errno::EWOULDBLOCK)) => Some(read_pid(&mut f)),
+        Err(_) => None,
+    }
+}
+
+fn read_pid(f: &mut File) -> String {
+    let mut s = String::new();
+    let _ = f.read_to_string(&mut s);
+    match s.trim() {
+        "" => "unknown".into(),
+        pid => pid.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_holder_at_a_time() {
+        let name = format!("unit-test-{}", std::process::id());
+        assert_eq!(holder(&name), None);
+        let lock = acquire(&name).unwrap();
+        assert_eq!(holder(&name), Some(std::process::id().to_string()));
+        // flock locks belong to the open file: a second open in this process conflicts too.
+        assert!(matches!(acquire(&name), Err(LockError::Held { .. })));
+        drop(lock);
+        assert!(!lock_path(&name).exists(), "removed on release");
+        assert_eq!(holder(&name), None);
+    }
+}

@@ -1,0 +1,118 @@
+//! The agent as a process: one per instance, and a command line that tells apart an agent
+//! that is not running from one it cannot reach, and never writes the maps behind one.
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    net::{SocketAddr, TcpStream},
+    os::unix::net::UnixStream,
+    time::Duration,
+};
+
+use dispatcher_tests::netns::{dispatcher_bin, Testbed};
+
+const VIP: &str = "10.99.100.1";
+
+/// Two backends behind an L4 VIP on port 80, the agent started; returns the config path.
+fn l4_bed() -> (Testbed, String) {
+    let mut tb = Testbed::new(2, &[VIP]);
+    let text = format!(
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\nxdp_mode = \"native\"\n\n{}\n[[vip]]\nname = \"web\"\naddress = \"{VIP}\"\nport = 80\nring_size = 1009\n",
+        tb.instance(),
+        tb.backend_config(&[])
+    );
+    let path = tb.write_config(&text);
+    tb.start_servers(&[80], &[]);
+    tb.start_dispatcher(&path);
+    (tb, path.to_str().unwrap().to_string())
+}
+
+/// A TCP connection through the VIP; each line sent is answered with the backend's name.
+struct Conn(BufReader<TcpStream>, TcpStream);
+
+impl Conn {
+    fn open(tb: &Testbed) -> Conn {
+        let addr: SocketAddr = format!("{VIP}:80").parse().unwrap();
+        let s = tb.client.run(move || TcpStream::connect_timeout(&addr, Duration::from_secs(3))).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        Conn(BufReader::new(s.try_clone().unwrap()), s)
+    }
+
+    fn ask(&mut self) -> String {
+        self.1.write_all(b"who\n").unwrap();
+        let mut line = String::new();
+        self.0.read_line(&mut line).expect("an answer through the VIP");
+        line.trim().to_string()
+    }
+}
+
+/// Runs the CLI, which is expected to fail: (exit code, stdout + stderr).
+fn cli_fails(tb: &Testbed, args: &[&str]) -> (Option<i32>, String) {
+    let out = tb.lb.command(dispatcher_bin()).args(args).output().unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
+}
+
+fn agent_pid(tb: &Testbed, cfg: &str) -> serde_json::Value {
+    let st: serde_json::Value =
+        serde_json::from_str(&tb.dispatcher_cmd(&["status", "--config", cfg, "--json"])).unwrap();
+    st["agent"]["pid"].clone()
+}
+
+#[test]
+fn a_second_agent_for_the_instance_is_refused() {
+    let (tb, cfg) = l4_bed();
+    let first = tb.pid_of("dispatcher").unwrap();
+    let mut conns: Vec<(Conn, String)> = (0..4)
+        .map(|_| {
+            let mut c = Conn::open(&tb);
+            let b = c.ask();
+            (c, b)
+        })
+        .collect();
+    let (code, out) = cli_fails(&tb, &["run", "--config", &cfg]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains(&format!("another agent (pid {first}) runs instance")), "{out}");
+    // The first one is untouched: same agent answering, same program, flows going on.
+    assert_eq!(agent_pid(&tb, &cfg), first);
+    assert!(tb.pin_dir().join("link").exists() && tb.lb.ip(&["link", "show", "eth0"]).contains("xdp"));
+    for (c, b) in &mut conns {
+        assert_eq!(&c.ask(), b);
+    }
+}
+
+#[test]
+fn the_cli_tells_why_the_agent_does_not_answer_and_never_writes_behind_it() {
+    let (mut tb, cfg) = l4_bed();
+    let pid = tb.pid_of("dispatcher").unwrap();
+    let sock = format!("/run/dispatcher/{}.sock", tb.instance());
+
+    // Busy: every socket slot taken by idle connections.
+    let idle: Vec<UnixStream> = (0..32).map(|_| UnixStream::connect(&sock).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let table = tb.dispatcher_cmd(&["status", "--config", &cfg]);
+    assert!(table.contains("busy") && !table.contains("NOT running"), "{table}");
+    let (code, out) = cli_fails(&tb, &["drain", "--config", &cfg, "b0"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("busy") && out.contains("nothing changed"), "{out}");
+    drop(idle);
+
+    // The socket gone under a running agent: not "not running", and nothing written.
+    std::fs::remove_file(&sock).unwrap();
+    let table = tb.dispatcher_cmd(&["status", "--config", &cfg]);
+    assert!(table.contains(&format!("an agent (pid {pid}) holds instance")), "{table}");
+    let (code, out) = cli_fails(&tb, &["drain", "--config", &cfg, "b0"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("nothing changed"), "{out}");
+    let st: serde_json::Value =
+        serde_json::from_str(&tb.dispatcher_cmd(&["status", "--config", &cfg, "--json"])).unwrap();
+    assert_eq!(st["backends"][0]["state"], "up", "the maps were not written: {st}");
+    let (code, out) = cli_fails(&tb, &["stop", "--config", &cfg, "--detach"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(tb.pin_dir().join("link").exists(), "the data plane was not removed behind the agent");
+
+    // Killed: the lock goes with the process; now the maps are the place to write.
+    tb.kill_hard("dispatcher");
+    let table = tb.dispatcher_cmd(&["status", "--config", &cfg]);
+    assert!(table.contains("agent NOT running"), "{table}");
+    let out = tb.dispatcher_cmd(&["drain", "--config", &cfg, "b0"]);
+    assert!(out.contains("writing the pinned maps directly") && out.contains("b0: up -> drain"), "{out}");
+}
