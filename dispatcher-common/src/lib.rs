@@ -249,9 +249,15 @@ pub mod stats {
     pub const DROP_NO_BACKEND: u32 = 9;
     pub const DROP_ENCAP_FAILED: u32 = 10;
     pub const DROP_BAD_VERSION: u32 = 11;
+    /// The IP length disagrees with the frame or is shorter than the headers.
+    pub const DROP_BAD_LENGTH: u32 = 12;
+    /// A broadcast or multicast destination MAC on VIP traffic.
+    pub const DROP_GROUP_MAC: u32 = 13;
+    /// A source address no client can have (loopback, "this network", multicast, ...).
+    pub const DROP_MARTIAN: u32 = 14;
     pub const GLOBAL_SLOTS: u32 = 16;
 
-    pub const GLOBAL_NAMES: [&str; 12] = [
+    pub const GLOBAL_NAMES: [&str; 15] = [
         "pass_non_vip",
         "pass_non_ip",
         "pass_http",
@@ -264,6 +270,9 @@ pub mod stats {
         "drop_no_backend",
         "drop_encap_failed",
         "drop_bad_version",
+        "drop_bad_length",
+        "drop_group_mac",
+        "drop_martian",
     ];
 
     /// Per VIP: forwarded packets/bytes, new flows, flow-table hits, affinity hits, drops.

@@ -28,8 +28,9 @@ pub struct L3 {
     pub family: u8,
     pub proto: u8,
     pub l4_off: usize,
-    /// Length of the IP packet as its header states (header included).
-    pub ip_len: u16,
+    /// Length of the IP packet as its header states (header included; u32: an IPv6
+    /// payload length plus its header may pass 65535).
+    pub ip_len: u32,
     pub src: [u32; 4],
     pub dst: [u32; 4],
 }
@@ -46,22 +47,56 @@ fn drop(slot: u32, len: u64) -> Result<u32, ()> {
     Ok(DROP)
 }
 
-/// Does any VIP live on this address for this protocol? Used only for packets whose ports
-/// cannot be read, to decide between "malformed VIP traffic" (drop) and "not ours" (pass).
+/// The VIP id the address marker of this address and protocol names, if VIPs live there.
+/// Used only for packets whose ports cannot be read, to decide between "malformed VIP
+/// traffic" (drop, counted on that VIP) and "not ours" (pass).
+#[inline(always)]
+fn vip_of_addr(family: u8, addr: &[u32; 4], proto: u8) -> Option<u32> {
+    let key = VipKey { addr: *addr, port: 0, proto, family };
+    unsafe { VIPS.get(&key) }.map(|v| v.id)
+}
+
 #[inline(always)]
 fn is_vip_addr(family: u8, addr: &[u32; 4], proto: u8) -> bool {
-    let key = VipKey { addr: *addr, port: 0, proto, family };
-    unsafe { VIPS.get(&key) }.is_some()
+    vip_of_addr(family, addr, proto).is_some()
+}
+
+/// A malformed packet to a VIP: dropped, counted by reason and on the VIP.
+#[inline(always)]
+fn drop_vip(vip: u32, slot: u32, len: u64) -> Result<u32, ()> {
+    count(vip_slot(vip, stats::VIP_DROPS), len);
+    drop(slot, len)
+}
+
+/// A source address no client can have: IPv4 0/8, 127/8, 224/4 (multicast) and 240/4
+/// (reserved, broadcast); IPv6 ::, ::1 and ff00::/8 (multicast).
+#[inline(always)]
+fn martian(family: u8, src: &[u32; 4]) -> bool {
+    let first = src[0].to_ne_bytes()[0];
+    if family == AF_INET {
+        return first == 0 || first == 127 || first >= 224;
+    }
+    if first == 0xff {
+        return true;
+    }
+    src[0] == 0 && src[1] == 0 && src[2] == 0 && (src[3] == 0 || src[3] == u32::from_ne_bytes([0, 0, 0, 1]))
+}
+
+/// IPv6 extension headers (RFC 8200 4, and those IANA lists since): a VIP's TCP or UDP
+/// behind one cannot be read here. ICMPv6 and anything else is simply not VIP traffic.
+#[inline(always)]
+fn ipv6_extension(next: u8) -> bool {
+    matches!(next, 0 | 43 | 44 | 50 | 51 | 60 | 135 | 139 | 140 | 253 | 254)
 }
 
 /// An IPv4 header with a bad version or IHL, options, or fragment bits: a defined,
 /// counted verdict; nothing but VIP traffic is ever dropped.
 #[inline(always)]
 fn unusual_ipv4(ver_ihl: u8, proto: u8, dst: &[u32; 4], len: u64) -> u32 {
-    if !is_vip_addr(AF_INET, dst, proto) {
+    let Some(vip) = vip_of_addr(AF_INET, dst, proto) else {
         count(stats::PASS_NON_VIP, len);
         return PASS;
-    }
+    };
     let ihl = ver_ihl & 0x0f;
     let (slot, verdict) = if ver_ihl >> 4 != 4 {
         (stats::DROP_BAD_VERSION, DROP)
@@ -73,6 +108,9 @@ fn unusual_ipv4(ver_ihl: u8, proto: u8, dst: &[u32; 4], len: u64) -> u32 {
         // More-fragments flag or a fragment offset: later fragments carry no ports.
         (stats::PASS_FRAGMENT, PASS)
     };
+    if verdict == DROP {
+        count(vip_slot(vip, stats::VIP_DROPS), len);
+    }
     count(slot, len);
     verdict
 }
@@ -98,7 +136,7 @@ pub fn try_dispatch(ctx: &XdpContext) -> Result<u32, ()> {
                 family: AF_INET,
                 proto: ip.proto,
                 l4_off: l2.l3_off + IPV4_HLEN,
-                ip_len: be16(ip.tot_len),
+                ip_len: be16(ip.tot_len) as u32,
                 src: [read_word(&ip.src), 0, 0, 0],
                 dst,
             }
@@ -110,14 +148,17 @@ pub fn try_dispatch(ctx: &XdpContext) -> Result<u32, ()> {
             let ip = unsafe { &*ip };
             let dst = addr_words(&ip.dst);
             if ip.next_hdr != IPPROTO_TCP && ip.next_hdr != IPPROTO_UDP {
-                let ours = is_vip_addr(AF_INET6, &dst, IPPROTO_TCP) || is_vip_addr(AF_INET6, &dst, IPPROTO_UDP);
+                let ours = ipv6_extension(ip.next_hdr)
+                    && (is_vip_addr(AF_INET6, &dst, IPPROTO_TCP) || is_vip_addr(AF_INET6, &dst, IPPROTO_UDP));
                 return pass(if ours { stats::PASS_IPV6_EXT } else { stats::PASS_NON_VIP }, len);
             }
             if ip.ver_tc_flow[0] >> 4 != 6 {
-                let ours = is_vip_addr(AF_INET6, &dst, ip.next_hdr);
-                return if ours { drop(stats::DROP_BAD_VERSION, len) } else { pass(stats::PASS_NON_VIP, len) };
+                return match vip_of_addr(AF_INET6, &dst, ip.next_hdr) {
+                    Some(vip) => drop_vip(vip, stats::DROP_BAD_VERSION, len),
+                    None => pass(stats::PASS_NON_VIP, len),
+                };
             }
-            let ip_len = be16(ip.payload_len).wrapping_add(IPV6_HLEN as u16);
+            let ip_len = be16(ip.payload_len) as u32 + IPV6_HLEN as u32;
             L3 {
                 family: AF_INET6,
                 proto: ip.next_hdr,
@@ -136,10 +177,9 @@ pub fn try_dispatch(ctx: &XdpContext) -> Result<u32, ()> {
     // Transport header: ports, and for TCP a sane data offset.
     let l4_len = if l3.proto == IPPROTO_TCP { TCP_HLEN } else { UDP_HLEN };
     if ctx.data() + l3.l4_off + l4_len > ctx.data_end() {
-        return if is_vip_addr(l3.family, &l3.dst, l3.proto) {
-            drop(stats::DROP_TRUNCATED, len)
-        } else {
-            pass(stats::PASS_NON_VIP, len)
+        return match vip_of_addr(l3.family, &l3.dst, l3.proto) {
+            Some(vip) => drop_vip(vip, stats::DROP_TRUNCATED, len),
+            None => pass(stats::PASS_NON_VIP, len),
         };
     }
     let ports = unsafe { &*ptr_at::<Ports>(ctx, l3.l4_off)? };
@@ -161,13 +201,26 @@ pub fn try_dispatch(ctx: &XdpContext) -> Result<u32, ()> {
     if vip.mode == MODE_ADDR_MARKER {
         return pass(stats::PASS_NON_VIP, len);
     }
+    // VIP traffic only from here: what no sane sender sends is dropped and counted.
+    // The IP length must cover the headers and fit in the frame (a longer frame is link
+    // padding); it is what an IPIP outer header is computed from.
+    let in_frame = (ctx.data_end() - ctx.data() - l2.l3_off) as u32;
+    let headers = (l3.l4_off - l2.l3_off + l4_len) as u32;
+    if l3.ip_len < headers || l3.ip_len > in_frame {
+        return drop_vip(vip.id, stats::DROP_BAD_LENGTH, len);
+    }
+    if l2.group_dst {
+        return drop_vip(vip.id, stats::DROP_GROUP_MAC, len);
+    }
+    if martian(l3.family, &l3.src) {
+        return drop_vip(vip.id, stats::DROP_MARTIAN, len);
+    }
     let mut syn = false;
     if l3.proto == IPPROTO_TCP {
         // Data offset is the high nibble of byte 12; the flags are byte 13.
         let [doff, flags] = unsafe { *ptr_at::<[u8; 2]>(ctx, l3.l4_off + 12)? };
         if doff >> 4 < 5 {
-            count(vip_slot(vip.id, stats::VIP_DROPS), len);
-            return drop(stats::DROP_BAD_TCP_DOFF, len);
+            return drop_vip(vip.id, stats::DROP_BAD_TCP_DOFF, len);
         }
         syn = flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
     }

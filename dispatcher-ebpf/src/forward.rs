@@ -76,13 +76,17 @@ fn push_outer(ctx: &XdpContext, l2: &L2, outer: usize, ethertype: u16, b: &Backe
 
 #[inline(always)]
 fn encap_ipv4(ctx: &XdpContext, l2: &L2, l3: &L3, vip: &VipInfo, b: &BackendInfo) -> Result<(), ()> {
+    if l3.ip_len + IPV4_HLEN as u32 > u16::MAX as u32 {
+        return Err(());
+    }
     let tos = unsafe { (*ptr_at::<Ipv4Hdr>(ctx, l2.l3_off)?).tos };
     push_outer(ctx, l2, IPV4_HLEN, ETH_P_IP, b)?;
     let off = if l2.l3_off == ETH_HLEN { ETH_HLEN } else { ETH_HLEN + VLAN_HLEN };
     let outer = unsafe { &mut *ptr_at::<Ipv4Hdr>(ctx, off)? };
     outer.ver_ihl = 0x45;
     outer.tos = tos;
-    outer.tot_len = l3.ip_len.wrapping_add(IPV4_HLEN as u16).to_be_bytes();
+    // The inner length fits its frame (checked before), so this does not wrap.
+    outer.tot_len = ((l3.ip_len + IPV4_HLEN as u32) as u16).to_be_bytes();
     outer.id = [0, 0];
     outer.frag_off = [0, 0];
     outer.ttl = OUTER_TTL;
@@ -96,7 +100,7 @@ fn encap_ipv4(ctx: &XdpContext, l2: &L2, l3: &L3, vip: &VipInfo, b: &BackendInfo
 
 #[inline(always)]
 fn encap_ipv6(ctx: &XdpContext, l2: &L2, l3: &L3, vip: &VipInfo, b: &BackendInfo) -> Result<(), ()> {
-    if b.addr6 == [0u32; 4] {
+    if b.addr6 == [0u32; 4] || l3.ip_len > u16::MAX as u32 {
         return Err(());
     }
     let first = read_word(unsafe { &(*ptr_at::<Ipv6Hdr>(ctx, l2.l3_off)?).ver_tc_flow });
@@ -104,7 +108,7 @@ fn encap_ipv6(ctx: &XdpContext, l2: &L2, l3: &L3, vip: &VipInfo, b: &BackendInfo
     let off = if l2.l3_off == ETH_HLEN { ETH_HLEN } else { ETH_HLEN + VLAN_HLEN };
     let outer = unsafe { &mut *ptr_at::<Ipv6Hdr>(ctx, off)? };
     write_word(&mut outer.ver_tc_flow, first);
-    outer.payload_len = l3.ip_len.to_be_bytes();
+    outer.payload_len = (l3.ip_len as u16).to_be_bytes();
     outer.next_hdr = IPPROTO_IPV6;
     outer.hop_limit = OUTER_TTL;
     write_addr6(&mut outer.src, &vip.encap_src);

@@ -121,6 +121,8 @@ pub fn be16(b: [u8; 2]) -> u16 {
 pub struct L2 {
     pub l3_off: usize,
     pub ethertype: u16,
+    /// The destination MAC is a group address (broadcast or multicast).
+    pub group_dst: bool,
 }
 
 /// Ethernet plus at most one 802.1Q tag. `None`: frame shorter than its link header.
@@ -128,9 +130,11 @@ pub struct L2 {
 pub fn parse_l2(ctx: &XdpContext) -> Option<L2> {
     let eth: *const EthHdr = ptr_at(ctx, 0).ok()?;
     let ethertype = be16(unsafe { (*eth).proto });
+    // The I/G bit: the lowest bit of the first byte.
+    let group_dst = unsafe { (*eth).dst[0] } & 1 != 0;
     if ethertype != ETH_P_8021Q {
-        return Some(L2 { l3_off: ETH_HLEN, ethertype });
+        return Some(L2 { l3_off: ETH_HLEN, ethertype, group_dst });
     }
     let vlan: *const VlanHdr = ptr_at(ctx, ETH_HLEN).ok()?;
-    Some(L2 { l3_off: ETH_HLEN + VLAN_HLEN, ethertype: be16(unsafe { (*vlan).proto }) })
+    Some(L2 { l3_off: ETH_HLEN + VLAN_HLEN, ethertype: be16(unsafe { (*vlan).proto }), group_dst })
 }

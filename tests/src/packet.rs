@@ -28,6 +28,8 @@ pub struct Packet {
     pub payload: Vec<u8>,
     /// Cut the frame to this many bytes after building.
     pub truncate: Option<usize>,
+    /// Overrides the IPv4 total length (checksum fixed) or the IPv6 payload length.
+    pub ip_len: Option<u16>,
 }
 
 pub const TCP_SYN: u8 = 0x02;
@@ -53,6 +55,7 @@ impl Packet {
             tcp_flags: TCP_SYN,
             payload: Vec::new(),
             truncate: None,
+            ip_len: None,
         }
     }
 
@@ -101,6 +104,9 @@ impl Packet {
                 let hlen = self.ihl as usize * 4;
                 let mut h = ipv4_header(s, d, self.proto, self.tos, (hlen.max(20) + l4.len()) as u16, self.frag_off);
                 h[0] = (self.ip_version.unwrap_or(4) << 4) | self.ihl;
+                if let Some(n) = self.ip_len {
+                    h[2..4].copy_from_slice(&n.to_be_bytes());
+                }
                 h.extend(std::iter::repeat_n(0u8, hlen.saturating_sub(20)));
                 h[10..12].copy_from_slice(&[0, 0]);
                 let c = csum(&h);
@@ -112,6 +118,9 @@ impl Packet {
                 let mut h = ipv6_header(s, d, self.proto, l4.len() as u16);
                 if let Some(v) = self.ip_version {
                     h[0] = (v << 4) | (h[0] & 0x0f);
+                }
+                if let Some(n) = self.ip_len {
+                    h[4..6].copy_from_slice(&n.to_be_bytes());
                 }
                 h.extend_from_slice(&l4);
                 h

@@ -407,16 +407,63 @@ fn malformed_vip_traffic_gets_a_defined_counted_verdict() {
             stats::PASS_IPV6_EXT,
         ),
         ("truncated IPv4 header", vip().with(|p| p.truncate = Some(14 + 12)), XDP_PASS, stats::PASS_NON_VIP),
+        ("IPv4 total length 0", vip().with(|p| p.ip_len = Some(0)), XDP_DROP, stats::DROP_BAD_LENGTH),
+        ("IPv4 total length 20 (no TCP header)", vip().with(|p| p.ip_len = Some(20)), XDP_DROP, stats::DROP_BAD_LENGTH),
+        ("IPv4 total length 65535", vip().with(|p| p.ip_len = Some(65535)), XDP_DROP, stats::DROP_BAD_LENGTH),
+        (
+            "IPv6 payload length beyond the frame",
+            Packet::udp("fd00::2", 1, "fd00::100", 53).with(|p| p.ip_len = Some(65535)),
+            XDP_DROP,
+            stats::DROP_BAD_LENGTH,
+        ),
+        ("broadcast destination MAC", vip().with(|p| p.eth_dst = [0xff; 6]), XDP_DROP, stats::DROP_GROUP_MAC),
+        (
+            "multicast destination MAC",
+            vip().with(|p| p.eth_dst = [0x01, 0x00, 0x5e, 0, 0, 1]),
+            XDP_DROP,
+            stats::DROP_GROUP_MAC,
+        ),
+        ("source 127.0.0.1", Packet::tcp("127.0.0.1", 1, "10.0.100.1", 80), XDP_DROP, stats::DROP_MARTIAN),
+        ("source 0.0.0.5", Packet::tcp("0.0.0.5", 1, "10.0.100.1", 80), XDP_DROP, stats::DROP_MARTIAN),
+        ("source 224.0.0.1", Packet::tcp("224.0.0.1", 1, "10.0.100.1", 80), XDP_DROP, stats::DROP_MARTIAN),
+        ("source 255.255.255.255", Packet::tcp("255.255.255.255", 1, "10.0.100.1", 80), XDP_DROP, stats::DROP_MARTIAN),
+        ("source ::1", Packet::udp("::1", 1, "fd00::100", 53), XDP_DROP, stats::DROP_MARTIAN),
+        ("source ff02::1", Packet::udp("ff02::1", 1, "fd00::100", 53), XDP_DROP, stats::DROP_MARTIAN),
+        (
+            "ICMPv6 to a VIP address is not an extension header",
+            Packet::udp("fd00::2", 1, "fd00::100", 53).with(|p| p.proto = 58),
+            XDP_PASS,
+            stats::PASS_NON_VIP,
+        ),
     ];
     let mut fx = fixture();
     for (what, p, verdict, slot) in cases {
-        let before = snapshot(&fx, &[slot]);
+        // The VIP the packet is for (its address marker's for packets whose ports are
+        // unreadable): every malformed drop counts on it too.
+        let vip_id = if p.dst.is_ipv4() { MAC4 } else { MAC6 } as u32;
+        let before = snapshot(&fx, &[slot, vip_slot(vip_id, stats::VIP_DROPS)]);
         let input = p.build();
         let o = fx.run_bytes(&input);
         assert_eq!(o.verdict, verdict, "{what}");
         assert_eq!(o.out, input, "{what}: never rewritten");
-        assert_eq!(deltas(&fx, &before), [1], "{what}: counted");
+        let vip_drops = u64::from(verdict == XDP_DROP);
+        assert_eq!(deltas(&fx, &before), [1, vip_drops], "{what}: counted, and on the VIP when dropped");
         assert!(fx.flow(&p).is_none(), "{what}: never pinned");
+    }
+}
+
+/// Legitimate traffic is not caught by the checks: Ethernet padding after a short IP
+/// packet, and a source that merely looks unusual.
+#[test]
+fn padded_frames_and_ordinary_sources_are_forwarded() {
+    let mut fx = fixture();
+    let mut input = Packet::tcp("10.0.0.2", 40100, "10.0.100.1", 80).build();
+    input.extend_from_slice(&[0u8; 6]); // a 54-byte frame padded to the 60-byte minimum
+    let o = fx.run_bytes(&input);
+    assert_eq!(o.verdict, XDP_TX, "padding beyond the IP length is fine");
+    for src in ["10.0.0.2", "192.0.2.9", "126.255.255.255", "223.255.255.254"] {
+        let o = fx.run(&Packet::tcp(src, 40101, "10.0.100.1", 80));
+        assert_eq!(o.verdict, XDP_TX, "{src}");
     }
 }
 
