@@ -518,6 +518,50 @@ impl Config {
         Ok(Config { backends, vips, partitions, ..new })
     }
 
+    /// `self` re-indexed so that the backends and VIPs named in `backends` and `vips` (by
+    /// id) keep those ids: the placement a restart that adopts pinned maps must use.
+    /// Names no longer configured keep their slots as retired placeholders.
+    pub fn placed_by_names(self, backends: &[String], vips: &[String]) -> Result<Config, String> {
+        let skeleton = Config {
+            backends: backends
+                .iter()
+                .map(|name| Backend {
+                    name: name.clone(),
+                    address: Ipv4Addr::UNSPECIFIED,
+                    address6: None,
+                    mac: None,
+                    weight: 1,
+                    replica: None,
+                    clone_ids: Vec::new(),
+                    retired: false,
+                })
+                .collect(),
+            vips: vips
+                .iter()
+                .map(|name| Vip {
+                    name: name.clone(),
+                    address: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                    port: 0,
+                    protocol: Protocol::Tcp,
+                    mode: VipMode::L4,
+                    forwarding: Forwarding::Mac,
+                    encap_source: None,
+                    backends: Vec::new(),
+                    ring_size: dispatcher_common::DEFAULT_RING_SIZE,
+                    sticky_time: None,
+                    port_group: 0,
+                    balance: Balance::RoundRobin,
+                    backend_port: 0,
+                    max_connections: None,
+                    retired: false,
+                })
+                .collect(),
+            partitions: Vec::new(),
+            ..self.clone()
+        };
+        skeleton.merged_for_reload(self)
+    }
+
     /// The bpffs directory this instance pins its maps, program and link under.
     pub fn pin_dir(&self) -> PathBuf {
         self.bpffs.join("dispatcher").join(&self.instance)
@@ -1272,5 +1316,23 @@ port_group = "g"
     fn primes() {
         assert!(is_prime(65537) && is_prime(251) && is_prime(2));
         assert!(!is_prime(65536) && !is_prime(1) && !is_prime(0) && !is_prime(9));
+    }
+
+    /// Ids by name: a backend keeps the id the pinned maps know it by whatever its place
+    /// in the file; one that is gone keeps its slot, retired; a new one gets a new slot;
+    /// replicas and VIP members follow.
+    #[test]
+    fn placement_by_names() {
+        let c = Config::parse(GOOD, "x.toml").unwrap();
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let placed = c.clone().placed_by_names(&names(&["gone", "b", "a"]), &names(&["tls", "web"])).unwrap();
+        let got: Vec<(&str, bool)> = placed.backends.iter().map(|b| (b.name.as_str(), b.retired)).collect();
+        assert_eq!(got, [("gone", true), ("b", false), ("a", false)]);
+        assert_eq!(placed.backends[2].replica, Some(1), "a's replica b, at b's id");
+        assert_eq!(placed.vips[0].name, "tls");
+        assert_eq!(placed.vips[1].name, "web");
+        assert_eq!(placed.vips[1].backends, vec![2, 1], "members by their placed ids");
+        let fresh = c.clone().placed_by_names(&names(&["a"]), &[]).unwrap();
+        assert_eq!(fresh.backends.iter().map(|b| b.name.as_str()).collect::<Vec<_>>(), ["a", "b"]);
     }
 }

@@ -177,7 +177,8 @@ pub fn cleanup_stale() {
     if let Ok(entries) = std::fs::read_dir("/run/dispatcher") {
         for e in entries.flatten() {
             let file = e.file_name().to_string_lossy().into_owned();
-            let name = file.trim_end_matches(".sock").trim_end_matches(".lock").to_string();
+            let name =
+                file.trim_end_matches(".sock").trim_end_matches(".lock").trim_end_matches(".ids.json").to_string();
             if owner_dead(&name) {
                 let _ = std::fs::remove_file(e.path());
             }
@@ -567,6 +568,7 @@ impl Drop for Testbed {
         // An agent killed hard leaves its admin socket and its (unlocked) lock file behind.
         let _ = std::fs::remove_file(format!("/run/dispatcher/{}.sock", self.prefix));
         let _ = std::fs::remove_file(dispatcher::instance::lock_path(&self.prefix));
+        dispatcher::dataplane::ids::remove(&self.prefix);
         let _ = std::fs::remove_dir_all(&self.workdir);
     }
 }

@@ -116,3 +116,69 @@ fn the_cli_tells_why_the_agent_does_not_answer_and_never_writes_behind_it() {
     let out = tb.dispatcher_cmd(&["drain", "--config", &cfg, "b0"]);
     assert!(out.contains("writing the pinned maps directly") && out.contains("b0: up -> drain"), "{out}");
 }
+
+/// A restart adopts the pinned maps by name: with the backend blocks of the file
+/// reordered while the agent was stopped, long-lived L4 connections keep their backend,
+/// an operator's drain stays on the backend it was given to, and a learned clone ID is
+/// still served by the clone that issued it.
+#[test]
+fn a_restart_matches_backends_by_name_not_position() {
+    const APP: &str = "10.99.100.9";
+    let mut tb = Testbed::new(4, &[VIP, APP]);
+    tb.add_local_vip(APP);
+    let clones = dispatcher_tests::websphere::Cluster::new(4);
+    tb.start_websphere(&clones, 9080);
+    tb.start_servers(&[80], &[]);
+    let vips = format!(
+        "[[vip]]\nname = \"web\"\naddress = \"{VIP}\"\nport = 80\nring_size = 1009\n\n[[vip]]\nname = \"app\"\naddress = \"{APP}\"\nport = 80\nmode = \"http\"\nbackend_port = 9080\nring_size = 1009\n"
+    );
+    let head = format!(
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\nxdp_mode = \"native\"\n\n[health]\npath = \"/health\"\ninterval = \"200ms\"\n\n",
+        tb.instance()
+    );
+    let blocks = tb.backend_config(&[]);
+    let path = tb.write_config(&format!("{head}{blocks}\n{vips}"));
+    let cfg = path.to_str().unwrap().to_string();
+    tb.start_dispatcher(&path);
+
+    let mut conns: Vec<(Conn, String)> = (0..8)
+        .map(|_| {
+            let mut c = Conn::open(&tb);
+            let b = c.ask();
+            (c, b)
+        })
+        .collect();
+    let app: SocketAddr = format!("{APP}:80").parse().unwrap();
+    let mut session = dispatcher_tests::websphere::Client::new(&tb.client, app);
+    let first = session.get("/app/restart").unwrap();
+    let clone = first.field("clone").unwrap().to_string();
+    let out = tb.dispatcher_cmd(&["drain", "--config", &cfg, "b1"]);
+    assert!(out.contains("b1: up -> drain"), "{out}");
+    tb.dispatcher_cmd(&["stop", "--config", &cfg]);
+
+    // The same backends, their blocks in another order.
+    let mut parts: Vec<&str> = blocks.split("[[backend]]").filter(|p| !p.trim().is_empty()).collect();
+    parts.reverse();
+    let reordered: String = parts.iter().map(|p| format!("[[backend]]{p}")).collect();
+    std::fs::write(&path, format!("{head}{reordered}\n{vips}")).unwrap();
+    tb.start_dispatcher(&path);
+
+    for (c, b) in &mut conns {
+        assert_eq!(&c.ask(), b, "a long-lived connection keeps its backend across the restart");
+    }
+    let st: serde_json::Value =
+        serde_json::from_str(&tb.dispatcher_cmd(&["status", "--config", &cfg, "--json"])).unwrap();
+    for b in st["agent"]["backends"].as_array().unwrap() {
+        let want = if b["name"] == "b1" { "drain" } else { "none" };
+        assert_eq!(b["admin"], want, "the drain stays with b1: {st}");
+    }
+    for b in st["backends"].as_array().unwrap() {
+        let want = if b["name"] == "b1" { "drain" } else { "-" };
+        assert_eq!(b["operator"], want, "the maps, read by name: {st}");
+    }
+    session.reconnect();
+    let again = session.get("/app/restart").unwrap();
+    assert_eq!(again.field("clone"), Some(clone.as_str()), "the learned clone ID still reaches its clone");
+    assert_eq!(again.field("count"), Some("2"), "with its session data");
+    assert_eq!(st["agent"]["counters"]["misroutes"], 0);
+}

@@ -77,6 +77,7 @@ pub fn stop(path: &Path, detach: bool) -> anyhow::Result<ExitCode> {
             // The agent removed them; with no agent, this does (the link's pin going
             // detaches the program).
             dataplane::unpin_all(&dir)?;
+            dataplane::ids::remove(&cfg.instance);
             println!("data plane removed: program detached, maps unpinned under {}", dir.display());
         }
         (true, false) => println!(

@@ -18,7 +18,8 @@ pub enum Action {
 }
 
 pub fn control(path: &Path, backend: &str, action: Action) -> anyhow::Result<ExitCode> {
-    let cfg = Config::load(path)?;
+    // Ids as the pinned maps know them (by name), not file positions.
+    let cfg = dispatcher::dataplane::ids::placed(Config::load(path)?).map_err(|e| anyhow::anyhow!(e))?;
     let verb = match action {
         Action::Drain => "drain",
         Action::Disable => "disable",

@@ -20,7 +20,7 @@ use dispatcher::{
 };
 
 pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<ExitCode> {
-    let cfg = Config::load(path)?;
+    let mut cfg = Config::load(path)?;
     super::init_logging(&cfg.log_level);
     // Before anything is touched: a second agent for the instance would swap the program,
     // rebind the admin socket and share the HTTP ports.
@@ -36,6 +36,13 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<ExitCode> {
     .with_context(|| format!("loading the data plane pinned under {}", pin_dir.display()))?;
     let mut tables = Tables::from_ebpf(&mut ebpf)?;
     if adopted {
+        // Every backend and VIP at the id the pinned maps know it by (its name), not at
+        // its position in a file that may have changed since.
+        if dataplane::ids::load(&cfg).is_some() {
+            cfg = dataplane::ids::placed(cfg).map_err(|e| anyhow::anyhow!("adopting the pinned maps: {e}"))?;
+        } else {
+            tracing::warn!("no id table for the pinned maps (left by an older agent?): backends and VIPs keep the ids of their positions");
+        }
         for (i, v) in cfg.vips.iter().enumerate() {
             tables.adopt_ring(i as u32, v.ring_size)?;
         }
@@ -52,8 +59,24 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<ExitCode> {
             }
         }
     }
+    // A backend removed from the file keeps its slot, out of service (its flows and
+    // sessions go to its replica, as after a reload).
+    for (i, b) in cfg.backends.iter().enumerate() {
+        if b.retired {
+            admin[i] = dispatcher_common::STATE_DISABLED;
+        }
+    }
     let states: Vec<u8> = (0..n).map(|i| effective_state(admin[i], health[i])).collect();
     tables.apply(&cfg, &states, &admin).context("writing the configuration into the maps")?;
+    if adopted {
+        let stale = tables.remove_stale_vips(&cfg);
+        if stale > 0 {
+            tracing::info!(entries = stale, "removed VIPS entries of VIPs no longer configured");
+        }
+    }
+    if let Err(e) = dataplane::ids::save(&cfg) {
+        tracing::warn!(error = %e, "recording the id table");
+    }
 
     // The program too, so that bpftool and a later agent can find it by path.
     let prog_path = pin_dir.join("prog");
@@ -145,6 +168,7 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<ExitCode> {
         drop(admin);
         drop(tables);
         dataplane::unpin_all(&pin_dir)?;
+        dataplane::ids::remove(&cfg.instance);
         tracing::info!(signal = why, "detached and unpinned");
     }
     Ok(ExitCode::SUCCESS)
@@ -214,6 +238,9 @@ impl Running {
         let merged = Arc::new(merged);
         let next = Running::start(merged.clone(), cluster.clone(), tables, rt).map_err(|e| format!("{e:#}"))?;
         tables.lock().unwrap().apply(&merged, &states, &admin).map_err(|e| format!("writing the maps: {e}"))?;
+        if let Err(e) = dispatcher::dataplane::ids::save(&merged) {
+            tracing::warn!(error = %e, "recording the id table");
+        }
         cluster.adopt_map(&self.cluster);
         let mut summary = format!(
             "{} backends ({} retired), {} VIPs ({} retired)",

@@ -14,7 +14,8 @@ pub use dispatcher::control::state_name;
 /// `status`, once or (`--watch SECS`) every SECS seconds, `count` times or until
 /// interrupted; on a terminal each frame replaces the previous one.
 pub fn status(path: &Path, json: bool, watch: Option<f64>, count: Option<u64>) -> anyhow::Result<ExitCode> {
-    let cfg = Config::load(path)?;
+    // Ids as the pinned maps know them (by name), not file positions.
+    let cfg = dispatcher::dataplane::ids::placed(Config::load(path)?).map_err(|e| anyhow::anyhow!(e))?;
     let Some(every) = watch else {
         print!("{}", render(&cfg, json)?);
         return Ok(ExitCode::SUCCESS);

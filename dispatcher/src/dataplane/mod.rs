@@ -1,6 +1,7 @@
 //! The agent's side of the XDP data plane: loading and pinning the program, attaching it,
 //! and writing the maps (`tables`) from the configuration.
 
+pub mod ids;
 pub mod object;
 pub mod tables;
 

@@ -210,6 +210,19 @@ impl Tables {
         Ok(())
     }
 
+    /// Removes `VIPS` entries no VIP of `cfg` has (VIPs removed from the file while the
+    /// maps were pinned): a removed VIP must not go on being served from its old ring.
+    pub fn remove_stale_vips(&mut self, cfg: &Config) -> usize {
+        let mut wanted = std::collections::HashSet::new();
+        for v in cfg.vips.iter().filter(|v| !v.retired) {
+            let key = vip_key(v);
+            wanted.insert(key);
+            wanted.insert(VipKey { port: 0, ..key });
+        }
+        let stale: Vec<VipKey> = self.vips.keys().filter_map(|k| k.ok()).filter(|k| !wanted.contains(k)).collect();
+        stale.iter().filter(|k| self.vips.remove(k).is_ok()).count()
+    }
+
     /// One counter summed over all CPUs.
     pub fn counter(&self, slot: u32) -> Result<Counter, DataplaneError> {
         let per_cpu = self.stats.get(&slot, 0).map_err(map_err("STATS"))?;
