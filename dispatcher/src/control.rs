@@ -87,14 +87,13 @@ impl Control {
             }
         }
         c.counters.clone_rewrites.fetch_add(clones, Ordering::Relaxed);
-        let flows = self.rewrite_flows(b, replica);
         tracing::info!(
             backend = %c.backends[b].name,
             replica = replica.map(|r| c.backends[r].name.as_str()).unwrap_or("none"),
             clone_entries = clones,
-            flows,
             "failover"
         );
+        self.rewrite_flows(b, replica);
     }
 
     /// `b` is back: the CLONES entries name it again (new sessions reach it; sessions its
@@ -110,19 +109,27 @@ impl Control {
     }
 
     /// Flows pinned to `b` move to `to`, or are removed (re-hashed by XDP) without one.
-    fn rewrite_flows(&self, b: usize, to: Option<usize>) -> u64 {
-        let mut t = self.tables.lock().unwrap();
-        let pinned: Vec<_> = t.flows.iter().filter_map(|r| r.ok()).filter(|(_, v)| v.backend == b as u32).collect();
-        let mut n = 0;
-        for (k, v) in pinned {
-            let done = match to {
-                Some(r) => t.flows.insert(k, FlowValue { backend: r as u32, ..v }, 0).is_ok(),
-                None => t.flows.remove(&k).is_ok(),
-            };
-            n += done as u64;
+    /// FLOWS may hold millions of entries: the walk runs on a thread of its own, with a
+    /// handle of its own, so that the control loop (admin requests, signals, health) and
+    /// the tables stay free meanwhile. (XDP does not wait for it: a packet of a flow pinned
+    /// to an out-of-service backend is re-pinned to the replica on arrival.)
+    fn rewrite_flows(&self, b: usize, to: Option<usize>) {
+        let flows = match self.tables.lock().unwrap().flows_handle() {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(error = %e, "opening FLOWS for the failover walk");
+                return;
+            }
+        };
+        let cluster = self.cluster.clone();
+        let spawned = std::thread::Builder::new().name("flow-rewrite".into()).spawn(move || {
+            let started = std::time::Instant::now();
+            let n = move_flows(flows, b as u32, to.map(|r| r as u32), &cluster.counters.flow_rewrites);
+            tracing::info!(backend = %cluster.backends[b].name, flows = n, took_ms = started.elapsed().as_millis() as u64, "pinned flows moved off the failed backend");
+        });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "starting the failover walk");
         }
-        self.cluster.counters.flow_rewrites.fetch_add(n, Ordering::Relaxed);
-        n
     }
 
     /// Reads BACKENDS for states an operator wrote (`dispatcher drain|disable|enable`).
@@ -156,6 +163,33 @@ impl Control {
             }
         }
     }
+}
+
+/// Moves (or, without `to`, removes) the flows pinned to `from`, counting each as it goes
+/// (so that `status` shows the progress of a long walk); returns how many.
+fn move_flows(
+    mut flows: aya::maps::HashMap<aya::maps::MapData, dispatcher_common::FlowKey, FlowValue>,
+    from: u32,
+    to: Option<u32>,
+    counter: &std::sync::atomic::AtomicU64,
+) -> u64 {
+    // Keys first, then the writes: an LRU map walked while it is written may skip or
+    // repeat entries.
+    let pinned: Vec<_> = flows.iter().filter_map(|r| r.ok()).filter(|(_, v)| v.backend == from).collect();
+    let mut n = 0;
+    for chunk in pinned.chunks(4096) {
+        let mut done = 0;
+        for (k, v) in chunk {
+            let ok = match to {
+                Some(r) => flows.insert(k, FlowValue { backend: r, ..*v }, 0).is_ok(),
+                None => flows.remove(k).is_ok(),
+            };
+            done += ok as u64;
+        }
+        counter.fetch_add(done, Ordering::Relaxed);
+        n += done;
+    }
+    n
 }
 
 async fn probe_loop(

@@ -24,6 +24,8 @@ pub struct Tables {
     pub backends: Array<MapData, BackendInfo>,
     pub rings: Array<MapData, u32>,
     pub flows: HashMap<MapData, FlowKey, FlowValue>,
+    /// Kernel id of FLOWS: another handle on it for long walks off the control loop.
+    flows_id: Option<u32>,
     pub stats: PerCpuArray<MapData, Counter>,
     /// What the ring of each VIP holds now, so a rebuild writes only changed slots.
     ring_cache: Vec<Vec<u32>>,
@@ -98,11 +100,17 @@ impl Tables {
     fn open(
         mut open: impl FnMut(&'static str) -> Result<aya::maps::Map, DataplaneError>,
     ) -> Result<Tables, DataplaneError> {
+        let flows = open("FLOWS")?;
+        let flows_id = match &flows {
+            aya::maps::Map::LruHashMap(d) | aya::maps::Map::HashMap(d) => d.info().ok().map(|i| i.id()),
+            _ => None,
+        };
         Ok(Tables {
             vips: typed(&mut open, "VIPS")?,
             backends: typed(&mut open, "BACKENDS")?,
             rings: typed(&mut open, "RINGS")?,
-            flows: typed(&mut open, "FLOWS")?,
+            flows: HashMap::try_from(flows).map_err(map_err("FLOWS"))?,
+            flows_id,
             stats: typed(&mut open, "STATS")?,
             ring_cache: Vec::new(),
         })
@@ -234,6 +242,14 @@ impl Tables {
 
     pub fn global_counters(&self) -> Result<Vec<(&'static str, Counter)>, DataplaneError> {
         stats::GLOBAL_NAMES.iter().enumerate().map(|(i, n)| Ok((*n, self.counter(i as u32)?))).collect()
+    }
+
+    /// A handle of its own on FLOWS, for a walk that must not hold these tables (and the
+    /// control loop) for its whole length.
+    pub fn flows_handle(&self) -> Result<HashMap<MapData, FlowKey, FlowValue>, DataplaneError> {
+        let id = self.flows_id.ok_or(DataplaneError::MissingMap("FLOWS"))?;
+        let data = MapData::from_id(id).map_err(map_err("FLOWS"))?;
+        HashMap::try_from(aya::maps::Map::from_map_data(data).map_err(map_err("FLOWS"))?).map_err(map_err("FLOWS"))
     }
 
     /// Number of entries in the flow table (walks it; for status, not for hot paths).
