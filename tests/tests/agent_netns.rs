@@ -182,3 +182,42 @@ fn a_restart_matches_backends_by_name_not_position() {
     assert_eq!(again.field("count"), Some("2"), "with its session data");
     assert_eq!(st["agent"]["counters"]["misroutes"], 0);
 }
+
+/// Pins removed under a running agent (rm -r of its bpffs directory): the agent notices
+/// and pins its maps, program and link again, so that `stop` keeps its word — forwarding
+/// goes on without the agent — and a restart adopts the flows.
+#[test]
+fn pins_removed_under_a_running_agent_are_restored() {
+    let (mut tb, cfg) = l4_bed();
+    let mut conns: Vec<(Conn, String)> = (0..4)
+        .map(|_| {
+            let mut c = Conn::open(&tb);
+            let b = c.ask();
+            (c, b)
+        })
+        .collect();
+    for e in std::fs::read_dir(tb.pin_dir()).unwrap() {
+        std::fs::remove_file(e.unwrap().path()).unwrap();
+    }
+    std::fs::remove_dir(tb.pin_dir()).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !(tb.pin_dir().join("link").exists() && tb.pin_dir().join("FLOWS").exists()) {
+        assert!(std::time::Instant::now() < deadline, "pins not restored: {}", tb.log("dispatcher"));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(tb.log("dispatcher").contains("data plane pinned again"), "{}", tb.log("dispatcher"));
+    let out = tb.dispatcher_cmd(&["stop", "--config", &cfg]);
+    assert!(out.contains("XDP forwarding goes on"), "{out}");
+    for (c, b) in &mut conns {
+        assert_eq!(&c.ask(), b, "forwarding goes on after the agent left");
+    }
+    tb.start_dispatcher(std::path::Path::new(&cfg));
+    assert!(tb.log("dispatcher").contains("adopted pinned maps"), "{}", tb.log("dispatcher"));
+    let st: serde_json::Value =
+        serde_json::from_str(&tb.dispatcher_cmd(&["status", "--config", &cfg, "--json"])).unwrap();
+    assert_eq!(st["flows"], 4, "the restart found the flows: {st}");
+    for (c, b) in &mut conns {
+        assert_eq!(&c.ask(), b);
+    }
+}

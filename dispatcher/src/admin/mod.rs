@@ -58,6 +58,9 @@ pub enum AgentRequest {
 
 pub struct Admin {
     pub live: std::sync::RwLock<Live>,
+    /// What is missing of the agent's pins and could not be pinned again (empty: all
+    /// there). The data plane would go with the agent on exit.
+    pub pins_missing: Mutex<Vec<&'static str>>,
     pub tables: Arc<Mutex<Tables>>,
     pub requests: mpsc::UnboundedSender<AgentRequest>,
     pub started: Instant,

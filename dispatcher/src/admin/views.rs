@@ -43,6 +43,7 @@ pub fn status(a: &Admin) -> serde_json::Value {
     let k = &c.counters;
     json!({
         "pid": std::process::id(),
+        "pins_missing": *a.pins_missing.lock().unwrap(),
         "uptime_s": a.started.elapsed().as_secs(),
         "clones": c.clone_count(),
         "backends": backends,

@@ -80,10 +80,18 @@ pub fn stop(path: &Path, detach: bool) -> anyhow::Result<ExitCode> {
             dataplane::ids::remove(&cfg.instance);
             println!("data plane removed: program detached, maps unpinned under {}", dir.display());
         }
-        (true, false) => println!(
+        // Said only if true: pins removed under the agent take the data plane with it.
+        (true, false) if dir.join("link").exists() && dir.join("FLOWS").exists() => println!(
             "XDP forwarding goes on from the maps pinned under {}; `dispatcher run` adopts them, `dispatcher stop --detach` removes them",
             dir.display()
         ),
+        (true, false) => {
+            println!(
+                "the pins under {} were gone when the agent exited: the program is detached and the flows are lost; `dispatcher run` starts afresh",
+                dir.display()
+            );
+            return Ok(ExitCode::FAILURE);
+        }
         (false, false) => println!(
             "no agent running for instance {}; the data plane under {} is left as it is (`--detach` removes it)",
             cfg.instance,

@@ -84,6 +84,7 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<ExitCode> {
     dataplane::program(&mut ebpf, "dispatcher")?.pin(&prog_path).context("pinning the XDP program")?;
 
     let link_path = pin_dir.join("link");
+    let pins = dataplane::pins::Pins::record(&pin_dir).context("reading back the pinned maps")?;
     let (link, how) = if link_path.exists() {
         // A previous run left the program attached: swap the new program in atomically.
         let fd: FdLink = PinnedLink::from_pin(&link_path).context("opening the pinned XDP link")?.into();
@@ -113,6 +114,7 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<ExitCode> {
     let (requests, mut request_rx) = tokio::sync::mpsc::unbounded_channel::<AgentRequest>();
     let admin = Arc::new(Admin {
         live: std::sync::RwLock::new(live.view()),
+        pins_missing: std::sync::Mutex::new(Vec::new()),
         tables: tables.clone(),
         requests,
         started: std::time::Instant::now(),
@@ -133,12 +135,18 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<ExitCode> {
     let admin_task = rt.spawn(admin::serve(admin.clone(), listener, tcp));
     tracing::info!(interface = %cfg.interface, mode = how, vips = cfg.vips.len(), backends = cfg.backends.len(), admin = %cfg.admin_socket.display(), admin_address = ?cfg.admin_address, "dispatcher running");
 
+    let mut link = Some(link);
     let (why, keep_dataplane) = rt.block_on(async {
         let signal = super::shutdown_signal();
         tokio::pin!(signal);
+        let mut pin_check = tokio::time::interval(PIN_CHECK);
         loop {
             tokio::select! {
                 s = &mut signal => return s.map(|s| (s, keep_dataplane)),
+                _ = pin_check.tick() => {
+                    let missing = keep_pins(&pins, &mut ebpf, &mut link, &prog_path, &link_path);
+                    *admin.pins_missing.lock().unwrap() = missing;
+                }
                 Some(request) = request_rx.recv() => match request {
                     AgentRequest::Reload(reply) => {
                         let r = live.reload(path, &tables, &rt);
@@ -275,6 +283,67 @@ impl Running {
             tracing::info!(signal = why, unfinished = left, "HTTP VIPs stopped");
         }
     }
+}
+
+/// How often the agent checks that its pins are still there.
+const PIN_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Pins again whatever of the data plane's pins was removed under the running agent
+/// (maps from the ids it recorded, the program and the link from the objects it holds);
+/// returns what is still missing (and says so in the log and in `status`).
+fn keep_pins(
+    pins: &dataplane::pins::Pins,
+    ebpf: &mut aya::Ebpf,
+    link: &mut Option<FdLink>,
+    prog_path: &Path,
+    link_path: &Path,
+) -> Vec<&'static str> {
+    let maps = pins.missing_maps();
+    // Gone means known to be gone (not "could not look", e.g. out of descriptors).
+    let gone = |p: &Path| matches!(std::fs::symlink_metadata(p), Err(e) if e.kind() == std::io::ErrorKind::NotFound);
+    let (prog_gone, link_gone) = (gone(prog_path), gone(link_path));
+    if maps.is_empty() && !prog_gone && !link_gone {
+        return Vec::new();
+    }
+    tracing::warn!(dir = %pins.dir().display(), ?maps, program = prog_gone, link = link_gone, "pins removed under the running agent: pinning them again");
+    let mut missing = Vec::new();
+    let _ = std::fs::create_dir_all(pins.dir());
+    // Pinning the link consumes our handle on it, and a failed pin would detach the
+    // program: only on a bpffs directory, where it cannot fail for want of a place.
+    if !dataplane::is_bpffs(pins.dir()) {
+        tracing::error!(dir = %pins.dir().display(), "the pin directory is not on bpffs any more: the data plane will go with this agent");
+        return maps.into_iter().chain(["prog", "link"]).collect();
+    }
+    if let Err(e) = pins.repin_maps(&maps) {
+        tracing::error!(error = %e, "pinning the maps again");
+        missing.extend(maps);
+    }
+    if prog_gone {
+        if let Err(e) = dataplane::program(ebpf, "dispatcher").and_then(|p| {
+            p.pin(prog_path).map_err(|e| dataplane::DataplaneError::Io {
+                what: "pinning the program".into(),
+                source: std::io::Error::other(e.to_string()),
+            })
+        }) {
+            tracing::error!(error = %e, "pinning the program again");
+            missing.push("prog");
+        }
+    }
+    if link_gone {
+        if let Some(l) = link.take() {
+            match l.pin(link_path) {
+                Ok(pinned) => *link = Some(pinned.into()),
+                Err(e) => {
+                    tracing::error!(error = %e, "pinning the XDP link again failed: the program is detached");
+                    missing.push("link");
+                }
+            }
+        }
+    }
+    if missing.is_empty() {
+        tracing::info!(dir = %pins.dir().display(), "data plane pinned again");
+    }
+    missing
 }
 
 /// Health and operator state from a `BACKENDS` entry a previous agent left. (An agent

@@ -129,6 +129,14 @@ fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
             dir.display()
         ),
     };
+    if let Some(missing) = agent.as_ref().and_then(|a| a["pins_missing"].as_array()).filter(|m| !m.is_empty()) {
+        let _ = writeln!(
+            o,
+            "WARNING: pins missing under {} and not restored ({}): the data plane will go with the agent",
+            dir.display(),
+            missing.iter().map(|m| m.as_str().unwrap_or("?")).collect::<Vec<_>>().join(", ")
+        );
+    }
     let _ = writeln!(o);
     // Per-VIP figures only the agent has (HTTP VIPs: requests, client connections).
     let agent_vip = |name: &str| -> Option<&serde_json::Value> {

@@ -3,6 +3,7 @@
 
 pub mod ids;
 pub mod object;
+pub mod pins;
 pub mod tables;
 
 use std::path::{Path, PathBuf};
@@ -56,6 +57,11 @@ impl Default for LoadOptions<'_> {
 }
 
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+/// Is `dir` on a bpffs mount?
+pub fn is_bpffs(dir: &Path) -> bool {
+    nix::sys::statfs::statfs(dir).is_ok_and(|st| st.filesystem_type().0 as i64 == BPF_FS_MAGIC)
+}
 
 /// Makes sure `dir` is a bpffs mount, mounting one there if not (systemd does this at
 /// boot on most distributions; minimal systems and containers may lack it).

@@ -1,0 +1,69 @@
+//! The agent's pins under `<bpffs>/dispatcher/<instance>/` are what keeps the data plane
+//! alive after the agent exits and what a restart adopts. Somebody may remove them under
+//! a running agent (`rm -r`, another tool): the agent checks them and pins again, from the
+//! objects it holds, whatever went missing — so `stop` can keep its word that forwarding
+//! goes on, and a restart finds the flows.
+
+use std::path::{Path, PathBuf};
+
+use aya::maps::{MapData, MapInfo};
+
+use super::{DataplaneError, MAP_NAMES};
+
+/// The kernel ids of the maps this agent pinned.
+pub struct Pins {
+    dir: PathBuf,
+    maps: Vec<(&'static str, u32)>,
+}
+
+impl Pins {
+    /// Records the ids of the maps pinned under `dir` now (right after loading).
+    pub fn record(dir: &Path) -> Result<Pins, DataplaneError> {
+        let maps = MAP_NAMES
+            .iter()
+            .map(|&name| {
+                MapInfo::from_pin(dir.join(name))
+                    .map(|i| (name, i.id()))
+                    .map_err(|source| DataplaneError::Map { name, source })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Pins { dir: dir.to_path_buf(), maps })
+    }
+
+    /// Maps whose pin is gone, or names another map than ours. A pin that cannot be
+    /// read (out of descriptors, say) is not called missing: only what is known.
+    pub fn missing_maps(&self) -> Vec<&'static str> {
+        self.maps
+            .iter()
+            .filter(|(name, id)| {
+                let path = self.dir.join(name);
+                match std::fs::symlink_metadata(&path) {
+                    Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+                    Ok(_) => MapInfo::from_pin(&path).is_ok_and(|i| i.id() != *id),
+                }
+            })
+            .map(|(name, _)| *name)
+            .collect()
+    }
+
+    /// Pins our maps again where they are missing (a foreign pin in the way is replaced).
+    pub fn repin_maps(&self, names: &[&'static str]) -> Result<(), DataplaneError> {
+        std::fs::create_dir_all(&self.dir)
+            .map_err(|source| DataplaneError::Io { what: format!("creating {}", self.dir.display()), source })?;
+        for &(name, id) in self.maps.iter().filter(|(n, _)| names.contains(n)) {
+            let path = self.dir.join(name);
+            // Our map first: nothing is removed unless it can be put back.
+            let data = MapData::from_id(id).map_err(|source| DataplaneError::Map { name, source })?;
+            let _ = std::fs::remove_file(&path);
+            data.pin(&path).map_err(|e| DataplaneError::Io {
+                what: format!("pinning {}", path.display()),
+                source: std::io::Error::other(e.to_string()),
+            })?;
+        }
+        Ok(())
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
