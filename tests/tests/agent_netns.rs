@@ -221,3 +221,39 @@ fn pins_removed_under_a_running_agent_are_restored() {
         assert_eq!(&c.ask(), b);
     }
 }
+
+/// `ip netns exec` gives the command a mount namespace of its own with a fresh /sys: an
+/// agent started that way would pin everything on a private bpffs. It refuses and says
+/// how to start it; the CLI says the same instead of a bare BPF_OBJ_GET error.
+#[test]
+fn ip_netns_exec_is_refused_with_the_way_out() {
+    let (tb, cfg) = l4_bed();
+    let other = format!("{}-second", tb.instance());
+    let text = std::fs::read_to_string(&cfg).unwrap().replace(
+        &format!("instance = \"{}\"", tb.instance()),
+        &format!("instance = \"{other}\"\nadmin_socket = \"/run/dispatcher/{other}.sock\""),
+    );
+    let second = tb.workdir.join("second.toml");
+    std::fs::write(&second, text).unwrap();
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", &tb.lb.name])
+        .arg(dispatcher_bin())
+        .args(["run", "--config", second.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("nsenter --net="), "{said}");
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", &tb.lb.name])
+        .arg(dispatcher_bin())
+        .args(["status", "--config", &cfg])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("nsenter --net="), "{said}");
+    // Nothing of the refused agent is left anywhere.
+    assert!(!std::path::Path::new(&format!("/run/dispatcher/{other}.lock")).exists());
+    assert!(!std::path::Path::new(&format!("/sys/fs/bpf/dispatcher/{other}")).exists());
+}

@@ -58,6 +58,20 @@ impl Default for LoadOptions<'_> {
 
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
+/// Runs this process in a mount namespace of its own (other than init's)? `ip netns exec`
+/// does that, and remounts /sys: the bpffs this process sees is then private to it.
+/// Told by comparing with init's mount namespace, or (where init's cannot be read, as in
+/// some containers) with the parent's: `ip netns exec` execs into the command, so the
+/// command's parent is the shell that ran `ip`, in the host's namespace.
+pub fn private_mount_namespace() -> bool {
+    let Ok(mine) = std::fs::read_link("/proc/self/ns/mnt") else { return false };
+    let other = |pid: u32| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).ok();
+    [1, std::os::unix::process::parent_id()].into_iter().filter_map(other).any(|theirs| theirs != mine)
+}
+
+/// What to tell an operator whose process cannot see the instance's pins.
+pub const PRIVATE_BPFFS_HINT: &str = "this process runs in a mount namespace of its own (`ip netns exec` does that and hides the host's bpffs): enter only the network namespace, e.g. `nsenter --net=/run/netns/NAME dispatcher ...`";
+
 /// Is `dir` on a bpffs mount?
 pub fn is_bpffs(dir: &Path) -> bool {
     nix::sys::statfs::statfs(dir).is_ok_and(|st| st.filesystem_type().0 as i64 == BPF_FS_MAGIC)
@@ -88,6 +102,14 @@ pub fn load_dispatcher(opts: &LoadOptions) -> Result<Ebpf, DataplaneError> {
     let paths: Vec<(&str, PathBuf)> = match opts.pin_dir {
         Some(dir) => {
             if let Some(root) = dir.parent().and_then(|p| p.parent()) {
+                // Mounting a bpffs of our own where the host's is hidden would pin
+                // everything where no other process (CLI, next agent) can find it.
+                if !is_bpffs(root) && private_mount_namespace() {
+                    return Err(DataplaneError::Io {
+                        what: format!("{} is not a bpffs here", root.display()),
+                        source: std::io::Error::other(PRIVATE_BPFFS_HINT),
+                    });
+                }
                 ensure_bpffs(root)?;
             }
             std::fs::create_dir_all(dir)
