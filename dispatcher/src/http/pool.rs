@@ -46,6 +46,14 @@ impl Upstream {
     }
 }
 
+/// An idle connection must have nothing to say: bytes that arrived after its last
+/// response (a server that sent more than it framed) would be read as the next request's
+/// response — another client's. Closed or talkative connections are dropped.
+fn quiet(up: &Upstream) -> bool {
+    let mut probe = [0u8; 1];
+    matches!(up.r.io.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+}
+
 /// Counts an open upstream connection in its backend's gauge while it lives.
 struct Open(Arc<AtomicU64>);
 
@@ -160,7 +168,7 @@ impl Pool {
         let mut idle = self.idle.lock().unwrap();
         let now = Instant::now();
         while let Some((mut up, since)) = idle.pop() {
-            if now.duration_since(since) < self.idle_timeout {
+            if now.duration_since(since) < self.idle_timeout && quiet(&up) {
                 up.reused = true;
                 return Some(up);
             }
@@ -293,5 +301,28 @@ mod tests {
         }
         assert!(!err(nix::errno::Errno::ECONNREFUSED).is_local());
         assert!(!PoolError::ConnectTimeout { addr }.is_local());
+    }
+
+    /// Bytes a server sends after its framed response, even late, never reach the next
+    /// request: the connection they arrived on is not reused.
+    #[tokio::test]
+    async fn an_idle_connection_with_late_bytes_is_not_reused() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut c, _) = listener.accept().await.unwrap();
+            tokio::io::AsyncWriteExt::write_all(&mut c, b"HTTP/1.1 200 OK\r\n\r\nsmuggled").await.unwrap();
+            let (second, _) = listener.accept().await.unwrap();
+            (c, second)
+        });
+        let s = HttpSettings::default();
+        let pool = Pool::new(0, addr, &s, Arc::new(AtomicU64::new(0)), Arc::new(Semaphore::new(4)));
+        let up = pool.get(true).await.unwrap();
+        // Back in the pool before the late bytes are read.
+        pool.put(up);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let next = pool.get(true).await.unwrap();
+        assert!(!next.reused, "a fresh connection, not the one with unread bytes");
+        drop(server.await.unwrap());
     }
 }
