@@ -69,6 +69,26 @@ impl Cluster {
         self.log.lock().unwrap().clone()
     }
 
+    /// Requests, from the clones' own logs, served by a clone that is neither the first
+    /// owner of their session nor that owner's peer: "session S of clone O served by
+    /// clone B". Must stay empty.
+    pub fn misroutes(&self) -> Vec<String> {
+        let mut owner: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+        let mut out = Vec::new();
+        for h in self.hits() {
+            if h.lost {
+                // Its cookie named a session this clone has no copy of.
+                out.push(format!("a session of {:?} reached clone {}, which had no copy", h.cookie_clones, h.backend));
+                continue;
+            }
+            let o = *owner.entry(h.session.clone()).or_insert(h.backend);
+            if h.backend != o && Some(h.backend) != self.peers[o] {
+                out.push(format!("session {} of clone {o} served by clone {}", h.session, h.backend));
+            }
+        }
+        out
+    }
+
     /// Serves one request; returns status line extras, headers and body.
     fn handle(&self, me: usize, cookie: Option<&str>) -> (Vec<String>, String) {
         let parsed = cookie.and_then(|v| {

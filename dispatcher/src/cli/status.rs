@@ -53,18 +53,17 @@ fn utc_clock() -> String {
 fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
     let mut o = String::new();
     let dir = cfg.pin_dir();
-    let tables = Tables::from_pinned(&dir)
-        .with_context(|| {
-            if dispatcher::dataplane::private_mount_namespace() && !dispatcher::dataplane::is_bpffs(&cfg.bpffs) {
-                format!("opening the maps pinned under {}: {}", dir.display(), dispatcher::dataplane::PRIVATE_BPFFS_HINT)
-            } else {
-                format!(
-                    "opening the maps pinned under {}: no data plane is loaded for instance {} (`dispatcher run` loads it)",
-                    dir.display(),
-                    cfg.instance
-                )
-            }
-        })?;
+    let tables = Tables::from_pinned(&dir).with_context(|| {
+        if dispatcher::dataplane::private_mount_namespace() && !dispatcher::dataplane::is_bpffs(&cfg.bpffs) {
+            format!("opening the maps pinned under {}: {}", dir.display(), dispatcher::dataplane::PRIVATE_BPFFS_HINT)
+        } else {
+            format!(
+                "opening the maps pinned under {}: no data plane is loaded for instance {} (`dispatcher run` loads it)",
+                dir.display(),
+                cfg.instance
+            )
+        }
+    })?;
     let flow_count = tables.flow_count();
 
     let mut vip_rows = Vec::new();

@@ -74,7 +74,7 @@ pub const PRIVATE_BPFFS_HINT: &str = "this process runs in a mount namespace of 
 
 /// Is `dir` on a bpffs mount?
 pub fn is_bpffs(dir: &Path) -> bool {
-    nix::sys::statfs::statfs(dir).is_ok_and(|st| st.filesystem_type().0 as i64 == BPF_FS_MAGIC)
+    nix::sys::statfs::statfs(dir).is_ok_and(|st| st.filesystem_type().0 == BPF_FS_MAGIC)
 }
 
 /// Makes sure `dir` is a bpffs mount, mounting one there if not (systemd does this at
@@ -83,8 +83,7 @@ pub fn ensure_bpffs(dir: &Path) -> Result<(), DataplaneError> {
     let io = |what: String| move |e: nix::Error| DataplaneError::Io { what, source: std::io::Error::from(e) };
     std::fs::create_dir_all(dir)
         .map_err(|source| DataplaneError::Io { what: format!("creating {}", dir.display()), source })?;
-    let st = nix::sys::statfs::statfs(dir).map_err(io(format!("statfs {}", dir.display())))?;
-    if st.filesystem_type().0 as i64 == BPF_FS_MAGIC {
+    if is_bpffs(dir) {
         return Ok(());
     }
     nix::mount::mount(Some("bpffs"), dir, Some("bpf"), nix::mount::MsFlags::empty(), None::<&str>)
