@@ -302,8 +302,11 @@ pub fn run(quick: bool) -> (String, String) {
         tb.start(&format!("nginx-b{i}"), cmd);
     }
     let clone_ids: Vec<String> = (0..4).map(|i| format!("clone{i}x")).collect();
+    // 10,000 client connections are measured: above the default cap the agent derives from
+    // this machine's 20,000 descriptors (which reserves one upstream connection per client);
+    // here upstream connections are bounded by max_connections_per_backend instead.
     let cfg = format!(
-        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nworkers = {WORKERS}\n\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\n",
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nworkers = {WORKERS}\nmax_client_connections = 10100\n\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\n",
         tb.instance(),
         tb.backend_config_with_clones(&[], &clone_ids)
     );
