@@ -179,9 +179,16 @@ fn move_flows(
     let mut n = 0;
     for chunk in pinned.chunks(4096) {
         let mut done = 0;
-        for (k, v) in chunk {
+        for (k, _) in chunk {
+            // As it is now: XDP may have re-pinned it meanwhile (a packet, a new SYN on the
+            // same tuple) or evicted it; only a flow still on `from` is moved, with its
+            // current value.
+            let Ok(v) = flows.get(k, 0) else { continue };
+            if v.backend != from {
+                continue;
+            }
             let ok = match to {
-                Some(r) => flows.insert(k, FlowValue { backend: r, ..*v }, 0).is_ok(),
+                Some(r) => flows.insert(k, FlowValue { backend: r, ..v }, 0).is_ok(),
                 None => flows.remove(k).is_ok(),
             };
             done += ok as u64;

@@ -85,23 +85,7 @@ pub async fn check(p: &Probe, s: &HealthSettings) -> Verdict {
         if stream.write_all(req.as_bytes()).await.is_err() {
             return Verdict::Fail;
         }
-        // The status line is in the first bytes; the rest is read and discarded until the
-        // server closes (bounded by the check's timeout).
-        let mut head = [0u8; 64];
-        let mut got = 0;
-        let mut sink = [0u8; 4096];
-        loop {
-            let read =
-                if got < head.len() { stream.read(&mut head[got..]).await } else { stream.read(&mut sink).await };
-            match read {
-                Ok(0) => break,
-                Ok(n) if got < head.len() => got += n,
-                Ok(_) => {}
-                Err(_) if got > 0 => break,
-                Err(_) => return Verdict::Fail,
-            }
-        }
-        match status_of(&head[..got]) {
+        match read_response(&mut stream, req.as_bytes()).await {
             Some(status) if status == s.expect_status => Verdict::Pass,
             _ => Verdict::Fail,
         }
@@ -109,14 +93,66 @@ pub async fn check(p: &Probe, s: &HealthSettings) -> Verdict {
     tokio::time::timeout(s.timeout, attempt).await.unwrap_or(Verdict::Fail)
 }
 
-/// The status code of an `HTTP/1.x NNN ...` status line.
-fn status_of(response: &[u8]) -> Option<u16> {
-    let rest = response.strip_prefix(b"HTTP/1.")?;
-    let code = rest.get(2..5)?;
-    if rest.get(1) != Some(&b' ') || !code.iter().all(u8::is_ascii_digit) || rest.get(5).is_some_and(|&b| b != b' ') {
-        return None;
+/// Reads the whole response to `request` (head by the proxy's own parser, then the body as
+/// it is framed: a length, chunks, or until the server closes) and returns its status.
+/// The server thus never sees its response cut off (a reset), and a server that keeps the
+/// connection open despite `Connection: close` does not make the check wait for its
+/// timeout.
+async fn read_response(stream: &mut TcpStream, request: &[u8]) -> Option<u16> {
+    use crate::http::{
+        body::ChunkedDecoder,
+        head::{parse_request, parse_response, Framing, HeadLimits},
+    };
+    let limits = HeadLimits::default();
+    let req = parse_request(request, &limits, &mut Vec::new()).ok()??;
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 4096];
+    let mut fill = async |buf: &mut Vec<u8>, stream: &mut TcpStream| -> bool {
+        match stream.read(&mut chunk).await {
+            Ok(n) if n > 0 => {
+                buf.extend_from_slice(&chunk[..n]);
+                true
+            }
+            _ => false,
+        }
+    };
+    let res = loop {
+        match parse_response(&buf, &req, &limits, &mut Vec::new()) {
+            Ok(Some(r)) => break r,
+            Ok(None) if fill(&mut buf, stream).await => {}
+            _ => return None,
+        }
+    };
+    buf.drain(..res.len);
+    match res.framing {
+        Framing::None => {}
+        Framing::Length(n) => {
+            let mut have = buf.len() as u64;
+            while have < n {
+                buf.clear();
+                if !fill(&mut buf, stream).await {
+                    break;
+                }
+                have += buf.len() as u64;
+            }
+        }
+        Framing::Chunked => {
+            let mut dec = ChunkedDecoder::default();
+            loop {
+                let Ok(used) = dec.feed(&buf, None, false) else { break };
+                buf.drain(..used);
+                if dec.is_done() || !fill(&mut buf, stream).await {
+                    break;
+                }
+            }
+        }
+        Framing::UntilClose => {
+            while fill(&mut buf, stream).await {
+                buf.clear();
+            }
+        }
     }
-    std::str::from_utf8(code).ok()?.parse().ok()
+    Some(res.status)
 }
 
 /// Consecutive results of one backend's checks.
@@ -157,13 +193,34 @@ pub fn next(health: u8, passed: bool, streak: &mut Streak, rise: u32, fall: u32)
 mod tests {
     use super::*;
 
-    #[test]
-    fn status_lines() {
-        assert_eq!(status_of(b"HTTP/1.1 200 OK\r\n\r\n"), Some(200));
-        assert_eq!(status_of(b"HTTP/1.0 503 x"), Some(503));
-        assert_eq!(status_of(b"HTTP/1.1 2000"), None);
-        assert_eq!(status_of(b"HTTP/1.1  200"), None);
-        assert_eq!(status_of(b"HTTP/2 200"), None);
+    /// A server that answers with a framed response and keeps the connection open (it
+    /// ignores `Connection: close`): the check passes at the end of the response, not at
+    /// its timeout.
+    #[tokio::test]
+    async fn a_check_ends_with_a_framed_response() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let mut held = Vec::new();
+            for reply in [
+                &b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"[..],
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+                b"HTTP/1.1 503 Busy\r\nContent-Length: 0\r\n\r\n",
+            ] {
+                let (mut c, _) = listener.accept().await.unwrap();
+                let mut req = [0u8; 1024];
+                let _ = c.read(&mut req).await.unwrap();
+                c.write_all(reply).await.unwrap();
+                held.push(c);
+            }
+            held
+        });
+        let probe = Probe { addr, http_path: Some("/".into()) };
+        let s = HealthSettings { timeout: std::time::Duration::from_secs(2), ..HealthSettings::default() };
+        assert_eq!(check(&probe, &s).await, Verdict::Pass, "Content-Length");
+        assert_eq!(check(&probe, &s).await, Verdict::Pass, "chunked");
+        assert_eq!(check(&probe, &s).await, Verdict::Fail, "503");
+        drop(server.await.unwrap());
     }
 
     /// The whole response is read before the check closes: the server's own close comes

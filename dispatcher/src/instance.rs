@@ -1,6 +1,10 @@
 //! One agent per instance: `/run/dispatcher/<instance>.lock`, locked (flock) for the
 //! agent's whole life and naming its pid. A second `dispatcher run` for the instance is
-//! refused; the CLI never writes the maps behind an agent that holds it.
+//! refused; the CLI takes the same lock for the time it writes the maps itself, so it
+//! never writes behind an agent and no agent starts in the middle of its writes.
+//!
+//! The file is never removed (a lock on a removed file would let a third process lock a
+//! new one beside it); it is as small as a pid file.
 
 use std::{
     fs::File,
@@ -18,16 +22,9 @@ pub fn lock_path(instance: &str) -> PathBuf {
     PathBuf::from(format!("/run/dispatcher/{instance}.lock"))
 }
 
-/// The lock, held until dropped (the file is removed then).
+/// The lock, held until dropped.
 pub struct InstanceLock {
-    path: PathBuf,
     _lock: Flock<File>,
-}
-
-impl Drop for InstanceLock {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -45,22 +42,32 @@ pub fn acquire(instance: &str) -> Result<InstanceLock, LockError> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(io)?;
     }
-    let file =
+    let mut file =
         std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).map_err(io)?;
-    let mut lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-        Ok(l) => l,
-        Err((mut f, Errno::EWOULDBLOCK)) => {
-            return Err(LockError::Held { instance: instance.to_string(), pid: read_pid(&mut f) })
+    // A moment's grace: `holder` probes with a short shared lock of its own.
+    let mut tries = 0;
+    let mut lock = loop {
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(l) => break l,
+            Err((f, Errno::EWOULDBLOCK)) if tries < 5 => {
+                file = f;
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err((mut f, Errno::EWOULDBLOCK)) => {
+                return Err(LockError::Held { instance: instance.to_string(), pid: read_pid(&mut f) })
+            }
+            Err((_, e)) => return Err(io(e.into())),
         }
-        Err((_, e)) => return Err(io(e.into())),
     };
     lock.set_len(0).map_err(io)?;
     lock.rewind().map_err(io)?;
     writeln!(lock, "{}", std::process::id()).map_err(io)?;
-    Ok(InstanceLock { path, _lock: lock })
+    Ok(InstanceLock { _lock: lock })
 }
 
-/// The pid of the agent that holds `instance`, if one does.
+/// The pid of the agent that holds `instance`, if one does (for messages; to act on it,
+/// take the lock with `acquire`).
 pub fn holder(instance: &str) -> Option<String> {
     let file = File::open(lock_path(instance)).ok()?;
     match Flock::lock(file, FlockArg::LockSharedNonblock) {
@@ -92,7 +99,9 @@ mod tests {
         // flock locks belong to the open file: a second open in this process conflicts too.
         assert!(matches!(acquire(&name), Err(LockError::Held { .. })));
         drop(lock);
-        assert!(!lock_path(&name).exists(), "removed on release");
-        assert_eq!(holder(&name), None);
+        assert_eq!(holder(&name), None, "released with its holder");
+        let again = acquire(&name).expect("free again");
+        drop(again);
+        let _ = std::fs::remove_file(lock_path(&name));
     }
 }

@@ -79,8 +79,8 @@ pub enum Learned {
 
 #[derive(Default)]
 pub struct Counters {
-    // (Gauges — held_now, in_flight, retries_in_flight — belong to the requests of the
-    // cluster that counts them and are not carried over by `copy_from`.)
+    // Shared by a cluster and the one a reload replaces it with: totals go on, and the
+    // gauges (held_now, in_flight, retries_in_flight) count the requests of both.
     pub learned: AtomicU64,
     pub learn_conflicts: AtomicU64,
     pub affinity_hits: AtomicU64,
@@ -120,7 +120,12 @@ pub struct Cluster {
     /// Write-through target; `None` when running without the data plane (unit tests).
     clones_map: Mutex<Option<BpfHashMap<MapData, u64, CloneValue>>>,
     events: Mutex<Option<tokio::sync::mpsc::UnboundedSender<usize>>>,
-    pub counters: Counters,
+    pub counters: Arc<Counters>,
+    /// `http.max_connections_per_backend` the `conn_limit`s were made with.
+    conn_limit: usize,
+    /// The cluster a reload replaced this one with: what this one still learns while its
+    /// connections drain is passed on.
+    successor: Mutex<Option<std::sync::Weak<Cluster>>>,
     /// Per VIP, indexed like `Config::vips`.
     pub vips: Vec<VipStats>,
     /// How long held requests waited, whatever the outcome.
@@ -151,35 +156,6 @@ impl Default for Histogram {
             buckets: std::array::from_fn(|_| AtomicU64::new(0)),
             count: AtomicU64::new(0),
             sum_us: AtomicU64::new(0),
-        }
-    }
-}
-
-impl Counters {
-    /// Carries the totals over a reload (counters must not go back).
-    pub fn copy_from(&self, o: &Counters) {
-        for (to, from) in [
-            (&self.learned, &o.learned),
-            (&self.learn_conflicts, &o.learn_conflicts),
-            (&self.affinity_hits, &o.affinity_hits),
-            (&self.balanced, &o.balanced),
-            (&self.no_backend, &o.no_backend),
-            (&self.passive_failures, &o.passive_failures),
-            (&self.holds, &o.holds),
-            (&self.hold_timeouts, &o.hold_timeouts),
-            (&self.hold_refused, &o.hold_refused),
-            (&self.retries, &o.retries),
-            (&self.retry_budget_refusals, &o.retry_budget_refusals),
-            (&self.failovers, &o.failovers),
-            (&self.clone_rewrites, &o.clone_rewrites),
-            (&self.flow_rewrites, &o.flow_rewrites),
-            (&self.transitions, &o.transitions),
-            (&self.misroutes, &o.misroutes),
-            (&self.queue_timeouts, &o.queue_timeouts),
-            (&self.local_errors, &o.local_errors),
-            (&self.conn_refused, &o.conn_refused),
-        ] {
-            to.fetch_add(from.load(Ordering::Relaxed), Ordering::Relaxed);
         }
     }
 }
@@ -253,7 +229,9 @@ impl Cluster {
             clones: RwLock::new(table),
             clones_map: Mutex::new(clones_map),
             events: Mutex::new(None),
-            counters: Counters::default(),
+            counters: Arc::new(Counters::default()),
+            conn_limit: cfg.http.max_connections_per_backend,
+            successor: Mutex::new(None),
             vips: cfg.vips.iter().map(|_| VipStats::default()).collect(),
             hold_time: Histogram::default(),
         };
@@ -348,11 +326,28 @@ impl Cluster {
         self.clones_map.lock().unwrap().take()
     }
 
-    /// Takes over the learned (not configured) entries of `old` and its counters (added to
-    /// this cluster's). Called before this cluster serves a request, so that no request
-    /// with a learned clone ID is balanced for want of its entry; the CLONES map follows
-    /// with `adopt_map` once this cluster takes over.
-    pub fn inherit(&self, old: &Cluster) {
+    /// The cluster that replaces `old` on a reload (ids kept by name): built before it
+    /// serves a request, with `old`'s learned (not configured) clone table, so that no
+    /// request with a learned clone ID is balanced for want of its entry; the same counters
+    /// and, per backend, the same connection gauge and limit (the limit is not doubled
+    /// while `old` drains). What `old` learns meanwhile is passed on. The CLONES map
+    /// follows with `adopt_map` once this cluster takes over.
+    pub fn successor_of(cfg: &Config, health: &[u8], admin: &[u8], old: &Arc<Cluster>) -> Arc<Cluster> {
+        let mut c = Cluster::new(cfg, health, admin, None);
+        c.counters = old.counters.clone();
+        for (new, prev) in c.backends.iter_mut().zip(&old.backends) {
+            new.connections = prev.connections.clone();
+            if c.conn_limit == old.conn_limit {
+                new.conn_limit = prev.conn_limit.clone();
+            }
+        }
+        c.inherit(old);
+        let c = Arc::new(c);
+        *old.successor.lock().unwrap() = Some(Arc::downgrade(&c));
+        c
+    }
+
+    fn inherit(&self, old: &Cluster) {
         let learned: Vec<(u64, CloneEntry)> =
             old.clones.read().unwrap().iter().filter(|(_, e)| !e.configured).map(|(k, e)| (*k, *e)).collect();
         {
@@ -363,7 +358,6 @@ impl Cluster {
                 }
             }
         }
-        self.counters.copy_from(&old.counters);
         // Ids are kept by name across a reload: per-backend and per-VIP totals go on
         // (added: whatever this cluster counted already stays counted).
         for (new, old) in self.backends.iter().zip(&old.backends) {
@@ -420,6 +414,12 @@ impl Cluster {
 
     /// Records that `backend` issued a session cookie naming `id` as its clone ID.
     pub fn learn(&self, id: &[u8], backend: usize) -> Learned {
+        self.learn_as(id, backend, true)
+    }
+
+    /// `counted`: false for what a predecessor passes on (it counted it already; the
+    /// counters are shared).
+    fn learn_as(&self, id: &[u8], backend: usize, counted: bool) -> Learned {
         let key = cookie_hash(id);
         if let Some(e) = self.clones.read().unwrap().get(&key) {
             return if e.owner == backend { Learned::Known } else { self.conflict(id, backend, e.owner) };
@@ -435,8 +435,14 @@ impl Cluster {
             t.insert(key, entry);
         }
         self.write_through(key, entry);
-        self.counters.learned.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(clone = %String::from_utf8_lossy(id), backend = %self.backends[backend].name, "learned clone ID");
+        if counted {
+            self.counters.learned.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(clone = %String::from_utf8_lossy(id), backend = %self.backends[backend].name, "learned clone ID");
+        }
+        let next = self.successor.lock().unwrap().as_ref().and_then(|w| w.upgrade());
+        if let Some(next) = next.filter(|n| backend < n.backends.len()) {
+            next.learn_as(id, backend, false);
+        }
         Learned::New
     }
 
@@ -463,5 +469,27 @@ impl Cluster {
                 tracing::warn!(error = %err, "writing CLONES");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CFG: &str = "[dispatcher]\ninterface = \"lo\"\n\n[[backend]]\nname = \"a\"\naddress = \"10.0.0.1\"\nreplica = \"b\"\n\n[[backend]]\nname = \"b\"\naddress = \"10.0.0.2\"\nreplica = \"a\"\n\n[[vip]]\nname = \"app\"\naddress = \"10.0.100.1\"\nport = 80\nmode = \"http\"\n";
+
+    /// A reload's successor knows what its predecessor learned before it started and
+    /// what it learns while it drains; the totals are counted once.
+    #[test]
+    fn a_successor_learns_what_its_predecessor_still_learns() {
+        let cfg = Config::parse(CFG, "t").unwrap();
+        let old = Arc::new(Cluster::new(&cfg, &[], &[], None));
+        old.learn(b"early", 0);
+        let new = Cluster::successor_of(&cfg, &[], &[], &old);
+        assert_eq!(new.owner(b"early"), Some((0, Some(1))));
+        old.learn(b"late", 1);
+        assert_eq!(new.owner(b"late"), Some((1, Some(0))), "learned by the draining cluster, passed on");
+        assert_eq!(new.counters.learned.load(Ordering::Relaxed), 2, "shared counters, each learning once");
+        assert!(Arc::ptr_eq(&new.backends[0].conn_limit, &old.backends[0].conn_limit), "one limit while draining");
     }
 }

@@ -103,6 +103,13 @@ fn connection(record: &Record, s: TcpStream, stop: &AtomicBool) -> std::io::Resu
         if header("expect").is_some() && path == "/continue" {
             w.write_all(b"HTTP/1.1 100 Continue\r\n\r\n")?;
         }
+        if header("expect").is_some() && path == "/hints-continue" {
+            // An interim response other than 100 first, then the go-ahead.
+            w.write_all(b"HTTP/1.1 103 Early Hints\r\nLink: </s.css>; rel=preload\r\n\r\n")?;
+            w.flush()?;
+            std::thread::sleep(Duration::from_millis(50));
+            w.write_all(b"HTTP/1.1 100 Continue\r\n\r\n")?;
+        }
         if header("expect").is_some() && path == "/refuse-body" {
             w.write_all(b"HTTP/1.1 413 Content Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
             record.requests.lock().unwrap().push(raw);
@@ -140,7 +147,7 @@ fn connection(record: &Record, s: TcpStream, stop: &AtomicBool) -> std::io::Resu
         }
         record.requests.lock().unwrap().push(raw.clone());
         let reply: Vec<u8> = match path.as_str() {
-            "/echo" | "/continue" => {
+            "/echo" | "/continue" | "/hints-continue" => {
                 let body = raw.clone();
                 format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}", body.len()).into_bytes()
             }

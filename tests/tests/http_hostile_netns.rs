@@ -263,3 +263,79 @@ fn running_out_of_descriptors_is_not_a_backend_failure() {
     assert_eq!(b.one(b"GET /echo HTTP/1.1\r\nHost: a\r\n\r\n").status, 200);
     assert_eq!(b.status()["agent"]["backends"][0]["health"], "up");
 }
+
+/// A backend that answers `Expect: 100-continue` with 103 Early Hints and then 100: the
+/// 103 reaches the client, the body is sent on the 100, and the final answer comes.
+#[test]
+fn early_hints_before_100_continue() {
+    let b = bed("");
+    let (mut r, mut w) = b.connect();
+    w.write_all(b"POST /hints-continue HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 4\r\n\r\n")
+        .unwrap();
+    let hints = read_response(&mut r).unwrap();
+    assert_eq!(hints.status, 103, "{hints:?}");
+    let go = read_response(&mut r).unwrap();
+    assert_eq!(go.status, 100, "{go:?}");
+    w.write_all(b"body").unwrap();
+    let fin = read_response(&mut r).unwrap();
+    assert_eq!(fin.status, 200, "{fin:?}");
+    assert!(fin.body.ends_with("body"), "{fin:?}");
+}
+
+/// A chunked body whose first size line trickles in (an extension byte at a time) meets
+/// the body deadline too, before anything goes upstream.
+#[test]
+fn a_trickling_first_chunk_line_meets_the_body_deadline() {
+    let b = bed("body_timeout = \"3s\"\n");
+    let (mut r, mut w) = b.connect();
+    let started = Instant::now();
+    w.write_all(b"POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5;").unwrap();
+    let trickle = std::thread::spawn(move || {
+        for _ in 0..20 {
+            if w.write_all(b"a").is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(700));
+        }
+    });
+    let mut out = String::new();
+    let _ = r.read_to_string(&mut out);
+    assert!(status_line(&out).starts_with("HTTP/1.1 408 "), "{out}");
+    assert!(started.elapsed() < Duration::from_secs(8), "answered after {:?} (body_timeout 3 s)", started.elapsed());
+    let _ = trickle.join();
+    assert!(b.seen().is_empty(), "{:?}", b.seen());
+}
+
+/// A tunnel (after 101) where nobody says anything for the idle timeout is closed: it
+/// holds a backend connection.
+#[test]
+fn a_silent_tunnel_is_closed() {
+    let b = bed("client_idle_timeout = \"1s\"\n");
+    let (mut r, mut w) = b.connect();
+    w.write_all(b"GET /upgrade HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n").unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        r.read_exact(&mut byte).unwrap();
+        head.push(byte[0]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 101 "));
+    // Talking keeps it open...
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_millis(600));
+        w.write_all(b"ping").unwrap();
+        let mut echo = [0u8; 4];
+        r.read_exact(&mut echo).unwrap();
+        assert_eq!(&echo, b"PING");
+    }
+    // ...silence closes it.
+    let started = Instant::now();
+    let mut rest = Vec::new();
+    let _ = r.read_to_end(&mut rest);
+    // (The scripted backend itself gives up after 5 s of silence.)
+    assert!(
+        started.elapsed() < Duration::from_millis(3500),
+        "closed after {:?} of silence (idle 1 s)",
+        started.elapsed()
+    );
+}

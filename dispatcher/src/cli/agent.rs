@@ -76,6 +76,8 @@ pub fn stop(path: &Path, detach: bool) -> anyhow::Result<ExitCode> {
         (_, true) => {
             // The agent removed them; with no agent, this does (the link's pin going
             // detaches the program).
+            // Under the instance's lock: never behind an agent.
+            let _lock = dispatcher::instance::acquire(&cfg.instance).map_err(|e| anyhow::anyhow!("{e}; nothing removed"))?;
             dataplane::unpin_all(&dir)?;
             dataplane::ids::remove(&cfg.instance);
             println!("data plane removed: program detached, maps unpinned under {}", dir.display());

@@ -33,18 +33,17 @@ pub fn control(path: &Path, backend: &str, action: Action) -> anyhow::Result<Exi
             return Ok(ExitCode::SUCCESS);
         }
         Ok((_, body)) => anyhow::bail!("the agent refused: {}", body.trim()),
-        // Only with no agent at all are the maps written directly: never behind a running
-        // agent (whose state would then disagree with them).
-        Err(dispatcher::admin::client::AdminError::NotRunning(_))
-            if dispatcher::instance::holder(&cfg.instance).is_none() =>
-        {
-            println!("(agent not running: writing the pinned maps directly)")
-        }
+        Err(dispatcher::admin::client::AdminError::NotRunning(_)) => {}
         Err(e) => anyhow::bail!(
             "{}; nothing changed (the maps are not written while an agent holds the instance)",
             dispatcher::admin::client::explain(&e, &cfg.instance)
         ),
     }
+    // Only with no agent at all are the maps written directly, and under the instance's
+    // lock: never behind a running agent, and no agent starts in the middle.
+    let _lock = dispatcher::instance::acquire(&cfg.instance)
+        .map_err(|e| anyhow!("{e}; nothing changed (the maps are not written while an agent holds the instance)"))?;
+    println!("(agent not running: writing the pinned maps directly)");
     let id = cfg
         .backends
         .iter()

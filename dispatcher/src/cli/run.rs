@@ -239,10 +239,9 @@ impl Running {
             })
             .unzip();
         let states: Vec<u8> = health.iter().zip(&admin).map(|(&h, &a)| effective_state(a, h)).collect();
-        let cluster = Arc::new(Cluster::new(&merged, &health, &admin, None));
         // The learned clone table first: the new listeners route learned IDs from their
         // first request.
-        cluster.inherit(&self.cluster);
+        let cluster = Cluster::successor_of(&merged, &health, &admin, &self.cluster);
         let merged = Arc::new(merged);
         let next = Running::start(merged.clone(), cluster.clone(), tables, rt).map_err(|e| format!("{e:#}"))?;
         tables.lock().unwrap().apply(&merged, &states, &admin).map_err(|e| format!("writing the maps: {e}"))?;
@@ -330,14 +329,14 @@ fn keep_pins(
         }
     }
     if link_gone {
-        if let Some(l) = link.take() {
-            match l.pin(link_path) {
-                Ok(pinned) => *link = Some(pinned.into()),
-                Err(e) => {
-                    tracing::error!(error = %e, "pinning the XDP link again failed: the program is detached");
-                    missing.push("link");
-                }
+        match link.take().map(|l| l.pin(link_path)) {
+            Some(Ok(pinned)) => *link = Some(pinned.into()),
+            Some(Err(e)) => {
+                tracing::error!(error = %e, "pinning the XDP link again failed: the program is detached");
+                missing.push("link");
             }
+            // Lost at an earlier attempt: still missing, and said so every time.
+            None => missing.push("link"),
         }
     }
     if missing.is_empty() {

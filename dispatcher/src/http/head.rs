@@ -144,7 +144,7 @@ struct Fields {
 
 /// Fields that frame or address a message: a `Connection` header naming one of them asks
 /// the next hop to drop it while the message still depends on it (request smuggling).
-fn framing_field(name: &[u8]) -> bool {
+pub fn framing_field(name: &[u8]) -> bool {
     [&b"content-length"[..], b"transfer-encoding", b"host"].iter().any(|f| name.eq_ignore_ascii_case(f))
 }
 
@@ -395,7 +395,8 @@ pub fn parse_response(
     } else {
         Framing::UntilClose
     };
-    let close = f.conn_close || (minor == 0 && !f.conn_keep_alive) || framing == Framing::UntilClose;
+    // RFC 9112 6.1: an HTTP/1.0 message with Transfer-Encoding ends with its connection.
+    let close = f.conn_close || (minor == 0 && (!f.conn_keep_alive || f.chunked)) || framing == Framing::UntilClose;
     Ok(Some(ResponseHead { len, status, reason, minor, headers: std::mem::take(scratch), framing, close }))
 }
 
@@ -537,6 +538,8 @@ mod tests {
             502
         );
         assert!(matches!(res("HTTP/1.1 200 OK\r\nContent-", &get), Ok(None)));
+        let old_chunked = res("HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n", &get);
+        assert!(old_chunked.unwrap().unwrap().close, "an HTTP/1.0 response with Transfer-Encoding is not pooled");
         // No reason phrase at all: fine, and nothing points outside the buffer.
         let bare = res("HTTP/1.1 204\r\n\r\n", &get).unwrap().unwrap();
         assert_eq!((bare.status, bare.reason.len()), (204, 0));

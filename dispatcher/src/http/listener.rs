@@ -172,6 +172,19 @@ async fn accept_loop(
     }
 }
 
+/// Closes this worker's idle upstream connections that aged out or were closed by their
+/// server, every few seconds (not only when a request looks for one).
+async fn reap_idle(ctxs: Vec<Arc<VipCtx>>, idle_timeout: Duration) {
+    let every = idle_timeout.clamp(Duration::from_millis(100), Duration::from_secs(5));
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        for pool in ctxs.iter().flat_map(|c| c.pools.iter().flatten()) {
+            pool.reap();
+        }
+    }
+}
+
 /// Counts a client connection on its VIP while it lives.
 struct VipOpen(Arc<VipCtx>);
 
@@ -229,6 +242,10 @@ impl HttpServer {
                         }
                     };
                     let _ = ready.send(Ok(()));
+                    let reaper = tokio::spawn(reap_idle(
+                        vips.iter().map(|(ctx, _)| ctx.clone()).collect(),
+                        cfg.http.pool_idle_timeout,
+                    ));
                     let mine = Arc::new(AtomicUsize::new(0));
                     let loops: Vec<_> = vips
                         .into_iter()
@@ -241,6 +258,7 @@ impl HttpServer {
                     for l in loops {
                         let _ = l.await;
                     }
+                    reaper.abort();
                     // Listeners closed: let this loop's connections finish.
                     let deadline = Instant::now() + drain;
                     while mine.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {

@@ -215,6 +215,17 @@ impl Pool {
         drop(permit);
     }
 
+    /// Closes the idle connections that have aged out or have something to say (closed by
+    /// the server, or bytes nobody asked for): run periodically, so that a pool nobody
+    /// draws from does not keep descriptors (in CLOSE_WAIT) forever.
+    pub fn reap(&self) -> usize {
+        let now = Instant::now();
+        let mut idle = self.idle.lock().unwrap();
+        let before = idle.len();
+        idle.retain(|(up, since)| now.duration_since(*since) < self.idle_timeout && quiet(up));
+        before - idle.len()
+    }
+
     /// Closes every idle connection (a backend turned suspect: none of them is trusted).
     pub fn clear(&self) -> usize {
         let mut idle = self.idle.lock().unwrap();
@@ -324,5 +335,21 @@ mod tests {
         let next = pool.get(true).await.unwrap();
         assert!(!next.reused, "a fresh connection, not the one with unread bytes");
         drop(server.await.unwrap());
+    }
+
+    /// A pool nobody draws from still lets go of connections its server closed.
+    #[tokio::test]
+    async fn reaping_closes_what_the_server_closed() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move { listener.accept().await.map(|(c, _)| c) });
+        let s = HttpSettings::default();
+        let pool = Pool::new(0, addr, &s, Arc::new(AtomicU64::new(0)), Arc::new(Semaphore::new(4)));
+        pool.put(pool.get(true).await.unwrap());
+        assert_eq!(pool.reap(), 0, "an open, quiet connection stays");
+        drop(server.await.unwrap().unwrap());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(pool.reap(), 1, "closed by its server: let go");
+        assert_eq!(pool.idle_count(), 0);
     }
 }

@@ -81,7 +81,7 @@ pub fn reason(status: u16) -> &'static str {
 
 /// Writes to the client within `timeout`; `false` when it failed or the client did not
 /// take the bytes in time (a client that never reads cannot hold a request forever).
-async fn write_client<W: AsyncWrite + Unpin>(w: &mut W, bytes: &[u8], timeout: Duration) -> bool {
+async fn write_client<W: AsyncWrite + Unpin + ?Sized>(w: &mut W, bytes: &[u8], timeout: Duration) -> bool {
     matches!(tokio::time::timeout(timeout, w.write_all(bytes)).await, Ok(Ok(())))
 }
 
@@ -419,25 +419,35 @@ async fn send<R: AsyncRead + Unpin>(
         let mut early = None;
         if has_body {
             if head.expect_continue {
-                // Wait briefly for the server's verdict on the body.
-                match tokio::time::timeout(
-                    CONTINUE_WAIT,
-                    read_response(&mut up, head, &ctx.limits, scratch, s.server_timeout),
-                )
-                .await
-                {
-                    Ok(Ok(r)) if r.status == 100 => {
-                        bytes::Buf::advance(&mut up.r.buf, r.len);
-                        if !write_client(w, b"HTTP/1.1 100 Continue\r\n\r\n", s.client_timeout).await {
-                            up.abort();
-                            return Err(SendFail::Answered);
+                // Wait briefly for the server's verdict on the body: 100 (send it), a final
+                // answer (the body stays unread), or nothing (send it anyway). Other interim
+                // responses (103 Early Hints) go to the client while the wait goes on.
+                let until = tokio::time::Instant::now() + CONTINUE_WAIT;
+                loop {
+                    let verdict = read_response(&mut up, head, &ctx.limits, scratch, s.server_timeout);
+                    match tokio::time::timeout_at(until, verdict).await {
+                        Ok(Ok(r)) if r.status == 100 => {
+                            bytes::Buf::advance(&mut up.r.buf, r.len);
+                            if !write_client(w, b"HTTP/1.1 100 Continue\r\n\r\n", s.client_timeout).await {
+                                up.abort();
+                                return Err(SendFail::Answered);
+                            }
                         }
+                        Ok(Ok(r)) if (102..200).contains(&r.status) => {
+                            let interim = up.r.buf.split_to(r.len);
+                            if !write_client(w, &interim, s.client_timeout).await {
+                                up.abort();
+                                return Err(SendFail::Answered);
+                            }
+                            continue;
+                        }
+                        Ok(Ok(r)) => early = Some(r),
+                        Ok(Err(UpstreamFail::Timeout)) => return Err(SendFail::Timeout),
+                        Ok(Err(UpstreamFail::Bad(r))) => return Err(SendFail::Bad(r)),
+                        Ok(Err(UpstreamFail::Stale)) => return Err(SendFail::Closed),
+                        Err(_) => {}
                     }
-                    Ok(Ok(r)) => early = Some(r),
-                    Ok(Err(UpstreamFail::Timeout)) => return Err(SendFail::Timeout),
-                    Ok(Err(UpstreamFail::Bad(r))) => return Err(SendFail::Bad(r)),
-                    Ok(Err(UpstreamFail::Stale)) => return Err(SendFail::Closed),
-                    Err(_) => {}
+                    break;
                 }
             }
             if early.is_none() {
@@ -533,7 +543,9 @@ async fn exchange<R: AsyncRead + Unpin>(
         }
         Framing::Chunked => {
             // Refused before anything goes upstream when the part already at hand shows it.
-            if let Err(e) = precheck_chunked(client, head.expect_continue, s.client_timeout).await {
+            let checked =
+                tokio::time::timeout(s.body_timeout, precheck_chunked(client, head.expect_continue, s.client_timeout));
+            if let Err(e) = checked.await.unwrap_or(Err(RelayError::Timeout)) {
                 match e {
                     RelayError::Chunk(why) => send_error(w, 400, why, None).await,
                     RelayError::Timeout => send_error(w, 408, "request body not received in time", None).await,
@@ -694,7 +706,7 @@ async fn exchange<R: AsyncRead + Unpin>(
         if !write_client(w, out, s.client_timeout).await {
             return Next::Close;
         }
-        tunnel(client, w, up).await;
+        tunnel(client, w, up, s.client_idle_timeout).await;
         return Next::Close;
     }
     // An HTTP/1.0 client cannot read chunked: it gets the bare body, delimited by close.
@@ -753,22 +765,50 @@ fn learn(ctx: &VipCtx, res: &ResponseHead, buf: &[u8], backend: usize) {
 }
 
 /// After `101 Switching Protocols`: bytes both ways until either side closes.
-async fn tunnel<R: AsyncRead + Unpin>(client: &mut Inbound<R>, w: &mut OwnedWriteHalf, mut up: Upstream) {
-    if !client.buf.is_empty() && up.w.write_all(&client.buf).await.is_err() {
+async fn tunnel<R: AsyncRead + Unpin>(
+    client: &mut Inbound<R>,
+    w: &mut OwnedWriteHalf,
+    mut up: Upstream,
+    idle: Duration,
+) {
+    if !client.buf.is_empty() && !write_client(&mut up.w, &client.buf, idle).await {
         return;
     }
     client.buf.clear();
-    if !up.r.buf.is_empty() && w.write_all(&up.r.buf).await.is_err() {
+    if !up.r.buf.is_empty() && !write_client(w, &up.r.buf, idle).await {
         return;
     }
     up.r.buf.clear();
-    let to_server = async {
-        let _ = tokio::io::copy(&mut client.io, &mut up.w).await;
-        let _ = up.w.shutdown().await;
-    };
-    let to_client = async {
-        let _ = tokio::io::copy(&mut up.r.io, w).await;
-        let _ = w.shutdown().await;
-    };
-    tokio::join!(to_server, to_client);
+    // Bytes both ways until either side closes, or neither side has sent anything for
+    // `idle` (a tunnel holds a backend connection: it must not be kept by silence).
+    let started = Instant::now();
+    let last = std::sync::atomic::AtomicU64::new(0);
+    tokio::join!(pump(&mut client.io, &mut up.w, idle, started, &last), pump(&mut up.r.io, w, idle, started, &last));
+}
+
+/// One way of a tunnel; `last`: when either way last carried a byte (ms after `started`).
+async fn pump<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    from: &mut R,
+    to: &mut W,
+    idle: Duration,
+    started: Instant,
+    last: &std::sync::atomic::AtomicU64,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    let now = || started.elapsed().as_millis() as u64;
+    loop {
+        match tokio::time::timeout(idle, tokio::io::AsyncReadExt::read(from, &mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => {
+                last.store(now(), Ordering::Relaxed);
+                if !write_client(to, &buf[..n], idle).await {
+                    break;
+                }
+            }
+            // Quiet this way: go on while the other way is busy.
+            Err(_) if now().saturating_sub(last.load(Ordering::Relaxed)) < idle.as_millis() as u64 => {}
+            Err(_) => break,
+        }
+    }
+    let _ = to.shutdown().await;
 }

@@ -3,7 +3,7 @@
 
 use std::net::IpAddr;
 
-use super::head::{tokens, Header, RequestHead, ResponseHead};
+use super::head::{framing_field, tokens, Header, RequestHead, ResponseHead};
 
 const VIA: &str = "1.1 dispatcher";
 
@@ -24,7 +24,7 @@ fn connection_listed<'a>(buf: &'a [u8], headers: &[Header]) -> Vec<&'a [u8]> {
         .iter()
         .filter(|h| is(&buf[h.name.clone()], "connection"))
         .flat_map(|h| tokens(&buf[h.value.clone()]))
-        .filter(|t| !["content-length", "transfer-encoding", "host"].iter().any(|f| is(t, f)))
+        .filter(|t| !framing_field(t))
         .collect()
 }
 
