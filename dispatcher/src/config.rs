@@ -844,8 +844,14 @@ impl Ctx<'_> {
             });
             for c in &b.clone_ids {
                 let id = c.get_ref();
-                if id.is_empty() || id.contains(':') || id.len() > 64 {
-                    self.report(c.span(), &f("clone_ids"), format!("`{id}`: 1 to 64 bytes, no ':'"));
+                let token = id.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+                if id.is_empty() || id.len() > 64 || !token {
+                    let shown = id.escape_debug();
+                    self.report(
+                        c.span(),
+                        &f("clone_ids"),
+                        format!("`{shown}`: 1 to 64 token characters (no ':', spaces, quotes or separators)"),
+                    );
                 } else if let Some(&prev) = clone_owner.get(id) {
                     self.report(
                         c.span(),
@@ -938,9 +944,13 @@ impl Ctx<'_> {
                 }
                 None => members.extend(0..backends.len()),
             }
-            if members.is_empty() && mode == VipMode::L4 {
+            if members.is_empty() {
                 let span = v.backends.as_ref().map(|l| l.span()).unwrap_or(v.name.span());
-                self.report(span, &f("backends"), "an L4 VIP needs at least one backend (it would drop all traffic)");
+                self.report(
+                    span,
+                    &f("backends"),
+                    "a VIP needs at least one backend (with none, an L4 VIP drops all its traffic and an HTTP VIP answers only 503)",
+                );
             }
             if mode == VipMode::L4 {
                 for &bi in &members {

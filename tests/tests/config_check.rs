@@ -153,7 +153,8 @@ fn every_validation_message_names_line_and_field() {
         ("weight = 100", 0, "weight = 0", "backend[0].weight: must be 1..=10000 (drain a backend instead of weight 0)", None),
         ("replica = \"b\"", 0, "replica = \"c\"", "backend[0].replica: names no backend: `c`", None),
         ("replica = \"b\"", 0, "replica = \"a\"", "backend[0].replica: a backend cannot be its own replica", None),
-        ("clone_ids = [\"cloneA\"]", 0, "clone_ids = [\"clone:A\"]", "backend[0].clone_ids: `clone:A`: 1 to 64 bytes, no ':'", None),
+        ("clone_ids = [\"cloneA\"]", 0, "clone_ids = [\"clone:A\"]", "backend[0].clone_ids: `clone:A`: 1 to 64 token characters (no ':', spaces, quotes or separators)", None),
+        ("clone_ids = [\"cloneA\"]", 0, "clone_ids = [\"clone A\"]", "backend[0].clone_ids: `clone A`: 1 to 64 token characters (no ':', spaces, quotes or separators)", None),
         ("clone_ids = [\"cloneB\"]", 0, "clone_ids = [\"cloneA\"]", "backend[1].clone_ids: clone ID `cloneA` already belongs to backend `a`", None),
         ("mac = \"02:00:00:00:00:12\"\n", 0, "", "backend[1].mac: required: backend `b` serves L4 VIP `l4`", Some("[[backend]]\nname = \"b\"")),
         // [[vip]]
@@ -170,7 +171,7 @@ fn every_validation_message_names_line_and_field() {
         ("encap_source = \"10.0.0.1\"\n", 0, "", "vip[0].encap_source: required with forwarding = \"ipip\"", Some("forwarding = \"ipip\"")),
         ("backends = [\"a\", \"b\"]", 0, "backends = [\"a\", \"c\"]", "vip[0].backends: names no backend: `c`", None),
         ("backends = [\"a\", \"b\"]", 0, "backends = [\"a\", \"a\"]", "vip[0].backends: `a` listed twice", None),
-        ("backends = [\"a\", \"b\"]", 0, "backends = []", "vip[0].backends: an L4 VIP needs at least one backend (it would drop all traffic)", None),
+        ("backends = [\"a\", \"b\"]", 0, "backends = []", "vip[0].backends: a VIP needs at least one backend (with none, an L4 VIP drops all its traffic and an HTTP VIP answers only 503)", None),
         ("max_connections = 1000", 0, "max_connections = 0", "vip[1].max_connections: must be 1..=10000000", None),
         ("address = \"10.0.100.1\"\nport = 80\nprotocol = \"tcp\"\nmode = \"l4\"\nforwarding = \"ipip\"\nencap_source = \"10.0.0.1\"", 0,
          "address = \"fd00::100:1\"\nport = 80\nprotocol = \"tcp\"\nmode = \"l4\"\nforwarding = \"ipip\"\nencap_source = \"fd00::1\"",

@@ -342,10 +342,10 @@ pub fn valid_authority(a: &[u8]) -> bool {
         return false;
     }
     match port {
-        [] => true,
+        // RFC 3986: `port = *DIGIT`, so `host:` is an authority (its port the default).
+        [] | [b':'] => true,
         [b':', digits @ ..] => {
-            !digits.is_empty()
-                && digits.len() <= 5
+            digits.len() <= 5
                 && digits.iter().all(u8::is_ascii_digit)
                 && std::str::from_utf8(digits).ok().and_then(|d| d.parse::<u16>().ok()).is_some_and(|p| p > 0)
         }
@@ -594,7 +594,7 @@ mod tests {
         for bad in ["a b", "a/b", "a@b", "[::1", "a:x", "a:70000"] {
             assert_eq!(status(&format!("GET / HTTP/1.1\r\nHost: {bad}\r\n\r\n")), 400, "{bad}");
         }
-        for good in ["a", "a.example:8080", "[fd00::1]:80", "10.0.0.1", ""] {
+        for good in ["a", "a.example:8080", "[fd00::1]:80", "10.0.0.1", "", "a:"] {
             assert_eq!(status(&format!("GET / HTTP/1.1\r\nHost: {good}\r\n\r\n")), 200, "{good}");
         }
     }

@@ -49,9 +49,15 @@ impl Upstream {
 /// An idle connection must have nothing to say: bytes that arrived after its last
 /// response (a server that sent more than it framed) would be read as the next request's
 /// response — another client's. Closed or talkative connections are dropped.
+///
+/// Asked of the socket itself (a non-blocking peek), not of the runtime's cached
+/// readiness, which may not have seen the bytes yet.
 fn quiet(up: &Upstream) -> bool {
+    use nix::sys::socket::{recv, MsgFlags};
+    use std::os::fd::AsRawFd;
+    let fd = up.r.io.as_ref().as_raw_fd();
     let mut probe = [0u8; 1];
-    matches!(up.r.io.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    matches!(recv(fd, &mut probe, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT), Err(nix::errno::Errno::EAGAIN))
 }
 
 /// Counts an open upstream connection in its backend's gauge while it lives.
