@@ -478,4 +478,62 @@ mod tests {
             assert!(judge(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
         }
     }
+
+    /// Whatever the bytes, the verdict and the re-encoded output do not depend on where
+    /// the reads happened to split them (a body judged one way whole and another way in
+    /// pieces is a smuggling vector). Random bodies built from chunk-ish fragments,
+    /// deterministic seed.
+    #[test]
+    fn the_verdict_does_not_depend_on_the_splits() {
+        let pieces: [&[u8]; 16] = [
+            b"5\r\n",
+            b"hello",
+            b"\r\n",
+            b"0\r\n",
+            b"\r\n",
+            b"a;x=1\r\n",
+            b"0123456789",
+            b"X-T: v\r\n",
+            b"\n",
+            b"\r",
+            b"-1\r\n",
+            b" ",
+            b";",
+            b"\0",
+            b"ffffffffffffffff\r\n",
+            b"Content-Length: 3\r\n",
+        ];
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let whole = |input: &[u8]| {
+            let mut d = ChunkedDecoder::default();
+            let mut out = Vec::new();
+            d.feed(input, Some(&mut out), false).map(|used| (used, d.is_done(), out))
+        };
+        for _ in 0..3000 {
+            let n = (next() % 8 + 1) as usize;
+            let input: Vec<u8> = (0..n).flat_map(|_| pieces[(next() % 16) as usize].iter().copied()).collect();
+            let reference = whole(&input);
+            // The same bytes fed in two random places' worth of pieces.
+            let cut = (next() as usize) % (input.len() + 1);
+            let mut d = ChunkedDecoder::default();
+            let mut out = Vec::new();
+            let first = d.feed(&input[..cut], Some(&mut out), false);
+            let split = first.and_then(|used| {
+                let mut rest = input[used..cut].to_vec();
+                rest.extend_from_slice(&input[cut..]);
+                d.feed(&rest, Some(&mut out), false).map(|u| (used + u, d.is_done(), out))
+            });
+            match (&reference, &split) {
+                (Ok(a), Ok(b)) => assert_eq!(a, b, "{:?} cut at {cut}", String::from_utf8_lossy(&input)),
+                (Err(_), Err(_)) => {}
+                _ => panic!("{:?} cut at {cut}: {reference:?} vs {split:?}", String::from_utf8_lossy(&input)),
+            }
+        }
+    }
 }

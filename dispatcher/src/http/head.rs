@@ -598,4 +598,44 @@ mod tests {
             assert_eq!(status(&format!("GET / HTTP/1.1\r\nHost: {good}\r\n\r\n")), 200, "{good}");
         }
     }
+
+    /// A head is judged the same whatever the reads split it into: every prefix of a head
+    /// that parses is "more needed", never a verdict of its own. Random heads from
+    /// fragments (valid and hostile), deterministic seed.
+    #[test]
+    fn a_head_is_judged_the_same_at_every_split() {
+        let pieces = [
+            "GET / HTTP/1.1\r\n",
+            "POST /a HTTP/1.1\r\n",
+            "GET http://a.example/p HTTP/1.1\r\n",
+            "Host: x\r\n",
+            "Host: a b\r\n",
+            "Content-Length: 5\r\n",
+            "Transfer-Encoding: chunked\r\n",
+            "Connection: close\r\n",
+            "Connection: content-length\r\n",
+            "X: \0\r\n",
+            "X: a\rb\r\n",
+            "X: y\n",
+            " folded\r\n",
+            "\r\n",
+        ];
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for _ in 0..3000 {
+            let n = (next() % 6 + 1) as usize;
+            let mut text: String = (0..n).map(|_| pieces[(next() % pieces.len() as u64) as usize]).collect();
+            text.push_str("\r\n");
+            if let Ok(Some(h)) = req(&text) {
+                for cut in 0..h.len {
+                    assert!(matches!(req(&text[..cut]), Ok(None)), "{text:?}: prefix {cut} judged early");
+                }
+            }
+        }
+    }
 }
