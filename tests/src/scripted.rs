@@ -225,7 +225,8 @@ fn connection(record: &Record, s: TcpStream, stop: &AtomicBool) -> std::io::Resu
 }
 
 /// A testbed of scripted backends behind one HTTP VIP (`VIP`:80, backends on
-/// `BACKEND_PORT`), with the helpers the protocol tests share.
+/// `BACKEND_PORT`) and one L4 VIP (`L4_VIP`:`BACKEND_PORT`, forwarded by XDP to the same
+/// servers), with the helpers the protocol tests share.
 pub struct Bed {
     pub tb: crate::netns::Testbed,
     pub record: Arc<Record>,
@@ -233,6 +234,7 @@ pub struct Bed {
 }
 
 pub const VIP: &str = "10.99.100.9";
+pub const L4_VIP: &str = "10.99.100.8";
 pub const BACKEND_PORT: u16 = 8080;
 
 impl Bed {
@@ -243,12 +245,12 @@ impl Bed {
 
     /// As `new`, the agent run with the descriptor limit `nofile`.
     pub fn limited(backends: usize, http: &str, health: &str, nofile: Option<u64>) -> Bed {
-        let mut tb = crate::netns::Testbed::new(backends, &[VIP]);
+        let mut tb = crate::netns::Testbed::new(backends, &[VIP, L4_VIP]);
         tb.add_local_vip(VIP);
         let record = Arc::new(Record::default());
         tb.start_scripted(&record, BACKEND_PORT);
         let text = format!(
-            "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nserver_timeout = \"2s\"\nclient_timeout = \"2s\"\n{http}\n[health]\npath = \"/health\"\n{health}\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\n",
+            "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nserver_timeout = \"2s\"\nclient_timeout = \"2s\"\n{http}\n[health]\npath = \"/health\"\n{health}\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\n\n[[vip]]\nname = \"l4\"\naddress = \"{L4_VIP}\"\nport = {BACKEND_PORT}\nring_size = 1009\n",
             tb.instance(),
             tb.backend_config(&[])
         );
@@ -278,6 +280,19 @@ impl Bed {
         let (mut r, mut w) = self.connect();
         w.write_all(req).unwrap();
         crate::websphere::read_response(&mut r).expect("a response")
+    }
+
+    /// One request through the L4 VIP (XDP straight to a backend): its status.
+    pub fn through_l4(&self) -> std::io::Result<u16> {
+        let addr: std::net::SocketAddr = format!("{L4_VIP}:{BACKEND_PORT}").parse().unwrap();
+        self.tb.client.run(move || {
+            let s = TcpStream::connect_timeout(&addr, Duration::from_secs(3))?;
+            s.set_read_timeout(Some(Duration::from_secs(5)))?;
+            let mut w = s.try_clone()?;
+            w.write_all(b"GET /echo HTTP/1.1\r\nHost: l4\r\nConnection: close\r\n\r\n")?;
+            let r = crate::websphere::read_response(&mut BufReader::new(s))?;
+            Ok(r.status)
+        })
     }
 
     /// `dispatcher status --json`.

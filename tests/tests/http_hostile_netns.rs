@@ -237,6 +237,7 @@ fn idle_clients_cannot_exhaust_the_descriptors() {
     std::thread::sleep(Duration::from_secs(2));
     let st = b.status();
     assert_eq!(st["agent"]["backends"][0]["health"], "up", "{st}");
+    assert_eq!(b.through_l4().unwrap(), 200, "the L4 VIP forwards as before");
     assert!(st["agent"]["vips"][0]["connections"].as_u64().unwrap() <= 62, "{st}");
     assert!(st["agent"]["counters"]["connections_refused"].as_u64().unwrap() >= 400, "{st}");
     drop(idle);
@@ -257,6 +258,7 @@ fn running_out_of_descriptors_is_not_a_backend_failure() {
     let table = b.tb.dispatcher_cmd(&["status", "--config", cfg.to_str().unwrap()]);
     let row = table.lines().find(|l| l.starts_with("b0 ")).unwrap_or_else(|| panic!("{table}"));
     assert!(row.split_whitespace().nth(2) == Some("up"), "the backend stayed up: {table}");
+    assert_eq!(b.through_l4().unwrap(), 200, "the L4 VIP forwards as before");
     assert!(b.tb.log("dispatcher").contains("failed"), "the shortage was logged: {}", b.tb.log("dispatcher"));
     drop(idle);
     std::thread::sleep(Duration::from_millis(500));
