@@ -341,3 +341,19 @@ fn a_silent_tunnel_is_closed() {
         started.elapsed()
     );
 }
+
+/// A client that does not read its (small, fully received) responses holds no backend
+/// connection: with one connection allowed to the backend, another client is served
+/// while the first one's response waits in the socket.
+#[test]
+fn a_client_that_does_not_read_holds_no_backend_connection() {
+    let b = bed("max_connections_per_backend = 1\nqueue_timeout = \"1s\"\n");
+    let (_r, mut w) = b.connect();
+    // 16 MB of small responses the client never reads: its request is stuck writing.
+    w.write_all("GET /medium HTTP/1.1\r\nHost: a\r\n\r\n".repeat(2000).as_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    for _ in 0..3 {
+        let r = b.one(b"GET /echo HTTP/1.1\r\nHost: a\r\n\r\n");
+        assert_eq!(r.status, 200, "{r:?}");
+    }
+}

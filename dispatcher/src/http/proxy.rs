@@ -725,19 +725,33 @@ async fn exchange<R: AsyncRead + Unpin>(
             framing = Framing::None;
         }
     }
+    let keep_upstream = !res.close && !body_skipped;
+    // The whole response is in hand: the backend connection (and its share of the
+    // backend's connection limit) goes back before the client reads it, so a client that
+    // reads slowly holds no backend connection.
+    let mut up = if framing == Framing::None {
+        if keep_upstream {
+            pool.put(up);
+        }
+        None
+    } else {
+        Some(up)
+    };
     if !write_client(w, out, s.client_timeout).await {
         return Next::Close;
     }
-    let t = Timeouts { read: s.server_timeout, write: s.client_timeout };
-    if let Err(e) = relay_body(framing, &mut up.r, w, t, dechunk).await {
-        // Part of the response is out: the client must see the connection abort, never
-        // a response that looks complete.
-        be.errors.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(backend = %be.name, error = %e, "response body relay failed");
-        return Next::Close;
-    }
-    if !res.close && !body_skipped {
-        pool.put(up);
+    if let Some(mut up) = up.take() {
+        let t = Timeouts { read: s.server_timeout, write: s.client_timeout };
+        if let Err(e) = relay_body(framing, &mut up.r, w, t, dechunk).await {
+            // Part of the response is out: the client must see the connection abort, never
+            // a response that looks complete.
+            be.errors.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(backend = %be.name, error = %e, "response body relay failed");
+            return Next::Close;
+        }
+        if keep_upstream {
+            pool.put(up);
+        }
     }
     if close {
         Next::Close
