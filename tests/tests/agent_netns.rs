@@ -45,6 +45,17 @@ impl Conn {
     }
 }
 
+/// `n` connections through the VIP, each with the backend that answered it.
+fn open_conns(tb: &Testbed, n: usize) -> Vec<(Conn, String)> {
+    (0..n)
+        .map(|_| {
+            let mut c = Conn::open(tb);
+            let b = c.ask();
+            (c, b)
+        })
+        .collect()
+}
+
 /// Runs the CLI, which is expected to fail: (exit code, stdout + stderr).
 fn cli_fails(tb: &Testbed, args: &[&str]) -> (Option<i32>, String) {
     let out = tb.lb.command(dispatcher_bin()).args(args).output().unwrap();
@@ -61,13 +72,7 @@ fn agent_pid(tb: &Testbed, cfg: &str) -> serde_json::Value {
 fn a_second_agent_for_the_instance_is_refused() {
     let (tb, cfg) = l4_bed();
     let first = tb.pid_of("dispatcher").unwrap();
-    let mut conns: Vec<(Conn, String)> = (0..4)
-        .map(|_| {
-            let mut c = Conn::open(&tb);
-            let b = c.ask();
-            (c, b)
-        })
-        .collect();
+    let mut conns = open_conns(&tb, 4);
     let (code, out) = cli_fails(&tb, &["run", "--config", &cfg]);
     assert_eq!(code, Some(1), "{out}");
     assert!(out.contains(&format!("another agent (pid {first}) runs instance")), "{out}");
@@ -141,13 +146,7 @@ fn a_restart_matches_backends_by_name_not_position() {
     let cfg = path.to_str().unwrap().to_string();
     tb.start_dispatcher(&path);
 
-    let mut conns: Vec<(Conn, String)> = (0..8)
-        .map(|_| {
-            let mut c = Conn::open(&tb);
-            let b = c.ask();
-            (c, b)
-        })
-        .collect();
+    let mut conns = open_conns(&tb, 8);
     let app: SocketAddr = format!("{APP}:80").parse().unwrap();
     let mut session = dispatcher_tests::websphere::Client::new(&tb.client, app);
     let first = session.get("/app/restart").unwrap();
@@ -189,13 +188,7 @@ fn a_restart_matches_backends_by_name_not_position() {
 #[test]
 fn pins_removed_under_a_running_agent_are_restored() {
     let (mut tb, cfg) = l4_bed();
-    let mut conns: Vec<(Conn, String)> = (0..4)
-        .map(|_| {
-            let mut c = Conn::open(&tb);
-            let b = c.ask();
-            (c, b)
-        })
-        .collect();
+    let mut conns = open_conns(&tb, 4);
     for e in std::fs::read_dir(tb.pin_dir()).unwrap() {
         std::fs::remove_file(e.unwrap().path()).unwrap();
     }

@@ -503,13 +503,7 @@ mod tests {
             b"ffffffffffffffff\r\n",
             b"Content-Length: 3\r\n",
         ];
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = crate::http::xorshift(0x2545_f491_4f6c_dd1du64);
         let whole = |input: &[u8]| {
             let mut d = ChunkedDecoder::default();
             let mut out = Vec::new();

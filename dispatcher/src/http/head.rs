@@ -620,13 +620,7 @@ mod tests {
             " folded\r\n",
             "\r\n",
         ];
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = crate::http::xorshift(0x9e37_79b9_7f4a_7c15u64);
         for _ in 0..3000 {
             let n = (next() % 6 + 1) as usize;
             let mut text: String = (0..n).map(|_| pieces[(next() % pieces.len() as u64) as usize]).collect();

@@ -12,3 +12,14 @@ pub mod proxy;
 pub mod rewrite;
 pub mod route;
 pub mod session;
+
+/// A deterministic xorshift generator for the randomized (split-invariance) tests.
+#[cfg(test)]
+pub(crate) fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
+    move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    }
+}
