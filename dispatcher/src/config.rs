@@ -130,6 +130,8 @@ struct RawHttp {
     #[serde(default)]
     body_timeout: Option<Spanned<String>>,
     #[serde(default)]
+    body_min_rate: Option<Spanned<usize>>,
+    #[serde(default)]
     queue_timeout: Option<Spanned<String>>,
     #[serde(default)]
     max_client_connections: Option<Spanned<usize>>,
@@ -353,8 +355,11 @@ pub struct HttpSettings {
     /// Longest wait for a client's next bytes of a request body, and for a client to take
     /// the bytes of a response.
     pub client_timeout: Duration,
-    /// Longest time a whole request body may take to arrive (a minimum rate, in effect).
+    /// How long a request body may take to arrive before its rate is judged...
     pub body_timeout: Duration,
+    /// ...then it must have averaged at least this many bytes per second since it began
+    /// (a large upload goes on; a trickle is cut off).
+    pub body_min_rate: u64,
     /// How long a request waits for a connection to a backend that is at its connection
     /// limit; then 503 "busy" (the backend's health is not touched).
     pub queue_timeout: Duration,
@@ -387,6 +392,7 @@ impl Default for HttpSettings {
             retry_buffer: 64 * 1024,
             client_timeout: Duration::from_secs(30),
             body_timeout: Duration::from_secs(60),
+            body_min_rate: 1024,
             queue_timeout: Duration::from_secs(5),
             max_client_connections: None,
         }
@@ -1206,6 +1212,9 @@ impl Ctx<'_> {
         );
         num(&h.max_held, "max_held", 0, 1_000_000, &mut s.max_held);
         num(&h.retry_buffer, "retry_buffer", 0, 16 << 20, &mut s.retry_buffer);
+        let mut rate = s.body_min_rate as usize;
+        num(&h.body_min_rate, "body_min_rate", 1, 1 << 30, &mut rate);
+        s.body_min_rate = rate as u64;
         let mut cap = 0;
         num(&h.max_client_connections, "max_client_connections", 1, MAX_CLIENT_CONNECTIONS, &mut cap);
         s.max_client_connections = (cap > 0).then_some(cap);

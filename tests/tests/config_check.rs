@@ -82,6 +82,7 @@ retries = 1
 retry_budget_percent = 20
 client_timeout = "30s"
 body_timeout = "60s"
+body_min_rate = 1024
 queue_timeout = "5s"
 max_client_connections = 5000
 "#;
@@ -207,6 +208,7 @@ fn every_validation_message_names_line_and_field() {
         ("hold_time = \"2s\"", 0, "hold_time = \"18446744073709551615s\"", "http.hold_time: must be at most 1 day (86400s)", None),
         ("client_timeout = \"30s\"", 0, "client_timeout = \"25h\"", "http.client_timeout: must be at most 1 day (86400s)", None),
         ("max_client_connections = 5000", 0, "max_client_connections = 0", "http.max_client_connections: must be 1..=10000000", None),
+        ("body_min_rate = 1024", 0, "body_min_rate = 0", "http.body_min_rate: must be 1..=1073741824", None),
         ("max_held = 100", 0, "max_held = 2000000", "http.max_held: must be 0..=1000000", None),
         ("retries = 1", 0, "retries = 11", "http.retries: must be 0..=10", None),
         ("retry_budget_percent = 20", 0, "retry_budget_percent = 101", "http.retry_budget_percent: must be 0..=100", None),

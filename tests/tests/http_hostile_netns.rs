@@ -357,3 +357,23 @@ fn a_client_that_does_not_read_holds_no_backend_connection() {
         assert_eq!(r.status, 200, "{r:?}");
     }
 }
+
+/// An upload that takes longer than `body_timeout` but keeps up `body_min_rate` goes on:
+/// the deadline is a minimum rate, not a cap on the body's size.
+#[test]
+fn a_slow_but_steady_upload_is_not_cut_off() {
+    let b = bed("body_timeout = \"1s\"\nbody_min_rate = 1024\n");
+    let (mut r, mut w) = b.connect();
+    const SIZE: usize = 160 * 1024;
+    w.write_all(format!("POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: {SIZE}\r\n\r\n").as_bytes()).unwrap();
+    let started = Instant::now();
+    // 8 KiB every 200 ms: about 40 KiB/s, for about 4 s.
+    for _ in 0..SIZE / 8192 {
+        w.write_all(&[b'u'; 8192]).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let res = read_response(&mut r).unwrap();
+    assert!(started.elapsed() > Duration::from_secs(3), "the upload outlasted body_timeout");
+    assert_eq!(res.status, 200, "{}", res.status);
+    assert!(b.record.last().ends_with(&"u".repeat(SIZE)), "the whole body reached the backend");
+}

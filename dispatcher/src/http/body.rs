@@ -28,6 +28,8 @@ pub struct Inbound<R> {
     pub buf: BytesMut,
     /// How much room each read makes when the buffer is (nearly) full.
     chunk: usize,
+    /// Bytes read so far, when metered (a client's, for the body rate).
+    meter: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
 }
 
 const READ_CHUNK: usize = 16 * 1024;
@@ -40,7 +42,13 @@ impl<R: AsyncRead + Unpin> Inbound<R> {
     /// A reader that allocates `chunk` bytes at a time, and nothing before its first read
     /// (an idle client connection costs no buffer).
     pub fn with_chunk(io: R, chunk: usize) -> Self {
-        Inbound { io, buf: BytesMut::new(), chunk }
+        Inbound { io, buf: BytesMut::new(), chunk, meter: None }
+    }
+
+    /// Counts the bytes read from now on; the counter can be watched while the reader is
+    /// busy (`within_rate`).
+    pub fn meter(&mut self) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
+        self.meter.get_or_insert_with(Default::default).clone()
     }
 
     /// Reads more bytes into the buffer; `Ok(0)` at end of stream.
@@ -49,7 +57,12 @@ impl<R: AsyncRead + Unpin> Inbound<R> {
             self.buf.reserve(self.chunk);
         }
         match tokio::time::timeout(timeout, self.io.read_buf(&mut self.buf)).await {
-            Ok(Ok(n)) => Ok(n),
+            Ok(Ok(n)) => {
+                if let Some(m) = &self.meter {
+                    m.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+                }
+                Ok(n)
+            }
             Ok(Err(e)) => Err(RelayError::Read(e)),
             Err(_) => Err(RelayError::Timeout),
         }
@@ -61,6 +74,33 @@ impl<R: AsyncRead + Unpin> Inbound<R> {
             return Err(RelayError::Eof);
         }
         Ok(())
+    }
+}
+
+/// Runs a transfer that reads from a metered source under a rate rule: for `grace` it may
+/// go at any pace; after that, the bytes the meter saw since the start must average at
+/// least `min_rate` per second (checked every second), or it ends with `Timeout`.
+pub async fn within_rate<T>(
+    transfer: impl std::future::Future<Output = Result<T, RelayError>>,
+    meter: &std::sync::atomic::AtomicU64,
+    grace: Duration,
+    min_rate: u64,
+) -> Result<T, RelayError> {
+    use std::sync::atomic::Ordering;
+    let start = meter.load(Ordering::Relaxed);
+    let began = tokio::time::Instant::now();
+    let mut tick = tokio::time::interval_at(began + grace, Duration::from_secs(1));
+    tokio::pin!(transfer);
+    loop {
+        tokio::select! {
+            r = &mut transfer => return r,
+            _ = tick.tick() => {
+                let got = meter.load(Ordering::Relaxed) - start;
+                if (got as f64) < min_rate as f64 * began.elapsed().as_secs_f64() {
+                    return Err(RelayError::Timeout);
+                }
+            }
+        }
     }
 }
 

@@ -16,7 +16,9 @@ use tokio::{
 };
 
 use super::{
-    body::{relay_chunked, relay_length, relay_until_close, ChunkedDecoder, Inbound, RelayError, Timeouts},
+    body::{
+        relay_chunked, relay_length, relay_until_close, within_rate, ChunkedDecoder, Inbound, RelayError, Timeouts,
+    },
     head::{parse_request, parse_response, Framing, HeadLimits, Header, Reject, RequestHead, ResponseHead},
     pool::{Pool, Upstream},
     rewrite::{build_request, build_response, is},
@@ -451,14 +453,13 @@ async fn send<R: AsyncRead + Unpin>(
                 }
             }
             if early.is_none() {
-                // Per read the client timeout, in all the body deadline (a body trickling
-                // one byte at a time cannot keep a request and its server connection).
+                // Per read the client timeout; after body_timeout, a minimum average rate
+                // (a body trickling one byte at a time cannot keep a request and its server
+                // connection, a large upload goes on).
                 let t = Timeouts { read: s.client_timeout, write: s.server_timeout };
+                let meter = client.meter();
                 let relay = relay_body(head.framing, client, &mut up.w, t, false);
-                let relayed = match tokio::time::timeout(s.body_timeout, relay).await {
-                    Ok(r) => r,
-                    Err(_) => Err(RelayError::Timeout),
-                };
+                let relayed = within_rate(relay, &meter, s.body_timeout, s.body_min_rate).await;
                 match relayed {
                     Ok(()) => {}
                     Err(RelayError::Write(_)) => return Err(SendFail::Closed),
@@ -531,8 +532,9 @@ async fn exchange<R: AsyncRead + Unpin>(
     // and such requests are not retried.
     let buffered_body = match head.framing {
         Framing::Length(n) if idempotent && !head.expect_continue && n <= s.retry_buffer as u64 => {
-            let read = tokio::time::timeout(s.body_timeout, read_body(client, n as usize, s.client_timeout));
-            match read.await.unwrap_or(Err(RelayError::Timeout)) {
+            let meter = client.meter();
+            let read = read_body(client, n as usize, s.client_timeout);
+            match within_rate(read, &meter, s.body_timeout, s.body_min_rate).await {
                 Ok(b) => Some(b),
                 Err(RelayError::Timeout) => {
                     send_error(w, 408, "request body not received in time", None).await;
