@@ -138,8 +138,7 @@ async fn read_response(stream: &mut TcpStream, request: &[u8]) -> Option<u16> {
         }
         Framing::Chunked => {
             let mut dec = ChunkedDecoder::default();
-            loop {
-                let Ok(used) = dec.feed(&buf, None, false) else { break };
+            while let Ok(used) = dec.feed(&buf, None, false) {
                 buf.drain(..used);
                 if dec.is_done() || !fill(&mut buf, stream).await {
                     break;

@@ -8,12 +8,14 @@
 //! `control` (health checks from `health`, failed requests, operator commands).
 
 pub mod admin;
+pub mod agent;
 pub mod config;
 pub mod control;
 pub mod dataplane;
 pub mod health;
 pub mod http;
 pub mod instance;
+pub mod logging;
 pub mod maglev;
 pub mod ratelimit;
 pub mod state;

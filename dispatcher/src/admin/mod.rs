@@ -30,31 +30,13 @@ use tokio::{
     sync::{mpsc, oneshot},
 };
 
+pub use crate::agent::{AgentRequest, Live, ReloadRequest};
 use crate::{
     config::Config,
     control::{state_name, AdminCommand},
     dataplane::tables::Tables,
     state::Cluster,
 };
-
-/// What a reload replaces.
-pub struct Live {
-    pub cfg: Arc<Config>,
-    pub cluster: Arc<Cluster>,
-    pub commands: mpsc::UnboundedSender<AdminCommand>,
-}
-
-/// A reload request: the reply says what changed, or why nothing did.
-pub type ReloadRequest = oneshot::Sender<Result<String, String>>;
-
-/// What only the agent's main loop can do.
-pub enum AgentRequest {
-    Reload(ReloadRequest),
-    /// Exit; `detach`: also detach the program and unpin the maps.
-    Stop {
-        detach: bool,
-    },
-}
 
 pub struct Admin {
     pub live: std::sync::RwLock<Live>,

@@ -10,7 +10,7 @@ pub fn decap(iface: &str, generic: bool) -> anyhow::Result<ExitCode> {
     let (link, how) =
         dataplane::attach(&mut ebpf, "decap", iface, mode).with_context(|| format!("attaching decap to {iface}"))?;
     tracing::info!(interface = iface, mode = ?how, "decap attached");
-    let why = super::wait_for_shutdown()?;
+    let why = dispatcher::agent::wait_for_shutdown()?;
     drop(link);
     tracing::info!(signal = why, "decap detached");
     Ok(ExitCode::SUCCESS)

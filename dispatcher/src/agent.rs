@@ -1,0 +1,417 @@
+//! The agent's lifecycle: what `dispatcher run` does, as a library so that a test or
+//! another front end can start an agent without the command line. It loads or adopts the
+//! data plane (`dataplane`), starts the request path (`http::listener`), the control loop
+//! (`control`) and the admin endpoint (`admin`), keeps its pins, reloads, and stops.
+
+use std::{path::Path, sync::Arc};
+
+use anyhow::Context as _;
+use aya::programs::links::{FdLink, PinnedLink};
+use dispatcher_common::effective_state;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::{
+    admin::{self, Admin},
+    config::Config,
+    control::AdminCommand,
+    dataplane::{
+        self,
+        tables::{initial_states, Tables},
+        Attached, LoadOptions,
+    },
+    http::listener::HttpServer,
+    state::Cluster,
+};
+
+/// What a reload replaces.
+pub struct Live {
+    pub cfg: Arc<Config>,
+    pub cluster: Arc<Cluster>,
+    pub commands: mpsc::UnboundedSender<AdminCommand>,
+}
+
+/// A reload request: the reply says what changed, or why nothing did.
+pub type ReloadRequest = oneshot::Sender<Result<String, String>>;
+
+/// What only the agent's main loop can do.
+pub enum AgentRequest {
+    Reload(ReloadRequest),
+    /// Exit; `detach`: also detach the program and unpin the maps.
+    Stop {
+        detach: bool,
+    },
+}
+
+/// Blocks until SIGTERM or SIGINT.
+pub fn wait_for_shutdown() -> anyhow::Result<&'static str> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(shutdown_signal())
+}
+
+/// Resolves on SIGTERM or SIGINT, naming it.
+pub async fn shutdown_signal() -> anyhow::Result<&'static str> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => Ok("SIGTERM"),
+        _ = int.recv() => Ok("SIGINT"),
+    }
+}
+
+/// Runs the agent for the configuration at `path` until SIGTERM/SIGINT or `POST /stop`:
+/// loads (or adopts) the data plane, serves the HTTP VIPs, the control loop and the admin
+/// endpoint. `keep_dataplane`: on a signal, leave the program attached and the maps pinned.
+pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
+    let mut cfg = Config::load(path)?;
+    crate::logging::init_logging(&cfg.log_level);
+    // Before anything is touched: a second agent for the instance would swap the program,
+    // rebind the admin socket and share the HTTP ports.
+    let _lock = crate::instance::acquire(&cfg.instance)?;
+    raise_fd_limit();
+    let pin_dir = cfg.pin_dir();
+    let adopted = pin_dir.join("VIPS").exists();
+    let mut ebpf = dataplane::load_dispatcher(&LoadOptions {
+        pin_dir: Some(&pin_dir),
+        flow_table_size: cfg.flow_table_size,
+        affinity_table_size: cfg.affinity_table_size,
+    })
+    .with_context(|| format!("loading the data plane pinned under {}", pin_dir.display()))?;
+    let mut tables = Tables::from_ebpf(&mut ebpf)?;
+    if adopted {
+        // Every backend and VIP at the id the pinned maps know it by (its name), not at
+        // its position in a file that may have changed since.
+        if dataplane::ids::load(&cfg).is_some() {
+            cfg = dataplane::ids::placed(cfg).map_err(|e| anyhow::anyhow!("adopting the pinned maps: {e}"))?;
+        } else {
+            tracing::warn!("no id table for the pinned maps (left by an older agent?): backends and VIPs keep the ids of their positions");
+        }
+        for (i, v) in cfg.vips.iter().enumerate() {
+            tables.adopt_ring(i as u32, v.ring_size)?;
+        }
+        tracing::info!(dir = %pin_dir.display(), flows = tables.flow_count(), "adopted pinned maps");
+    }
+    let n = cfg.backends.len();
+    let (mut health, mut admin) = (initial_states(&cfg), vec![0u8; n]);
+    if adopted {
+        // An operator's drain or disable, and a backend found down, survive an agent
+        // restart.
+        for i in 0..n {
+            if let Ok(info) = tables.backend(i as u32) {
+                (health[i], admin[i]) = adopted_state(&info);
+            }
+        }
+    }
+    // A backend removed from the file keeps its slot, out of service (its flows and
+    // sessions go to its replica, as after a reload).
+    for (i, b) in cfg.backends.iter().enumerate() {
+        if b.retired {
+            admin[i] = dispatcher_common::STATE_DISABLED;
+        }
+    }
+    let states: Vec<u8> = (0..n).map(|i| effective_state(admin[i], health[i])).collect();
+    tables.apply(&cfg, &states, &admin).context("writing the configuration into the maps")?;
+    if adopted {
+        let stale = tables.remove_stale_vips(&cfg);
+        if stale > 0 {
+            tracing::info!(entries = stale, "removed VIPS entries of VIPs no longer configured");
+        }
+    }
+    if let Err(e) = dataplane::ids::save(&cfg) {
+        tracing::warn!(error = %e, "recording the id table");
+    }
+
+    // The program too, so that bpftool and a later agent can find it by path.
+    let prog_path = pin_dir.join("prog");
+    let _ = std::fs::remove_file(&prog_path);
+    dataplane::program(&mut ebpf, "dispatcher")?.pin(&prog_path).context("pinning the XDP program")?;
+
+    let link_path = pin_dir.join("link");
+    let pins = dataplane::pins::Pins::record(&pin_dir).context("reading back the pinned maps")?;
+    let (link, how) = if link_path.exists() {
+        // A previous run left the program attached: swap the new program in atomically.
+        let fd: FdLink = PinnedLink::from_pin(&link_path).context("opening the pinned XDP link")?.into();
+        let xdp_link = aya::programs::xdp::XdpLink::try_from(fd).context("pinned link is not an XDP link")?;
+        let xdp = dataplane::program(&mut ebpf, "dispatcher")?;
+        let id = xdp.attach_to_link(xdp_link).context("replacing the attached program")?;
+        let link = FdLink::try_from(xdp.take_link(id)?).context("XDP link")?;
+        (link, "replaced")
+    } else {
+        let (link, how) = dataplane::attach(&mut ebpf, "dispatcher", &cfg.interface, cfg.xdp_mode)
+            .with_context(|| format!("attaching to {}", cfg.interface))?;
+        let link: FdLink = link.pin(&link_path).context("pinning the XDP link")?.into();
+        (link, if how == Attached::Native { "native" } else { "generic" })
+    };
+    // The request path: the cluster state (with CLONES written through) and the HTTP VIPs.
+    let clones = ebpf.take_map("CLONES").ok_or_else(|| anyhow::anyhow!("CLONES map missing"))?;
+    let clones = aya::maps::HashMap::try_from(clones).context("CLONES map")?;
+    let cluster = Arc::new(Cluster::new(&cfg, &health, &admin, Some(clones)));
+    // When a listener closes (reload), connections in its accept queue move to the new
+    // one instead of being reset (SO_REUSEPORT group; Linux 5.14+).
+    let _ = std::fs::write("/proc/sys/net/ipv4/tcp_migrate_req", "1");
+    // The control runtime (signals, state, admin); the request path has its own event
+    // loops (`http::listener`).
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
+    let tables = Arc::new(std::sync::Mutex::new(tables));
+    let mut live = Running::start(Arc::new(cfg.clone()), cluster, &tables, &rt)?;
+    let (requests, mut request_rx) = tokio::sync::mpsc::unbounded_channel::<AgentRequest>();
+    let admin = Arc::new(Admin {
+        live: std::sync::RwLock::new(live.view()),
+        pins_missing: std::sync::Mutex::new(Vec::new()),
+        tables: tables.clone(),
+        requests,
+        started: std::time::Instant::now(),
+    });
+    let (listener, tcp) = {
+        let _guard = rt.enter();
+        let unix = admin::bind(&cfg.admin_socket)
+            .with_context(|| format!("binding the admin socket {}", cfg.admin_socket.display()))?;
+        let tcp = match cfg.admin_address {
+            Some(a) => Some(
+                rt.block_on(tokio::net::TcpListener::bind(a))
+                    .with_context(|| format!("binding the admin address {a}"))?,
+            ),
+            None => None,
+        };
+        (unix, tcp)
+    };
+    let admin_task = rt.spawn(admin::serve(admin.clone(), listener, tcp));
+    tracing::info!(interface = %cfg.interface, mode = how, vips = cfg.vips.len(), backends = cfg.backends.len(), admin = %cfg.admin_socket.display(), admin_address = ?cfg.admin_address, "dispatcher running");
+
+    let mut link = Some(link);
+    let (why, keep_dataplane) = rt.block_on(async {
+        let signal = shutdown_signal();
+        tokio::pin!(signal);
+        let mut pin_check = tokio::time::interval(PIN_CHECK);
+        loop {
+            tokio::select! {
+                s = &mut signal => return s.map(|s| (s, keep_dataplane)),
+                _ = pin_check.tick() => {
+                    let missing = keep_pins(&pins, &mut ebpf, &mut link, &prog_path, &link_path);
+                    *admin.pins_missing.lock().unwrap() = missing;
+                }
+                Some(request) = request_rx.recv() => match request {
+                    AgentRequest::Reload(reply) => {
+                        let r = live.reload(path, &tables, &rt);
+                        match &r {
+                            Ok(what) => {
+                                *admin.live.write().unwrap() = live.view();
+                                tracing::info!(changes = %what, "configuration reloaded");
+                            }
+                            Err(why) => tracing::warn!(error = %why, "reload refused; the running configuration stays"),
+                        }
+                        let _ = reply.send(r);
+                    }
+                    AgentRequest::Stop { detach } => return Ok(("dispatcher stop", !detach)),
+                },
+            }
+        }
+    })?;
+    admin_task.abort();
+    let _ = std::fs::remove_file(&cfg.admin_socket);
+    live.stop(why);
+    if keep_dataplane {
+        tracing::info!(signal = why, dir = %pin_dir.display(), "exiting; program stays attached and maps stay pinned");
+    } else {
+        let _ = std::fs::remove_file(&link_path);
+        drop(link);
+        drop(rt);
+        drop(admin);
+        drop(tables);
+        dataplane::unpin_all(&pin_dir)?;
+        dataplane::ids::remove(&cfg.instance);
+        tracing::info!(signal = why, "detached and unpinned");
+    }
+    Ok(())
+}
+
+/// What runs for one configuration: the cluster state, the HTTP VIPs, the control loop.
+struct Running {
+    cfg: Arc<Config>,
+    cluster: Arc<Cluster>,
+    server: Option<HttpServer>,
+    control: tokio::task::JoinHandle<()>,
+    commands: tokio::sync::mpsc::UnboundedSender<AdminCommand>,
+}
+
+impl Running {
+    fn start(
+        cfg: Arc<Config>,
+        cluster: Arc<Cluster>,
+        tables: &Arc<std::sync::Mutex<Tables>>,
+        rt: &tokio::runtime::Runtime,
+    ) -> anyhow::Result<Running> {
+        let server = if cfg.vips.iter().any(|v| v.serves_http()) {
+            Some(HttpServer::start(&cfg, cluster.clone()).context("starting the HTTP VIPs")?)
+        } else {
+            None
+        };
+        // Health checks, failed requests and operator commands decide the backends' states.
+        let (commands, commands_rx) = tokio::sync::mpsc::unbounded_channel();
+        let control = rt.spawn(crate::control::run((*cfg).clone(), cluster.clone(), tables.clone(), commands_rx));
+        Ok(Running { cfg, cluster, server, control, commands })
+    }
+
+    fn view(&self) -> Live {
+        Live { cfg: self.cfg.clone(), cluster: self.cluster.clone(), commands: self.commands.clone() }
+    }
+
+    /// Re-reads the file and swaps in what it says: ids kept by name, new listeners up
+    /// before the old ones close (their queued connections migrate), in-flight requests
+    /// finish on the old loops, backend states and learned clone IDs carried over.
+    fn reload(
+        &mut self,
+        path: &Path,
+        tables: &Arc<std::sync::Mutex<Tables>>,
+        rt: &tokio::runtime::Runtime,
+    ) -> Result<String, String> {
+        let new = Config::load(path).map_err(|e| e.to_string())?;
+        let merged = self.cfg.merged_for_reload(new)?;
+        // Health and the operator's state go on; a removed backend is disabled.
+        let (health, admin): (Vec<u8>, Vec<u8>) = merged
+            .backends
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                let (h, a) = self.cluster.health_and_admin(i).unwrap_or((dispatcher_common::STATE_UP, 0));
+                if b.retired {
+                    (h, dispatcher_common::STATE_DISABLED)
+                } else {
+                    (h, a)
+                }
+            })
+            .unzip();
+        let states: Vec<u8> = health.iter().zip(&admin).map(|(&h, &a)| effective_state(a, h)).collect();
+        // The learned clone table first: the new listeners route learned IDs from their
+        // first request.
+        let cluster = Cluster::successor_of(&merged, &health, &admin, &self.cluster);
+        let merged = Arc::new(merged);
+        let next = Running::start(merged.clone(), cluster.clone(), tables, rt).map_err(|e| format!("{e:#}"))?;
+        tables.lock().unwrap().apply(&merged, &states, &admin).map_err(|e| format!("writing the maps: {e}"))?;
+        if let Err(e) = dataplane::ids::save(&merged) {
+            tracing::warn!(error = %e, "recording the id table");
+        }
+        cluster.adopt_map(&self.cluster);
+        let mut summary = format!(
+            "{} backends ({} retired), {} VIPs ({} retired)",
+            merged.backends.len(),
+            merged.backends.iter().filter(|b| b.retired).count(),
+            merged.vips.len(),
+            merged.vips.iter().filter(|v| v.retired).count()
+        );
+        if merged.log_level != self.cfg.log_level {
+            if crate::logging::set_log_level(&merged.log_level) {
+                summary += &format!(", log level {}", merged.log_level);
+            } else {
+                summary += ", log level unchanged (RUST_LOG decides)";
+            }
+        }
+        let old = std::mem::replace(self, next);
+        old.control.abort();
+        if let Some(server) = old.server {
+            // The old loops finish their requests in the background.
+            std::thread::spawn(move || {
+                let left = server.shutdown();
+                tracing::info!(unfinished = left, "previous HTTP listeners stopped");
+            });
+        }
+        Ok(summary)
+    }
+
+    fn stop(self, why: &str) {
+        self.control.abort();
+        if let Some(server) = self.server {
+            let left = server.shutdown();
+            tracing::info!(signal = why, unfinished = left, "HTTP VIPs stopped");
+        }
+    }
+}
+
+/// How often the agent checks that its pins are still there.
+const PIN_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Pins again whatever of the data plane's pins was removed under the running agent
+/// (maps from the ids it recorded, the program and the link from the objects it holds);
+/// returns what is still missing (and says so in the log and in `status`).
+fn keep_pins(
+    pins: &dataplane::pins::Pins,
+    ebpf: &mut aya::Ebpf,
+    link: &mut Option<FdLink>,
+    prog_path: &Path,
+    link_path: &Path,
+) -> Vec<&'static str> {
+    let maps = pins.missing_maps();
+    // Gone means known to be gone (not "could not look", e.g. out of descriptors).
+    let gone = |p: &Path| matches!(std::fs::symlink_metadata(p), Err(e) if e.kind() == std::io::ErrorKind::NotFound);
+    let (prog_gone, link_gone) = (gone(prog_path), gone(link_path));
+    if maps.is_empty() && !prog_gone && !link_gone {
+        return Vec::new();
+    }
+    tracing::warn!(dir = %pins.dir().display(), ?maps, program = prog_gone, link = link_gone, "pins removed under the running agent: pinning them again");
+    let mut missing = Vec::new();
+    let _ = std::fs::create_dir_all(pins.dir());
+    // Pinning the link consumes our handle on it, and a failed pin would detach the
+    // program: only on a bpffs directory, where it cannot fail for want of a place.
+    if !dataplane::is_bpffs(pins.dir()) {
+        tracing::error!(dir = %pins.dir().display(), "the pin directory is not on bpffs any more: the data plane will go with this agent");
+        return maps.into_iter().chain(["prog", "link"]).collect();
+    }
+    if let Err(e) = pins.repin_maps(&maps) {
+        tracing::error!(error = %e, "pinning the maps again");
+        missing.extend(maps);
+    }
+    if prog_gone {
+        if let Err(e) = dataplane::program(ebpf, "dispatcher").and_then(|p| {
+            p.pin(prog_path).map_err(|e| dataplane::DataplaneError::Io {
+                what: "pinning the program".into(),
+                source: std::io::Error::other(e.to_string()),
+            })
+        }) {
+            tracing::error!(error = %e, "pinning the program again");
+            missing.push("prog");
+        }
+    }
+    if link_gone {
+        match link.take().map(|l| l.pin(link_path)) {
+            Some(Ok(pinned)) => *link = Some(pinned.into()),
+            Some(Err(e)) => {
+                tracing::error!(error = %e, "pinning the XDP link again failed: the program is detached");
+                missing.push("link");
+            }
+            // Lost at an earlier attempt: still missing, and said so every time.
+            None => missing.push("link"),
+        }
+    }
+    if missing.is_empty() {
+        tracing::info!(dir = %pins.dir().display(), "data plane pinned again");
+    }
+    missing
+}
+
+/// Health and operator state from a `BACKENDS` entry a previous agent left. (An agent
+/// before the `admin` field existed kept only one state: drain or disabled there is the
+/// operator's.)
+fn adopted_state(info: &dispatcher_common::BackendInfo) -> (u8, u8) {
+    use dispatcher_common::{STATE_DISABLED, STATE_DOWN, STATE_DRAIN, STATE_SUSPECT, STATE_UP};
+    let health = match info.state {
+        s @ (STATE_SUSPECT | STATE_DOWN) => s,
+        _ => STATE_UP,
+    };
+    let admin = match (info.admin, info.state) {
+        (a @ (STATE_DRAIN | STATE_DISABLED), _) => a,
+        (_, s @ (STATE_DRAIN | STATE_DISABLED)) => s,
+        _ => 0,
+    };
+    (health, admin)
+}
+
+/// A proxy holds two descriptors per connection: take the hard limit, not the default
+/// soft 1024.
+fn raise_fd_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if soft < hard {
+            let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+        }
+    }
+}
