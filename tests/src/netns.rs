@@ -576,9 +576,16 @@ impl Drop for Testbed {
 /// The agent binary of the same build as the running executable: next to it (xtask) or
 /// one level up (test executables live in `deps/`). `cargo xtask test` builds it first.
 pub fn dispatcher_bin() -> PathBuf {
+    built_bin("dispatcher", &[])
+}
+
+/// A binary of the workspace (the agent, or the tools crate's `demo`) from the same build
+/// as the running executable; refused when older than the agent's sources or than
+/// `also` (the source folders of its own crate and of the harness it uses).
+pub fn built_bin(name: &str, also: &[&str]) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().unwrap();
-    let candidates = [dir.join("dispatcher"), dir.parent().unwrap().join("dispatcher")];
+    let candidates = [dir.join(name), dir.parent().unwrap().join(name)];
     let bin = candidates.iter().find(|p| p.is_file()).cloned().unwrap_or_else(|| {
         panic!(
             "{} is missing: build it first (`cargo build --bins`, which `cargo xtask test` does)",
@@ -589,7 +596,7 @@ pub fn dispatcher_bin() -> PathBuf {
     // stale agent rather than pass or fail on old code.
     let built = std::fs::metadata(&bin).and_then(|m| m.modified()).unwrap();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    for src in ["dispatcher/src", "dispatcher-ebpf/src", "dispatcher-common/src"] {
+    for src in ["dispatcher/src", "dispatcher-ebpf/src", "dispatcher-common/src"].iter().chain(also) {
         if let Some((_, newer)) = newest(&root.join(src)).filter(|(t, _)| *t > built) {
             panic!(
                 "{} is older than {}: run `cargo build --bins` (or `cargo xtask test`)",

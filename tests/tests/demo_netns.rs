@@ -5,7 +5,10 @@ use std::process::Command;
 
 #[test]
 fn the_demo_runs_its_story_and_cleans_up() {
-    let out = Command::new(env!("CARGO_BIN_EXE_demo")).args(["--seconds", "12"]).output().expect("run the demo");
+    let out = Command::new(dispatcher_tests::netns::built_bin("demo", &["tests/src", "tools/src"]))
+        .args(["--seconds", "12"])
+        .output()
+        .expect("run the demo");
     let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{text}");
     let line = |needle: &str| -> String {

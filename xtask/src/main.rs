@@ -137,7 +137,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-/// Runs one of the programs of the `tests` crate (demo, bench, testbed) from the build
+/// Runs one of the programs of the `tools` crate (demo, bench, testbed) from the build
 /// just made. They are not part of xtask itself: xtask must compile on a fresh machine,
 /// before `setup` has installed what the XDP programs need.
 fn exec_built(program: &str, args: &[String]) -> anyhow::Result<()> {
