@@ -14,6 +14,7 @@
 //! connection budgets, so that scrapers can never lock the operator out.
 
 pub mod client;
+pub mod contract;
 pub mod views;
 
 use std::{
@@ -23,7 +24,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde_json::json;
 use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
     net::{TcpListener, UnixListener, UnixStream},
@@ -37,6 +37,7 @@ use crate::{
     dataplane::tables::Tables,
     state::Cluster,
 };
+use contract::{to_json, CommandReply, ErrorReply, ReloadReply, StopReply};
 
 pub struct Admin {
     pub live: std::sync::RwLock<Live>,
@@ -210,30 +211,32 @@ async fn handle<S: AsyncRead + AsyncWrite + Unpin>(admin: &Admin, mut s: S, peer
             Peer::LocalReader => "commands are served only on the Unix socket (dispatcher.admin_socket); TCP serves GET /metrics and GET /status",
             _ => "only GET /metrics is served to clients that are not local",
         };
-        return respond(&mut s, 403, "application/json", &json!({ "error": why }).to_string()).await;
+        return respond(&mut s, 403, "application/json", &err(why)).await;
     }
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
     match (method.as_str(), parts.as_slice()) {
         ("GET", ["metrics"]) => respond(&mut s, 200, "text/plain; version=0.0.4", &views::metrics(admin)).await,
-        ("GET", ["status"]) => respond(&mut s, 200, "application/json", &views::status(admin).to_string()).await,
+        ("GET", ["status"]) => respond(&mut s, 200, "application/json", &to_json(&views::status(admin))).await,
         ("POST", ["reload"]) => {
             let (tx, rx) = oneshot::channel();
             if admin.requests.send(AgentRequest::Reload(tx)).is_err() {
-                return respond(&mut s, 503, "application/json", &json!({"error": "agent stopping"}).to_string()).await;
+                return respond(&mut s, 503, "application/json", &err("agent stopping")).await;
             }
             match rx.await {
-                Ok(Ok(what)) => respond(&mut s, 200, "application/json", &json!({"reloaded": what}).to_string()).await,
-                Ok(Err(why)) => respond(&mut s, 400, "application/json", &json!({"error": why}).to_string()).await,
-                Err(_) => respond(&mut s, 503, "application/json", &json!({"error": "no reply"}).to_string()).await,
+                Ok(Ok(what)) => {
+                    respond(&mut s, 200, "application/json", &to_json(&ReloadReply { reloaded: what })).await
+                }
+                Ok(Err(why)) => respond(&mut s, 400, "application/json", &err(why)).await,
+                Err(_) => respond(&mut s, 503, "application/json", &err("no reply")).await,
             }
         }
         ("POST", ["stop"]) => {
             let detach = query.split('&').any(|kv| kv == "detach=true" || kv == "detach=1");
             if admin.requests.send(AgentRequest::Stop { detach }).is_err() {
-                return respond(&mut s, 503, "application/json", &json!({"error": "agent stopping"}).to_string()).await;
+                return respond(&mut s, 503, "application/json", &err("agent stopping")).await;
             }
-            let body = json!({"stopping": true, "detach": detach, "pid": std::process::id()});
-            respond(&mut s, 202, "application/json", &body.to_string()).await
+            let body = StopReply { stopping: true, detach, pid: std::process::id() };
+            respond(&mut s, 202, "application/json", &to_json(&body)).await
         }
         ("POST", ["backends", name, action]) => backend_command(admin, &mut s, name, action).await,
         _ => respond(&mut s, 404, "text/plain", "not found\n").await,
@@ -248,26 +251,31 @@ async fn backend_command<S: AsyncWrite + Unpin>(
 ) -> std::io::Result<()> {
     let (_, cluster, commands) = admin.current();
     let Some(b) = cluster.backends.iter().position(|x| x.name == name) else {
-        let why = json!({"error": format!("no backend named {name}")});
-        return respond(s, 404, "application/json", &why.to_string()).await;
+        return respond(s, 404, "application/json", &err(format!("no backend named {name}"))).await;
     };
     let a = match action {
         "drain" => dispatcher_common::STATE_DRAIN,
         "disable" => dispatcher_common::STATE_DISABLED,
         "enable" => 0,
-        _ => return respond(s, 404, "application/json", &json!({"error": "unknown action"}).to_string()).await,
+        _ => return respond(s, 404, "application/json", &err("unknown action")).await,
     };
     let (tx, rx) = oneshot::channel();
     if commands.send(AdminCommand { backend: b, admin: a, reply: tx }).is_err() {
-        return respond(s, 503, "application/json", &json!({"error": "control loop stopped"}).to_string()).await;
+        return respond(s, 503, "application/json", &err("control loop stopped")).await;
     }
     match rx.await {
         Ok((from, to)) => {
-            let body = json!({"backend": name, "from": state_name(from), "to": state_name(to)});
-            respond(s, 200, "application/json", &body.to_string()).await
+            let body =
+                CommandReply { backend: name.to_string(), from: state_name(from).into(), to: state_name(to).into() };
+            respond(s, 200, "application/json", &to_json(&body)).await
         }
-        Err(_) => respond(s, 503, "application/json", &json!({"error": "no reply"}).to_string()).await,
+        Err(_) => respond(s, 503, "application/json", &err("no reply")).await,
     }
+}
+
+/// An `ErrorReply` as JSON.
+fn err(why: impl Into<String>) -> String {
+    to_json(&ErrorReply { error: why.into() })
 }
 
 async fn respond<S: AsyncWrite + Unpin>(s: &mut S, status: u16, ctype: &str, body: &str) -> std::io::Result<()> {

@@ -4,67 +4,69 @@
 use std::{fmt::Write as _, sync::atomic::Ordering};
 
 use dispatcher_common::stats;
-use serde_json::json;
 
-use super::Admin;
+use super::{
+    contract::{AgentStatus, BackendStatus, CounterStatus, VipStatus},
+    Admin,
+};
 use crate::{control::state_name, state::Histogram};
 
-pub fn status(a: &Admin) -> serde_json::Value {
+pub fn status(a: &Admin) -> AgentStatus {
     let (cfg, c, _) = a.current();
-    let backends: Vec<_> = c
+    let load = |x: &std::sync::atomic::AtomicU64| x.load(Ordering::Relaxed);
+    let backends = c
         .backends
         .iter()
-        .map(|b| {
-            json!({
-                "name": b.name,
-                "state": state_name(b.state.load(Ordering::SeqCst)),
-                "health": state_name(b.health.load(Ordering::SeqCst)),
-                "admin": match b.admin.load(Ordering::SeqCst) { 0 => "none", s => state_name(s) },
-                "active": b.outstanding.load(Ordering::Relaxed),
-                "connections": b.connections.load(Ordering::Relaxed),
-                "requests": b.requests.load(Ordering::Relaxed),
-                "errors": b.errors.load(Ordering::Relaxed),
-            })
+        .map(|b| BackendStatus {
+            name: b.name.clone(),
+            state: state_name(b.state.load(Ordering::SeqCst)).into(),
+            health: state_name(b.health.load(Ordering::SeqCst)).into(),
+            admin: match b.admin.load(Ordering::SeqCst) {
+                0 => "none".into(),
+                s => state_name(s).into(),
+            },
+            active: load(&b.outstanding),
+            connections: load(&b.connections),
+            requests: load(&b.requests),
+            errors: load(&b.errors),
         })
         .collect();
-    let vips: Vec<_> = cfg
+    let vips = cfg
         .vips
         .iter()
         .zip(&c.vips)
         .filter(|(v, _)| v.serves_http())
-        .map(|(v, s)| {
-            json!({
-                "name": v.name,
-                "requests": s.requests.load(Ordering::Relaxed),
-                "connections": s.connections.load(Ordering::Relaxed),
-            })
+        .map(|(v, s)| VipStatus {
+            name: v.name.clone(),
+            requests: load(&s.requests),
+            connections: load(&s.connections),
         })
         .collect();
     let k = &c.counters;
-    json!({
-        "pid": std::process::id(),
-        "pins_missing": *a.pins_missing.lock().unwrap(),
-        "uptime_s": a.started.elapsed().as_secs(),
-        "clones": c.clone_count(),
-        "backends": backends,
-        "vips": vips,
-        "counters": {
-            "holds": k.holds.load(Ordering::Relaxed),
-            "held_now": k.held_now.load(Ordering::Relaxed),
-            "hold_timeouts": k.hold_timeouts.load(Ordering::Relaxed),
-            "retries": k.retries.load(Ordering::Relaxed),
-            "retry_budget_refusals": k.retry_budget_refusals.load(Ordering::Relaxed),
-            "failovers": k.failovers.load(Ordering::Relaxed),
-            "flow_rewrites": k.flow_rewrites.load(Ordering::Relaxed),
-            "clone_rewrites": k.clone_rewrites.load(Ordering::Relaxed),
-            "misroutes": k.misroutes.load(Ordering::Relaxed),
-            "learned_clones": k.learned.load(Ordering::Relaxed),
-            "learn_conflicts": k.learn_conflicts.load(Ordering::Relaxed),
-            "queue_timeouts": k.queue_timeouts.load(Ordering::Relaxed),
-            "local_errors": k.local_errors.load(Ordering::Relaxed),
-            "connections_refused": k.conn_refused.load(Ordering::Relaxed),
-        }
-    })
+    AgentStatus {
+        pid: std::process::id(),
+        uptime_s: a.started.elapsed().as_secs(),
+        clones: c.clone_count(),
+        pins_missing: a.pins_missing.lock().unwrap().iter().map(|p| p.to_string()).collect(),
+        backends,
+        vips,
+        counters: CounterStatus {
+            holds: load(&k.holds),
+            held_now: load(&k.held_now),
+            hold_timeouts: load(&k.hold_timeouts),
+            retries: load(&k.retries),
+            retry_budget_refusals: load(&k.retry_budget_refusals),
+            failovers: load(&k.failovers),
+            flow_rewrites: load(&k.flow_rewrites),
+            clone_rewrites: load(&k.clone_rewrites),
+            misroutes: load(&k.misroutes),
+            learned_clones: load(&k.learned),
+            learn_conflicts: load(&k.learn_conflicts),
+            queue_timeouts: load(&k.queue_timeouts),
+            local_errors: load(&k.local_errors),
+            connections_refused: load(&k.conn_refused),
+        },
+    }
 }
 
 /// A label value as the exposition format wants it: backslash, double quote and newline

@@ -6,7 +6,10 @@ use std::{path::Path, process::ExitCode, time::Duration};
 use anyhow::Context as _;
 use dispatcher::{config::Config, dataplane};
 
-use dispatcher::admin::client::{explain, request, AdminError};
+use dispatcher::admin::{
+    client::{explain, request, AdminError},
+    contract::{ErrorReply, ReloadReply, StopReply},
+};
 
 pub fn metrics(path: &Path) -> anyhow::Result<ExitCode> {
     let cfg = Config::load(path)?;
@@ -29,12 +32,13 @@ pub fn reload(path: &Path) -> anyhow::Result<ExitCode> {
     };
     let (code, body) =
         request(&cfg.admin_socket, "POST", "/reload").map_err(|e| anyhow::anyhow!(explain(&e, &cfg.instance)))?;
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
     if code == 200 {
-        println!("reloaded: {}", v["reloaded"].as_str().unwrap_or(""));
+        let v: ReloadReply = serde_json::from_str(&body).context("the agent's answer to reload")?;
+        println!("reloaded: {}", v.reloaded);
         Ok(ExitCode::SUCCESS)
     } else {
-        eprintln!("reload refused: {}", v["error"].as_str().unwrap_or(body.trim()));
+        let why = serde_json::from_str::<ErrorReply>(&body).map(|e| e.error).unwrap_or_else(|_| body.trim().into());
+        eprintln!("reload refused: {why}");
         Ok(ExitCode::from(1))
     }
 }
@@ -49,8 +53,8 @@ pub fn stop(path: &Path, detach: bool) -> anyhow::Result<ExitCode> {
     let target = if detach { "/stop?detach=true" } else { "/stop" };
     let agent = match request(&cfg.admin_socket, "POST", target) {
         Ok((202, body)) => {
-            let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-            Some(v["pid"].as_u64().context("the agent's answer has no pid")? as i32)
+            let v: StopReply = serde_json::from_str(&body).context("the agent's answer to stop")?;
+            Some(v.pid as i32)
         }
         Ok((code, body)) => anyhow::bail!("the agent refused to stop ({code}): {}", body.trim()),
         Err(AdminError::NotRunning(_)) if dispatcher::instance::holder(&cfg.instance).is_none() => None,

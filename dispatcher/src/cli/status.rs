@@ -1,3 +1,4 @@
+use dispatcher::admin::contract::{AgentStatus, BackendStatus, VipStatus};
 use std::{
     fmt::Write as _,
     io::{IsTerminal, Write as _},
@@ -90,14 +91,16 @@ fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
 
     // The agent's view if it answers; otherwise why not (not running, not allowed, busy).
     let (agent, unanswered) = match dispatcher::admin::client::request(&cfg.admin_socket, "GET", "/status") {
-        Ok((200, body)) => (serde_json::from_str::<serde_json::Value>(&body).ok(), None),
+        Ok((200, body)) => match serde_json::from_str::<AgentStatus>(&body) {
+            Ok(a) => (Some(a), None),
+            Err(e) => (None, Some(format!("the agent's status is unreadable: {e}"))),
+        },
         Ok((code, body)) => (None, Some(format!("the agent answered {code}: {}", body.trim()))),
         Err(e) => (None, Some(dispatcher::admin::client::explain(&e, &cfg.instance))),
     };
     // Per-backend figures only the agent has (requests, errors, active, health).
-    let agent_backend = |name: &str| -> Option<&serde_json::Value> {
-        agent.as_ref()?.get("backends")?.as_array()?.iter().find(|b| b["name"] == name)
-    };
+    let agent_backend =
+        |name: &str| -> Option<&BackendStatus> { agent.as_ref()?.backends.iter().find(|b| b.name == name) };
     if json {
         let vips: Vec<_> = vip_rows
             .iter()
@@ -128,7 +131,7 @@ fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
         Some(a) => writeln!(
             o,
             "instance {}: agent running (pid {}, up {} s), clone table {} entries, {occupancy}",
-            cfg.instance, a["pid"], a["uptime_s"], a["clones"]
+            cfg.instance, a.pid, a.uptime_s, a.clones
         ),
         None => writeln!(
             o,
@@ -138,19 +141,17 @@ fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
             dir.display()
         ),
     };
-    if let Some(missing) = agent.as_ref().and_then(|a| a["pins_missing"].as_array()).filter(|m| !m.is_empty()) {
+    if let Some(missing) = agent.as_ref().map(|a| &a.pins_missing).filter(|m| !m.is_empty()) {
         let _ = writeln!(
             o,
             "WARNING: pins missing under {} and not restored ({}): the data plane will go with the agent",
             dir.display(),
-            missing.iter().map(|m| m.as_str().unwrap_or("?")).collect::<Vec<_>>().join(", ")
+            missing.join(", ")
         );
     }
     let _ = writeln!(o);
     // Per-VIP figures only the agent has (HTTP VIPs: requests, client connections).
-    let agent_vip = |name: &str| -> Option<&serde_json::Value> {
-        agent.as_ref()?.get("vips")?.as_array()?.iter().find(|v| v["name"] == name)
-    };
+    let agent_vip = |name: &str| -> Option<&VipStatus> { agent.as_ref()?.vips.iter().find(|v| v.name == name) };
     let _ = writeln!(
         o,
         "{:<16} {:<28} {:<5} {:>12} {:>14} {:>10} {:>10} {:>8} {:>9} {:>6}",
@@ -159,7 +160,7 @@ fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
     for (v, p, nf, hits, drops) in &vip_rows {
         let addr = format!("{}:{}/{:?}", v.address, v.port, v.protocol).to_lowercase();
         let a = agent_vip(&v.name);
-        let field = |k: &str| a.map(|x| x[k].to_string()).unwrap_or_else(|| "-".into());
+        let field = |f: fn(&VipStatus) -> u64| a.map(|x| f(x).to_string()).unwrap_or_else(|| "-".into());
         let mode = format!("{:?}", v.mode).to_lowercase();
         let _ = writeln!(
             o,
@@ -172,8 +173,8 @@ fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
             nf,
             hits,
             drops,
-            field("requests"),
-            field("connections")
+            field(|x| x.requests),
+            field(|x| x.connections)
         );
     }
     let _ = writeln!(o);
@@ -197,33 +198,33 @@ fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
     for (b, info, pk, nf) in &be_rows {
         let replica = b.replica.map(|r| cfg.backends[r].name.as_str()).unwrap_or("-");
         let a = agent_backend(&b.name);
-        let field = |k: &str| a.map(|x| x[k].to_string().trim_matches('"').to_string()).unwrap_or_else(|| "-".into());
+        let field = |f: fn(&BackendStatus) -> String| a.map(f).unwrap_or_else(|| "-".into());
         let _ = writeln!(
             o,
             "{:<12} {:<15} {:<9} {:<8} {:<9} {:>6} {:<12} {:>10} {:>9} {:>7} {:>6} {:>9} {:>7}",
             b.name,
             b.address.to_string(),
             state_name(info.state),
-            field("health"),
+            field(|x| x.health.clone()),
             operator_name(info.admin),
             info.weight,
             replica,
             pk.packets,
             nf,
-            field("active"),
-            field("connections"),
-            field("requests"),
-            field("errors")
+            field(|x| x.active.to_string()),
+            field(|x| x.connections.to_string()),
+            field(|x| x.requests.to_string()),
+            field(|x| x.errors.to_string())
         );
     }
     let _ = writeln!(o);
     let nonzero: Vec<String> = globals.iter().filter(|(_, v)| *v > 0).map(|(n, v)| format!("{n}={v}")).collect();
     let _ =
         writeln!(o, "xdp: {}", if nonzero.is_empty() { "no pass/drop events".to_string() } else { nonzero.join(" ") });
-    if let Some(c) = agent.as_ref().map(|a| &a["counters"]) {
+    if let Some(c) = agent.as_ref().map(|a| &a.counters) {
         let _ = writeln!(o,
             "http: holds={} held_now={} hold_timeouts={} retries={} retry_budget_refusals={} failovers={} misroutes={} learned_clones={}",
-            c["holds"], c["held_now"], c["hold_timeouts"], c["retries"], c["retry_budget_refusals"], c["failovers"], c["misroutes"], c["learned_clones"]
+            c.holds, c.held_now, c.hold_timeouts, c.retries, c.retry_budget_refusals, c.failovers, c.misroutes, c.learned_clones
         );
     }
     Ok(o)

@@ -6,6 +6,7 @@
 //! replica b3), b2 coming back and b0 being enabled again. It ends with a summary
 //! (requests, sessions kept, misroutes, failover times) and tears everything down.
 
+use dispatcher::admin::contract::{AgentStatus, BackendStatus};
 use std::{
     collections::BTreeMap,
     io::{BufRead, BufReader, IsTerminal, Write},
@@ -150,7 +151,7 @@ fn main() {
         // State changes as the agent reports them, timed from the crash and the restart.
         let status = agent_status(&tb);
         for (i, last) in last_states.iter_mut().enumerate() {
-            let state = status["backends"][i]["state"].as_str().unwrap_or("?").to_string();
+            let state = backend_of(&status, i).state;
             if *last != state {
                 let mut note = String::new();
                 if i == 2 {
@@ -208,10 +209,10 @@ fn main() {
         "  sessions that moved to their replica when b2 crashed: {moved}; back on b2 after its restart: {returned}"
     );
     println!("  misroutes (served by neither the session's owner nor its replica): {misroutes} (expected 0)");
-    let k = &status["counters"];
+    let k = &status.counters;
     println!(
         "  the agent counted: held {} (timed out {}), retries {}, failovers {}, misroutes {}",
-        k["holds"], k["hold_timeouts"], k["retries"], k["failovers"], k["misroutes"]
+        k.holds, k.hold_timeouts, k.retries, k.failovers, k.misroutes
     );
     println!(
         "  slowest request {} ms ({} took over 100 ms: held until the failover)",
@@ -238,7 +239,7 @@ fn main() {
         let now = udp_ask(s).unwrap_or_else(|| "no answer".into());
         println!("  UDP flow :{:<5} pinned to {before}, now answered by {now}", s.local_addr().unwrap().port());
     }
-    println!("  flows moved to a replica by the agent: {}", status["counters"]["flow_rewrites"].as_u64().unwrap_or(0));
+    println!("  flows moved to a replica by the agent: {}", status.counters.flow_rewrites);
 
     println!("\nfinal status (dispatcher status):");
     print!("{}", tb.dispatcher_cmd(&["status", "--config", &cfg_arg]));
@@ -256,8 +257,18 @@ struct FailoverTimes {
     up_ms: Option<u64>,
 }
 
-fn agent_status(tb: &Testbed) -> serde_json::Value {
+/// The agent's view (empty while it does not answer).
+fn agent_status(tb: &Testbed) -> AgentStatus {
     tb.admin("GET", "/status").and_then(|(_, body)| serde_json::from_str(&body).ok()).unwrap_or_default()
+}
+
+/// Backend `i` as the agent reports it ("?" states while it does not answer).
+fn backend_of(status: &AgentStatus, i: usize) -> BackendStatus {
+    status.backends.get(i).cloned().unwrap_or_else(|| BackendStatus {
+        state: "?".into(),
+        health: "?".into(),
+        ..BackendStatus::default()
+    })
 }
 
 /// The live view: redrawn in place on a terminal; otherwise events as they happen and
@@ -277,11 +288,11 @@ impl View {
     }
 
     /// The counters at the start, so that the first rates cover a whole second.
-    fn baseline(&mut self, status: &serde_json::Value, tables: &Tables) {
+    fn baseline(&mut self, status: &AgentStatus, tables: &Tables) {
         for i in 0..BACKENDS {
             let pkts =
                 tables.counter(stats::backend_slot(i as u32, stats::BACKEND_PACKETS)).map(|c| c.packets).unwrap_or(0);
-            self.last[i] = (pkts, status["backends"][i]["requests"].as_u64().unwrap_or(0));
+            self.last[i] = (pkts, backend_of(status, i).requests);
         }
     }
 
@@ -293,27 +304,26 @@ impl View {
         self.events.push(line);
     }
 
-    fn draw(&mut self, now: Duration, phase: &str, status: &serde_json::Value, tables: &Tables, http: &HttpStats) {
+    fn draw(&mut self, now: Duration, phase: &str, status: &AgentStatus, tables: &Tables, http: &HttpStats) {
         let dt = (now - self.last_at).as_secs_f64().max(0.001);
         self.last_at = now;
         let mut rows = Vec::new();
         for i in 0..BACKENDS {
-            let b = &status["backends"][i];
+            let b = backend_of(status, i);
             let pkts =
                 tables.counter(stats::backend_slot(i as u32, stats::BACKEND_PACKETS)).map(|c| c.packets).unwrap_or(0);
-            let reqs = b["requests"].as_u64().unwrap_or(0);
-            let (lp, lr) = std::mem::replace(&mut self.last[i], (pkts, reqs));
+            let (lp, lr) = std::mem::replace(&mut self.last[i], (pkts, b.requests));
             rows.push((
                 format!("b{i}"),
-                b["state"].as_str().unwrap_or("?").to_string(),
-                b["health"].as_str().unwrap_or("?").to_string(),
-                ((pkts - lp) as f64 / dt) as u64,
-                ((reqs - lr) as f64 / dt) as u64,
-                b["active"].as_u64().unwrap_or(0),
-                b["connections"].as_u64().unwrap_or(0),
+                b.state,
+                b.health,
+                (pkts.saturating_sub(lp) as f64 / dt) as u64,
+                (b.requests.saturating_sub(lr) as f64 / dt) as u64,
+                b.active,
+                b.connections,
             ));
         }
-        let k = &status["counters"];
+        let k = &status.counters;
         if !self.tty {
             let cells: Vec<String> =
                 rows.iter().map(|r| format!("{}[{}] {} pkt/s {} req/s", r.0, r.1, r.3, r.4)).collect();
@@ -321,10 +331,10 @@ impl View {
                 "t={:>5.1}s  {}  | held now {} holds {} failovers {} misroutes {}",
                 now.as_secs_f64(),
                 cells.join("  "),
-                k["held_now"],
-                k["holds"],
-                k["failovers"],
-                k["misroutes"]
+                k.held_now,
+                k.holds,
+                k.failovers,
+                k.misroutes
             );
             return;
         }
@@ -347,12 +357,12 @@ impl View {
             "  HTTP: answered {} errors {} | held now {} holds {} retries {} failovers {} misroutes {} | clone table {}",
             http.requests.load(Ordering::SeqCst),
             http.errors.load(Ordering::SeqCst),
-            k["held_now"],
-            k["holds"],
-            k["retries"],
-            k["failovers"],
-            k["misroutes"],
-            status["clones"]
+            k.held_now,
+            k.holds,
+            k.retries,
+            k.failovers,
+            k.misroutes,
+            status.clones
         ));
         lines.push("  events:".into());
         let from = self.events.len().saturating_sub(8);

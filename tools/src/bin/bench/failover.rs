@@ -125,14 +125,9 @@ fn scenario(system: &'static str, fault: Fault, secs: u64) -> Outcome {
     std::thread::sleep(Duration::from_secs(secs));
     let stopped_got = cluster.received_frozen[0].load(Ordering::SeqCst);
     let counters = (system == "dispatcher").then(|| {
-        let cfg = tb.workdir.join("dispatcher.toml");
-        let st: serde_json::Value =
-            serde_json::from_str(&tb.dispatcher_cmd(&["status", "--config", cfg.to_str().unwrap(), "--json"]))
-                .unwrap_or_default();
-        (
-            st["agent"]["counters"]["holds"].as_u64().unwrap_or(0),
-            st["agent"]["counters"]["retries"].as_u64().unwrap_or(0),
-        )
+        let st: dispatcher::admin::contract::AgentStatus =
+            tb.admin("GET", "/status").and_then(|(_, body)| serde_json::from_str(&body).ok()).unwrap_or_default();
+        (st.counters.holds, st.counters.retries)
     });
     stop.store(true, Ordering::SeqCst);
     for t in threads {

@@ -1,0 +1,118 @@
+//! The admin endpoint's answers as types: one definition for the agent that writes them
+//! and for the CLI, the demo and the benchmarks that read them (`GET /status` and the
+//! replies to commands). The JSON they serialise to is the endpoint's documented form.
+
+use serde::{Deserialize, Serialize};
+
+/// `GET /status`: the agent's own view.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AgentStatus {
+    pub pid: u32,
+    pub uptime_s: u64,
+    /// Entries in the clone table (configured and learned).
+    pub clones: usize,
+    /// Pins removed under the agent that it could not restore (empty: all there).
+    #[serde(default)]
+    pub pins_missing: Vec<String>,
+    pub backends: Vec<BackendStatus>,
+    /// HTTP VIPs.
+    pub vips: Vec<VipStatus>,
+    pub counters: CounterStatus,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct BackendStatus {
+    pub name: String,
+    /// What routing obeys.
+    pub state: String,
+    pub health: String,
+    /// The operator's state: "none", "drain" or "disabled".
+    pub admin: String,
+    /// Requests in flight.
+    pub active: u64,
+    /// Open upstream connections.
+    pub connections: u64,
+    pub requests: u64,
+    pub errors: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct VipStatus {
+    pub name: String,
+    pub requests: u64,
+    /// Open client connections.
+    pub connections: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CounterStatus {
+    pub holds: u64,
+    pub held_now: u64,
+    pub hold_timeouts: u64,
+    pub retries: u64,
+    pub retry_budget_refusals: u64,
+    pub failovers: u64,
+    pub flow_rewrites: u64,
+    pub clone_rewrites: u64,
+    pub misroutes: u64,
+    pub learned_clones: u64,
+    pub learn_conflicts: u64,
+    pub queue_timeouts: u64,
+    pub local_errors: u64,
+    pub connections_refused: u64,
+}
+
+/// `POST /backends/NAME/drain|disable|enable`: the backend's state before and after.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CommandReply {
+    pub backend: String,
+    pub from: String,
+    pub to: String,
+}
+
+/// `POST /reload` that took effect: what changed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReloadReply {
+    pub reloaded: String,
+}
+
+/// `POST /stop`: the agent is on its way out.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StopReply {
+    pub stopping: bool,
+    pub detach: bool,
+    pub pid: u32,
+}
+
+/// Any refusal or failure.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ErrorReply {
+    pub error: String,
+}
+
+/// The JSON of a reply (these types cannot fail to serialise).
+pub fn to_json<T: Serialize>(v: &T) -> String {
+    serde_json::to_string(v).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The documented JSON shape, read back into the same types.
+    #[test]
+    fn status_round_trips_with_its_documented_keys() {
+        let s = AgentStatus {
+            pid: 7,
+            backends: vec![BackendStatus { name: "b0".into(), state: "up".into(), ..Default::default() }],
+            ..Default::default()
+        };
+        let json: serde_json::Value = serde_json::from_str(&to_json(&s)).unwrap();
+        for key in ["pid", "uptime_s", "clones", "pins_missing", "backends", "vips", "counters"] {
+            assert!(json.get(key).is_some(), "{key} in {json}");
+        }
+        assert_eq!(json["backends"][0]["state"], "up");
+        assert_eq!(json["counters"]["misroutes"], 0);
+        assert_eq!(serde_json::from_value::<AgentStatus>(json).unwrap(), s);
+    }
+}
