@@ -1121,8 +1121,10 @@ impl Ctx<'_> {
         );
         let mut s = HealthSettings { kind, ..HealthSettings::default() };
         if let Some(p) = &h.path {
-            if !p.get_ref().starts_with('/') || p.get_ref().bytes().any(|b| b <= b' ' || b == 0x7f) {
-                self.report(p.span(), "health.path", "must start with / and contain no spaces or control bytes");
+            // A request target as the proxy's own parser accepts it (the check reads its
+            // answer with that parser).
+            if !p.get_ref().starts_with('/') || p.get_ref().bytes().any(|b| b <= b' ' || b == 0x7f || b == b'#') {
+                self.report(p.span(), "health.path", "must start with / and contain no spaces, control bytes or '#'");
             } else {
                 s.path = p.get_ref().clone();
             }

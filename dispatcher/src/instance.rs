@@ -29,7 +29,7 @@ pub struct InstanceLock {
 
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
-    #[error("another agent (pid {pid}) runs instance `{instance}`; stop it first (`dispatcher stop`) or give this configuration another `dispatcher.instance`")]
+    #[error("instance `{instance}` is held by pid {pid}: another agent (stop it first with `dispatcher stop`, or give this configuration another `dispatcher.instance`), or a dispatcher command writing its maps (try again)")]
     Held { instance: String, pid: String },
     #[error("{path}: {source}")]
     Io { path: String, source: std::io::Error },
@@ -44,12 +44,13 @@ pub fn acquire(instance: &str) -> Result<InstanceLock, LockError> {
     }
     let mut file =
         std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).map_err(io)?;
-    // A moment's grace: `holder` probes with a short shared lock of its own.
+    // A moment's grace: `holder` probes with a short shared lock of its own, and a CLI
+    // command writes the maps under this lock for a moment.
     let mut tries = 0;
     let mut lock = loop {
         match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(l) => break l,
-            Err((f, Errno::EWOULDBLOCK)) if tries < 5 => {
+            Err((f, Errno::EWOULDBLOCK)) if tries < 100 => {
                 file = f;
                 tries += 1;
                 std::thread::sleep(std::time::Duration::from_millis(20));

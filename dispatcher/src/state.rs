@@ -125,7 +125,9 @@ pub struct Cluster {
     conn_limit: usize,
     /// The cluster a reload replaced this one with: what this one still learns while its
     /// connections drain is passed on.
-    successor: Mutex<Option<std::sync::Weak<Cluster>>>,
+    /// (Held strongly: a successor that finished draining first must still receive; a
+    /// successor never points back, so the chain goes with its oldest cluster.)
+    successor: Mutex<Option<Arc<Cluster>>>,
     /// Per VIP, indexed like `Config::vips`.
     pub vips: Vec<VipStats>,
     /// How long held requests waited, whatever the outcome.
@@ -341,9 +343,11 @@ impl Cluster {
                 new.conn_limit = prev.conn_limit.clone();
             }
         }
-        c.inherit(old);
+        // Linked before the copy: what `old` learns from here on is passed on, what it
+        // learned before is copied (an ID that arrives both ways is simply known).
         let c = Arc::new(c);
-        *old.successor.lock().unwrap() = Some(Arc::downgrade(&c));
+        *old.successor.lock().unwrap() = Some(c.clone());
+        c.inherit(old);
         c
     }
 
@@ -422,7 +426,12 @@ impl Cluster {
     fn learn_as(&self, id: &[u8], backend: usize, counted: bool) -> Learned {
         let key = cookie_hash(id);
         if let Some(e) = self.clones.read().unwrap().get(&key) {
-            return if e.owner == backend { Learned::Known } else { self.conflict(id, backend, e.owner) };
+            return match (e.owner == backend, counted) {
+                (true, _) => Learned::Known,
+                (false, true) => self.conflict(id, backend, e.owner),
+                // Passed on by a predecessor, which counted the conflict itself.
+                (false, false) => Learned::Conflict { owner: e.owner },
+            };
         }
         let entry = CloneEntry { owner: backend, replica: self.backends[backend].replica, configured: false };
         {
@@ -439,7 +448,7 @@ impl Cluster {
             self.counters.learned.fetch_add(1, Ordering::Relaxed);
             tracing::info!(clone = %String::from_utf8_lossy(id), backend = %self.backends[backend].name, "learned clone ID");
         }
-        let next = self.successor.lock().unwrap().as_ref().and_then(|w| w.upgrade());
+        let next = self.successor.lock().unwrap().clone();
         if let Some(next) = next.filter(|n| backend < n.backends.len()) {
             next.learn_as(id, backend, false);
         }
@@ -491,5 +500,11 @@ mod tests {
         assert_eq!(new.owner(b"late"), Some((1, Some(0))), "learned by the draining cluster, passed on");
         assert_eq!(new.counters.learned.load(Ordering::Relaxed), 2, "shared counters, each learning once");
         assert!(Arc::ptr_eq(&new.backends[0].conn_limit, &old.backends[0].conn_limit), "one limit while draining");
+        // A second reload: the first successor may be gone before the oldest cluster is.
+        let newer = Cluster::successor_of(&cfg, &[], &[], &new);
+        drop(new);
+        old.learn(b"later", 0);
+        assert_eq!(newer.owner(b"later"), Some((0, Some(1))), "passed along the chain");
+        assert_eq!(newer.counters.learned.load(Ordering::Relaxed), 3);
     }
 }

@@ -75,7 +75,7 @@ fn a_second_agent_for_the_instance_is_refused() {
     let mut conns = open_conns(&tb, 4);
     let (code, out) = cli_fails(&tb, &["run", "--config", &cfg]);
     assert_eq!(code, Some(1), "{out}");
-    assert!(out.contains(&format!("another agent (pid {first}) runs instance")), "{out}");
+    assert!(out.contains(&format!("is held by pid {first}: another agent")), "{out}");
     // The first one is untouched: same agent answering, same program, flows going on.
     assert_eq!(agent_pid(&tb, &cfg), first);
     assert!(tb.pin_dir().join("link").exists() && tb.lb.ip(&["link", "show", "eth0"]).contains("xdp"));

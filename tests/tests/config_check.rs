@@ -191,7 +191,8 @@ fn every_validation_message_names_line_and_field() {
         ("replica = \"b\"", 1, "replica = \"a\"", "partition[0].replica: the replica must differ from the primary", None),
         // [health]
         ("kind = \"http\"", 0, "kind = \"icmp\"", "health.kind: `icmp` is not one of auto, http, tcp", None),
-        ("path = \"/health\"", 0, "path = \"health\"", "health.path: must start with / and contain no spaces or control bytes", None),
+        ("path = \"/health\"", 0, "path = \"health\"", "health.path: must start with / and contain no spaces, control bytes or '#'", None),
+        ("path = \"/health\"", 0, "path = \"/health#x\"", "health.path: must start with / and contain no spaces, control bytes or '#'", None),
         ("expect_status = 200", 0, "expect_status = 700", "health.expect_status: must be an HTTP status, 100..=599", None),
         ("port = 9080\ninterval", 0, "port = 0\ninterval", "health.port: must be 1..=65535", None),
         ("interval = \"1s\"", 0, "interval = \"5ms\"", "health.interval: must be at least 10ms", None),

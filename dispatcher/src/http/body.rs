@@ -93,6 +93,8 @@ pub async fn within_rate<T>(
     tokio::pin!(transfer);
     loop {
         tokio::select! {
+            // The transfer first: a body that has just arrived is never judged late.
+            biased;
             r = &mut transfer => return r,
             _ = tick.tick() => {
                 let got = meter.load(Ordering::Relaxed) - start;

@@ -258,12 +258,12 @@ impl HttpServer {
                     for l in loops {
                         let _ = l.await;
                     }
-                    reaper.abort();
                     // Listeners closed: let this loop's connections finish.
                     let deadline = Instant::now() + drain;
                     while mine.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
+                    reaper.abort();
                     mine.load(Ordering::SeqCst)
                 })
             })?;

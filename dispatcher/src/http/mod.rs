@@ -2,16 +2,21 @@
 //! one client connection (head -> route -> upstream -> response), `head` and `body` are
 //! the HTTP/1.1 message handling, `rewrite` builds the forwarded heads, `session` reads JSESSIONID, `route` picks the
 //! backend,
-//! `pool` keeps upstream connections.
+//! `pool` keeps upstream connections, `hold` makes a request wait while its session's
+//! owner is suspect, `retry` says what may be replayed, `tunnel` carries upgraded
+//! connections.
 
 pub mod body;
 pub mod head;
+pub mod hold;
 pub mod listener;
 pub mod pool;
 pub mod proxy;
+pub mod retry;
 pub mod rewrite;
 pub mod route;
 pub mod session;
+pub mod tunnel;
 
 /// A deterministic xorshift generator for the randomized (split-invariance) tests.
 #[cfg(test)]
@@ -21,5 +26,14 @@ pub(crate) fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
         seed ^= seed >> 7;
         seed ^= seed << 17;
         seed
+    }
+}
+
+/// Decrements a gauge when dropped.
+pub(crate) struct Counted<'a>(&'a std::sync::atomic::AtomicU64);
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }

@@ -20,10 +20,14 @@ use super::{
         relay_chunked, relay_length, relay_until_close, within_rate, ChunkedDecoder, Inbound, RelayError, Timeouts,
     },
     head::{parse_request, parse_response, Framing, HeadLimits, Header, Reject, RequestHead, ResponseHead},
+    hold::{hold, HoldEnd},
     pool::{Pool, Upstream},
+    retry::{is_idempotent, retry_allowed},
     rewrite::{build_request, build_response, is},
     route::{Decision, VipRoute},
     session,
+    tunnel::tunnel,
+    Counted,
 };
 use crate::{config::HttpSettings, state::Cluster};
 
@@ -46,8 +50,6 @@ pub struct VipCtx {
 /// After the listener stops: how long an idle keep-alive client has to send its next
 /// request (answered, with `Connection: close`) before its connection is closed.
 const STOP_GRACE: Duration = Duration::from_secs(1);
-/// Bytes buffered from a client whose request is held.
-const HOLD_READ_LIMIT: usize = 64 * 1024;
 /// How long to wait for a backend's `100 Continue` before sending the body anyway.
 const CONTINUE_WAIT: Duration = Duration::from_secs(1);
 /// How long an answer of the proxy's own may take to leave (the client must read it).
@@ -83,7 +85,7 @@ pub fn reason(status: u16) -> &'static str {
 
 /// Writes to the client within `timeout`; `false` when it failed or the client did not
 /// take the bytes in time (a client that never reads cannot hold a request forever).
-async fn write_client<W: AsyncWrite + Unpin + ?Sized>(w: &mut W, bytes: &[u8], timeout: Duration) -> bool {
+pub(super) async fn write_client<W: AsyncWrite + Unpin + ?Sized>(w: &mut W, bytes: &[u8], timeout: Duration) -> bool {
     matches!(tokio::time::timeout(timeout, w.write_all(bytes)).await, Ok(Ok(())))
 }
 
@@ -286,87 +288,6 @@ async fn precheck_chunked<R: AsyncRead + Unpin>(
     }
 }
 
-/// RFC 9110 9.2.2: methods whose repetition has the effect of one request.
-fn is_idempotent(method: &[u8]) -> bool {
-    matches!(method, b"GET" | b"HEAD" | b"OPTIONS" | b"TRACE" | b"PUT" | b"DELETE")
-}
-
-/// The cluster-wide retry budget: retries in flight stay under a share of the requests
-/// in flight (with a floor), so a mass failure cannot double the survivors' load.
-fn retry_allowed(c: &Cluster, s: &HttpSettings) -> bool {
-    let in_flight = c.counters.in_flight.load(Ordering::Relaxed);
-    let retrying = c.counters.retries_in_flight.load(Ordering::Relaxed);
-    let budget = (in_flight * s.retry_budget_percent / 100).max(s.retry_budget_min);
-    retrying < budget
-}
-
-/// Records how long a hold lasted, however it ended (including the client leaving).
-struct HoldTimer<'a>(&'a crate::state::Histogram, Instant);
-
-impl Drop for HoldTimer<'_> {
-    fn drop(&mut self) {
-        self.0.record(self.1.elapsed());
-    }
-}
-
-/// Decrements a gauge when dropped.
-struct Counted<'a>(&'a std::sync::atomic::AtomicU64);
-
-impl Drop for Counted<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-enum HoldEnd {
-    /// The backend's state changed: route again.
-    Changed,
-    /// The hold time is over.
-    Expired,
-    /// Too many requests are held already.
-    Full,
-    ClientGone,
-}
-
-/// Waits (no polling, no backend connection held) until backend `b` changes state, the
-/// deadline passes, or the client goes away.
-async fn hold<R: AsyncRead + Unpin>(ctx: &VipCtx, b: usize, client: &mut Inbound<R>, deadline: Instant) -> HoldEnd {
-    let c = &ctx.cluster;
-    if c.counters.held_now.fetch_add(1, Ordering::SeqCst) >= ctx.settings.max_held as u64 {
-        c.counters.held_now.fetch_sub(1, Ordering::SeqCst);
-        c.counters.hold_refused.fetch_add(1, Ordering::Relaxed);
-        return HoldEnd::Full;
-    }
-    let _held = Counted(&c.counters.held_now);
-    let _timer = HoldTimer(&c.hold_time, Instant::now());
-    let be = &c.backends[b];
-    loop {
-        let notified = be.changed.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        if be.state.load(Ordering::SeqCst) != dispatcher_common::STATE_SUSPECT {
-            return HoldEnd::Changed;
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return HoldEnd::Expired;
-        }
-        // While held, at most this much of what the client sends next (its body, a
-        // pipelined request) is buffered; beyond it, nothing more is read.
-        let room = client.buf.len() < HOLD_READ_LIMIT;
-        tokio::select! {
-            _ = &mut notified => return HoldEnd::Changed,
-            _ = tokio::time::sleep(left) => return HoldEnd::Expired,
-            r = client.fill(left), if room => match r {
-                // More bytes (a body, a pipelined request) stay buffered; keep waiting.
-                Ok(n) if n > 0 => {}
-                Err(RelayError::Timeout) => return HoldEnd::Expired,
-                _ => return HoldEnd::ClientGone,
-            },
-        }
-    }
-}
-
 /// How an attempt on one backend failed, before any response byte reached the client.
 enum SendFail {
     /// Could not connect (refused, timed out, connection limit).
@@ -467,6 +388,7 @@ async fn send<R: AsyncRead + Unpin>(
                         // The request is refused or gone: the server must not take what it
                         // received for a whole request. The connection is reset.
                         up.abort();
+                        drop(up);
                         match e {
                             RelayError::Chunk(why) => send_error(w, 400, why, None).await,
                             RelayError::Timeout => send_error(w, 408, "request body not received in time", None).await,
@@ -778,53 +700,4 @@ fn learn(ctx: &VipCtx, res: &ResponseHead, buf: &[u8], backend: usize) {
             }
         }
     }
-}
-
-/// After `101 Switching Protocols`: bytes both ways until either side closes.
-async fn tunnel<R: AsyncRead + Unpin>(
-    client: &mut Inbound<R>,
-    w: &mut OwnedWriteHalf,
-    mut up: Upstream,
-    idle: Duration,
-) {
-    if !client.buf.is_empty() && !write_client(&mut up.w, &client.buf, idle).await {
-        return;
-    }
-    client.buf.clear();
-    if !up.r.buf.is_empty() && !write_client(w, &up.r.buf, idle).await {
-        return;
-    }
-    up.r.buf.clear();
-    // Bytes both ways until either side closes, or neither side has sent anything for
-    // `idle` (a tunnel holds a backend connection: it must not be kept by silence).
-    let started = Instant::now();
-    let last = std::sync::atomic::AtomicU64::new(0);
-    tokio::join!(pump(&mut client.io, &mut up.w, idle, started, &last), pump(&mut up.r.io, w, idle, started, &last));
-}
-
-/// One way of a tunnel; `last`: when either way last carried a byte (ms after `started`).
-async fn pump<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
-    from: &mut R,
-    to: &mut W,
-    idle: Duration,
-    started: Instant,
-    last: &std::sync::atomic::AtomicU64,
-) {
-    let mut buf = vec![0u8; 16 * 1024];
-    let now = || started.elapsed().as_millis() as u64;
-    loop {
-        match tokio::time::timeout(idle, tokio::io::AsyncReadExt::read(from, &mut buf)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => break,
-            Ok(Ok(n)) => {
-                last.store(now(), Ordering::Relaxed);
-                if !write_client(to, &buf[..n], idle).await {
-                    break;
-                }
-            }
-            // Quiet this way: go on while the other way is busy.
-            Err(_) if now().saturating_sub(last.load(Ordering::Relaxed)) < idle.as_millis() as u64 => {}
-            Err(_) => break,
-        }
-    }
-    let _ = to.shutdown().await;
 }

@@ -1,0 +1,63 @@
+//! After `101 Switching Protocols`: a tunnel, bytes both ways, closed by either side or by
+//! silence both ways.
+
+use std::{
+    sync::atomic::Ordering,
+    time::{Duration, Instant},
+};
+
+use tokio::{
+    io::{AsyncRead, AsyncWrite, AsyncWriteExt},
+    net::tcp::OwnedWriteHalf,
+};
+
+use super::{body::Inbound, pool::Upstream, proxy::write_client};
+
+/// After `101 Switching Protocols`: bytes both ways until either side closes.
+pub async fn tunnel<R: AsyncRead + Unpin>(
+    client: &mut Inbound<R>,
+    w: &mut OwnedWriteHalf,
+    mut up: Upstream,
+    idle: Duration,
+) {
+    if !client.buf.is_empty() && !write_client(&mut up.w, &client.buf, idle).await {
+        return;
+    }
+    client.buf.clear();
+    if !up.r.buf.is_empty() && !write_client(w, &up.r.buf, idle).await {
+        return;
+    }
+    up.r.buf.clear();
+    // Bytes both ways until either side closes, or neither side has sent anything for
+    // `idle` (a tunnel holds a backend connection: it must not be kept by silence).
+    let started = Instant::now();
+    let last = std::sync::atomic::AtomicU64::new(0);
+    tokio::join!(pump(&mut client.io, &mut up.w, idle, started, &last), pump(&mut up.r.io, w, idle, started, &last));
+}
+
+/// One way of a tunnel; `last`: when either way last carried a byte (ms after `started`).
+async fn pump<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    from: &mut R,
+    to: &mut W,
+    idle: Duration,
+    started: Instant,
+    last: &std::sync::atomic::AtomicU64,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    let now = || started.elapsed().as_millis() as u64;
+    loop {
+        match tokio::time::timeout(idle, tokio::io::AsyncReadExt::read(from, &mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => {
+                last.store(now(), Ordering::Relaxed);
+                if !write_client(to, &buf[..n], idle).await {
+                    break;
+                }
+            }
+            // Quiet this way: go on while the other way is busy.
+            Err(_) if now().saturating_sub(last.load(Ordering::Relaxed)) < idle.as_millis() as u64 => {}
+            Err(_) => break,
+        }
+    }
+    let _ = to.shutdown().await;
+}
