@@ -44,34 +44,22 @@ struct RawConfig {
     vips: Vec<Spanned<RawVip>>,
     #[serde(default, rename = "partition")]
     partitions: Vec<Spanned<RawPartition>>,
-    #[serde(default)]
     http: Option<Spanned<RawHttp>>,
-    #[serde(default)]
     health: Option<Spanned<RawHealth>>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawHealth {
-    #[serde(default)]
     kind: Option<Spanned<String>>,
-    #[serde(default)]
     path: Option<Spanned<String>>,
-    #[serde(default)]
     expect_status: Option<Spanned<u16>>,
-    #[serde(default)]
     port: Option<Spanned<u16>>,
-    #[serde(default)]
     interval: Option<Spanned<String>>,
-    #[serde(default)]
     timeout: Option<Spanned<String>>,
-    #[serde(default)]
     rise: Option<Spanned<u32>>,
-    #[serde(default)]
     fall: Option<Spanned<u32>>,
-    #[serde(default)]
     enabled: Option<Spanned<bool>>,
-    #[serde(default)]
     suspect_on_status: Option<Spanned<Vec<Spanned<u16>>>>,
 }
 
@@ -80,60 +68,35 @@ struct RawHealth {
 struct RawPartition {
     id: Spanned<String>,
     primary: Spanned<String>,
-    #[serde(default)]
     replica: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawHttp {
-    #[serde(default)]
     workers: Option<Spanned<usize>>,
-    #[serde(default)]
     cookie_name: Option<Spanned<String>>,
-    #[serde(default)]
     url_parameter: Option<Spanned<String>>,
-    #[serde(default)]
     max_header_bytes: Option<Spanned<usize>>,
-    #[serde(default)]
     max_headers: Option<Spanned<usize>>,
-    #[serde(default)]
     header_timeout: Option<Spanned<String>>,
-    #[serde(default)]
     client_idle_timeout: Option<Spanned<String>>,
-    #[serde(default)]
     connect_timeout: Option<Spanned<String>>,
-    #[serde(default)]
     server_timeout: Option<Spanned<String>>,
-    #[serde(default)]
     pool_max_idle: Option<Spanned<usize>>,
-    #[serde(default)]
     pool_idle_timeout: Option<Spanned<String>>,
-    #[serde(default)]
     max_connections_per_backend: Option<Spanned<usize>>,
-    #[serde(default)]
     drain_timeout: Option<Spanned<String>>,
-    #[serde(default)]
     hold_time: Option<Spanned<String>>,
-    #[serde(default)]
     max_held: Option<Spanned<usize>>,
-    #[serde(default)]
     retries: Option<Spanned<usize>>,
-    #[serde(default)]
     retry_budget_percent: Option<Spanned<usize>>,
-    #[serde(default)]
     retry_budget_min: Option<Spanned<usize>>,
-    #[serde(default)]
     retry_buffer: Option<Spanned<usize>>,
-    #[serde(default)]
     client_timeout: Option<Spanned<String>>,
-    #[serde(default)]
     body_timeout: Option<Spanned<String>>,
-    #[serde(default)]
     body_min_rate: Option<Spanned<usize>>,
-    #[serde(default)]
     queue_timeout: Option<Spanned<String>>,
-    #[serde(default)]
     max_client_connections: Option<Spanned<usize>>,
 }
 
@@ -141,21 +104,13 @@ struct RawHttp {
 #[serde(deny_unknown_fields)]
 struct RawDispatcher {
     interface: Spanned<String>,
-    #[serde(default)]
     instance: Option<Spanned<String>>,
-    #[serde(default)]
     bpffs: Option<Spanned<String>>,
-    #[serde(default)]
     xdp_mode: Option<Spanned<String>>,
-    #[serde(default)]
     flow_table_size: Option<Spanned<u32>>,
-    #[serde(default)]
     affinity_table_size: Option<Spanned<u32>>,
-    #[serde(default)]
     log_level: Option<Spanned<String>>,
-    #[serde(default)]
     admin_socket: Option<Spanned<String>>,
-    #[serde(default)]
     admin_address: Option<Spanned<String>>,
 }
 
@@ -164,13 +119,9 @@ struct RawDispatcher {
 struct RawBackend {
     name: Spanned<String>,
     address: Spanned<String>,
-    #[serde(default)]
     address6: Option<Spanned<String>>,
-    #[serde(default)]
     mac: Option<Spanned<String>>,
-    #[serde(default)]
     weight: Option<Spanned<u32>>,
-    #[serde(default)]
     replica: Option<Spanned<String>>,
     #[serde(default)]
     clone_ids: Vec<Spanned<String>>,
@@ -182,27 +133,16 @@ struct RawVip {
     name: Spanned<String>,
     address: Spanned<String>,
     port: Spanned<u16>,
-    #[serde(default)]
     protocol: Option<Spanned<String>>,
-    #[serde(default)]
     mode: Option<Spanned<String>>,
-    #[serde(default)]
     forwarding: Option<Spanned<String>>,
-    #[serde(default)]
     encap_source: Option<Spanned<String>>,
-    #[serde(default)]
     backends: Option<Spanned<Vec<Spanned<String>>>>,
-    #[serde(default)]
     ring_size: Option<Spanned<u32>>,
-    #[serde(default)]
     sticky_time: Option<Spanned<String>>,
-    #[serde(default)]
     port_group: Option<Spanned<String>>,
-    #[serde(default)]
     balance: Option<Spanned<String>>,
-    #[serde(default)]
     backend_port: Option<Spanned<u16>>,
-    #[serde(default)]
     max_connections: Option<Spanned<usize>>,
 }
 
@@ -599,41 +539,18 @@ impl Config {
     }
 }
 
-/// A log level: `off`, `error`, `warn`, `info`, `debug` or `trace`, or a comma-separated
-/// list of those and `target=level` directives (`info,dispatcher::http=debug`).
+/// A log filter as `tracing_subscriber::EnvFilter` reads it: a level (`info`), or
+/// directives (`info,dispatcher::http=debug`).
 pub fn check_log_level(s: &str) -> Result<(), String> {
-    const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
-    let target_ok = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_alphanumeric() || b"_:-".contains(&b));
-    for d in s.split(',') {
-        let ok = match d.split_once('=') {
-            None => LEVELS.contains(&d),
-            Some((target, level)) => target_ok(target) && LEVELS.contains(&level),
-        };
-        if !ok {
-            return Err(format!("`{d}` is not a level (off, error, warn, info, debug, trace) or target=level"));
-        }
-    }
-    Ok(())
+    tracing_subscriber::EnvFilter::try_new(s)
+        .map(|_| ())
+        .map_err(|e| format!("`{s}` is not a log filter (a level such as info, or info,dispatcher::http=debug): {e}"))
 }
 
-/// Parse a duration such as `"2s"`, `"500ms"`, `"1m"`, `"1h"`, `"250us"`.
+/// Parse a duration such as `"2s"`, `"500ms"`, `"1m 30s"`, `"1h"` (humantime's syntax).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    if num.is_empty() {
-        return Err(format!("`{s}` is not a duration (expected e.g. \"2s\", \"500ms\")"));
-    }
-    let n: u64 = num.parse().map_err(|_| format!("`{s}`: number too large"))?;
-    let d = match unit {
-        "ms" => Duration::from_millis(n),
-        "us" => Duration::from_micros(n),
-        "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.saturating_mul(60)),
-        "h" => Duration::from_secs(n.saturating_mul(3600)),
-        _ => return Err(format!("`{s}`: unknown unit `{unit}` (use us, ms, s, m or h)")),
-    };
-    Ok(d)
+    humantime::parse_duration(s.trim())
+        .map_err(|e| format!("`{s}` is not a duration (e.g. \"2s\", \"500ms\", \"1m 30s\"): {e}"))
 }
 
 /// Backend and VIP names travel in admin URLs, metric labels, logs and status tables:
@@ -1327,10 +1244,12 @@ port_group = "g"
         assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
         assert_eq!(parse_duration("2s").unwrap(), Duration::from_secs(2));
         assert_eq!(parse_duration("1m").unwrap(), Duration::from_secs(60));
+        assert_eq!(parse_duration("1m 30s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
         assert!(parse_duration("s").is_err());
-        assert!(parse_duration("1.5s").is_err());
         assert!(parse_duration("-1s").is_err());
-        assert!(parse_duration("3days").is_err());
+        assert!(parse_duration("30 parsecs").is_err());
+        assert!(parse_duration("99999999999999999999s").is_err());
     }
 
     #[test]
