@@ -73,29 +73,134 @@ pub fn addr_from_words(w: &[u32; 4]) -> [u8; 16] {
     b
 }
 
-/// The state routing obeys, from the operator's state (`admin`: 0 for none, drain or
-/// disabled) and the health (up, suspect or down). They are two dimensions: a drained
-/// backend that goes down is down (its sessions and flows fail over to its replica), and
-/// a drain given to a backend that is down leaves it down.
-pub fn effective_state(admin: u8, health: u8) -> u8 {
-    match (admin, health) {
-        (STATE_DISABLED, _) => STATE_DISABLED,
-        (_, STATE_DOWN) => STATE_DOWN,
-        (_, STATE_SUSPECT) => STATE_SUSPECT,
-        (STATE_DRAIN, _) => STATE_DRAIN,
-        (_, h) => h,
+/// What a backend's `BACKENDS` entry says routing obeys (`BackendInfo::state`). The map
+/// holds the `u8`; the agent works with this type and converts at the map boundary.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendState {
+    Unused = STATE_UNUSED,
+    Up = STATE_UP,
+    Suspect = STATE_SUSPECT,
+    Down = STATE_DOWN,
+    Drain = STATE_DRAIN,
+    Disabled = STATE_DISABLED,
+}
+
+/// What the health checks and failed requests say of a backend.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Health {
+    Up = STATE_UP,
+    Suspect = STATE_SUSPECT,
+    Down = STATE_DOWN,
+}
+
+/// What the operator said of a backend (`BackendInfo::admin`): nothing, drain or disable.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operator {
+    None = 0,
+    Drain = STATE_DRAIN,
+    Disabled = STATE_DISABLED,
+}
+
+impl BackendState {
+    /// From the map's byte; an unknown value is `Unused`.
+    pub const fn from_u8(v: u8) -> BackendState {
+        match v {
+            STATE_UP => BackendState::Up,
+            STATE_SUSPECT => BackendState::Suspect,
+            STATE_DOWN => BackendState::Down,
+            STATE_DRAIN => BackendState::Drain,
+            STATE_DISABLED => BackendState::Disabled,
+            _ => BackendState::Unused,
+        }
+    }
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            BackendState::Unused => "unused",
+            BackendState::Up => "up",
+            BackendState::Suspect => "suspect",
+            BackendState::Down => "down",
+            BackendState::Drain => "drain",
+            BackendState::Disabled => "disabled",
+        }
+    }
+
+    /// Takes new sessions, flows and unbound requests.
+    pub const fn takes_new(self) -> bool {
+        takes_new_flows(self as u8)
+    }
+
+    /// Keeps what it has (flows, sessions): up, suspect or draining.
+    pub const fn keeps(self) -> bool {
+        keeps_flows(self as u8)
+    }
+
+    /// Out of service: its flows and sessions go to its replica.
+    pub const fn is_out(self) -> bool {
+        matches!(self, BackendState::Down | BackendState::Disabled)
+    }
+}
+
+impl Health {
+    /// From the map's state byte: the health it implies (drain and disabled say nothing
+    /// of it: up until checks tell otherwise).
+    pub const fn from_u8(v: u8) -> Health {
+        match v {
+            STATE_SUSPECT => Health::Suspect,
+            STATE_DOWN => Health::Down,
+            _ => Health::Up,
+        }
+    }
+
+    pub const fn name(self) -> &'static str {
+        BackendState::from_u8(self as u8).name()
+    }
+}
+
+impl Operator {
+    /// From the map's `admin` byte; anything else is no operator's state.
+    pub const fn from_u8(v: u8) -> Operator {
+        match v {
+            STATE_DRAIN => Operator::Drain,
+            STATE_DISABLED => Operator::Disabled,
+            _ => Operator::None,
+        }
+    }
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Operator::None => "none",
+            Operator::Drain => "drain",
+            Operator::Disabled => "disabled",
+        }
+    }
+}
+
+/// The state routing obeys, from the operator's state and the health. They are two
+/// dimensions: a drained backend that goes down is down (its sessions and flows fail over
+/// to its replica), and a drain given to a backend that is down leaves it down.
+pub const fn effective_state(op: Operator, health: Health) -> BackendState {
+    match (op, health) {
+        (Operator::Disabled, _) => BackendState::Disabled,
+        (_, Health::Down) => BackendState::Down,
+        (_, Health::Suspect) => BackendState::Suspect,
+        (Operator::Drain, Health::Up) => BackendState::Drain,
+        (Operator::None, Health::Up) => BackendState::Up,
     }
 }
 
 /// May this backend take a new flow?
 #[inline(always)]
-pub fn takes_new_flows(state: u8) -> bool {
+pub const fn takes_new_flows(state: u8) -> bool {
     state == STATE_UP
 }
 
 /// May this backend keep a flow already pinned to it?
 #[inline(always)]
-pub fn keeps_flows(state: u8) -> bool {
+pub const fn keeps_flows(state: u8) -> bool {
     state == STATE_UP || state == STATE_SUSPECT || state == STATE_DRAIN
 }
 
@@ -105,13 +210,18 @@ mod tests {
 
     #[test]
     fn the_operators_state_and_the_health_combine() {
-        assert_eq!(effective_state(0, STATE_UP), STATE_UP);
-        assert_eq!(effective_state(STATE_DRAIN, STATE_UP), STATE_DRAIN);
-        assert_eq!(effective_state(STATE_DRAIN, STATE_SUSPECT), STATE_SUSPECT, "held, not sent elsewhere");
-        assert_eq!(effective_state(STATE_DRAIN, STATE_DOWN), STATE_DOWN, "drained and dead fails over");
-        assert_eq!(effective_state(STATE_DISABLED, STATE_UP), STATE_DISABLED);
-        assert_eq!(effective_state(STATE_DISABLED, STATE_DOWN), STATE_DISABLED);
-        assert_eq!(effective_state(0, STATE_DOWN), STATE_DOWN);
+        use {BackendState as S, Health as H, Operator as O};
+        assert_eq!(effective_state(O::None, H::Up), S::Up);
+        assert_eq!(effective_state(O::Drain, H::Up), S::Drain);
+        assert_eq!(effective_state(O::Drain, H::Suspect), S::Suspect, "held, not sent elsewhere");
+        assert_eq!(effective_state(O::Drain, H::Down), S::Down, "drained and dead fails over");
+        assert_eq!(effective_state(O::Disabled, H::Up), S::Disabled);
+        assert_eq!(effective_state(O::Disabled, H::Down), S::Disabled);
+        assert_eq!(effective_state(O::None, H::Down), S::Down);
+        for v in 0..=6u8 {
+            let s = BackendState::from_u8(v);
+            assert!(v > 5 || s as u8 == v, "the map's byte round-trips");
+        }
     }
 }
 

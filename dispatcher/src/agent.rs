@@ -7,18 +7,14 @@ use std::{path::Path, sync::Arc};
 
 use anyhow::Context as _;
 use aya::programs::links::{FdLink, PinnedLink};
-use dispatcher_common::effective_state;
+use dispatcher_common::{effective_state, Health, Operator};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::{
     admin::{self, Admin},
     config::Config,
     control::AdminCommand,
-    dataplane::{
-        self,
-        tables::{initial_states, Tables},
-        Attached, LoadOptions,
-    },
+    dataplane::{self, tables::Tables, Attached, LoadOptions},
     http::listener::HttpServer,
     state::Cluster,
 };
@@ -92,7 +88,7 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
         tracing::info!(dir = %pin_dir.display(), flows = tables.flow_count(), "adopted pinned maps");
     }
     let n = cfg.backends.len();
-    let (mut health, mut admin) = (initial_states(&cfg), vec![0u8; n]);
+    let (mut health, mut admin) = (vec![Health::Up; n], vec![Operator::None; n]);
     if adopted {
         // An operator's drain or disable, and a backend found down, survive an agent
         // restart.
@@ -106,11 +102,11 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
     // sessions go to its replica, as after a reload).
     for (i, b) in cfg.backends.iter().enumerate() {
         if b.retired {
-            admin[i] = dispatcher_common::STATE_DISABLED;
+            admin[i] = Operator::Disabled;
         }
     }
-    let states: Vec<u8> = (0..n).map(|i| effective_state(admin[i], health[i])).collect();
-    tables.apply(&cfg, &states, &admin).context("writing the configuration into the maps")?;
+    let (states, ops) = map_bytes(&health, &admin);
+    tables.apply(&cfg, &states, &ops).context("writing the configuration into the maps")?;
     if adopted {
         let stale = tables.remove_stale_vips(&cfg);
         if stale > 0 {
@@ -268,26 +264,26 @@ impl Running {
         let new = Config::load(path).map_err(|e| e.to_string())?;
         let merged = self.cfg.merged_for_reload(new)?;
         // Health and the operator's state go on; a removed backend is disabled.
-        let (health, admin): (Vec<u8>, Vec<u8>) = merged
+        let (health, admin): (Vec<Health>, Vec<Operator>) = merged
             .backends
             .iter()
             .enumerate()
             .map(|(i, b)| {
-                let (h, a) = self.cluster.health_and_admin(i).unwrap_or((dispatcher_common::STATE_UP, 0));
+                let (h, a) = self.cluster.health_and_admin(i).unwrap_or((Health::Up, Operator::None));
                 if b.retired {
-                    (h, dispatcher_common::STATE_DISABLED)
+                    (h, Operator::Disabled)
                 } else {
                     (h, a)
                 }
             })
             .unzip();
-        let states: Vec<u8> = health.iter().zip(&admin).map(|(&h, &a)| effective_state(a, h)).collect();
+        let (states, ops) = map_bytes(&health, &admin);
         // The learned clone table first: the new listeners route learned IDs from their
         // first request.
         let cluster = Cluster::successor_of(&merged, &health, &admin, &self.cluster);
         let merged = Arc::new(merged);
         let next = Running::start(merged.clone(), cluster.clone(), tables, rt).map_err(|e| format!("{e:#}"))?;
-        tables.lock().unwrap().apply(&merged, &states, &admin).map_err(|e| format!("writing the maps: {e}"))?;
+        tables.lock().unwrap().apply(&merged, &states, &ops).map_err(|e| format!("writing the maps: {e}"))?;
         if let Err(e) = dataplane::ids::save(&merged) {
             tracing::warn!(error = %e, "recording the id table");
         }
@@ -391,18 +387,17 @@ fn keep_pins(
 /// Health and operator state from a `BACKENDS` entry a previous agent left. (An agent
 /// before the `admin` field existed kept only one state: drain or disabled there is the
 /// operator's.)
-fn adopted_state(info: &dispatcher_common::BackendInfo) -> (u8, u8) {
-    use dispatcher_common::{STATE_DISABLED, STATE_DOWN, STATE_DRAIN, STATE_SUSPECT, STATE_UP};
-    let health = match info.state {
-        s @ (STATE_SUSPECT | STATE_DOWN) => s,
-        _ => STATE_UP,
+fn adopted_state(info: &dispatcher_common::BackendInfo) -> (Health, Operator) {
+    let op = match Operator::from_u8(info.admin) {
+        Operator::None => Operator::from_u8(info.state),
+        op => op,
     };
-    let admin = match (info.admin, info.state) {
-        (a @ (STATE_DRAIN | STATE_DISABLED), _) => a,
-        (_, s @ (STATE_DRAIN | STATE_DISABLED)) => s,
-        _ => 0,
-    };
-    (health, admin)
+    (Health::from_u8(info.state), op)
+}
+
+/// The `BACKENDS` bytes (effective state, operator's state) of each backend.
+fn map_bytes(health: &[Health], ops: &[Operator]) -> (Vec<u8>, Vec<u8>) {
+    health.iter().zip(ops).map(|(&h, &op)| (effective_state(op, h) as u8, op as u8)).unzip()
 }
 
 /// A proxy holds two descriptors per connection: take the hard limit, not the default

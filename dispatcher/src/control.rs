@@ -3,12 +3,9 @@
 //! rebuilt, and a backend that goes out of service hands its L4 flows and its `CLONES`
 //! entries to its peer replica (given back when it returns).
 
-use std::{
-    sync::{atomic::Ordering, Arc, Mutex},
-    time::Duration,
-};
+use std::sync::{atomic::Ordering, Arc, Mutex};
 
-use dispatcher_common::{FlowValue, STATE_DISABLED, STATE_DOWN, STATE_DRAIN, STATE_UP};
+use dispatcher_common::{BackendState, FlowValue, Operator};
 use tokio::sync::mpsc;
 
 use crate::{
@@ -18,47 +15,29 @@ use crate::{
     state::Cluster,
 };
 
-/// How often the maps are read for the operator's commands.
-const OPERATOR_POLL: Duration = Duration::from_millis(200);
-
-fn out_of_service(s: u8) -> bool {
-    s == STATE_DOWN || s == STATE_DISABLED
-}
-
-pub fn state_name(s: u8) -> &'static str {
-    match s {
-        STATE_UP => "up",
-        dispatcher_common::STATE_SUSPECT => "suspect",
-        STATE_DOWN => "down",
-        STATE_DRAIN => "drain",
-        STATE_DISABLED => "disabled",
-        _ => "unused",
-    }
-}
-
 struct Control {
     cfg: Config,
     cluster: Arc<Cluster>,
     tables: Arc<Mutex<Tables>>,
-    /// What this loop last wrote to BACKENDS for each backend: a different value there
-    /// is an operator's command.
-    written: Vec<u8>,
+    /// What this loop last wrote to BACKENDS for each backend (the request path may have
+    /// moved the mirror since: a passive failure).
+    written: Vec<BackendState>,
 }
 
 impl Control {
     /// Applies a change of effective state to the maps.
-    fn apply(&mut self, b: usize, old: u8, new: u8) {
+    fn apply(&mut self, b: usize, old: BackendState, new: BackendState) {
         let name = &self.cluster.backends[b].name;
-        tracing::info!(backend = %name, from = state_name(old), to = state_name(new), "backend state changed");
+        tracing::info!(backend = %name, from = old.name(), to = new.name(), "backend state changed");
         self.cluster.counters.transitions.fetch_add(1, Ordering::Relaxed);
         let mut t = self.tables.lock().unwrap();
-        let admin = self.cluster.backends[b].admin.load(Ordering::SeqCst);
-        let info = backend_info(&self.cfg.backends[b], new, admin);
+        let op = self.cluster.backends[b].operator();
+        let info = backend_info(&self.cfg.backends[b], new as u8, op as u8);
         if let Err(e) = t.set_backend(b as u32, &info) {
             tracing::warn!(error = %e, "writing BACKENDS");
         }
         self.written[b] = new;
-        let states: Vec<u8> = self.cluster.backends.iter().map(|x| x.state.load(Ordering::SeqCst)).collect();
+        let states: Vec<u8> = self.cluster.backends.iter().map(|x| x.state() as u8).collect();
         for (i, v) in self.cfg.vips.iter().enumerate() {
             if v.backends.contains(&b) {
                 if let Err(e) = t.rebuild_ring(i as u32, v, &self.cfg, &states) {
@@ -67,9 +46,9 @@ impl Control {
             }
         }
         drop(t);
-        if out_of_service(new) && !out_of_service(old) {
+        if new.is_out() && !old.is_out() {
             self.fail_over(b);
-        } else if !out_of_service(new) && out_of_service(old) {
+        } else if !new.is_out() && old.is_out() {
             self.give_back(b);
         }
     }
@@ -129,38 +108,6 @@ impl Control {
         });
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "starting the failover walk");
-        }
-    }
-
-    /// Reads BACKENDS for states an operator wrote (`dispatcher drain|disable|enable`).
-    fn observe_operator(&mut self) {
-        for b in 0..self.written.len() {
-            let Ok(info) = self.tables.lock().unwrap().backend(b as u32) else { continue };
-            if info.state == self.written[b] {
-                continue;
-            }
-            let admin = match info.state {
-                STATE_DRAIN | STATE_DISABLED => info.state,
-                STATE_UP => 0,
-                // Not an operator's value (a tool wrote health states): take it as written.
-                other => {
-                    self.written[b] = other;
-                    continue;
-                }
-            };
-            self.written[b] = info.state;
-            tracing::info!(backend = %self.cluster.backends[b].name, admin = state_name(info.state), "operator command");
-            match self.cluster.set_admin(b, admin) {
-                Some((old, new)) => self.apply(b, old, new),
-                None => {
-                    // Effective state unchanged (e.g. enable of a backend that is down):
-                    // write it back so that the map says the truth.
-                    let now = self.cluster.backends[b].state.load(Ordering::SeqCst);
-                    if now != info.state {
-                        self.apply(b, info.state, now);
-                    }
-                }
-            }
         }
     }
 }
@@ -225,8 +172,8 @@ async fn probe_loop(
 /// it); the reply is the backend's state before and after.
 pub struct AdminCommand {
     pub backend: usize,
-    pub admin: u8,
-    pub reply: tokio::sync::oneshot::Sender<(u8, u8)>,
+    pub op: Operator,
+    pub reply: tokio::sync::oneshot::Sender<(BackendState, BackendState)>,
 }
 
 pub async fn run(
@@ -243,15 +190,14 @@ pub async fn run(
         }
     }
     drop(tx);
-    let written = cluster.backends.iter().map(|b| b.state.load(Ordering::SeqCst)).collect();
+    let written = cluster.backends.iter().map(|b| b.state()).collect();
     let (rise, fall) = (cfg.health.rise, cfg.health.fall);
     let mut streaks = vec![Streak::default(); cluster.backends.len()];
     let mut ctl = Control { cfg, cluster: cluster.clone(), tables, written };
-    let mut poll = tokio::time::interval(OPERATOR_POLL);
     loop {
         tokio::select! {
             Some((b, ok)) = checks.recv() => {
-                let h = health::next(cluster.backends[b].health.load(Ordering::SeqCst), ok, &mut streaks[b], rise, fall);
+                let h = health::next(cluster.backends[b].health(), ok, &mut streaks[b], rise, fall);
                 if let Some((old, new)) = cluster.set_health(b, h) {
                     ctl.apply(b, old, new);
                 }
@@ -260,20 +206,19 @@ pub async fn run(
                 // The request path already marked it suspect in the mirror; the maps follow,
                 // and the failure counts towards `fall`.
                 streaks[b] = Streak::after_failure();
-                let now = cluster.backends[b].state.load(Ordering::SeqCst);
+                let now = cluster.backends[b].state();
                 if now != ctl.written[b] {
                     let old = ctl.written[b];
                     ctl.apply(b, old, now);
                 }
             }
-            _ = poll.tick() => ctl.observe_operator(),
             Some(cmd) = commands.recv() => {
-                let before = cluster.backends[cmd.backend].state.load(Ordering::SeqCst);
-                tracing::info!(backend = %cluster.backends[cmd.backend].name, admin = state_name(cmd.admin), "operator command");
-                if let Some((old, new)) = cluster.set_admin(cmd.backend, cmd.admin) {
+                let before = cluster.backends[cmd.backend].state();
+                tracing::info!(backend = %cluster.backends[cmd.backend].name, operator = cmd.op.name(), "operator command");
+                if let Some((old, new)) = cluster.set_admin(cmd.backend, cmd.op) {
                     ctl.apply(cmd.backend, old, new);
                 }
-                let _ = cmd.reply.send((before, cluster.backends[cmd.backend].state.load(Ordering::SeqCst)));
+                let _ = cmd.reply.send((before, cluster.backends[cmd.backend].state()));
             }
         }
     }

@@ -8,7 +8,7 @@
 
 use std::net::SocketAddr;
 
-use dispatcher_common::{STATE_DOWN, STATE_SUSPECT, STATE_UP};
+use dispatcher_common::Health;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::TcpStream,
@@ -169,21 +169,21 @@ impl Streak {
 }
 
 /// The health after one check result.
-pub fn next(health: u8, passed: bool, streak: &mut Streak, rise: u32, fall: u32) -> u8 {
+pub fn next(health: Health, passed: bool, streak: &mut Streak, rise: u32, fall: u32) -> Health {
     if passed {
         streak.ok += 1;
         streak.fail = 0;
         match health {
-            STATE_DOWN if streak.ok < rise => STATE_DOWN,
-            _ => STATE_UP,
+            Health::Down if streak.ok < rise => Health::Down,
+            _ => Health::Up,
         }
     } else {
         streak.fail += 1;
         streak.ok = 0;
-        if streak.fail >= fall || health == STATE_DOWN {
-            STATE_DOWN
+        if streak.fail >= fall || health == Health::Down {
+            Health::Down
         } else {
-            STATE_SUSPECT
+            Health::Suspect
         }
     }
 }
@@ -251,23 +251,23 @@ mod tests {
     #[test]
     fn transitions_follow_rise_and_fall() {
         let mut s = Streak::default();
-        let mut h = STATE_UP;
+        let mut h = Health::Up;
         h = next(h, false, &mut s, 2, 3);
-        assert_eq!(h, STATE_SUSPECT, "the first failure makes it suspect");
+        assert_eq!(h, Health::Suspect, "the first failure makes it suspect");
         h = next(h, true, &mut s, 2, 3);
-        assert_eq!(h, STATE_UP, "a passing check clears suspicion");
+        assert_eq!(h, Health::Up, "a passing check clears suspicion");
         for _ in 0..2 {
             h = next(h, false, &mut s, 2, 3);
-            assert_eq!(h, STATE_SUSPECT);
+            assert_eq!(h, Health::Suspect);
         }
         h = next(h, false, &mut s, 2, 3);
-        assert_eq!(h, STATE_DOWN, "fall consecutive failures");
+        assert_eq!(h, Health::Down, "fall consecutive failures");
         h = next(h, true, &mut s, 2, 3);
-        assert_eq!(h, STATE_DOWN, "one success is not enough to rise");
+        assert_eq!(h, Health::Down, "one success is not enough to rise");
         h = next(h, false, &mut s, 2, 3);
         h = next(h, true, &mut s, 2, 3);
-        assert_eq!(h, STATE_DOWN, "a flapping backend stays down");
+        assert_eq!(h, Health::Down, "a flapping backend stays down");
         h = next(h, true, &mut s, 2, 3);
-        assert_eq!(h, STATE_UP, "rise consecutive successes");
+        assert_eq!(h, Health::Up, "rise consecutive successes");
     }
 }

@@ -14,8 +14,7 @@ use std::{
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use dispatcher_common::{
-    effective_state, hash::cookie_hash, CloneValue, CLONE_F_FAILED_OVER, NO_BACKEND, STATE_DISABLED, STATE_DOWN,
-    STATE_DRAIN, STATE_SUSPECT, STATE_UP,
+    effective_state, hash::cookie_hash, BackendState, CloneValue, Health, Operator, CLONE_F_FAILED_OVER, NO_BACKEND,
 };
 
 use crate::config::Config;
@@ -25,12 +24,13 @@ pub struct Backend {
     pub address: Ipv4Addr,
     pub weight: u32,
     pub replica: Option<usize>,
-    /// The state routing reads: the operator's (drain, disabled) if set, else health's.
-    pub state: AtomicU8,
-    /// From active checks and passive signals: up, suspect or down.
-    pub health: AtomicU8,
-    /// The operator's override: 0 (none), drain or disabled.
-    pub admin: AtomicU8,
+    /// What routing obeys: `effective_state(operator, health)` (a `BackendState` byte;
+    /// read it with `state()`).
+    state: AtomicU8,
+    /// From active checks and passive signals (a `Health` byte; `health()`).
+    health: AtomicU8,
+    /// The operator's state (an `Operator` byte; `operator()`).
+    admin: AtomicU8,
     /// Woken on every state change (held requests wait here).
     pub changed: tokio::sync::Notify,
     /// Time to the response head.
@@ -48,12 +48,24 @@ pub struct Backend {
 impl Backend {
     /// Takes new sessions and unbound requests.
     pub fn is_up(&self) -> bool {
-        self.state.load(Ordering::Relaxed) == STATE_UP
+        self.state() == BackendState::Up
+    }
+
+    pub fn state(&self) -> BackendState {
+        BackendState::from_u8(self.state.load(Ordering::SeqCst))
+    }
+
+    pub fn health(&self) -> Health {
+        Health::from_u8(self.health.load(Ordering::SeqCst))
+    }
+
+    pub fn operator(&self) -> Operator {
+        Operator::from_u8(self.admin.load(Ordering::SeqCst))
     }
 
     /// Keeps serving the sessions it owns: up, suspect or draining (as XDP keeps flows).
     pub fn serves_sessions(&self) -> bool {
-        dispatcher_common::keeps_flows(self.state.load(Ordering::Relaxed))
+        self.state().keeps()
     }
 }
 
@@ -184,8 +196,8 @@ impl Cluster {
     /// entries are up and without an operator's state.
     pub fn new(
         cfg: &Config,
-        health: &[u8],
-        admin: &[u8],
+        health: &[Health],
+        admin: &[Operator],
         clones_map: Option<BpfHashMap<MapData, u64, CloneValue>>,
     ) -> Cluster {
         let backends = cfg
@@ -193,8 +205,8 @@ impl Cluster {
             .iter()
             .enumerate()
             .map(|(i, b)| {
-                let h = health.get(i).copied().filter(|&s| s == STATE_SUSPECT || s == STATE_DOWN).unwrap_or(STATE_UP);
-                let a = admin.get(i).copied().filter(|&s| s == STATE_DRAIN || s == STATE_DISABLED).unwrap_or(0);
+                let h = health.get(i).copied().unwrap_or(Health::Up);
+                let a = admin.get(i).copied().unwrap_or(Operator::None);
                 (b, h, a)
             })
             .map(|(b, h, a)| Backend {
@@ -202,9 +214,9 @@ impl Cluster {
                 address: b.address,
                 weight: b.weight,
                 replica: b.replica,
-                state: AtomicU8::new(effective_state(a, h)),
-                health: AtomicU8::new(h),
-                admin: AtomicU8::new(a),
+                state: AtomicU8::new(effective_state(a, h) as u8),
+                health: AtomicU8::new(h as u8),
+                admin: AtomicU8::new(a as u8),
                 changed: tokio::sync::Notify::new(),
                 latency: Histogram::default(),
                 outstanding: AtomicU64::new(0),
@@ -273,8 +285,8 @@ impl Cluster {
     }
 
     /// Health and operator state of backend `i` (what a reload carries over).
-    pub fn health_and_admin(&self, i: usize) -> Option<(u8, u8)> {
-        self.backends.get(i).map(|b| (b.health.load(Ordering::SeqCst), b.admin.load(Ordering::SeqCst)))
+    pub fn health_and_admin(&self, i: usize) -> Option<(Health, Operator)> {
+        self.backends.get(i).map(|b| (b.health(), b.operator()))
     }
 
     /// Owner and replica of a clone or partition ID.
@@ -285,10 +297,10 @@ impl Cluster {
     /// Recomputes the effective state from health and the operator's state (two
     /// dimensions, `effective_state`); returns the old and new state when it changed (and
     /// wakes the requests held on it).
-    fn settle(&self, backend: usize) -> Option<(u8, u8)> {
+    fn settle(&self, backend: usize) -> Option<(BackendState, BackendState)> {
         let b = &self.backends[backend];
-        let new = effective_state(b.admin.load(Ordering::SeqCst), b.health.load(Ordering::SeqCst));
-        let old = b.state.swap(new, Ordering::SeqCst);
+        let new = effective_state(b.operator(), b.health());
+        let old = BackendState::from_u8(b.state.swap(new as u8, Ordering::SeqCst));
         if old == new {
             return None;
         }
@@ -297,14 +309,14 @@ impl Cluster {
     }
 
     /// A health verdict (active check or passive signal).
-    pub fn set_health(&self, backend: usize, health: u8) -> Option<(u8, u8)> {
-        self.backends[backend].health.store(health, Ordering::SeqCst);
+    pub fn set_health(&self, backend: usize, health: Health) -> Option<(BackendState, BackendState)> {
+        self.backends[backend].health.store(health as u8, Ordering::SeqCst);
         self.settle(backend)
     }
 
-    /// The operator's override: 0 clears it.
-    pub fn set_admin(&self, backend: usize, admin: u8) -> Option<(u8, u8)> {
-        self.backends[backend].admin.store(admin, Ordering::SeqCst);
+    /// The operator's state (`Operator::None` clears it).
+    pub fn set_admin(&self, backend: usize, op: Operator) -> Option<(BackendState, BackendState)> {
+        self.backends[backend].admin.store(op as u8, Ordering::SeqCst);
         self.settle(backend)
     }
 
@@ -312,7 +324,8 @@ impl Cluster {
     /// the control loop is told so that it writes the maps and confirms with checks.
     pub fn passive_failure(&self, backend: usize) {
         let b = &self.backends[backend];
-        if b.health.compare_exchange(STATE_UP, STATE_SUSPECT, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+        let (up, suspect) = (Health::Up as u8, Health::Suspect as u8);
+        if b.health.compare_exchange(up, suspect, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
             self.counters.passive_failures.fetch_add(1, Ordering::Relaxed);
             if self.settle(backend).is_some() {
                 tracing::warn!(backend = %b.name, "backend suspect after a failed request");
@@ -334,7 +347,7 @@ impl Cluster {
     /// and, per backend, the same connection gauge and limit (the limit is not doubled
     /// while `old` drains). What `old` learns meanwhile is passed on. The CLONES map
     /// follows with `adopt_map` once this cluster takes over.
-    pub fn successor_of(cfg: &Config, health: &[u8], admin: &[u8], old: &Arc<Cluster>) -> Arc<Cluster> {
+    pub fn successor_of(cfg: &Config, health: &[Health], admin: &[Operator], old: &Arc<Cluster>) -> Arc<Cluster> {
         let mut c = Cluster::new(cfg, health, admin, None);
         c.counters = old.counters.clone();
         for (new, prev) in c.backends.iter_mut().zip(&old.backends) {

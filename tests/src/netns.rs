@@ -596,8 +596,11 @@ pub fn built_bin(name: &str, also: &[&str]) -> PathBuf {
     // stale agent rather than pass or fail on old code.
     let built = std::fs::metadata(&bin).and_then(|m| m.modified()).unwrap();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    // The agent's command line (cli/, main.rs) is in the agent binary only: a tool that
+    // uses the library is not relinked when it changes.
+    let skip: &[&str] = if name == "dispatcher" { &[] } else { &["cli", "main.rs"] };
     for src in ["dispatcher/src", "dispatcher-ebpf/src", "dispatcher-common/src"].iter().chain(also) {
-        if let Some((_, newer)) = newest(&root.join(src)).filter(|(t, _)| *t > built) {
+        if let Some((_, newer)) = newest(&root.join(src), skip).filter(|(t, _)| *t > built) {
             panic!(
                 "{} is older than {}: run `cargo build --bins` (or `cargo xtask test`)",
                 bin.display(),
@@ -608,13 +611,20 @@ pub fn built_bin(name: &str, also: &[&str]) -> PathBuf {
     bin
 }
 
-/// The most recently modified file below `dir`.
-fn newest(dir: &Path) -> Option<(std::time::SystemTime, PathBuf)> {
+/// The most recently modified file below `dir`, leaving out entries named in `skip` (at
+/// the top level).
+fn newest(dir: &Path, skip: &[&str]) -> Option<(std::time::SystemTime, PathBuf)> {
     let mut best: Option<(std::time::SystemTime, PathBuf)> = None;
     for e in std::fs::read_dir(dir).ok()?.flatten() {
+        if skip.iter().any(|s| e.file_name() == *s) {
+            continue;
+        }
         let p = e.path();
-        let cand =
-            if p.is_dir() { newest(&p) } else { e.metadata().ok().and_then(|m| m.modified().ok()).map(|t| (t, p)) };
+        let cand = if p.is_dir() {
+            newest(&p, &[])
+        } else {
+            e.metadata().ok().and_then(|m| m.modified().ok()).map(|t| (t, p))
+        };
         if let Some(c) = cand {
             if best.as_ref().is_none_or(|b| c.0 > b.0) {
                 best = Some(c);

@@ -31,13 +31,9 @@ use tokio::{
 };
 
 pub use crate::agent::{AgentRequest, Live, ReloadRequest};
-use crate::{
-    config::Config,
-    control::{state_name, AdminCommand},
-    dataplane::tables::Tables,
-    state::Cluster,
-};
+use crate::{config::Config, control::AdminCommand, dataplane::tables::Tables, state::Cluster};
 use contract::{to_json, CommandReply, ErrorReply, ReloadReply, StopReply};
+use dispatcher_common::Operator;
 
 pub struct Admin {
     pub live: std::sync::RwLock<Live>,
@@ -253,20 +249,19 @@ async fn backend_command<S: AsyncWrite + Unpin>(
     let Some(b) = cluster.backends.iter().position(|x| x.name == name) else {
         return respond(s, 404, "application/json", &err(format!("no backend named {name}"))).await;
     };
-    let a = match action {
-        "drain" => dispatcher_common::STATE_DRAIN,
-        "disable" => dispatcher_common::STATE_DISABLED,
-        "enable" => 0,
+    let op = match action {
+        "drain" => Operator::Drain,
+        "disable" => Operator::Disabled,
+        "enable" => Operator::None,
         _ => return respond(s, 404, "application/json", &err("unknown action")).await,
     };
     let (tx, rx) = oneshot::channel();
-    if commands.send(AdminCommand { backend: b, admin: a, reply: tx }).is_err() {
+    if commands.send(AdminCommand { backend: b, op, reply: tx }).is_err() {
         return respond(s, 503, "application/json", &err("control loop stopped")).await;
     }
     match rx.await {
         Ok((from, to)) => {
-            let body =
-                CommandReply { backend: name.to_string(), from: state_name(from).into(), to: state_name(to).into() };
+            let body = CommandReply { backend: name.to_string(), from: from.name().into(), to: to.name().into() };
             respond(s, 200, "application/json", &to_json(&body)).await
         }
         Err(_) => respond(s, 503, "application/json", &err("no reply")).await,

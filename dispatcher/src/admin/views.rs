@@ -9,7 +9,7 @@ use super::{
     contract::{AgentStatus, BackendStatus, CounterStatus, VipStatus},
     Admin,
 };
-use crate::{control::state_name, state::Histogram};
+use crate::state::Histogram;
 
 pub fn status(a: &Admin) -> AgentStatus {
     let (cfg, c, _) = a.current();
@@ -19,12 +19,9 @@ pub fn status(a: &Admin) -> AgentStatus {
         .iter()
         .map(|b| BackendStatus {
             name: b.name.clone(),
-            state: state_name(b.state.load(Ordering::SeqCst)).into(),
-            health: state_name(b.health.load(Ordering::SeqCst)).into(),
-            admin: match b.admin.load(Ordering::SeqCst) {
-                0 => "none".into(),
-                s => state_name(s).into(),
-            },
+            state: b.state().name().into(),
+            health: b.health().name().into(),
+            admin: b.operator().name().into(),
             active: load(&b.outstanding),
             connections: load(&b.connections),
             requests: load(&b.requests),
@@ -207,8 +204,7 @@ pub fn metrics(a: &Admin) -> String {
 
     let _ = writeln!(o, "# HELP dispatcher_backend_state Backend state: 1=up 2=suspect 3=down 4=drain 5=disabled.\n# TYPE dispatcher_backend_state gauge");
     for b in &c.backends {
-        let _ =
-            writeln!(o, "dispatcher_backend_state{{backend=\"{}\"}} {}", esc(&b.name), b.state.load(Ordering::SeqCst));
+        let _ = writeln!(o, "dispatcher_backend_state{{backend=\"{}\"}} {}", esc(&b.name), b.state() as u8);
     }
     let per_backend =
         |o: &mut String, name: &str, kind: &str, help: &str, value: &dyn Fn(&crate::state::Backend) -> u64| {

@@ -6,9 +6,7 @@ use std::{path::Path, process::ExitCode};
 
 use anyhow::{anyhow, Context as _};
 use dispatcher::{config::Config, dataplane::tables::Tables};
-use dispatcher_common::{effective_state, STATE_DISABLED, STATE_DOWN, STATE_DRAIN, STATE_SUSPECT, STATE_UP};
-
-use super::status::state_name;
+use dispatcher_common::{effective_state, BackendState, Health, Operator};
 
 #[derive(Clone, Copy, Debug)]
 pub enum Action {
@@ -55,25 +53,21 @@ pub fn control(path: &Path, backend: &str, action: Action) -> anyhow::Result<Exi
     for i in 0..cfg.backends.len() {
         states.push(tables.backend(i as u32)?.state);
     }
-    let admin = match action {
-        Action::Drain => STATE_DRAIN,
-        Action::Disable => STATE_DISABLED,
-        Action::Enable => 0,
+    let op = match action {
+        Action::Drain => Operator::Drain,
+        Action::Disable => Operator::Disabled,
+        Action::Enable => Operator::None,
     };
-    let old = states[id];
+    let old = BackendState::from_u8(states[id]);
     let mut info = tables.backend(id as u32)?;
     // The health the last agent saw stays; the operator's state changes beside it.
-    let health = match info.state {
-        s @ (STATE_SUSPECT | STATE_DOWN) => s,
-        _ => STATE_UP,
-    };
-    let state = effective_state(admin, health);
-    states[id] = state;
-    info.state = state;
-    info.admin = admin;
+    let state = effective_state(op, Health::from_u8(info.state));
+    states[id] = state as u8;
+    info.state = state as u8;
+    info.admin = op as u8;
     // Ring first when the backend leaves (no new flow picks it), state first when it
     // joins (a flow picking it finds it up).
-    if state == STATE_UP {
+    if state == BackendState::Up {
         tables.set_backend(id as u32, &info)?;
     }
     for (vi, v) in cfg.vips.iter().enumerate() {
@@ -82,9 +76,9 @@ pub fn control(path: &Path, backend: &str, action: Action) -> anyhow::Result<Exi
             tables.rebuild_ring(vi as u32, v, &cfg, &states)?;
         }
     }
-    if state != STATE_UP {
+    if state != BackendState::Up {
         tables.set_backend(id as u32, &info)?;
     }
-    println!("{backend}: {} -> {}", state_name(old), state_name(state));
+    println!("{backend}: {} -> {}", old.name(), state.name());
     Ok(ExitCode::SUCCESS)
 }

@@ -10,7 +10,10 @@ use anyhow::Context as _;
 use dispatcher::{config::Config, dataplane::tables::Tables};
 use dispatcher_common::stats;
 
-pub use dispatcher::control::state_name;
+/// The name of a `BACKENDS` state byte.
+fn state_name(v: u8) -> &'static str {
+    dispatcher_common::BackendState::from_u8(v).name()
+}
 
 /// `status`, once or (`--watch SECS`) every SECS seconds, `count` times or until
 /// interrupted; on a terminal each frame replaces the previous one.

@@ -50,7 +50,7 @@ pub async fn hold<R: AsyncRead + Unpin>(ctx: &VipCtx, b: usize, client: &mut Inb
         let notified = be.changed.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        if be.state.load(Ordering::SeqCst) != dispatcher_common::STATE_SUSPECT {
+        if be.state() != dispatcher_common::BackendState::Suspect {
             return HoldEnd::Changed;
         }
         let left = deadline.saturating_duration_since(Instant::now());

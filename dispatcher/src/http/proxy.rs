@@ -30,6 +30,7 @@ use super::{
     Counted,
 };
 use crate::{config::HttpSettings, state::Cluster};
+use dispatcher_common::BackendState;
 
 /// Everything a connection on one HTTP VIP needs.
 pub struct VipCtx {
@@ -321,7 +322,7 @@ async fn send<R: AsyncRead + Unpin>(
     // A body read ahead into the retry buffer is sent like part of the head: nothing of
     // the client's stream is consumed by an attempt, so it can be replayed.
     let has_body = head.framing != Framing::None && buffered_body.is_none();
-    let trusted = be.is_up() || be.state.load(Ordering::Relaxed) == dispatcher_common::STATE_DRAIN;
+    let trusted = matches!(be.state(), BackendState::Up | BackendState::Drain);
     let mut up = pool.get(trusted).await.map_err(SendFail::Unreachable)?;
     let mut fresh_tried = false;
     loop {

@@ -6,7 +6,7 @@ use std::sync::{
     Mutex,
 };
 
-use dispatcher_common::{STATE_DRAIN, STATE_SUSPECT};
+use dispatcher_common::BackendState;
 
 use super::session::SessionId;
 use crate::{config::Balance, state::Cluster};
@@ -50,12 +50,12 @@ impl VipRoute {
                 if !self.members.contains(&owner) {
                     continue;
                 }
-                let state = cluster.backends[owner].state.load(Ordering::SeqCst);
-                if state == STATE_SUSPECT && !hold_expired {
+                let state = cluster.backends[owner].state();
+                if state == BackendState::Suspect && !hold_expired {
                     // Ownership unknown: wait, never guess.
                     return Decision::Hold(owner);
                 }
-                if cluster.backends[owner].serves_sessions() && state != STATE_SUSPECT {
+                if state.keeps() && state != BackendState::Suspect {
                     cluster.counters.affinity_hits.fetch_add(1, Ordering::Relaxed);
                     return Decision::Affinity(owner);
                 }
@@ -64,13 +64,10 @@ impl VipRoute {
             if let Some(replica) = first_known {
                 // The owner is out: only its replica holds the session's data.
                 return match replica.filter(|r| self.members.contains(r)) {
-                    Some(r) if cluster.backends[r].state.load(Ordering::SeqCst) == STATE_SUSPECT && !hold_expired => {
+                    Some(r) if cluster.backends[r].state() == BackendState::Suspect && !hold_expired => {
                         Decision::Hold(r)
                     }
-                    Some(r)
-                        if cluster.backends[r].is_up()
-                            || cluster.backends[r].state.load(Ordering::SeqCst) == STATE_DRAIN =>
-                    {
+                    Some(r) if matches!(cluster.backends[r].state(), BackendState::Up | BackendState::Drain) => {
                         Decision::Affinity(r)
                     }
                     _ => Decision::SessionUnavailable,
@@ -153,7 +150,7 @@ impl VipRoute {
 mod tests {
     use super::*;
     use crate::{config::Config, http::session};
-    use dispatcher_common::{STATE_DOWN, STATE_SUSPECT, STATE_UP};
+    use dispatcher_common::{Health, Operator};
 
     const CFG: &str = r#"
 [dispatcher]
@@ -186,7 +183,7 @@ mode = "http"
 
     fn setup(balance: Balance) -> (Cluster, VipRoute) {
         let cfg = Config::parse(CFG, "t").unwrap();
-        let cluster = Cluster::new(&cfg, &[STATE_UP; 3], &[0; 3], None);
+        let cluster = Cluster::new(&cfg, &[Health::Up; 3], &[Operator::None; 3], None);
         (cluster, VipRoute::new(vec![0, 1, 2], balance))
     }
 
@@ -199,7 +196,7 @@ mode = "http"
         let (c, r) = setup(Balance::RoundRobin);
         assert_eq!(route(&c, &r, "0000x:cB"), Decision::Affinity(1));
         assert_eq!(route(&c, &r, "0000x:cA:cB"), Decision::Affinity(0));
-        c.backends[0].state.store(STATE_DOWN, Ordering::Relaxed);
+        c.set_health(0, Health::Down);
         assert_eq!(route(&c, &r, "0000x:cA:cB"), Decision::Affinity(1), "next clone in the list");
         assert_eq!(route(&c, &r, "0000x:cA"), Decision::Affinity(1), "the owner's replica");
         assert_eq!(route(&c, &r, "0000x:unknown:cA"), Decision::Affinity(1), "unknown IDs are skipped");
@@ -208,7 +205,7 @@ mode = "http"
     #[test]
     fn a_draining_owner_keeps_its_sessions_but_gets_no_new_ones() {
         let (c, r) = setup(Balance::RoundRobin);
-        c.backends[1].state.store(dispatcher_common::STATE_DRAIN, Ordering::Relaxed);
+        c.set_admin(1, Operator::Drain);
         assert_eq!(route(&c, &r, "0000x:cB"), Decision::Affinity(1));
         for _ in 0..10 {
             assert_ne!(r.route(&c, None, false), Decision::Balanced(1));
@@ -218,12 +215,12 @@ mode = "http"
     #[test]
     fn a_suspect_owner_holds_its_sessions_until_the_hold_expires() {
         let (c, r) = setup(Balance::RoundRobin);
-        c.backends[0].state.store(STATE_SUSPECT, Ordering::Relaxed);
+        c.set_health(0, Health::Suspect);
         assert_eq!(route(&c, &r, "0000x:cA"), Decision::Hold(0));
         assert_eq!(route(&c, &r, "0000x:cA:cB"), Decision::Hold(0), "order matters: cA first");
         let s = session::parse(b"0000x:cA");
         assert_eq!(r.route(&c, s.as_ref(), true), Decision::Affinity(1), "after the hold: the replica");
-        c.backends[1].state.store(STATE_DOWN, Ordering::Relaxed);
+        c.set_health(1, Health::Down);
         assert_eq!(r.route(&c, s.as_ref(), true), Decision::SessionUnavailable);
         for _ in 0..5 {
             assert_ne!(r.route(&c, None, false), Decision::Balanced(0), "no new work for a suspect");
@@ -234,9 +231,9 @@ mode = "http"
     fn partitions_resolve_through_the_table() {
         let (c, r) = setup(Balance::RoundRobin);
         assert_eq!(route(&c, &r, "0000x:-42"), Decision::Affinity(2));
-        c.backends[2].state.store(STATE_DOWN, Ordering::Relaxed);
+        c.set_health(2, Health::Down);
         assert_eq!(route(&c, &r, "0000x:-42"), Decision::Affinity(0), "partition replica");
-        c.backends[0].state.store(STATE_DOWN, Ordering::Relaxed);
+        c.set_health(0, Health::Down);
         assert_eq!(route(&c, &r, "0000x:-42"), Decision::SessionUnavailable, "never a third server");
     }
 
@@ -261,8 +258,8 @@ mode = "http"
         c.backends[1].outstanding.store(9, Ordering::Relaxed); // weight 3: 3 per unit
         c.backends[2].outstanding.store(4, Ordering::Relaxed);
         assert_eq!(r.route(&c, None, false), Decision::Balanced(1));
-        for b in &c.backends {
-            b.state.store(STATE_DOWN, Ordering::Relaxed);
+        for b in 0..c.backends.len() {
+            c.set_health(b, Health::Down);
         }
         assert_eq!(r.route(&c, None, false), Decision::NoBackend);
     }
