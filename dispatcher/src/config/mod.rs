@@ -1,0 +1,426 @@
+//! The TOML configuration: parsing, defaults and validation with errors that name the
+//! file, the line and the field.
+
+//!
+//! `raw` is the file's shape, `validate` turns it into the model below (with every
+//! error's line and field), `reload` places a configuration at the ids already in use.
+
+mod raw;
+mod reload;
+mod validate;
+
+use std::{
+    cell::RefCell,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use validate::Ctx;
+pub use validate::{check_log_level, check_name, is_prime, parse_duration, parse_mac};
+
+/// The longest duration any setting takes: every deadline computed from one stays far
+/// from the clock's range.
+pub const MAX_DURATION: Duration = Duration::from_secs(86_400);
+/// The most client connections a cap may allow (the kernel's file limit is far below).
+pub const MAX_CLIENT_CONNECTIONS: usize = 10_000_000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{file}: cannot read: {source}")]
+    Read { file: String, source: std::io::Error },
+    #[error("{file}:{line}: {message}")]
+    Invalid { file: String, line: usize, message: String },
+    /// Several errors, in line order, one per line.
+    #[error("{}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n"))]
+    Many(Vec<ConfigError>),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XdpAttachMode {
+    /// Native (driver) mode, falling back to generic with a message.
+    Auto,
+    Native,
+    Generic,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VipMode {
+    L4,
+    Http,
+}
+
+/// How requests without a usable session are spread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Balance {
+    /// Smooth weighted round robin (nginx's).
+    RoundRobin,
+    /// Fewest requests in flight, weighted.
+    LeastOutstanding,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Forwarding {
+    Mac,
+    Ipip,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub interface: String,
+    pub instance: String,
+    pub bpffs: PathBuf,
+    pub xdp_mode: XdpAttachMode,
+    pub flow_table_size: u32,
+    pub affinity_table_size: u32,
+    pub log_level: String,
+    /// The admin endpoint (a Unix socket: never reachable from the network).
+    pub admin_socket: PathBuf,
+    /// Optional: the admin endpoint over TCP as well (for Prometheus). Peers that are not
+    /// on loopback may only `GET /metrics`.
+    pub admin_address: Option<SocketAddr>,
+    pub backends: Vec<Backend>,
+    pub vips: Vec<Vip>,
+    pub partitions: Vec<Partition>,
+    pub http: HttpSettings,
+    pub health: HealthSettings,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CheckKind {
+    /// HTTP for backends of HTTP VIPs, TCP for the others.
+    Auto,
+    /// `GET path`, expecting `expect_status`.
+    Http,
+    /// A TCP connect.
+    Tcp,
+}
+
+/// Active health checks (`[health]`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct HealthSettings {
+    pub enabled: bool,
+    pub kind: CheckKind,
+    pub path: String,
+    pub expect_status: u16,
+    /// Port to check; default: the backend port of its first HTTP VIP, else its first
+    /// VIP's port.
+    pub port: Option<u16>,
+    pub interval: Duration,
+    pub timeout: Duration,
+    /// Consecutive successes that bring a down backend up.
+    pub rise: u32,
+    /// Consecutive failures that take a backend down (the first makes it suspect).
+    pub fall: u32,
+    /// Response statuses that count as a failure of the backend (passive 5xx policy),
+    /// e.g. `[502, 503, 504]`; empty by default (a 5xx is the application's answer).
+    pub suspect_on_status: Vec<u16>,
+}
+
+impl Default for HealthSettings {
+    fn default() -> Self {
+        HealthSettings {
+            enabled: true,
+            kind: CheckKind::Auto,
+            path: "/".into(),
+            expect_status: 200,
+            port: None,
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_millis(500),
+            rise: 2,
+            fall: 2,
+            suspect_on_status: Vec::new(),
+        }
+    }
+}
+
+/// A partition of WebSphere memory-to-memory replication: its primary and replica.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Partition {
+    pub id: String,
+    pub primary: usize,
+    pub replica: Option<usize>,
+}
+
+/// The HTTP proxy's settings (`[http]`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct HttpSettings {
+    /// Worker threads of the request path.
+    pub workers: usize,
+    pub cookie_name: String,
+    pub url_parameter: String,
+    pub max_header_bytes: usize,
+    pub max_headers: usize,
+    /// From the first byte of a request head to its end (slow-loris bound).
+    pub header_timeout: Duration,
+    /// How long a keep-alive client connection may sit idle between requests.
+    pub client_idle_timeout: Duration,
+    pub connect_timeout: Duration,
+    /// Longest wait for a backend's bytes (response head or body).
+    pub server_timeout: Duration,
+    pub pool_max_idle: usize,
+    pub pool_idle_timeout: Duration,
+    pub max_connections_per_backend: usize,
+    /// On SIGTERM, how long in-flight requests may take to finish.
+    pub drain_timeout: Duration,
+    /// How long a request waits while its session's owner is suspect.
+    pub hold_time: Duration,
+    /// Requests held at once; beyond, 503 at once.
+    pub max_held: usize,
+    /// Extra attempts per request (idempotent, bodiless, before any response byte).
+    pub retries: u32,
+    /// Retries in flight may be at most this share of the requests in flight...
+    pub retry_budget_percent: u64,
+    /// ...or this many, whichever is more.
+    pub retry_budget_min: u64,
+    /// Bodies up to this size (Content-Length) of idempotent requests are read ahead so
+    /// that the request can be retried.
+    pub retry_buffer: usize,
+    /// Longest wait for a client's next bytes of a request body, and for a client to take
+    /// the bytes of a response.
+    pub client_timeout: Duration,
+    /// How long a request body may take to arrive before its rate is judged...
+    pub body_timeout: Duration,
+    /// ...then it must have averaged at least this many bytes per second since it began
+    /// (a large upload goes on; a trickle is cut off).
+    pub body_min_rate: u64,
+    /// How long a request waits for a connection to a backend that is at its connection
+    /// limit; then 503 "busy" (the backend's health is not touched).
+    pub queue_timeout: Duration,
+    /// Client connections open at once over all HTTP VIPs; `None`: derived from the
+    /// descriptor limit at start (see `http::limits`).
+    pub max_client_connections: Option<usize>,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        HttpSettings {
+            workers: 2,
+            cookie_name: "JSESSIONID".into(),
+            url_parameter: "jsessionid".into(),
+            max_header_bytes: 16 * 1024,
+            max_headers: 100,
+            header_timeout: Duration::from_secs(10),
+            client_idle_timeout: Duration::from_secs(60),
+            connect_timeout: Duration::from_secs(3),
+            server_timeout: Duration::from_secs(30),
+            pool_max_idle: 1024,
+            pool_idle_timeout: Duration::from_secs(30),
+            max_connections_per_backend: 1024,
+            drain_timeout: Duration::from_secs(10),
+            hold_time: Duration::from_secs(5),
+            max_held: 1000,
+            retries: 1,
+            retry_budget_percent: 20,
+            retry_budget_min: 3,
+            retry_buffer: 64 * 1024,
+            client_timeout: Duration::from_secs(30),
+            body_timeout: Duration::from_secs(60),
+            body_min_rate: 1024,
+            queue_timeout: Duration::from_secs(5),
+            max_client_connections: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Backend {
+    pub name: String,
+    pub address: Ipv4Addr,
+    pub address6: Option<Ipv6Addr>,
+    pub mac: Option<[u8; 6]>,
+    pub weight: u32,
+    /// Index into `Config::backends`.
+    pub replica: Option<usize>,
+    pub clone_ids: Vec<String>,
+    /// Removed by a reload: kept in its slot (its id stays reserved) but out of service.
+    pub retired: bool,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Vip {
+    pub name: String,
+    pub address: IpAddr,
+    pub port: u16,
+    pub protocol: Protocol,
+    pub mode: VipMode,
+    pub forwarding: Forwarding,
+    pub encap_source: Option<IpAddr>,
+    /// Indexes into `Config::backends`.
+    pub backends: Vec<usize>,
+    pub ring_size: u32,
+    pub sticky_time: Option<Duration>,
+    /// VIPs with the same group share source-IP affinity (cross-port affinity).
+    pub port_group: u32,
+    pub balance: Balance,
+    /// Port of the backends' HTTP servers (HTTP VIPs); default: the VIP's port.
+    pub backend_port: u16,
+    /// Client connections open at once on this VIP (HTTP VIPs); `None`: only the global
+    /// cap applies.
+    pub max_connections: Option<usize>,
+    /// Removed by a reload: its id stays reserved, it is served no more.
+    pub retired: bool,
+}
+
+impl Vip {
+    /// An HTTP VIP the agent serves (not one a reload removed).
+    pub fn serves_http(&self) -> bool {
+        self.mode == VipMode::Http && !self.retired
+    }
+}
+
+impl Config {
+    /// The bpffs directory this instance pins its maps, program and link under.
+    pub fn pin_dir(&self) -> PathBuf {
+        self.bpffs.join("dispatcher").join(&self.instance)
+    }
+
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { file: file.clone(), source })?;
+        Config::parse(&text, &file)
+    }
+
+    pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
+        let ctx = Ctx { text, file, errors: RefCell::new(Vec::new()) };
+        let raw: raw::RawConfig = toml::from_str(text).map_err(|e| {
+            let line = e.span().map(|s| ctx.line(s.start)).unwrap_or(1);
+            ConfigError::Invalid { file: file.to_string(), line, message: e.message().trim().to_string() }
+        })?;
+        let cfg = ctx.build(raw);
+        let mut errors = ctx.errors.into_inner();
+        errors.sort_by_key(|e| match e {
+            ConfigError::Invalid { line, .. } => *line,
+            _ => 0,
+        });
+        match errors.len() {
+            0 => Ok(cfg),
+            1 => Err(errors.remove(0)),
+            _ => Err(ConfigError::Many(errors)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[dispatcher]
+interface = "eth0"
+instance = "t1"
+
+[[backend]]
+name = "a"
+address = "10.0.0.11"
+mac = "02:00:00:00:00:11"
+replica = "b"
+clone_ids = ["cloneA"]
+
+[[backend]]
+name = "b"
+address = "10.0.0.12"
+mac = "02:00:00:00:00:12"
+weight = 200
+replica = "a"
+
+[[vip]]
+name = "web"
+address = "10.0.100.1"
+port = 80
+ring_size = 251
+sticky_time = "30s"
+port_group = "g"
+
+[[vip]]
+name = "tls"
+address = "10.0.100.1"
+port = 443
+forwarding = "ipip"
+encap_source = "10.0.0.1"
+port_group = "g"
+"#;
+
+    fn err_of(text: &str) -> String {
+        Config::parse(text, "x.toml").expect_err("must be rejected").to_string()
+    }
+
+    #[test]
+    fn parses_a_complete_file() {
+        let c = Config::parse(GOOD, "x.toml").unwrap();
+        assert_eq!(c.backends.len(), 2);
+        assert_eq!(c.backends[0].replica, Some(1));
+        assert_eq!(c.backends[1].weight, 200);
+        assert_eq!(c.vips[0].backends, vec![0, 1]);
+        assert_eq!(c.vips[0].sticky_time, Some(Duration::from_secs(30)));
+        assert_eq!(c.vips[0].port_group, c.vips[1].port_group);
+        assert_eq!(c.vips[1].forwarding, Forwarding::Ipip);
+        assert_eq!(c.pin_dir(), PathBuf::from("/sys/fs/bpf/dispatcher/t1"));
+    }
+
+    #[test]
+    fn errors_name_line_and_field() {
+        let e = err_of(&GOOD.replace("replica = \"b\"", "replica = \"nope\""));
+        assert_eq!(e, "x.toml:10: backend[0].replica: names no backend: `nope`");
+        let e = err_of(&GOOD.replace("replica = \"b\"", "replica = \"a\""));
+        assert!(e.contains("x.toml:10: backend[0].replica: a backend cannot be its own replica"), "{e}");
+        let e = err_of(&GOOD.replace("ring_size = 251", "ring_size = 250"));
+        assert!(e.starts_with("x.toml:24: vip[0].ring_size: 250 must be a prime"), "{e}");
+        let e = err_of(&GOOD.replace("address = \"10.0.0.12\"", "address = \"10.0.0.300\""));
+        assert!(e.starts_with("x.toml:15: backend[1].address: `10.0.0.300` is not an IPv4 address"), "{e}");
+        let e = err_of(&GOOD.replace("weight = 200", "wieght = 200"));
+        assert!(e.starts_with("x.toml:17: unknown field `wieght`"), "{e}");
+        let e = err_of(&GOOD.replace("sticky_time = \"30s\"", "sticky_time = \"30 parsecs\""));
+        assert!(e.starts_with("x.toml:25: vip[0].sticky_time:"), "{e}");
+        let e = err_of(&GOOD.replace("mac = \"02:00:00:00:00:12\"", "mac = \"02:00:00:00:12\""));
+        assert!(e.starts_with("x.toml:16: backend[1].mac:"), "{e}");
+        let e = err_of(&GOOD.replace("encap_source = \"10.0.0.1\"\n", ""));
+        assert!(e.contains("vip[1].encap_source: required"), "{e}");
+        let e =
+            err_of(&format!("{GOOD}\n[[backend]]\nname = \"c\"\naddress = \"10.0.0.13\"\nclone_ids = [\"cloneA\"]\n"));
+        assert!(e.contains("backend[2].clone_ids: clone ID `cloneA` already belongs to backend `a`"), "{e}");
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2s").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_duration("1m").unwrap(), Duration::from_secs(60));
+        assert_eq!(parse_duration("1m 30s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
+        assert!(parse_duration("s").is_err());
+        assert!(parse_duration("-1s").is_err());
+        assert!(parse_duration("30 parsecs").is_err());
+        assert!(parse_duration("99999999999999999999s").is_err());
+    }
+
+    #[test]
+    fn primes() {
+        assert!(is_prime(65537) && is_prime(251) && is_prime(2));
+        assert!(!is_prime(65536) && !is_prime(1) && !is_prime(0) && !is_prime(9));
+    }
+
+    /// Ids by name: a backend keeps the id the pinned maps know it by whatever its place
+    /// in the file; one that is gone keeps its slot, retired; a new one gets a new slot;
+    /// replicas and VIP members follow.
+    #[test]
+    fn placement_by_names() {
+        let c = Config::parse(GOOD, "x.toml").unwrap();
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let placed = c.clone().placed_by_names(&names(&["gone", "b", "a"]), &names(&["tls", "web"])).unwrap();
+        let got: Vec<(&str, bool)> = placed.backends.iter().map(|b| (b.name.as_str(), b.retired)).collect();
+        assert_eq!(got, [("gone", true), ("b", false), ("a", false)]);
+        assert_eq!(placed.backends[2].replica, Some(1), "a's replica b, at b's id");
+        assert_eq!(placed.vips[0].name, "tls");
+        assert_eq!(placed.vips[1].name, "web");
+        assert_eq!(placed.vips[1].backends, vec![2, 1], "members by their placed ids");
+        let fresh = c.clone().placed_by_names(&names(&["a"]), &[]).unwrap();
+        assert_eq!(fresh.backends.iter().map(|b| b.name.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+    }
+}

@@ -1,0 +1,118 @@
+//! The file's shape as serde reads it: every field a validation message must point at is
+//! `Spanned` (its line), every section refuses unknown fields.
+
+use serde::Deserialize;
+use toml::Spanned;
+
+/// Raw file shape. Every field a validation message must point at is `Spanned`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConfig {
+    pub(super) dispatcher: Spanned<RawDispatcher>,
+    #[serde(default, rename = "backend")]
+    pub(super) backends: Vec<Spanned<RawBackend>>,
+    #[serde(default, rename = "vip")]
+    pub(super) vips: Vec<Spanned<RawVip>>,
+    #[serde(default, rename = "partition")]
+    pub(super) partitions: Vec<Spanned<RawPartition>>,
+    pub(super) http: Option<Spanned<RawHttp>>,
+    pub(super) health: Option<Spanned<RawHealth>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawHealth {
+    pub(super) kind: Option<Spanned<String>>,
+    pub(super) path: Option<Spanned<String>>,
+    pub(super) expect_status: Option<Spanned<u16>>,
+    pub(super) port: Option<Spanned<u16>>,
+    pub(super) interval: Option<Spanned<String>>,
+    pub(super) timeout: Option<Spanned<String>>,
+    pub(super) rise: Option<Spanned<u32>>,
+    pub(super) fall: Option<Spanned<u32>>,
+    pub(super) enabled: Option<Spanned<bool>>,
+    pub(super) suspect_on_status: Option<Spanned<Vec<Spanned<u16>>>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPartition {
+    pub(super) id: Spanned<String>,
+    pub(super) primary: Spanned<String>,
+    pub(super) replica: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawHttp {
+    pub(super) workers: Option<Spanned<usize>>,
+    pub(super) cookie_name: Option<Spanned<String>>,
+    pub(super) url_parameter: Option<Spanned<String>>,
+    pub(super) max_header_bytes: Option<Spanned<usize>>,
+    pub(super) max_headers: Option<Spanned<usize>>,
+    pub(super) header_timeout: Option<Spanned<String>>,
+    pub(super) client_idle_timeout: Option<Spanned<String>>,
+    pub(super) connect_timeout: Option<Spanned<String>>,
+    pub(super) server_timeout: Option<Spanned<String>>,
+    pub(super) pool_max_idle: Option<Spanned<usize>>,
+    pub(super) pool_idle_timeout: Option<Spanned<String>>,
+    pub(super) max_connections_per_backend: Option<Spanned<usize>>,
+    pub(super) drain_timeout: Option<Spanned<String>>,
+    pub(super) hold_time: Option<Spanned<String>>,
+    pub(super) max_held: Option<Spanned<usize>>,
+    pub(super) retries: Option<Spanned<usize>>,
+    pub(super) retry_budget_percent: Option<Spanned<usize>>,
+    pub(super) retry_budget_min: Option<Spanned<usize>>,
+    pub(super) retry_buffer: Option<Spanned<usize>>,
+    pub(super) client_timeout: Option<Spanned<String>>,
+    pub(super) body_timeout: Option<Spanned<String>>,
+    pub(super) body_min_rate: Option<Spanned<usize>>,
+    pub(super) queue_timeout: Option<Spanned<String>>,
+    pub(super) max_client_connections: Option<Spanned<usize>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDispatcher {
+    pub(super) interface: Spanned<String>,
+    pub(super) instance: Option<Spanned<String>>,
+    pub(super) bpffs: Option<Spanned<String>>,
+    pub(super) xdp_mode: Option<Spanned<String>>,
+    pub(super) flow_table_size: Option<Spanned<u32>>,
+    pub(super) affinity_table_size: Option<Spanned<u32>>,
+    pub(super) log_level: Option<Spanned<String>>,
+    pub(super) admin_socket: Option<Spanned<String>>,
+    pub(super) admin_address: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawBackend {
+    pub(super) name: Spanned<String>,
+    pub(super) address: Spanned<String>,
+    pub(super) address6: Option<Spanned<String>>,
+    pub(super) mac: Option<Spanned<String>>,
+    pub(super) weight: Option<Spanned<u32>>,
+    pub(super) replica: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(super) clone_ids: Vec<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawVip {
+    pub(super) name: Spanned<String>,
+    pub(super) address: Spanned<String>,
+    pub(super) port: Spanned<u16>,
+    pub(super) protocol: Option<Spanned<String>>,
+    pub(super) mode: Option<Spanned<String>>,
+    pub(super) forwarding: Option<Spanned<String>>,
+    pub(super) encap_source: Option<Spanned<String>>,
+    pub(super) backends: Option<Spanned<Vec<Spanned<String>>>>,
+    pub(super) ring_size: Option<Spanned<u32>>,
+    pub(super) sticky_time: Option<Spanned<String>>,
+    pub(super) port_group: Option<Spanned<String>>,
+    pub(super) balance: Option<Spanned<String>>,
+    pub(super) backend_port: Option<Spanned<u16>>,
+    pub(super) max_connections: Option<Spanned<usize>>,
+}

@@ -1,0 +1,133 @@
+//! Placing a configuration at the ids that are already in use: a reload keeps every
+//! backend's and VIP's id by name (`merged_for_reload`), and so does a restart that adopts
+//! pinned maps (`placed_by_names`).
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use dispatcher_common::{MAX_BACKENDS, MAX_VIPS};
+
+use super::{Backend, Balance, Config, Forwarding, Partition, Protocol, Vip, VipMode};
+
+impl Config {
+    /// `new` re-indexed for a reload of `self`: every backend and VIP keeps the id (the
+    /// position) it has now, so that pinned flows, rings and the clone table stay right;
+    /// removed ones stay in their slots as `retired`, added ones get new slots.
+    pub fn merged_for_reload(&self, new: Config) -> Result<Config, String> {
+        let restart = |what: &str| {
+            Err(format!("{what} changed: this needs a restart (`dispatcher run` adopts the pinned maps; L4 forwarding goes on meanwhile)"))
+        };
+        if new.interface != self.interface {
+            return restart("dispatcher.interface");
+        }
+        if new.instance != self.instance
+            || new.bpffs != self.bpffs
+            || new.admin_socket != self.admin_socket
+            || new.admin_address != self.admin_address
+        {
+            return restart("the instance, bpffs or admin socket/address");
+        }
+        if new.flow_table_size != self.flow_table_size || new.affinity_table_size != self.affinity_table_size {
+            return restart("a table size");
+        }
+        // Backends by name.
+        let mut backend_slot = vec![0usize; new.backends.len()];
+        let mut backends: Vec<Backend> = Vec::new();
+        for old in &self.backends {
+            match new.backends.iter().position(|b| b.name == old.name) {
+                Some(j) => {
+                    backend_slot[j] = backends.len();
+                    backends.push(new.backends[j].clone());
+                }
+                // Its sessions go to its replica (same slot id as before) until they end.
+                None => backends.push(Backend { retired: true, ..old.clone() }),
+            }
+        }
+        for (j, b) in new.backends.iter().enumerate() {
+            if !self.backends.iter().any(|o| o.name == b.name) {
+                backend_slot[j] = backends.len();
+                backends.push(b.clone());
+            }
+        }
+        if backends.len() > MAX_BACKENDS as usize {
+            return Err(format!(
+                "more than {MAX_BACKENDS} backend slots (removed backends keep theirs until a restart)"
+            ));
+        }
+        // New definitions name replicas by their position in `new`: map them to slots.
+        // (Retired ones keep the slot ids they had.)
+        for b in backends.iter_mut().filter(|b| !b.retired) {
+            b.replica = b.replica.map(|j| backend_slot[j]);
+        }
+        // VIPs by name.
+        let remap = |v: &Vip| Vip { backends: v.backends.iter().map(|&j| backend_slot[j]).collect(), ..v.clone() };
+        let mut vips: Vec<Vip> = Vec::new();
+        for old in &self.vips {
+            match new.vips.iter().find(|v| v.name == old.name) {
+                Some(v) => vips.push(remap(v)),
+                None => vips.push(Vip { retired: true, backends: Vec::new(), ..old.clone() }),
+            }
+        }
+        for v in &new.vips {
+            if !self.vips.iter().any(|o| o.name == v.name) {
+                vips.push(remap(v));
+            }
+        }
+        if vips.len() > MAX_VIPS as usize {
+            return Err(format!("more than {MAX_VIPS} VIP slots (removed VIPs keep theirs until a restart)"));
+        }
+        let partitions = new
+            .partitions
+            .iter()
+            .map(|p| Partition {
+                primary: backend_slot[p.primary],
+                replica: p.replica.map(|r| backend_slot[r]),
+                ..p.clone()
+            })
+            .collect();
+        Ok(Config { backends, vips, partitions, ..new })
+    }
+
+    /// `self` re-indexed so that the backends and VIPs named in `backends` and `vips` (by
+    /// id) keep those ids: the placement a restart that adopts pinned maps must use.
+    /// Names no longer configured keep their slots as retired placeholders.
+    pub fn placed_by_names(self, backends: &[String], vips: &[String]) -> Result<Config, String> {
+        let skeleton = Config {
+            backends: backends
+                .iter()
+                .map(|name| Backend {
+                    name: name.clone(),
+                    address: Ipv4Addr::UNSPECIFIED,
+                    address6: None,
+                    mac: None,
+                    weight: 1,
+                    replica: None,
+                    clone_ids: Vec::new(),
+                    retired: false,
+                })
+                .collect(),
+            vips: vips
+                .iter()
+                .map(|name| Vip {
+                    name: name.clone(),
+                    address: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                    port: 0,
+                    protocol: Protocol::Tcp,
+                    mode: VipMode::L4,
+                    forwarding: Forwarding::Mac,
+                    encap_source: None,
+                    backends: Vec::new(),
+                    ring_size: dispatcher_common::DEFAULT_RING_SIZE,
+                    sticky_time: None,
+                    port_group: 0,
+                    balance: Balance::RoundRobin,
+                    backend_port: 0,
+                    max_connections: None,
+                    retired: false,
+                })
+                .collect(),
+            partitions: Vec::new(),
+            ..self.clone()
+        };
+        skeleton.merged_for_reload(self)
+    }
+}

@@ -1,0 +1,689 @@
+//! Validation: from the raw file to the model, every error with its line and field, all
+//! of them in one run (`Ctx` collects them and goes on with fallback values).
+
+use std::{
+    cell::RefCell,
+    collections::{HashMap, HashSet},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    ops::Range,
+    path::PathBuf,
+    str::FromStr,
+    time::Duration,
+};
+
+use toml::Spanned;
+
+use dispatcher_common::{MAX_BACKENDS, MAX_RING_SIZE, MAX_VIPS};
+
+use super::{raw::*, *};
+
+/// What `[dispatcher]` says.
+struct DispatcherSection {
+    interface: String,
+    instance: String,
+    bpffs: PathBuf,
+    xdp_mode: XdpAttachMode,
+    flow_table_size: u32,
+    affinity_table_size: u32,
+    log_level: String,
+    admin_socket: PathBuf,
+    admin_address: Option<SocketAddr>,
+}
+
+/// A log filter as `tracing_subscriber::EnvFilter` reads it: a level (`info`), or
+/// directives (`info,dispatcher::http=debug`).
+pub fn check_log_level(s: &str) -> Result<(), String> {
+    tracing_subscriber::EnvFilter::try_new(s)
+        .map(|_| ())
+        .map_err(|e| format!("`{s}` is not a log filter (a level such as info, or info,dispatcher::http=debug): {e}"))
+}
+
+/// Parse a duration such as `"2s"`, `"500ms"`, `"1m 30s"`, `"1h"` (humantime's syntax).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s.trim())
+        .map_err(|e| format!("`{s}` is not a duration (e.g. \"2s\", \"500ms\", \"1m 30s\"): {e}"))
+}
+
+/// Backend and VIP names travel in admin URLs, metric labels, logs and status tables:
+/// 1 to 64 letters, digits, `.`, `_` and `-`, nothing that needs quoting anywhere.
+pub fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 64 {
+        return Err("must be 1 to 64 characters".into());
+    }
+    if !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) {
+        return Err(format!("`{}`: use letters, digits, '.', '_' and '-' only", name.escape_debug()));
+    }
+    Ok(())
+}
+
+pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
+    let parts: Vec<&str> = s.split(':').collect();
+    if parts.len() != 6 {
+        return Err(format!("`{s}` is not a MAC address (expected 6 hex pairs like 02:00:00:00:00:01)"));
+    }
+    let mut mac = [0u8; 6];
+    for (i, p) in parts.iter().enumerate() {
+        if p.len() != 2 {
+            return Err(format!("`{s}` is not a MAC address"));
+        }
+        mac[i] = u8::from_str_radix(p, 16).map_err(|_| format!("`{s}` is not a MAC address"))?;
+    }
+    Ok(mac)
+}
+
+pub fn is_prime(n: u32) -> bool {
+    if n < 2 {
+        return false;
+    }
+    let mut d = 2u64;
+    while d * d <= n as u64 {
+        if (n as u64).is_multiple_of(d) {
+            return false;
+        }
+        d += 1;
+    }
+    true
+}
+
+pub(super) struct Ctx<'a> {
+    pub(super) text: &'a str,
+    pub(super) file: &'a str,
+    /// Every error found so far: validation goes on after one, so that a single
+    /// `dispatcher check` lists all of them.
+    pub(super) errors: RefCell<Vec<ConfigError>>,
+}
+
+impl Ctx<'_> {
+    pub(super) fn line(&self, offset: usize) -> usize {
+        self.text[..offset.min(self.text.len())].bytes().filter(|&b| b == b'\n').count() + 1
+    }
+
+    fn err(&self, span: Range<usize>, field: &str, message: impl std::fmt::Display) -> ConfigError {
+        ConfigError::Invalid {
+            file: self.file.to_string(),
+            line: self.line(span.start),
+            message: format!("{field}: {message}"),
+        }
+    }
+
+    /// Records an error and goes on.
+    fn report(&self, span: Range<usize>, field: &str, message: impl std::fmt::Display) {
+        let e = self.err(span, field, message);
+        self.errors.borrow_mut().push(e);
+    }
+
+    /// The value, or `fallback` after recording the error.
+    fn or<T>(&self, r: Result<T, ConfigError>, fallback: T) -> T {
+        r.unwrap_or_else(|e| {
+            self.errors.borrow_mut().push(e);
+            fallback
+        })
+    }
+
+    fn parsed<T: FromStr>(&self, v: &Spanned<String>, field: &str, what: &str) -> Result<T, ConfigError> {
+        v.get_ref().parse().map_err(|_| self.err(v.span(), field, format!("`{}` is not {what}", v.get_ref())))
+    }
+
+    fn choice<T: Copy>(&self, v: &Option<Spanned<String>>, field: &str, default: T, options: &[(&str, T)]) -> T {
+        let Some(v) = v else { return default };
+        match options.iter().find(|(name, _)| *name == v.get_ref()) {
+            Some((_, t)) => *t,
+            None => {
+                let names: Vec<&str> = options.iter().map(|(n, _)| *n).collect();
+                self.report(v.span(), field, format!("`{}` is not one of {}", v.get_ref(), names.join(", ")));
+                default
+            }
+        }
+    }
+
+    /// A duration that is more than zero and at least `min`.
+    fn duration(&self, v: &Spanned<String>, field: &str, min: Duration) -> Option<Duration> {
+        match parse_duration(v.get_ref()) {
+            Err(e) => self.report(v.span(), field, e),
+            Ok(d) if d.is_zero() => self.report(v.span(), field, "must be more than zero"),
+            Ok(d) if d < min => self.report(v.span(), field, format!("must be at least {min:?}")),
+            Ok(d) if d > MAX_DURATION => self.report(v.span(), field, "must be at most 1 day (86400s)"),
+            Ok(d) => return Some(d),
+        }
+        None
+    }
+
+    pub(super) fn build(&self, raw: RawConfig) -> Config {
+        let d = self.dispatcher(raw.dispatcher.get_ref(), raw.dispatcher.span());
+        let (backends, by_name, clone_owner) = self.backends(&raw.backends);
+        let vips = self.vips(&raw.vips, &raw.backends, &backends, &by_name);
+        let partitions = self.partitions(&raw.partitions, &backends, &by_name, &clone_owner);
+        let http = match &raw.http {
+            Some(h) => self.http(h.get_ref()),
+            None => HttpSettings::default(),
+        };
+        let health = match &raw.health {
+            Some(h) => self.health(h.get_ref()),
+            None => HealthSettings::default(),
+        };
+        Config {
+            interface: d.interface,
+            instance: d.instance,
+            bpffs: d.bpffs,
+            xdp_mode: d.xdp_mode,
+            flow_table_size: d.flow_table_size,
+            affinity_table_size: d.affinity_table_size,
+            log_level: d.log_level,
+            admin_socket: d.admin_socket,
+            admin_address: d.admin_address,
+            backends,
+            vips,
+            partitions,
+            http,
+            health,
+        }
+    }
+
+    /// `[dispatcher]`.
+    fn dispatcher(&self, d: &RawDispatcher, section: Range<usize>) -> DispatcherSection {
+        let interface = d.interface.get_ref().clone();
+        if interface.is_empty() || interface.len() > 15 {
+            self.report(d.interface.span(), "dispatcher.interface", "must be an interface name of 1 to 15 bytes");
+        }
+        let instance = d.instance.as_ref().map(|s| s.get_ref().clone()).unwrap_or_else(|| "default".into());
+        if instance.is_empty() || !instance.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+            let span = d.instance.as_ref().map(|s| s.span()).unwrap_or(section);
+            self.report(span, "dispatcher.instance", "use letters, digits, '-' and '_' only");
+        }
+        let xdp_mode = self.choice(
+            &d.xdp_mode,
+            "dispatcher.xdp_mode",
+            XdpAttachMode::Auto,
+            &[("auto", XdpAttachMode::Auto), ("native", XdpAttachMode::Native), ("generic", XdpAttachMode::Generic)],
+        );
+        let table = |v: &Option<Spanned<u32>>, field: &str, default: u32| match v {
+            None => default,
+            Some(s) if *s.get_ref() >= 1024 => *s.get_ref(),
+            Some(s) => {
+                self.report(s.span(), field, "must be at least 1024");
+                default
+            }
+        };
+        let flow_table_size =
+            table(&d.flow_table_size, "dispatcher.flow_table_size", dispatcher_common::DEFAULT_MAX_FLOWS);
+        let affinity_table_size =
+            table(&d.affinity_table_size, "dispatcher.affinity_table_size", dispatcher_common::DEFAULT_MAX_AFFINITY);
+        let log_level = match &d.log_level {
+            Some(l) => {
+                if let Err(e) = check_log_level(l.get_ref()) {
+                    self.report(l.span(), "dispatcher.log_level", e);
+                }
+                l.get_ref().clone()
+            }
+            None => "info".into(),
+        };
+        let admin_socket = match &d.admin_socket {
+            Some(p) if !p.get_ref().starts_with('/') => {
+                self.report(p.span(), "dispatcher.admin_socket", "must be an absolute path");
+                PathBuf::new()
+            }
+            Some(p) => PathBuf::from(p.get_ref()),
+            None => PathBuf::from(format!("/run/dispatcher/{instance}.sock")),
+        };
+        let admin_address = d.admin_address.as_ref().and_then(|a| {
+            let r = self.parsed::<SocketAddr>(a, "dispatcher.admin_address", "an address:port such as 127.0.0.1:9901");
+            self.or(r.map(Some), None)
+        });
+        let bpffs = PathBuf::from(d.bpffs.as_ref().map(|s| s.get_ref().as_str()).unwrap_or("/sys/fs/bpf"));
+        DispatcherSection {
+            interface,
+            instance,
+            bpffs,
+            xdp_mode,
+            flow_table_size,
+            affinity_table_size,
+            log_level,
+            admin_socket,
+            admin_address,
+        }
+    }
+
+    /// `[[backend]]`: the backends, their ids by name, and which backend each configured
+    /// clone ID belongs to.
+    #[allow(clippy::type_complexity)]
+    fn backends(&self, raw: &[Spanned<RawBackend>]) -> (Vec<Backend>, HashMap<String, usize>, HashMap<String, usize>) {
+        if raw.len() > MAX_BACKENDS as usize {
+            self.report(raw[MAX_BACKENDS as usize].span(), "backend", format!("at most {MAX_BACKENDS} backends"));
+        }
+        let mut by_name: HashMap<String, usize> = HashMap::new();
+        for (i, b) in raw.iter().enumerate() {
+            let name = b.get_ref().name.get_ref();
+            if let Err(e) = check_name(name) {
+                self.report(b.get_ref().name.span(), &format!("backend[{i}].name"), e);
+            } else if by_name.contains_key(name) {
+                self.report(
+                    b.get_ref().name.span(),
+                    &format!("backend[{i}].name"),
+                    format!("`{name}` is defined twice"),
+                );
+            } else {
+                by_name.insert(name.clone(), i);
+            }
+        }
+        let mut clone_owner: HashMap<String, usize> = HashMap::new();
+        let mut backends = Vec::new();
+        for (i, b) in raw.iter().enumerate() {
+            let b = b.get_ref();
+            let f = |field: &str| format!("backend[{i}].{field}");
+            let address: Ipv4Addr =
+                self.or(self.parsed(&b.address, &f("address"), "an IPv4 address"), Ipv4Addr::UNSPECIFIED);
+            let address6 = b
+                .address6
+                .as_ref()
+                .map(|a| self.or(self.parsed::<Ipv6Addr>(a, &f("address6"), "an IPv6 address"), Ipv6Addr::UNSPECIFIED));
+            // A bad MAC is reported here; the VIP checks then treat it as given.
+            let mac = b
+                .mac
+                .as_ref()
+                .map(|m| self.or(parse_mac(m.get_ref()).map_err(|e| self.err(m.span(), &f("mac"), e)), [0; 6]));
+            let weight = match &b.weight {
+                Some(w) if *w.get_ref() == 0 || *w.get_ref() > 10_000 => {
+                    self.report(w.span(), &f("weight"), "must be 1..=10000 (drain a backend instead of weight 0)");
+                    100
+                }
+                Some(w) => *w.get_ref(),
+                None => 100,
+            };
+            let replica = b.replica.as_ref().and_then(|r| match by_name.get(r.get_ref()) {
+                None => {
+                    self.report(r.span(), &f("replica"), format!("names no backend: `{}`", r.get_ref()));
+                    None
+                }
+                Some(&ri) if ri == i => {
+                    self.report(r.span(), &f("replica"), "a backend cannot be its own replica");
+                    None
+                }
+                Some(&ri) => Some(ri),
+            });
+            for c in &b.clone_ids {
+                let id = c.get_ref();
+                let token = id.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+                if id.is_empty() || id.len() > 64 || !token {
+                    let shown = id.escape_debug();
+                    self.report(
+                        c.span(),
+                        &f("clone_ids"),
+                        format!("`{shown}`: 1 to 64 token characters (no ':', spaces, quotes or separators)"),
+                    );
+                } else if let Some(&prev) = clone_owner.get(id) {
+                    self.report(
+                        c.span(),
+                        &f("clone_ids"),
+                        format!("clone ID `{id}` already belongs to backend `{}`", raw[prev].get_ref().name.get_ref()),
+                    );
+                } else {
+                    clone_owner.insert(id.clone(), i);
+                }
+            }
+            backends.push(Backend {
+                name: b.name.get_ref().clone(),
+                address,
+                address6,
+                mac,
+                weight,
+                replica,
+                clone_ids: b.clone_ids.iter().map(|c| c.get_ref().clone()).collect(),
+                retired: false,
+            });
+        }
+        (backends, by_name, clone_owner)
+    }
+
+    /// `[[vip]]`.
+    fn vips(
+        &self,
+        raw: &[Spanned<RawVip>],
+        raw_backends: &[Spanned<RawBackend>],
+        backends: &[Backend],
+        by_name: &HashMap<String, usize>,
+    ) -> Vec<Vip> {
+        if raw.len() > MAX_VIPS as usize {
+            self.report(raw[MAX_VIPS as usize].span(), "vip", format!("at most {MAX_VIPS} VIPs"));
+        }
+        let mut groups: HashMap<String, u32> = HashMap::new();
+        let mut seen: HashSet<(IpAddr, u16, Protocol)> = HashSet::new();
+        let mut names: HashSet<String> = HashSet::new();
+        let mut vips = Vec::new();
+        for (i, v) in raw.iter().enumerate() {
+            let v = v.get_ref();
+            let f = |field: &str| format!("vip[{i}].{field}");
+            if let Err(e) = check_name(v.name.get_ref()) {
+                self.report(v.name.span(), &f("name"), e);
+            } else if !names.insert(v.name.get_ref().clone()) {
+                self.report(v.name.span(), &f("name"), format!("`{}` is defined twice", v.name.get_ref()));
+            }
+            let address: IpAddr =
+                self.or(self.parsed(&v.address, &f("address"), "an IP address"), IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+            if *v.port.get_ref() == 0 {
+                self.report(v.port.span(), &f("port"), "must be 1..=65535");
+            }
+            let protocol = self.choice(
+                &v.protocol,
+                &f("protocol"),
+                Protocol::Tcp,
+                &[("tcp", Protocol::Tcp), ("udp", Protocol::Udp)],
+            );
+            if !seen.insert((address, *v.port.get_ref(), protocol)) {
+                self.report(v.port.span(), &f("port"), "another VIP has the same address, port and protocol");
+            }
+            let mode = self.choice(&v.mode, &f("mode"), VipMode::L4, &[("l4", VipMode::L4), ("http", VipMode::Http)]);
+            if mode == VipMode::Http && protocol != Protocol::Tcp {
+                self.report(v.mode.as_ref().unwrap().span(), &f("mode"), "http needs protocol tcp");
+            }
+            let forwarding = self.choice(
+                &v.forwarding,
+                &f("forwarding"),
+                Forwarding::Mac,
+                &[("mac", Forwarding::Mac), ("ipip", Forwarding::Ipip)],
+            );
+            let encap_source = v.encap_source.as_ref().and_then(|a| {
+                let ip = self.or(self.parsed::<IpAddr>(a, &f("encap_source"), "an IP address").map(Some), None)?;
+                if ip.is_ipv4() != address.is_ipv4() {
+                    self.report(a.span(), &f("encap_source"), "must be of the VIP's address family");
+                }
+                Some(ip)
+            });
+            if mode == VipMode::L4 && forwarding == Forwarding::Ipip && v.encap_source.is_none() {
+                let span = v.forwarding.as_ref().unwrap().span();
+                self.report(span, &f("encap_source"), "required with forwarding = \"ipip\"");
+            }
+            let mut members: Vec<usize> = Vec::new();
+            match &v.backends {
+                Some(list) => {
+                    for n in list.get_ref() {
+                        match by_name.get(n.get_ref()) {
+                            None => {
+                                self.report(n.span(), &f("backends"), format!("names no backend: `{}`", n.get_ref()))
+                            }
+                            Some(bi) if members.contains(bi) => {
+                                self.report(n.span(), &f("backends"), format!("`{}` listed twice", n.get_ref()))
+                            }
+                            Some(&bi) => members.push(bi),
+                        }
+                    }
+                }
+                None => members.extend(0..backends.len()),
+            }
+            if members.is_empty() {
+                let span = v.backends.as_ref().map(|l| l.span()).unwrap_or(v.name.span());
+                self.report(
+                    span,
+                    &f("backends"),
+                    "a VIP needs at least one backend (with none, an L4 VIP drops all its traffic and an HTTP VIP answers only 503)",
+                );
+            }
+            if mode == VipMode::L4 {
+                for &bi in &members {
+                    let b = &backends[bi];
+                    let span = raw_backends[bi].span();
+                    if b.mac.is_none() {
+                        self.report(
+                            span.clone(),
+                            &format!("backend[{bi}].mac"),
+                            format!("required: backend `{}` serves L4 VIP `{}`", b.name, v.name.get_ref()),
+                        );
+                    }
+                    if forwarding == Forwarding::Ipip && address.is_ipv6() && b.address6.is_none() {
+                        self.report(
+                            span,
+                            &format!("backend[{bi}].address6"),
+                            format!("required: backend `{}` serves IPv6 IPIP VIP `{}`", b.name, v.name.get_ref()),
+                        );
+                    }
+                }
+            }
+            let ring_size = match &v.ring_size {
+                Some(r) => {
+                    let n = *r.get_ref();
+                    if !is_prime(n) || n > MAX_RING_SIZE {
+                        self.report(
+                            r.span(),
+                            &f("ring_size"),
+                            format!("{n} must be a prime no larger than {MAX_RING_SIZE}"),
+                        );
+                    } else if (n as usize) < members.len() * 10 {
+                        self.report(
+                            r.span(),
+                            &f("ring_size"),
+                            format!("{n} is too small for {} backends (want at least 10 slots each)", members.len()),
+                        );
+                    }
+                    n
+                }
+                None => dispatcher_common::DEFAULT_RING_SIZE,
+            };
+            let sticky_time = v.sticky_time.as_ref().and_then(|s| {
+                let d = self.duration(s, &f("sticky_time"), Duration::from_secs(1))?;
+                if d.as_secs() > u32::MAX as u64 {
+                    self.report(s.span(), &f("sticky_time"), "is too long");
+                }
+                Some(d)
+            });
+            let next = groups.len() as u32 + MAX_VIPS;
+            let port_group = match &v.port_group {
+                Some(g) => *groups.entry(g.get_ref().clone()).or_insert(next),
+                None => i as u32,
+            };
+            let balance = self.choice(
+                &v.balance,
+                &f("balance"),
+                Balance::RoundRobin,
+                &[("round_robin", Balance::RoundRobin), ("least_outstanding", Balance::LeastOutstanding)],
+            );
+            let max_connections = v.max_connections.as_ref().and_then(|m| {
+                if !(1..=MAX_CLIENT_CONNECTIONS).contains(m.get_ref()) {
+                    self.report(m.span(), &f("max_connections"), format!("must be 1..={MAX_CLIENT_CONNECTIONS}"));
+                    return None;
+                }
+                if mode != VipMode::Http {
+                    self.report(m.span(), &f("max_connections"), "applies to HTTP VIPs only");
+                }
+                Some(*m.get_ref())
+            });
+            let backend_port = match &v.backend_port {
+                Some(p) if *p.get_ref() == 0 => {
+                    self.report(p.span(), &f("backend_port"), "must be 1..=65535");
+                    *v.port.get_ref()
+                }
+                Some(p) => *p.get_ref(),
+                None => *v.port.get_ref(),
+            };
+            vips.push(Vip {
+                name: v.name.get_ref().clone(),
+                address,
+                port: *v.port.get_ref(),
+                protocol,
+                mode,
+                forwarding,
+                encap_source,
+                backends: members,
+                ring_size,
+                sticky_time,
+                port_group,
+                balance,
+                backend_port,
+                max_connections,
+                retired: false,
+            });
+        }
+        vips
+    }
+
+    /// `[[partition]]`.
+    fn partitions(
+        &self,
+        raw: &[Spanned<RawPartition>],
+        backends: &[Backend],
+        by_name: &HashMap<String, usize>,
+        clone_owner: &HashMap<String, usize>,
+    ) -> Vec<Partition> {
+        let mut partitions = Vec::new();
+        let mut partition_ids = HashSet::new();
+        for (i, p) in raw.iter().enumerate() {
+            let p = p.get_ref();
+            let f = |field: &str| format!("partition[{i}].{field}");
+            let id = p.id.get_ref();
+            if !crate::http::session::is_partition(id.as_bytes()) {
+                self.report(p.id.span(), &f("id"), format!("`{id}` is not a partition ID (a decimal number)"));
+            } else if !partition_ids.insert(id.clone()) || clone_owner.contains_key(id) {
+                self.report(p.id.span(), &f("id"), format!("`{id}` is defined twice"));
+            }
+            let lookup = |s: &Spanned<String>, field: &str| {
+                let found = by_name.get(s.get_ref()).copied();
+                if found.is_none() {
+                    self.report(s.span(), &f(field), format!("names no backend: `{}`", s.get_ref()));
+                }
+                found
+            };
+            let primary = lookup(&p.primary, "primary");
+            let replica = match &p.replica {
+                Some(r) => {
+                    let ri = lookup(r, "replica");
+                    if ri.is_some() && ri == primary {
+                        self.report(r.span(), &f("replica"), "the replica must differ from the primary");
+                    }
+                    ri
+                }
+                None => primary.and_then(|p| backends[p].replica),
+            };
+            if let Some(primary) = primary {
+                partitions.push(Partition { id: id.clone(), primary, replica });
+            }
+        }
+        partitions
+    }
+
+    fn health(&self, h: &RawHealth) -> HealthSettings {
+        let kind = self.choice(
+            &h.kind,
+            "health.kind",
+            CheckKind::Auto,
+            &[("auto", CheckKind::Auto), ("http", CheckKind::Http), ("tcp", CheckKind::Tcp)],
+        );
+        let mut s = HealthSettings { kind, ..HealthSettings::default() };
+        if let Some(p) = &h.path {
+            // A request target as the proxy's own parser accepts it (the check reads its
+            // answer with that parser).
+            if !p.get_ref().starts_with('/') || p.get_ref().bytes().any(|b| b <= b' ' || b == 0x7f || b == b'#') {
+                self.report(p.span(), "health.path", "must start with / and contain no spaces, control bytes or '#'");
+            } else {
+                s.path = p.get_ref().clone();
+            }
+        }
+        if let Some(e) = &h.expect_status {
+            if !(100..=599).contains(e.get_ref()) {
+                self.report(e.span(), "health.expect_status", "must be an HTTP status, 100..=599");
+            } else {
+                s.expect_status = *e.get_ref();
+            }
+        }
+        if let Some(p) = &h.port {
+            if *p.get_ref() == 0 {
+                self.report(p.span(), "health.port", "must be 1..=65535");
+            } else {
+                s.port = Some(*p.get_ref());
+            }
+        }
+        for (v, field, into) in [(&h.interval, "interval", &mut s.interval), (&h.timeout, "timeout", &mut s.timeout)] {
+            if let Some(d) =
+                v.as_ref().and_then(|v| self.duration(v, &format!("health.{field}"), Duration::from_millis(10)))
+            {
+                *into = d;
+            }
+        }
+        for (v, field, into) in [(&h.rise, "rise", &mut s.rise), (&h.fall, "fall", &mut s.fall)] {
+            if let Some(v) = v {
+                if !(1..=100).contains(v.get_ref()) {
+                    self.report(v.span(), &format!("health.{field}"), "must be 1..=100");
+                } else {
+                    *into = *v.get_ref();
+                }
+            }
+        }
+        if let Some(e) = &h.enabled {
+            s.enabled = *e.get_ref();
+        }
+        if let Some(list) = &h.suspect_on_status {
+            for st in list.get_ref() {
+                if !(500..=599).contains(st.get_ref()) {
+                    self.report(st.span(), "health.suspect_on_status", "only 5xx statuses can mark a backend suspect");
+                } else {
+                    s.suspect_on_status.push(*st.get_ref());
+                }
+            }
+        }
+        s
+    }
+
+    fn http(&self, h: &RawHttp) -> HttpSettings {
+        let mut s = HttpSettings::default();
+        let dur = |v: &Option<Spanned<String>>, field: &str, into: &mut Duration| {
+            if let Some(d) = v.as_ref().and_then(|v| self.duration(v, &format!("http.{field}"), Duration::ZERO)) {
+                *into = d;
+            }
+        };
+        dur(&h.header_timeout, "header_timeout", &mut s.header_timeout);
+        dur(&h.client_idle_timeout, "client_idle_timeout", &mut s.client_idle_timeout);
+        dur(&h.connect_timeout, "connect_timeout", &mut s.connect_timeout);
+        dur(&h.server_timeout, "server_timeout", &mut s.server_timeout);
+        dur(&h.pool_idle_timeout, "pool_idle_timeout", &mut s.pool_idle_timeout);
+        dur(&h.drain_timeout, "drain_timeout", &mut s.drain_timeout);
+        dur(&h.hold_time, "hold_time", &mut s.hold_time);
+        dur(&h.client_timeout, "client_timeout", &mut s.client_timeout);
+        dur(&h.body_timeout, "body_timeout", &mut s.body_timeout);
+        dur(&h.queue_timeout, "queue_timeout", &mut s.queue_timeout);
+        let num = |v: &Option<Spanned<usize>>, field: &str, lo: usize, hi: usize, into: &mut usize| {
+            if let Some(v) = v {
+                let n = *v.get_ref();
+                if n < lo || n > hi {
+                    self.report(v.span(), &format!("http.{field}"), format!("must be {lo}..={hi}"));
+                } else {
+                    *into = n;
+                }
+            }
+        };
+        num(&h.workers, "workers", 1, 256, &mut s.workers);
+        num(&h.max_header_bytes, "max_header_bytes", 1024, 1 << 20, &mut s.max_header_bytes);
+        num(&h.max_headers, "max_headers", 8, crate::http::head::MAX_HEADERS, &mut s.max_headers);
+        num(&h.pool_max_idle, "pool_max_idle", 0, 100_000, &mut s.pool_max_idle);
+        num(
+            &h.max_connections_per_backend,
+            "max_connections_per_backend",
+            1,
+            1_000_000,
+            &mut s.max_connections_per_backend,
+        );
+        num(&h.max_held, "max_held", 0, 1_000_000, &mut s.max_held);
+        num(&h.retry_buffer, "retry_buffer", 0, 16 << 20, &mut s.retry_buffer);
+        let mut rate = s.body_min_rate as usize;
+        num(&h.body_min_rate, "body_min_rate", 1, 1 << 30, &mut rate);
+        s.body_min_rate = rate as u64;
+        let mut cap = 0;
+        num(&h.max_client_connections, "max_client_connections", 1, MAX_CLIENT_CONNECTIONS, &mut cap);
+        s.max_client_connections = (cap > 0).then_some(cap);
+        let (mut retries, mut pct, mut min) =
+            (s.retries as usize, s.retry_budget_percent as usize, s.retry_budget_min as usize);
+        num(&h.retries, "retries", 0, 10, &mut retries);
+        num(&h.retry_budget_percent, "retry_budget_percent", 0, 100, &mut pct);
+        num(&h.retry_budget_min, "retry_budget_min", 0, 1_000_000, &mut min);
+        (s.retries, s.retry_budget_percent, s.retry_budget_min) = (retries as u32, pct as u64, min as u64);
+        let token = |v: &Option<Spanned<String>>, field: &str, into: &mut String| {
+            if let Some(v) = v {
+                let t = v.get_ref();
+                if t.is_empty() || !t.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)) {
+                    self.report(v.span(), &format!("http.{field}"), format!("`{t}` is not a cookie or parameter name"));
+                } else {
+                    *into = t.clone();
+                }
+            }
+        };
+        token(&h.cookie_name, "cookie_name", &mut s.cookie_name);
+        token(&h.url_parameter, "url_parameter", &mut s.url_parameter);
+        s
+    }
+}
