@@ -11,7 +11,10 @@ use std::{
 use bytes::BytesMut;
 use tokio::{
     io::{AsyncRead, AsyncWrite, AsyncWriteExt},
-    net::{tcp::OwnedWriteHalf, TcpStream},
+    net::{
+        tcp::{OwnedReadHalf, OwnedWriteHalf},
+        TcpStream,
+    },
     sync::watch,
 };
 
@@ -102,38 +105,54 @@ async fn send_error<W: AsyncWrite + Unpin>(w: &mut W, status: u16, why: &str, re
     write_client(w, head.as_bytes(), ERROR_WRITE_DEADLINE).await;
 }
 
+/// One client connection: the VIP it came to, the client's two halves, and the buffers
+/// its requests reuse.
+struct ClientConn {
+    ctx: Arc<VipCtx>,
+    peer: SocketAddr,
+    client: Inbound<OwnedReadHalf>,
+    w: OwnedWriteHalf,
+    /// The head being forwarded or answered.
+    out: Vec<u8>,
+    /// The header index of the head being parsed.
+    scratch: Vec<Header>,
+}
+
+/// The client side as one attempt on a backend uses it.
+struct Downstream<'a, R> {
+    client: &'a mut Inbound<R>,
+    w: &'a mut OwnedWriteHalf,
+    scratch: &'a mut Vec<Header>,
+}
+
 pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut stop: watch::Receiver<bool>) {
     let _ = stream.set_nodelay(true);
-    let (r, mut w) = stream.into_split();
+    let (r, w) = stream.into_split();
     // Request heads are small: 4 KiB reads (more for bodies), allocated at the first
     // read, keep many idle keep-alive clients cheap.
-    let mut client = Inbound::with_chunk(r, 4096);
-    let stats = &ctx.cluster.vips[ctx.vip_index];
-    let mut scratch = Vec::new();
-    let mut out = Vec::new();
+    let client = Inbound::with_chunk(r, 4096);
+    let mut conn = ClientConn { ctx, peer, client, w, out: Vec::new(), scratch: Vec::new() };
     loop {
-        let head = match read_head(&ctx, &mut client, &mut scratch, &mut stop).await {
+        let head = match read_head(&conn.ctx, &mut conn.client, &mut conn.scratch, &mut stop).await {
             HeadRead::Head(h) => h,
             HeadRead::Closed => return,
             HeadRead::Reject(r) => {
-                send_error(&mut w, r.status, r.reason, None).await;
+                send_error(&mut conn.w, r.status, r.reason, None).await;
                 return;
             }
         };
-        let head_bytes = client.buf.split_to(head.len);
-        stats.requests.fetch_add(1, Ordering::Relaxed);
+        let head_bytes = conn.client.buf.split_to(head.len);
+        conn.ctx.cluster.vips[conn.ctx.vip_index].requests.fetch_add(1, Ordering::Relaxed);
         let closing = *stop.borrow();
         // Boxed: the exchange's (large) state exists only while a request is in flight,
         // so an idle keep-alive connection's task stays small.
-        let next =
-            Box::pin(exchange(&ctx, &head, &head_bytes, &mut client, &mut w, peer, &mut out, &mut scratch, closing))
-                .await;
+        let next = Box::pin(conn.exchange(&head, &head_bytes, closing)).await;
         // Keep the header index's allocation for the next request.
-        scratch = head.headers;
+        conn.scratch = head.headers;
         match next {
             Next::KeepAlive => {}
             _ => {
-                let _ = w.shutdown().await;
+                let _ = conn.w.shutdown().await;
                 return;
             }
         }
@@ -310,12 +329,11 @@ async fn send<R: AsyncRead + Unpin>(
     ctx: &VipCtx,
     head: &RequestHead,
     backend: usize,
-    client: &mut Inbound<R>,
-    w: &mut OwnedWriteHalf,
+    down: Downstream<'_, R>,
     out: &[u8],
-    scratch: &mut Vec<Header>,
     buffered_body: Option<&[u8]>,
 ) -> Result<(Upstream, ResponseHead, bool), SendFail> {
+    let Downstream { client, w, scratch } = down;
     let s = &ctx.settings;
     let be = &ctx.cluster.backends[backend];
     let pool = ctx.pools[backend].as_ref().ok_or(SendFail::Answered)?;
@@ -428,260 +446,258 @@ impl Drop for InFlight<'_> {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn exchange<R: AsyncRead + Unpin>(
-    ctx: &VipCtx,
-    head: &RequestHead,
-    buf: &BytesMut,
-    client: &mut Inbound<R>,
-    w: &mut OwnedWriteHalf,
-    peer: SocketAddr,
-    out: &mut Vec<u8>,
-    scratch: &mut Vec<Header>,
-    closing: bool,
-) -> Next {
-    let s = &ctx.settings;
-    let cookies = head.headers.iter().filter(|h| is(&buf[h.name.clone()], "cookie")).map(|h| &buf[h.value.clone()]);
-    let sess = session::find(cookies, &buf[head.target.clone()], s.cookie_name.as_bytes(), s.url_parameter.as_bytes());
-    let started = Instant::now();
-    let c = &ctx.cluster;
-    c.counters.in_flight.fetch_add(1, Ordering::Relaxed);
-    let _request = Counted(&c.counters.in_flight);
-    let mut retry_guard = None;
-    let has_body = head.framing != Framing::None;
-    let idempotent = is_idempotent(&buf[head.method.clone()]);
-    // An idempotent request with a small body (Content-Length within the retry buffer) is
-    // read ahead, so that a retry can replay it; larger or chunked bodies are streamed
-    // and such requests are not retried.
-    let buffered_body = match head.framing {
-        Framing::Length(n) if idempotent && !head.expect_continue && n <= s.retry_buffer as u64 => {
-            let meter = client.meter();
-            let read = read_body(client, n as usize, s.client_timeout);
-            match within_rate(read, &meter, s.body_timeout, s.body_min_rate).await {
-                Ok(b) => Some(b),
-                Err(RelayError::Timeout) => {
-                    send_error(w, 408, "request body not received in time", None).await;
-                    return Next::Close;
-                }
-                Err(_) => return Next::Close,
-            }
-        }
-        Framing::Chunked => {
-            // Refused before anything goes upstream when the part already at hand shows it.
-            let checked =
-                tokio::time::timeout(s.body_timeout, precheck_chunked(client, head.expect_continue, s.client_timeout));
-            if let Err(e) = checked.await.unwrap_or(Err(RelayError::Timeout)) {
-                match e {
-                    RelayError::Chunk(why) => send_error(w, 400, why, None).await,
-                    RelayError::Timeout => send_error(w, 408, "request body not received in time", None).await,
-                    _ => {}
-                }
-                return Next::Close;
-            }
-            None
-        }
-        _ => None,
-    };
-    let mut hold_deadline: Option<Instant> = None;
-    let mut hold_expired = false;
-    let mut extra_attempts = 0u32;
-    // Choose a backend, hold while the session's owner is suspect, send; a failure before
-    // any response byte is retried after re-routing (bounded, budgeted, idempotent and
-    // bodiless requests only). A server that timed out is never retried: no replays.
-    let (backend, mut up, mut res, body_skipped, _in_flight) = loop {
-        let backend = match ctx.route.route(c, sess.as_ref(), hold_expired) {
-            Decision::Affinity(b) | Decision::Balanced(b) => b,
-            Decision::Hold(b) => {
-                let deadline = *hold_deadline.get_or_insert_with(|| {
-                    c.counters.holds.fetch_add(1, Ordering::Relaxed);
-                    Instant::now() + s.hold_time
-                });
-                match hold(ctx, b, client, deadline).await {
-                    HoldEnd::Changed => {}
-                    HoldEnd::Expired => {
-                        c.counters.hold_timeouts.fetch_add(1, Ordering::Relaxed);
-                        hold_expired = true;
-                    }
-                    HoldEnd::Full => {
-                        send_error(w, 503, "too many requests waiting for their server", Some(2)).await;
+impl ClientConn {
+    /// One request and its response (`buf` holds the head `head` was parsed from).
+    async fn exchange(&mut self, head: &RequestHead, buf: &BytesMut, closing: bool) -> Next {
+        let ClientConn { ctx, peer, client, w, out, scratch } = self;
+        let ctx: &VipCtx = ctx;
+        let s = &ctx.settings;
+        let cookies = head.headers.iter().filter(|h| is(&buf[h.name.clone()], "cookie")).map(|h| &buf[h.value.clone()]);
+        let sess =
+            session::find(cookies, &buf[head.target.clone()], s.cookie_name.as_bytes(), s.url_parameter.as_bytes());
+        let started = Instant::now();
+        let c = &ctx.cluster;
+        c.counters.in_flight.fetch_add(1, Ordering::Relaxed);
+        let _request = Counted(&c.counters.in_flight);
+        let mut retry_guard = None;
+        let has_body = head.framing != Framing::None;
+        let idempotent = is_idempotent(&buf[head.method.clone()]);
+        // An idempotent request with a small body (Content-Length within the retry buffer) is
+        // read ahead, so that a retry can replay it; larger or chunked bodies are streamed
+        // and such requests are not retried.
+        let buffered_body = match head.framing {
+            Framing::Length(n) if idempotent && !head.expect_continue && n <= s.retry_buffer as u64 => {
+                let meter = client.meter();
+                let read = read_body(client, n as usize, s.client_timeout);
+                match within_rate(read, &meter, s.body_timeout, s.body_min_rate).await {
+                    Ok(b) => Some(b),
+                    Err(RelayError::Timeout) => {
+                        send_error(w, 408, "request body not received in time", None).await;
                         return Next::Close;
                     }
-                    HoldEnd::ClientGone => return Next::Close,
+                    Err(_) => return Next::Close,
                 }
-                continue;
             }
-            Decision::SessionUnavailable => {
-                send_error(w, 503, "the session's server and its replica are unavailable", Some(5)).await;
-                return Next::Close;
+            Framing::Chunked => {
+                // Refused before anything goes upstream when the part already at hand shows it.
+                let checked = tokio::time::timeout(
+                    s.body_timeout,
+                    precheck_chunked(client, head.expect_continue, s.client_timeout),
+                );
+                if let Err(e) = checked.await.unwrap_or(Err(RelayError::Timeout)) {
+                    match e {
+                        RelayError::Chunk(why) => send_error(w, 400, why, None).await,
+                        RelayError::Timeout => send_error(w, 408, "request body not received in time", None).await,
+                        _ => {}
+                    }
+                    return Next::Close;
+                }
+                None
             }
-            Decision::NoBackend => {
-                send_error(w, 503, "no server available", Some(5)).await;
-                return Next::Close;
-            }
+            _ => None,
         };
-        if let Some(sess) = &sess {
-            if !VipRoute::may_serve(c, sess, backend) {
-                c.counters.misroutes.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(backend = %c.backends[backend].name, "misroute: a session request to a server that neither owns it nor replicates it");
+        let mut hold_deadline: Option<Instant> = None;
+        let mut hold_expired = false;
+        let mut extra_attempts = 0u32;
+        // Choose a backend, hold while the session's owner is suspect, send; a failure before
+        // any response byte is retried after re-routing (bounded, budgeted, idempotent and
+        // bodiless requests only). A server that timed out is never retried: no replays.
+        let (backend, mut up, mut res, body_skipped, _in_flight) = loop {
+            let backend = match ctx.route.route(c, sess.as_ref(), hold_expired) {
+                Decision::Affinity(b) | Decision::Balanced(b) => b,
+                Decision::Hold(b) => {
+                    let deadline = *hold_deadline.get_or_insert_with(|| {
+                        c.counters.holds.fetch_add(1, Ordering::Relaxed);
+                        Instant::now() + s.hold_time
+                    });
+                    match hold(ctx, b, client, deadline).await {
+                        HoldEnd::Changed => {}
+                        HoldEnd::Expired => {
+                            c.counters.hold_timeouts.fetch_add(1, Ordering::Relaxed);
+                            hold_expired = true;
+                        }
+                        HoldEnd::Full => {
+                            send_error(w, 503, "too many requests waiting for their server", Some(2)).await;
+                            return Next::Close;
+                        }
+                        HoldEnd::ClientGone => return Next::Close,
+                    }
+                    continue;
+                }
+                Decision::SessionUnavailable => {
+                    send_error(w, 503, "the session's server and its replica are unavailable", Some(5)).await;
+                    return Next::Close;
+                }
+                Decision::NoBackend => {
+                    send_error(w, 503, "no server available", Some(5)).await;
+                    return Next::Close;
+                }
+            };
+            if let Some(sess) = &sess {
+                if !VipRoute::may_serve(c, sess, backend) {
+                    c.counters.misroutes.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(backend = %c.backends[backend].name, "misroute: a session request to a server that neither owns it nor replicates it");
+                }
             }
-        }
+            let be = &c.backends[backend];
+            be.outstanding.fetch_add(1, Ordering::Relaxed);
+            let in_flight = InFlight(be);
+            be.requests.fetch_add(1, Ordering::Relaxed);
+            build_request(out, head, buf, peer.ip(), &ctx.host);
+            let down = Downstream { client: &mut *client, w: &mut *w, scratch: &mut *scratch };
+            let failure = match send(ctx, head, backend, down, out, buffered_body.as_deref()).await {
+                Ok((up, res, skipped)) => {
+                    break (backend, up, res, skipped, in_flight);
+                }
+                Err(f) => f,
+            };
+            drop(in_flight);
+            be.errors.fetch_add(1, Ordering::Relaxed);
+            let retry = match &failure {
+                SendFail::Unreachable(e) => !e.is_busy() && !e.is_local(),
+                SendFail::Closed => true,
+                _ => false,
+            };
+            let (status, why, retry_after) = match failure {
+                SendFail::Answered => return Next::Close,
+                SendFail::Unreachable(e) if e.is_busy() => {
+                    // A full queue is not a failed server: its health is left alone.
+                    c.counters.queue_timeouts.fetch_add(1, Ordering::Relaxed);
+                    send_error(w, 503, "the server is busy", Some(1)).await;
+                    return Next::Close;
+                }
+                SendFail::Unreachable(e) if e.is_local() => {
+                    // Out of descriptors, ports or buffers here: the dispatcher's trouble, never
+                    // the backend's.
+                    c.counters.local_errors.fetch_add(1, Ordering::Relaxed);
+                    crate::ratelimit::warn("upstream connect", &e);
+                    send_error(w, 503, "the dispatcher is out of resources", Some(1)).await;
+                    return Next::Close;
+                }
+                SendFail::Unreachable(e) => {
+                    c.passive_failure(backend);
+                    tracing::debug!(backend = %be.name, error = %e, "upstream connect failed");
+                    (503, "the server could not be reached", Some(2))
+                }
+                SendFail::Closed => {
+                    c.passive_failure(backend);
+                    (502, "the server closed the connection", None)
+                }
+                SendFail::Timeout => {
+                    // Half-dead: suspect (no more requests for it until a check passes), its idle
+                    // connections closed, and this request not replayed anywhere.
+                    c.passive_failure(backend);
+                    if let Some(pool) = ctx.pools[backend].as_ref() {
+                        pool.clear();
+                    }
+                    send_error(w, 504, "the server did not answer in time", None).await;
+                    return Next::Close;
+                }
+                SendFail::Bad(r) => (502, r.reason, None),
+            };
+            if retry && idempotent && (!has_body || buffered_body.is_some()) && extra_attempts < s.retries {
+                if retry_allowed(c, s) {
+                    extra_attempts += 1;
+                    c.counters.retries.fetch_add(1, Ordering::Relaxed);
+                    if retry_guard.is_none() {
+                        c.counters.retries_in_flight.fetch_add(1, Ordering::Relaxed);
+                        retry_guard = Some(Counted(&c.counters.retries_in_flight));
+                    }
+                    continue;
+                }
+                c.counters.retry_budget_refusals.fetch_add(1, Ordering::Relaxed);
+            }
+            send_error(w, status, why, retry_after).await;
+            return Next::Close;
+        };
         let be = &c.backends[backend];
-        be.outstanding.fetch_add(1, Ordering::Relaxed);
-        let in_flight = InFlight(be);
-        be.requests.fetch_add(1, Ordering::Relaxed);
-        build_request(out, head, buf, peer.ip(), &ctx.host);
-        let failure = match send(ctx, head, backend, client, w, out, scratch, buffered_body.as_deref()).await {
-            Ok((up, res, skipped)) => {
-                break (backend, up, res, skipped, in_flight);
-            }
-            Err(f) => f,
-        };
-        drop(in_flight);
-        be.errors.fetch_add(1, Ordering::Relaxed);
-        let retry = match &failure {
-            SendFail::Unreachable(e) => !e.is_busy() && !e.is_local(),
-            SendFail::Closed => true,
-            _ => false,
-        };
-        let (status, why, retry_after) = match failure {
-            SendFail::Answered => return Next::Close,
-            SendFail::Unreachable(e) if e.is_busy() => {
-                // A full queue is not a failed server: its health is left alone.
-                c.counters.queue_timeouts.fetch_add(1, Ordering::Relaxed);
-                send_error(w, 503, "the server is busy", Some(1)).await;
+        let pool = ctx.pools[backend].as_ref().expect("a pool for the chosen backend");
+        // Interim responses (other than 101) go to the client as they are; then the final one.
+        while (100..200).contains(&res.status) && res.status != 101 {
+            let interim = up.r.buf.split_to(res.len);
+            if !write_client(w, &interim, s.client_timeout).await {
                 return Next::Close;
             }
-            SendFail::Unreachable(e) if e.is_local() => {
-                // Out of descriptors, ports or buffers here: the dispatcher's trouble, never
-                // the backend's.
-                c.counters.local_errors.fetch_add(1, Ordering::Relaxed);
-                crate::ratelimit::warn("upstream connect", &e);
-                send_error(w, 503, "the dispatcher is out of resources", Some(1)).await;
-                return Next::Close;
-            }
-            SendFail::Unreachable(e) => {
-                c.passive_failure(backend);
-                tracing::debug!(backend = %be.name, error = %e, "upstream connect failed");
-                (503, "the server could not be reached", Some(2))
-            }
-            SendFail::Closed => {
-                c.passive_failure(backend);
-                (502, "the server closed the connection", None)
-            }
-            SendFail::Timeout => {
-                // Half-dead: suspect (no more requests for it until a check passes), its idle
-                // connections closed, and this request not replayed anywhere.
-                c.passive_failure(backend);
-                if let Some(pool) = ctx.pools[backend].as_ref() {
-                    pool.clear();
-                }
-                send_error(w, 504, "the server did not answer in time", None).await;
-                return Next::Close;
-            }
-            SendFail::Bad(r) => (502, r.reason, None),
-        };
-        if retry && idempotent && (!has_body || buffered_body.is_some()) && extra_attempts < s.retries {
-            if retry_allowed(c, s) {
-                extra_attempts += 1;
-                c.counters.retries.fetch_add(1, Ordering::Relaxed);
-                if retry_guard.is_none() {
-                    c.counters.retries_in_flight.fetch_add(1, Ordering::Relaxed);
-                    retry_guard = Some(Counted(&c.counters.retries_in_flight));
-                }
-                continue;
-            }
-            c.counters.retry_budget_refusals.fetch_add(1, Ordering::Relaxed);
+            res = match read_response(&mut up, head, &ctx.limits, scratch, s.server_timeout).await {
+                Ok(r) => r,
+                Err(_) => return Next::Close,
+            };
         }
-        send_error(w, status, why, retry_after).await;
-        return Next::Close;
-    };
-    let be = &c.backends[backend];
-    let pool = ctx.pools[backend].as_ref().expect("a pool for the chosen backend");
-    // Interim responses (other than 101) go to the client as they are; then the final one.
-    while (100..200).contains(&res.status) && res.status != 101 {
-        let interim = up.r.buf.split_to(res.len);
-        if !write_client(w, &interim, s.client_timeout).await {
+        let took = started.elapsed();
+        be.latency.record(took);
+        if let Some(v) = c.vips.get(ctx.vip_index) {
+            v.latency.record(took);
+        }
+        if ctx.suspect_on_status.contains(&res.status) {
+            // The configured passive 5xx policy: the answer is relayed, the backend is suspect.
+            c.passive_failure(backend);
+        }
+        let res_buf = up.r.buf.split_to(res.len);
+        learn(ctx, &res, &res_buf, backend);
+
+        if res.status == 101 && !head.upgrade {
+            // Switching protocols nobody asked for: the stream can no longer be trusted.
+            be.errors.fetch_add(1, Ordering::Relaxed);
+            send_error(w, 502, "unsolicited 101 from the server", None).await;
             return Next::Close;
         }
-        res = match read_response(&mut up, head, &ctx.limits, scratch, s.server_timeout).await {
-            Ok(r) => r,
-            Err(_) => return Next::Close,
+        if res.status == 101 {
+            build_response(out, &res, &res_buf, false, false, false);
+            if !write_client(w, out, s.client_timeout).await {
+                return Next::Close;
+            }
+            tunnel(client, w, up, s.client_idle_timeout).await;
+            return Next::Close;
+        }
+        // An HTTP/1.0 client cannot read chunked: it gets the bare body, delimited by close.
+        let dechunk = head.minor == 0 && res.framing == Framing::Chunked;
+        // A server that answered before `100 Continue` leaves the request body unread: the
+        // connection cannot carry another request.
+        // `closing`: this listener is stopping (shutdown or reload): the client is told to
+        // reconnect, which reaches the new listeners.
+        let close = !head.keep_alive || res.framing == Framing::UntilClose || dechunk || body_skipped || closing;
+        build_response(out, &res, &res_buf, close, dechunk, head.minor == 0);
+        // A small body already read goes out with the head: one write per response.
+        let mut framing = if dechunk { Framing::Chunked } else { res.framing };
+        if let Framing::Length(n) = framing {
+            if up.r.buf.len() as u64 >= n && n <= 64 * 1024 {
+                out.extend_from_slice(&up.r.buf.split_to(n as usize));
+                framing = Framing::None;
+            }
+        }
+        let keep_upstream = !res.close && !body_skipped;
+        // The whole response is in hand: the backend connection (and its share of the
+        // backend's connection limit) goes back before the client reads it, so a client that
+        // reads slowly holds no backend connection.
+        let mut up = if framing == Framing::None {
+            if keep_upstream {
+                pool.put(up);
+            }
+            None
+        } else {
+            Some(up)
         };
-    }
-    let took = started.elapsed();
-    be.latency.record(took);
-    if let Some(v) = c.vips.get(ctx.vip_index) {
-        v.latency.record(took);
-    }
-    if ctx.suspect_on_status.contains(&res.status) {
-        // The configured passive 5xx policy: the answer is relayed, the backend is suspect.
-        c.passive_failure(backend);
-    }
-    let res_buf = up.r.buf.split_to(res.len);
-    learn(ctx, &res, &res_buf, backend);
-
-    if res.status == 101 && !head.upgrade {
-        // Switching protocols nobody asked for: the stream can no longer be trusted.
-        be.errors.fetch_add(1, Ordering::Relaxed);
-        send_error(w, 502, "unsolicited 101 from the server", None).await;
-        return Next::Close;
-    }
-    if res.status == 101 {
-        build_response(out, &res, &res_buf, false, false, false);
         if !write_client(w, out, s.client_timeout).await {
             return Next::Close;
         }
-        tunnel(client, w, up, s.client_idle_timeout).await;
-        return Next::Close;
-    }
-    // An HTTP/1.0 client cannot read chunked: it gets the bare body, delimited by close.
-    let dechunk = head.minor == 0 && res.framing == Framing::Chunked;
-    // A server that answered before `100 Continue` leaves the request body unread: the
-    // connection cannot carry another request.
-    // `closing`: this listener is stopping (shutdown or reload): the client is told to
-    // reconnect, which reaches the new listeners.
-    let close = !head.keep_alive || res.framing == Framing::UntilClose || dechunk || body_skipped || closing;
-    build_response(out, &res, &res_buf, close, dechunk, head.minor == 0);
-    // A small body already read goes out with the head: one write per response.
-    let mut framing = if dechunk { Framing::Chunked } else { res.framing };
-    if let Framing::Length(n) = framing {
-        if up.r.buf.len() as u64 >= n && n <= 64 * 1024 {
-            out.extend_from_slice(&up.r.buf.split_to(n as usize));
-            framing = Framing::None;
+        if let Some(mut up) = up.take() {
+            let t = Timeouts { read: s.server_timeout, write: s.client_timeout };
+            if let Err(e) = relay_body(framing, &mut up.r, w, t, dechunk).await {
+                // Part of the response is out: the client must see the connection abort, never
+                // a response that looks complete.
+                be.errors.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(backend = %be.name, error = %e, "response body relay failed");
+                return Next::Close;
+            }
+            if keep_upstream {
+                pool.put(up);
+            }
         }
-    }
-    let keep_upstream = !res.close && !body_skipped;
-    // The whole response is in hand: the backend connection (and its share of the
-    // backend's connection limit) goes back before the client reads it, so a client that
-    // reads slowly holds no backend connection.
-    let mut up = if framing == Framing::None {
-        if keep_upstream {
-            pool.put(up);
+        if close {
+            Next::Close
+        } else {
+            Next::KeepAlive
         }
-        None
-    } else {
-        Some(up)
-    };
-    if !write_client(w, out, s.client_timeout).await {
-        return Next::Close;
-    }
-    if let Some(mut up) = up.take() {
-        let t = Timeouts { read: s.server_timeout, write: s.client_timeout };
-        if let Err(e) = relay_body(framing, &mut up.r, w, t, dechunk).await {
-            // Part of the response is out: the client must see the connection abort, never
-            // a response that looks complete.
-            be.errors.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(backend = %be.name, error = %e, "response body relay failed");
-            return Next::Close;
-        }
-        if keep_upstream {
-            pool.put(up);
-        }
-    }
-    if close {
-        Next::Close
-    } else {
-        Next::KeepAlive
     }
 }
 
