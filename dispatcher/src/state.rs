@@ -142,6 +142,9 @@ pub struct Cluster {
     successor: Mutex<Option<Arc<Cluster>>>,
     /// Per VIP, indexed like `Config::vips`.
     pub vips: Vec<VipStats>,
+    /// Open client connections over all HTTP VIPs (shared with a reload's successor, for
+    /// the global cap).
+    pub client_connections: Arc<std::sync::atomic::AtomicUsize>,
     /// How long held requests waited, whatever the outcome.
     pub hold_time: Histogram,
 }
@@ -153,8 +156,9 @@ pub struct VipStats {
     pub latency: Histogram,
     /// Request heads received (answered by a backend or by the dispatcher itself).
     pub requests: AtomicU64,
-    /// Open client connections.
-    pub connections: AtomicU64,
+    /// Open client connections (shared with a reload's successor: the per-VIP cap counts
+    /// the draining connections too).
+    pub connections: Arc<AtomicU64>,
 }
 
 /// A latency histogram with fixed bounds, lock-free.
@@ -247,6 +251,7 @@ impl Cluster {
             conn_limit: cfg.http.max_connections_per_backend,
             successor: Mutex::new(None),
             vips: cfg.vips.iter().map(|_| VipStats::default()).collect(),
+            client_connections: Default::default(),
             hold_time: Histogram::default(),
         };
         cluster.adopt_learned();
@@ -350,6 +355,10 @@ impl Cluster {
     pub fn successor_of(cfg: &Config, health: &[Health], admin: &[Operator], old: &Arc<Cluster>) -> Arc<Cluster> {
         let mut c = Cluster::new(cfg, health, admin, None);
         c.counters = old.counters.clone();
+        c.client_connections = old.client_connections.clone();
+        for (new, prev) in c.vips.iter_mut().zip(&old.vips) {
+            new.connections = prev.connections.clone();
+        }
         for (new, prev) in c.backends.iter_mut().zip(&old.backends) {
             new.connections = prev.connections.clone();
             if c.conn_limit == old.conn_limit {

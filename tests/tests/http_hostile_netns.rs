@@ -377,3 +377,33 @@ fn a_slow_but_steady_upload_is_not_cut_off() {
     assert_eq!(res.status, 200, "{}", res.status);
     assert!(b.record.last().ends_with(&"u".repeat(SIZE)), "the whole body reached the backend");
 }
+
+/// The client connection cap counts the connections still draining on the listeners a
+/// reload replaced: a reload does not double it.
+#[test]
+fn a_reload_does_not_reset_the_connection_cap() {
+    let b = bed("max_client_connections = 20\n");
+    let addr = b.addr;
+    // 15 connections with a request in flight (1.5 s each) on the current listeners.
+    let busy: Vec<TcpStream> = b.tb.client.run(move || {
+        (0..15)
+            .map(|_| {
+                let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).unwrap();
+                s.write_all(b"GET /slow HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+                s
+            })
+            .collect()
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let cfg = b.tb.workdir.join("dispatcher.toml");
+    let out = b.tb.dispatcher_cmd(&["reload", "--config", cfg.to_str().unwrap()]);
+    assert!(out.contains("reloaded"), "{out}");
+    let before = b.status()["agent"]["counters"]["connections_refused"].as_u64().unwrap();
+    // 10 more while those 15 drain: at most 5 fit under the cap of 20.
+    let more = idle_clients(&b, 10);
+    std::thread::sleep(Duration::from_millis(300));
+    let refused = b.status()["agent"]["counters"]["connections_refused"].as_u64().unwrap() - before;
+    assert!(refused >= 5, "{refused} refused after the reload (15 draining + 10 new, cap 20)");
+    drop(more);
+    drop(busy);
+}

@@ -199,7 +199,9 @@ impl HttpServer {
     /// address must be local, e.g. on `lo`). Returns once all are listening.
     pub fn start(cfg: &Config, cluster: Arc<Cluster>) -> std::io::Result<HttpServer> {
         let (stop, _) = watch::channel(false);
-        let active = Arc::new(AtomicUsize::new(0));
+        // The cluster's count, which a reload's successor shares: the caps count the
+        // connections still draining on the previous listeners.
+        let active = cluster.client_connections.clone();
         // One route (balancing state) per VIP, shared by the workers: weights stay exact.
         let routes: Vec<Arc<VipRoute>> = cfg
             .vips
