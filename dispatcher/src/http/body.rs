@@ -28,8 +28,8 @@ pub struct Inbound<R> {
     pub buf: BytesMut,
     /// How much room each read makes when the buffer is (nearly) full.
     chunk: usize,
-    /// Bytes read so far, when metered (a client's, for the body rate).
-    meter: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
+    /// What the reads took, when metered (a client's, for the body rate).
+    meter: Option<std::sync::Arc<Meter>>,
 }
 
 const READ_CHUNK: usize = 16 * 1024;
@@ -47,8 +47,8 @@ impl<R: AsyncRead + Unpin> Inbound<R> {
 
     /// Counts the bytes read from now on; the counter can be watched while the reader is
     /// busy (`within_rate`).
-    pub fn meter(&mut self) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
-        self.meter.get_or_insert_with(Default::default).clone()
+    pub fn meter(&mut self) -> std::sync::Arc<Meter> {
+        self.meter.get_or_insert_with(|| std::sync::Arc::new(Meter::new())).clone()
     }
 
     /// Reads more bytes into the buffer; `Ok(0)` at end of stream.
@@ -56,10 +56,13 @@ impl<R: AsyncRead + Unpin> Inbound<R> {
         if self.buf.capacity() - self.buf.len() < 1024 {
             self.buf.reserve(self.chunk);
         }
-        match tokio::time::timeout(timeout, self.io.read_buf(&mut self.buf)).await {
+        let waiting = self.meter.as_ref().map(|m| m.waiting());
+        let read = tokio::time::timeout(timeout, self.io.read_buf(&mut self.buf)).await;
+        drop(waiting);
+        match read {
             Ok(Ok(n)) => {
                 if let Some(m) = &self.meter {
-                    m.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+                    m.bytes.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
                 }
                 Ok(n)
             }
@@ -77,19 +80,75 @@ impl<R: AsyncRead + Unpin> Inbound<R> {
     }
 }
 
-/// Runs a transfer that reads from a metered source under a rate rule: for `grace` it may
-/// go at any pace; after that, the bytes the meter saw since the start must average at
-/// least `min_rate` per second (checked every second), or it ends with `Timeout`.
+/// What a metered reader's reads took: the bytes, and the time spent waiting for them
+/// (not the time spent elsewhere, e.g. writing them to a backend that reads slowly).
+pub struct Meter {
+    base: std::time::Instant,
+    bytes: std::sync::atomic::AtomicU64,
+    /// Waits that ended, in nanoseconds.
+    waited_ns: std::sync::atomic::AtomicU64,
+    /// When the wait in progress began (nanoseconds after `base`, plus one); 0: none.
+    since_ns: std::sync::atomic::AtomicU64,
+}
+
+/// Ends a wait when dropped (the read completed, failed or was abandoned).
+pub struct Waiting<'a>(&'a Meter);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        use std::sync::atomic::Ordering;
+        let since = self.0.since_ns.swap(0, Ordering::Relaxed);
+        if since != 0 {
+            self.0.waited_ns.fetch_add(self.0.now_ns().saturating_sub(since), Ordering::Relaxed);
+        }
+    }
+}
+
+impl Meter {
+    fn new() -> Meter {
+        Meter {
+            base: std::time::Instant::now(),
+            bytes: Default::default(),
+            waited_ns: Default::default(),
+            since_ns: Default::default(),
+        }
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.base.elapsed().as_nanos() as u64 + 1
+    }
+
+    fn waiting(&self) -> Waiting<'_> {
+        self.since_ns.store(self.now_ns(), std::sync::atomic::Ordering::Relaxed);
+        Waiting(self)
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Time spent waiting for the source so far, the wait in progress included.
+    pub fn waited(&self) -> Duration {
+        use std::sync::atomic::Ordering;
+        let since = self.since_ns.load(Ordering::Relaxed);
+        let current = if since == 0 { 0 } else { self.now_ns().saturating_sub(since) };
+        Duration::from_nanos(self.waited_ns.load(Ordering::Relaxed) + current)
+    }
+}
+
+/// Runs a transfer that reads from a metered source under a rate rule: for `grace` of
+/// waiting on the source it may go at any pace; after that, the bytes the meter saw must
+/// average at least `min_rate` per second of that waiting (checked every second), or it
+/// ends with `Timeout`. Time the transfer spends elsewhere (a slow destination) is not the
+/// source's.
 pub async fn within_rate<T>(
     transfer: impl std::future::Future<Output = Result<T, RelayError>>,
-    meter: &std::sync::atomic::AtomicU64,
+    meter: &Meter,
     grace: Duration,
     min_rate: u64,
 ) -> Result<T, RelayError> {
-    use std::sync::atomic::Ordering;
-    let start = meter.load(Ordering::Relaxed);
-    let began = tokio::time::Instant::now();
-    let mut tick = tokio::time::interval_at(began + grace, Duration::from_secs(1));
+    let (start, waited_before) = (meter.bytes(), meter.waited());
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + grace, Duration::from_secs(1));
     tokio::pin!(transfer);
     loop {
         tokio::select! {
@@ -97,8 +156,9 @@ pub async fn within_rate<T>(
             biased;
             r = &mut transfer => return r,
             _ = tick.tick() => {
-                let got = meter.load(Ordering::Relaxed) - start;
-                if (got as f64) < min_rate as f64 * began.elapsed().as_secs_f64() {
+                let waited = meter.waited().saturating_sub(waited_before);
+                let got = meter.bytes() - start;
+                if waited >= grace && (got as f64) < min_rate as f64 * waited.as_secs_f64() {
                     return Err(RelayError::Timeout);
                 }
             }
@@ -571,5 +631,69 @@ mod tests {
                 _ => panic!("{:?} cut at {cut}: {reference:?} vs {split:?}", String::from_utf8_lossy(&input)),
             }
         }
+    }
+
+    /// A destination that takes `delay` for every write.
+    struct SlowSink(Duration);
+
+    impl AsyncWrite for SlowSink {
+        fn poll_write(
+            self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            // Blocks the task: a stand-in for a backend that reads slowly.
+            std::thread::sleep(self.0);
+            let _ = cx;
+            std::task::Poll::Ready(Ok(buf.len()))
+        }
+        fn poll_flush(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    /// The rate rule judges the source: a trickle is cut after the grace; a source that
+    /// is quick while the destination is slow is not.
+    #[tokio::test]
+    async fn the_rate_rule_blames_the_source_only() {
+        // A trickle: a byte every 100 ms, 1 KiB/s required after 300 ms.
+        let (mut a, b) = tokio::io::duplex(64);
+        let feeder = tokio::spawn(async move {
+            for _ in 0..50 {
+                if a.write_all(b"x").await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        let mut src = Inbound::new(b);
+        let meter = src.meter();
+        let mut out = Vec::new();
+        let t = Timeouts::both(Duration::from_secs(5));
+        let r = within_rate(relay_length(&mut src, &mut out, 50, t), &meter, Duration::from_millis(300), 1024).await;
+        assert!(matches!(r, Err(RelayError::Timeout)), "the trickle is cut");
+        feeder.abort();
+
+        // All 64 KiB at hand at once, a destination taking 100 ms per write: the whole
+        // transfer outlasts the grace, the source's waiting does not.
+        let (mut a, b) = tokio::io::duplex(1 << 17);
+        a.write_all(&vec![b'y'; 64 * 1024]).await.unwrap();
+        let mut src = Inbound::with_chunk(b, 4096);
+        let meter = src.meter();
+        let mut sink = SlowSink(Duration::from_millis(100));
+        let t = Timeouts::both(Duration::from_secs(5));
+        let r =
+            within_rate(relay_length(&mut src, &mut sink, 64 * 1024, t), &meter, Duration::from_millis(300), 1 << 20)
+                .await;
+        assert!(r.is_ok(), "a slow destination is not the source's fault: {r:?}");
     }
 }
