@@ -84,6 +84,7 @@ client_timeout = "30s"
 body_timeout = "60s"
 body_min_rate = 1024
 queue_timeout = "5s"
+tunnel_timeout = "1h"
 max_client_connections = 5000
 "#;
 

@@ -312,7 +312,7 @@ fn a_trickling_first_chunk_line_meets_the_body_deadline() {
 /// holds a backend connection.
 #[test]
 fn a_silent_tunnel_is_closed() {
-    let b = bed("client_idle_timeout = \"1s\"\n");
+    let b = bed("tunnel_timeout = \"1s\"\n");
     let (mut r, mut w) = b.connect();
     w.write_all(b"GET /upgrade HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n").unwrap();
     let mut head = Vec::new();

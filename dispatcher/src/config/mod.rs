@@ -193,6 +193,8 @@ pub struct HttpSettings {
     /// How long a request waits for a connection to a backend that is at its connection
     /// limit; then 503 "busy" (the backend's health is not touched).
     pub queue_timeout: Duration,
+    /// How long an upgraded connection (WebSocket) may stay silent both ways.
+    pub tunnel_timeout: Duration,
     /// Client connections open at once over all HTTP VIPs; `None`: derived from the
     /// descriptor limit at start (see `http::limits`).
     pub max_client_connections: Option<usize>,
@@ -224,6 +226,7 @@ impl Default for HttpSettings {
             body_timeout: Duration::from_secs(60),
             body_min_rate: 1024,
             queue_timeout: Duration::from_secs(5),
+            tunnel_timeout: Duration::from_secs(3600),
             max_client_connections: None,
         }
     }

@@ -68,6 +68,7 @@ pub(super) struct RawHttp {
     pub(super) body_timeout: Option<Spanned<String>>,
     pub(super) body_min_rate: Option<Spanned<usize>>,
     pub(super) queue_timeout: Option<Spanned<String>>,
+    pub(super) tunnel_timeout: Option<Spanned<String>>,
     pub(super) max_client_connections: Option<Spanned<usize>>,
 }
 

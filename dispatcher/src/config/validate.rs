@@ -637,6 +637,7 @@ impl Ctx<'_> {
         dur(&h.client_timeout, "client_timeout", &mut s.client_timeout);
         dur(&h.body_timeout, "body_timeout", &mut s.body_timeout);
         dur(&h.queue_timeout, "queue_timeout", &mut s.queue_timeout);
+        dur(&h.tunnel_timeout, "tunnel_timeout", &mut s.tunnel_timeout);
         let num = |v: &Option<Spanned<usize>>, field: &str, lo: usize, hi: usize, into: &mut usize| {
             if let Some(v) = v {
                 let n = *v.get_ref();

@@ -646,7 +646,7 @@ impl ClientConn {
             if !write_client(w, out, s.client_timeout).await {
                 return Next::Close;
             }
-            tunnel(client, w, up, s.client_idle_timeout).await;
+            tunnel(client, w, up, s.tunnel_timeout).await;
             return Next::Close;
         }
         // An HTTP/1.0 client cannot read chunked: it gets the bare body, delimited by close.
