@@ -150,18 +150,19 @@ async fn probe_loop(
     b: usize,
     probe: Probe,
     s: crate::config::HealthSettings,
-    tx: mpsc::UnboundedSender<(usize, bool)>,
+    tx: mpsc::UnboundedSender<(usize, bool, std::time::Instant)>,
 ) {
     let mut tick = tokio::time::interval(s.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
+        let started = std::time::Instant::now();
         let verdict = health::check(&probe, &s).await;
         if verdict == health::Verdict::Local {
             // Says nothing about the backend: no streak, no state change.
             continue;
         }
-        if tx.send((b, verdict == health::Verdict::Pass)).is_err() {
+        if tx.send((b, verdict == health::Verdict::Pass, started)).is_err() {
             return;
         }
     }
@@ -196,7 +197,12 @@ pub async fn run(
     let mut ctl = Control { cfg, cluster: cluster.clone(), tables, written };
     loop {
         tokio::select! {
-            Some((b, ok)) = checks.recv() => {
+            Some((b, ok, started)) = checks.recv() => {
+                if ok && cluster.failed_since(b, started) {
+                    // A check that began before a request saw the backend fail says
+                    // nothing of it since: suspicion stands until a later one passes.
+                    continue;
+                }
                 let h = health::next(cluster.backends[b].health(), ok, &mut streaks[b], rise, fall);
                 if let Some((old, new)) = cluster.set_health(b, h) {
                     ctl.apply(b, old, new);

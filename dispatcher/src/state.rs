@@ -31,6 +31,9 @@ pub struct Backend {
     health: AtomicU8,
     /// The operator's state (an `Operator` byte; `operator()`).
     admin: AtomicU8,
+    /// When a request last saw it fail (nanoseconds after the cluster's epoch, plus one;
+    /// 0: never).
+    failed_at: AtomicU64,
     /// Woken on every state change (held requests wait here).
     pub changed: tokio::sync::Notify,
     /// Time to the response head.
@@ -145,6 +148,10 @@ pub struct Cluster {
     /// Open client connections over all HTTP VIPs (shared with a reload's successor, for
     /// the global cap).
     pub client_connections: Arc<std::sync::atomic::AtomicUsize>,
+    /// Idle upstream connections all pools may keep (shared with a reload's successor).
+    pub idle_budget: Arc<crate::http::pool::IdleBudget>,
+    /// The origin of the backends' `failed_at`.
+    epoch: std::time::Instant,
     /// How long held requests waited, whatever the outcome.
     pub hold_time: Histogram,
 }
@@ -221,6 +228,7 @@ impl Cluster {
                 state: AtomicU8::new(effective_state(a, h) as u8),
                 health: AtomicU8::new(h as u8),
                 admin: AtomicU8::new(a as u8),
+                failed_at: AtomicU64::new(0),
                 changed: tokio::sync::Notify::new(),
                 latency: Histogram::default(),
                 outstanding: AtomicU64::new(0),
@@ -252,6 +260,10 @@ impl Cluster {
             successor: Mutex::new(None),
             vips: cfg.vips.iter().map(|_| VipStats::default()).collect(),
             client_connections: Default::default(),
+            epoch: std::time::Instant::now(),
+            idle_budget: Arc::new(crate::http::pool::IdleBudget::for_descriptors(
+                crate::http::listener::descriptor_limit(),
+            )),
             hold_time: Histogram::default(),
         };
         cluster.adopt_learned();
@@ -329,6 +341,7 @@ impl Cluster {
     /// the control loop is told so that it writes the maps and confirms with checks.
     pub fn passive_failure(&self, backend: usize) {
         let b = &self.backends[backend];
+        b.failed_at.store(self.epoch.elapsed().as_nanos() as u64 + 1, Ordering::SeqCst);
         let (up, suspect) = (Health::Up as u8, Health::Suspect as u8);
         if b.health.compare_exchange(up, suspect, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
             self.counters.passive_failures.fetch_add(1, Ordering::Relaxed);
@@ -339,6 +352,12 @@ impl Cluster {
                 let _ = tx.send(backend);
             }
         }
+    }
+
+    /// Did a request see `backend` fail after `t` (when a check began)?
+    pub fn failed_since(&self, backend: usize, t: std::time::Instant) -> bool {
+        let at = self.backends[backend].failed_at.load(Ordering::SeqCst);
+        at != 0 && at > t.saturating_duration_since(self.epoch).as_nanos() as u64 + 1
     }
 
     /// Hands the CLONES map over (to the cluster that replaces this one on reload).
@@ -356,6 +375,7 @@ impl Cluster {
         let mut c = Cluster::new(cfg, health, admin, None);
         c.counters = old.counters.clone();
         c.client_connections = old.client_connections.clone();
+        c.idle_budget = old.idle_budget.clone();
         for (new, prev) in c.vips.iter_mut().zip(&old.vips) {
             new.connections = prev.connections.clone();
         }
@@ -508,6 +528,20 @@ mod tests {
     use super::*;
 
     const CFG: &str = "[dispatcher]\ninterface = \"lo\"\n\n[[backend]]\nname = \"a\"\naddress = \"10.0.0.1\"\nreplica = \"b\"\n\n[[backend]]\nname = \"b\"\naddress = \"10.0.0.2\"\nreplica = \"a\"\n\n[[vip]]\nname = \"app\"\naddress = \"10.0.100.1\"\nport = 80\nmode = \"http\"\n";
+
+    /// A check begun before a request saw the backend fail cannot clear that failure.
+    #[test]
+    fn a_failure_outdates_the_checks_begun_before_it() {
+        let cfg = Config::parse(CFG, "t").unwrap();
+        let c = Cluster::new(&cfg, &[], &[], None);
+        let before = std::time::Instant::now();
+        assert!(!c.failed_since(0, before), "no failure yet");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        c.passive_failure(0);
+        assert!(c.failed_since(0, before));
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        assert!(!c.failed_since(0, std::time::Instant::now()), "a check begun after it counts");
+    }
 
     /// A reload's successor knows what its predecessor learned before it started and
     /// what it learns while it drains; the totals are counted once.

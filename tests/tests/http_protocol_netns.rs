@@ -177,8 +177,9 @@ fn a_pooled_connection_closed_by_the_server_is_retried_once() {
 
 #[test]
 fn a_post_whose_server_dies_gets_502_and_is_not_retried() {
-    // Checks far apart: a passing check would rightly bring the server back between the
-    // two requests (with the 1 s default interval the test raced, and failed once here).
+    // Checks far apart, so that only the failed request decides between the two requests
+    // (a check passing after it, but begun before it, used to clear the suspicion: the
+    // test failed twice here before the agent ignored such checks).
     let b = bed_with(1, "interval = \"10s\"\n");
     let out = b.all(b"POST /die-after-body HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello");
     assert!(out.starts_with("HTTP/1.1 502 "), "{out}");

@@ -60,9 +60,10 @@ fn reserve(nofile: u64) -> u64 {
 }
 
 /// The default cap on client connections for a descriptor limit: every client may need
-/// an upstream connection too, so half of what the reserve leaves.
+/// an upstream connection too, so half of what the reserve and the idle upstream
+/// connections' budget leave.
 pub fn default_client_cap(nofile: u64) -> usize {
-    (nofile.saturating_sub(reserve(nofile)) / 2).max(1) as usize
+    (nofile.saturating_sub(reserve(nofile) + super::pool::idle_cap(nofile)) / 2).max(1) as usize
 }
 
 /// The descriptor limit this process runs with.
@@ -104,7 +105,8 @@ fn worker_vips(
                 v.backends.contains(&b).then(|| {
                     let addr = SocketAddr::new(cfg.backends[b].address.into(), v.backend_port);
                     let be = &cluster.backends[b];
-                    Pool::new(b, addr, &cfg.http, be.connections.clone(), be.conn_limit.clone())
+                    let budget = cluster.idle_budget.clone();
+                    Pool::new(b, addr, &cfg.http, be.connections.clone(), be.conn_limit.clone(), budget)
                 })
             })
             .collect();

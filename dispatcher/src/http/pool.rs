@@ -3,7 +3,8 @@
 //! and at most `max_connections_per_backend` in use — one limit per backend shared by
 //! every worker's pool (an idle connection holds no share of it, so one worker's idle
 //! connections never starve another worker); a request at the limit waits in the
-//! backend's queue up to `queue_timeout`.
+//! backend's queue up to `queue_timeout`. Idle connections of all pools together stay
+//! within an `IdleBudget` derived from the descriptor limit.
 
 use std::{
     net::SocketAddr,
@@ -60,6 +61,56 @@ fn quiet(up: &Upstream) -> bool {
     matches!(recv(fd, &mut probe, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT), Err(nix::errno::Errno::EAGAIN))
 }
 
+/// How many idle upstream connections all pools may keep together: every one is a
+/// descriptor, and a burst on one VIP followed by a burst on another must not leave the
+/// first one's idle connections eating the descriptors the second needs.
+pub struct IdleBudget {
+    count: AtomicU64,
+    cap: u64,
+}
+
+impl IdleBudget {
+    pub fn new(cap: u64) -> IdleBudget {
+        IdleBudget { count: AtomicU64::new(0), cap }
+    }
+
+    /// For a descriptor limit: an eighth of it (at least 16).
+    pub fn for_descriptors(nofile: u64) -> IdleBudget {
+        IdleBudget::new(idle_cap(nofile))
+    }
+
+    fn take(self: &Arc<Self>) -> Option<IdleSlot> {
+        let mut n = self.count.load(Ordering::Relaxed);
+        loop {
+            if n >= self.cap {
+                return None;
+            }
+            match self.count.compare_exchange_weak(n, n + 1, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return Some(IdleSlot(self.clone())),
+                Err(now) => n = now,
+            }
+        }
+    }
+
+    pub fn idle(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+}
+
+/// The idle connections all pools may keep for a descriptor limit.
+pub fn idle_cap(nofile: u64) -> u64 {
+    (nofile / 8).max(16)
+}
+
+/// An idle connection's place in the budget, given back when it leaves the idle list.
+struct IdleSlot(Arc<IdleBudget>);
+
+impl Drop for IdleSlot {
+    fn drop(&mut self) {
+        self.0.count.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Counts an open upstream connection in its backend's gauge while it lives.
 struct Open(Arc<AtomicU64>);
 
@@ -113,7 +164,8 @@ mod libc_errno {
 pub struct Pool {
     pub backend: usize,
     pub addr: SocketAddr,
-    idle: Mutex<Vec<(Upstream, Instant)>>,
+    idle: Mutex<Vec<(Upstream, Instant, IdleSlot)>>,
+    budget: Arc<IdleBudget>,
     limit: Arc<Semaphore>,
     max_idle: usize,
     idle_timeout: Duration,
@@ -131,12 +183,14 @@ impl Pool {
         s: &HttpSettings,
         open: Arc<AtomicU64>,
         limit: Arc<Semaphore>,
+        budget: Arc<IdleBudget>,
     ) -> Pool {
         Pool {
             backend,
             open,
             addr,
             idle: Mutex::new(Vec::new()),
+            budget,
             limit,
             max_idle: s.pool_max_idle,
             idle_timeout: s.pool_idle_timeout,
@@ -173,7 +227,7 @@ impl Pool {
     fn take_idle(&self) -> Option<Upstream> {
         let mut idle = self.idle.lock().unwrap();
         let now = Instant::now();
-        while let Some((mut up, since)) = idle.pop() {
+        while let Some((mut up, since, _slot)) = idle.pop() {
             if now.duration_since(since) < self.idle_timeout && quiet(&up) {
                 up.reused = true;
                 return Some(up);
@@ -215,7 +269,9 @@ impl Pool {
         let permit = up._permit.take();
         let mut idle = self.idle.lock().unwrap();
         if idle.len() < self.max_idle {
-            idle.push((up, Instant::now()));
+            if let Some(slot) = self.budget.take() {
+                idle.push((up, Instant::now(), slot));
+            }
         }
         drop(idle);
         drop(permit);
@@ -228,7 +284,7 @@ impl Pool {
         let now = Instant::now();
         let mut idle = self.idle.lock().unwrap();
         let before = idle.len();
-        idle.retain(|(up, since)| now.duration_since(*since) < self.idle_timeout && quiet(up));
+        idle.retain(|(up, since, _)| now.duration_since(*since) < self.idle_timeout && quiet(up));
         before - idle.len()
     }
 
@@ -248,6 +304,10 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn budget() -> Arc<IdleBudget> {
+        Arc::new(IdleBudget::new(1000))
+    }
 
     /// A server on loopback that accepts and keeps every connection.
     async fn sink() -> (SocketAddr, tokio::task::JoinHandle<()>) {
@@ -269,7 +329,7 @@ mod tests {
         let (addr, accepted) = sink().await;
         let s = HttpSettings { queue_timeout: Duration::from_millis(500), ..HttpSettings::default() };
         let open = Arc::new(AtomicU64::new(0));
-        let pool = Arc::new(Pool::new(0, addr, &s, open.clone(), Arc::new(Semaphore::new(1))));
+        let pool = Arc::new(Pool::new(0, addr, &s, open.clone(), Arc::new(Semaphore::new(1)), budget()));
         let first = pool.get(true).await.unwrap();
         assert_eq!(open.load(Ordering::Relaxed), 1);
         let waiter = {
@@ -298,8 +358,8 @@ mod tests {
         let (addr, accepted) = sink().await;
         let s = HttpSettings { queue_timeout: Duration::from_millis(200), ..HttpSettings::default() };
         let (open, limit) = (Arc::new(AtomicU64::new(0)), Arc::new(Semaphore::new(1)));
-        let a = Pool::new(0, addr, &s, open.clone(), limit.clone());
-        let b = Pool::new(0, addr, &s, open.clone(), limit.clone());
+        let a = Pool::new(0, addr, &s, open.clone(), limit.clone(), budget());
+        let b = Pool::new(0, addr, &s, open.clone(), limit.clone(), budget());
         let held = a.get(true).await.unwrap();
         assert!(b.get(true).await.is_err_and(|e| e.is_busy()), "the other worker's pool is at the limit too");
         a.put(held);
@@ -333,7 +393,7 @@ mod tests {
             (c, second)
         });
         let s = HttpSettings::default();
-        let pool = Pool::new(0, addr, &s, Arc::new(AtomicU64::new(0)), Arc::new(Semaphore::new(4)));
+        let pool = Pool::new(0, addr, &s, Arc::new(AtomicU64::new(0)), Arc::new(Semaphore::new(4)), budget());
         let up = pool.get(true).await.unwrap();
         // Back in the pool before the late bytes are read.
         pool.put(up);
@@ -350,12 +410,37 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let server = tokio::spawn(async move { listener.accept().await.map(|(c, _)| c) });
         let s = HttpSettings::default();
-        let pool = Pool::new(0, addr, &s, Arc::new(AtomicU64::new(0)), Arc::new(Semaphore::new(4)));
+        let pool = Pool::new(0, addr, &s, Arc::new(AtomicU64::new(0)), Arc::new(Semaphore::new(4)), budget());
         pool.put(pool.get(true).await.unwrap());
         assert_eq!(pool.reap(), 0, "an open, quiet connection stays");
         drop(server.await.unwrap().unwrap());
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(pool.reap(), 1, "closed by its server: let go");
         assert_eq!(pool.idle_count(), 0);
+    }
+
+    /// Idle connections of all pools together stay within the budget, and give their
+    /// place back whichever way they leave the idle list.
+    #[tokio::test]
+    async fn idle_connections_share_one_budget() {
+        let (addr, accepted) = sink().await;
+        let s = HttpSettings::default();
+        let budget = Arc::new(IdleBudget::new(2));
+        let pool = |b: &Arc<IdleBudget>| {
+            Pool::new(0, addr, &s, Arc::new(AtomicU64::new(0)), Arc::new(Semaphore::new(8)), b.clone())
+        };
+        let (a, b) = (pool(&budget), pool(&budget));
+        let conns = [a.get(true).await.unwrap(), a.get(true).await.unwrap(), b.get(true).await.unwrap()];
+        let [c1, c2, c3] = conns;
+        a.put(c1);
+        a.put(c2);
+        b.put(c3);
+        assert_eq!((a.idle_count(), b.idle_count(), budget.idle()), (2, 0, 2), "the third is closed, not kept");
+        assert_eq!(a.clear(), 2);
+        assert_eq!(budget.idle(), 0, "cleared connections give their places back");
+        b.put(b.get(true).await.unwrap());
+        drop(b);
+        assert_eq!(budget.idle(), 0, "a dropped pool gives its places back");
+        accepted.abort();
     }
 }
