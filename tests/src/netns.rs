@@ -598,8 +598,8 @@ pub fn built_bin(name: &str, also: &[&str]) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     // The agent's command line (cli/, main.rs) is in the agent binary only: a tool that
     // uses the library is not relinked when it changes.
-    let skip: &[&str] = if name == "dispatcher" { &[] } else { &["cli", "main.rs"] };
     for src in ["dispatcher/src", "dispatcher-ebpf/src", "dispatcher-common/src"].iter().chain(also) {
+        let skip: &[&str] = if name != "dispatcher" && *src == "dispatcher/src" { &["cli", "main.rs"] } else { &[] };
         if let Some((_, newer)) = newest(&root.join(src), skip).filter(|(t, _)| *t > built) {
             panic!(
                 "{} is older than {}: run `cargo build --bins` (or `cargo xtask test`)",

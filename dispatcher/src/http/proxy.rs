@@ -29,7 +29,7 @@ use super::{
     rewrite::{build_request, build_response, is},
     route::{Decision, VipRoute},
     session,
-    tunnel::tunnel,
+    tunnel::{tunnel, TunnelTimeouts},
     Counted,
 };
 use crate::{config::HttpSettings, state::Cluster};
@@ -646,7 +646,12 @@ impl ClientConn {
             if !write_client(w, out, s.client_timeout).await {
                 return Next::Close;
             }
-            tunnel(client, w, up, s.tunnel_timeout).await;
+            let t = TunnelTimeouts {
+                idle: s.tunnel_timeout,
+                client_write: s.client_timeout,
+                server_write: s.server_timeout,
+            };
+            tunnel(client, w, up, t).await;
             return Next::Close;
         }
         // An HTTP/1.0 client cannot read chunked: it gets the bare body, delimited by close.

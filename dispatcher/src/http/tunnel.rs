@@ -18,13 +18,13 @@ pub async fn tunnel<R: AsyncRead + Unpin>(
     client: &mut Inbound<R>,
     w: &mut OwnedWriteHalf,
     mut up: Upstream,
-    idle: Duration,
+    t: TunnelTimeouts,
 ) {
-    if !client.buf.is_empty() && !write_client(&mut up.w, &client.buf, idle).await {
+    if !client.buf.is_empty() && !write_client(&mut up.w, &client.buf, t.server_write).await {
         return;
     }
     client.buf.clear();
-    if !up.r.buf.is_empty() && !write_client(w, &up.r.buf, idle).await {
+    if !up.r.buf.is_empty() && !write_client(w, &up.r.buf, t.client_write).await {
         return;
     }
     up.r.buf.clear();
@@ -32,7 +32,20 @@ pub async fn tunnel<R: AsyncRead + Unpin>(
     // `idle` (a tunnel holds a backend connection: it must not be kept by silence).
     let started = Instant::now();
     let last = std::sync::atomic::AtomicU64::new(0);
-    tokio::join!(pump(&mut client.io, &mut up.w, idle, started, &last), pump(&mut up.r.io, w, idle, started, &last));
+    tokio::join!(
+        pump(&mut client.io, &mut up.w, t.idle, t.server_write, started, &last),
+        pump(&mut up.r.io, w, t.idle, t.client_write, started, &last)
+    );
+}
+
+/// A tunnel's deadlines: silence both ways (`idle`, `http.tunnel_timeout`), and each side
+/// taking the bytes written to it (`client_timeout`, `server_timeout`): a peer that stops
+/// reading does not hold the tunnel for the silence allowance.
+#[derive(Clone, Copy, Debug)]
+pub struct TunnelTimeouts {
+    pub idle: Duration,
+    pub client_write: Duration,
+    pub server_write: Duration,
 }
 
 /// One way of a tunnel; `last`: when either way last carried a byte (ms after `started`).
@@ -40,6 +53,7 @@ async fn pump<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     from: &mut R,
     to: &mut W,
     idle: Duration,
+    write: Duration,
     started: Instant,
     last: &std::sync::atomic::AtomicU64,
 ) {
@@ -50,7 +64,7 @@ async fn pump<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
             Ok(Ok(0)) | Ok(Err(_)) => break,
             Ok(Ok(n)) => {
                 last.store(now(), Ordering::Relaxed);
-                if !write_client(to, &buf[..n], idle).await {
+                if !write_client(to, &buf[..n], write).await {
                     break;
                 }
             }
