@@ -21,6 +21,18 @@ fn bed(http: &str) -> Bed {
     Bed::new(1, http, "interval = \"200ms\"\n")
 }
 
+/// Sends `byte` every 700 ms, 20 times at most, on a thread of its own.
+fn trickle(mut w: TcpStream, byte: u8) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        for _ in 0..20 {
+            if w.write_all(&[byte]).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(700));
+        }
+    })
+}
+
 fn status_line(r: &str) -> &str {
     r.lines().next().unwrap_or("")
 }
@@ -145,14 +157,7 @@ fn a_trickling_body_meets_the_body_deadline() {
     let (mut r, mut w) = b.connect();
     let started = Instant::now();
     w.write_all(b"POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 100000\r\n\r\n").unwrap();
-    let trickle = std::thread::spawn(move || {
-        for _ in 0..20 {
-            if w.write_all(b"x").is_err() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(700));
-        }
-    });
+    let trickle = trickle(w, b'x');
     let mut out = String::new();
     let _ = r.read_to_string(&mut out);
     let took = started.elapsed();
@@ -292,14 +297,7 @@ fn a_trickling_first_chunk_line_meets_the_body_deadline() {
     let (mut r, mut w) = b.connect();
     let started = Instant::now();
     w.write_all(b"POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5;").unwrap();
-    let trickle = std::thread::spawn(move || {
-        for _ in 0..20 {
-            if w.write_all(b"a").is_err() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(700));
-        }
-    });
+    let trickle = trickle(w, b'a');
     let mut out = String::new();
     let _ = r.read_to_string(&mut out);
     assert!(status_line(&out).starts_with("HTTP/1.1 408 "), "{out}");

@@ -520,19 +520,23 @@ mod tests {
         assert_eq!(chunked(b"0\r\nX-T: a\tb \xe9\r\n\r\n", 2).await.unwrap(), b"0\r\nX-T: a\tb \xe9\r\n\r\n");
     }
 
-    /// Counts the writes a relay makes.
+    /// A destination that counts the writes a relay makes and keeps the bytes, taking
+    /// `delay` for each write (blocking the task: a stand-in for a backend that reads
+    /// slowly).
     #[derive(Default)]
-    struct CountingSink {
+    struct Sink {
         writes: usize,
         bytes: Vec<u8>,
+        delay: Duration,
     }
 
-    impl AsyncWrite for CountingSink {
+    impl AsyncWrite for Sink {
         fn poll_write(
             mut self: std::pin::Pin<&mut Self>,
             _: &mut std::task::Context<'_>,
             buf: &[u8],
         ) -> std::task::Poll<std::io::Result<usize>> {
+            std::thread::sleep(self.delay);
             self.writes += 1;
             self.bytes.extend_from_slice(buf);
             std::task::Poll::Ready(Ok(buf.len()))
@@ -559,7 +563,7 @@ mod tests {
         let mut input = b"1\r\na\r\n".repeat(N);
         input.extend_from_slice(b"0\r\n\r\n");
         let mut src = Inbound::new(&input[..]);
-        let mut sink = CountingSink::default();
+        let mut sink = Sink::default();
         relay_chunked(&mut src, &mut sink, Timeouts::both(Duration::from_secs(5)), false).await.unwrap();
         assert_eq!(sink.bytes, input, "re-emitted unchanged");
         let reads = input.len() / READ_CHUNK + 2;
@@ -633,34 +637,6 @@ mod tests {
         }
     }
 
-    /// A destination that takes `delay` for every write.
-    struct SlowSink(Duration);
-
-    impl AsyncWrite for SlowSink {
-        fn poll_write(
-            self: std::pin::Pin<&mut Self>,
-            cx: &mut std::task::Context<'_>,
-            buf: &[u8],
-        ) -> std::task::Poll<std::io::Result<usize>> {
-            // Blocks the task: a stand-in for a backend that reads slowly.
-            std::thread::sleep(self.0);
-            let _ = cx;
-            std::task::Poll::Ready(Ok(buf.len()))
-        }
-        fn poll_flush(
-            self: std::pin::Pin<&mut Self>,
-            _: &mut std::task::Context<'_>,
-        ) -> std::task::Poll<std::io::Result<()>> {
-            std::task::Poll::Ready(Ok(()))
-        }
-        fn poll_shutdown(
-            self: std::pin::Pin<&mut Self>,
-            _: &mut std::task::Context<'_>,
-        ) -> std::task::Poll<std::io::Result<()>> {
-            std::task::Poll::Ready(Ok(()))
-        }
-    }
-
     /// The rate rule judges the source: a trickle is cut after the grace; a source that
     /// is quick while the destination is slow is not.
     #[tokio::test]
@@ -689,7 +665,7 @@ mod tests {
         a.write_all(&vec![b'y'; 64 * 1024]).await.unwrap();
         let mut src = Inbound::with_chunk(b, 4096);
         let meter = src.meter();
-        let mut sink = SlowSink(Duration::from_millis(100));
+        let mut sink = Sink { delay: Duration::from_millis(100), ..Sink::default() };
         let t = Timeouts::both(Duration::from_secs(5));
         let r =
             within_rate(relay_length(&mut src, &mut sink, 64 * 1024, t), &meter, Duration::from_millis(300), 1 << 20)
