@@ -105,7 +105,21 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
             admin[i] = Operator::Disabled;
         }
     }
-    let (states, ops) = map_bytes(&health, &admin);
+    // The request path's state (with CLONES written through); with `[cluster]`, the shared
+    // state is taken before anything is written or served.
+    let clones = ebpf.take_map("CLONES").ok_or_else(|| anyhow::anyhow!("CLONES map missing"))?;
+    let clones = aya::maps::HashMap::try_from(clones).context("CLONES map")?;
+    let cluster = Arc::new(Cluster::new(&cfg, &health, &admin, Some(clones)));
+    // The control runtime (signals, state, admin, the shared store); the request path has
+    // its own event loops (`http::listener`).
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
+    let current: crate::shared::Current = Arc::new(std::sync::RwLock::new((Arc::new(cfg.clone()), cluster.clone())));
+    let shared = cfg.cluster.clone().map(|s| rt.block_on(crate::shared::Shared::start(s, current.clone())));
+    if shared.is_some() {
+        cluster.rewrite_all_clones();
+    }
+    let states: Vec<u8> = cluster.backends.iter().map(|b| b.state() as u8).collect();
+    let ops: Vec<u8> = cluster.backends.iter().map(|b| b.operator() as u8).collect();
     tables.apply(&cfg, &states, &ops).context("writing the configuration into the maps")?;
     if adopted {
         let stale = tables.remove_stale_vips(&cfg);
@@ -138,16 +152,9 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
         let link: FdLink = link.pin(&link_path).context("pinning the XDP link")?.into();
         (link, if how == Attached::Native { "native" } else { "generic" })
     };
-    // The request path: the cluster state (with CLONES written through) and the HTTP VIPs.
-    let clones = ebpf.take_map("CLONES").ok_or_else(|| anyhow::anyhow!("CLONES map missing"))?;
-    let clones = aya::maps::HashMap::try_from(clones).context("CLONES map")?;
-    let cluster = Arc::new(Cluster::new(&cfg, &health, &admin, Some(clones)));
     // When a listener closes (reload), connections in its accept queue move to the new
     // one instead of being reset (SO_REUSEPORT group; Linux 5.14+).
     let _ = std::fs::write("/proc/sys/net/ipv4/tcp_migrate_req", "1");
-    // The control runtime (signals, state, admin); the request path has its own event
-    // loops (`http::listener`).
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
     let tables = Arc::new(std::sync::Mutex::new(tables));
     let mut live = Running::start(Arc::new(cfg.clone()), cluster, &tables, &rt)?;
     let (requests, mut request_rx) = tokio::sync::mpsc::unbounded_channel::<AgentRequest>();
@@ -157,6 +164,7 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
         tables: tables.clone(),
         requests,
         started: std::time::Instant::now(),
+        shared: shared.as_ref().map(|s| s.observer()),
     });
     let (listener, tcp) = {
         let _guard = rt.enter();
@@ -192,6 +200,7 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
                         match &r {
                             Ok(what) => {
                                 *admin.live.write().unwrap() = live.view();
+                                *current.write().unwrap() = (live.cfg.clone(), live.cluster.clone());
                                 tracing::info!(changes = %what, "configuration reloaded");
                             }
                             Err(why) => tracing::warn!(error = %why, "reload refused; the running configuration stays"),
@@ -205,6 +214,10 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
     })?;
     admin_task.abort();
     let _ = std::fs::remove_file(&cfg.admin_socket);
+    if let Some(shared) = shared {
+        // The others stop counting this dispatcher now, not when its lease runs out.
+        rt.block_on(shared.leave());
+    }
     live.stop(why);
     if keep_dataplane {
         tracing::info!(signal = why, dir = %pin_dir.display(), "exiting; program stays attached and maps stay pinned");

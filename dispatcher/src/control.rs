@@ -5,14 +5,15 @@
 
 use std::sync::{atomic::Ordering, Arc, Mutex};
 
-use dispatcher_common::{BackendState, FlowValue, Operator};
+use dispatcher_common::{BackendState, FlowValue, Health, Operator};
 use tokio::sync::mpsc;
 
 use crate::{
     config::Config,
     dataplane::tables::{backend_info, Tables},
     health::{self, Probe, Streak},
-    state::Cluster,
+    shared::Publish,
+    state::{Cluster, Event},
 };
 
 struct Control {
@@ -58,13 +59,7 @@ impl Control {
         let c = &self.cluster;
         let replica = c.backends[b].replica.filter(|&r| c.backends[r].serves_sessions());
         c.counters.failovers.fetch_add(1, Ordering::Relaxed);
-        let mut clones = 0;
-        if let Some(r) = replica {
-            for (key, _) in c.clone_keys_of(b) {
-                c.write_failed_over(key, r, b);
-                clones += 1;
-            }
-        }
+        let clones = if replica.is_some() { c.rewrite_clones_of(b) } else { 0 };
         c.counters.clone_rewrites.fetch_add(clones, Ordering::Relaxed);
         tracing::info!(
             backend = %c.backends[b].name,
@@ -79,11 +74,7 @@ impl Control {
     /// replica took over carry the replica's ID too and go by the cookie's order).
     fn give_back(&self, b: usize) {
         let c = &self.cluster;
-        let mut n = 0;
-        for (key, replica) in c.clone_keys_of(b) {
-            c.write_clone_entry(key, b, replica);
-            n += 1;
-        }
+        let n = c.rewrite_clones_of(b);
         c.counters.clone_rewrites.fetch_add(n, Ordering::Relaxed);
     }
 
@@ -183,7 +174,7 @@ pub async fn run(
     tables: Arc<Mutex<Tables>>,
     mut commands: mpsc::UnboundedReceiver<AdminCommand>,
 ) {
-    let mut failures = cluster.subscribe_failures();
+    let mut events = cluster.subscribe_events();
     let (tx, mut checks) = mpsc::unbounded_channel();
     for (b, p) in health::probes(&cfg).into_iter().enumerate() {
         if let Some(p) = p {
@@ -203,15 +194,27 @@ pub async fn run(
                     // nothing of it since: suspicion stands until a later one passes.
                     continue;
                 }
-                let h = health::next(cluster.backends[b].health(), ok, &mut streaks[b], rise, fall);
+                let before = cluster.backends[b].health();
+                let h = health::next(before, ok, &mut streaks[b], rise, fall);
                 if let Some((old, new)) = cluster.set_health(b, h) {
                     ctl.apply(b, old, new);
                 }
+                if (before == Health::Down) != (h == Health::Down) {
+                    // This dispatcher's verdict, for the shared rule (`[cluster]`).
+                    cluster.publish(Publish::Verdicts);
+                }
             }
-            Some(b) = failures.recv() => {
-                // The request path already marked it suspect in the mirror; the maps follow,
-                // and the failure counts towards `fall`.
-                streaks[b] = Streak::after_failure();
+            Some(event) = events.recv() => {
+                let b = match event {
+                    // The request path already marked it suspect in the mirror; the maps
+                    // follow, and the failure counts towards `fall`.
+                    Event::PassiveFailure(b) => {
+                        streaks[b] = Streak::after_failure();
+                        b
+                    }
+                    // The shared store changed its operator's state or the majority's verdict.
+                    Event::Shared(b) => b,
+                };
                 let now = cluster.backends[b].state();
                 if now != ctl.written[b] {
                     let old = ctl.written[b];
@@ -224,6 +227,8 @@ pub async fn run(
                 if let Some((old, new)) = cluster.set_admin(cmd.backend, cmd.op) {
                     ctl.apply(cmd.backend, old, new);
                 }
+                // Every dispatcher of a cluster takes the operator's word.
+                cluster.publish(Publish::Operator { backend: cluster.backends[cmd.backend].name.clone(), op: cmd.op });
                 let _ = cmd.reply.send((before, cluster.backends[cmd.backend].state()));
             }
         }

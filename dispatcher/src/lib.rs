@@ -18,4 +18,5 @@ pub mod instance;
 pub mod logging;
 pub mod maglev;
 pub mod ratelimit;
+pub mod shared;
 pub mod state;

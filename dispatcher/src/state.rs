@@ -31,6 +31,9 @@ pub struct Backend {
     health: AtomicU8,
     /// The operator's state (an `Operator` byte; `operator()`).
     admin: AtomicU8,
+    /// Out by the shared rule: most live dispatchers see it down (`shared`; false when
+    /// standalone or while the store is unreachable).
+    peers_out: std::sync::atomic::AtomicBool,
     /// When a request last saw it fail (nanoseconds after the cluster's epoch, plus one;
     /// 0: never).
     failed_at: AtomicU64,
@@ -66,6 +69,11 @@ impl Backend {
         Operator::from_u8(self.admin.load(Ordering::SeqCst))
     }
 
+    /// Out by the shared health rule (several dispatchers).
+    pub fn peers_out(&self) -> bool {
+        self.peers_out.load(Ordering::SeqCst)
+    }
+
     /// Keeps serving the sessions it owns: up, suspect or draining (as XDP keeps flows).
     pub fn serves_sessions(&self) -> bool {
         self.state().keeps()
@@ -78,6 +86,15 @@ struct CloneEntry {
     replica: Option<usize>,
     /// From the configuration (`clone_ids`, partitions): learning never overrides it.
     configured: bool,
+}
+
+/// What the control loop hears from the request path and the shared state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A request saw the backend fail (it is suspect in the mirror).
+    PassiveFailure(usize),
+    /// The shared state changed the backend's state (operator's word, majority verdict).
+    Shared(usize),
 }
 
 /// What learning a clone ID from a response did.
@@ -134,7 +151,9 @@ pub struct Cluster {
     clones: RwLock<HashMap<u64, CloneEntry>>,
     /// Write-through target; `None` when running without the data plane (unit tests).
     clones_map: Mutex<Option<BpfHashMap<MapData, u64, CloneValue>>>,
-    events: Mutex<Option<tokio::sync::mpsc::UnboundedSender<usize>>>,
+    events: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Event>>>,
+    /// Where what this dispatcher learns goes to be shared (`[cluster]`; `None`: standalone).
+    publisher: Mutex<Option<tokio::sync::mpsc::UnboundedSender<crate::shared::Publish>>>,
     pub counters: Arc<Counters>,
     /// `http.max_connections_per_backend` the `conn_limit`s were made with.
     conn_limit: usize,
@@ -228,6 +247,7 @@ impl Cluster {
                 state: AtomicU8::new(effective_state(a, h) as u8),
                 health: AtomicU8::new(h as u8),
                 admin: AtomicU8::new(a as u8),
+                peers_out: Default::default(),
                 failed_at: AtomicU64::new(0),
                 changed: tokio::sync::Notify::new(),
                 latency: Histogram::default(),
@@ -255,6 +275,7 @@ impl Cluster {
             clones: RwLock::new(table),
             clones_map: Mutex::new(clones_map),
             events: Mutex::new(None),
+            publisher: Mutex::new(None),
             counters: Arc::new(Counters::default()),
             conn_limit: cfg.http.max_connections_per_backend,
             successor: Mutex::new(None),
@@ -267,10 +288,7 @@ impl Cluster {
             hold_time: Histogram::default(),
         };
         cluster.adopt_learned();
-        let entries: Vec<(u64, CloneEntry)> = cluster.clones.read().unwrap().iter().map(|(k, v)| (*k, *v)).collect();
-        for (k, e) in entries {
-            cluster.write_through(k, e);
-        }
+        cluster.rewrite_all_clones();
         cluster
     }
 
@@ -316,7 +334,8 @@ impl Cluster {
     /// wakes the requests held on it).
     fn settle(&self, backend: usize) -> Option<(BackendState, BackendState)> {
         let b = &self.backends[backend];
-        let new = effective_state(b.operator(), b.health());
+        let health = if b.peers_out() { Health::Down } else { b.health() };
+        let new = effective_state(b.operator(), health);
         let old = BackendState::from_u8(b.state.swap(new as u8, Ordering::SeqCst));
         if old == new {
             return None;
@@ -348,10 +367,65 @@ impl Cluster {
             if self.settle(backend).is_some() {
                 tracing::warn!(backend = %b.name, "backend suspect after a failed request");
             }
-            if let Some(tx) = self.events.lock().unwrap().as_ref() {
-                let _ = tx.send(backend);
-            }
+            self.tell_control(Event::PassiveFailure(backend));
         }
+    }
+
+    fn tell_control(&self, e: Event) {
+        if let Some(tx) = self.events.lock().unwrap().as_ref() {
+            let _ = tx.send(e);
+        }
+    }
+
+    /// The shared rule's verdict on `backend` (most live dispatchers see it down).
+    pub fn set_peers_out(&self, backend: usize, out: bool) {
+        self.backends[backend].peers_out.store(out, Ordering::SeqCst);
+        if self.settle(backend).is_some() {
+            self.tell_control(Event::Shared(backend));
+        }
+    }
+
+    /// The operator's state as the shared store has it (given on any dispatcher).
+    pub fn set_admin_shared(&self, backend: usize, op: Operator) {
+        if self.set_admin(backend, op).is_some() {
+            self.tell_control(Event::Shared(backend));
+        }
+    }
+
+    /// Sends what this dispatcher decided to the shared store (`[cluster]`).
+    pub fn publish(&self, p: crate::shared::Publish) {
+        if let Some(tx) = self.publisher.lock().unwrap().as_ref() {
+            let _ = tx.send(p);
+        }
+    }
+
+    pub fn set_publisher(&self, tx: tokio::sync::mpsc::UnboundedSender<crate::shared::Publish>) {
+        *self.publisher.lock().unwrap() = Some(tx);
+    }
+
+    /// A clone or partition ID as the shared store has it: the first learning anywhere
+    /// wins, so it replaces what this dispatcher learned itself (a configured entry is
+    /// the same everywhere and is kept). Returns whether the table changed.
+    pub fn adopt_shared_clone(&self, id: &[u8], backend: usize) -> bool {
+        let key = cookie_hash(id);
+        let entry = CloneEntry { owner: backend, replica: self.backends[backend].replica, configured: false };
+        {
+            let mut t = self.clones.write().unwrap();
+            match t.get(&key) {
+                Some(e) if e.configured || e.owner == backend => return false,
+                Some(e) => {
+                    tracing::warn!(clone = %String::from_utf8_lossy(id), here = %self.backends[e.owner].name, shared = %self.backends[backend].name, "clone ID learned for another backend elsewhere first; taking the shared owner");
+                }
+                None => {}
+            }
+            t.insert(key, entry);
+        }
+        self.write_through(key, entry);
+        let next = self.successor.lock().unwrap().clone();
+        if let Some(next) = next.filter(|n| backend < n.backends.len()) {
+            next.adopt_shared_clone(id, backend);
+        }
+        true
     }
 
     /// Did a request see `backend` fail after `t` (when a check began)?
@@ -378,6 +452,13 @@ impl Cluster {
         c.idle_budget = old.idle_budget.clone();
         for (new, prev) in c.vips.iter_mut().zip(&old.vips) {
             new.connections = prev.connections.clone();
+        }
+        *c.publisher.lock().unwrap() = old.publisher.lock().unwrap().clone();
+        for (i, prev) in old.backends.iter().enumerate().take(c.backends.len()) {
+            if prev.peers_out() {
+                c.backends[i].peers_out.store(true, Ordering::SeqCst);
+                c.settle(i);
+            }
         }
         for (new, prev) in c.backends.iter_mut().zip(&old.backends) {
             new.connections = prev.connections.clone();
@@ -420,38 +501,33 @@ impl Cluster {
     /// (the configured entries a reload added, the replicas it changed).
     pub fn adopt_map(&self, old: &Cluster) {
         *self.clones_map.lock().unwrap() = old.take_clones_map();
-        let entries: Vec<(u64, CloneEntry)> = self.clones.read().unwrap().iter().map(|(k, v)| (*k, *v)).collect();
-        for (k, e) in entries {
-            self.write_through(k, e);
-        }
+        self.rewrite_all_clones();
     }
 
     /// Where the control loop hears of passive failures.
-    pub fn subscribe_failures(&self) -> tokio::sync::mpsc::UnboundedReceiver<usize> {
+    pub fn subscribe_events(&self) -> tokio::sync::mpsc::UnboundedReceiver<Event> {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         *self.events.lock().unwrap() = Some(tx);
         rx
     }
 
-    /// Clone-table keys owned by `backend` (for rewriting CLONES on failover).
-    pub fn clone_keys_of(&self, backend: usize) -> Vec<(u64, Option<usize>)> {
-        self.clones.read().unwrap().iter().filter(|(_, e)| e.owner == backend).map(|(k, e)| (*k, e.replica)).collect()
-    }
-
-    /// Points a CLONES map entry at `stand_in` while the clone's own backend `own` is out
-    /// (the shared view; the mirror keeps the original owner and routes to the replica).
-    pub fn write_failed_over(&self, key: u64, stand_in: usize, own: usize) {
-        if let Some(map) = self.clones_map.lock().unwrap().as_mut() {
-            let v = CloneValue { owner: stand_in as u32, replica: own as u32, flags: CLONE_F_FAILED_OVER, _pad: 0 };
-            if let Err(err) = map.insert(key, v, 0) {
-                tracing::warn!(error = %err, "writing CLONES");
-            }
+    /// Rewrites the CLONES entries owned by `backend` (its state changed: they name its
+    /// replica while it is out, itself again when it is back); returns how many.
+    pub fn rewrite_clones_of(&self, backend: usize) -> u64 {
+        let owned: Vec<(u64, CloneEntry)> =
+            self.clones.read().unwrap().iter().filter(|(_, e)| e.owner == backend).map(|(k, e)| (*k, *e)).collect();
+        for &(k, e) in &owned {
+            self.write_through(k, e);
         }
+        owned.len() as u64
     }
 
-    /// Writes a CLONES map entry as the mirror holds it (a backend's return).
-    pub fn write_clone_entry(&self, key: u64, owner: usize, replica: Option<usize>) {
-        self.write_through(key, CloneEntry { owner, replica, configured: false });
+    /// Rewrites every CLONES entry from the table and the current states.
+    pub fn rewrite_all_clones(&self) {
+        let entries: Vec<(u64, CloneEntry)> = self.clones.read().unwrap().iter().map(|(k, v)| (*k, *v)).collect();
+        for (k, e) in entries {
+            self.write_through(k, e);
+        }
     }
 
     pub fn clone_count(&self) -> usize {
@@ -489,6 +565,11 @@ impl Cluster {
         if counted {
             self.counters.learned.fetch_add(1, Ordering::Relaxed);
             tracing::info!(clone = %String::from_utf8_lossy(id), backend = %self.backends[backend].name, "learned clone ID");
+            // Once: a predecessor passing it on published it already.
+            self.publish(crate::shared::Publish::Learned {
+                id: String::from_utf8_lossy(id).into_owned(),
+                backend: self.backends[backend].name.clone(),
+            });
         }
         let next = self.successor.lock().unwrap().clone();
         if let Some(next) = next.filter(|n| backend < n.backends.len()) {
@@ -508,13 +589,24 @@ impl Cluster {
         Learned::Conflict { owner }
     }
 
+    /// Writes an entry to CLONES as the backends' states make it: while its owner is out
+    /// and its replica serves, it names the replica (flagged as failed over), otherwise
+    /// the owner. The same state gives the same entry on every dispatcher.
     fn write_through(&self, key: u64, e: CloneEntry) {
         if let Some(map) = self.clones_map.lock().unwrap().as_mut() {
-            let v = CloneValue {
-                owner: e.owner as u32,
-                replica: e.replica.map(|r| r as u32).unwrap_or(NO_BACKEND),
-                flags: 0,
-                _pad: 0,
+            let stand_in = e
+                .replica
+                .filter(|&r| self.backends[e.owner].state().is_out() && self.backends[r].serves_sessions());
+            let v = match stand_in {
+                Some(r) => {
+                    CloneValue { owner: r as u32, replica: e.owner as u32, flags: CLONE_F_FAILED_OVER, _pad: 0 }
+                }
+                None => CloneValue {
+                    owner: e.owner as u32,
+                    replica: e.replica.map(|r| r as u32).unwrap_or(NO_BACKEND),
+                    flags: 0,
+                    _pad: 0,
+                },
             };
             if let Err(err) = map.insert(key, v, 0) {
                 tracing::warn!(error = %err, "writing CLONES");

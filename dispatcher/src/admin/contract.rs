@@ -18,6 +18,54 @@ pub struct AgentStatus {
     /// HTTP VIPs.
     pub vips: Vec<VipStatus>,
     pub counters: CounterStatus,
+    /// `[cluster]` only: the shared store and the other dispatchers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterStatus>,
+}
+
+/// The shared store as this dispatcher sees it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    /// This dispatcher's name.
+    pub name: String,
+    /// "connected" or "unreachable".
+    pub store: String,
+    /// Seconds in that state.
+    pub store_for_s: u64,
+    pub last_error: Option<String>,
+    pub endpoints: Vec<String>,
+    /// etcd members, as the member this dispatcher talks to lists them.
+    pub store_members: usize,
+    /// The etcd leader's id (hex).
+    pub leader: String,
+    /// The store revision last seen.
+    pub revision: i64,
+    /// The live dispatchers (those holding a lease), this one included.
+    pub members: Vec<MemberStatus>,
+    /// Backends the dispatchers' own checks disagree on.
+    pub differing: Vec<String>,
+    /// Operator states in the store, `backend=drain|disabled`.
+    pub operators: Vec<String>,
+    /// Clone and partition IDs in the store.
+    pub shared_clones: usize,
+    /// Writes waiting for the store.
+    pub pending_writes: usize,
+    pub writes: u64,
+    pub renewals: u64,
+    pub sessions: u64,
+    pub dropped_writes: u64,
+    pub ignored_keys: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MemberStatus {
+    pub name: String,
+    pub pid: u32,
+    /// Seconds since the epoch when its agent started.
+    pub started: u64,
+    pub version: String,
+    /// Backends its own checks see down.
+    pub down: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

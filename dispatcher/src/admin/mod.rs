@@ -43,6 +43,8 @@ pub struct Admin {
     pub tables: Arc<Mutex<Tables>>,
     pub requests: mpsc::UnboundedSender<AgentRequest>,
     pub started: Instant,
+    /// `[cluster]`: the link to the shared store.
+    pub shared: Option<crate::shared::Observer>,
 }
 
 impl Admin {

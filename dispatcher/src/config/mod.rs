@@ -90,6 +90,33 @@ pub struct Config {
     pub partitions: Vec<Partition>,
     pub http: HttpSettings,
     pub health: HealthSettings,
+    /// `[cluster]`: several dispatchers sharing state through etcd; `None`: standalone.
+    pub cluster: Option<ClusterSettings>,
+}
+
+/// `[cluster]`: the shared store and this dispatcher's place in it (see `shared`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClusterSettings {
+    /// This dispatcher's name, unique among the dispatchers sharing `key_prefix`.
+    pub name: String,
+    /// etcd client URLs (`http://host:port`).
+    pub endpoints: Vec<String>,
+    /// Every key this cluster of dispatchers writes starts with it (no trailing '/').
+    pub key_prefix: String,
+    /// The membership lease: a dispatcher that stops renewing it for this long is gone,
+    /// and its health verdicts with it.
+    pub lease_ttl: Duration,
+    /// The longest any one request to the store may take.
+    pub request_timeout: Duration,
+    /// How long a starting agent waits for the shared state before it serves without it.
+    pub startup_wait: Duration,
+}
+
+impl ClusterSettings {
+    pub const DEFAULT_KEY_PREFIX: &'static str = "/dispatcher/default";
+    pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(5);
+    pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+    pub const DEFAULT_STARTUP_WAIT: Duration = Duration::from_secs(10);
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

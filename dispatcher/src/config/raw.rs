@@ -17,6 +17,18 @@ pub(super) struct RawConfig {
     pub(super) partitions: Vec<Spanned<RawPartition>>,
     pub(super) http: Option<Spanned<RawHttp>>,
     pub(super) health: Option<Spanned<RawHealth>>,
+    pub(super) cluster: Option<Spanned<RawCluster>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCluster {
+    pub(super) name: Spanned<String>,
+    pub(super) endpoints: Spanned<Vec<Spanned<String>>>,
+    pub(super) key_prefix: Option<Spanned<String>>,
+    pub(super) lease_ttl: Option<Spanned<String>>,
+    pub(super) request_timeout: Option<Spanned<String>>,
+    pub(super) startup_wait: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -26,6 +26,9 @@ impl Config {
         {
             return restart("the instance, bpffs or admin socket/address");
         }
+        if new.cluster != self.cluster {
+            return restart("[cluster]");
+        }
         if new.flow_table_size != self.flow_table_size || new.affinity_table_size != self.affinity_table_size {
             return restart("a table size");
         }

@@ -46,6 +46,26 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 
 /// Backend and VIP names travel in admin URLs, metric labels, logs and status tables:
 /// 1 to 64 letters, digits, `.`, `_` and `-`, nothing that needs quoting anywhere.
+/// An etcd client URL: `http://host:port` (TLS to etcd is not supported yet).
+pub fn check_endpoint(e: &str) -> Result<(), String> {
+    let Some(rest) = e.strip_prefix("http://") else {
+        return Err(format!("`{}`: write it as http://host:port (https to etcd is not supported yet)", e.escape_debug()));
+    };
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    let Some((host, port)) = rest.rsplit_once(':') else {
+        return Err(format!("`{}`: the port is missing (etcd's client port is usually 2379)", e.escape_debug()));
+    };
+    let host_ok = !host.is_empty()
+        && host.len() <= 253
+        && (host.parse::<std::net::Ipv4Addr>().is_ok()
+            || host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).is_some_and(|h| h.parse::<std::net::Ipv6Addr>().is_ok())
+            || host.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.'));
+    if !host_ok || !matches!(port.parse::<u16>(), Ok(p) if p > 0) {
+        return Err(format!("`{}` is not http://host:port", e.escape_debug()));
+    }
+    Ok(())
+}
+
 pub fn check_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > 64 {
         return Err("must be 1 to 64 characters".into());
@@ -161,6 +181,7 @@ impl Ctx<'_> {
             Some(h) => self.health(h.get_ref()),
             None => HealthSettings::default(),
         };
+        let cluster = raw.cluster.as_ref().map(|c| self.cluster(c.get_ref()));
         Config {
             interface: d.interface,
             instance: d.instance,
@@ -176,6 +197,69 @@ impl Ctx<'_> {
             partitions,
             http,
             health,
+            cluster,
+        }
+    }
+
+    /// `[cluster]`.
+    fn cluster(&self, c: &RawCluster) -> ClusterSettings {
+        if let Err(e) = check_name(c.name.get_ref()) {
+            self.report(c.name.span(), "cluster.name", e);
+        }
+        let mut endpoints = Vec::new();
+        if c.endpoints.get_ref().is_empty() {
+            self.report(c.endpoints.span(), "cluster.endpoints", "name at least one etcd member (http://host:port)");
+        }
+        for e in c.endpoints.get_ref() {
+            match check_endpoint(e.get_ref()) {
+                Ok(()) if endpoints.contains(e.get_ref()) => self.report(e.span(), "cluster.endpoints", "listed twice"),
+                Ok(()) => endpoints.push(e.get_ref().clone()),
+                Err(why) => self.report(e.span(), "cluster.endpoints", why),
+            }
+        }
+        let key_prefix = match &c.key_prefix {
+            None => ClusterSettings::DEFAULT_KEY_PREFIX.to_string(),
+            Some(p) => {
+                let v = p.get_ref();
+                let ok = v.starts_with('/')
+                    && v.len() > 1
+                    && v.len() <= 128
+                    && !v.ends_with('/')
+                    && v.bytes().all(|b| b.is_ascii_graphic());
+                if !ok {
+                    self.report(p.span(), "cluster.key_prefix", "must start with '/', not end with '/', and be 2 to 128 printable characters without spaces");
+                }
+                v.clone()
+            }
+        };
+        let dur = |v: &Option<Spanned<String>>, field: &str, min: Duration, default: Duration| {
+            v.as_ref().map_or(default, |v| self.duration(v, field, min).unwrap_or(default))
+        };
+        let lease_ttl = dur(&c.lease_ttl, "cluster.lease_ttl", Duration::from_secs(2), ClusterSettings::DEFAULT_LEASE_TTL);
+        let request_timeout = dur(
+            &c.request_timeout,
+            "cluster.request_timeout",
+            Duration::from_millis(100),
+            ClusterSettings::DEFAULT_REQUEST_TIMEOUT,
+        );
+        let startup_wait =
+            dur(&c.startup_wait, "cluster.startup_wait", Duration::from_millis(100), ClusterSettings::DEFAULT_STARTUP_WAIT);
+        if lease_ttl.as_secs() * 1000 != lease_ttl.as_millis() as u64 {
+            if let Some(v) = &c.lease_ttl {
+                self.report(v.span(), "cluster.lease_ttl", "etcd leases are in whole seconds");
+            }
+        }
+        if request_timeout * 2 > lease_ttl {
+            let span = c.request_timeout.as_ref().or(c.lease_ttl.as_ref()).map(|v| v.span()).unwrap_or(c.name.span());
+            self.report(span, "cluster.request_timeout", "must be at most half of cluster.lease_ttl (a renewal must fit in the lease)");
+        }
+        ClusterSettings {
+            name: c.name.get_ref().clone(),
+            endpoints,
+            key_prefix,
+            lease_ttl,
+            request_timeout,
+            startup_wait,
         }
     }
 

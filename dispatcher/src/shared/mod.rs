@@ -1,0 +1,330 @@
+//! Several dispatchers, one truth: the state they share through etcd (`[cluster]`).
+//!
+//! What is shared, and its rule (docs/design.md, "Several dispatchers"):
+//! - learned clone and partition IDs: the first learning in etcd's order wins
+//!   (create-if-absent transaction); a dispatcher that learned otherwise takes the stored
+//!   owner;
+//! - the operator's word (drain, disable, enable), given on any dispatcher: the last
+//!   command in etcd's order wins; kept without a lease, so it survives restarts;
+//! - health verdicts: each dispatcher publishes the backends its own checks see down,
+//!   under its membership lease; a backend is out everywhere when more than half of the
+//!   live dispatchers see it down (`view::View::out_by_majority`), and out here at once
+//!   when this dispatcher's own checks see it down;
+//! - membership: one leased key per dispatcher.
+//!
+//! Nothing per request goes to the store: writes happen on learning a new ID, on a change
+//! of a verdict or an operator's state, and at a session's start; leases are renewed.
+//! While the store is unreachable the agent keeps its last shared state and its own
+//! checks (the majority rule is set aside: stale verdicts of others decide nothing), keeps
+//! what it learns and the operator's commands, and writes them when the store is back.
+
+mod session;
+pub mod view;
+
+use std::{
+    collections::VecDeque,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, RwLock,
+    },
+    time::{Duration, Instant},
+};
+
+use dispatcher_common::Operator;
+use tokio::sync::mpsc;
+
+use crate::{
+    admin::contract::{ClusterStatus, MemberStatus},
+    config::{ClusterSettings, Config},
+    state::Cluster,
+};
+
+/// What this dispatcher tells the others.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Publish {
+    /// It learned a clone or partition ID from a backend's `Set-Cookie`.
+    Learned { id: String, backend: String },
+    /// Its own checks' verdicts changed (the member key is rewritten from the cluster).
+    Verdicts,
+    /// An operator's command given here.
+    Operator { backend: String, op: Operator },
+}
+
+/// The configuration and the cluster state a reload may replace.
+pub type Current = Arc<RwLock<(Arc<Config>, Arc<Cluster>)>>;
+
+/// Writes waiting for the store that can be kept: the most learned IDs kept while the
+/// store is unreachable (the oldest are dropped beyond it, and counted).
+const MAX_PENDING: usize = 65_536;
+
+/// Where the store stands, as `status` and the metrics show it.
+#[derive(Default)]
+pub struct Counters {
+    /// Puts, deletes, transactions and lease grants sent.
+    pub writes: AtomicU64,
+    /// Lease renewals sent.
+    pub renewals: AtomicU64,
+    /// Sessions begun (the first, and one after every loss of the store).
+    pub sessions: AtomicU64,
+    /// Writes dropped because too many waited for an unreachable store.
+    pub dropped: AtomicU64,
+    /// Keys under the prefix this version does not understand (ignored).
+    pub ignored_keys: AtomicU64,
+}
+
+pub(crate) struct Inner {
+    pub(crate) settings: ClusterSettings,
+    pub(crate) current: Current,
+    pub(crate) counters: Counters,
+    pub(crate) state: Mutex<StoreState>,
+    pub(crate) pending: Mutex<VecDeque<Publish>>,
+    pub(crate) started_unix: u64,
+}
+
+pub(crate) struct StoreState {
+    pub(crate) connected: bool,
+    pub(crate) since: Instant,
+    pub(crate) last_error: Option<String>,
+    pub(crate) view: view::View,
+    pub(crate) revision: i64,
+    pub(crate) store_members: usize,
+    pub(crate) leader: u64,
+}
+
+/// The running link to the store (`[cluster]` only).
+pub struct Shared {
+    inner: Arc<Inner>,
+    task: tokio::task::JoinHandle<()>,
+    lease: Arc<Mutex<Option<(etcd_client::Client, i64)>>>,
+}
+
+impl Shared {
+    /// Starts the link: a session with the store, again after every loss of it. Returns
+    /// once the first shared state is applied to the cluster, or after
+    /// `startup_wait` without it (the agent then serves with its own state and says so).
+    pub async fn start(settings: ClusterSettings, current: Current) -> Shared {
+        let (tx, rx) = mpsc::unbounded_channel();
+        current.read().unwrap().1.set_publisher(tx.clone());
+        let inner = Arc::new(Inner {
+            settings,
+            current,
+            counters: Counters::default(),
+            state: Mutex::new(StoreState {
+                connected: false,
+                since: Instant::now(),
+                last_error: None,
+                view: view::View::default(),
+                revision: 0,
+                store_members: 0,
+                leader: 0,
+            }),
+            pending: Mutex::new(VecDeque::new()),
+            started_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+        });
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let lease = Arc::new(Mutex::new(None));
+        let task = tokio::spawn(run(inner.clone(), rx, ready_tx, lease.clone()));
+        let wait = inner.settings.startup_wait;
+        match tokio::time::timeout(wait, ready_rx).await {
+            Ok(Ok(())) => tracing::info!("shared state taken from the store"),
+            _ => tracing::warn!(
+                waited = ?wait,
+                "the shared store did not answer: serving with this dispatcher's own state until it does"
+            ),
+        }
+        Shared { inner, task, lease }
+    }
+
+    /// Leaves the cluster: the lease is revoked, so that the others stop counting this
+    /// dispatcher at once (not after the lease's time).
+    pub async fn leave(self) {
+        self.task.abort();
+        let held = self.lease.lock().unwrap().take();
+        if let Some((mut client, id)) = held {
+            let t = self.inner.settings.request_timeout;
+            match tokio::time::timeout(t, client.lease_revoke(id)).await {
+                Ok(Ok(_)) => tracing::info!("left the cluster (lease revoked)"),
+                _ => tracing::warn!("could not revoke the lease: the others see this dispatcher go when it expires"),
+            }
+        }
+    }
+
+    /// A read-only handle for `status` and the metrics.
+    pub fn observer(&self) -> Observer {
+        Observer(self.inner.clone())
+    }
+}
+
+/// Reads the link's state (the admin endpoint holds one).
+#[derive(Clone)]
+pub struct Observer(Arc<Inner>);
+
+impl Observer {
+    pub fn status(&self) -> ClusterStatus {
+        let i = &self.0;
+        let st = i.state.lock().unwrap();
+        let backends: Vec<String> = i.current.read().unwrap().1.backends.iter().map(|b| b.name.clone()).collect();
+        let members: Vec<MemberStatus> = st
+            .view
+            .members
+            .values()
+            .map(|m| MemberStatus {
+                name: m.name.clone(),
+                pid: m.pid,
+                started: m.started,
+                version: m.version.clone(),
+                down: m.down.clone(),
+            })
+            .collect();
+        // Where the dispatchers' own checks disagree.
+        let differing = backends
+            .iter()
+            .filter_map(|b| {
+                let down = st.view.seen_down_by(b);
+                (!down.is_empty() && down.len() < st.view.members.len()).then(|| {
+                    format!("{b}: down for {}; up for the others (out cluster-wide: {})", down.join(","), st.view.out_by_majority(b))
+                })
+            })
+            .collect();
+        ClusterStatus {
+            name: i.settings.name.clone(),
+            store: if st.connected { "connected" } else { "unreachable" }.into(),
+            store_for_s: st.since.elapsed().as_secs(),
+            last_error: st.last_error.clone(),
+            endpoints: i.settings.endpoints.clone(),
+            store_members: st.store_members,
+            leader: format!("{:x}", st.leader),
+            revision: st.revision,
+            members,
+            differing,
+            operators: st.view.operators.iter().map(|(b, op)| format!("{b}={}", op.name())).collect(),
+            shared_clones: st.view.clones.len(),
+            pending_writes: i.pending.lock().unwrap().len(),
+            writes: i.counters.writes.load(Ordering::Relaxed),
+            renewals: i.counters.renewals.load(Ordering::Relaxed),
+            sessions: i.counters.sessions.load(Ordering::Relaxed),
+            dropped_writes: i.counters.dropped.load(Ordering::Relaxed),
+            ignored_keys: i.counters.ignored_keys.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Sessions, one after another, until the agent stops.
+async fn run(
+    inner: Arc<Inner>,
+    mut rx: mpsc::UnboundedReceiver<Publish>,
+    ready: tokio::sync::oneshot::Sender<()>,
+    lease: Arc<Mutex<Option<(etcd_client::Client, i64)>>>,
+) {
+    let mut ready = Some(ready);
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        inner.counters.sessions.fetch_add(1, Ordering::Relaxed);
+        let began = Instant::now();
+        let err = session::run(&inner, &mut rx, &mut ready, &lease).await;
+        *lease.lock().unwrap() = None;
+        let was = {
+            let mut st = inner.state.lock().unwrap();
+            let was = st.connected;
+            if was {
+                st.since = Instant::now();
+            }
+            st.connected = false;
+            st.last_error = Some(format!("{err:#}"));
+            was
+        };
+        if was {
+            tracing::warn!(error = %format!("{err:#}"), "lost the shared store: keeping the last shared state and this dispatcher's own checks");
+        } else {
+            tracing::debug!(error = %format!("{err:#}"), "shared store still unreachable");
+        }
+        // Stale verdicts of others decide nothing while they cannot be renewed.
+        set_aside_majority(&inner);
+        if began.elapsed() > Duration::from_secs(10) {
+            backoff = Duration::from_millis(200);
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
+}
+
+fn set_aside_majority(inner: &Inner) {
+    let cluster = inner.current.read().unwrap().1.clone();
+    for i in 0..cluster.backends.len() {
+        if cluster.backends[i].peers_out() {
+            cluster.set_peers_out(i, false);
+        }
+    }
+}
+
+/// Keeps a write for when the store is back (bounded: the oldest learned IDs go first).
+fn keep_pending(inner: &Inner, p: Publish) {
+    let mut q = inner.pending.lock().unwrap();
+    if p == Publish::Verdicts {
+        // The member key is written at every session's start anyway.
+        return;
+    }
+    if q.len() >= MAX_PENDING {
+        q.pop_front();
+        inner.counters.dropped.fetch_add(1, Ordering::Relaxed);
+    }
+    q.push_back(p);
+}
+
+/// Applies the whole view: every backend's operator state and majority verdict, every
+/// shared clone ID (a session's start).
+fn apply_all(inner: &Inner, v: &view::View) {
+    let (cfg, cluster) = inner.current.read().unwrap().clone();
+    for i in 0..cluster.backends.len() {
+        apply_backend(&cfg, &cluster, v, i, true);
+    }
+    let by_name = backend_index(&cluster);
+    for (id, b) in &v.clones {
+        if let Some(&i) = by_name.get(b.as_str()) {
+            cluster.adopt_shared_clone(id.as_bytes(), i);
+        }
+    }
+}
+
+/// One backend's operator state (`operator`: also that) and majority verdict.
+fn apply_backend(cfg: &Config, cluster: &Cluster, v: &view::View, i: usize, operator: bool) {
+    let name = &cluster.backends[i].name;
+    if operator && !cfg.backends.get(i).is_some_and(|b| b.retired) {
+        let op = v.operators.get(name).copied().unwrap_or(Operator::None);
+        if cluster.backends[i].operator() != op {
+            tracing::info!(backend = %name, operator = op.name(), "operator state from the shared store");
+            cluster.set_admin_shared(i, op);
+        }
+    }
+    let out = v.out_by_majority(name);
+    if cluster.backends[i].peers_out() != out {
+        tracing::info!(backend = %name, out, seen_down_by = ?v.seen_down_by(name), "shared health verdict");
+        cluster.set_peers_out(i, out);
+    }
+}
+
+fn backend_index(cluster: &Cluster) -> std::collections::HashMap<&str, usize> {
+    cluster.backends.iter().enumerate().map(|(i, b)| (b.name.as_str(), i)).collect()
+}
+
+/// This dispatcher's member key: who it is and what its own checks see down.
+fn member_value(inner: &Inner) -> String {
+    let cluster = inner.current.read().unwrap().1.clone();
+    let down = cluster
+        .backends
+        .iter()
+        .filter(|b| b.health() == dispatcher_common::Health::Down)
+        .map(|b| b.name.clone())
+        .collect();
+    let m = view::Member {
+        name: inner.settings.name.clone(),
+        started: inner.started_unix,
+        pid: std::process::id(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        down,
+    };
+    serde_json::to_string(&m).unwrap_or_default()
+}
