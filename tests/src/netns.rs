@@ -140,6 +140,10 @@ pub struct Testbed {
     /// `pass` on more switch ports (`enable_xdp_tx_from`).
     extra_pass: Vec<(aya::Ebpf, aya::programs::links::FdLink)>,
     pub workdir: PathBuf,
+    /// Hosts added after the build (`add_host`), and agent instances besides `prefix`
+    /// (`add_instance`): taken down on drop too.
+    extra_hosts: Vec<Ns>,
+    extra_instances: Vec<String>,
 }
 
 fn pid_alive(pid: u32) -> bool {
@@ -212,6 +216,8 @@ impl Testbed {
             pass: None,
             extra_pass: Vec::new(),
             workdir,
+            extra_hosts: Vec::new(),
+            extra_instances: Vec::new(),
         };
         // From here on Drop cleans up whatever was created.
         tb.pin_dirs.push(PathBuf::from("/sys/fs/bpf/dispatcher").join(&tb.prefix));
@@ -228,6 +234,33 @@ impl Testbed {
             v.push((b.clone(), format!("b{i}"), backend_ip(i).to_string(), backend_mac(i)));
         }
         v
+    }
+
+    /// One more host on the switch (`short` names it within the testbed): its own
+    /// namespace with `ip`/24 and `mac` on eth0. Taken down with the testbed.
+    pub fn add_host(&mut self, short: &str, ip: &str, mac: &str) -> Ns {
+        let ns = Ns { name: format!("{}-{short}", self.prefix) };
+        sh(&["ip", "netns", "add", &ns.name]);
+        self.extra_hosts.push(ns.clone());
+        ns.ip(&["link", "set", "lo", "up"]);
+        self.switch.ip(&["link", "add", short, "type", "veth", "peer", "name", "eth0", "netns", &ns.name]);
+        self.switch.ip(&["link", "set", short, "master", "br0", "up"]);
+        ns.ip(&["link", "set", "eth0", "address", mac]);
+        ns.ip(&["addr", "add", &format!("{ip}/24"), "dev", "eth0"]);
+        ns.ip(&["link", "set", "eth0", "up"]);
+        ns.exec(&["ethtool", "-K", "eth0", "tx", "off"]);
+        ns.sysctl("net.ipv4.conf.all.rp_filter=0");
+        ns.sysctl("net.ipv4.conf.eth0.rp_filter=0");
+        ns
+    }
+
+    /// Another agent instance (`<prefix>-<short>`): its pins, socket, lock and id table
+    /// are removed with the testbed.
+    pub fn add_instance(&mut self, short: &str) -> String {
+        let name = format!("{}-{short}", self.prefix);
+        self.pin_dirs.push(PathBuf::from("/sys/fs/bpf/dispatcher").join(&name));
+        self.extra_instances.push(name.clone());
+        name
     }
 
     fn build(&mut self, vips: &[&str]) {
@@ -559,16 +592,22 @@ impl Drop for Testbed {
         }
         self.pass = None;
         self.extra_pass.clear();
-        for n in std::iter::once(&self.switch).chain([&self.client, &self.lb]).chain(self.backends.iter()) {
+        for n in std::iter::once(&self.switch)
+            .chain([&self.client, &self.lb])
+            .chain(self.backends.iter())
+            .chain(self.extra_hosts.iter())
+        {
             sh_quiet(&["ip", "netns", "del", &n.name]);
         }
         for d in &self.pin_dirs {
             let _ = dispatcher::dataplane::unpin_all(d);
         }
         // An agent killed hard leaves its admin socket and its (unlocked) lock file behind.
-        let _ = std::fs::remove_file(format!("/run/dispatcher/{}.sock", self.prefix));
-        let _ = std::fs::remove_file(dispatcher::instance::lock_path(&self.prefix));
-        dispatcher::dataplane::ids::remove(&self.prefix);
+        for inst in std::iter::once(&self.prefix).chain(self.extra_instances.iter()) {
+            let _ = std::fs::remove_file(format!("/run/dispatcher/{inst}.sock"));
+            let _ = std::fs::remove_file(dispatcher::instance::lock_path(inst));
+            dispatcher::dataplane::ids::remove(inst);
+        }
         let _ = std::fs::remove_dir_all(&self.workdir);
     }
 }

@@ -230,7 +230,37 @@ fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
             c.holds, c.held_now, c.hold_timeouts, c.retries, c.retry_budget_refusals, c.failovers, c.misroutes, c.learned_clones
         );
     }
+    if let Some(c) = agent.as_ref().and_then(|a| a.cluster.as_ref()) {
+        cluster_section(&mut o, c);
+    }
     Ok(o)
+}
+
+/// `[cluster]`: the store, the live dispatchers and where their views differ.
+fn cluster_section(o: &mut String, c: &dispatcher::admin::contract::ClusterStatus) {
+    let _ = writeln!(o);
+    let store = match (&*c.store, &c.last_error) {
+        ("connected", _) => format!("connected for {} s, {} etcd members, leader {}, revision {}", c.store_for_s, c.store_members, c.leader, c.revision),
+        (_, Some(e)) => format!("UNREACHABLE for {} s ({e}): forwarding with the last shared state and own checks", c.store_for_s),
+        _ => format!("UNREACHABLE for {} s", c.store_for_s),
+    };
+    let _ = writeln!(o, "cluster: this dispatcher is {}; store {store}", c.name);
+    let _ = writeln!(o, "  endpoints: {}", c.endpoints.join(", "));
+    let members: Vec<String> = c
+        .members
+        .iter()
+        .map(|m| if m.down.is_empty() { m.name.clone() } else { format!("{} (sees down: {})", m.name, m.down.join(",")) })
+        .collect();
+    let _ = writeln!(o, "  live dispatchers ({}): {}", c.members.len(), members.join(", "));
+    for d in &c.differing {
+        let _ = writeln!(o, "  views differ: {d}");
+    }
+    let ops = if c.operators.is_empty() { "none".to_string() } else { c.operators.join(" ") };
+    let _ = writeln!(
+        o,
+        "  operator states: {ops}; shared clone IDs: {}; writes {} (pending {}, dropped {}), lease renewals {}, sessions {}",
+        c.shared_clones, c.writes, c.pending_writes, c.dropped_writes, c.renewals, c.sessions
+    );
 }
 
 /// The operator's state as the maps keep it (`BackendInfo::admin`).

@@ -1,0 +1,247 @@
+//! Several dispatchers sharing state through a real 3-member etcd cluster, each etcd
+//! member and each dispatcher in a namespace of its own, all on the testbed's switch; the
+//! clones in replica pairs; one client namespace per dispatcher, each reaching the one
+//! HTTP VIP (the same address on every dispatcher) through its own dispatcher.
+
+use std::{
+    io::{Read, Write},
+    net::{SocketAddr, TcpStream},
+    path::PathBuf,
+    process::Command,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use dispatcher::admin::contract::AgentStatus;
+
+use crate::netns::{dispatcher_bin, Ns, Testbed};
+
+pub const VIP: &str = "10.99.100.40";
+pub const L4_VIP: &str = "10.99.100.41";
+pub const PORT: u16 = 8080;
+pub const ETCD_MEMBERS: usize = 3;
+
+pub fn etcd_ip(i: usize) -> String {
+    format!("10.99.0.{}", 200 + i)
+}
+
+pub fn dispatcher_ip(i: usize) -> String {
+    format!("10.99.0.{}", 3 + i)
+}
+
+pub fn client_ip(i: usize) -> String {
+    format!("10.99.0.{}", 50 + i)
+}
+
+pub struct Dispatcher {
+    pub ns: Ns,
+    pub instance: String,
+    pub name: String,
+    pub config: PathBuf,
+    pub client: Ns,
+}
+
+pub struct Multi {
+    pub tb: Testbed,
+    pub etcd: Vec<Ns>,
+    pub dispatchers: Vec<Dispatcher>,
+    pub clones: Arc<crate::websphere::Cluster>,
+    /// Extra lines for `[cluster]` and `[health]` (tests shorten times).
+    pub key_prefix: String,
+}
+
+impl Multi {
+    /// `n` dispatchers, `clones` WebSphere-like clones (paired as replicas), 3 etcd
+    /// members. Dispatchers are configured, not started.
+    pub fn new(n: usize, clones: usize) -> Multi {
+        let mut tb = Testbed::new(clones, &[]);
+        let mut etcd = Vec::new();
+        for i in 0..ETCD_MEMBERS {
+            etcd.push(tb.add_host(&format!("e{i}"), &etcd_ip(i), &format!("02:99:00:00:02:{i:02x}")));
+        }
+        let key_prefix = format!("/dispatcher/{}", tb.prefix);
+        let mut m = Multi { tb, etcd, dispatchers: Vec::new(), clones: crate::websphere::Cluster::new(clones), key_prefix };
+        for i in 0..ETCD_MEMBERS {
+            m.start_etcd(i);
+        }
+        m.wait_etcd_healthy(ETCD_MEMBERS);
+        let c = m.clones.clone();
+        m.tb.start_websphere(&c, PORT);
+        for i in 0..n {
+            m.add_dispatcher(i);
+        }
+        m
+    }
+
+    pub fn endpoints(&self) -> Vec<String> {
+        (0..ETCD_MEMBERS).map(|i| format!("http://{}:2379", etcd_ip(i))).collect()
+    }
+
+    /// Starts (or restarts, with its data kept) etcd member `i`.
+    pub fn start_etcd(&mut self, i: usize) {
+        let ip = etcd_ip(i);
+        let initial: Vec<String> = (0..ETCD_MEMBERS).map(|j| format!("e{j}=http://{}:2380", etcd_ip(j))).collect();
+        let data = self.tb.workdir.join(format!("etcd{i}"));
+        let mut cmd = self.etcd[i].command("etcd");
+        cmd.args(["--name", &format!("e{i}")])
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--listen-client-urls", &format!("http://{ip}:2379")])
+            .args(["--advertise-client-urls", &format!("http://{ip}:2379")])
+            .args(["--listen-peer-urls", &format!("http://{ip}:2380")])
+            .args(["--initial-advertise-peer-urls", &format!("http://{ip}:2380")])
+            .args(["--initial-cluster", &initial.join(",")])
+            .args(["--initial-cluster-state", "new"])
+            .args(["--initial-cluster-token", &self.tb.prefix])
+            .args(["--heartbeat-interval", "100", "--election-timeout", "1000"]);
+        self.tb.start(&format!("etcd{i}"), cmd);
+    }
+
+    /// Kills etcd member `i` (SIGKILL: as a crash).
+    pub fn kill_etcd(&mut self, i: usize) {
+        self.tb.kill_hard(&format!("etcd{i}"));
+    }
+
+    /// Waits until `want` members answer `/health` true (a leader is elected).
+    pub fn wait_etcd_healthy(&self, want: usize) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let healthy = (0..ETCD_MEMBERS).filter(|&i| self.etcd_health(i)).count();
+            if healthy >= want {
+                return;
+            }
+            assert!(Instant::now() < deadline, "etcd: {healthy} of {want} members healthy after 30 s:\n{}", self.tb.log("etcd0"));
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn etcd_health(&self, i: usize) -> bool {
+        let addr: SocketAddr = format!("{}:2379", etcd_ip(i)).parse().unwrap();
+        let body = self.tb.client.run(move || -> std::io::Result<String> {
+            let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
+            s.set_read_timeout(Some(Duration::from_secs(2)))?;
+            s.write_all(b"GET /health HTTP/1.0\r\n\r\n")?;
+            let mut out = String::new();
+            s.read_to_string(&mut out)?;
+            Ok(out)
+        });
+        body.map(|b| b.contains("\"health\":\"true\"")).unwrap_or(false)
+    }
+
+    /// The configuration of dispatcher `i` (the same for all but the instance and name).
+    pub fn config_text(&self, i: usize, instance: &str) -> String {
+        let eps: Vec<String> = self.endpoints().iter().map(|e| format!("\"{e}\"")).collect();
+        format!(
+            "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{instance}\"\n\n[cluster]\nname = \"d{i}\"\nendpoints = [{}]\nkey_prefix = \"{}\"\nlease_ttl = \"3s\"\nrequest_timeout = \"1s\"\nstartup_wait = \"5s\"\n\n[http]\nhold_time = \"3s\"\nserver_timeout = \"1s\"\n\n[health]\npath = \"/health\"\ninterval = \"200ms\"\ntimeout = \"300ms\"\nrise = 2\nfall = 2\n\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {PORT}\nring_size = 1009\n\n[[vip]]\nname = \"tcp\"\naddress = \"{L4_VIP}\"\nport = 9000\nring_size = 1009\n",
+            eps.join(", "),
+            self.key_prefix,
+            self.tb.backend_config(&[])
+        )
+    }
+
+    fn add_dispatcher(&mut self, i: usize) {
+        let ns = self.tb.add_host(&format!("d{i}"), &dispatcher_ip(i), &format!("02:99:00:00:01:{i:02x}"));
+        ns.ip(&["addr", "add", &format!("{VIP}/32"), "dev", "lo"]);
+        let client = self.tb.add_host(&format!("c{i}"), &client_ip(i), &format!("02:99:00:00:03:{i:02x}"));
+        client.ip(&["route", "add", &format!("{VIP}/32"), "via", &dispatcher_ip(i)]);
+        let instance = self.tb.add_instance(&format!("d{i}"));
+        let config = self.tb.workdir.join(format!("d{i}.toml"));
+        std::fs::write(&config, self.config_text(i, &instance)).unwrap();
+        self.dispatchers.push(Dispatcher { ns, instance, name: format!("d{i}"), config, client });
+    }
+
+    /// Starts dispatcher `i` and waits until it serves.
+    pub fn start_dispatcher(&mut self, i: usize) {
+        let d = &self.dispatchers[i];
+        let what = format!("dispatcher-d{i}");
+        let mut cmd = d.ns.command(dispatcher_bin());
+        cmd.arg("run").arg("--config").arg(&d.config);
+        let _ = std::fs::rename(self.tb.workdir.join(format!("{what}.log")), self.tb.workdir.join(format!("{what}.previous.log")));
+        self.tb.start(&what, cmd);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.tb.log(&what).contains("dispatcher running") {
+            if let Some(st) = self.tb.child_exited(&what) {
+                panic!("{what} exited ({st}):\n{}", self.tb.log(&what));
+            }
+            assert!(Instant::now() < deadline, "{what} not running after 30 s:\n{}", self.tb.log(&what));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn log(&self, i: usize) -> String {
+        self.tb.log(&format!("dispatcher-d{i}"))
+    }
+
+    pub fn kill_dispatcher(&mut self, i: usize) {
+        self.tb.kill_hard(&format!("dispatcher-d{i}"));
+    }
+
+    pub fn stop_dispatcher(&mut self, i: usize) {
+        self.tb.stop(&format!("dispatcher-d{i}"));
+    }
+
+    /// `dispatcher ARGS --config <its config>` in dispatcher `i`'s namespace.
+    pub fn cmd(&self, i: usize, args: &[&str]) -> std::process::Output {
+        let d = &self.dispatchers[i];
+        let mut c: Command = d.ns.command(dispatcher_bin());
+        c.args(args).arg("--config").arg(&d.config);
+        c.output().expect("dispatcher command")
+    }
+
+    /// `dispatcher status --json` of dispatcher `i`, the agent's part.
+    pub fn status(&self, i: usize) -> AgentStatus {
+        let out = self.cmd(i, &["status", "--json"]);
+        assert!(out.status.success(), "status of d{i}: {}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status JSON");
+        serde_json::from_value(v["agent"].clone()).unwrap_or_else(|e| panic!("agent status of d{i}: {e}: {v}"))
+    }
+
+    /// A client with a cookie jar, in dispatcher `i`'s client namespace.
+    pub fn client(&self, i: usize) -> crate::websphere::Client {
+        crate::websphere::Client::new(&self.dispatchers[i].client, format!("{VIP}:80").parse().unwrap())
+    }
+
+    pub fn addr() -> SocketAddr {
+        format!("{VIP}:80").parse().unwrap()
+    }
+
+    /// Waits until `f` holds for `what`, up to `limit`; returns how long it took.
+    pub fn wait_for(&self, what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Duration {
+        let t = Instant::now();
+        while !f() {
+            assert!(t.elapsed() < limit, "{what}: not within {limit:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        t.elapsed()
+    }
+
+    /// The pinned maps of dispatcher `i` that decide where traffic goes, in a comparable
+    /// form: each VIP's ring, each backend's state bytes, and the clone table.
+    pub fn decision_maps(&self, i: usize) -> Decisions {
+        use aya::maps::{Array, HashMap, Map, MapData};
+        let dir = PathBuf::from("/sys/fs/bpf/dispatcher").join(&self.dispatchers[i].instance);
+        let open = |name: &str| MapData::from_pin(dir.join(name)).unwrap_or_else(|e| panic!("{name} of d{i}: {e}"));
+        let rings: Array<_, u32> = Map::Array(open("RINGS")).try_into().expect("RINGS");
+        let ring = |vip: u32| -> Vec<u32> {
+            let base = vip * dispatcher_common::MAX_RING_SIZE;
+            (0..1009).map(|s| rings.get(&(base + s), 0).expect("ring slot")).collect()
+        };
+        let backends: Array<_, dispatcher_common::BackendInfo> = Map::Array(open("BACKENDS")).try_into().expect("BACKENDS");
+        let states = (0..self.tb.backends.len() as u32)
+            .map(|b| backends.get(&b, 0).map(|x| (x.state, x.admin)).expect("backend entry"))
+            .collect();
+        let clones: HashMap<_, u64, dispatcher_common::CloneValue> = Map::HashMap(open("CLONES")).try_into().expect("CLONES");
+        let mut c: Vec<(u64, (u32, u32, u32))> =
+            clones.iter().filter_map(|r| r.ok()).map(|(k, v)| (k, (v.owner, v.replica, v.flags))).collect();
+        c.sort();
+        Decisions { rings: vec![ring(0), ring(1)], states, clones: c }
+    }
+}
+
+/// What a dispatcher's maps decide (`Multi::decision_maps`).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Decisions {
+    pub rings: Vec<Vec<u32>>,
+    pub states: Vec<(u8, u8)>,
+    pub clones: Vec<(u64, (u32, u32, u32))>,
+}
