@@ -280,3 +280,44 @@ fn the_store_failing_changes_no_routing() {
     let seen = load.finish();
     assert_clean(&m, &seen);
 }
+
+/// The shared health rule: a backend that most live dispatchers see down is out on all
+/// of them, also on one whose own checks still reach it; one that only a minority sees
+/// down stays in on the others (the minority, which cannot reach it, routes around it).
+#[test]
+fn the_majority_decides_a_backend_out_everywhere() {
+    let mut m = Multi::new(3, 4);
+    for i in 0..3 {
+        m.start_dispatcher(i);
+    }
+    m.wait_for("three members", Duration::from_secs(5), || m.status(0).cluster.unwrap().members.len() == 3);
+    let b2 = dispatcher_tests::netns::backend_ip(2).to_string();
+    let state = |m: &Multi, i: usize| backend_field(m, i, "b2", |b| b.state.clone());
+    let health = |m: &Multi, i: usize| backend_field(m, i, "b2", |b| b.health.clone());
+    // Only d0 loses its path to b2: a minority.
+    m.dispatchers[0].ns.ip(&["route", "add", "blackhole", &format!("{b2}/32")]);
+    m.wait_for("d0 sees b2 down", Duration::from_secs(3), || state(&m, 0) == "down");
+    std::thread::sleep(Duration::from_millis(800));
+    for i in [1, 2] {
+        assert_eq!(state(&m, i), "up", "one of three is no majority (d{i})");
+    }
+    let s = m.status(1).cluster.unwrap();
+    assert!(s.differing.iter().any(|d| d.starts_with("b2: down for d0")), "status says where views differ: {s:?}");
+    // d1 loses it too: now most see it down, and d2 takes it out although its own checks pass.
+    m.dispatchers[1].ns.ip(&["route", "add", "blackhole", &format!("{b2}/32")]);
+    let t = Instant::now();
+    m.wait_for("b2 out on d2 by the majority", Duration::from_secs(3), || state(&m, 2) == "down");
+    eprintln!("majority verdict reached d2 {:?} after d1's path went", t.elapsed());
+    assert_eq!(health(&m, 2), "up", "d2's own checks still pass");
+    let d = m.decision_maps(2);
+    assert!(!d.rings[1].contains(&2), "b2 is out of d2's L4 ring");
+    m.wait_for("the same decisions on all three", Duration::from_secs(3), || {
+        let d0 = m.decision_maps(0);
+        (1..3).all(|i| m.decision_maps(i) == d0)
+    });
+    // The paths come back: b2 returns everywhere.
+    for i in [0, 1] {
+        m.dispatchers[i].ns.ip(&["route", "del", "blackhole", &format!("{b2}/32")]);
+    }
+    m.wait_for("b2 back on all three", Duration::from_secs(5), || (0..3).all(|i| state(&m, i) == "up"));
+}
