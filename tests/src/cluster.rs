@@ -215,6 +215,28 @@ impl Multi {
         t.elapsed()
     }
 
+    /// Rewrites dispatcher `i`'s configuration with (`true`) or without its `[cluster]`
+    /// section (standalone); takes effect at its next start.
+    pub fn set_clustered(&self, i: usize, clustered: bool) {
+        let d = &self.dispatchers[i];
+        let mut text = self.config_text(i, &d.instance);
+        if !clustered {
+            let start = text.find("[cluster]").unwrap();
+            let end = start + text[start..].find("\n\n").unwrap() + 2;
+            text.replace_range(start..end, "");
+        }
+        std::fs::write(&d.config, text).unwrap();
+    }
+
+    /// Each backend's (state, operator) bytes in dispatcher `i`'s pinned `BACKENDS`.
+    pub fn backend_bytes(&self, i: usize) -> Vec<(u8, u8)> {
+        use aya::maps::{Array, Map, MapData};
+        let dir = PathBuf::from("/sys/fs/bpf/dispatcher").join(&self.dispatchers[i].instance);
+        let Ok(map) = MapData::from_pin(dir.join("BACKENDS")) else { return Vec::new() };
+        let backends: Array<_, dispatcher_common::BackendInfo> = Map::Array(map).try_into().expect("BACKENDS");
+        (0..self.tb.backends.len() as u32).filter_map(|b| backends.get(&b, 0).ok().map(|x| (x.state, x.admin))).collect()
+    }
+
     /// The pinned maps of dispatcher `i` that decide where traffic goes, in a comparable
     /// form: each VIP's ring, each backend's state bytes, and the clone table.
     pub fn decision_maps(&self, i: usize) -> Decisions {

@@ -34,6 +34,9 @@ pub struct ClusterStatus {
     pub store_for_s: u64,
     pub last_error: Option<String>,
     pub endpoints: Vec<String>,
+    /// The etcd member this dispatcher's session talks to (one at a time).
+    #[serde(default)]
+    pub via: String,
     /// etcd members, as the member this dispatcher talks to lists them.
     pub store_members: usize,
     /// The etcd leader's id (hex).

@@ -240,7 +240,7 @@ fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
 fn cluster_section(o: &mut String, c: &dispatcher::admin::contract::ClusterStatus) {
     let _ = writeln!(o);
     let store = match (&*c.store, &c.last_error) {
-        ("connected", _) => format!("connected for {} s, {} etcd members, leader {}, revision {}", c.store_for_s, c.store_members, c.leader, c.revision),
+        ("connected", _) => format!("connected for {} s via {}, {} etcd members, leader {}, revision {}", c.store_for_s, c.via, c.store_members, c.leader, c.revision),
         (_, Some(e)) => format!("UNREACHABLE for {} s ({e}): forwarding with the last shared state and own checks", c.store_for_s),
         _ => format!("UNREACHABLE for {} s", c.store_for_s),
     };

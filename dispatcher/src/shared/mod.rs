@@ -79,6 +79,8 @@ pub(crate) struct Inner {
     pub(crate) state: Mutex<StoreState>,
     pub(crate) pending: Mutex<VecDeque<Publish>>,
     pub(crate) started_unix: u64,
+    /// Which of `settings.endpoints` the next session talks to.
+    pub(crate) endpoint: std::sync::atomic::AtomicUsize,
 }
 
 pub(crate) struct StoreState {
@@ -89,6 +91,8 @@ pub(crate) struct StoreState {
     pub(crate) revision: i64,
     pub(crate) store_members: usize,
     pub(crate) leader: u64,
+    /// The member the current (or last) session talks to.
+    pub(crate) via: String,
 }
 
 /// The running link to the store (`[cluster]` only).
@@ -117,8 +121,10 @@ impl Shared {
                 revision: 0,
                 store_members: 0,
                 leader: 0,
+                via: String::new(),
             }),
             pending: Mutex::new(VecDeque::new()),
+            endpoint: Default::default(),
             started_unix: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())
@@ -195,6 +201,7 @@ impl Observer {
             store_for_s: st.since.elapsed().as_secs(),
             last_error: st.last_error.clone(),
             endpoints: i.settings.endpoints.clone(),
+            via: st.via.clone(),
             store_members: st.store_members,
             leader: format!("{:x}", st.leader),
             revision: st.revision,
@@ -226,6 +233,7 @@ async fn run(
         let began = Instant::now();
         let err = session::run(&inner, &mut rx, &mut ready, &lease).await;
         *lease.lock().unwrap() = None;
+        inner.endpoint.fetch_add(1, Ordering::Relaxed);
         let was = {
             let mut st = inner.state.lock().unwrap();
             let was = st.connected;

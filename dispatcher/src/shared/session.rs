@@ -57,7 +57,15 @@ async fn session(
         .with_connect_timeout(s.request_timeout)
         .with_timeout(s.request_timeout)
         .with_keep_alive(s.request_timeout, s.request_timeout);
-    let mut client = timed(inner, "connecting to the store", Client::connect(s.endpoints.clone(), Some(opts))).await?;
+    // One member per session, the next one after a failure: a client balanced over all of
+    // them keeps sending to a dead member now and then, and every such request would end
+    // the session.
+    let k = inner.endpoint.load(Ordering::Relaxed) % s.endpoints.len();
+    let endpoint = s.endpoints[k].clone();
+    inner.state.lock().unwrap().via = endpoint.clone();
+    let mut client = timed(inner, "connecting to the store", Client::connect([endpoint.as_str()], Some(opts)))
+        .await
+        .with_context(|| format!("via {endpoint}"))?;
     let prefix = s.key_prefix.clone();
     let ttl = s.lease_ttl.as_secs() as i64;
     let lease = timed(inner, "granting the membership lease", client.lease_grant(ttl, None)).await?.id();

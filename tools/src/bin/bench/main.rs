@@ -2,6 +2,7 @@
 //! Writes `target/bench/report.json` and `target/bench/report.md`.
 
 mod charts;
+mod cluster;
 mod failover;
 mod http;
 mod l4;
@@ -13,7 +14,7 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let has = |f: &str| args.iter().any(|a| a == f);
     let quick = has("--quick");
-    let all = !has("--xdp") && !has("--http") && !has("--failover") && !has("--l4") && !has("--scaling");
+    let all = !has("--xdp") && !has("--http") && !has("--failover") && !has("--l4") && !has("--scaling") && !has("--cluster");
     let mut parts = Vec::new();
     let mut md = String::new();
     if all || has("--xdp") {
@@ -48,6 +49,13 @@ fn main() {
         let (json, table) = failover::run(quick);
         parts.push(format!(r#""failover":{json}"#));
         md += "### Failover (a clone killed or stopped under load)\n\n";
+        md += &table;
+        md += "\n";
+    }
+    if all || has("--cluster") {
+        let (json, table) = cluster::run(quick);
+        parts.push(format!(r#""cluster":{json}"#));
+        md += "### Several dispatchers (etcd, 3 dispatchers)\n\n";
         md += &table;
         md += "\n";
     }
