@@ -54,7 +54,13 @@ impl Multi {
     /// `n` dispatchers, `clones` WebSphere-like clones (paired as replicas), 3 etcd
     /// members. Dispatchers are configured, not started.
     pub fn new(n: usize, clones: usize) -> Multi {
-        let mut tb = Testbed::new(clones, &[]);
+        Multi::with_prefix(crate::netns::fresh_prefix(), n, clones, true)
+    }
+
+    /// As `new`, named `prefix`; `serve`: run the clone emulator in the backends (a
+    /// standing testbed leaves them empty for servers of one's own).
+    pub fn with_prefix(prefix: String, n: usize, clones: usize, serve: bool) -> Multi {
+        let mut tb = Testbed::with_prefix(prefix, clones, &[]);
         let mut etcd = Vec::new();
         for i in 0..ETCD_MEMBERS {
             etcd.push(tb.add_host(&format!("e{i}"), &etcd_ip(i), &format!("02:99:00:00:02:{i:02x}")));
@@ -65,8 +71,10 @@ impl Multi {
             m.start_etcd(i);
         }
         m.wait_etcd_healthy(ETCD_MEMBERS);
-        let c = m.clones.clone();
-        m.tb.start_websphere(&c, PORT);
+        if serve {
+            let c = m.clones.clone();
+            m.tb.start_websphere(&c, PORT);
+        }
         for i in 0..n {
             m.add_dispatcher(i);
         }
@@ -95,6 +103,31 @@ impl Multi {
             .args(["--initial-cluster-token", &self.tb.prefix])
             .args(["--heartbeat-interval", "100", "--election-timeout", "1000"]);
         self.tb.start(&format!("etcd{i}"), cmd);
+    }
+
+    /// Leaves it standing when this process exits (`cargo xtask testbed up`): the etcd
+    /// members' pids go to `<workdir>/etcd.pids` for `stop_persisted`.
+    pub fn persist(self) {
+        let pids: Vec<String> =
+            (0..ETCD_MEMBERS).filter_map(|i| self.tb.pid_of(&format!("etcd{i}"))).map(|p| p.to_string()).collect();
+        std::fs::write(self.tb.workdir.join("etcd.pids"), pids.join("\n")).unwrap();
+        self.tb.persist();
+    }
+
+    /// Stops the etcd members a persisted testbed named `prefix` started (by their pids,
+    /// checked to still be etcd); returns how many.
+    pub fn stop_persisted(prefix: &str) -> usize {
+        let file = std::env::temp_dir().join(prefix).join("etcd.pids");
+        let pids = std::fs::read_to_string(file).unwrap_or_default();
+        let mut n = 0;
+        for pid in pids.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            if comm.trim() == "etcd" {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+                n += 1;
+            }
+        }
+        n
     }
 
     /// Kills etcd member `i` (SIGKILL: as a crash).

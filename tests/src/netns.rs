@@ -190,13 +190,18 @@ pub fn cleanup_stale() {
     }
 }
 
+/// A name prefix no other testbed uses (`dt<pid>-<n>`), after removing what testbeds of
+/// dead test processes left.
+pub fn fresh_prefix() -> String {
+    cleanup_stale();
+    format!("{NAME_PREFIX}{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::SeqCst))
+}
+
 impl Testbed {
     /// Client, dispatcher and `n` backends, all on one bridge. Backends have the given
     /// VIP addresses on `lo`.
     pub fn new(n: usize, vips: &[&str]) -> Testbed {
-        cleanup_stale();
-        let prefix = format!("{NAME_PREFIX}{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::SeqCst));
-        Testbed::with_prefix(prefix, n, vips)
+        Testbed::with_prefix(fresh_prefix(), n, vips)
     }
 
     /// A testbed with a chosen name prefix (for `cargo xtask testbed up`).
@@ -308,7 +313,9 @@ impl Testbed {
     /// is pinned, nothing is torn down. `Testbed::remove` takes it down later.
     pub fn persist(mut self) {
         if let Some((_, link)) = self.pass.take() {
-            let pin = PathBuf::from("/sys/fs/bpf/dispatcher").join(format!("{}-pass", self.prefix));
+            let root = PathBuf::from("/sys/fs/bpf/dispatcher");
+            std::fs::create_dir_all(&root).expect("create /sys/fs/bpf/dispatcher");
+            let pin = root.join(format!("{}-pass", self.prefix));
             link.pin(&pin).expect("pin the switch port's XDP link");
         }
         self.children.clear();
@@ -330,6 +337,24 @@ impl Testbed {
         let root = PathBuf::from("/sys/fs/bpf/dispatcher");
         let _ = std::fs::remove_file(root.join(format!("{prefix}-pass")));
         let _ = dispatcher::dataplane::unpin_all(&root.join(prefix));
+        // Instances of its own (`add_instance`): `<prefix>-<short>`.
+        let ours = |name: &str| name.strip_prefix(prefix).is_some_and(|r| r.starts_with('-'));
+        if let Ok(entries) = std::fs::read_dir(&root) {
+            for e in entries.flatten() {
+                if ours(&e.file_name().to_string_lossy()) && e.path().is_dir() {
+                    let _ = dispatcher::dataplane::unpin_all(&e.path());
+                }
+            }
+        }
+        if let Ok(entries) = std::fs::read_dir("/run/dispatcher") {
+            for e in entries.flatten() {
+                let file = e.file_name().to_string_lossy().into_owned();
+                let inst = file.trim_end_matches(".sock").trim_end_matches(".lock").trim_end_matches(".ids.json");
+                if ours(inst) {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
         let _ = std::fs::remove_dir_all(std::env::temp_dir().join(prefix));
         removed
     }

@@ -53,6 +53,10 @@ enum Cmd {
         /// XDP cost vs flow-table fill and backend count.
         #[arg(long)]
         scaling: bool,
+        /// Three dispatchers sharing etcd: convergence, etcd writes under load, req/s with
+        /// and without `[cluster]`.
+        #[arg(long)]
+        cluster: bool,
         /// Fewer runs per case.
         #[arg(long)]
         quick: bool,
@@ -61,7 +65,13 @@ enum Cmd {
     /// performance section.
     BenchReadme,
     /// Bring a namespace testbed up (and leave it) or take it down: `up`, `down`.
-    Testbed { action: String },
+    Testbed {
+        action: String,
+        /// With `up`: N dispatchers sharing a 3-member etcd cluster (etcd started and left
+        /// running; `down` stops it).
+        #[arg(long)]
+        dispatchers: Option<usize>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -98,11 +108,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             build(false)?;
             exec_built("demo", &["--seconds".to_string(), seconds.to_string()])
         }
-        Cmd::Bench { xdp, http, failover, l4, scaling, quick } => {
+        Cmd::Bench { xdp, http, failover, l4, scaling, cluster, quick } => {
             require_root("the benchmarks load BPF programs and create network namespaces")?;
             setup::setup()?;
-            let all = !xdp && !http && !failover && !l4 && !scaling;
-            if all || http || failover || l4 {
+            let all = !xdp && !http && !failover && !l4 && !scaling && !cluster;
+            if all || http || failover || l4 || cluster {
                 // The peers measured beside the dispatcher, and the load generator.
                 setup::ensure_packages(&["haproxy", "nginx", "wrk", "nftables"])?;
             }
@@ -116,6 +126,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 (failover, "--failover"),
                 (l4, "--l4"),
                 (scaling, "--scaling"),
+                (cluster, "--cluster"),
                 (quick, "--quick"),
             ] {
                 if on {
@@ -125,14 +136,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             exec_built_profile("bench", &args, "release")
         }
         Cmd::BenchReadme => bench_readme(),
-        Cmd::Testbed { action } => {
+        Cmd::Testbed { action, dispatchers } => {
             require_root("the testbed creates network namespaces")?;
             if !["up", "down"].contains(&action.as_str()) {
                 bail!("testbed: expected `up` or `down`, got `{action}`");
             }
+            if let Some(n) = dispatchers {
+                if action != "up" || !(1..=4).contains(&n) {
+                    bail!("testbed: --dispatchers N goes with `up`, N from 1 to 4");
+                }
+            }
             setup::setup()?;
             build(false)?;
-            exec_built("testbed", &[action])
+            let mut args = vec![action];
+            if let Some(n) = dispatchers {
+                args.extend(["--dispatchers".to_string(), n.to_string()]);
+            }
+            exec_built("testbed", &args)
         }
     }
 }

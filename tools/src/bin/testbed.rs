@@ -1,13 +1,47 @@
-//! `cargo xtask testbed up|down`: a standing testbed to explore by hand.
+//! `cargo xtask testbed up|down`: a standing testbed to explore by hand; with
+//! `--dispatchers N`, N dispatchers sharing a 3-member etcd cluster.
 
-use dispatcher_tests::netns::{backend_ip, Testbed, LB_IP};
+use dispatcher_tests::{
+    cluster::{client_ip, dispatcher_ip, etcd_ip, Multi, ETCD_MEMBERS, VIP as CLUSTER_VIP},
+    netns::{backend_ip, Testbed, LB_IP},
+};
 
 const PREFIX: &str = "dtbed";
 const VIP: &str = "10.99.100.1";
 
+/// `up --dispatchers N`: etcd running, dispatchers configured (not started).
+fn up_cluster(n: usize) {
+    Multi::stop_persisted(PREFIX);
+    Testbed::remove(PREFIX);
+    let m = Multi::with_prefix(PREFIX.into(), n, 4, false);
+    println!("testbed `{PREFIX}` is up with a 3-member etcd cluster and {n} dispatchers:");
+    for i in 0..ETCD_MEMBERS {
+        println!("  {PREFIX}-e{i}: etcd member e{i}, http://{}:2379 (running)", etcd_ip(i));
+    }
+    for (i, d) in m.dispatchers.iter().enumerate() {
+        println!(
+            "  {}: dispatcher d{i} at {}, VIP {CLUSTER_VIP} on lo; its client {PREFIX}-c{i} ({}) routes the VIP through it",
+            d.ns.name,
+            dispatcher_ip(i),
+            client_ip(i)
+        );
+        println!("      run it:  nsenter --net=/run/netns/{} target/debug/dispatcher run --config {}", d.ns.name, d.config.display());
+    }
+    for i in 0..4 {
+        println!("  {PREFIX}-b{i}: clone at {} (serve port 8080 yourself, e.g. ip netns exec {PREFIX}-b{i} python3 -m http.server 8080)", backend_ip(i));
+    }
+    println!("  from a client:   ip netns exec {PREFIX}-c0 curl http://{CLUSTER_VIP}/");
+    println!("  the shared keys: ip netns exec {PREFIX}-e0 etcdctl --endpoints http://{}:2379 get --prefix {}", etcd_ip(0), m.key_prefix);
+    println!("  take it down:    cargo xtask testbed down (stop the dispatchers first: dispatcher stop --detach --config ...)");
+    m.persist();
+}
+
 fn main() {
-    match std::env::args().nth(1).as_deref() {
-        Some("up") => {
+    let args: Vec<String> = std::env::args().collect();
+    let dispatchers = args.iter().position(|a| a == "--dispatchers").and_then(|i| args.get(i + 1)).and_then(|n| n.parse().ok());
+    match (args.get(1).map(String::as_str), dispatchers) {
+        (Some("up"), Some(n)) => up_cluster(n),
+        (Some("up"), None) => {
             Testbed::remove(PREFIX);
             let tb = Testbed::with_prefix(PREFIX.into(), 4, &[VIP]);
             let cfg = format!(
@@ -30,12 +64,13 @@ fn main() {
             println!("  take it down:        cargo xtask testbed down");
             tb.persist();
         }
-        Some("down") => {
+        (Some("down"), _) => {
+            let etcd = Multi::stop_persisted(PREFIX);
             let n = Testbed::remove(PREFIX);
-            println!("testbed `{PREFIX}` removed ({n} namespaces)");
+            println!("testbed `{PREFIX}` removed ({n} namespaces, {etcd} etcd processes stopped)");
         }
         _ => {
-            eprintln!("usage: testbed up|down");
+            eprintln!("usage: testbed up [--dispatchers N] | down");
             std::process::exit(2);
         }
     }
