@@ -119,15 +119,21 @@ impl Multi {
     pub fn stop_persisted(prefix: &str) -> usize {
         let file = std::env::temp_dir().join(prefix).join("etcd.pids");
         let pids = std::fs::read_to_string(file).unwrap_or_default();
-        let mut n = 0;
-        for pid in pids.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            if comm.trim() == "etcd" {
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
-                n += 1;
-            }
+        use nix::sys::signal::{kill, Signal};
+        let is_etcd = |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "etcd");
+        let ours: Vec<i32> = pids.lines().filter_map(|l| l.trim().parse::<i32>().ok()).filter(|&p| is_etcd(p)).collect();
+        for &pid in &ours {
+            let _ = kill(nix::unistd::Pid::from_raw(pid), Signal::SIGTERM);
         }
-        n
+        // Gone within 5 s, or killed (its peers' namespaces may be gone already).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while ours.iter().any(|&p| is_etcd(p)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for &pid in ours.iter().filter(|&&p| is_etcd(p)) {
+            let _ = kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        ours.len()
     }
 
     /// Kills etcd member `i` (SIGKILL: as a crash).
