@@ -594,13 +594,10 @@ impl Cluster {
     /// the owner. The same state gives the same entry on every dispatcher.
     fn write_through(&self, key: u64, e: CloneEntry) {
         if let Some(map) = self.clones_map.lock().unwrap().as_mut() {
-            let stand_in = e
-                .replica
-                .filter(|&r| self.backends[e.owner].state().is_out() && self.backends[r].serves_sessions());
+            let stand_in =
+                e.replica.filter(|&r| self.backends[e.owner].state().is_out() && self.backends[r].serves_sessions());
             let v = match stand_in {
-                Some(r) => {
-                    CloneValue { owner: r as u32, replica: e.owner as u32, flags: CLONE_F_FAILED_OVER, _pad: 0 }
-                }
+                Some(r) => CloneValue { owner: r as u32, replica: e.owner as u32, flags: CLONE_F_FAILED_OVER, _pad: 0 },
                 None => CloneValue {
                     owner: e.owner as u32,
                     replica: e.replica.map(|r| r as u32).unwrap_or(NO_BACKEND),

@@ -66,7 +66,8 @@ impl Multi {
             etcd.push(tb.add_host(&format!("e{i}"), &etcd_ip(i), &format!("02:99:00:00:02:{i:02x}")));
         }
         let key_prefix = format!("/dispatcher/{}", tb.prefix);
-        let mut m = Multi { tb, etcd, dispatchers: Vec::new(), clones: crate::websphere::Cluster::new(clones), key_prefix };
+        let mut m =
+            Multi { tb, etcd, dispatchers: Vec::new(), clones: crate::websphere::Cluster::new(clones), key_prefix };
         for i in 0..ETCD_MEMBERS {
             m.start_etcd(i);
         }
@@ -121,7 +122,8 @@ impl Multi {
         let pids = std::fs::read_to_string(file).unwrap_or_default();
         use nix::sys::signal::{kill, Signal};
         let is_etcd = |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "etcd");
-        let ours: Vec<i32> = pids.lines().filter_map(|l| l.trim().parse::<i32>().ok()).filter(|&p| is_etcd(p)).collect();
+        let ours: Vec<i32> =
+            pids.lines().filter_map(|l| l.trim().parse::<i32>().ok()).filter(|&p| is_etcd(p)).collect();
         for &pid in &ours {
             let _ = kill(nix::unistd::Pid::from_raw(pid), Signal::SIGTERM);
         }
@@ -149,7 +151,11 @@ impl Multi {
             if healthy >= want {
                 return;
             }
-            assert!(Instant::now() < deadline, "etcd: {healthy} of {want} members healthy after 30 s:\n{}", self.tb.log("etcd0"));
+            assert!(
+                Instant::now() < deadline,
+                "etcd: {healthy} of {want} members healthy after 30 s:\n{}",
+                self.tb.log("etcd0")
+            );
             std::thread::sleep(Duration::from_millis(200));
         }
     }
@@ -195,7 +201,10 @@ impl Multi {
         let what = format!("dispatcher-d{i}");
         let mut cmd = d.ns.command(dispatcher_bin());
         cmd.arg("run").arg("--config").arg(&d.config);
-        let _ = std::fs::rename(self.tb.workdir.join(format!("{what}.log")), self.tb.workdir.join(format!("{what}.previous.log")));
+        let _ = std::fs::rename(
+            self.tb.workdir.join(format!("{what}.log")),
+            self.tb.workdir.join(format!("{what}.previous.log")),
+        );
         self.tb.start(&what, cmd);
         let deadline = Instant::now() + Duration::from_secs(30);
         while !self.tb.log(&what).contains("dispatcher running") {
@@ -273,7 +282,9 @@ impl Multi {
         let dir = PathBuf::from("/sys/fs/bpf/dispatcher").join(&self.dispatchers[i].instance);
         let Ok(map) = MapData::from_pin(dir.join("BACKENDS")) else { return Vec::new() };
         let backends: Array<_, dispatcher_common::BackendInfo> = Map::Array(map).try_into().expect("BACKENDS");
-        (0..self.tb.backends.len() as u32).filter_map(|b| backends.get(&b, 0).ok().map(|x| (x.state, x.admin))).collect()
+        (0..self.tb.backends.len() as u32)
+            .filter_map(|b| backends.get(&b, 0).ok().map(|x| (x.state, x.admin)))
+            .collect()
     }
 
     /// The pinned maps of dispatcher `i` that decide where traffic goes, in a comparable
@@ -287,11 +298,13 @@ impl Multi {
             let base = vip * dispatcher_common::MAX_RING_SIZE;
             (0..1009).map(|s| rings.get(&(base + s), 0).expect("ring slot")).collect()
         };
-        let backends: Array<_, dispatcher_common::BackendInfo> = Map::Array(open("BACKENDS")).try_into().expect("BACKENDS");
+        let backends: Array<_, dispatcher_common::BackendInfo> =
+            Map::Array(open("BACKENDS")).try_into().expect("BACKENDS");
         let states = (0..self.tb.backends.len() as u32)
             .map(|b| backends.get(&b, 0).map(|x| (x.state, x.admin)).expect("backend entry"))
             .collect();
-        let clones: HashMap<_, u64, dispatcher_common::CloneValue> = Map::HashMap(open("CLONES")).try_into().expect("CLONES");
+        let clones: HashMap<_, u64, dispatcher_common::CloneValue> =
+            Map::HashMap(open("CLONES")).try_into().expect("CLONES");
         let mut c: Vec<(u64, (u32, u32, u32))> =
             clones.iter().filter_map(|r| r.ok()).map(|(k, v)| (k, (v.owner, v.replica, v.flags))).collect();
         c.sort();

@@ -19,7 +19,12 @@ use dispatcher_tests::cluster::Multi;
 /// What a dispatcher learns is used by the others within this bound.
 const SHARE_BOUND: Duration = Duration::from_secs(2);
 
-fn backend_field(m: &Multi, i: usize, backend: &str, f: fn(&dispatcher::admin::contract::BackendStatus) -> String) -> String {
+fn backend_field(
+    m: &Multi,
+    i: usize,
+    backend: &str,
+    f: fn(&dispatcher::admin::contract::BackendStatus) -> String,
+) -> String {
     m.status(i).backends.iter().find(|b| b.name == backend).map(f).unwrap_or_default()
 }
 
@@ -85,14 +90,20 @@ fn learning_operator_commands_and_decisions_are_shared() {
     // An operator's drain on d1 reaches d0 and d2; enable on d2 clears it everywhere.
     ok(m.cmd(1, &["drain", "b2"]));
     let t = Instant::now();
-    m.wait_for("drain of b2 everywhere", SHARE_BOUND, || (0..3).all(|i| backend_field(&m, i, "b2", |b| b.admin.clone()) == "drain"));
+    m.wait_for("drain of b2 everywhere", SHARE_BOUND, || {
+        (0..3).all(|i| backend_field(&m, i, "b2", |b| b.admin.clone()) == "drain")
+    });
     eprintln!("drain on d1 reached all after {:?}", t.elapsed());
     ok(m.cmd(2, &["enable", "b2"]));
-    m.wait_for("enable of b2 everywhere", SHARE_BOUND, || (0..3).all(|i| backend_field(&m, i, "b2", |b| b.admin.clone()) == "none"));
+    m.wait_for("enable of b2 everywhere", SHARE_BOUND, || {
+        (0..3).all(|i| backend_field(&m, i, "b2", |b| b.admin.clone()) == "none")
+    });
 
     // The operator's word survives a dispatcher's restart: taken before it serves.
     ok(m.cmd(1, &["disable", "b3"]));
-    m.wait_for("disable of b3 everywhere", SHARE_BOUND, || (0..3).all(|i| backend_field(&m, i, "b3", |b| b.admin.clone()) == "disabled"));
+    m.wait_for("disable of b3 everywhere", SHARE_BOUND, || {
+        (0..3).all(|i| backend_field(&m, i, "b3", |b| b.admin.clone()) == "disabled")
+    });
     m.stop_dispatcher(0);
     // Detached on stop: the restart loads afresh, with no pinned state of its own.
     m.wait_for("d0 gone from the members", Duration::from_secs(2), || {
@@ -264,9 +275,16 @@ fn the_store_failing_changes_no_routing() {
 
     // d2 cut off from the store (its routes to etcd black-holed) while clone k0 dies.
     for e in 0..3 {
-        m.dispatchers[2].ns.ip(&["route", "add", "blackhole", &format!("{}/32", dispatcher_tests::cluster::etcd_ip(e))]);
+        m.dispatchers[2].ns.ip(&[
+            "route",
+            "add",
+            "blackhole",
+            &format!("{}/32", dispatcher_tests::cluster::etcd_ip(e)),
+        ]);
     }
-    m.wait_for("d2 sees the store unreachable", Duration::from_secs(10), || m.status(2).cluster.unwrap().store == "unreachable");
+    m.wait_for("d2 sees the store unreachable", Duration::from_secs(10), || {
+        m.status(2).cluster.unwrap().store == "unreachable"
+    });
     m.tb.kill_servers_of(k0);
     m.clones.kill(k0);
     let name = format!("b{k0}");

@@ -15,7 +15,17 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Debian packages the tests and the demo use: ip (iproute2), ethtool, tcpdump for
 /// debugging a testbed, ping, and promtool (package prometheus; its service is not
 /// started here) to check the metrics exposition.
-const PACKAGES: &[&str] = &["iproute2", "ethtool", "iputils-ping", "tcpdump", "bpftool", "prometheus", "etcd-server", "etcd-client", "protobuf-compiler"];
+const PACKAGES: &[&str] = &[
+    "iproute2",
+    "ethtool",
+    "iputils-ping",
+    "tcpdump",
+    "bpftool",
+    "prometheus",
+    "etcd-server",
+    "etcd-client",
+    "protobuf-compiler",
+];
 
 pub fn setup() -> anyhow::Result<()> {
     let mut did = Vec::new();

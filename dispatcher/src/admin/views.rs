@@ -302,13 +302,49 @@ fn cluster_metrics(o: &mut String, s: &crate::admin::contract::ClusterStatus, c:
     let one = |o: &mut String, name: &str, kind: &str, help: &str, v: u64| {
         let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
     };
-    one(o, "dispatcher_cluster_store_up", "gauge", "1 while the shared store (etcd) answers, 0 while it does not.", (s.store == "connected") as u64);
-    one(o, "dispatcher_cluster_members", "gauge", "Live dispatchers (holding a lease), this one included.", s.members.len() as u64);
-    one(o, "dispatcher_cluster_store_writes_total", "counter", "Writes sent to the shared store (puts, deletes, transactions, lease grants).", s.writes);
+    one(
+        o,
+        "dispatcher_cluster_store_up",
+        "gauge",
+        "1 while the shared store (etcd) answers, 0 while it does not.",
+        (s.store == "connected") as u64,
+    );
+    one(
+        o,
+        "dispatcher_cluster_members",
+        "gauge",
+        "Live dispatchers (holding a lease), this one included.",
+        s.members.len() as u64,
+    );
+    one(
+        o,
+        "dispatcher_cluster_store_writes_total",
+        "counter",
+        "Writes sent to the shared store (puts, deletes, transactions, lease grants).",
+        s.writes,
+    );
     one(o, "dispatcher_cluster_lease_renewals_total", "counter", "Membership lease renewals sent.", s.renewals);
-    one(o, "dispatcher_cluster_sessions_total", "counter", "Sessions begun with the store (one more after every loss of it).", s.sessions);
-    one(o, "dispatcher_cluster_pending_writes", "gauge", "Writes waiting for the store to answer again.", s.pending_writes as u64);
-    one(o, "dispatcher_cluster_dropped_writes_total", "counter", "Writes dropped because too many waited for an unreachable store.", s.dropped_writes);
+    one(
+        o,
+        "dispatcher_cluster_sessions_total",
+        "counter",
+        "Sessions begun with the store (one more after every loss of it).",
+        s.sessions,
+    );
+    one(
+        o,
+        "dispatcher_cluster_pending_writes",
+        "gauge",
+        "Writes waiting for the store to answer again.",
+        s.pending_writes as u64,
+    );
+    one(
+        o,
+        "dispatcher_cluster_dropped_writes_total",
+        "counter",
+        "Writes dropped because too many waited for an unreachable store.",
+        s.dropped_writes,
+    );
     let _ = writeln!(o, "# HELP dispatcher_cluster_backend_out Backends out by the shared rule (most live dispatchers see them down).\n# TYPE dispatcher_cluster_backend_out gauge");
     for b in &c.backends {
         let _ = writeln!(o, "dispatcher_cluster_backend_out{{backend=\"{}\"}} {}", esc(&b.name), b.peers_out() as u64);

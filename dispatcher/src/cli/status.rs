@@ -240,17 +240,28 @@ fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
 fn cluster_section(o: &mut String, c: &dispatcher::admin::contract::ClusterStatus) {
     let _ = writeln!(o);
     let store = match (&*c.store, &c.last_error) {
-        ("connected", _) => format!("connected for {} s via {}, {} etcd members, leader {}, revision {}", c.store_for_s, c.via, c.store_members, c.leader, c.revision),
-        (_, Some(e)) => format!("UNREACHABLE for {} s ({e}): forwarding with the last shared state and own checks", c.store_for_s),
+        ("connected", _) => format!(
+            "connected for {} s via {}, {} etcd members, leader {}, revision {}",
+            c.store_for_s, c.via, c.store_members, c.leader, c.revision
+        ),
+        (_, Some(e)) => {
+            format!("UNREACHABLE for {} s ({e}): forwarding with the last shared state and own checks", c.store_for_s)
+        }
         _ => format!("UNREACHABLE for {} s", c.store_for_s),
     };
     let _ = writeln!(o, "cluster: this dispatcher is {}; store {store}", c.name);
     let _ = writeln!(o, "  endpoints: {}", c.endpoints.join(", "));
-    let members: Vec<String> = c
-        .members
-        .iter()
-        .map(|m| if m.down.is_empty() { m.name.clone() } else { format!("{} (sees down: {})", m.name, m.down.join(",")) })
-        .collect();
+    let members: Vec<String> =
+        c.members
+            .iter()
+            .map(|m| {
+                if m.down.is_empty() {
+                    m.name.clone()
+                } else {
+                    format!("{} (sees down: {})", m.name, m.down.join(","))
+                }
+            })
+            .collect();
     let _ = writeln!(o, "  live dispatchers ({}): {}", c.members.len(), members.join(", "));
     for d in &c.differing {
         let _ = writeln!(o, "  views differ: {d}");

@@ -49,7 +49,10 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 /// An etcd client URL: `http://host:port` (TLS to etcd is not supported yet).
 pub fn check_endpoint(e: &str) -> Result<(), String> {
     let Some(rest) = e.strip_prefix("http://") else {
-        return Err(format!("`{}`: write it as http://host:port (https to etcd is not supported yet)", e.escape_debug()));
+        return Err(format!(
+            "`{}`: write it as http://host:port (https to etcd is not supported yet)",
+            e.escape_debug()
+        ));
     };
     let rest = rest.strip_suffix('/').unwrap_or(rest);
     let Some((host, port)) = rest.rsplit_once(':') else {
@@ -58,7 +61,10 @@ pub fn check_endpoint(e: &str) -> Result<(), String> {
     let host_ok = !host.is_empty()
         && host.len() <= 253
         && (host.parse::<std::net::Ipv4Addr>().is_ok()
-            || host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).is_some_and(|h| h.parse::<std::net::Ipv6Addr>().is_ok())
+            || host
+                .strip_prefix('[')
+                .and_then(|h| h.strip_suffix(']'))
+                .is_some_and(|h| h.parse::<std::net::Ipv6Addr>().is_ok())
             || host.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.'));
     if !host_ok || !matches!(port.parse::<u16>(), Ok(p) if p > 0) {
         return Err(format!("`{}` is not http://host:port", e.escape_debug()));
@@ -227,7 +233,11 @@ impl Ctx<'_> {
                     && !v.ends_with('/')
                     && v.bytes().all(|b| b.is_ascii_graphic());
                 if !ok {
-                    self.report(p.span(), "cluster.key_prefix", "must start with '/', not end with '/', and be 2 to 128 printable characters without spaces");
+                    self.report(
+                        p.span(),
+                        "cluster.key_prefix",
+                        "must start with '/', not end with '/', and be 2 to 128 printable characters without spaces",
+                    );
                 }
                 v.clone()
             }
@@ -235,15 +245,20 @@ impl Ctx<'_> {
         let dur = |v: &Option<Spanned<String>>, field: &str, min: Duration, default: Duration| {
             v.as_ref().map_or(default, |v| self.duration(v, field, min).unwrap_or(default))
         };
-        let lease_ttl = dur(&c.lease_ttl, "cluster.lease_ttl", Duration::from_secs(2), ClusterSettings::DEFAULT_LEASE_TTL);
+        let lease_ttl =
+            dur(&c.lease_ttl, "cluster.lease_ttl", Duration::from_secs(2), ClusterSettings::DEFAULT_LEASE_TTL);
         let request_timeout = dur(
             &c.request_timeout,
             "cluster.request_timeout",
             Duration::from_millis(100),
             ClusterSettings::DEFAULT_REQUEST_TIMEOUT,
         );
-        let startup_wait =
-            dur(&c.startup_wait, "cluster.startup_wait", Duration::from_millis(100), ClusterSettings::DEFAULT_STARTUP_WAIT);
+        let startup_wait = dur(
+            &c.startup_wait,
+            "cluster.startup_wait",
+            Duration::from_millis(100),
+            ClusterSettings::DEFAULT_STARTUP_WAIT,
+        );
         if lease_ttl.as_secs() * 1000 != lease_ttl.as_millis() as u64 {
             if let Some(v) = &c.lease_ttl {
                 self.report(v.span(), "cluster.lease_ttl", "etcd leases are in whole seconds");
@@ -251,7 +266,11 @@ impl Ctx<'_> {
         }
         if request_timeout * 2 > lease_ttl {
             let span = c.request_timeout.as_ref().or(c.lease_ttl.as_ref()).map(|v| v.span()).unwrap_or(c.name.span());
-            self.report(span, "cluster.request_timeout", "must be at most half of cluster.lease_ttl (a renewal must fit in the lease)");
+            self.report(
+                span,
+                "cluster.request_timeout",
+                "must be at most half of cluster.lease_ttl (a renewal must fit in the lease)",
+            );
         }
         ClusterSettings {
             name: c.name.get_ref().clone(),

@@ -191,7 +191,11 @@ impl Observer {
             .filter_map(|b| {
                 let down = st.view.seen_down_by(b);
                 (!down.is_empty() && down.len() < st.view.members.len()).then(|| {
-                    format!("{b}: down for {}; up for the others (out cluster-wide: {})", down.join(","), st.view.out_by_majority(b))
+                    format!(
+                        "{b}: down for {}; up for the others (out cluster-wide: {})",
+                        down.join(","),
+                        st.view.out_by_majority(b)
+                    )
                 })
             })
             .collect();

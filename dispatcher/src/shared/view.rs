@@ -32,8 +32,14 @@ pub struct Member {
 pub enum Change {
     /// Membership or a verdict: the health rule may decide differently now.
     Verdicts,
-    Operator { backend: String, op: Operator },
-    Clone { id: String, backend: String },
+    Operator {
+        backend: String,
+        op: Operator,
+    },
+    Clone {
+        id: String,
+        backend: String,
+    },
     /// A key this version does not know (written by a newer one) or a malformed value.
     Ignored,
 }
@@ -69,7 +75,8 @@ pub fn operator_value(op: Operator) -> Option<&'static str> {
 impl View {
     /// A key under `prefix` was written (`Some(value)`) or deleted (`None`).
     pub fn apply(&mut self, prefix: &str, key: &[u8], value: Option<&[u8]>) -> Change {
-        let Some(rest) = std::str::from_utf8(key).ok().and_then(|k| k.strip_prefix(prefix)).and_then(|k| k.strip_prefix('/'))
+        let Some(rest) =
+            std::str::from_utf8(key).ok().and_then(|k| k.strip_prefix(prefix)).and_then(|k| k.strip_prefix('/'))
         else {
             return Change::Ignored;
         };
@@ -218,7 +225,14 @@ mod tests {
         );
         assert_eq!(v.apply(P, b"/d/tx/members/a", Some(b"{}")), Change::Ignored, "another prefix");
         assert_eq!(v.apply(P, b"/d/t/members/a", Some(b"not json")), Change::Ignored);
-        let forged = serde_json::to_string(&Member { name: "b".into(), started: 0, pid: 0, version: String::new(), down: vec![] }).unwrap();
+        let forged = serde_json::to_string(&Member {
+            name: "b".into(),
+            started: 0,
+            pid: 0,
+            version: String::new(),
+            down: vec![],
+        })
+        .unwrap();
         assert_eq!(v.apply(P, b"/d/t/members/a", Some(forged.as_bytes())), Change::Ignored, "name must match the key");
         assert_eq!(v.apply(P, b"/d/t/future/thing", Some(b"1")), Change::Ignored);
         assert_eq!(v.apply(P, &[0xff, 0xfe], Some(b"1")), Change::Ignored);

@@ -25,20 +25,29 @@ fn up_cluster(n: usize) {
             dispatcher_ip(i),
             client_ip(i)
         );
-        println!("      run it:  nsenter --net=/run/netns/{} target/debug/dispatcher run --config {}", d.ns.name, d.config.display());
+        println!(
+            "      run it:  nsenter --net=/run/netns/{} target/debug/dispatcher run --config {}",
+            d.ns.name,
+            d.config.display()
+        );
     }
     for i in 0..4 {
         println!("  {PREFIX}-b{i}: clone at {} (serve port 8080 yourself, e.g. ip netns exec {PREFIX}-b{i} python3 -m http.server 8080)", backend_ip(i));
     }
     println!("  from a client:   ip netns exec {PREFIX}-c0 curl http://{CLUSTER_VIP}/");
-    println!("  the shared keys: ip netns exec {PREFIX}-e0 etcdctl --endpoints http://{}:2379 get --prefix {}", etcd_ip(0), m.key_prefix);
+    println!(
+        "  the shared keys: ip netns exec {PREFIX}-e0 etcdctl --endpoints http://{}:2379 get --prefix {}",
+        etcd_ip(0),
+        m.key_prefix
+    );
     println!("  take it down:    cargo xtask testbed down (stop the dispatchers first: dispatcher stop --detach --config ...)");
     m.persist();
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let dispatchers = args.iter().position(|a| a == "--dispatchers").and_then(|i| args.get(i + 1)).and_then(|n| n.parse().ok());
+    let dispatchers =
+        args.iter().position(|a| a == "--dispatchers").and_then(|i| args.get(i + 1)).and_then(|n| n.parse().ok());
     match (args.get(1).map(String::as_str), dispatchers) {
         (Some("up"), Some(n)) => up_cluster(n),
         (Some("up"), None) => {

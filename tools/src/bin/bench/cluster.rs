@@ -34,7 +34,15 @@ fn median_max(v: &[f64]) -> (f64, f64) {
 
 /// wrk from dispatcher 0's client namespace: (requests/s, errors).
 fn wrk(m: &Multi, secs: u64) -> (f64, u64) {
-    let out = m.dispatchers[0].client.exec(&["wrk", "-t1", "-c32", "--timeout", "10s", &format!("-d{secs}s"), &format!("http://{VIP}/app")]);
+    let out = m.dispatchers[0].client.exec(&[
+        "wrk",
+        "-t1",
+        "-c32",
+        "--timeout",
+        "10s",
+        &format!("-d{secs}s"),
+        &format!("http://{VIP}/app"),
+    ]);
     let mut rps = f64::NAN;
     let mut errors = 0;
     for line in out.lines().map(str::trim) {
@@ -85,9 +93,7 @@ pub fn run(quick: bool) -> (String, String) {
         c.get("/app/new").expect("a new session");
         let after = m.decision_maps(0).clones.len();
         if after > before {
-            let d = wait(Duration::from_secs(5), || {
-                (1..3).all(|i| m.decision_maps(i).clones.len() >= after)
-            });
+            let d = wait(Duration::from_secs(5), || (1..3).all(|i| m.decision_maps(i).clones.len() >= after));
             learn.push(ms(d));
         }
     }
@@ -103,7 +109,9 @@ pub fn run(quick: bool) -> (String, String) {
         let t = Instant::now();
         let out = m.cmd(1, &["drain", &name]);
         assert!(out.status.success());
-        let d = wait(Duration::from_secs(5), || [0, 2].iter().all(|&i| m.backend_bytes(i).get(b).is_some_and(|x| x.1 == STATE_DRAIN)));
+        let d = wait(Duration::from_secs(5), || {
+            [0, 2].iter().all(|&i| m.backend_bytes(i).get(b).is_some_and(|x| x.1 == STATE_DRAIN))
+        });
         drain.push(ms(d.map(|_| t.elapsed())));
         let _ = m.cmd(2, &["enable", &name]);
         wait(Duration::from_secs(5), || (0..3).all(|i| m.backend_bytes(i).get(b).is_some_and(|x| x.1 == 0)));
@@ -127,9 +135,12 @@ pub fn run(quick: bool) -> (String, String) {
     let t = Instant::now();
     m.tb.kill_servers_of(1);
     m.clones.kill(1);
-    let fail = wait(Duration::from_secs(10), || (0..3).all(|i| m.backend_bytes(i).get(1).is_some_and(|x| x.0 == STATE_DOWN)));
+    let fail =
+        wait(Duration::from_secs(10), || (0..3).all(|i| m.backend_bytes(i).get(1).is_some_and(|x| x.0 == STATE_DOWN)));
     let failover_ms = ms(fail.map(|_| t.elapsed()));
-    eprintln!("    failover: clone 1 killed -> down on all three after {failover_ms:.0} ms (checks every 200 ms, fall 2)");
+    eprintln!(
+        "    failover: clone 1 killed -> down on all three after {failover_ms:.0} ms (checks every 200 ms, fall 2)"
+    );
     let status_text = String::from_utf8_lossy(&m.cmd(0, &["status"]).stdout).into_owned();
 
     // One dispatcher with and without [cluster], alternated.
@@ -145,7 +156,11 @@ pub fn run(quick: bool) -> (String, String) {
             std::thread::sleep(Duration::from_millis(500));
             let (rps, _) = wrk(&m, secs);
             eprintln!("    d0 {}: {rps:.0} req/s", if clustered { "with [cluster]" } else { "standalone" });
-            if clustered { with.push(rps) } else { without.push(rps) }
+            if clustered {
+                with.push(rps)
+            } else {
+                without.push(rps)
+            }
         }
     }
     let avg = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
@@ -162,7 +177,18 @@ pub fn run(quick: bool) -> (String, String) {
     md += &format!("| `dispatcher drain` on d1 -> in d0's and d2's `BACKENDS` (median / max of {rounds}) | {drain_med:.1} ms / {drain_max:.1} ms |\n");
     md += &format!("| clone killed -> down in all three `BACKENDS` (checks 200 ms, fall 2) | {failover_ms:.0} ms |\n");
     md += &format!("| etcd writes/s at steady state under {load_rps:.0} req/s (all 3 dispatchers) | {writes_per_s:.2} (store revisions/s {revisions_per_s:.2}; lease renewals/s {renewals_per_s:.2}) |\n");
-    md += &format!("| one dispatcher, req/s with `[cluster]` / standalone (wrk -c32, alternated) | {:.0} / {:.0} = {ratio:.3} |\n", avg(&with), avg(&without));
-    md += &format!("\n`dispatcher status` of d0 at the end of the run:\n\n```\n{}```\n", status_text.lines().filter(|l| l.starts_with("cluster") || l.starts_with("  ")).map(|l| format!("{l}\n")).collect::<String>());
+    md += &format!(
+        "| one dispatcher, req/s with `[cluster]` / standalone (wrk -c32, alternated) | {:.0} / {:.0} = {ratio:.3} |\n",
+        avg(&with),
+        avg(&without)
+    );
+    md += &format!(
+        "\n`dispatcher status` of d0 at the end of the run:\n\n```\n{}```\n",
+        status_text
+            .lines()
+            .filter(|l| l.starts_with("cluster") || l.starts_with("  "))
+            .map(|l| format!("{l}\n"))
+            .collect::<String>()
+    );
     (json, md)
 }

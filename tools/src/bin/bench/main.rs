@@ -14,7 +14,8 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let has = |f: &str| args.iter().any(|a| a == f);
     let quick = has("--quick");
-    let all = !has("--xdp") && !has("--http") && !has("--failover") && !has("--l4") && !has("--scaling") && !has("--cluster");
+    let all =
+        !has("--xdp") && !has("--http") && !has("--failover") && !has("--l4") && !has("--scaling") && !has("--cluster");
     let mut parts = Vec::new();
     let mut md = String::new();
     if all || has("--xdp") {
