@@ -9,7 +9,6 @@ use std::{
 };
 
 use anyhow::{anyhow, bail, Context as _};
-use dispatcher_common::Operator;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
     WatchOptions,
@@ -247,7 +246,6 @@ async fn write(inner: &Inner, client: &mut Client, p: &Publish) -> anyhow::Resul
                 }
             }
             inner.counters.writes.fetch_add(1, Ordering::Relaxed);
-            debug_assert!(matches!(op, Operator::None | Operator::Drain | Operator::Disabled));
         }
         Publish::Verdicts => {}
     }

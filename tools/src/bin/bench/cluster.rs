@@ -43,17 +43,7 @@ fn wrk(m: &Multi, secs: u64) -> (f64, u64) {
         &format!("-d{secs}s"),
         &format!("http://{VIP}/app"),
     ]);
-    let mut rps = f64::NAN;
-    let mut errors = 0;
-    for line in out.lines().map(str::trim) {
-        if let Some(v) = line.strip_prefix("Requests/sec:") {
-            rps = v.trim().parse().unwrap_or(f64::NAN);
-        } else if let Some(v) = line.strip_prefix("Non-2xx or 3xx responses:") {
-            errors += v.trim().parse::<u64>().unwrap_or(0);
-        } else if line.starts_with("Socket errors:") {
-            errors += line.split(|c: char| !c.is_ascii_digit()).filter_map(|n| n.parse::<u64>().ok()).sum::<u64>();
-        }
-    }
+    let (rps, _, _, errors) = crate::http::parse_wrk(&out);
     (rps, errors)
 }
 

@@ -105,6 +105,15 @@ fn wrk(tb: &Testbed, port: u16, secs: u64, script: &std::path::Path, connections
         script.to_str().unwrap(),
         &url,
     ]);
+    let (rps, p50, p99, errors) = parse_wrk(&out);
+    if rps.is_nan() || rps <= 0.0 {
+        eprintln!("    wrk -c{connections} against port {port} served nothing:\n{out}");
+    }
+    (rps, p50, p99, errors)
+}
+
+/// wrk's output: (requests/s, p50 ms, p99 ms, errors: non-2xx/3xx and socket errors).
+pub fn parse_wrk(out: &str) -> (f64, f64, f64, u64) {
     let mut rps = f64::NAN;
     let (mut p50, mut p99) = (f64::NAN, f64::NAN);
     let mut errors = 0;
@@ -121,9 +130,6 @@ fn wrk(tb: &Testbed, port: u16, secs: u64, script: &std::path::Path, connections
         } else if t.starts_with("Socket errors:") {
             errors += t.split(|c: char| !c.is_ascii_digit()).filter_map(|n| n.parse::<u64>().ok()).sum::<u64>();
         }
-    }
-    if rps.is_nan() || rps <= 0.0 {
-        eprintln!("    wrk -c{connections} against port {port} served nothing:\n{out}");
     }
     (rps, p50, p99, errors)
 }
