@@ -336,6 +336,44 @@ pub struct CloneValue {
 
 pub const CLONE_F_FAILED_OVER: u32 = 1;
 
+/// Slots of one dispatcher-ownership table (a prime): `STEER` holds `STEER_TABLES` of
+/// them, the current one, the previous one and the one being written.
+pub const STEER_SIZE: u32 = 4093;
+pub const STEER_TABLES: u32 = 3;
+
+/// `STEER` value: which dispatcher owns the connections whose flow hash lands here.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SteerSlot {
+    /// The owner's MAC on the shared segment.
+    pub mac: [u8; 6],
+    /// 1 when the slot names a dispatcher.
+    pub valid: u8,
+    pub _pad: u8,
+}
+
+/// `STEER_CONF` value (one entry): the tables in use and this dispatcher's MAC.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SteerConf {
+    /// One word, written at once: `steer_sel(current, previous, flags)`.
+    pub sel: u32,
+    /// Generation of the current table (for status; not read by XDP).
+    pub generation: u32,
+    pub self_mac: [u8; 6],
+    pub _pad: [u8; 2],
+}
+
+/// `SteerConf::sel` flags.
+pub const STEER_ON: u32 = 1 << 8;
+/// The previous table is valid: second chance applies.
+pub const STEER_HAS_PREV: u32 = 1 << 9;
+
+#[inline(always)]
+pub const fn steer_sel(current: u32, previous: u32, flags: u32) -> u32 {
+    (current & 0xf) | ((previous & 0xf) << 4) | flags
+}
+
 /// `STATS` value (per CPU).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -365,9 +403,18 @@ pub mod stats {
     pub const DROP_GROUP_MAC: u32 = 13;
     /// A source address no client can have (loopback, "this network", multicast, ...).
     pub const DROP_MARTIAN: u32 = 14;
-    pub const GLOBAL_SLOTS: u32 = 16;
+    /// HTTP VIP packets sent on to the dispatcher that owns the connection (`STEER`).
+    pub const STEERED: u32 = 15;
+    /// Sent to the owner under the previous table (second chance, daisy chaining).
+    pub const STEER_SECOND_CHANCE: u32 = 16;
+    /// Kept here although another dispatcher owns the tuple now: a local connection
+    /// from before the change, or a packet the owner sent back (second chance).
+    pub const STEER_KEPT_LOCAL: u32 = 17;
+    /// Not sent on because its TTL or hop limit was spent (a steering loop).
+    pub const STEER_TTL_EXPIRED: u32 = 18;
+    pub const GLOBAL_SLOTS: u32 = 24;
 
-    pub const GLOBAL_NAMES: [&str; 15] = [
+    pub const GLOBAL_NAMES: [&str; 19] = [
         "pass_non_vip",
         "pass_non_ip",
         "pass_http",
@@ -383,6 +430,10 @@ pub mod stats {
         "drop_bad_length",
         "drop_group_mac",
         "drop_martian",
+        "steered",
+        "steer_second_chance",
+        "steer_kept_local",
+        "steer_ttl_expired",
     ];
 
     /// Per VIP: forwarded packets/bytes, new flows, flow-table hits, affinity hits, drops.
@@ -426,6 +477,8 @@ mod pod {
     unsafe impl aya::Pod for AffinityValue {}
     unsafe impl aya::Pod for CloneValue {}
     unsafe impl aya::Pod for Counter {}
+    unsafe impl aya::Pod for SteerSlot {}
+    unsafe impl aya::Pod for SteerConf {}
 }
 
 // No implicit padding anywhere: the sizes are the sums of the fields.
@@ -436,3 +489,5 @@ const _: () = assert!(core::mem::size_of::<FlowKey>() == 40);
 const _: () = assert!(core::mem::size_of::<FlowValue>() == 24);
 const _: () = assert!(core::mem::size_of::<AffinityKey>() == 24);
 const _: () = assert!(core::mem::size_of::<AffinityValue>() == 16);
+const _: () = assert!(core::mem::size_of::<SteerSlot>() == 8);
+const _: () = assert!(core::mem::size_of::<SteerConf>() == 16);

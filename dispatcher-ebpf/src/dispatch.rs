@@ -14,7 +14,7 @@ use crate::{
         be16, parse_l2, ptr_at, read_word, Ipv4Hdr, Ipv6Hdr, Ports, ETH_P_IP, ETH_P_IPV6, IPV4_HLEN, IPV6_HLEN,
         TCP_HLEN, UDP_HLEN,
     },
-    select,
+    select, steer,
     stats::count,
 };
 
@@ -225,6 +225,11 @@ pub fn try_dispatch(ctx: &XdpContext) -> Result<u32, ()> {
         syn = flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
     }
     if vip.mode == MODE_HTTP {
+        if l3.proto == IPPROTO_TCP {
+            if let Some(verdict) = steer::steer(ctx, &l2, &l3, &key, syn, len)? {
+                return Ok(verdict);
+            }
+        }
         return pass(stats::PASS_HTTP, len);
     }
 

@@ -2,7 +2,8 @@
 //!
 //! A packet goes: `parse` (Ethernet, one VLAN tag, IPv4/IPv6, TCP/UDP) -> `VIPS` lookup
 //! (non-VIP -> pass, HTTP VIP -> pass to the agent) -> `select` (FLOWS, AFFINITY, Maglev
-//! ring, backend state) -> `forward` (MAC rewrite or IPIP encapsulation, XDP_TX).
+//! ring, backend state) -> `forward` (MAC rewrite or IPIP encapsulation, XDP_TX). HTTP
+//! VIPs shared by several dispatchers go through `steer` first (to the owner dispatcher).
 //! Every verdict is counted in `STATS` (`stats`).
 #![no_std]
 #![no_main]
@@ -16,6 +17,7 @@ mod maps;
 mod parse;
 mod select;
 mod stats;
+mod steer;
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 

@@ -7,8 +7,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
 use dispatcher_common::{
-    stats, AffinityKey, AffinityValue, BackendInfo, CloneValue, Counter, FlowKey, FlowValue, VipInfo, VipKey,
-    DEFAULT_MAX_AFFINITY, DEFAULT_MAX_FLOWS, MAX_BACKENDS, MAX_CLONES, MAX_RING_SIZE, MAX_VIPS,
+    stats, AffinityKey, AffinityValue, BackendInfo, CloneValue, Counter, FlowKey, FlowValue, SteerConf, SteerSlot,
+    VipInfo, VipKey, DEFAULT_MAX_AFFINITY, DEFAULT_MAX_FLOWS, MAX_BACKENDS, MAX_CLONES, MAX_RING_SIZE, MAX_VIPS, STEER_SIZE, STEER_TABLES,
 };
 
 #[map]
@@ -35,3 +35,11 @@ pub static CLONES: HashMap<u64, CloneValue> = HashMap::with_max_entries(MAX_CLON
 
 #[map]
 pub static STATS: PerCpuArray<Counter> = PerCpuArray::with_max_entries(stats::TOTAL_SLOTS, 0);
+
+/// Dispatcher-ownership tables for HTTP VIPs behind ECMP (`steer`): `STEER_TABLES`
+/// tables of `STEER_SIZE` slots, chosen by `STEER_CONF`.
+#[map]
+pub static STEER: Array<SteerSlot> = Array::with_max_entries(STEER_TABLES * STEER_SIZE, 0);
+
+#[map]
+pub static STEER_CONF: Array<SteerConf> = Array::with_max_entries(1, 0);

@@ -36,6 +36,8 @@ pub enum AgentRequest {
     Stop {
         detach: bool,
     },
+    /// `dispatcher join` (true) / `leave` (false): answered with what was done.
+    Membership(bool, tokio::sync::oneshot::Sender<Result<String, String>>),
 }
 
 /// Blocks until SIGTERM or SIGINT.
@@ -114,7 +116,16 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
     // its own event loops (`http::listener`).
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
     let current: crate::shared::Current = Arc::new(std::sync::RwLock::new((Arc::new(cfg.clone()), cluster.clone())));
-    let shared = cfg.cluster.clone().map(|s| rt.block_on(crate::shared::Shared::start(s, current.clone())));
+    // Steering: this dispatcher's MAC goes into its member key, for the others' tables.
+    let joined = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let steer_mac = match &cfg.cluster {
+        Some(c) if c.steering => Some(crate::steering::interface_mac(&cfg.interface)?),
+        _ => None,
+    };
+    let shared = cfg.cluster.clone().map(|s| {
+        let me = crate::shared::Identity { mac: steer_mac, joined: joined.clone() };
+        rt.block_on(crate::shared::Shared::start(s, current.clone(), me))
+    });
     if shared.is_some() {
         cluster.rewrite_all_clones();
     }
@@ -155,8 +166,30 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
     // When a listener closes (reload), connections in its accept queue move to the new
     // one instead of being reset (SO_REUSEPORT group; Linux 5.14+).
     let _ = std::fs::write("/proc/sys/net/ipv4/tcp_migrate_req", "1");
+    if steer_mac.is_none() {
+        // Standalone (or steering off): whatever an earlier run left, nothing is steered.
+        tables.set_steer_conf(&Default::default()).context("clearing STEER_CONF")?;
+    }
     let tables = Arc::new(std::sync::Mutex::new(tables));
+    let steering = match (&shared, &cfg.cluster, steer_mac) {
+        (Some(sh), Some(c), Some(mac)) => {
+            let st = crate::steering::Steering::new(tables.clone(), c.name.clone(), mac, c.second_chance, joined.clone());
+            rt.spawn(crate::steering::run(st.clone(), sh.peers()));
+            Some(st)
+        }
+        _ => None,
+    };
+    crate::steering::set_leaving(false);
     let mut live = Running::start(Arc::new(cfg.clone()), cluster, &tables, &rt)?;
+    // Announced once the VIPs are served.
+    let mut announcer = match &cfg.announce {
+        Some(a) => {
+            let mut an = crate::announce::Announcer::start(a).context("creating the announcement interfaces")?;
+            an.set_joined(true).context("announcing the VIPs")?;
+            Some(an)
+        }
+        None => None,
+    };
     let (requests, mut request_rx) = tokio::sync::mpsc::unbounded_channel::<AgentRequest>();
     let admin = Arc::new(Admin {
         live: std::sync::RwLock::new(live.view()),
@@ -165,6 +198,8 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
         requests,
         started: std::time::Instant::now(),
         shared: shared.as_ref().map(|s| s.observer()),
+        steering: steering.clone(),
+        announced: std::sync::Mutex::new(announcer.as_ref().map(|a| a.joined())),
     });
     let (listener, tcp) = {
         let _guard = rt.enter();
@@ -208,12 +243,23 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
                         let _ = reply.send(r);
                     }
                     AgentRequest::Stop { detach } => return Ok(("dispatcher stop", !detach)),
+                    AgentRequest::Membership(join, reply) => {
+                        let r = membership(join, &joined, announcer.as_mut(), shared.as_ref(), steering.as_deref());
+                        *admin.announced.lock().unwrap() = announcer.as_ref().map(|a| a.joined());
+                        let _ = reply.send(r);
+                    }
                 },
             }
         }
     })?;
     admin_task.abort();
     let _ = std::fs::remove_file(&cfg.admin_socket);
+    // Out of the group first: routes withdrawn, this dispatcher's slots to the others,
+    // connections closed after their next response while in-flight requests finish.
+    let _ = membership(false, &joined, announcer.as_mut(), shared.as_ref(), steering.as_deref());
+    if let Some(a) = announcer.take() {
+        a.stop();
+    }
     if let Some(shared) = shared {
         // The others stop counting this dispatcher now, not when its lease runs out.
         rt.block_on(shared.leave());
@@ -232,6 +278,39 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
         tracing::info!(signal = why, "detached and unpinned");
     }
     Ok(())
+}
+
+/// `dispatcher join` / `leave` (and stop): announcements, the member key, the local
+/// ownership table, the fate of keep-alive connections.
+fn membership(
+    join: bool,
+    joined: &std::sync::atomic::AtomicBool,
+    announcer: Option<&mut crate::announce::Announcer>,
+    shared: Option<&crate::shared::Shared>,
+    steering: Option<&crate::steering::Steering>,
+) -> Result<String, String> {
+    if announcer.is_none() && shared.is_none() {
+        return Err("neither [announce] nor [cluster] is configured: there is no group to leave or join".into());
+    }
+    joined.store(join, std::sync::atomic::Ordering::Relaxed);
+    crate::steering::set_leaving(!join);
+    let mut done = Vec::new();
+    if let Some(a) = announcer {
+        a.set_joined(join).map_err(|e| format!("{e:#}"))?;
+        done.push(if join { "VIPs announced" } else { "VIPs withdrawn" });
+    }
+    if let Some(sh) = shared {
+        sh.publish_member();
+    }
+    if let Some(st) = steering {
+        st.refresh();
+        done.push(if join { "in the ownership table" } else { "out of the ownership table" });
+    }
+    if !join {
+        done.push("client connections close after their next response");
+    }
+    tracing::info!(joined = join, "{}", done.join("; "));
+    Ok(format!("{}: {}", if join { "joined" } else { "left" }, done.join("; ")))
 }
 
 /// What runs for one configuration: the cluster state, the HTTP VIPs, the control loop.

@@ -8,6 +8,7 @@
 //! `control` (health checks from `health`, failed requests, operator commands).
 
 pub mod admin;
+pub mod announce;
 pub mod agent;
 pub mod config;
 pub mod control;
@@ -20,3 +21,4 @@ pub mod maglev;
 pub mod ratelimit;
 pub mod shared;
 pub mod state;
+pub mod steering;

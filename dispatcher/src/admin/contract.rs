@@ -21,6 +21,35 @@ pub struct AgentStatus {
     /// `[cluster]` only: the shared store and the other dispatchers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<ClusterStatus>,
+    /// `[cluster]` with steering: who owns which HTTP connections.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steering: Option<SteeringStatus>,
+    /// `[announce]`: whether this dispatcher announces its VIPs now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub announced: Option<bool>,
+}
+
+/// Connection steering for HTTP VIPs behind ECMP, as this dispatcher runs it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SteeringStatus {
+    /// An ownership table is installed (the XDP program steers).
+    pub active: bool,
+    /// This dispatcher takes connections (not after `dispatcher leave`).
+    pub joined: bool,
+    /// Generation of the current table (one more per membership change here).
+    pub generation: u32,
+    /// The dispatchers in the current table.
+    pub dispatchers: Vec<String>,
+    /// The dispatchers of the previous table, while it serves second chances.
+    pub previous: Vec<String>,
+    pub second_chance_left_s: Option<f64>,
+    pub changed_s_ago: Option<f64>,
+    /// Packets sent on to their owner, by second chance, kept here against the table
+    /// (a connection from before the change), and not sent for want of TTL.
+    pub steered: u64,
+    pub second_chances: u64,
+    pub kept_local: u64,
+    pub ttl_expired: u64,
 }
 
 /// The shared store as this dispatcher sees it.
@@ -69,6 +98,12 @@ pub struct MemberStatus {
     pub version: String,
     /// Backends its own checks see down.
     pub down: Vec<String>,
+    /// Its MAC for steering (none: it does not steer).
+    #[serde(default)]
+    pub mac: Option<String>,
+    /// It takes connections (false after `dispatcher leave`).
+    #[serde(default)]
+    pub joined: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -45,6 +45,10 @@ pub struct Admin {
     pub started: Instant,
     /// `[cluster]`: the link to the shared store.
     pub shared: Option<crate::shared::Observer>,
+    /// `[cluster]` with steering.
+    pub steering: Option<Arc<crate::steering::Steering>>,
+    /// `[announce]`: announced now.
+    pub announced: Mutex<Option<bool>>,
 }
 
 impl Admin {
@@ -235,6 +239,18 @@ async fn handle<S: AsyncRead + AsyncWrite + Unpin>(admin: &Admin, mut s: S, peer
             }
             let body = StopReply { stopping: true, detach, pid: std::process::id() };
             respond(&mut s, 202, "application/json", &to_json(&body)).await
+        }
+        ("POST", ["leave" | "join"]) => {
+            let join = parts == ["join"];
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            if admin.requests.send(AgentRequest::Membership(join, tx)).is_err() {
+                return respond(&mut s, 503, "application/json", &err("the agent is stopping")).await;
+            }
+            match tokio::time::timeout(Duration::from_secs(10), rx).await {
+                Ok(Ok(Ok(what))) => respond(&mut s, 200, "text/plain", &format!("{what}\n")).await,
+                Ok(Ok(Err(why))) => respond(&mut s, 400, "application/json", &err(why)).await,
+                _ => respond(&mut s, 503, "application/json", &err("no reply")).await,
+            }
         }
         ("POST", ["backends", name, action]) => backend_command(admin, &mut s, name, action).await,
         _ => respond(&mut s, 404, "text/plain", "not found\n").await,

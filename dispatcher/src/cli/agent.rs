@@ -43,6 +43,39 @@ pub fn reload(path: &Path) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// `leave` / `join`.
+pub fn membership(path: &Path, join: bool, wait: Option<f64>) -> anyhow::Result<ExitCode> {
+    let cfg = Config::load(path)?;
+    let target = if join { "/join" } else { "/leave" };
+    let (code, body) =
+        request(&cfg.admin_socket, "POST", target).map_err(|e| anyhow::anyhow!(explain(&e, &cfg.instance)))?;
+    if code != 200 {
+        let why = serde_json::from_str::<ErrorReply>(&body).map(|e| e.error).unwrap_or_else(|_| body.trim().into());
+        eprintln!("{} refused: {why}", &target[1..]);
+        return Ok(ExitCode::from(1));
+    }
+    println!("{}", body.trim());
+    let Some(secs) = wait else { return Ok(ExitCode::SUCCESS) };
+    let started = std::time::Instant::now();
+    let limit = Duration::from_secs_f64(secs.max(0.0));
+    loop {
+        let open = request(&cfg.admin_socket, "GET", "/status")
+            .ok()
+            .and_then(|(_, b)| serde_json::from_str::<dispatcher::admin::contract::AgentStatus>(&b).ok())
+            .map(|s| s.vips.iter().map(|v| v.connections).sum::<u64>())
+            .unwrap_or(0);
+        if open == 0 {
+            println!("no client connection left after {} ms", started.elapsed().as_millis());
+            return Ok(ExitCode::SUCCESS);
+        }
+        if started.elapsed() >= limit {
+            println!("{open} client connections still open after {secs} s");
+            return Ok(ExitCode::from(2));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// `stop`: the agent finishes its requests and exits; the XDP program stays attached
 /// and the maps pinned, so L4 forwarding goes on and a later `run` adopts them.
 /// `stop --detach`: the same, then the program is detached and the maps unpinned (also

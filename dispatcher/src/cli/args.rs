@@ -75,6 +75,26 @@ pub enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Take this dispatcher out of a group behind ECMP: withdraw its VIPs, give its place
+    /// in the ownership table to the others, and close each client connection after its
+    /// next response; connections opened before go on meanwhile. `--wait SECS`: wait until
+    /// no client connection is left (or SECS pass), then report.
+    Leave {
+        #[arg(long, short)]
+        config: PathBuf,
+        #[arg(long, value_name = "SECS")]
+        wait: Option<f64>,
+    },
+    /// Put this dispatcher back: announce its VIPs and take its place in the ownership table.
+    Join {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Print BIRD's static protocol that announces this configuration's VIPs ([announce]).
+    BirdConfig {
+        #[arg(long, short)]
+        config: PathBuf,
+    },
     /// Stop the running agent; the XDP program stays attached and the maps pinned (L4
     /// forwarding goes on). `--detach`: also detach the program and remove the maps.
     Stop {

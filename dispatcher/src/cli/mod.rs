@@ -25,5 +25,11 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Stop { config, detach } => agent::stop(&config, detach),
         Command::Metrics { config } => agent::metrics(&config),
         Command::Reload { config } => agent::reload(&config),
+        Command::Leave { config, wait } => agent::membership(&config, false, wait),
+        Command::Join { config } => agent::membership(&config, true, None),
+        Command::BirdConfig { config } => {
+            print!("{}", dispatcher::announce::bird_config(&dispatcher::config::Config::load(&config)?)?);
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }

@@ -92,6 +92,8 @@ pub struct Config {
     pub health: HealthSettings,
     /// `[cluster]`: several dispatchers sharing state through etcd; `None`: standalone.
     pub cluster: Option<ClusterSettings>,
+    /// `[announce]`: the interfaces BIRD announces the VIPs from (see `announce`).
+    pub announce: Option<AnnounceSettings>,
 }
 
 /// `[cluster]`: the shared store and this dispatcher's place in it (see `shared`).
@@ -110,6 +112,28 @@ pub struct ClusterSettings {
     pub request_timeout: Duration,
     /// How long a starting agent waits for the shared state before it serves without it.
     pub startup_wait: Duration,
+    /// Steer each HTTP VIP connection to the dispatcher that owns it (XDP, `steer`).
+    pub steering: bool,
+    /// How long the previous ownership table is kept after a membership change, for the
+    /// connections opened before it (second chance).
+    pub second_chance: Duration,
+}
+
+/// `[announce]`: the agent holds one interface per kind of VIP; BIRD's static protocol
+/// announces a VIP while its interface is up (`route VIP/32 via "IFACE"`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AnnounceSettings {
+    /// Exists while the agent runs and this dispatcher is joined (a TUN device the agent
+    /// holds open): HTTP VIPs are withdrawn when the agent dies.
+    pub http_interface: Option<String>,
+    /// Persistent; up while this dispatcher is joined: L4 VIPs stay announced across an
+    /// agent restart (XDP keeps forwarding them).
+    pub l4_interface: Option<String>,
+}
+
+impl AnnounceSettings {
+    pub const DEFAULT_HTTP_INTERFACE: &'static str = "dsp-http";
+    pub const DEFAULT_L4_INTERFACE: &'static str = "dsp-l4";
 }
 
 impl ClusterSettings {
@@ -117,6 +141,7 @@ impl ClusterSettings {
     pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(5);
     pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
     pub const DEFAULT_STARTUP_WAIT: Duration = Duration::from_secs(10);
+    pub const DEFAULT_SECOND_CHANCE: Duration = Duration::from_secs(300);
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

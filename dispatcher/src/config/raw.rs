@@ -18,6 +18,7 @@ pub(super) struct RawConfig {
     pub(super) http: Option<Spanned<RawHttp>>,
     pub(super) health: Option<Spanned<RawHealth>>,
     pub(super) cluster: Option<Spanned<RawCluster>>,
+    pub(super) announce: Option<Spanned<RawAnnounce>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -29,6 +30,15 @@ pub(super) struct RawCluster {
     pub(super) lease_ttl: Option<Spanned<String>>,
     pub(super) request_timeout: Option<Spanned<String>>,
     pub(super) startup_wait: Option<Spanned<String>>,
+    pub(super) steering: Option<Spanned<bool>>,
+    pub(super) second_chance: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAnnounce {
+    pub(super) http_interface: Option<Spanned<String>>,
+    pub(super) l4_interface: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -29,6 +29,9 @@ impl Config {
         if new.cluster != self.cluster {
             return restart("[cluster]");
         }
+        if new.announce != self.announce {
+            return restart("[announce]");
+        }
         if new.flow_table_size != self.flow_table_size || new.affinity_table_size != self.affinity_table_size {
             return restart("a table size");
         }

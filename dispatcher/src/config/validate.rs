@@ -188,6 +188,7 @@ impl Ctx<'_> {
             None => HealthSettings::default(),
         };
         let cluster = raw.cluster.as_ref().map(|c| self.cluster(c.get_ref()));
+        let announce = raw.announce.as_ref().map(|a| self.announce(a.get_ref()));
         Config {
             interface: d.interface,
             instance: d.instance,
@@ -204,6 +205,7 @@ impl Ctx<'_> {
             http,
             health,
             cluster,
+            announce,
         }
     }
 
@@ -272,6 +274,12 @@ impl Ctx<'_> {
                 "must be at most half of cluster.lease_ttl (a renewal must fit in the lease)",
             );
         }
+        let second_chance = dur(
+            &c.second_chance,
+            "cluster.second_chance",
+            Duration::from_secs(1),
+            ClusterSettings::DEFAULT_SECOND_CHANCE,
+        );
         ClusterSettings {
             name: c.name.get_ref().clone(),
             endpoints,
@@ -279,7 +287,33 @@ impl Ctx<'_> {
             lease_ttl,
             request_timeout,
             startup_wait,
+            steering: c.steering.as_ref().is_none_or(|v| *v.get_ref()),
+            second_chance,
         }
+    }
+
+    /// `[announce]`.
+    fn announce(&self, a: &RawAnnounce) -> AnnounceSettings {
+        let iface = |v: &Option<Spanned<String>>, field: &str, default: &str| -> Option<String> {
+            let Some(v) = v else { return Some(default.to_string()) };
+            let name = v.get_ref();
+            if name.is_empty() {
+                return None;
+            }
+            // IFNAMSIZ - 1, and what `ip link` accepts.
+            let ok = name.len() <= 15 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+            if !ok {
+                self.report(v.span(), field, "an interface name: 1 to 15 of [A-Za-z0-9._-] (\"\" for none)");
+            }
+            Some(name.clone())
+        };
+        let http_interface = iface(&a.http_interface, "announce.http_interface", AnnounceSettings::DEFAULT_HTTP_INTERFACE);
+        let l4_interface = iface(&a.l4_interface, "announce.l4_interface", AnnounceSettings::DEFAULT_L4_INTERFACE);
+        if http_interface.is_some() && http_interface == l4_interface {
+            let span = a.l4_interface.as_ref().or(a.http_interface.as_ref()).map(|v| v.span()).unwrap_or(0..0);
+            self.report(span, "announce.l4_interface", "must differ from announce.http_interface");
+        }
+        AnnounceSettings { http_interface, l4_interface }
     }
 
     /// `[dispatcher]`.

@@ -30,7 +30,8 @@ pub enum DataplaneError {
 }
 
 /// The map names, as DESIGN.md fixes them.
-pub const MAP_NAMES: [&str; 7] = ["VIPS", "BACKENDS", "RINGS", "FLOWS", "AFFINITY", "CLONES", "STATS"];
+pub const MAP_NAMES: [&str; 9] =
+    ["VIPS", "BACKENDS", "RINGS", "FLOWS", "AFFINITY", "CLONES", "STATS", "STEER", "STEER_CONF"];
 
 /// How the program was attached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

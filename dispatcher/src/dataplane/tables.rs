@@ -8,9 +8,9 @@ use aya::{
     Ebpf,
 };
 use dispatcher_common::{
-    addr_words, stats, BackendInfo, Counter, FlowKey, FlowValue, VipInfo, VipKey, AF_INET, AF_INET6, FWD_IPIP, FWD_MAC,
+    addr_words, stats, BackendInfo, Counter, FlowKey, FlowValue, SteerConf, SteerSlot, VipInfo, VipKey, AF_INET, AF_INET6, FWD_IPIP, FWD_MAC,
     IPPROTO_TCP, IPPROTO_UDP, MAX_RING_SIZE, MODE_ADDR_MARKER, MODE_HTTP, MODE_L4, NO_BACKEND, STATE_UP,
-    VIP_F_AFFINITY,
+    STEER_SIZE, VIP_F_AFFINITY,
 };
 
 use super::DataplaneError;
@@ -27,6 +27,9 @@ pub struct Tables {
     /// Kernel id of FLOWS: another handle on it for long walks off the control loop.
     flows_id: Option<u32>,
     pub stats: PerCpuArray<MapData, Counter>,
+    /// Dispatcher-ownership tables for HTTP VIPs (`steering`).
+    pub steer: Array<MapData, SteerSlot>,
+    pub steer_conf: Array<MapData, SteerConf>,
     /// What the ring of each VIP holds now, so a rebuild writes only changed slots.
     ring_cache: Vec<Vec<u32>>,
 }
@@ -112,6 +115,8 @@ impl Tables {
             flows: HashMap::try_from(flows).map_err(map_err("FLOWS"))?,
             flows_id,
             stats: typed(&mut open, "STATS")?,
+            steer: typed(&mut open, "STEER")?,
+            steer_conf: typed(&mut open, "STEER_CONF")?,
             ring_cache: Vec::new(),
         })
     }
@@ -127,6 +132,26 @@ impl Tables {
             let data = MapData::from_pin(dir.join(name)).map_err(|source| DataplaneError::Map { name, source })?;
             aya::maps::Map::from_map_data(data).map_err(|source| DataplaneError::Map { name, source })
         })
+    }
+
+    /// Writes ownership table `index` (of `STEER_TABLES`); only changed slots.
+    pub fn write_steer_table(&mut self, index: u32, slots: &[SteerSlot]) -> Result<(), DataplaneError> {
+        let base = index * STEER_SIZE;
+        for (i, s) in slots.iter().enumerate().take(STEER_SIZE as usize) {
+            let at = base + i as u32;
+            if self.steer.get(&at, 0).ok().as_ref() != Some(s) {
+                self.steer.set(at, s, 0).map_err(map_err("STEER"))?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn steer_conf(&self) -> SteerConf {
+        self.steer_conf.get(&0, 0).unwrap_or_default()
+    }
+
+    pub fn set_steer_conf(&mut self, conf: &SteerConf) -> Result<(), DataplaneError> {
+        self.steer_conf.set(0, conf, 0).map_err(map_err("STEER_CONF"))
     }
 
     pub fn set_backend(&mut self, id: u32, info: &BackendInfo) -> Result<(), DataplaneError> {

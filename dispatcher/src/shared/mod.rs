@@ -81,6 +81,18 @@ pub(crate) struct Inner {
     pub(crate) started_unix: u64,
     /// Which of `settings.endpoints` the next session talks to.
     pub(crate) endpoint: std::sync::atomic::AtomicUsize,
+    /// This dispatcher's steering MAC (published in its member key).
+    pub(crate) mac: Option<[u8; 6]>,
+    /// It takes connections (`dispatcher leave` clears it).
+    pub(crate) joined: Arc<std::sync::atomic::AtomicBool>,
+    /// The steering membership, on every change of the members.
+    pub(crate) peers: tokio::sync::watch::Sender<Option<Vec<crate::steering::Peer>>>,
+}
+
+/// Who this dispatcher is besides its name: what steering needs from the others.
+pub struct Identity {
+    pub mac: Option<[u8; 6]>,
+    pub joined: Arc<std::sync::atomic::AtomicBool>,
 }
 
 pub(crate) struct StoreState {
@@ -106,7 +118,7 @@ impl Shared {
     /// Starts the link: a session with the store, again after every loss of it. Returns
     /// once the first shared state is applied to the cluster, or after
     /// `startup_wait` without it (the agent then serves with its own state and says so).
-    pub async fn start(settings: ClusterSettings, current: Current) -> Shared {
+    pub async fn start(settings: ClusterSettings, current: Current, me: Identity) -> Shared {
         let (tx, rx) = mpsc::unbounded_channel();
         current.read().unwrap().1.set_publisher(tx.clone());
         let inner = Arc::new(Inner {
@@ -125,6 +137,9 @@ impl Shared {
             }),
             pending: Mutex::new(VecDeque::new()),
             endpoint: Default::default(),
+            mac: me.mac,
+            joined: me.joined,
+            peers: tokio::sync::watch::Sender::new(None),
             started_unix: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())
@@ -158,6 +173,17 @@ impl Shared {
         }
     }
 
+    /// The steering membership as it changes (`None` until the store was read once).
+    pub fn peers(&self) -> tokio::sync::watch::Receiver<Option<Vec<crate::steering::Peer>>> {
+        self.inner.peers.subscribe()
+    }
+
+    /// This dispatcher joined or left: its member key says so (now, or when the store is
+    /// back).
+    pub fn publish_member(&self) {
+        self.inner.current.read().unwrap().1.publish(Publish::Verdicts);
+    }
+
     /// A read-only handle for `status` and the metrics.
     pub fn observer(&self) -> Observer {
         Observer(self.inner.clone())
@@ -183,6 +209,8 @@ impl Observer {
                 started: m.started,
                 version: m.version.clone(),
                 down: m.down.clone(),
+                mac: m.mac.clone(),
+                joined: m.joined,
             })
             .collect();
         // Where the dispatchers' own checks disagree.
@@ -286,6 +314,18 @@ fn keep_pending(inner: &Inner, p: Publish) {
     q.push_back(p);
 }
 
+/// Tells steering the membership (when it changed).
+pub(crate) fn publish_peers(inner: &Inner, v: &view::View) {
+    let peers = v.steering_peers();
+    inner.peers.send_if_modified(|cur| {
+        if cur.as_ref() == Some(&peers) {
+            return false;
+        }
+        *cur = Some(peers);
+        true
+    });
+}
+
 /// Applies the whole view: every backend's operator state and majority verdict, every
 /// shared clone ID (a session's start).
 fn apply_all(inner: &Inner, v: &view::View) {
@@ -337,6 +377,8 @@ fn member_value(inner: &Inner) -> String {
         pid: std::process::id(),
         version: env!("CARGO_PKG_VERSION").into(),
         down,
+        mac: inner.mac.map(|m| crate::steering::table::format_mac(&m)),
+        joined: inner.joined.load(Ordering::Relaxed),
     };
     serde_json::to_string(&m).unwrap_or_default()
 }

@@ -16,7 +16,7 @@ use etcd_client::{
 use tokio::sync::mpsc;
 
 use super::{
-    apply_all, apply_backend, backend_index, keep_pending, member_value,
+    apply_all, apply_backend, backend_index, keep_pending, member_value, publish_peers,
     view::{self, Change},
     Inner, Publish,
 };
@@ -105,6 +105,7 @@ async fn session(
     .await?;
     store_health(inner, &mut client).await;
     apply_all(inner, &v);
+    publish_peers(inner, &v);
     {
         let mut st = inner.state.lock().unwrap();
         st.view = v.clone();
@@ -172,6 +173,7 @@ async fn session(
                     for i in 0..cluster.backends.len() {
                         apply_backend(&cfg, &cluster, &v, i, false);
                     }
+                    publish_peers(inner, &v);
                 }
                 let mut st = inner.state.lock().unwrap();
                 st.view = v.clone();

@@ -25,6 +25,13 @@ pub struct Member {
     /// The backends this dispatcher's own checks see down (its published verdicts).
     #[serde(default)]
     pub down: Vec<String>,
+    /// Its MAC on the segment it shares with the others, when it steers HTTP connections.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
+    /// It takes connections: in every dispatcher's ownership table (false after
+    /// `dispatcher leave`, while its own connections finish).
+    #[serde(default)]
+    pub joined: bool,
 }
 
 /// A change the agent acts on, from one key written or deleted.
@@ -73,6 +80,18 @@ pub fn operator_value(op: Operator) -> Option<&'static str> {
 }
 
 impl View {
+    /// The dispatchers that take HTTP connections: joined, with a MAC.
+    pub fn steering_peers(&self) -> Vec<crate::steering::Peer> {
+        self.members
+            .values()
+            .filter(|m| m.joined)
+            .filter_map(|m| {
+                let mac = crate::steering::table::parse_mac(m.mac.as_deref()?)?;
+                Some(crate::steering::Peer { name: m.name.clone(), mac })
+            })
+            .collect()
+    }
+
     /// A key under `prefix` was written (`Some(value)`) or deleted (`None`).
     pub fn apply(&mut self, prefix: &str, key: &[u8], value: Option<&[u8]>) -> Change {
         let Some(rest) =
@@ -150,6 +169,8 @@ mod tests {
             pid: 2,
             version: "x".into(),
             down: down.iter().map(|d| d.to_string()).collect(),
+            mac: Some(format!("02:00:00:00:00:{:02x}", name.len())),
+            joined: name != "left",
         };
         let json = serde_json::to_string(&m).unwrap();
         assert_eq!(v.apply(P, member_key(P, name).as_bytes(), Some(json.as_bytes())), Change::Verdicts);
@@ -167,6 +188,18 @@ mod tests {
         }
         let set: Vec<&str> = set.iter().map(|s| s.as_str()).collect();
         member_down(v, who, &set);
+    }
+
+    #[test]
+    fn steering_peers_are_the_joined_members_with_a_mac() {
+        let mut v = View::default();
+        member(&mut v, "d1");
+        member(&mut v, "left");
+        // An older dispatcher without a MAC steers nothing and owns nothing.
+        let old = r#"{"name":"old","started":1,"pid":2,"version":"0"}"#;
+        assert_eq!(v.apply(P, member_key(P, "old").as_bytes(), Some(old.as_bytes())), Change::Verdicts);
+        let names: Vec<String> = v.steering_peers().into_iter().map(|p| p.name).collect();
+        assert_eq!(names, ["d1"]);
     }
 
     #[test]
@@ -231,6 +264,8 @@ mod tests {
             pid: 0,
             version: String::new(),
             down: vec![],
+            mac: None,
+            joined: true,
         })
         .unwrap();
         assert_eq!(v.apply(P, b"/d/t/members/a", Some(forged.as_bytes())), Change::Ignored, "name must match the key");

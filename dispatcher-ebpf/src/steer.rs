@@ -1,0 +1,139 @@
+//! Connection steering for HTTP VIPs when several dispatchers share them behind ECMP.
+//!
+//! Every dispatcher holds the same ownership table (`STEER`, built by the agents from the
+//! shared membership): the flow hash of a connection's tuple names the dispatcher that
+//! terminates it. A packet that lands on another dispatcher is sent on to the owner by MAC
+//! (same segment, `XDP_TX`). After a membership change the previous table is kept for a
+//! while: the current owner sends a non-SYN packet it has no socket for to the owner under
+//! the previous table (second chance, as in Beamer or GLB), so the connections that were
+//! open before the change go on where they live.
+//!
+//! Loops: a dispatcher never sends a packet back to the one it came from, and every hop
+//! spends one unit of the IP TTL (hop limit); a packet that would leave with none stays.
+
+use aya_ebpf::{
+    bindings::{bpf_sock_tuple, xdp_action, BPF_F_CURRENT_NETNS},
+    helpers::{bpf_sk_release, bpf_skc_lookup_tcp},
+    programs::XdpContext,
+};
+use dispatcher_common::{
+    hash::flow_hash, stats, FlowKey, SteerConf, SteerSlot, AF_INET, STEER_HAS_PREV, STEER_ON, STEER_SIZE,
+};
+
+use crate::{
+    dispatch::L3,
+    maps::{STEER, STEER_CONF},
+    parse::{ptr_at, write_mac, EthHdr, Ipv4Hdr, Ipv6Hdr, L2},
+    stats::count,
+};
+
+const TCP_LISTEN: u32 = 10;
+
+#[inline(always)]
+fn slot(table: u32, h: u32) -> Option<SteerSlot> {
+    STEER.get((table & 0xf) * STEER_SIZE + h % STEER_SIZE).copied().filter(|s| s.valid == 1)
+}
+
+#[inline(always)]
+fn same_mac(a: &[u8; 6], b: &[u8; 6]) -> bool {
+    a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3] && a[4] == b[4] && a[5] == b[5]
+}
+
+/// A connection of this host's for the tuple: an established (or half-open, or
+/// time-wait) socket, not merely the listener.
+#[inline(always)]
+fn local_connection(ctx: &XdpContext, key: &FlowKey) -> bool {
+    let mut tuple: bpf_sock_tuple = unsafe { core::mem::zeroed() };
+    let size = if key.family == AF_INET {
+        let t = unsafe { &mut tuple.__bindgen_anon_1.ipv4 };
+        t.saddr = key.src[0];
+        t.daddr = key.dst[0];
+        t.sport = key.sport;
+        t.dport = key.dport;
+        core::mem::size_of_val(t)
+    } else {
+        let t = unsafe { &mut tuple.__bindgen_anon_1.ipv6 };
+        t.saddr = key.src;
+        t.daddr = key.dst;
+        t.sport = key.sport;
+        t.dport = key.dport;
+        core::mem::size_of_val(t)
+    };
+    let sk = unsafe {
+        bpf_skc_lookup_tcp(ctx.ctx as *mut _, &mut tuple, size as u32, BPF_F_CURRENT_NETNS as u64, 0)
+    };
+    if sk.is_null() {
+        return false;
+    }
+    let state = unsafe { (*sk).state };
+    unsafe { bpf_sk_release(sk as *mut _) };
+    state != TCP_LISTEN
+}
+
+/// Sends the frame to `to` on the segment it came from, spending one hop.
+#[inline(always)]
+fn send_to(ctx: &XdpContext, l2: &L2, l3: &L3, conf: &SteerConf, to: &[u8; 6], slot_: u32, len: u64) -> Result<u32, ()> {
+    if l3.family == AF_INET {
+        let ip = unsafe { &mut *ptr_at::<Ipv4Hdr>(ctx, l2.l3_off)? };
+        if ip.ttl <= 1 {
+            count(stats::STEER_TTL_EXPIRED, len);
+            return Ok(xdp_action::XDP_PASS);
+        }
+        ip.ttl -= 1;
+        // RFC 1624: the TTL is the high byte of its 16-bit word, so the one's
+        // complement sum grows by 0x0100 when it drops by one.
+        let mut sum = u16::from_be_bytes(ip.check) as u32 + 0x0100;
+        sum = (sum & 0xffff) + (sum >> 16);
+        ip.check = (sum as u16).to_be_bytes();
+    } else {
+        let ip = unsafe { &mut *ptr_at::<Ipv6Hdr>(ctx, l2.l3_off)? };
+        if ip.hop_limit <= 1 {
+            count(stats::STEER_TTL_EXPIRED, len);
+            return Ok(xdp_action::XDP_PASS);
+        }
+        ip.hop_limit -= 1;
+    }
+    let eth = unsafe { &mut *ptr_at::<EthHdr>(ctx, 0)? };
+    write_mac(&mut eth.dst, *to);
+    write_mac(&mut eth.src, conf.self_mac);
+    count(slot_, len);
+    Ok(xdp_action::XDP_TX)
+}
+
+/// The verdict for a TCP packet to an HTTP VIP: `None` when this dispatcher terminates
+/// it (the caller passes it to the stack), else the verdict of sending it on.
+#[inline(always)]
+pub fn steer(ctx: &XdpContext, l2: &L2, l3: &L3, key: &FlowKey, syn: bool, len: u64) -> Result<Option<u32>, ()> {
+    let Some(conf) = STEER_CONF.get(0) else { return Ok(None) };
+    let conf = *conf;
+    if conf.sel & STEER_ON == 0 {
+        return Ok(None);
+    }
+    let h = flow_hash(key);
+    let Some(owner) = slot(conf.sel, h) else { return Ok(None) };
+    let from = unsafe { (*ptr_at::<EthHdr>(ctx, 0)?).src };
+    let prev = if conf.sel & STEER_HAS_PREV != 0 && !syn { slot(conf.sel >> 4, h) } else { None };
+
+    if same_mac(&owner.mac, &conf.self_mac) {
+        // Ours under the current table. A new connection, or one of ours, stays.
+        let Some(prev) = prev else { return Ok(None) };
+        if same_mac(&prev.mac, &conf.self_mac) || same_mac(&prev.mac, &from) || local_connection(ctx, key) {
+            return Ok(None);
+        }
+        return send_to(ctx, l2, l3, &conf, &prev.mac, stats::STEER_SECOND_CHANCE, len).map(Some);
+    }
+    // Another dispatcher's. The owner itself sent it here: its second chance (or tables
+    // that disagree for a moment); either way it stays.
+    if same_mac(&owner.mac, &from) {
+        count(stats::STEER_KEPT_LOCAL, len);
+        return Ok(None);
+    }
+    // A connection this host held under the previous table, still open here.
+    if let Some(prev) = prev {
+        if same_mac(&prev.mac, &conf.self_mac) && local_connection(ctx, key) {
+            count(stats::STEER_KEPT_LOCAL, len);
+            return Ok(None);
+        }
+    }
+    send_to(ctx, l2, l3, &conf, &owner.mac, stats::STEERED, len).map(Some)
+}

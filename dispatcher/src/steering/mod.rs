@@ -1,0 +1,213 @@
+//! Connection steering for HTTP VIPs behind ECMP, the agent's side: from the shared
+//! membership (`shared`) to the ownership tables the XDP program reads (`STEER`,
+//! `STEER_CONF`; the packet side is `dispatcher-ebpf/src/steer.rs`).
+//!
+//! - A membership change installs a new table in a free slot of the three, then flips
+//!   `STEER_CONF` in one word: the new table becomes current, the old one previous.
+//! - The previous table serves second chances for `[cluster] second_chance`, then goes.
+//! - The HTTP path asks `keeps` before answering: a connection this dispatcher no longer
+//!   owns (or every connection, once it leaves) is told `Connection: close` with its next
+//!   response, so keep-alive clients move to the owner between requests, not by a reset.
+
+pub mod table;
+
+use std::{
+    net::SocketAddr,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex, RwLock,
+    },
+    time::{Duration, Instant},
+};
+
+use dispatcher_common::{steer_sel, SteerConf, STEER_HAS_PREV, STEER_ON, STEER_TABLES};
+use tokio::sync::watch;
+
+use crate::{admin::contract::SteeringStatus, dataplane::tables::Tables};
+pub use table::{Peer, Table};
+
+/// What the HTTP path reads: the current table and who this dispatcher is.
+struct Ownership {
+    table: Arc<Table>,
+    me: String,
+}
+
+static OWNERSHIP: RwLock<Option<Ownership>> = RwLock::new(None);
+/// Set by `dispatcher leave` (and at stop): every connection is closed after its next
+/// response.
+static LEAVING: AtomicBool = AtomicBool::new(false);
+
+/// Should the connection from `client` to `local` stay open after this response?
+pub fn keeps(client: SocketAddr, local: SocketAddr) -> bool {
+    if LEAVING.load(Ordering::Relaxed) {
+        return false;
+    }
+    let g = OWNERSHIP.read().unwrap();
+    match &*g {
+        None => true,
+        Some(o) => o.table.owner(&table::tcp_key(client, local)).is_none_or(|p| p.name == o.me),
+    }
+}
+
+pub fn set_leaving(leaving: bool) {
+    LEAVING.store(leaving, Ordering::Relaxed);
+}
+
+struct Installed {
+    index: u32,
+    table: Arc<Table>,
+}
+
+struct State {
+    current: Option<Installed>,
+    previous: Option<(Installed, Instant)>,
+    generation: u32,
+    changed: Option<Instant>,
+}
+
+pub struct Steering {
+    tables: Arc<Mutex<Tables>>,
+    me: String,
+    mac: [u8; 6],
+    second_chance: Duration,
+    joined: Arc<AtomicBool>,
+    state: Mutex<State>,
+    /// The membership last seen (before this dispatcher's own joined flag applies).
+    last: Mutex<Option<Vec<Peer>>>,
+}
+
+impl Steering {
+    /// Steering off in the data plane until the first membership arrives.
+    pub fn new(
+        tables: Arc<Mutex<Tables>>,
+        me: String,
+        mac: [u8; 6],
+        second_chance: Duration,
+        joined: Arc<AtomicBool>,
+    ) -> Arc<Steering> {
+        let generation = tables.lock().unwrap().steer_conf().generation;
+        let s = Steering {
+            tables,
+            me,
+            mac,
+            second_chance,
+            joined,
+            state: Mutex::new(State { current: None, previous: None, generation, changed: None }),
+            last: Mutex::new(None),
+        };
+        s.write_conf(0, 0, 0, generation);
+        Arc::new(s)
+    }
+
+    fn write_conf(&self, cur: u32, prev: u32, flags: u32, generation: u32) {
+        let conf = SteerConf { sel: steer_sel(cur, prev, flags), generation, self_mac: self.mac, _pad: [0; 2] };
+        if let Err(e) = self.tables.lock().unwrap().set_steer_conf(&conf) {
+            tracing::warn!(error = %e, "writing STEER_CONF");
+        }
+    }
+
+    /// Installs the table for `peers` (this dispatcher left out while it is not joined);
+    /// nothing happens when the membership is the one installed.
+    pub fn install(&self, mut peers: Vec<Peer>) {
+        *self.last.lock().unwrap() = Some(peers.clone());
+        if !self.joined.load(Ordering::Relaxed) {
+            peers.retain(|p| p.name != self.me);
+        }
+        let table = Table::build(peers);
+        let mut st = self.state.lock().unwrap();
+        if st.current.as_ref().is_some_and(|c| c.table.peers == table.peers) {
+            return;
+        }
+        let busy: Vec<u32> =
+            st.current.iter().map(|c| c.index).chain(st.previous.iter().map(|(p, _)| p.index)).collect();
+        let index = (0..STEER_TABLES).find(|i| !busy.contains(i)).unwrap_or(0);
+        if let Err(e) = self.tables.lock().unwrap().write_steer_table(index, &table.map_slots()) {
+            tracing::warn!(error = %e, "writing an ownership table");
+            return;
+        }
+        st.generation = st.generation.wrapping_add(1);
+        let generation = st.generation;
+        let table = Arc::new(table);
+        let old = st.current.take();
+        match &old {
+            Some(o) => self.write_conf(index, o.index, STEER_ON | STEER_HAS_PREV, generation),
+            None => self.write_conf(index, 0, STEER_ON, generation),
+        }
+        tracing::info!(generation, dispatchers = ?table.names(), previous = ?old.as_ref().map(|o| o.table.names()), "ownership table installed");
+        st.previous = old.map(|o| (o, Instant::now() + self.second_chance));
+        st.current = Some(Installed { index, table: table.clone() });
+        st.changed = Some(Instant::now());
+        *OWNERSHIP.write().unwrap() = Some(Ownership { table, me: self.me.clone() });
+    }
+
+    /// Installs again from the last membership (this dispatcher joined or left).
+    pub fn refresh(&self) {
+        let last = self.last.lock().unwrap().clone();
+        if let Some(p) = last {
+            self.install(p);
+        }
+    }
+
+    /// Drops the previous table once its time is up; returns when to look again.
+    pub fn expire(&self) -> Option<Instant> {
+        let mut st = self.state.lock().unwrap();
+        let until = st.previous.as_ref().map(|(_, u)| *u)?;
+        if Instant::now() < until {
+            return Some(until);
+        }
+        st.previous = None;
+        if let Some(c) = &st.current {
+            self.write_conf(c.index, 0, STEER_ON, st.generation);
+        }
+        tracing::info!(generation = st.generation, "previous ownership table dropped (second chance over)");
+        None
+    }
+
+    pub fn status(&self, counters: [u64; 4]) -> SteeringStatus {
+        let st = self.state.lock().unwrap();
+        SteeringStatus {
+            active: st.current.is_some(),
+            joined: self.joined.load(Ordering::Relaxed),
+            generation: st.generation,
+            dispatchers: st.current.as_ref().map(|c| c.table.names()).unwrap_or_default(),
+            previous: st.previous.as_ref().map(|(p, _)| p.table.names()).unwrap_or_default(),
+            second_chance_left_s: st
+                .previous
+                .as_ref()
+                .map(|(_, u)| u.saturating_duration_since(Instant::now()).as_secs_f64()),
+            changed_s_ago: st.changed.map(|c| c.elapsed().as_secs_f64()),
+            steered: counters[0],
+            second_chances: counters[1],
+            kept_local: counters[2],
+            ttl_expired: counters[3],
+        }
+    }
+}
+
+/// Follows the membership: a new table on every change, the previous one dropped on time.
+pub async fn run(steering: Arc<Steering>, mut peers: watch::Receiver<Option<Vec<Peer>>>) {
+    loop {
+        let next = steering.expire();
+        let latest = peers.borrow_and_update().clone();
+        if let Some(p) = latest {
+            steering.install(p);
+        }
+        let sleep = async {
+            match next {
+                Some(t) => tokio::time::sleep_until(t.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            r = peers.changed() => if r.is_err() { return },
+            _ = sleep => {}
+        }
+    }
+}
+
+/// The MAC address of `iface` (the XDP interface: where steered frames leave from).
+pub fn interface_mac(iface: &str) -> anyhow::Result<[u8; 6]> {
+    let path = format!("/sys/class/net/{iface}/address");
+    let text = std::fs::read_to_string(&path).map_err(|e| anyhow::anyhow!("reading {path}: {e}"))?;
+    table::parse_mac(&text).ok_or_else(|| anyhow::anyhow!("{path}: not a MAC address: {}", text.trim()))
+}
