@@ -3,7 +3,8 @@
 
 use dispatcher_common::{
     stats::{self, backend_slot, vip_slot},
-    AffinityKey, AffinityValue, STATE_DOWN, STATE_DRAIN, STATE_UP,
+    steer_sel, AffinityKey, AffinityValue, SteerConf, SteerSlot, STATE_DOWN, STATE_DRAIN, STATE_UP, STEER_HAS_PREV,
+    STEER_ON, STEER_SIZE,
 };
 use dispatcher_tests::{
     fixture::{flow_key, test_run, Fixture, CONFIG, XDP_DROP, XDP_PASS, XDP_TX},
@@ -531,4 +532,111 @@ fn a_syn_reusing_a_tuple_pinned_to_a_drained_backend_is_chosen_afresh() {
     // While up, a SYN on a pinned tuple keeps it (a retransmitted SYN stays put).
     fx.set_state(b, STATE_UP, true);
     assert_eq!(fx.run_bytes(&syn).out[0..6], fx.mac(now));
+}
+
+// ---- Connection steering (HTTP VIPs shared by several dispatchers) ----
+
+const PEER_A: [u8; 6] = [0x02, 0x99, 0, 0, 1, 0x0a];
+const PEER_B: [u8; 6] = [0x02, 0x99, 0, 0, 1, 0x0b];
+
+/// Every slot of table `index` owned by `owner` (a table of one dispatcher).
+fn steer_all(fx: &mut Fixture, index: u32, owner: [u8; 6]) {
+    let slots = vec![SteerSlot { mac: owner, valid: 1, _pad: 0 }; STEER_SIZE as usize];
+    fx.tables.write_steer_table(index, &slots).unwrap();
+}
+
+fn steer_conf(fx: &mut Fixture, cur: u32, prev: Option<u32>) {
+    let flags = STEER_ON | if prev.is_some() { STEER_HAS_PREV } else { 0 };
+    let conf = SteerConf { sel: steer_sel(cur, prev.unwrap_or(0), flags), generation: 1, self_mac: LB_MAC, _pad: [0; 2] };
+    fx.tables.set_steer_conf(&conf).unwrap();
+}
+
+/// The frame as steering sends it on: MACs rewritten, TTL one less, checksum still right.
+fn steered(input: &[u8], to: [u8; 6]) -> Vec<u8> {
+    let mut out = input.to_vec();
+    out[0..6].copy_from_slice(&to);
+    out[6..12].copy_from_slice(&LB_MAC);
+    out[14 + 8] -= 1;
+    out[24..26].copy_from_slice(&[0, 0]);
+    let c = dispatcher_tests::packet::csum(&out[14..34]);
+    out[24..26].copy_from_slice(&c.to_be_bytes());
+    out
+}
+
+#[test]
+fn steering_sends_a_connection_to_its_owner_and_keeps_its_own() {
+    let mut fx = fixture();
+    let syn = Packet::tcp("10.0.0.2", 40100, "10.0.100.3", 80);
+    // Steering off (no STEER_CONF): the host stack takes it, as before.
+    assert_eq!(fx.run(&syn).verdict, XDP_PASS);
+
+    steer_all(&mut fx, 0, PEER_A);
+    steer_conf(&mut fx, 0, None);
+    let before = snapshot(&fx, &[stats::STEERED, stats::PASS_HTTP]);
+    let input = syn.build();
+    let o = fx.run_bytes(&input);
+    assert_eq!(o.verdict, XDP_TX, "another dispatcher owns it");
+    assert_eq!(o.out, steered(&input, PEER_A));
+    assert_eq!(dispatcher_tests::packet::csum(&o.out[14..34]), 0, "a valid IPv4 header checksum");
+    assert_eq!(deltas(&fx, &before), [1, 0]);
+
+    // The owner itself sent it here (its second chance, or tables that differ a moment):
+    // it stays, never back.
+    let from_owner = syn.clone().with(|p| p.eth_src = PEER_A);
+    let before = snapshot(&fx, &[stats::STEER_KEPT_LOCAL, stats::PASS_HTTP]);
+    assert_eq!(fx.run(&from_owner).verdict, XDP_PASS);
+    assert_eq!(deltas(&fx, &before), [1, 1]);
+
+    // Owned here: passed.
+    steer_all(&mut fx, 1, LB_MAC);
+    steer_conf(&mut fx, 1, None);
+    let o = fx.run_bytes(&input);
+    assert_eq!((o.verdict, o.out == input), (XDP_PASS, true));
+}
+
+#[test]
+fn second_chance_goes_to_the_previous_owner_for_packets_of_no_local_connection() {
+    let mut fx = fixture();
+    // Now ours (table 1), before PEER_B's (table 2).
+    steer_all(&mut fx, 1, LB_MAC);
+    steer_all(&mut fx, 2, PEER_B);
+    steer_conf(&mut fx, 1, Some(2));
+    let ack = Packet::tcp("10.0.0.2", 40200, "10.0.100.3", 80).with(|p| p.tcp_flags = TCP_ACK);
+    let input = ack.build();
+    let before = snapshot(&fx, &[stats::STEER_SECOND_CHANCE]);
+    let o = fx.run_bytes(&input);
+    assert_eq!(o.verdict, XDP_TX, "no socket here for it: the previous owner has it");
+    assert_eq!(o.out, steered(&input, PEER_B));
+    assert_eq!(deltas(&fx, &before), [1]);
+
+    // A SYN is a new connection: the current owner (here) takes it.
+    let syn = Packet::tcp("10.0.0.2", 40201, "10.0.100.3", 80);
+    assert_eq!(fx.run(&syn).verdict, XDP_PASS);
+    // Sent here by the previous owner (it had no socket either): it stays, no ping-pong.
+    let back = ack.clone().with(|p| p.eth_src = PEER_B);
+    assert_eq!(fx.run(&back).verdict, XDP_PASS);
+
+    // Without the previous table (second chance over): the current owner keeps it.
+    steer_conf(&mut fx, 1, None);
+    assert_eq!(fx.run_bytes(&input).verdict, XDP_PASS);
+}
+
+#[test]
+fn a_packet_with_no_ttl_left_is_not_steered() {
+    let mut fx = fixture();
+    steer_all(&mut fx, 0, PEER_A);
+    steer_conf(&mut fx, 0, None);
+    let mut input = Packet::tcp("10.0.0.2", 40300, "10.0.100.3", 80).build();
+    input[14 + 8] = 1;
+    input[24..26].copy_from_slice(&[0, 0]);
+    let c = dispatcher_tests::packet::csum(&input[14..34]);
+    input[24..26].copy_from_slice(&c.to_be_bytes());
+    let before = snapshot(&fx, &[stats::STEER_TTL_EXPIRED]);
+    let o = fx.run_bytes(&input);
+    assert_eq!((o.verdict, o.out == input), (XDP_PASS, true));
+    assert_eq!(deltas(&fx, &before), [1]);
+    // L4 VIPs are never steered: Maglev gives the same backend on every dispatcher.
+    let l4 = Packet::tcp("10.0.0.2", 40301, "10.0.100.1", 80).build();
+    let o = fx.run_bytes(&l4);
+    assert_ne!(&o.out[0..6], PEER_A.as_slice());
 }

@@ -25,6 +25,8 @@ const PACKAGES: &[&str] = &[
     "etcd-server",
     "etcd-client",
     "protobuf-compiler",
+    // BIRD 2: BGP on the dispatcher hosts and the router of the scale-out testbed.
+    "bird2",
 ];
 
 pub fn setup() -> anyhow::Result<()> {
