@@ -117,7 +117,9 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
     let current: crate::shared::Current = Arc::new(std::sync::RwLock::new((Arc::new(cfg.clone()), cluster.clone())));
     // Steering: this dispatcher's MAC goes into its member key, for the others' tables.
-    let joined = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    // Joined only once everything here serves (below): the others steer nothing here
+    // before this dispatcher's own table is in place.
+    let joined = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let steer_mac = match &cfg.cluster {
         Some(c) if c.steering => Some(crate::steering::interface_mac(&cfg.interface)?),
         _ => None,
@@ -184,12 +186,22 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
     // Announced once the VIPs are served.
     let mut announcer = match &cfg.announce {
         Some(a) => {
-            let mut an = crate::announce::Announcer::start(a).context("creating the announcement interfaces")?;
-            an.set_joined(true).context("announcing the VIPs")?;
-            Some(an)
+            Some(crate::announce::Announcer::start(a).context("creating the announcement interfaces")?)
         }
         None => None,
     };
+    if announcer.is_some() || shared.is_some() {
+        if let Some(st) = &steering {
+            // The table without this dispatcher first (what the others use now): it is
+            // the previous table once this one joins, for their open connections.
+            let t0 = std::time::Instant::now();
+            while !st.installed() && t0.elapsed() < std::time::Duration::from_secs(2) {
+                rt.block_on(async { tokio::time::sleep(std::time::Duration::from_millis(10)).await });
+            }
+        }
+        membership(true, &joined, announcer.as_mut(), shared.as_ref(), steering.as_deref())
+            .map_err(|e| anyhow::anyhow!("joining: {e}"))?;
+    }
     let (requests, mut request_rx) = tokio::sync::mpsc::unbounded_channel::<AgentRequest>();
     let admin = Arc::new(Admin {
         live: std::sync::RwLock::new(live.view()),

@@ -70,8 +70,29 @@ fn set_up(name: &str, up: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The hardware address of `name` (SIOCGIFHWADDR, in this network namespace).
+pub fn hardware_address(name: &str) -> anyhow::Result<[u8; 6]> {
+    anyhow::ensure!(!name.is_empty() && name.len() < libc::IFNAMSIZ, "interface name {name:?}");
+    let sock = nix::sys::socket::socket(
+        nix::sys::socket::AddressFamily::Inet,
+        nix::sys::socket::SockType::Datagram,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in req.ifr_name.iter_mut().zip(name.bytes()) {
+        *d = s as libc::c_char;
+    }
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFHWADDR as _, &mut req) } < 0 {
+        bail!("reading the MAC address of {name}: {}", std::io::Error::last_os_error());
+    }
+    let data = unsafe { req.ifr_ifru.ifru_hwaddr.sa_data };
+    Ok([data[0] as u8, data[1] as u8, data[2] as u8, data[3] as u8, data[4] as u8, data[5] as u8])
+}
+
+/// In this network namespace (sysfs may show another one's).
 fn exists(name: &str) -> bool {
-    std::path::Path::new("/sys/class/net").join(name).exists()
+    nix::net::if_::if_nametoindex(name).is_ok()
 }
 
 /// The persistent L4 interface: a veth pair (`name` and `name` + "p"), created if missing.

@@ -46,8 +46,11 @@ pub struct Multi {
     pub etcd: Vec<Ns>,
     pub dispatchers: Vec<Dispatcher>,
     pub clones: Arc<crate::websphere::Cluster>,
-    /// Extra lines for `[cluster]` and `[health]` (tests shorten times).
     pub key_prefix: String,
+    /// Lines added to every dispatcher's `[cluster]` section, and sections after the VIPs
+    /// (set before `add_dispatcher`).
+    pub cluster_extra: String,
+    pub extra: String,
 }
 
 impl Multi {
@@ -67,7 +70,15 @@ impl Multi {
         }
         let key_prefix = format!("/dispatcher/{}", tb.prefix);
         let mut m =
-            Multi { tb, etcd, dispatchers: Vec::new(), clones: crate::websphere::Cluster::new(clones), key_prefix };
+            Multi {
+                tb,
+                etcd,
+                dispatchers: Vec::new(),
+                clones: crate::websphere::Cluster::new(clones),
+                key_prefix,
+                cluster_extra: String::new(),
+                extra: String::new(),
+            };
         for i in 0..ETCD_MEMBERS {
             m.start_etcd(i);
         }
@@ -177,14 +188,17 @@ impl Multi {
     pub fn config_text(&self, i: usize, instance: &str) -> String {
         let eps: Vec<String> = self.endpoints().iter().map(|e| format!("\"{e}\"")).collect();
         format!(
-            "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{instance}\"\n\n[cluster]\nname = \"d{i}\"\nendpoints = [{}]\nkey_prefix = \"{}\"\nlease_ttl = \"3s\"\nrequest_timeout = \"1s\"\nstartup_wait = \"5s\"\n\n[http]\nhold_time = \"3s\"\nserver_timeout = \"1s\"\n\n[health]\npath = \"/health\"\ninterval = \"200ms\"\ntimeout = \"300ms\"\nrise = 2\nfall = 2\n\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {PORT}\nring_size = 1009\n\n[[vip]]\nname = \"tcp\"\naddress = \"{L4_VIP}\"\nport = 9000\nring_size = 1009\n",
+            "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{instance}\"\n\n[cluster]\nname = \"d{i}\"\nendpoints = [{}]\nkey_prefix = \"{}\"\nlease_ttl = \"3s\"\nrequest_timeout = \"1s\"\nstartup_wait = \"5s\"\n{}\n[http]\nhold_time = \"3s\"\nserver_timeout = \"1s\"\n\n[health]\npath = \"/health\"\ninterval = \"200ms\"\ntimeout = \"300ms\"\nrise = 2\nfall = 2\n\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {PORT}\nring_size = 1009\n\n[[vip]]\nname = \"tcp\"\naddress = \"{L4_VIP}\"\nport = 9000\nring_size = 1009\n{}",
             eps.join(", "),
             self.key_prefix,
-            self.tb.backend_config(&[])
+            self.cluster_extra,
+            self.tb.backend_config(&[]),
+            self.extra
         )
     }
 
-    fn add_dispatcher(&mut self, i: usize) {
+    /// Dispatcher `i` (its namespace, client namespace and configuration), not started.
+    pub fn add_dispatcher(&mut self, i: usize) {
         let ns = self.tb.add_host(&format!("d{i}"), &dispatcher_ip(i), &format!("02:99:00:00:01:{i:02x}"));
         ns.ip(&["addr", "add", &format!("{VIP}/32"), "dev", "lo"]);
         let client = self.tb.add_host(&format!("c{i}"), &client_ip(i), &format!("02:99:00:00:03:{i:02x}"));

@@ -2,6 +2,7 @@
 //! (BPF_PROG_TEST_RUN), and the network-namespace testbed.
 
 pub mod cluster;
+pub mod ecmp;
 pub mod fixture;
 pub mod netns;
 pub mod packet;

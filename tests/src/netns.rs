@@ -555,11 +555,17 @@ impl Testbed {
     /// Lets frames sent by XDP_TX from the client's interface through the switch (the
     /// benchmark's in-kernel packet generator): `pass` on the client's switch port.
     pub fn enable_xdp_tx_from_client(&mut self) {
+        self.enable_xdp_tx_from("c");
+    }
+
+    /// The same for the host on switch port `port` (an `add_host` short name).
+    pub fn enable_xdp_tx_from(&mut self, port: &str) {
         let mut pass = dispatcher::dataplane::load_pass().expect("load the pass program");
-        let link = self.switch.run_with(&mut pass, |p| {
-            dispatcher::dataplane::attach(p, "pass", "c", dispatcher::config::XdpAttachMode::Native).map(|(l, _)| l)
+        let port_ = port.to_string();
+        let link = self.switch.run_with(&mut pass, move |p| {
+            dispatcher::dataplane::attach(p, "pass", &port_, dispatcher::config::XdpAttachMode::Native).map(|(l, _)| l)
         });
-        self.extra_pass.push((pass, link.expect("attach pass to the client's switch port")));
+        self.extra_pass.push((pass, link.unwrap_or_else(|e| panic!("attach pass to switch port {port}: {e}"))));
     }
 
     /// An HTTP VIP terminates on the dispatcher: its address must be local there.

@@ -305,6 +305,21 @@ pub struct Client {
     pub jar: Option<String>,
     conn: Option<(BufReader<TcpStream>, TcpStream)>,
     ns: crate::netns::Ns,
+    /// Source address of its connections (`bound_to`); the kernel's choice otherwise.
+    source: Option<std::net::Ipv4Addr>,
+}
+
+/// A TCP connection from `src` (any port) to `to`, within 3 s.
+pub fn connect_from(src: std::net::Ipv4Addr, to: std::net::SocketAddr) -> std::io::Result<TcpStream> {
+    use nix::sys::socket::{bind, connect, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, SockaddrIn};
+    let fd = socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)?;
+    bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrIn::from(std::net::SocketAddrV4::new(src, 0)))?;
+    // connect(2) gives up after the send timeout.
+    setsockopt(&fd, sockopt::SendTimeout, &nix::sys::time::TimeVal::new(3, 0))?;
+    let std::net::SocketAddr::V4(to) = to else { return Err(std::io::ErrorKind::InvalidInput.into()) };
+    connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrIn::from(to))?;
+    setsockopt(&fd, sockopt::SendTimeout, &nix::sys::time::TimeVal::new(10, 0))?;
+    Ok(TcpStream::from(fd))
 }
 
 /// One response as the client read it.
@@ -328,7 +343,13 @@ impl Response {
 
 impl Client {
     pub fn new(ns: &crate::netns::Ns, addr: std::net::SocketAddr) -> Client {
-        Client { addr, jar: None, conn: None, ns: ns.clone() }
+        Client { addr, jar: None, conn: None, ns: ns.clone(), source: None }
+    }
+
+    /// Connections from `src` (an address of its namespace).
+    pub fn bound_to(mut self, src: std::net::Ipv4Addr) -> Client {
+        self.source = Some(src);
+        self
     }
 
     /// Drops the connection; the next request opens a new one.
@@ -338,8 +359,11 @@ impl Client {
 
     pub fn get(&mut self, path: &str) -> std::io::Result<Response> {
         if self.conn.is_none() {
-            let addr = self.addr;
-            let s = self.ns.run(move || TcpStream::connect_timeout(&addr, Duration::from_secs(3)))?;
+            let (addr, source) = (self.addr, self.source);
+            let s = self.ns.run(move || match source {
+                Some(src) => connect_from(src, addr),
+                None => TcpStream::connect_timeout(&addr, Duration::from_secs(3)),
+            })?;
             s.set_read_timeout(Some(Duration::from_secs(10)))?;
             let w = s.try_clone()?;
             self.conn = Some((BufReader::new(s), w));

@@ -140,6 +140,11 @@ impl Steering {
         *OWNERSHIP.write().unwrap() = Some(Ownership { table, me: self.me.clone() });
     }
 
+    /// A table is in place.
+    pub fn installed(&self) -> bool {
+        self.state.lock().unwrap().current.is_some()
+    }
+
     /// Installs again from the last membership (this dispatcher joined or left).
     pub fn refresh(&self) {
         let last = self.last.lock().unwrap().clone();
@@ -205,9 +210,8 @@ pub async fn run(steering: Arc<Steering>, mut peers: watch::Receiver<Option<Vec<
     }
 }
 
-/// The MAC address of `iface` (the XDP interface: where steered frames leave from).
+/// The MAC address of `iface` (the XDP interface: where steered frames leave from), asked
+/// of the kernel in this process's network namespace (sysfs may belong to another one).
 pub fn interface_mac(iface: &str) -> anyhow::Result<[u8; 6]> {
-    let path = format!("/sys/class/net/{iface}/address");
-    let text = std::fs::read_to_string(&path).map_err(|e| anyhow::anyhow!("reading {path}: {e}"))?;
-    table::parse_mac(&text).ok_or_else(|| anyhow::anyhow!("{path}: not a MAC address: {}", text.trim()))
+    crate::announce::hardware_address(iface)
 }

@@ -1,0 +1,346 @@
+//! Dispatchers behind a router, as Katran, GLB and Maglev run: every dispatcher host runs
+//! BIRD and announces the VIPs (`[announce]`, `dispatcher bird-config`), the router's BIRD
+//! installs one multipath route per VIP (ECMP, `fib_multipath_hash_policy = 1`), clients
+//! sit behind the router. Built on `cluster::Multi` (etcd, clones in replica pairs).
+//!
+//! Addresses: the switch segment 10.99.0.0/24 (router .254, dispatchers .3.., etcd
+//! .200..), the clients' network 10.98.0.0/24 (router .1, clients .10..) on the same
+//! switch, reaching the VIPs only through the router.
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    net::{SocketAddr, TcpStream},
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc, Mutex,
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use crate::{
+    cluster::{dispatcher_ip, Multi, L4_VIP, VIP},
+    netns::{dispatcher_bin, Ns},
+};
+
+pub const ROUTER_IP: &str = "10.99.0.254";
+pub const ROUTER_CLIENT_IP: &str = "10.98.0.1";
+pub const CLIENTS_NET: &str = "10.98.0.0/24";
+/// The client namespace's addresses (requests go out from several).
+pub const CLIENT_IPS: [&str; 3] = ["10.98.0.10", "10.98.0.11", "10.98.0.12"];
+pub const ROUTER_AS: u32 = 65000;
+pub const DISPATCHER_AS: u32 = 65001;
+
+pub struct Ecmp {
+    pub m: Multi,
+    pub router: Ns,
+    pub clients: Ns,
+    pub steering: bool,
+}
+
+impl Ecmp {
+    /// The router (BIRD started), etcd, clones; dispatchers 0..n configured (not started).
+    pub fn new(n: usize, clones: usize, steering: bool) -> Ecmp {
+        let mut m = Multi::with_prefix(crate::netns::fresh_prefix(), 0, clones, true);
+        m.cluster_extra = format!("steering = {steering}\nsecond_chance = \"60s\"\n");
+        m.extra = "\n[announce]\n".into();
+        let router = m.tb.add_host("r", ROUTER_IP, "02:99:00:00:04:00");
+        router.ip(&["addr", "add", &format!("{ROUTER_CLIENT_IP}/24"), "dev", "eth0"]);
+        router.sysctl("net.ipv4.ip_forward=1");
+        router.sysctl("net.ipv4.fib_multipath_hash_policy=1");
+        // Clients and dispatchers share the switch: no redirects past the router.
+        router.sysctl("net.ipv4.conf.all.send_redirects=0");
+        router.sysctl("net.ipv4.conf.eth0.send_redirects=0");
+        let clients = m.tb.add_host("k", CLIENT_IPS[0], "02:99:00:00:05:00");
+        clients.ip(&["addr", "flush", "dev", "eth0"]);
+        for ip in CLIENT_IPS {
+            clients.ip(&["addr", "add", &format!("{ip}/24"), "dev", "eth0"]);
+        }
+        clients.ip(&["route", "add", "default", "via", ROUTER_CLIENT_IP]);
+        // A socket's random hash must not re-roll on a retransmission timeout (the
+        // router's multipath choice follows it on veth).
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "exec", &clients.name, "sysctl", "-q", "-w", "net.core.txrehash=0"])
+            .status();
+        for b in &m.tb.backends {
+            b.ip(&["addr", "add", &format!("{L4_VIP}/32"), "dev", "lo"]);
+            b.ip(&["route", "add", CLIENTS_NET, "via", ROUTER_IP]);
+        }
+        m.tb.start_servers(&[9000], &[]);
+        let conf = m.tb.workdir.join("bird-r.conf");
+        std::fs::write(&conf, router_bird(n.max(4))).unwrap();
+        let mut cmd = router.command("bird");
+        cmd.arg("-f").arg("-c").arg(&conf).arg("-s").arg(m.tb.workdir.join("bird-r.ctl"));
+        m.tb.start("bird-r", cmd);
+        let mut e = Ecmp { m, router, clients, steering };
+        for i in 0..n {
+            e.add(i);
+        }
+        e
+    }
+
+    /// Dispatcher `i` on the switch: configured, routed to the clients through the router,
+    /// its switch port ready for XDP_TX, its BIRD configuration written.
+    pub fn add(&mut self, i: usize) {
+        self.m.add_dispatcher(i);
+        let d = &self.m.dispatchers[i];
+        d.ns.ip(&["route", "add", CLIENTS_NET, "via", ROUTER_IP]);
+        self.m.tb.enable_xdp_tx_from(&format!("d{i}"));
+        let out = std::process::Command::new(dispatcher_bin())
+            .args(["bird-config", "--config"])
+            .arg(&d.config)
+            .output()
+            .expect("dispatcher bird-config");
+        assert!(out.status.success(), "bird-config: {}", String::from_utf8_lossy(&out.stderr));
+        let conf = format!(
+            "router id {ip};\nprotocol device {{ scan time 10; }}\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            dispatcher_bird_uplink(&dispatcher_ip(i)),
+            ip = dispatcher_ip(i),
+        );
+        std::fs::write(self.m.tb.workdir.join(format!("bird-d{i}.conf")), conf).unwrap();
+    }
+
+    /// Starts dispatcher `i`'s agent and its BIRD.
+    pub fn start(&mut self, i: usize) {
+        self.m.start_dispatcher(i);
+        self.start_bird(i);
+    }
+
+    pub fn start_bird(&mut self, i: usize) {
+        let w = &self.m.tb.workdir;
+        let mut cmd = self.m.dispatchers[i].ns.command("bird");
+        cmd.arg("-f").arg("-c").arg(w.join(format!("bird-d{i}.conf"))).arg("-s").arg(w.join(format!("bird-d{i}.ctl")));
+        self.m.tb.start(&format!("bird-d{i}"), cmd);
+    }
+
+    /// The next hops of the router's route to the HTTP VIP (dispatcher addresses).
+    pub fn next_hops(&self) -> Vec<String> {
+        let out = self.router.ip(&["route", "show", &format!("{VIP}/32")]);
+        let mut hops: Vec<String> = out
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .windows(2)
+            .filter(|w| w[0] == "via")
+            .map(|w| w[1].to_string())
+            .collect();
+        hops.sort();
+        hops
+    }
+
+    /// Waits until the router's route names exactly dispatchers `want`; returns how long.
+    pub fn wait_next_hops(&self, want: &[usize], limit: Duration) -> Duration {
+        let mut want: Vec<String> = want.iter().map(|&i| dispatcher_ip(i)).collect();
+        want.sort();
+        self.m.wait_for(&format!("router next hops {want:?}"), limit, || self.next_hops() == want)
+    }
+
+    /// Waits until dispatcher `i`'s ownership table holds exactly `names`.
+    pub fn wait_table(&self, i: usize, names: &[&str], limit: Duration) -> Duration {
+        self.m.wait_for(&format!("d{i}'s ownership table {names:?}"), limit, || {
+            self.m.status(i).steering.map(|s| s.dispatchers) == Some(names.iter().map(|n| n.to_string()).collect())
+        })
+    }
+
+    /// The host of dispatcher `i` dies: its link goes down without a word to anyone.
+    pub fn cut_host(&self, i: usize) {
+        self.m.tb.switch.ip(&["link", "set", &format!("d{i}"), "down"]);
+    }
+}
+
+/// The router: passive BGP from any dispatcher on the segment, one multipath route per
+/// VIP into the kernel, BFD to notice a dead dispatcher in half a second.
+pub fn router_bird(max_paths: usize) -> String {
+    format!(
+        "router id {ROUTER_IP};\nprotocol device {{ scan time 10; }}\nprotocol kernel {{ ipv4 {{ import none; export all; }}; merge paths on limit {max_paths}; }}\nprotocol bfd {{ interface \"eth0\" {{ min rx interval 100 ms; min tx interval 100 ms; multiplier 5; }}; }}\nprotocol bgp dispatchers {{ local {ROUTER_IP} as {ROUTER_AS}; neighbor range 10.99.0.0/24 as {DISPATCHER_AS}; passive on; bfd on; hold time 3; ipv4 {{ import all; export none; }}; }}\n"
+    )
+}
+
+/// A dispatcher host's session to the router: exports the static VIP routes only.
+pub fn dispatcher_bird_uplink(me: &str) -> String {
+    format!(
+        "protocol bfd {{ interface \"eth0\" {{ min rx interval 100 ms; min tx interval 100 ms; multiplier 5; }}; }}\nprotocol bgp uplink {{ local {me} as {DISPATCHER_AS}; neighbor {ROUTER_IP} as {ROUTER_AS}; bfd on; hold time 3; connect retry time 1; error wait time 1, 5; ipv4 {{ import none; export where source = RTS_STATIC; }}; }}\n"
+    )
+}
+
+/// What a load saw.
+#[derive(Default, Debug)]
+pub struct Counts {
+    pub requests: AtomicU64,
+    /// Answers other than 200 (the proxy's own 502/503 included).
+    pub failed: AtomicU64,
+    /// Connections that ended without being asked to (reset, or closed mid-request).
+    pub broken: AtomicU64,
+    /// Connections closed after a `Connection: close` answer (moved, not broken).
+    pub moved: AtomicU64,
+    /// L4 TCP flows: lines answered, flows broken, answers from another backend than the
+    /// flow's first.
+    pub l4_lines: AtomicU64,
+    pub l4_broken: AtomicU64,
+    pub l4_switched: AtomicU64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Snapshot {
+    pub requests: u64,
+    pub failed: u64,
+    pub broken: u64,
+    pub moved: u64,
+    pub l4_lines: u64,
+    pub l4_broken: u64,
+    pub l4_switched: u64,
+}
+
+impl std::ops::Sub for Snapshot {
+    type Output = Snapshot;
+    fn sub(self, o: Snapshot) -> Snapshot {
+        Snapshot {
+            requests: self.requests - o.requests,
+            failed: self.failed - o.failed,
+            broken: self.broken - o.broken,
+            moved: self.moved - o.moved,
+            l4_lines: self.l4_lines - o.l4_lines,
+            l4_broken: self.l4_broken - o.l4_broken,
+            l4_switched: self.l4_switched - o.l4_switched,
+        }
+    }
+}
+
+/// Long-lived keep-alive HTTP clients with sessions, and long-lived L4 TCP flows, from
+/// the clients' namespace, each pacing itself (bounded by `stop`).
+pub struct Load {
+    pub counts: Arc<Counts>,
+    pub errors: Arc<Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Load {
+    pub fn start(clients: &Ns, http_conns: usize, l4_flows: usize, pace: Duration) -> Load {
+        let counts = Arc::new(Counts::default());
+        let errors = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::new();
+        let http: SocketAddr = format!("{VIP}:80").parse().unwrap();
+        for n in 0..http_conns {
+            let (counts, errors, stop, ns) = (counts.clone(), errors.clone(), stop.clone(), clients.clone());
+            threads.push(std::thread::spawn(move || {
+                let src = CLIENT_IPS[n % CLIENT_IPS.len()];
+                let mut c = crate::websphere::Client::new(&ns, http).bound_to(src.parse().unwrap());
+                let mut first = true;
+                while !stop.load(Ordering::Relaxed) {
+                    let path = if first { "/app/new" } else { "/app/again" };
+                    match c.get(path) {
+                        Ok(r) => {
+                            counts.requests.fetch_add(1, Ordering::Relaxed);
+                            first = false;
+                            if r.status != 200 {
+                                counts.failed.fetch_add(1, Ordering::Relaxed);
+                                errors.lock().unwrap().push(format!("client {n}: status {} {}", r.status, r.body.trim()));
+                            }
+                            if r.header("connection").is_some_and(|v| v.eq_ignore_ascii_case("close")) {
+                                counts.moved.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        Err(e) => {
+                            counts.broken.fetch_add(1, Ordering::Relaxed);
+                            counts.failed.fetch_add(1, Ordering::Relaxed);
+                            errors.lock().unwrap().push(format!("client {n}: {e}"));
+                            std::thread::sleep(Duration::from_millis(100));
+                        }
+                    }
+                    std::thread::sleep(pace);
+                }
+            }));
+        }
+        let l4: SocketAddr = format!("{L4_VIP}:9000").parse().unwrap();
+        for n in 0..l4_flows {
+            let (counts, errors, stop, ns) = (counts.clone(), errors.clone(), stop.clone(), clients.clone());
+            threads.push(std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok(s) = ns.run(move || TcpStream::connect_timeout(&l4, Duration::from_secs(3))) else {
+                        std::thread::sleep(Duration::from_millis(200));
+                        continue;
+                    };
+                    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+                    let mut w = s.try_clone().unwrap();
+                    let mut r = BufReader::new(s);
+                    let mut first: Option<String> = None;
+                    let mut line = String::new();
+                    let ok = loop {
+                        if stop.load(Ordering::Relaxed) {
+                            break true;
+                        }
+                        line.clear();
+                        if w.write_all(b"ping\n").is_err() || r.read_line(&mut line).map(|k| k == 0).unwrap_or(true) {
+                            break false;
+                        }
+                        counts.l4_lines.fetch_add(1, Ordering::Relaxed);
+                        let who = line.trim().to_string();
+                        match &first {
+                            None => first = Some(who),
+                            Some(f) if *f != who => {
+                                counts.l4_switched.fetch_add(1, Ordering::Relaxed);
+                            }
+                            _ => {}
+                        }
+                        std::thread::sleep(pace);
+                    };
+                    if !ok {
+                        counts.l4_broken.fetch_add(1, Ordering::Relaxed);
+                        errors.lock().unwrap().push(format!("l4 flow {n} broken"));
+                    }
+                }
+            }));
+        }
+        Load { counts, errors, stop, threads }
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        let c = &self.counts;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Snapshot {
+            requests: l(&c.requests),
+            failed: l(&c.failed),
+            broken: l(&c.broken),
+            moved: l(&c.moved),
+            l4_lines: l(&c.l4_lines),
+            l4_broken: l(&c.l4_broken),
+            l4_switched: l(&c.l4_switched),
+        }
+    }
+
+    /// Runs for `d` and returns what happened meanwhile.
+    pub fn during(&self, d: Duration) -> Snapshot {
+        let before = self.snapshot();
+        std::thread::sleep(d);
+        self.snapshot() - before
+    }
+
+    pub fn stop(self) -> Snapshot {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads {
+            let _ = t.join();
+        }
+        let c = &self.counts;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Snapshot {
+            requests: l(&c.requests),
+            failed: l(&c.failed),
+            broken: l(&c.broken),
+            moved: l(&c.moved),
+            l4_lines: l(&c.l4_lines),
+            l4_broken: l(&c.l4_broken),
+            l4_switched: l(&c.l4_switched),
+        }
+    }
+
+    pub fn take_errors(&self) -> Vec<String> {
+        std::mem::take(&mut *self.errors.lock().unwrap())
+    }
+}
+
+/// Elapsed since `t`, in ms (for messages).
+pub fn ms(t: Instant) -> u128 {
+    t.elapsed().as_millis()
+}

@@ -1,0 +1,120 @@
+//! Dispatchers behind a router with BIRD and ECMP: joins, graceful leaves, a killed agent
+//! and a dead host under steady load of keep-alive HTTP clients with sessions and
+//! long-lived L4 TCP flows (needs root; real etcd and BIRD).
+
+use std::time::{Duration, Instant};
+
+use dispatcher_tests::{
+    cluster::dispatcher_ip,
+    ecmp::{ms, Ecmp, Load},
+};
+
+const HTTP_CONNS: usize = 24;
+const L4_FLOWS: usize = 6;
+const PACE: Duration = Duration::from_millis(25);
+
+fn up(e: &mut Ecmp, n: usize) {
+    for i in 0..n {
+        e.start(i);
+    }
+    let names: Vec<String> = (0..n).map(|i| format!("d{i}")).collect();
+    let names: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
+    e.wait_next_hops(&(0..n).collect::<Vec<_>>(), Duration::from_secs(30));
+    if e.steering {
+        for i in 0..n {
+            e.wait_table(i, &names, Duration::from_secs(10));
+        }
+    }
+}
+
+fn no_misroutes_or_lost_sessions(e: &Ecmp) {
+    let misroutes = e.m.clones.misroutes();
+    assert!(misroutes.is_empty(), "requests to a non-owner: {misroutes:?}");
+    let lost = e.m.clones.hits().iter().filter(|h| h.lost).count();
+    assert_eq!(lost, 0, "sessions lost");
+}
+
+#[test]
+fn steering_keeps_connections_through_joins_leaves_and_deaths() {
+    let mut e = Ecmp::new(4, 4, true);
+    up(&mut e, 3);
+    let load = Load::start(&e.clients, HTTP_CONNS, L4_FLOWS, PACE);
+    let warm = load.during(Duration::from_secs(2));
+    assert!(warm.requests > 100 && warm.failed == 0, "warm-up: {warm:?} {:?}", load.take_errors());
+
+    // A 4th dispatcher joins.
+    let before = load.snapshot();
+    let t = Instant::now();
+    e.start(3);
+    e.wait_next_hops(&[0, 1, 2, 3], Duration::from_secs(20));
+    for i in 0..4 {
+        e.wait_table(i, &["d0", "d1", "d2", "d3"], Duration::from_secs(10));
+    }
+    eprintln!("join: routed and steered by all after {} ms", ms(t));
+    std::thread::sleep(Duration::from_secs(3));
+    let join = load.snapshot() - before;
+    eprintln!("join: {join:?}");
+    for i in 0..4 {
+        eprintln!("d{i}: {:?}", e.m.status(i).steering);
+        let pin = format!("/sys/fs/bpf/dispatcher/{}/STEER_CONF", e.m.dispatchers[i].instance);
+        eprintln!("d{i} conf: {}", dispatcher_tests::netns::sh(&["bpftool", "map", "dump", "pinned", &pin]));
+        eprintln!("d{i} xdp: {}", e.m.dispatchers[i].ns.ip(&["link", "show", "eth0"]));
+        eprintln!("d{i} rst: {}", e.m.dispatchers[i].ns.exec(&["nstat", "-az", "TcpOutRsts", "TcpExtTCPAbortOnData", "TcpExtTCPAbortOnClose", "TcpActiveOpens", "TcpPassiveOpens"]));
+    }
+    assert_eq!((join.broken, join.failed, join.l4_broken), (0, 0, 0), "join: {:?}", load.take_errors());
+    assert!(join.requests > 200, "the load ran: {join:?}");
+    let st = e.m.status(3).steering.unwrap();
+    assert!(st.active && st.joined);
+
+    // d1 leaves gracefully: withdrawn, out of the table, connections closed after their
+    // next response; then stopped.
+    let before = load.snapshot();
+    let out = e.m.cmd(1, &["leave", "--wait", "10"]);
+    assert!(out.status.success(), "leave: {}", String::from_utf8_lossy(&out.stdout));
+    e.wait_next_hops(&[0, 2, 3], Duration::from_secs(5));
+    e.m.stop_dispatcher(1);
+    for i in [0, 2, 3] {
+        e.wait_table(i, &["d0", "d2", "d3"], Duration::from_secs(10));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let leave = load.snapshot() - before;
+    eprintln!("leave: {leave:?}");
+    assert_eq!((leave.broken, leave.failed, leave.l4_broken), (0, 0, 0), "leave: {:?}", load.take_errors());
+
+    // d2's agent is killed: its HTTP VIP is withdrawn within a bound (the TUN device goes
+    // with the process; BIRD follows the interface at once). L4 flows go on.
+    let before = load.snapshot();
+    let t = Instant::now();
+    e.m.kill_dispatcher(2);
+    let withdrawn = e.m.wait_for("d2's HTTP VIP withdrawn", Duration::from_secs(2), || {
+        !e.next_hops().contains(&dispatcher_ip(2))
+    });
+    eprintln!("agent killed: HTTP VIP withdrawn after {} ms", withdrawn.as_millis());
+    for i in [0, 3] {
+        e.wait_table(i, &["d0", "d3"], Duration::from_secs(10));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let kill = load.snapshot() - before;
+    eprintln!("agent killed ({} ms): {kill:?}", ms(t));
+    assert_eq!(kill.l4_broken, 0, "L4 flows across a killed agent: {:?}", load.take_errors());
+    load.take_errors();
+
+    // d3's host dies (its link goes down): only connections it terminated break; clients
+    // reconnect and keep their sessions.
+    let before = load.snapshot();
+    e.cut_host(3);
+    e.wait_next_hops(&[0], Duration::from_secs(5));
+    e.wait_table(0, &["d0"], Duration::from_secs(10));
+    std::thread::sleep(Duration::from_secs(3));
+    let death = load.snapshot() - before;
+    eprintln!("host died: {death:?} errors {:?}", load.take_errors());
+    assert!(
+        death.broken <= HTTP_CONNS as u64,
+        "more connections broke than d3 can have held: {death:?}"
+    );
+    let after = load.during(Duration::from_secs(2));
+    assert!(after.failed == 0 && after.requests > 100, "after the death, all served by d0: {after:?}");
+    let total = load.stop();
+    eprintln!("total: {total:?}");
+    no_misroutes_or_lost_sessions(&e);
+}
