@@ -14,8 +14,9 @@ use crate::{
         be16, parse_l2, ptr_at, read_word, Ipv4Hdr, Ipv6Hdr, Ports, ETH_P_IP, ETH_P_IPV6, IPV4_HLEN, IPV6_HLEN,
         TCP_HLEN, UDP_HLEN,
     },
-    select, steer,
+    select,
     stats::count,
+    steer,
 };
 
 const PASS: u32 = xdp_action::XDP_PASS;

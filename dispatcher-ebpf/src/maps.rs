@@ -8,7 +8,8 @@ use aya_ebpf::{
 };
 use dispatcher_common::{
     stats, AffinityKey, AffinityValue, BackendInfo, CloneValue, Counter, FlowKey, FlowValue, SteerConf, SteerSlot,
-    VipInfo, VipKey, DEFAULT_MAX_AFFINITY, DEFAULT_MAX_FLOWS, MAX_BACKENDS, MAX_CLONES, MAX_RING_SIZE, MAX_VIPS, STEER_SIZE, STEER_TABLES,
+    VipInfo, VipKey, DEFAULT_MAX_AFFINITY, DEFAULT_MAX_FLOWS, MAX_BACKENDS, MAX_CLONES, MAX_RING_SIZE, MAX_VIPS,
+    STEER_SIZE, STEER_TABLES,
 };
 
 #[map]

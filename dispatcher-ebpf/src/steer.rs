@@ -59,9 +59,7 @@ fn local_connection(ctx: &XdpContext, key: &FlowKey) -> bool {
         t.dport = key.dport;
         core::mem::size_of_val(t)
     };
-    let sk = unsafe {
-        bpf_skc_lookup_tcp(ctx.ctx as *mut _, &mut tuple, size as u32, BPF_F_CURRENT_NETNS as u64, 0)
-    };
+    let sk = unsafe { bpf_skc_lookup_tcp(ctx.ctx as *mut _, &mut tuple, size as u32, BPF_F_CURRENT_NETNS as u64, 0) };
     if sk.is_null() {
         return false;
     }
@@ -72,7 +70,15 @@ fn local_connection(ctx: &XdpContext, key: &FlowKey) -> bool {
 
 /// Sends the frame to `to` on the segment it came from, spending one hop.
 #[inline(always)]
-fn send_to(ctx: &XdpContext, l2: &L2, l3: &L3, conf: &SteerConf, to: &[u8; 6], slot_: u32, len: u64) -> Result<u32, ()> {
+fn send_to(
+    ctx: &XdpContext,
+    l2: &L2,
+    l3: &L3,
+    conf: &SteerConf,
+    to: &[u8; 6],
+    slot_: u32,
+    len: u64,
+) -> Result<u32, ()> {
     if l3.family == AF_INET {
         let ip = unsafe { &mut *ptr_at::<Ipv4Hdr>(ctx, l2.l3_off)? };
         if ip.ttl <= 1 {

@@ -175,7 +175,8 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
     let tables = Arc::new(std::sync::Mutex::new(tables));
     let steering = match (&shared, &cfg.cluster, steer_mac) {
         (Some(sh), Some(c), Some(mac)) => {
-            let st = crate::steering::Steering::new(tables.clone(), c.name.clone(), mac, c.second_chance, joined.clone());
+            let st =
+                crate::steering::Steering::new(tables.clone(), c.name.clone(), mac, c.second_chance, joined.clone());
             rt.spawn(crate::steering::run(st.clone(), sh.peers()));
             Some(st)
         }
@@ -185,9 +186,7 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
     let mut live = Running::start(Arc::new(cfg.clone()), cluster, &tables, &rt)?;
     // Announced once the VIPs are served.
     let mut announcer = match &cfg.announce {
-        Some(a) => {
-            Some(crate::announce::Announcer::start(a).context("creating the announcement interfaces")?)
-        }
+        Some(a) => Some(crate::announce::Announcer::start(a).context("creating the announcement interfaces")?),
         None => None,
     };
     if announcer.is_some() || shared.is_some() {

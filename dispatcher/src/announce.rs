@@ -39,8 +39,12 @@ fn ifreq(name: &str) -> IfReq {
 
 /// Opens (creating) the TUN device `name`; it lives as long as the descriptor.
 fn open_tun(name: &str) -> anyhow::Result<OwnedFd> {
-    let fd = nix::fcntl::open("/dev/net/tun", nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_CLOEXEC, nix::sys::stat::Mode::empty())
-        .context("opening /dev/net/tun")?;
+    let fd = nix::fcntl::open(
+        "/dev/net/tun",
+        nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .context("opening /dev/net/tun")?;
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     let mut req = ifreq(name);
     req.flags = IFF_TUN | IFF_NO_PI;

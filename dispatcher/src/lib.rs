@@ -8,8 +8,8 @@
 //! `control` (health checks from `health`, failed requests, operator commands).
 
 pub mod admin;
-pub mod announce;
 pub mod agent;
+pub mod announce;
 pub mod config;
 pub mod control;
 pub mod dataplane;

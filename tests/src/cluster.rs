@@ -69,16 +69,15 @@ impl Multi {
             etcd.push(tb.add_host(&format!("e{i}"), &etcd_ip(i), &format!("02:99:00:00:02:{i:02x}")));
         }
         let key_prefix = format!("/dispatcher/{}", tb.prefix);
-        let mut m =
-            Multi {
-                tb,
-                etcd,
-                dispatchers: Vec::new(),
-                clones: crate::websphere::Cluster::new(clones),
-                key_prefix,
-                cluster_extra: String::new(),
-                extra: String::new(),
-            };
+        let mut m = Multi {
+            tb,
+            etcd,
+            dispatchers: Vec::new(),
+            clones: crate::websphere::Cluster::new(clones),
+            key_prefix,
+            cluster_extra: String::new(),
+            extra: String::new(),
+        };
         for i in 0..ETCD_MEMBERS {
             m.start_etcd(i);
         }

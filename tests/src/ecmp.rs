@@ -210,6 +210,9 @@ impl std::ops::Sub for Snapshot {
 /// the clients' namespace, each pacing itself (bounded by `stop`).
 pub struct Load {
     pub counts: Arc<Counts>,
+    /// When each HTTP client was last served (ms since `started`).
+    last_served: Arc<Vec<AtomicU64>>,
+    started: Instant,
     pub errors: Arc<Mutex<Vec<String>>>,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
@@ -221,9 +224,12 @@ impl Load {
         let errors = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
+        let started = Instant::now();
+        let last_served: Arc<Vec<AtomicU64>> = Arc::new((0..http_conns).map(|_| AtomicU64::new(0)).collect());
         let http: SocketAddr = format!("{VIP}:80").parse().unwrap();
         for n in 0..http_conns {
             let (counts, errors, stop, ns) = (counts.clone(), errors.clone(), stop.clone(), clients.clone());
+            let last = last_served.clone();
             threads.push(std::thread::spawn(move || {
                 let src = CLIENT_IPS[n % CLIENT_IPS.len()];
                 let mut c = crate::websphere::Client::new(&ns, http).bound_to(src.parse().unwrap());
@@ -233,10 +239,15 @@ impl Load {
                     match c.get(path) {
                         Ok(r) => {
                             counts.requests.fetch_add(1, Ordering::Relaxed);
+                            last[n].store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
                             first = false;
                             if r.status != 200 {
                                 counts.failed.fetch_add(1, Ordering::Relaxed);
-                                errors.lock().unwrap().push(format!("client {n}: status {} {}", r.status, r.body.trim()));
+                                errors.lock().unwrap().push(format!(
+                                    "client {n}: status {} {}",
+                                    r.status,
+                                    r.body.trim()
+                                ));
                             }
                             if r.header("connection").is_some_and(|v| v.eq_ignore_ascii_case("close")) {
                                 counts.moved.fetch_add(1, Ordering::Relaxed);
@@ -293,7 +304,7 @@ impl Load {
                 }
             }));
         }
-        Load { counts, errors, stop, threads }
+        Load { counts, last_served, started, errors, stop, threads }
     }
 
     pub fn snapshot(&self) -> Snapshot {
@@ -310,6 +321,13 @@ impl Load {
         }
     }
 
+    /// HTTP clients not served within the last `d`.
+    pub fn idle_clients(&self, d: Duration) -> usize {
+        let now = self.started.elapsed().as_millis() as u64;
+        let d = d.as_millis() as u64;
+        self.last_served.iter().filter(|t| now.saturating_sub(t.load(Ordering::Relaxed)) > d).count()
+    }
+
     /// Runs for `d` and returns what happened meanwhile.
     pub fn during(&self, d: Duration) -> Snapshot {
         let before = self.snapshot();
@@ -317,11 +335,8 @@ impl Load {
         self.snapshot() - before
     }
 
-    pub fn stop(self) -> Snapshot {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.threads {
-            let _ = t.join();
-        }
+    pub fn stop(mut self) -> Snapshot {
+        self.halt();
         let c = &self.counts;
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         Snapshot {
@@ -335,8 +350,22 @@ impl Load {
         }
     }
 
+    fn halt(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+
     pub fn take_errors(&self) -> Vec<String> {
         std::mem::take(&mut *self.errors.lock().unwrap())
+    }
+}
+
+/// A test that fails midway stops its load before the namespaces go.
+impl Drop for Load {
+    fn drop(&mut self) {
+        self.halt();
     }
 }
 

@@ -56,10 +56,6 @@ fn steering_keeps_connections_through_joins_leaves_and_deaths() {
     eprintln!("join: {join:?}");
     for i in 0..4 {
         eprintln!("d{i}: {:?}", e.m.status(i).steering);
-        let pin = format!("/sys/fs/bpf/dispatcher/{}/STEER_CONF", e.m.dispatchers[i].instance);
-        eprintln!("d{i} conf: {}", dispatcher_tests::netns::sh(&["bpftool", "map", "dump", "pinned", &pin]));
-        eprintln!("d{i} xdp: {}", e.m.dispatchers[i].ns.ip(&["link", "show", "eth0"]));
-        eprintln!("d{i} rst: {}", e.m.dispatchers[i].ns.exec(&["nstat", "-az", "TcpOutRsts", "TcpExtTCPAbortOnData", "TcpExtTCPAbortOnClose", "TcpActiveOpens", "TcpPassiveOpens"]));
     }
     assert_eq!((join.broken, join.failed, join.l4_broken), (0, 0, 0), "join: {:?}", load.take_errors());
     assert!(join.requests > 200, "the load ran: {join:?}");
@@ -86,9 +82,10 @@ fn steering_keeps_connections_through_joins_leaves_and_deaths() {
     let before = load.snapshot();
     let t = Instant::now();
     e.m.kill_dispatcher(2);
-    let withdrawn = e.m.wait_for("d2's HTTP VIP withdrawn", Duration::from_secs(2), || {
-        !e.next_hops().contains(&dispatcher_ip(2))
-    });
+    // The bound: BIRD withdraws at the interface event; the router has it within BGP's
+    // update delay. 2 s is generous; the measured time is printed.
+    let withdrawn =
+        e.m.wait_for("d2's HTTP VIP withdrawn", Duration::from_secs(2), || !e.next_hops().contains(&dispatcher_ip(2)));
     eprintln!("agent killed: HTTP VIP withdrawn after {} ms", withdrawn.as_millis());
     for i in [0, 3] {
         e.wait_table(i, &["d0", "d3"], Duration::from_secs(10));
@@ -101,20 +98,68 @@ fn steering_keeps_connections_through_joins_leaves_and_deaths() {
 
     // d3's host dies (its link goes down): only connections it terminated break; clients
     // reconnect and keep their sessions.
+    let held = e.m.status(3).vips.iter().map(|v| v.connections).sum::<u64>();
     let before = load.snapshot();
     e.cut_host(3);
     e.wait_next_hops(&[0], Duration::from_secs(5));
     e.wait_table(0, &["d0"], Duration::from_secs(10));
-    std::thread::sleep(Duration::from_secs(3));
+    // A request in flight on a dead host's connection fails at the client's read timeout
+    // (10 s): wait until every client has been served since.
+    let mut served_all = false;
+    for _ in 0..150 {
+        std::thread::sleep(Duration::from_millis(100));
+        let d = load.snapshot() - before;
+        if d.requests > 0 && load.idle_clients(Duration::from_millis(500)) == 0 && d.broken >= held.min(1) {
+            served_all = true;
+            break;
+        }
+    }
     let death = load.snapshot() - before;
-    eprintln!("host died: {death:?} errors {:?}", load.take_errors());
-    assert!(
-        death.broken <= HTTP_CONNS as u64,
-        "more connections broke than d3 can have held: {death:?}"
-    );
+    eprintln!("host died ({held} client connections on it): {death:?} errors {:?}", load.take_errors());
+    assert!(served_all, "every client is served again after the host died: {death:?}");
+    assert!(death.broken <= held, "only the dead host's connections break ({held}): {death:?}");
+    assert_eq!(death.l4_broken, 0, "L4 flows do not terminate on a dispatcher");
     let after = load.during(Duration::from_secs(2));
     assert!(after.failed == 0 && after.requests > 100, "after the death, all served by d0: {after:?}");
     let total = load.stop();
     eprintln!("total: {total:?}");
+    no_misroutes_or_lost_sessions(&e);
+}
+
+/// The same join and leave with plain ECMP (steering off): connections break when the
+/// router's next-hop set changes. What steering saves.
+#[test]
+fn plain_ecmp_breaks_connections_when_the_next_hops_change() {
+    let mut e = Ecmp::new(4, 4, false);
+    up(&mut e, 3);
+    let load = Load::start(&e.clients, HTTP_CONNS, L4_FLOWS, PACE);
+    let warm = load.during(Duration::from_secs(2));
+    assert!(warm.requests > 100 && warm.failed == 0, "warm-up: {warm:?} {:?}", load.take_errors());
+    assert!(e.m.status(0).steering.is_none(), "steering off");
+
+    let before = load.snapshot();
+    e.start(3);
+    e.wait_next_hops(&[0, 1, 2, 3], Duration::from_secs(20));
+    std::thread::sleep(Duration::from_secs(3));
+    let join = load.snapshot() - before;
+    eprintln!("plain ECMP, join: {join:?}");
+    load.take_errors();
+
+    let before = load.snapshot();
+    // Without steering the connections d1 terminated cannot finish there: their packets
+    // go to the others once the route is withdrawn. No waiting for them.
+    let out = e.m.cmd(1, &["leave"]);
+    assert!(out.status.success(), "leave: {}", String::from_utf8_lossy(&out.stdout));
+    e.wait_next_hops(&[0, 2, 3], Duration::from_secs(5));
+    e.m.stop_dispatcher(1);
+    std::thread::sleep(Duration::from_secs(2));
+    let leave = load.snapshot() - before;
+    eprintln!("plain ECMP, leave: {leave:?}");
+    let total = load.stop();
+    // Hash-threshold ECMP moves about half the flows when a 4th next hop comes; each
+    // moved connection lands on a dispatcher without its socket and is reset.
+    assert!(join.broken > 0, "a join without steering broke nothing? {join:?}");
+    // L4 flows are not hurt either way: Maglev picks the same backend on every dispatcher.
+    assert_eq!(total.l4_broken, 0);
     no_misroutes_or_lost_sessions(&e);
 }

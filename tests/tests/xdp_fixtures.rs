@@ -547,7 +547,8 @@ fn steer_all(fx: &mut Fixture, index: u32, owner: [u8; 6]) {
 
 fn steer_conf(fx: &mut Fixture, cur: u32, prev: Option<u32>) {
     let flags = STEER_ON | if prev.is_some() { STEER_HAS_PREV } else { 0 };
-    let conf = SteerConf { sel: steer_sel(cur, prev.unwrap_or(0), flags), generation: 1, self_mac: LB_MAC, _pad: [0; 2] };
+    let conf =
+        SteerConf { sel: steer_sel(cur, prev.unwrap_or(0), flags), generation: 1, self_mac: LB_MAC, _pad: [0; 2] };
     fx.tables.set_steer_conf(&conf).unwrap();
 }
 

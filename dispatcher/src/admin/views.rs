@@ -308,13 +308,48 @@ pub fn metrics(a: &Admin) -> String {
         let mut one = |name: &str, kind: &str, help: &str, v: u64| {
             let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
         };
-        one("dispatcher_steering_generation", "gauge", "Generation of the installed ownership table (one more per membership change seen here).", s.generation as u64);
-        one("dispatcher_steering_dispatchers", "gauge", "Dispatchers in the current ownership table.", s.dispatchers.len() as u64);
-        one("dispatcher_steering_joined", "gauge", "1 while this dispatcher takes connections (0 after dispatcher leave).", s.joined as u64);
-        one("dispatcher_steering_second_chance_active", "gauge", "1 while the previous ownership table serves second chances.", !s.previous.is_empty() as u64);
-        one("dispatcher_steered_packets_total", "counter", "HTTP VIP packets XDP sent on to the dispatcher that owns their connection.", s.steered);
-        one("dispatcher_steer_second_chance_packets_total", "counter", "Packets sent to their owner under the previous ownership table.", s.second_chances);
-        one("dispatcher_steer_kept_local_packets_total", "counter", "Packets kept here against the current table (a connection from before a change).", s.kept_local);
+        one(
+            "dispatcher_steering_generation",
+            "gauge",
+            "Generation of the installed ownership table (one more per membership change seen here).",
+            s.generation as u64,
+        );
+        one(
+            "dispatcher_steering_dispatchers",
+            "gauge",
+            "Dispatchers in the current ownership table.",
+            s.dispatchers.len() as u64,
+        );
+        one(
+            "dispatcher_steering_joined",
+            "gauge",
+            "1 while this dispatcher takes connections (0 after dispatcher leave).",
+            s.joined as u64,
+        );
+        one(
+            "dispatcher_steering_second_chance_active",
+            "gauge",
+            "1 while the previous ownership table serves second chances.",
+            !s.previous.is_empty() as u64,
+        );
+        one(
+            "dispatcher_steered_packets_total",
+            "counter",
+            "HTTP VIP packets XDP sent on to the dispatcher that owns their connection.",
+            s.steered,
+        );
+        one(
+            "dispatcher_steer_second_chance_packets_total",
+            "counter",
+            "Packets sent to their owner under the previous ownership table.",
+            s.second_chances,
+        );
+        one(
+            "dispatcher_steer_kept_local_packets_total",
+            "counter",
+            "Packets kept here against the current table (a connection from before a change).",
+            s.kept_local,
+        );
     }
     if let Some(up) = *a.announced.lock().unwrap() {
         let _ = writeln!(o, "# HELP dispatcher_announced 1 while this dispatcher announces its VIPs (BIRD, [announce]).\n# TYPE dispatcher_announced gauge\ndispatcher_announced {}", up as u64);

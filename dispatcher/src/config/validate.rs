@@ -307,7 +307,8 @@ impl Ctx<'_> {
             }
             Some(name.clone())
         };
-        let http_interface = iface(&a.http_interface, "announce.http_interface", AnnounceSettings::DEFAULT_HTTP_INTERFACE);
+        let http_interface =
+            iface(&a.http_interface, "announce.http_interface", AnnounceSettings::DEFAULT_HTTP_INTERFACE);
         let l4_interface = iface(&a.l4_interface, "announce.l4_interface", AnnounceSettings::DEFAULT_L4_INTERFACE);
         if http_interface.is_some() && http_interface == l4_interface {
             let span = a.l4_interface.as_ref().or(a.http_interface.as_ref()).map(|v| v.span()).unwrap_or(0..0);

@@ -8,9 +8,9 @@ use aya::{
     Ebpf,
 };
 use dispatcher_common::{
-    addr_words, stats, BackendInfo, Counter, FlowKey, FlowValue, SteerConf, SteerSlot, VipInfo, VipKey, AF_INET, AF_INET6, FWD_IPIP, FWD_MAC,
-    IPPROTO_TCP, IPPROTO_UDP, MAX_RING_SIZE, MODE_ADDR_MARKER, MODE_HTTP, MODE_L4, NO_BACKEND, STATE_UP,
-    STEER_SIZE, VIP_F_AFFINITY,
+    addr_words, stats, BackendInfo, Counter, FlowKey, FlowValue, SteerConf, SteerSlot, VipInfo, VipKey, AF_INET,
+    AF_INET6, FWD_IPIP, FWD_MAC, IPPROTO_TCP, IPPROTO_UDP, MAX_RING_SIZE, MODE_ADDR_MARKER, MODE_HTTP, MODE_L4,
+    NO_BACKEND, STATE_UP, STEER_SIZE, VIP_F_AFFINITY,
 };
 
 use super::DataplaneError;

@@ -63,15 +63,7 @@ impl Table {
 pub fn tcp_key(client: SocketAddr, local: SocketAddr) -> FlowKey {
     let (src, family) = addr_key(client.ip());
     let (dst, _) = addr_key(local.ip());
-    FlowKey {
-        src,
-        dst,
-        sport: client.port().to_be(),
-        dport: local.port().to_be(),
-        proto: IPPROTO_TCP,
-        family,
-        _pad: 0,
-    }
+    FlowKey { src, dst, sport: client.port().to_be(), dport: local.port().to_be(), proto: IPPROTO_TCP, family, _pad: 0 }
 }
 
 /// `aa:bb:cc:dd:ee:ff`.
