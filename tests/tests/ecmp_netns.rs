@@ -61,6 +61,12 @@ fn steering_keeps_connections_through_joins_leaves_and_deaths() {
     assert!(join.requests > 200, "the load ran: {join:?}");
     let st = e.m.status(3).steering.unwrap();
     assert!(st.active && st.joined);
+    assert!(st.steered + e.m.status(0).steering.unwrap().steered > 0, "packets were steered");
+    let text = String::from_utf8_lossy(&e.m.cmd(3, &["status"]).stdout).into_owned();
+    assert!(
+        text.contains("steering: joined; table generation") && text.contains("announced: yes"),
+        "status shows the steering and the announcements:\n{text}"
+    );
 
     // d1 leaves gracefully: withdrawn, out of the table, connections closed after their
     // next response; then stopped.

@@ -233,7 +233,42 @@ fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
     if let Some(c) = agent.as_ref().and_then(|a| a.cluster.as_ref()) {
         cluster_section(&mut o, c);
     }
+    if let Some(a) = agent.as_ref() {
+        steering_section(&mut o, a.steering.as_ref(), a.announced);
+    }
     Ok(o)
+}
+
+/// Behind ECMP: the announcements and the ownership table of HTTP connections.
+fn steering_section(o: &mut String, s: Option<&dispatcher::admin::contract::SteeringStatus>, announced: Option<bool>) {
+    if let Some(up) = announced {
+        let _ = writeln!(
+            o,
+            "announced: {}",
+            if up { "yes (BIRD exports the VIPs)" } else { "NO (withdrawn: left or stopping)" }
+        );
+    }
+    let Some(s) = s else { return };
+    let table =
+        if s.active { format!("generation {}, {}", s.generation, s.dispatchers.join(" ")) } else { "none yet".into() };
+    let _ = writeln!(
+        o,
+        "steering: {}; table {table}",
+        if s.joined { "joined" } else { "LEFT (connections close after their next response)" }
+    );
+    if !s.previous.is_empty() {
+        let _ = writeln!(
+            o,
+            "  second chance: previous table {} for {:.0} s more",
+            s.previous.join(" "),
+            s.second_chance_left_s.unwrap_or(0.0)
+        );
+    }
+    let _ = writeln!(
+        o,
+        "  packets: steered {}, second chances {}, kept here {}, TTL spent {}",
+        s.steered, s.second_chances, s.kept_local, s.ttl_expired
+    );
 }
 
 /// `[cluster]`: the store, the live dispatchers and where their views differ.
@@ -251,17 +286,18 @@ fn cluster_section(o: &mut String, c: &dispatcher::admin::contract::ClusterStatu
     };
     let _ = writeln!(o, "cluster: this dispatcher is {}; store {store}", c.name);
     let _ = writeln!(o, "  endpoints: {}", c.endpoints.join(", "));
-    let members: Vec<String> =
-        c.members
-            .iter()
-            .map(|m| {
-                if m.down.is_empty() {
-                    m.name.clone()
-                } else {
-                    format!("{} (sees down: {})", m.name, m.down.join(","))
-                }
-            })
-            .collect();
+    let members: Vec<String> = c
+        .members
+        .iter()
+        .map(|m| {
+            let left = if m.mac.is_some() && !m.joined { " [left]" } else { "" };
+            if m.down.is_empty() {
+                format!("{}{left}", m.name)
+            } else {
+                format!("{}{left} (sees down: {})", m.name, m.down.join(","))
+            }
+        })
+        .collect();
     let _ = writeln!(o, "  live dispatchers ({}): {}", c.members.len(), members.join(", "));
     for d in &c.differing {
         let _ = writeln!(o, "  views differ: {d}");
