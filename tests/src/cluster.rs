@@ -75,7 +75,9 @@ impl Multi {
             dispatchers: Vec::new(),
             clones: crate::websphere::Cluster::new(clones),
             key_prefix,
-            cluster_extra: String::new(),
+            // Each client reaches its own dispatcher (no router here): nothing to steer.
+            // `ecmp::Ecmp` puts them behind a router and turns steering on.
+            cluster_extra: "steering = false\n".into(),
             extra: String::new(),
         };
         for i in 0..ETCD_MEMBERS {
@@ -199,6 +201,9 @@ impl Multi {
     /// Dispatcher `i` (its namespace, client namespace and configuration), not started.
     pub fn add_dispatcher(&mut self, i: usize) {
         let ns = self.tb.add_host(&format!("d{i}"), &dispatcher_ip(i), &format!("02:99:00:00:01:{i:02x}"));
+        // Its XDP_TX frames (L4 forwarding, HTTP connections steered to their owner) go out
+        // through its switch port.
+        self.tb.enable_xdp_tx_from(&format!("d{i}"));
         ns.ip(&["addr", "add", &format!("{VIP}/32"), "dev", "lo"]);
         let client = self.tb.add_host(&format!("c{i}"), &client_ip(i), &format!("02:99:00:00:03:{i:02x}"));
         client.ip(&["route", "add", &format!("{VIP}/32"), "via", &dispatcher_ip(i)]);

@@ -80,12 +80,11 @@ impl Ecmp {
     }
 
     /// Dispatcher `i` on the switch: configured, routed to the clients through the router,
-    /// its switch port ready for XDP_TX, its BIRD configuration written.
+    /// its BIRD configuration written.
     pub fn add(&mut self, i: usize) {
         self.m.add_dispatcher(i);
         let d = &self.m.dispatchers[i];
         d.ns.ip(&["route", "add", CLIENTS_NET, "via", ROUTER_IP]);
-        self.m.tb.enable_xdp_tx_from(&format!("d{i}"));
         let out = std::process::Command::new(dispatcher_bin())
             .args(["bird-config", "--config"])
             .arg(&d.config)
