@@ -100,6 +100,27 @@ impl Ecmp {
         std::fs::write(self.m.tb.workdir.join(format!("bird-d{i}.conf")), conf).unwrap();
     }
 
+    /// Starts dispatchers 0..n and waits until the router routes to all of them and (with
+    /// steering) each holds the table of all.
+    pub fn up(&mut self, n: usize) {
+        for i in 0..n {
+            self.start(i);
+        }
+        self.wait_next_hops(&(0..n).collect::<Vec<_>>(), Duration::from_secs(30));
+        if self.steering {
+            let names: Vec<String> = (0..n).map(|i| format!("d{i}")).collect();
+            let names: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
+            for i in 0..n {
+                self.wait_table(i, &names, Duration::from_secs(10));
+            }
+        }
+    }
+
+    /// Client connections dispatcher `i` terminates now.
+    pub fn held(&self, i: usize) -> u64 {
+        self.m.status(i).vips.iter().map(|v| v.connections).sum()
+    }
+
     /// Starts dispatcher `i`'s agent and its BIRD.
     pub fn start(&mut self, i: usize) {
         self.m.start_dispatcher(i);
@@ -325,6 +346,24 @@ impl Load {
         let now = self.started.elapsed().as_millis() as u64;
         let d = d.as_millis() as u64;
         self.last_served.iter().filter(|t| now.saturating_sub(t.load(Ordering::Relaxed)) > d).count()
+    }
+
+    /// After a dispatcher's host died: waits (bounded by `limit`) until every HTTP client
+    /// was served again since; a request in flight on a dead host's connection fails only
+    /// at the client's read timeout (10 s). Whether they all were.
+    pub fn wait_recovered(&self, before: Snapshot, limit: Duration) -> bool {
+        let t = Instant::now();
+        while t.elapsed() < limit {
+            std::thread::sleep(Duration::from_millis(100));
+            let d = self.snapshot() - before;
+            if d.requests > 0
+                && self.idle_clients(Duration::from_millis(500)) == 0
+                && t.elapsed() > Duration::from_secs(1)
+            {
+                return true;
+            }
+        }
+        false
     }
 
     /// Runs for `d` and returns what happened meanwhile.

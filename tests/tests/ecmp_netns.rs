@@ -13,20 +13,6 @@ const HTTP_CONNS: usize = 24;
 const L4_FLOWS: usize = 6;
 const PACE: Duration = Duration::from_millis(25);
 
-fn up(e: &mut Ecmp, n: usize) {
-    for i in 0..n {
-        e.start(i);
-    }
-    let names: Vec<String> = (0..n).map(|i| format!("d{i}")).collect();
-    let names: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
-    e.wait_next_hops(&(0..n).collect::<Vec<_>>(), Duration::from_secs(30));
-    if e.steering {
-        for i in 0..n {
-            e.wait_table(i, &names, Duration::from_secs(10));
-        }
-    }
-}
-
 fn no_misroutes_or_lost_sessions(e: &Ecmp) {
     let misroutes = e.m.clones.misroutes();
     assert!(misroutes.is_empty(), "requests to a non-owner: {misroutes:?}");
@@ -37,7 +23,7 @@ fn no_misroutes_or_lost_sessions(e: &Ecmp) {
 #[test]
 fn steering_keeps_connections_through_joins_leaves_and_deaths() {
     let mut e = Ecmp::new(4, 4, true);
-    up(&mut e, 3);
+    e.up(3);
     let load = Load::start(&e.clients, HTTP_CONNS, L4_FLOWS, PACE);
     let warm = load.during(Duration::from_secs(2));
     assert!(warm.requests > 100 && warm.failed == 0, "warm-up: {warm:?} {:?}", load.take_errors());
@@ -104,22 +90,12 @@ fn steering_keeps_connections_through_joins_leaves_and_deaths() {
 
     // d3's host dies (its link goes down): only connections it terminated break; clients
     // reconnect and keep their sessions.
-    let held = e.m.status(3).vips.iter().map(|v| v.connections).sum::<u64>();
+    let held = e.held(3);
     let before = load.snapshot();
     e.cut_host(3);
     e.wait_next_hops(&[0], Duration::from_secs(5));
     e.wait_table(0, &["d0"], Duration::from_secs(10));
-    // A request in flight on a dead host's connection fails at the client's read timeout
-    // (10 s): wait until every client has been served since.
-    let mut served_all = false;
-    for _ in 0..150 {
-        std::thread::sleep(Duration::from_millis(100));
-        let d = load.snapshot() - before;
-        if d.requests > 0 && load.idle_clients(Duration::from_millis(500)) == 0 && d.broken >= held.min(1) {
-            served_all = true;
-            break;
-        }
-    }
+    let served_all = load.wait_recovered(before, Duration::from_secs(15));
     let death = load.snapshot() - before;
     eprintln!("host died ({held} client connections on it): {death:?} errors {:?}", load.take_errors());
     assert!(served_all, "every client is served again after the host died: {death:?}");
@@ -137,7 +113,7 @@ fn steering_keeps_connections_through_joins_leaves_and_deaths() {
 #[test]
 fn plain_ecmp_breaks_connections_when_the_next_hops_change() {
     let mut e = Ecmp::new(4, 4, false);
-    up(&mut e, 3);
+    e.up(3);
     let load = Load::start(&e.clients, HTTP_CONNS, L4_FLOWS, PACE);
     let warm = load.during(Duration::from_secs(2));
     assert!(warm.requests > 100 && warm.failed == 0, "warm-up: {warm:?} {:?}", load.take_errors());

@@ -57,6 +57,10 @@ enum Cmd {
         /// and without `[cluster]`.
         #[arg(long)]
         cluster: bool,
+        /// Behind a BIRD router with ECMP: connections broken per membership change with
+        /// steering on and off, the XDP cost of steering, requests/s through 1-3 dispatchers.
+        #[arg(long)]
+        scale_out: bool,
         /// Fewer runs per case.
         #[arg(long)]
         quick: bool,
@@ -108,11 +112,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             build(false)?;
             exec_built("demo", &["--seconds".to_string(), seconds.to_string()])
         }
-        Cmd::Bench { xdp, http, failover, l4, scaling, cluster, quick } => {
+        Cmd::Bench { xdp, http, failover, l4, scaling, cluster, scale_out, quick } => {
             require_root("the benchmarks load BPF programs and create network namespaces")?;
             setup::setup()?;
-            let all = !xdp && !http && !failover && !l4 && !scaling && !cluster;
-            if all || http || failover || l4 || cluster {
+            let all = !xdp && !http && !failover && !l4 && !scaling && !cluster && !scale_out;
+            if all || http || failover || l4 || cluster || scale_out {
                 // The peers measured beside the dispatcher, and the load generator.
                 setup::ensure_packages(&["haproxy", "nginx", "wrk", "nftables"])?;
             }
@@ -127,6 +131,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 (l4, "--l4"),
                 (scaling, "--scaling"),
                 (cluster, "--cluster"),
+                (scale_out, "--scale-out"),
                 (quick, "--quick"),
             ] {
                 if on {

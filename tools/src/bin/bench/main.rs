@@ -7,6 +7,7 @@ mod failover;
 mod http;
 mod l4;
 mod load;
+mod scale_out;
 mod scaling;
 mod xdp;
 
@@ -14,8 +15,13 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let has = |f: &str| args.iter().any(|a| a == f);
     let quick = has("--quick");
-    let all =
-        !has("--xdp") && !has("--http") && !has("--failover") && !has("--l4") && !has("--scaling") && !has("--cluster");
+    let all = !has("--xdp")
+        && !has("--http")
+        && !has("--failover")
+        && !has("--l4")
+        && !has("--scaling")
+        && !has("--cluster")
+        && !has("--scale-out");
     let mut parts = Vec::new();
     let mut md = String::new();
     if all || has("--xdp") {
@@ -57,6 +63,13 @@ fn main() {
         let (json, table) = cluster::run(quick);
         parts.push(format!(r#""cluster":{json}"#));
         md += "### Several dispatchers (etcd, 3 dispatchers)\n\n";
+        md += &table;
+        md += "\n";
+    }
+    if all || has("--scale-out") {
+        let (json, table) = scale_out::run(quick);
+        parts.push(format!(r#""scale_out":{json}"#));
+        md += "### Behind a router (BGP, ECMP, connection steering)\n\n";
         md += &table;
         md += "\n";
     }
