@@ -179,7 +179,7 @@ pub fn router_bird(max_paths: usize) -> String {
 /// A dispatcher host's session to the router: exports the static VIP routes only.
 pub fn dispatcher_bird_uplink(me: &str) -> String {
     format!(
-        "protocol bfd {{ interface \"eth0\" {{ min rx interval 100 ms; min tx interval 100 ms; multiplier 5; }}; }}\nprotocol bgp uplink {{ local {me} as {DISPATCHER_AS}; neighbor {ROUTER_IP} as {ROUTER_AS}; bfd on; hold time 3; connect retry time 1; error wait time 1, 5; ipv4 {{ import none; export where source = RTS_STATIC; }}; }}\n"
+        "protocol bfd {{ interface \"eth0\" {{ min rx interval 100 ms; min tx interval 100 ms; multiplier 5; }}; }}\nprotocol bgp uplink {{ local {me} as {DISPATCHER_AS}; neighbor {ROUTER_IP} as {ROUTER_AS}; bfd on; hold time 3; connect delay time 1; connect retry time 1; error wait time 1, 5; ipv4 {{ import none; export where source = RTS_STATIC; }}; }}\n"
     )
 }
 

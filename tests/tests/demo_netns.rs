@@ -40,3 +40,31 @@ fn the_demo_runs_its_story_and_cleans_up() {
     assert!(!std::path::Path::new(&format!("/sys/fs/bpf/dispatcher/{instance}")).exists(), "pins left");
     assert!(!std::path::Path::new(&format!("/run/dispatcher/{instance}.sock")).exists(), "socket left");
 }
+
+/// `cargo xtask demo --dispatchers 3`: behind the router, a join, a leave and a death;
+/// its summary's "expected 0" lines are 0 and it leaves nothing behind.
+#[test]
+fn the_scale_out_demo_runs_and_cleans_up() {
+    let out = Command::new(dispatcher_tests::netns::built_bin("demo", &["tests/src", "tools/src"]))
+        .args(["--seconds", "12", "--dispatchers", "3"])
+        .output()
+        .expect("run the demo");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    let line = |needle: &str| -> String {
+        text.lines().find(|l| l.contains(needle)).unwrap_or_else(|| panic!("no `{needle}` in:\n{text}")).to_string()
+    };
+    for needle in ["-> d3 joins", "-> d1 leaves", "-> d3's host dies", "left: VIPs withdrawn"] {
+        line(needle);
+    }
+    let broken = |row: &str| -> u64 { line(row).split_whitespace().rev().nth(1).unwrap().parse().unwrap() };
+    assert_eq!(broken("  a dispatcher joins"), 0, "{text}");
+    assert_eq!(broken("  a dispatcher leaves"), 0, "{text}");
+    assert!(line("(lost):").ends_with(": 0 (expected 0)"), "{text}");
+    assert!(line("does not own their session").ends_with(": 0 (expected 0)"), "{text}");
+    let prefix = line("torn down").split_whitespace().nth(2).unwrap().trim_end_matches(':').to_string();
+    let namespaces =
+        String::from_utf8_lossy(&Command::new("ip").args(["netns", "list"]).output().unwrap().stdout).into_owned();
+    assert!(!namespaces.contains(&prefix), "namespaces of {prefix} left: {namespaces}");
+    assert!(Command::new("pgrep").args(["-x", "bird"]).output().unwrap().stdout.is_empty(), "a BIRD left running");
+}

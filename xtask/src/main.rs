@@ -35,6 +35,10 @@ enum Cmd {
         /// Seconds of traffic.
         #[arg(long, default_value_t = 24)]
         seconds: u64,
+        /// The tour behind a BIRD router with ECMP: N dispatchers (2-4), one joining, one
+        /// leaving, one dying.
+        #[arg(long)]
+        dispatchers: Option<usize>,
     },
     /// Benchmarks against a trivial XDP program measured in the same run.
     Bench {
@@ -106,11 +110,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             remove_empty_shared_dirs();
             result
         }
-        Cmd::Demo { seconds } => {
+        Cmd::Demo { seconds, dispatchers } => {
             require_root("the demo loads BPF programs and creates network namespaces")?;
             setup::setup()?;
             build(false)?;
-            exec_built("demo", &["--seconds".to_string(), seconds.to_string()])
+            let mut args = vec!["--seconds".to_string(), seconds.to_string()];
+            if let Some(n) = dispatchers {
+                anyhow::ensure!((2..=4).contains(&n), "--dispatchers: 2 to 4 (one more joins during the tour)");
+                args.extend(["--dispatchers".to_string(), n.to_string()]);
+            }
+            exec_built("demo", &args)
         }
         Cmd::Bench { xdp, http, failover, l4, scaling, cluster, scale_out, quick } => {
             require_root("the benchmarks load BPF programs and create network namespaces")?;

@@ -5,6 +5,10 @@
 //! draining b0, b2 crashing (requests for its sessions are held, then served by its
 //! replica b3), b2 coming back and b0 being enabled again. It ends with a summary
 //! (requests, sessions kept, misroutes, failover times) and tears everything down.
+//! `--dispatchers N`: the tour behind a router instead (`scale_out`).
+
+#[path = "demo/scale_out.rs"]
+mod scale_out;
 
 use dispatcher::admin::contract::{AgentStatus, BackendStatus};
 use std::{
@@ -61,6 +65,12 @@ fn main() {
     let seconds: u64 =
         std::env::args().skip_while(|a| a != "--seconds").nth(1).and_then(|s| s.parse().ok()).unwrap_or(24);
     let seconds = seconds.clamp(12, 600);
+    let dispatchers: Option<usize> =
+        std::env::args().skip_while(|a| a != "--dispatchers").nth(1).and_then(|s| s.parse().ok());
+    if let Some(n) = dispatchers.filter(|&n| n > 1) {
+        scale_out::run(n, seconds);
+        return;
+    }
     println!("dispatcher demo: a client, the dispatcher and {BACKENDS} clones in replica pairs (b0/b1, b2/b3)");
     println!("  L4:   VIP {VIP} tcp/80 and udp/5060 -> XDP, MAC forwarding (direct server return)");
     println!("  HTTP: VIP {HTTP_VIP}:80 -> the agent -> WebSphere-like clones on :8080, JSESSIONID affinity\n");
