@@ -337,9 +337,15 @@ pub struct CloneValue {
 pub const CLONE_F_FAILED_OVER: u32 = 1;
 
 /// Slots of one dispatcher-ownership table (a prime): `STEER` holds `STEER_TABLES` of
-/// them, the current one, the previous one and the one being written.
+/// them: three that take turns as the current one, the previous one and the one being
+/// written, and at `STEER_FALLBACK` the current membership without this dispatcher (what
+/// the others will use once this one's agent is gone).
 pub const STEER_SIZE: u32 = 4093;
-pub const STEER_TABLES: u32 = 3;
+pub const STEER_TABLES: u32 = 4;
+pub const STEER_FALLBACK: u32 = 3;
+/// The agent's beacon (`SteerConf::heartbeat_ns`) older than this: the agent is gone, and
+/// this host steers what it owned by the fallback table.
+pub const STEER_AGENT_STALE_NS: u64 = 1_000_000_000;
 
 /// `STEER` value: which dispatcher owns the connections whose flow hash lands here.
 #[repr(C)]
@@ -362,6 +368,9 @@ pub struct SteerConf {
     pub generation: u32,
     pub self_mac: [u8; 6],
     pub _pad: [u8; 2],
+    /// CLOCK_MONOTONIC ns of the agent's last beacon (written every 200 ms); 0: no beacon
+    /// (the agent is taken to be there).
+    pub heartbeat_ns: u64,
 }
 
 /// `SteerConf::sel` flags.
@@ -490,4 +499,4 @@ const _: () = assert!(core::mem::size_of::<FlowValue>() == 24);
 const _: () = assert!(core::mem::size_of::<AffinityKey>() == 24);
 const _: () = assert!(core::mem::size_of::<AffinityValue>() == 16);
 const _: () = assert!(core::mem::size_of::<SteerSlot>() == 8);
-const _: () = assert!(core::mem::size_of::<SteerConf>() == 16);
+const _: () = assert!(core::mem::size_of::<SteerConf>() == 24);

@@ -8,16 +8,22 @@
 //! the previous table (second chance, as in Beamer or GLB), so the connections that were
 //! open before the change go on where they live.
 //!
+//! Agent gone: the agent writes a beacon into `STEER_CONF` every 200 ms. When it is older
+//! than `STEER_AGENT_STALE_NS` (the agent died; nothing listens here any more), what this
+//! host owns goes by the fallback table, the membership without it: the table the others
+//! install once its lease expires, so a connection opened meanwhile stays where it is.
+//!
 //! Loops: a dispatcher never sends a packet back to the one it came from, and every hop
 //! spends one unit of the IP TTL (hop limit); a packet that would leave with none stays.
 
 use aya_ebpf::{
     bindings::{bpf_sock_tuple, xdp_action, BPF_F_CURRENT_NETNS},
-    helpers::{bpf_sk_release, bpf_skc_lookup_tcp},
+    helpers::{bpf_ktime_get_coarse_ns, bpf_sk_release, bpf_skc_lookup_tcp},
     programs::XdpContext,
 };
 use dispatcher_common::{
-    hash::flow_hash, stats, FlowKey, SteerConf, SteerSlot, AF_INET, STEER_HAS_PREV, STEER_ON, STEER_SIZE,
+    hash::flow_hash, stats, FlowKey, SteerConf, SteerSlot, AF_INET, STEER_AGENT_STALE_NS, STEER_FALLBACK,
+    STEER_HAS_PREV, STEER_ON, STEER_SIZE,
 };
 
 use crate::{
@@ -116,10 +122,25 @@ pub fn steer(ctx: &XdpContext, l2: &L2, l3: &L3, key: &FlowKey, syn: bool, len: 
         return Ok(None);
     }
     let h = flow_hash(key);
-    let Some(owner) = slot(conf.sel, h) else { return Ok(None) };
+    let Some(mut owner) = slot(conf.sel, h) else { return Ok(None) };
     let from = unsafe { (*ptr_at::<EthHdr>(ctx, 0)?).src };
     let prev = if conf.sel & STEER_HAS_PREV != 0 && !syn { slot(conf.sel >> 4, h) } else { None };
 
+    if same_mac(&owner.mac, &conf.self_mac)
+        && conf.heartbeat_ns != 0
+        && unsafe { bpf_ktime_get_coarse_ns() }.saturating_sub(conf.heartbeat_ns) > STEER_AGENT_STALE_NS
+    {
+        // No agent here any more (its sockets went with it): the owner it will have once
+        // the others notice. A connection still here says otherwise (an agent stalled,
+        // not gone): it stays.
+        if !syn && local_connection(ctx, key) {
+            return Ok(None);
+        }
+        match slot(STEER_FALLBACK, h) {
+            Some(f) if !same_mac(&f.mac, &conf.self_mac) => owner = f,
+            _ => return Ok(None),
+        }
+    }
     if same_mac(&owner.mac, &conf.self_mac) {
         // Ours under the current table. A new connection, or one of ours, stays.
         let Some(prev) = prev else { return Ok(None) };

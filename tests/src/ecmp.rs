@@ -28,6 +28,8 @@ pub const ROUTER_CLIENT_IP: &str = "10.98.0.1";
 pub const CLIENTS_NET: &str = "10.98.0.0/24";
 /// The client namespace's addresses (requests go out from several).
 pub const CLIENT_IPS: [&str; 3] = ["10.98.0.10", "10.98.0.11", "10.98.0.12"];
+/// The L4 VIP's UDP port (beside TCP 9000).
+pub const UDP_PORT: u16 = 9001;
 pub const ROUTER_AS: u32 = 65000;
 pub const DISPATCHER_AS: u32 = 65001;
 
@@ -43,7 +45,9 @@ impl Ecmp {
     pub fn new(n: usize, clones: usize, steering: bool) -> Ecmp {
         let mut m = Multi::with_prefix(crate::netns::fresh_prefix(), 0, clones, true);
         m.cluster_extra = format!("steering = {steering}\nsecond_chance = \"60s\"\n");
-        m.extra = "\n[announce]\n".into();
+        m.extra = format!(
+            "\n[[vip]]\nname = \"udp\"\naddress = \"{L4_VIP}\"\nport = {UDP_PORT}\nprotocol = \"udp\"\nring_size = 1009\n\n[announce]\n"
+        );
         let router = m.tb.add_host("r", ROUTER_IP, "02:99:00:00:04:00");
         router.ip(&["addr", "add", &format!("{ROUTER_CLIENT_IP}/24"), "dev", "eth0"]);
         router.sysctl("net.ipv4.ip_forward=1");
@@ -66,7 +70,7 @@ impl Ecmp {
             b.ip(&["addr", "add", &format!("{L4_VIP}/32"), "dev", "lo"]);
             b.ip(&["route", "add", CLIENTS_NET, "via", ROUTER_IP]);
         }
-        m.tb.start_servers(&[9000], &[]);
+        m.tb.start_servers(&[9000], &[(L4_VIP, UDP_PORT)]);
         let conf = m.tb.workdir.join("bird-r.conf");
         std::fs::write(&conf, router_bird(n.max(4))).unwrap();
         let mut cmd = router.command("bird");
@@ -198,6 +202,11 @@ pub struct Counts {
     pub l4_lines: AtomicU64,
     pub l4_broken: AtomicU64,
     pub l4_switched: AtomicU64,
+    /// UDP flows (one source port each): answers, datagrams without an answer within 1 s,
+    /// answers from another backend than the flow's first.
+    pub udp_answers: AtomicU64,
+    pub udp_lost: AtomicU64,
+    pub udp_switched: AtomicU64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -209,6 +218,9 @@ pub struct Snapshot {
     pub l4_lines: u64,
     pub l4_broken: u64,
     pub l4_switched: u64,
+    pub udp_answers: u64,
+    pub udp_lost: u64,
+    pub udp_switched: u64,
 }
 
 impl std::ops::Sub for Snapshot {
@@ -222,12 +234,15 @@ impl std::ops::Sub for Snapshot {
             l4_lines: self.l4_lines - o.l4_lines,
             l4_broken: self.l4_broken - o.l4_broken,
             l4_switched: self.l4_switched - o.l4_switched,
+            udp_answers: self.udp_answers - o.udp_answers,
+            udp_lost: self.udp_lost - o.udp_lost,
+            udp_switched: self.udp_switched - o.udp_switched,
         }
     }
 }
 
-/// Long-lived keep-alive HTTP clients with sessions, and long-lived L4 TCP flows, from
-/// the clients' namespace, each pacing itself (bounded by `stop`).
+/// Long-lived keep-alive HTTP clients with sessions, long-lived L4 TCP flows and as many
+/// UDP flows, from the clients' namespace, each pacing itself (bounded by `stop`).
 pub struct Load {
     pub counts: Arc<Counts>,
     /// When each HTTP client was last served (ms since `started`).
@@ -324,6 +339,45 @@ impl Load {
                 }
             }));
         }
+        for n in 0..l4_flows {
+            let (counts, stop, ns) = (counts.clone(), stop.clone(), clients.clone());
+            threads.push(std::thread::spawn(move || {
+                let src = CLIENT_IPS[n % CLIENT_IPS.len()];
+                let to: SocketAddr = format!("{L4_VIP}:{UDP_PORT}").parse().unwrap();
+                let sock = ns.run(move || {
+                    let s = std::net::UdpSocket::bind((src, 0))?;
+                    s.connect(to)?;
+                    s.set_read_timeout(Some(Duration::from_secs(1)))?;
+                    Ok::<_, std::io::Error>(s)
+                });
+                let Ok(sock) = sock else { return };
+                let mut first: Option<Vec<u8>> = None;
+                let mut buf = [0u8; 64];
+                while !stop.load(Ordering::Relaxed) {
+                    if sock.send(b"ping").is_err() {
+                        counts.udp_lost.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        match sock.recv(&mut buf) {
+                            Ok(k) => {
+                                counts.udp_answers.fetch_add(1, Ordering::Relaxed);
+                                let who = buf[..k].to_vec();
+                                match &first {
+                                    None => first = Some(who),
+                                    Some(f) if *f != who => {
+                                        counts.udp_switched.fetch_add(1, Ordering::Relaxed);
+                                    }
+                                    _ => {}
+                                }
+                            }
+                            Err(_) => {
+                                counts.udp_lost.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                    std::thread::sleep(pace);
+                }
+            }));
+        }
         Load { counts, last_served, started, errors, stop, threads }
     }
 
@@ -338,6 +392,9 @@ impl Load {
             l4_lines: l(&c.l4_lines),
             l4_broken: l(&c.l4_broken),
             l4_switched: l(&c.l4_switched),
+            udp_answers: l(&c.udp_answers),
+            udp_lost: l(&c.udp_lost),
+            udp_switched: l(&c.udp_switched),
         }
     }
 
@@ -385,6 +442,9 @@ impl Load {
             l4_lines: l(&c.l4_lines),
             l4_broken: l(&c.l4_broken),
             l4_switched: l(&c.l4_switched),
+            udp_answers: l(&c.udp_answers),
+            udp_lost: l(&c.udp_lost),
+            udp_switched: l(&c.udp_switched),
         }
     }
 

@@ -548,7 +548,7 @@ fn steer_all(fx: &mut Fixture, index: u32, owner: [u8; 6]) {
 fn steer_conf(fx: &mut Fixture, cur: u32, prev: Option<u32>) {
     let flags = STEER_ON | if prev.is_some() { STEER_HAS_PREV } else { 0 };
     let conf =
-        SteerConf { sel: steer_sel(cur, prev.unwrap_or(0), flags), generation: 1, self_mac: LB_MAC, _pad: [0; 2] };
+        SteerConf { sel: steer_sel(cur, prev.unwrap_or(0), flags), generation: 1, self_mac: LB_MAC, _pad: [0; 2], heartbeat_ns: 0 };
     fx.tables.set_steer_conf(&conf).unwrap();
 }
 
@@ -640,4 +640,31 @@ fn a_packet_with_no_ttl_left_is_not_steered() {
     let l4 = Packet::tcp("10.0.0.2", 40301, "10.0.100.1", 80).build();
     let o = fx.run_bytes(&l4);
     assert_ne!(&o.out[0..6], PEER_A.as_slice());
+}
+
+#[test]
+fn with_the_agent_gone_what_this_host_owned_goes_by_the_fallback_table() {
+    let mut fx = fixture();
+    steer_all(&mut fx, 0, LB_MAC);
+    steer_all(&mut fx, dispatcher_common::STEER_FALLBACK, PEER_A);
+    let input = Packet::tcp("10.0.0.2", 40400, "10.0.100.3", 80).build();
+    let mut conf = |fx: &mut Fixture, heartbeat_ns: u64| {
+        let c = SteerConf { sel: steer_sel(0, 0, STEER_ON), generation: 1, self_mac: LB_MAC, _pad: [0; 2], heartbeat_ns };
+        fx.tables.set_steer_conf(&c).unwrap();
+    };
+    let now = {
+        let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        assert_eq!(unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) }, 0);
+        t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+    };
+    // A fresh beacon (or none at all): ours, kept.
+    conf(&mut fx, now);
+    assert_eq!(fx.run_bytes(&input).verdict, XDP_PASS);
+    conf(&mut fx, 0);
+    assert_eq!(fx.run_bytes(&input).verdict, XDP_PASS);
+    // The beacon is 2 s old: no agent here; to the owner without this host.
+    conf(&mut fx, now.saturating_sub(2_000_000_000));
+    let o = fx.run_bytes(&input);
+    assert_eq!(o.verdict, XDP_TX);
+    assert_eq!(o.out, steered(&input, PEER_A));
 }

@@ -20,7 +20,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dispatcher_common::{steer_sel, SteerConf, STEER_HAS_PREV, STEER_ON, STEER_TABLES};
+use dispatcher_common::{steer_sel, SteerConf, STEER_FALLBACK, STEER_HAS_PREV, STEER_ON};
 use tokio::sync::watch;
 
 use crate::{admin::contract::SteeringStatus, dataplane::tables::Tables};
@@ -74,6 +74,21 @@ pub struct Steering {
     state: Mutex<State>,
     /// The membership last seen (before this dispatcher's own joined flag applies).
     last: Mutex<Option<Vec<Peer>>>,
+    /// What `STEER_CONF` holds (the beacon rewrites it with a fresh time).
+    conf: Mutex<SteerConf>,
+}
+
+/// How often the agent's beacon is written (the XDP program takes the agent for gone
+/// after `STEER_AGENT_STALE_NS` without one).
+pub const BEACON_EVERY: Duration = Duration::from_millis(200);
+
+/// CLOCK_MONOTONIC, the clock of `bpf_ktime_get_coarse_ns`.
+fn monotonic_ns() -> u64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) } != 0 {
+        return 0;
+    }
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
 impl Steering {
@@ -94,15 +109,35 @@ impl Steering {
             joined,
             state: Mutex::new(State { current: None, previous: None, generation, changed: None }),
             last: Mutex::new(None),
+            conf: Mutex::new(SteerConf::default()),
         };
         s.write_conf(0, 0, 0, generation);
         Arc::new(s)
     }
 
     fn write_conf(&self, cur: u32, prev: u32, flags: u32, generation: u32) {
-        let conf = SteerConf { sel: steer_sel(cur, prev, flags), generation, self_mac: self.mac, _pad: [0; 2] };
+        let mut conf = self.conf.lock().unwrap();
+        *conf = SteerConf {
+            sel: steer_sel(cur, prev, flags),
+            generation,
+            self_mac: self.mac,
+            _pad: [0; 2],
+            heartbeat_ns: monotonic_ns(),
+        };
         if let Err(e) = self.tables.lock().unwrap().set_steer_conf(&conf) {
             tracing::warn!(error = %e, "writing STEER_CONF");
+        }
+    }
+
+    /// The agent's beacon: `STEER_CONF` again, with the time of now.
+    pub fn beacon(&self) {
+        let mut conf = self.conf.lock().unwrap();
+        if conf.sel & STEER_ON == 0 {
+            return;
+        }
+        conf.heartbeat_ns = monotonic_ns();
+        if let Err(e) = self.tables.lock().unwrap().set_steer_conf(&conf) {
+            crate::ratelimit::warn("writing the steering beacon", &e);
         }
     }
 
@@ -120,8 +155,17 @@ impl Steering {
         }
         let busy: Vec<u32> =
             st.current.iter().map(|c| c.index).chain(st.previous.iter().map(|(p, _)| p.index)).collect();
-        let index = (0..STEER_TABLES).find(|i| !busy.contains(i)).unwrap_or(0);
-        if let Err(e) = self.tables.lock().unwrap().write_steer_table(index, &table.map_slots()) {
+        let index = (0..STEER_FALLBACK).find(|i| !busy.contains(i)).unwrap_or(0);
+        // The same membership without this dispatcher: where what it owns goes if its
+        // agent dies (the XDP program reads it only then).
+        let others: Vec<Peer> = table.peers.iter().filter(|p| p.name != self.me).cloned().collect();
+        let fallback = Table::build(others);
+        let written = {
+            let mut t = self.tables.lock().unwrap();
+            t.write_steer_table(STEER_FALLBACK, &fallback.map_slots())
+                .and_then(|_| t.write_steer_table(index, &table.map_slots()))
+        };
+        if let Err(e) = written {
             tracing::warn!(error = %e, "writing an ownership table");
             return;
         }
@@ -189,8 +233,17 @@ impl Steering {
     }
 }
 
-/// Follows the membership: a new table on every change, the previous one dropped on time.
+/// Follows the membership: a new table on every change, the previous one dropped on time;
+/// and the beacon that tells the XDP program the agent is there.
 pub async fn run(steering: Arc<Steering>, mut peers: watch::Receiver<Option<Vec<Peer>>>) {
+    let beacon = steering.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(BEACON_EVERY);
+        loop {
+            tick.tick().await;
+            beacon.beacon();
+        }
+    });
     loop {
         let next = steering.expire();
         let latest = peers.borrow_and_update().clone();
