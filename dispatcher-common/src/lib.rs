@@ -337,12 +337,12 @@ pub struct CloneValue {
 pub const CLONE_F_FAILED_OVER: u32 = 1;
 
 /// Slots of one dispatcher-ownership table (a prime): `STEER` holds `STEER_TABLES` of
-/// them: three that take turns as the current one, the previous one and the one being
+/// them: four that take turns as the current one, the two previous ones and the one being
 /// written, and at `STEER_FALLBACK` the current membership without this dispatcher (what
 /// the others will use once this one's agent is gone).
 pub const STEER_SIZE: u32 = 4093;
-pub const STEER_TABLES: u32 = 4;
-pub const STEER_FALLBACK: u32 = 3;
+pub const STEER_TABLES: u32 = 5;
+pub const STEER_FALLBACK: u32 = 4;
 /// The agent's beacon (`SteerConf::heartbeat_ns`) older than this: the agent is gone, and
 /// this host steers what it owned by the fallback table.
 pub const STEER_AGENT_STALE_NS: u64 = 1_000_000_000;
@@ -377,10 +377,22 @@ pub struct SteerConf {
 pub const STEER_ON: u32 = 1 << 8;
 /// The previous table is valid: second chance applies.
 pub const STEER_HAS_PREV: u32 = 1 << 9;
+/// The one before it too (two changes within the second-chance time).
+pub const STEER_HAS_PREV2: u32 = 1 << 10;
+/// This dispatcher left (`dispatcher leave`, stop): a packet the owner sent here that has
+/// no connection here is dropped (the sender's table is behind; TCP retransmits), never
+/// answered with a reset.
+pub const STEER_LEFT: u32 = 1 << 11;
 
+/// `sel`: current table in bits 0-3, previous in 4-7, the one before in 12-15, flags.
 #[inline(always)]
 pub const fn steer_sel(current: u32, previous: u32, flags: u32) -> u32 {
-    (current & 0xf) | ((previous & 0xf) << 4) | flags
+    steer_sel3(current, previous, 0, flags)
+}
+
+#[inline(always)]
+pub const fn steer_sel3(current: u32, previous: u32, previous2: u32, flags: u32) -> u32 {
+    (current & 0xf) | ((previous & 0xf) << 4) | ((previous2 & 0xf) << 12) | flags
 }
 
 /// `STATS` value (per CPU).
@@ -421,9 +433,12 @@ pub mod stats {
     pub const STEER_KEPT_LOCAL: u32 = 17;
     /// Not sent on because its TTL or hop limit was spent (a steering loop).
     pub const STEER_TTL_EXPIRED: u32 = 18;
+    /// Dropped on a dispatcher that left (or whose agent is gone): sent here by a
+    /// dispatcher whose table was behind, with no connection here.
+    pub const STEER_DROPPED_LEFT: u32 = 19;
     pub const GLOBAL_SLOTS: u32 = 24;
 
-    pub const GLOBAL_NAMES: [&str; 19] = [
+    pub const GLOBAL_NAMES: [&str; 20] = [
         "pass_non_vip",
         "pass_non_ip",
         "pass_http",
@@ -443,6 +458,7 @@ pub mod stats {
         "steer_second_chance",
         "steer_kept_local",
         "steer_ttl_expired",
+        "steer_dropped_left",
     ];
 
     /// Per VIP: forwarded packets/bytes, new flows, flow-table hits, affinity hits, drops.

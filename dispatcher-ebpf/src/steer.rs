@@ -8,6 +8,9 @@
 //! the previous table (second chance, as in Beamer or GLB), so the connections that were
 //! open before the change go on where they live.
 //!
+//! Two changes within the second-chance time: the table before the previous one is kept
+//! too, and the newest earlier owner that is neither here nor the sender gets the packet.
+//!
 //! Agent gone: the agent writes a beacon into `STEER_CONF` every 200 ms. When it is older
 //! than `STEER_AGENT_STALE_NS` (the agent died; nothing listens here any more), what this
 //! host owns goes by the fallback table, the membership without it: the table the others
@@ -23,7 +26,7 @@ use aya_ebpf::{
 };
 use dispatcher_common::{
     hash::flow_hash, stats, FlowKey, SteerConf, SteerSlot, AF_INET, STEER_AGENT_STALE_NS, STEER_FALLBACK,
-    STEER_HAS_PREV, STEER_ON, STEER_SIZE,
+    STEER_HAS_PREV, STEER_HAS_PREV2, STEER_LEFT, STEER_ON, STEER_SIZE,
 };
 
 use crate::{
@@ -92,11 +95,11 @@ fn send_to(
             return Ok(xdp_action::XDP_PASS);
         }
         ip.ttl -= 1;
-        // RFC 1624: the TTL is the high byte of its 16-bit word, so the one's
-        // complement sum grows by 0x0100 when it drops by one.
-        let mut sum = u16::from_be_bytes(ip.check) as u32 + 0x0100;
-        sum = (sum & 0xffff) + (sum >> 16);
-        ip.check = (sum as u16).to_be_bytes();
+        // RFC 1624 (eqn. 3), as the kernel's ip_decrease_ttl: the TTL is the high byte of
+        // its 16-bit word, so the checksum grows by 0x0100, with the carry folded in
+        // (never yielding 0xffff, "minus zero").
+        let sum = u16::from_be_bytes(ip.check) as u32 + 0x0100;
+        ip.check = ((sum + (sum >= 0xffff) as u32) as u16).to_be_bytes();
     } else {
         let ip = unsafe { &mut *ptr_at::<Ipv6Hdr>(ctx, l2.l3_off)? };
         if ip.hop_limit <= 1 {
@@ -124,12 +127,13 @@ pub fn steer(ctx: &XdpContext, l2: &L2, l3: &L3, key: &FlowKey, syn: bool, len: 
     let h = flow_hash(key);
     let Some(mut owner) = slot(conf.sel, h) else { return Ok(None) };
     let from = unsafe { (*ptr_at::<EthHdr>(ctx, 0)?).src };
+    // The owners under the two previous tables (a SYN opens a new connection: none).
     let prev = if conf.sel & STEER_HAS_PREV != 0 && !syn { slot(conf.sel >> 4, h) } else { None };
+    let prev2 = if conf.sel & STEER_HAS_PREV2 != 0 && !syn { slot(conf.sel >> 12, h) } else { None };
+    let agent_gone = conf.heartbeat_ns != 0
+        && unsafe { bpf_ktime_get_coarse_ns() }.saturating_sub(conf.heartbeat_ns) > STEER_AGENT_STALE_NS;
 
-    if same_mac(&owner.mac, &conf.self_mac)
-        && conf.heartbeat_ns != 0
-        && unsafe { bpf_ktime_get_coarse_ns() }.saturating_sub(conf.heartbeat_ns) > STEER_AGENT_STALE_NS
-    {
+    if agent_gone && same_mac(&owner.mac, &conf.self_mac) {
         // No agent here any more (its sockets went with it): the owner it will have once
         // the others notice. A connection still here says otherwise (an agent stalled,
         // not gone): it stays.
@@ -142,25 +146,33 @@ pub fn steer(ctx: &XdpContext, l2: &L2, l3: &L3, key: &FlowKey, syn: bool, len: 
         }
     }
     if same_mac(&owner.mac, &conf.self_mac) {
-        // Ours under the current table. A new connection, or one of ours, stays.
-        let Some(prev) = prev else { return Ok(None) };
-        if same_mac(&prev.mac, &conf.self_mac) || same_mac(&prev.mac, &from) || local_connection(ctx, key) {
+        // Ours under the current table. A new connection, or one of ours, stays; else the
+        // newest earlier owner that is neither here nor the sender gets it.
+        let usable =
+            |p: &Option<SteerSlot>| p.filter(|p| !same_mac(&p.mac, &conf.self_mac) && !same_mac(&p.mac, &from));
+        let Some(to) = usable(&prev).or(usable(&prev2)) else { return Ok(None) };
+        if local_connection(ctx, key) {
             return Ok(None);
         }
-        return send_to(ctx, l2, l3, &conf, &prev.mac, stats::STEER_SECOND_CHANCE, len).map(Some);
+        return send_to(ctx, l2, l3, &conf, &to.mac, stats::STEER_SECOND_CHANCE, len).map(Some);
     }
-    // Another dispatcher's. The owner itself sent it here: its second chance (or tables
-    // that disagree for a moment); either way it stays.
+    // Another dispatcher's. The owner itself sent it here: its second chance (or its table
+    // is behind). It stays; but where nothing can take it (this dispatcher left, or its
+    // agent is gone) and no connection is here, it is dropped: the sender catches up and
+    // TCP retransmits, where a reset would break the connection.
     if same_mac(&owner.mac, &from) {
+        if (conf.sel & STEER_LEFT != 0 || agent_gone) && !local_connection(ctx, key) {
+            count(stats::STEER_DROPPED_LEFT, len);
+            return Ok(Some(xdp_action::XDP_DROP));
+        }
         count(stats::STEER_KEPT_LOCAL, len);
         return Ok(None);
     }
-    // A connection this host held under the previous table, still open here.
-    if let Some(prev) = prev {
-        if same_mac(&prev.mac, &conf.self_mac) && local_connection(ctx, key) {
-            count(stats::STEER_KEPT_LOCAL, len);
-            return Ok(None);
-        }
+    // A connection this host held under an earlier table, still open here.
+    let was_ours = |p: &Option<SteerSlot>| p.is_some_and(|p| same_mac(&p.mac, &conf.self_mac));
+    if (was_ours(&prev) || was_ours(&prev2)) && local_connection(ctx, key) {
+        count(stats::STEER_KEPT_LOCAL, len);
+        return Ok(None);
     }
     send_to(ctx, l2, l3, &conf, &owner.mac, stats::STEERED, len).map(Some)
 }

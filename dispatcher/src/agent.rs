@@ -189,17 +189,25 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
         Some(a) => Some(crate::announce::Announcer::start(a).context("creating the announcement interfaces")?),
         None => None,
     };
-    if announcer.is_some() || shared.is_some() {
-        if let Some(st) = &steering {
-            // The table without this dispatcher first (what the others use now): it is
-            // the previous table once this one joins, for their open connections.
-            let t0 = std::time::Instant::now();
-            while !st.installed() && t0.elapsed() < std::time::Duration::from_secs(2) {
-                rt.block_on(async { tokio::time::sleep(std::time::Duration::from_millis(10)).await });
-            }
+    // Join once everything here serves. With steering, only once this dispatcher's own
+    // table is in place (the one without it, what the others use now: it becomes the
+    // previous table when this one joins); until then nothing is announced, since
+    // connections ECMP moved here would find no steering. Checked again every second.
+    let mut join_pending = announcer.is_some() || shared.is_some();
+    if let Some(st) = &steering {
+        let t0 = std::time::Instant::now();
+        while !st.installed() && t0.elapsed() < std::time::Duration::from_secs(2) {
+            rt.block_on(async { tokio::time::sleep(std::time::Duration::from_millis(10)).await });
         }
+    }
+    let ready_to_join =
+        |steering: &Option<Arc<crate::steering::Steering>>| steering.as_ref().is_none_or(|s| s.installed());
+    if join_pending && ready_to_join(&steering) {
         membership(true, &joined, announcer.as_mut(), shared.as_ref(), steering.as_deref())
             .map_err(|e| anyhow::anyhow!("joining: {e}"))?;
+        join_pending = false;
+    } else if join_pending {
+        tracing::warn!("not joining yet: no membership from the shared store to build the ownership table from (retried every second)");
     }
     let (requests, mut request_rx) = tokio::sync::mpsc::unbounded_channel::<AgentRequest>();
     let admin = Arc::new(Admin {
@@ -239,6 +247,13 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
                 _ = pin_check.tick() => {
                     let missing = keep_pins(&pins, &mut ebpf, &mut link, &prog_path, &link_path);
                     *admin.pins_missing.lock().unwrap() = missing;
+                    if join_pending && ready_to_join(&steering) {
+                        match membership(true, &joined, announcer.as_mut(), shared.as_ref(), steering.as_deref()) {
+                            Ok(_) => join_pending = false,
+                            Err(e) => crate::ratelimit::warn("joining", &e),
+                        }
+                        *admin.announced.lock().unwrap() = announcer.as_ref().map(|a| a.joined());
+                    }
                 }
                 Some(request) = request_rx.recv() => match request {
                     AgentRequest::Reload(reply) => {
@@ -255,6 +270,7 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
                     }
                     AgentRequest::Stop { detach } => return Ok(("dispatcher stop", !detach)),
                     AgentRequest::Membership(join, reply) => {
+                        join_pending = false;
                         let r = membership(join, &joined, announcer.as_mut(), shared.as_ref(), steering.as_deref());
                         *admin.announced.lock().unwrap() = announcer.as_ref().map(|a| a.joined());
                         let _ = reply.send(r);

@@ -547,8 +547,13 @@ fn steer_all(fx: &mut Fixture, index: u32, owner: [u8; 6]) {
 
 fn steer_conf(fx: &mut Fixture, cur: u32, prev: Option<u32>) {
     let flags = STEER_ON | if prev.is_some() { STEER_HAS_PREV } else { 0 };
-    let conf =
-        SteerConf { sel: steer_sel(cur, prev.unwrap_or(0), flags), generation: 1, self_mac: LB_MAC, _pad: [0; 2], heartbeat_ns: 0 };
+    let conf = SteerConf {
+        sel: steer_sel(cur, prev.unwrap_or(0), flags),
+        generation: 1,
+        self_mac: LB_MAC,
+        _pad: [0; 2],
+        heartbeat_ns: 0,
+    };
     fx.tables.set_steer_conf(&conf).unwrap();
 }
 
@@ -649,7 +654,8 @@ fn with_the_agent_gone_what_this_host_owned_goes_by_the_fallback_table() {
     steer_all(&mut fx, dispatcher_common::STEER_FALLBACK, PEER_A);
     let input = Packet::tcp("10.0.0.2", 40400, "10.0.100.3", 80).build();
     let mut conf = |fx: &mut Fixture, heartbeat_ns: u64| {
-        let c = SteerConf { sel: steer_sel(0, 0, STEER_ON), generation: 1, self_mac: LB_MAC, _pad: [0; 2], heartbeat_ns };
+        let c =
+            SteerConf { sel: steer_sel(0, 0, STEER_ON), generation: 1, self_mac: LB_MAC, _pad: [0; 2], heartbeat_ns };
         fx.tables.set_steer_conf(&c).unwrap();
     };
     let now = {
@@ -667,4 +673,44 @@ fn with_the_agent_gone_what_this_host_owned_goes_by_the_fallback_table() {
     let o = fx.run_bytes(&input);
     assert_eq!(o.verdict, XDP_TX);
     assert_eq!(o.out, steered(&input, PEER_A));
+}
+
+#[test]
+fn two_changes_in_a_row_the_older_owner_still_gets_its_connections() {
+    let mut fx = fixture();
+    // Ours now and under the previous table; PEER_B's the table before.
+    steer_all(&mut fx, 0, LB_MAC);
+    steer_all(&mut fx, 1, LB_MAC);
+    steer_all(&mut fx, 2, PEER_B);
+    let sel = dispatcher_common::steer_sel3(0, 1, 2, STEER_ON | STEER_HAS_PREV | dispatcher_common::STEER_HAS_PREV2);
+    fx.tables
+        .set_steer_conf(&SteerConf { sel, generation: 3, self_mac: LB_MAC, _pad: [0; 2], heartbeat_ns: 0 })
+        .unwrap();
+    let input = Packet::tcp("10.0.0.2", 40500, "10.0.100.3", 80).with(|p| p.tcp_flags = TCP_ACK).build();
+    let o = fx.run_bytes(&input);
+    assert_eq!(o.verdict, XDP_TX);
+    assert_eq!(o.out, steered(&input, PEER_B));
+}
+
+#[test]
+fn a_dispatcher_that_left_drops_what_a_lagging_owner_sends_rather_than_reset_it() {
+    let mut fx = fixture();
+    steer_all(&mut fx, 0, PEER_A);
+    let from_owner = Packet::tcp("10.0.0.2", 40600, "10.0.100.3", 80).with(|p| p.eth_src = PEER_A);
+    let conf = |fx: &mut Fixture, flags: u32| {
+        let c = SteerConf {
+            sel: steer_sel(0, 0, STEER_ON | flags),
+            generation: 1,
+            self_mac: LB_MAC,
+            _pad: [0; 2],
+            heartbeat_ns: 0,
+        };
+        fx.tables.set_steer_conf(&c).unwrap();
+    };
+    conf(&mut fx, 0);
+    assert_eq!(fx.run(&from_owner).verdict, XDP_PASS, "joined: the owner's second chance is kept");
+    conf(&mut fx, dispatcher_common::STEER_LEFT);
+    let before = snapshot(&fx, &[stats::STEER_DROPPED_LEFT]);
+    assert_eq!(fx.run(&from_owner).verdict, XDP_DROP, "left, no connection here: dropped (TCP retransmits)");
+    assert_eq!(deltas(&fx, &before), [1]);
 }

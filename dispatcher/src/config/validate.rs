@@ -294,22 +294,27 @@ impl Ctx<'_> {
 
     /// `[announce]`.
     fn announce(&self, a: &RawAnnounce) -> AnnounceSettings {
-        let iface = |v: &Option<Spanned<String>>, field: &str, default: &str| -> Option<String> {
+        let iface = |v: &Option<Spanned<String>>, field: &str, default: &str, max: usize| -> Option<String> {
             let Some(v) = v else { return Some(default.to_string()) };
             let name = v.get_ref();
             if name.is_empty() {
                 return None;
             }
-            // IFNAMSIZ - 1, and what `ip link` accepts.
-            let ok = name.len() <= 15 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+            // IFNAMSIZ - 1 (less one for the L4 interface's veth peer, NAME + "p"), and
+            // what `ip link` accepts.
+            let ok = name.len() <= max && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
             if !ok {
-                self.report(v.span(), field, "an interface name: 1 to 15 of [A-Za-z0-9._-] (\"\" for none)");
+                self.report(
+                    v.span(),
+                    field,
+                    format!("an interface name: 1 to {max} of [A-Za-z0-9._-] (\"\" for none)"),
+                );
             }
             Some(name.clone())
         };
         let http_interface =
-            iface(&a.http_interface, "announce.http_interface", AnnounceSettings::DEFAULT_HTTP_INTERFACE);
-        let l4_interface = iface(&a.l4_interface, "announce.l4_interface", AnnounceSettings::DEFAULT_L4_INTERFACE);
+            iface(&a.http_interface, "announce.http_interface", AnnounceSettings::DEFAULT_HTTP_INTERFACE, 15);
+        let l4_interface = iface(&a.l4_interface, "announce.l4_interface", AnnounceSettings::DEFAULT_L4_INTERFACE, 14);
         if http_interface.is_some() && http_interface == l4_interface {
             let span = a.l4_interface.as_ref().or(a.http_interface.as_ref()).map(|v| v.span()).unwrap_or(0..0);
             self.report(span, "announce.l4_interface", "must differ from announce.http_interface");

@@ -20,7 +20,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dispatcher_common::{steer_sel, SteerConf, STEER_FALLBACK, STEER_HAS_PREV, STEER_ON};
+use dispatcher_common::{steer_sel3, SteerConf, STEER_FALLBACK, STEER_HAS_PREV, STEER_HAS_PREV2, STEER_LEFT, STEER_ON};
 use tokio::sync::watch;
 
 use crate::{admin::contract::SteeringStatus, dataplane::tables::Tables};
@@ -53,6 +53,7 @@ pub fn set_leaving(leaving: bool) {
     LEAVING.store(leaving, Ordering::Relaxed);
 }
 
+#[derive(Clone)]
 struct Installed {
     index: u32,
     table: Arc<Table>,
@@ -60,10 +61,15 @@ struct Installed {
 
 struct State {
     current: Option<Installed>,
-    previous: Option<(Installed, Instant)>,
+    /// The earlier tables still serving second chances, newest first (at most two), each
+    /// with the time it goes.
+    previous: Vec<(Installed, Instant)>,
     generation: u32,
     changed: Option<Instant>,
 }
+
+/// Earlier tables kept at once: two changes within the second-chance time lose nothing.
+const KEPT_PREVIOUS: usize = 2;
 
 pub struct Steering {
     tables: Arc<Mutex<Tables>>,
@@ -76,6 +82,8 @@ pub struct Steering {
     last: Mutex<Option<Vec<Peer>>>,
     /// What `STEER_CONF` holds (the beacon rewrites it with a fresh time).
     conf: Mutex<SteerConf>,
+    /// Wakes `run` after an install from elsewhere (join, leave): a new deadline.
+    wake: tokio::sync::Notify,
 }
 
 /// How often the agent's beacon is written (the XDP program takes the agent for gone
@@ -107,26 +115,40 @@ impl Steering {
             mac,
             second_chance,
             joined,
-            state: Mutex::new(State { current: None, previous: None, generation, changed: None }),
+            state: Mutex::new(State { current: None, previous: Vec::new(), generation, changed: None }),
             last: Mutex::new(None),
             conf: Mutex::new(SteerConf::default()),
+            wake: tokio::sync::Notify::new(),
         };
-        s.write_conf(0, 0, 0, generation);
+        if let Err(e) = s.write_sel(0, generation) {
+            tracing::warn!(error = %e, "clearing STEER_CONF");
+        }
         Arc::new(s)
     }
 
-    fn write_conf(&self, cur: u32, prev: u32, flags: u32, generation: u32) {
-        let mut conf = self.conf.lock().unwrap();
-        *conf = SteerConf {
-            sel: steer_sel(cur, prev, flags),
-            generation,
-            self_mac: self.mac,
-            _pad: [0; 2],
-            heartbeat_ns: monotonic_ns(),
-        };
-        if let Err(e) = self.tables.lock().unwrap().set_steer_conf(&conf) {
-            tracing::warn!(error = %e, "writing STEER_CONF");
+    /// `STEER_CONF` for these tables (and this dispatcher's joined state).
+    fn write_state(&self, st: &State) -> Result<(), crate::dataplane::DataplaneError> {
+        let Some(cur) = &st.current else { return self.write_sel(0, st.generation) };
+        let mut flags = STEER_ON;
+        if !self.joined.load(Ordering::Relaxed) {
+            flags |= STEER_LEFT;
         }
+        let p = |i: usize| st.previous.get(i).map(|(t, _)| t.index);
+        if p(0).is_some() {
+            flags |= STEER_HAS_PREV;
+        }
+        if p(1).is_some() {
+            flags |= STEER_HAS_PREV2;
+        }
+        self.write_sel(steer_sel3(cur.index, p(0).unwrap_or(0), p(1).unwrap_or(0), flags), st.generation)
+    }
+
+    fn write_sel(&self, sel: u32, generation: u32) -> Result<(), crate::dataplane::DataplaneError> {
+        let mut conf = self.conf.lock().unwrap();
+        let next = SteerConf { sel, generation, self_mac: self.mac, _pad: [0; 2], heartbeat_ns: monotonic_ns() };
+        self.tables.lock().unwrap().set_steer_conf(&next)?;
+        *conf = next;
+        Ok(())
     }
 
     /// The agent's beacon: `STEER_CONF` again, with the time of now.
@@ -142,7 +164,8 @@ impl Steering {
     }
 
     /// Installs the table for `peers` (this dispatcher left out while it is not joined);
-    /// nothing happens when the membership is the one installed.
+    /// with the membership the one installed, only `STEER_CONF` is written again (the
+    /// joined state may have changed).
     pub fn install(&self, mut peers: Vec<Peer>) {
         *self.last.lock().unwrap() = Some(peers.clone());
         if !self.joined.load(Ordering::Relaxed) {
@@ -151,11 +174,18 @@ impl Steering {
         let table = Table::build(peers);
         let mut st = self.state.lock().unwrap();
         if st.current.as_ref().is_some_and(|c| c.table.peers == table.peers) {
+            if let Err(e) = self.write_state(&st) {
+                tracing::warn!(error = %e, "writing STEER_CONF");
+            }
             return;
         }
+        // A slot neither current nor previous (XDP reads only those), and the fallback.
         let busy: Vec<u32> =
             st.current.iter().map(|c| c.index).chain(st.previous.iter().map(|(p, _)| p.index)).collect();
-        let index = (0..STEER_FALLBACK).find(|i| !busy.contains(i)).unwrap_or(0);
+        let Some(index) = (0..STEER_FALLBACK).find(|i| !busy.contains(i)) else {
+            tracing::warn!("no free ownership table slot (a bug): membership change not applied");
+            return;
+        };
         // The same membership without this dispatcher: where what it owns goes if its
         // agent dies (the XDP program reads it only then).
         let others: Vec<Peer> = table.peers.iter().filter(|p| p.name != self.me).cloned().collect();
@@ -169,19 +199,32 @@ impl Steering {
             tracing::warn!(error = %e, "writing an ownership table");
             return;
         }
-        st.generation = st.generation.wrapping_add(1);
-        let generation = st.generation;
+        // The new state, made the agent's own only once XDP was told (one word).
         let table = Arc::new(table);
-        let old = st.current.take();
-        match &old {
-            Some(o) => self.write_conf(index, o.index, STEER_ON | STEER_HAS_PREV, generation),
-            None => self.write_conf(index, 0, STEER_ON, generation),
+        let mut previous = st.previous.clone();
+        if let Some(c) = &st.current {
+            previous.insert(0, (c.clone(), Instant::now() + self.second_chance));
         }
-        tracing::info!(generation, dispatchers = ?table.names(), previous = ?old.as_ref().map(|o| o.table.names()), "ownership table installed");
-        st.previous = old.map(|o| (o, Instant::now() + self.second_chance));
-        st.current = Some(Installed { index, table: table.clone() });
-        st.changed = Some(Instant::now());
+        previous.truncate(KEPT_PREVIOUS);
+        let next = State {
+            current: Some(Installed { index, table: table.clone() }),
+            previous,
+            generation: st.generation.wrapping_add(1),
+            changed: Some(Instant::now()),
+        };
+        if let Err(e) = self.write_state(&next) {
+            tracing::warn!(error = %e, "writing STEER_CONF: the membership change is not applied");
+            return;
+        }
+        tracing::info!(
+            generation = next.generation,
+            dispatchers = ?table.names(),
+            previous = ?next.previous.iter().map(|(p, _)| p.table.names()).collect::<Vec<_>>(),
+            "ownership table installed"
+        );
+        *st = next;
         *OWNERSHIP.write().unwrap() = Some(Ownership { table, me: self.me.clone() });
+        self.wake.notify_one();
     }
 
     /// A table is in place.
@@ -197,19 +240,23 @@ impl Steering {
         }
     }
 
-    /// Drops the previous table once its time is up; returns when to look again.
+    /// Drops the earlier tables whose time is up; returns when to look again.
     pub fn expire(&self) -> Option<Instant> {
         let mut st = self.state.lock().unwrap();
-        let until = st.previous.as_ref().map(|(_, u)| *u)?;
-        if Instant::now() < until {
-            return Some(until);
+        let now = Instant::now();
+        if st.previous.iter().any(|(_, u)| *u <= now) {
+            let kept: Vec<(Installed, Instant)> = st.previous.clone().into_iter().filter(|(_, u)| *u > now).collect();
+            let next =
+                State { current: st.current.clone(), previous: kept, generation: st.generation, changed: st.changed };
+            match self.write_state(&next) {
+                Ok(()) => {
+                    tracing::info!(generation = st.generation, "earlier ownership table dropped (second chance over)");
+                    *st = next;
+                }
+                Err(e) => tracing::warn!(error = %e, "writing STEER_CONF"),
+            }
         }
-        st.previous = None;
-        if let Some(c) = &st.current {
-            self.write_conf(c.index, 0, STEER_ON, st.generation);
-        }
-        tracing::info!(generation = st.generation, "previous ownership table dropped (second chance over)");
-        None
+        st.previous.iter().map(|(_, u)| *u).min()
     }
 
     pub fn status(&self, counters: [u64; 4]) -> SteeringStatus {
@@ -219,11 +266,12 @@ impl Steering {
             joined: self.joined.load(Ordering::Relaxed),
             generation: st.generation,
             dispatchers: st.current.as_ref().map(|c| c.table.names()).unwrap_or_default(),
-            previous: st.previous.as_ref().map(|(p, _)| p.table.names()).unwrap_or_default(),
+            previous: st.previous.first().map(|(p, _)| p.table.names()).unwrap_or_default(),
             second_chance_left_s: st
                 .previous
-                .as_ref()
-                .map(|(_, u)| u.saturating_duration_since(Instant::now()).as_secs_f64()),
+                .iter()
+                .map(|(_, u)| u.saturating_duration_since(Instant::now()).as_secs_f64())
+                .reduce(f64::max),
             changed_s_ago: st.changed.map(|c| c.elapsed().as_secs_f64()),
             steered: counters[0],
             second_chances: counters[1],
@@ -245,11 +293,11 @@ pub async fn run(steering: Arc<Steering>, mut peers: watch::Receiver<Option<Vec<
         }
     });
     loop {
-        let next = steering.expire();
         let latest = peers.borrow_and_update().clone();
         if let Some(p) = latest {
             steering.install(p);
         }
+        let next = steering.expire();
         let sleep = async {
             match next {
                 Some(t) => tokio::time::sleep_until(t.into()).await,
@@ -259,6 +307,7 @@ pub async fn run(steering: Arc<Steering>, mut peers: watch::Receiver<Option<Vec<
         tokio::select! {
             r = peers.changed() => if r.is_err() { return },
             _ = sleep => {}
+            _ = steering.wake.notified() => {}
         }
     }
 }

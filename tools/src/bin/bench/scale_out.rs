@@ -84,7 +84,9 @@ fn steer_all(fx: &mut Fixture, index: u32, owner: [u8; 6]) {
 }
 
 fn conf(fx: &mut Fixture, sel: u32) {
-    fx.tables.set_steer_conf(&SteerConf { sel, generation: 1, self_mac: LB_MAC, _pad: [0; 2], heartbeat_ns: 0 }).unwrap();
+    fx.tables
+        .set_steer_conf(&SteerConf { sel, generation: 1, self_mac: LB_MAC, _pad: [0; 2], heartbeat_ns: 0 })
+        .unwrap();
 }
 
 /// ns/packet above the floor for an HTTP VIP packet: steering off, owned here, owned by

@@ -98,6 +98,7 @@ pub fn run(n: usize, seconds: u64) {
     let _ = phase(&e, &load, &live, &format!("d{d} host dead"), t0, 3);
     load.wait_recovered(before, Duration::from_secs(15));
     rows.push(("a dispatcher's host dies", load.snapshot() - before));
+    let errors = load.take_errors();
     let total = load.stop();
 
     let misroutes = e.m.clones.misroutes();
@@ -111,6 +112,9 @@ pub fn run(n: usize, seconds: u64) {
         "  {:<28} {:>8} {:>8} {:>10} {:>10}",
         "total", total.requests, total.failed, total.broken, total.l4_broken
     );
+    for e in errors.iter().take(8) {
+        println!("  client error: {e}");
+    }
     println!("  connections moved between requests (Connection: close, not broken): {}", total.moved);
     println!("  broken when the host died: {} of the {held} it terminated (only those may break)", rows[3].1.broken);
     println!("  requests that found no copy of their session (lost): {lost} (expected 0)");
