@@ -54,14 +54,19 @@ fn open_tun(name: &str) -> anyhow::Result<OwnedFd> {
     Ok(fd)
 }
 
-/// Sets `name` administratively up or down.
-fn set_up(name: &str, up: bool) -> anyhow::Result<()> {
-    let sock = nix::sys::socket::socket(
+/// A socket to ask interface ioctls on (in this process's network namespace).
+fn control_socket() -> nix::Result<OwnedFd> {
+    nix::sys::socket::socket(
         nix::sys::socket::AddressFamily::Inet,
         nix::sys::socket::SockType::Datagram,
         nix::sys::socket::SockFlag::SOCK_CLOEXEC,
         None,
-    )?;
+    )
+}
+
+/// Sets `name` administratively up or down.
+fn set_up(name: &str, up: bool) -> anyhow::Result<()> {
+    let sock = control_socket()?;
     let mut req = ifreq(name);
     if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS as _, &mut req) } < 0 {
         bail!("reading the flags of {name}: {}", std::io::Error::last_os_error());
@@ -77,12 +82,7 @@ fn set_up(name: &str, up: bool) -> anyhow::Result<()> {
 /// The hardware address of `name` (SIOCGIFHWADDR, in this network namespace).
 pub fn hardware_address(name: &str) -> anyhow::Result<[u8; 6]> {
     anyhow::ensure!(!name.is_empty() && name.len() < libc::IFNAMSIZ, "interface name {name:?}");
-    let sock = nix::sys::socket::socket(
-        nix::sys::socket::AddressFamily::Inet,
-        nix::sys::socket::SockType::Datagram,
-        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
-        None,
-    )?;
+    let sock = control_socket()?;
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
     for (d, s) in req.ifr_name.iter_mut().zip(name.bytes()) {
         *d = s as libc::c_char;

@@ -432,20 +432,7 @@ impl Load {
 
     pub fn stop(mut self) -> Snapshot {
         self.halt();
-        let c = &self.counts;
-        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        Snapshot {
-            requests: l(&c.requests),
-            failed: l(&c.failed),
-            broken: l(&c.broken),
-            moved: l(&c.moved),
-            l4_lines: l(&c.l4_lines),
-            l4_broken: l(&c.l4_broken),
-            l4_switched: l(&c.l4_switched),
-            udp_answers: l(&c.udp_answers),
-            udp_lost: l(&c.udp_lost),
-            udp_switched: l(&c.udp_switched),
-        }
+        self.snapshot()
     }
 
     fn halt(&mut self) {

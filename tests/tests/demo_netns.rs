@@ -3,17 +3,25 @@
 
 use std::process::Command;
 
-#[test]
-fn the_demo_runs_its_story_and_cleans_up() {
+/// Runs the demo with `args`: its output (it must succeed), and a finder of the first line
+/// containing a needle.
+fn run_demo(args: &[&str]) -> (String, impl Fn(&str) -> String) {
     let out = Command::new(dispatcher_tests::netns::built_bin("demo", &["tests/src", "tools/src"]))
-        .args(["--seconds", "12"])
+        .args(args)
         .output()
         .expect("run the demo");
     let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{text}");
-    let line = |needle: &str| -> String {
-        text.lines().find(|l| l.contains(needle)).unwrap_or_else(|| panic!("no `{needle}` in:\n{text}")).to_string()
+    let all = text.clone();
+    let line = move |needle: &str| -> String {
+        all.lines().find(|l| l.contains(needle)).unwrap_or_else(|| panic!("no `{needle}` in:\n{all}")).to_string()
     };
+    (text, line)
+}
+
+#[test]
+fn the_demo_runs_its_story_and_cleans_up() {
+    let (text, line) = run_demo(&["--seconds", "12"]);
     for step in ["[1/4]", "[2/4]", "[3/4]", "[4/4]"] {
         line(step);
     }
@@ -45,15 +53,7 @@ fn the_demo_runs_its_story_and_cleans_up() {
 /// its summary's "expected 0" lines are 0 and it leaves nothing behind.
 #[test]
 fn the_scale_out_demo_runs_and_cleans_up() {
-    let out = Command::new(dispatcher_tests::netns::built_bin("demo", &["tests/src", "tools/src"]))
-        .args(["--seconds", "12", "--dispatchers", "3"])
-        .output()
-        .expect("run the demo");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{text}");
-    let line = |needle: &str| -> String {
-        text.lines().find(|l| l.contains(needle)).unwrap_or_else(|| panic!("no `{needle}` in:\n{text}")).to_string()
-    };
+    let (text, line) = run_demo(&["--seconds", "12", "--dispatchers", "3"]);
     for needle in ["-> d3 joins", "-> d1 leaves", "-> d3's host dies", "left: VIPs withdrawn"] {
         line(needle);
     }

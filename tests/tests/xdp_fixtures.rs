@@ -653,7 +653,7 @@ fn with_the_agent_gone_what_this_host_owned_goes_by_the_fallback_table() {
     steer_all(&mut fx, 0, LB_MAC);
     steer_all(&mut fx, dispatcher_common::STEER_FALLBACK, PEER_A);
     let input = Packet::tcp("10.0.0.2", 40400, "10.0.100.3", 80).build();
-    let mut conf = |fx: &mut Fixture, heartbeat_ns: u64| {
+    let conf = |fx: &mut Fixture, heartbeat_ns: u64| {
         let c =
             SteerConf { sel: steer_sel(0, 0, STEER_ON), generation: 1, self_mac: LB_MAC, _pad: [0; 2], heartbeat_ns };
         fx.tables.set_steer_conf(&c).unwrap();
