@@ -130,10 +130,13 @@ pub fn steer(ctx: &XdpContext, l2: &L2, l3: &L3, key: &FlowKey, syn: bool, len: 
     // The owners under the two previous tables (a SYN opens a new connection: none).
     let prev = if conf.sel & STEER_HAS_PREV != 0 && !syn { slot(conf.sel >> 4, h) } else { None };
     let prev2 = if conf.sel & STEER_HAS_PREV2 != 0 && !syn { slot(conf.sel >> 12, h) } else { None };
-    let agent_gone = conf.heartbeat_ns != 0
-        && unsafe { bpf_ktime_get_coarse_ns() }.saturating_sub(conf.heartbeat_ns) > STEER_AGENT_STALE_NS;
+    // Read only where it decides (a clock read per packet otherwise).
+    let agent_gone = || {
+        conf.heartbeat_ns != 0
+            && unsafe { bpf_ktime_get_coarse_ns() }.saturating_sub(conf.heartbeat_ns) > STEER_AGENT_STALE_NS
+    };
 
-    if agent_gone && same_mac(&owner.mac, &conf.self_mac) {
+    if same_mac(&owner.mac, &conf.self_mac) && agent_gone() {
         // No agent here any more (its sockets went with it): the owner it will have once
         // the others notice. A connection still here says otherwise (an agent stalled,
         // not gone): it stays.
@@ -161,7 +164,7 @@ pub fn steer(ctx: &XdpContext, l2: &L2, l3: &L3, key: &FlowKey, syn: bool, len: 
     // agent is gone) and no connection is here, it is dropped: the sender catches up and
     // TCP retransmits, where a reset would break the connection.
     if same_mac(&owner.mac, &from) {
-        if (conf.sel & STEER_LEFT != 0 || agent_gone) && !local_connection(ctx, key) {
+        if (conf.sel & STEER_LEFT != 0 || agent_gone()) && !local_connection(ctx, key) {
             count(stats::STEER_DROPPED_LEFT, len);
             return Ok(Some(xdp_action::XDP_DROP));
         }

@@ -83,10 +83,12 @@ fn steer_all(fx: &mut Fixture, index: u32, owner: [u8; 6]) {
     fx.tables.write_steer_table(index, &slots).unwrap();
 }
 
+/// `STEER_CONF` as a running agent keeps it: with a fresh beacon.
 fn conf(fx: &mut Fixture, sel: u32) {
-    fx.tables
-        .set_steer_conf(&SteerConf { sel, generation: 1, self_mac: LB_MAC, _pad: [0; 2], heartbeat_ns: 0 })
-        .unwrap();
+    let mut t = nix::libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    unsafe { nix::libc::clock_gettime(nix::libc::CLOCK_MONOTONIC, &mut t) };
+    let heartbeat_ns = t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64;
+    fx.tables.set_steer_conf(&SteerConf { sel, generation: 1, self_mac: LB_MAC, _pad: [0; 2], heartbeat_ns }).unwrap();
 }
 
 /// ns/packet above the floor for an HTTP VIP packet: steering off, owned here, owned by
