@@ -12,7 +12,7 @@
 //! too, and the newest earlier owner that is neither here nor the sender gets the packet.
 //!
 //! Agent gone: the agent writes a beacon into `STEER_CONF` every 200 ms. When it is older
-//! than `STEER_AGENT_STALE_NS` (the agent died; nothing listens here any more), what this
+//! than `STEER_AGENT_STALE_NS` (the agent died; nothing listens here any more), a SYN this
 //! host owns goes by the fallback table, the membership without it: the table the others
 //! install once its lease expires, so a connection opened meanwhile stays where it is.
 //!
@@ -136,13 +136,11 @@ pub fn steer(ctx: &XdpContext, l2: &L2, l3: &L3, key: &FlowKey, syn: bool, len: 
             && unsafe { bpf_ktime_get_coarse_ns() }.saturating_sub(conf.heartbeat_ns) > STEER_AGENT_STALE_NS
     };
 
-    if same_mac(&owner.mac, &conf.self_mac) && agent_gone() {
-        // No agent here any more (its sockets went with it): the owner it will have once
-        // the others notice. A connection still here says otherwise (an agent stalled,
-        // not gone): it stays.
-        if !syn && local_connection(ctx, key) {
-            return Ok(None);
-        }
+    if syn && same_mac(&owner.mac, &conf.self_mac) && agent_gone() {
+        // A new connection, and no agent here any more to take it: to the owner this
+        // host's slots will have once the others notice. (Packets of connections it had
+        // went with its sockets; they are not looked at, to keep the clock read off the
+        // path of every established packet.)
         match slot(STEER_FALLBACK, h) {
             Some(f) if !same_mac(&f.mac, &conf.self_mac) => owner = f,
             _ => return Ok(None),

@@ -103,9 +103,10 @@ fn steer_cost(quick: bool) -> Vec<(&'static str, u64, u64)> {
     let syn = Packet::tcp("10.0.0.2", 4000, "10.0.100.3", 80).build();
     let ack = Packet::tcp("10.0.0.2", 4000, "10.0.100.3", 80).with(|p| p.tcp_flags = TCP_ACK).build();
     let floor_pkt = Packet::tcp("10.0.0.2", 4000, "10.0.100.1", 80).build();
-    let cases: [(&str, u32, &Vec<u8>, u32); 4] = [
-        ("HTTP VIP, steering off", 0, &syn, XDP_PASS),
-        ("HTTP VIP, owned here", steer_sel(0, 0, STEER_ON), &syn, XDP_PASS),
+    let cases: [(&str, u32, &Vec<u8>, u32); 5] = [
+        ("HTTP VIP, steering off", 0, &ack, XDP_PASS),
+        ("HTTP VIP, owned here", steer_sel(0, 0, STEER_ON), &ack, XDP_PASS),
+        ("HTTP VIP, owned here, SYN (beacon read)", steer_sel(0, 0, STEER_ON), &syn, XDP_PASS),
         ("HTTP VIP, steered to its owner", steer_sel(1, 0, STEER_ON), &syn, XDP_TX),
         ("HTTP VIP, second chance (socket lookup)", steer_sel(0, 1, STEER_ON | STEER_HAS_PREV), &ack, XDP_TX),
     ];
