@@ -252,3 +252,38 @@ fn ip_netns_exec_is_refused_with_the_way_out() {
     let _ = std::fs::remove_file(dispatcher::instance::lock_path(&other));
     assert!(!std::path::Path::new(&format!("/sys/fs/bpf/dispatcher/{other}")).exists());
 }
+
+/// Maps pinned by another version (another layout or size) are refused with the way
+/// out, never adopted and read wrong; `stop --detach` clears the way.
+#[test]
+fn maps_pinned_by_another_version_are_refused_with_the_way_out() {
+    let mut tb = Testbed::new(2, &[VIP]);
+    let text = format!(
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n{}\n[[vip]]\nname = \"web\"\naddress = \"{VIP}\"\nport = 80\nring_size = 1009\n",
+        tb.instance(),
+        tb.backend_config(&[])
+    );
+    let path = tb.write_config(&text);
+    let cfg = path.to_str().unwrap().to_string();
+    // An older STATS: fewer slots.
+    std::fs::create_dir_all(tb.pin_dir()).unwrap();
+    let stats = tb.pin_dir().join("STATS");
+    let made = std::process::Command::new("bpftool")
+        .args(["map", "create"])
+        .arg(&stats)
+        .args(["type", "percpu_array", "key", "4", "value", "16", "entries", "100", "name", "STATS"])
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "bpftool: {}", String::from_utf8_lossy(&made.stderr));
+    let (code, out) = cli_fails(&tb, &["run", "--config", &cfg]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("made by another version") && out.contains("100 entries"), "{out}");
+    assert!(out.contains("stop --detach"), "the way out: {out}");
+    assert!(!tb.lb.ip(&["link", "show", "eth0"]).contains("xdp"), "nothing attached");
+    // The way out works.
+    let (code, out) = cli_fails(&tb, &["stop", "--detach", "--config", &cfg]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(!stats.exists());
+    tb.start_dispatcher(&path);
+    assert!(tb.lb.ip(&["link", "show", "eth0"]).contains("xdp"));
+}

@@ -119,6 +119,7 @@ pub fn load_dispatcher(opts: &LoadOptions) -> Result<Ebpf, DataplaneError> {
         None => Vec::new(),
     };
     for (name, path) in &paths {
+        check_pinned(name, path)?;
         loader.map_pin_path(name, path.as_path());
     }
     let mut ebpf = loader.load(object::DISPATCHER)?;
@@ -126,6 +127,52 @@ pub fn load_dispatcher(opts: &LoadOptions) -> Result<Ebpf, DataplaneError> {
         .load()
         .map_err(|source| DataplaneError::Program { what: "verifying the dispatcher program".into(), source })?;
     Ok(ebpf)
+}
+
+/// Key size, value size and (where fixed) capacity of each map, as this version's program
+/// declares them.
+fn expected_shape(name: &str) -> Option<(u32, u32, Option<u32>)> {
+    use dispatcher_common::*;
+    use std::mem::size_of;
+    let sz = |n: usize| n as u32;
+    Some(match name {
+        "VIPS" => (sz(size_of::<VipKey>()), sz(size_of::<VipInfo>()), Some(MAX_VIPS * 4)),
+        "BACKENDS" => (4, sz(size_of::<BackendInfo>()), Some(MAX_BACKENDS)),
+        "RINGS" => (4, 4, Some(MAX_VIPS * MAX_RING_SIZE)),
+        // Sized by the configuration (`flow_table_size`, `affinity_table_size`).
+        "FLOWS" => (sz(size_of::<FlowKey>()), sz(size_of::<FlowValue>()), None),
+        "AFFINITY" => (sz(size_of::<AffinityKey>()), sz(size_of::<AffinityValue>()), None),
+        "CLONES" => (8, sz(size_of::<CloneValue>()), Some(MAX_CLONES)),
+        "STATS" => (4, sz(size_of::<Counter>()), Some(stats::TOTAL_SLOTS)),
+        "STEER" => (4, sz(size_of::<SteerSlot>()), Some(STEER_TABLES * STEER_SIZE)),
+        "STEER_CONF" => (4, sz(size_of::<SteerConf>()), Some(1)),
+        _ => return None,
+    })
+}
+
+/// A map pinned by another version of the program (another layout or size) would be
+/// adopted as it is by the loader, and read wrong: refused, with the way out.
+fn check_pinned(name: &'static str, path: &Path) -> Result<(), DataplaneError> {
+    if !path.exists() {
+        return Ok(());
+    }
+    let (Ok(info), Some((key, value, entries))) = (aya::maps::MapInfo::from_pin(path), expected_shape(name)) else {
+        return Ok(());
+    };
+    let found = (info.key_size(), info.value_size(), info.max_entries());
+    if found.0 != key || found.1 != value || entries.is_some_and(|e| e != found.2) {
+        return Err(DataplaneError::Io {
+            what: format!("the map pinned at {}", path.display()),
+            source: std::io::Error::other(format!(
+                "made by another version of the program (key {} B, value {} B, {} entries; this version's: key {key} B, value {value} B{}): `dispatcher stop --detach --config FILE` removes the old data plane (its flows are lost), then start again",
+                found.0,
+                found.1,
+                found.2,
+                entries.map(|e| format!(", {e} entries")).unwrap_or_default()
+            )),
+        });
+    }
+    Ok(())
 }
 
 /// Loads the `decap` program (no maps).
