@@ -86,6 +86,16 @@ body_min_rate = 1024
 queue_timeout = "5s"
 tunnel_timeout = "1h"
 max_client_connections = 5000
+
+[cluster]
+name = "lb1"
+endpoints = ["http://10.0.0.21:2379"]
+steering = true
+second_chance = "300s"
+
+[announce]
+http_interface = "dsp-http"
+l4_interface = "dsp-l4"
 "#;
 
 static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -214,6 +224,12 @@ fn every_validation_message_names_line_and_field() {
         ("max_held = 100", 0, "max_held = 2000000", "http.max_held: must be 0..=1000000", None),
         ("retries = 1", 0, "retries = 11", "http.retries: must be 0..=10", None),
         ("retry_budget_percent = 20", 0, "retry_budget_percent = 101", "http.retry_budget_percent: must be 0..=100", None),
+        // [cluster] (steering) and [announce]
+        ("second_chance = \"300s\"", 0, "second_chance = \"10ms\"", "cluster.second_chance: must be at least 1s", None),
+        ("steering = true", 0, "steering = \"yes\"", "invalid type: string \"yes\", expected a boolean", None),
+        ("http_interface = \"dsp-http\"", 0, "http_interface = \"a-very-long-ifname\"", "announce.http_interface: an interface name: 1 to 15 of [A-Za-z0-9._-]", None),
+        ("l4_interface = \"dsp-l4\"", 0, "l4_interface = \"fifteen-chars-x\"", "announce.l4_interface: an interface name: 1 to 14 of [A-Za-z0-9._-]", None),
+        ("l4_interface = \"dsp-l4\"", 0, "l4_interface = \"dsp-http\"", "announce.l4_interface: must differ from announce.http_interface", None),
         // The file's shape (from the TOML parser).
         ("weight = 100", 0, "wieght = 100", "unknown field `wieght`, expected one of", None),
         ("interface = \"eth0\"\n", 0, "", "missing field `interface`", Some("[dispatcher]")),
