@@ -54,6 +54,36 @@ fn steering_keeps_connections_through_joins_leaves_and_deaths() {
         "status shows the steering and the announcements:\n{text}"
     );
 
+    // The steering metrics are valid exposition (promtool).
+    let metrics = String::from_utf8_lossy(&e.m.cmd(0, &["metrics"]).stdout).into_owned();
+    assert!(metrics.contains("dispatcher_steering_dispatchers 4") && metrics.contains("dispatcher_announced 1"));
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool");
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), metrics.as_bytes()).unwrap();
+    let checked = child.wait_with_output().unwrap();
+    assert!(checked.status.success(), "promtool: {}", String::from_utf8_lossy(&checked.stderr));
+
+    // d0 leaves and joins again at once: two membership changes in a row (the table
+    // before the previous one serves too).
+    let before = load.snapshot();
+    for (verb, names) in [("leave", &["d1", "d2", "d3"][..]), ("join", &["d0", "d1", "d2", "d3"][..])] {
+        let out = e.m.cmd(0, &[verb]);
+        assert!(out.status.success(), "{verb}: {}", String::from_utf8_lossy(&out.stderr));
+        for i in 0..4 {
+            e.wait_table(i, names, Duration::from_secs(10));
+        }
+    }
+    e.wait_next_hops(&[0, 1, 2, 3], Duration::from_secs(10));
+    std::thread::sleep(Duration::from_secs(2));
+    let flap = load.snapshot() - before;
+    eprintln!("d0 left and joined again: {flap:?}");
+    assert_eq!((flap.broken, flap.failed), (0, 0), "leave + join: {:?}", load.take_errors());
+
     // d1 leaves gracefully: withdrawn, out of the table, connections closed after their
     // next response; then stopped.
     let before = load.snapshot();
