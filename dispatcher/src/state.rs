@@ -121,6 +121,8 @@ pub struct Counters {
     pub passive_failures: AtomicU64,
     pub holds: AtomicU64,
     pub hold_timeouts: AtomicU64,
+    /// Requests whose clone IDs no one here knew, that waited for the shared table.
+    pub learn_waits: AtomicU64,
     pub held_now: AtomicU64,
     pub hold_refused: AtomicU64,
     pub retries: AtomicU64,
@@ -154,6 +156,9 @@ pub struct Cluster {
     events: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Event>>>,
     /// Where what this dispatcher learns goes to be shared (`[cluster]`; `None`: standalone).
     publisher: Mutex<Option<tokio::sync::mpsc::UnboundedSender<crate::shared::Publish>>>,
+    /// Woken when the clone table gains an entry (learned here or taken from the store):
+    /// requests waiting for an unknown clone ID look again.
+    pub clones_changed: tokio::sync::Notify,
     pub counters: Arc<Counters>,
     /// `http.max_connections_per_backend` the `conn_limit`s were made with.
     conn_limit: usize,
@@ -276,6 +281,7 @@ impl Cluster {
             clones_map: Mutex::new(clones_map),
             events: Mutex::new(None),
             publisher: Mutex::new(None),
+            clones_changed: tokio::sync::Notify::new(),
             counters: Arc::new(Counters::default()),
             conn_limit: cfg.http.max_connections_per_backend,
             successor: Mutex::new(None),
@@ -399,6 +405,11 @@ impl Cluster {
         }
     }
 
+    /// Shares its state with other dispatchers (`[cluster]`).
+    pub fn shared(&self) -> bool {
+        self.publisher.lock().unwrap().is_some()
+    }
+
     pub fn set_publisher(&self, tx: tokio::sync::mpsc::UnboundedSender<crate::shared::Publish>) {
         *self.publisher.lock().unwrap() = Some(tx);
     }
@@ -421,6 +432,7 @@ impl Cluster {
             t.insert(key, entry);
         }
         self.write_through(key, entry);
+        self.clones_changed.notify_waiters();
         let next = self.successor.lock().unwrap().clone();
         if let Some(next) = next.filter(|n| backend < n.backends.len()) {
             next.adopt_shared_clone(id, backend);
@@ -562,6 +574,7 @@ impl Cluster {
             t.insert(key, entry);
         }
         self.write_through(key, entry);
+        self.clones_changed.notify_waiters();
         if counted {
             self.counters.learned.fetch_add(1, Ordering::Relaxed);
             tracing::info!(clone = %String::from_utf8_lossy(id), backend = %self.backends[backend].name, "learned clone ID");

@@ -339,3 +339,38 @@ fn the_majority_decides_a_backend_out_everywhere() {
     }
     m.wait_for("b2 back on all three", Duration::from_secs(5), || (0..3).all(|i| state(&m, i) == "up"));
 }
+
+/// Requests whose clone ID no dispatcher knows yet, waiting on d1, while d0 learns the IDs
+/// (a browser's second connection, or ECMP, a moment after the first response): d1 waits
+/// for the shared table (`[cluster] learn_wait`) and sends each to its owner, never
+/// balances it.
+#[test]
+fn a_clone_id_learned_elsewhere_a_moment_ago_is_waited_for_not_balanced() {
+    let mut m = Multi::new(2, 4);
+    for i in 0..2 {
+        m.start_dispatcher(i);
+    }
+    m.wait_for("two members", Duration::from_secs(5), || m.status(1).cluster.unwrap().members.len() == 2);
+    let n = m.clones.clone_ids.len();
+    // One request per clone through d1, all at once, each naming a clone nobody learned.
+    let waiting: Vec<_> = (0..n)
+        .map(|k| {
+            let mut c = m.client(1);
+            c.jar = Some(format!("0000waiting{k}:{}", m.clones.clone_ids[k]));
+            std::thread::spawn(move || c.get("/app/again").map(|r| r.field("clone").unwrap_or("").to_string()))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(50));
+    // Meanwhile d0 gives every clone a session (and learns its ID).
+    let mut learned = Vec::new();
+    for _ in 0..n {
+        learned.push(new_session_on_unlearned_clone(&m, 0, &learned).0);
+    }
+    for (k, w) in waiting.into_iter().enumerate() {
+        let clone = w.join().unwrap().expect("an answer");
+        assert_eq!(clone, m.clones.clone_ids[k], "d1 balanced a session of clone {k} instead of waiting for its owner");
+    }
+    let metrics = ok(m.cmd(1, &["metrics"]));
+    let waits = metrics.lines().find(|l| l.starts_with("dispatcher_learn_waits_total")).unwrap_or("").to_string();
+    assert_eq!(waits, format!("dispatcher_learn_waits_total {n}"));
+}

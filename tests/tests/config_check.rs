@@ -92,6 +92,7 @@ name = "lb1"
 endpoints = ["http://10.0.0.21:2379"]
 steering = true
 second_chance = "300s"
+learn_wait = "250ms"
 
 [announce]
 http_interface = "dsp-http"
@@ -226,6 +227,7 @@ fn every_validation_message_names_line_and_field() {
         ("retry_budget_percent = 20", 0, "retry_budget_percent = 101", "http.retry_budget_percent: must be 0..=100", None),
         // [cluster] (steering) and [announce]
         ("second_chance = \"300s\"", 0, "second_chance = \"10ms\"", "cluster.second_chance: must be at least 1s", None),
+        ("learn_wait = \"250ms\"", 0, "learn_wait = \"10s\"", "cluster.learn_wait: must be at most 5s", None),
         ("steering = true", 0, "steering = \"yes\"", "invalid type: string \"yes\", expected a boolean", None),
         ("http_interface = \"dsp-http\"", 0, "http_interface = \"a-very-long-ifname\"", "announce.http_interface: an interface name: 1 to 15 of [A-Za-z0-9._-]", None),
         ("l4_interface = \"dsp-l4\"", 0, "l4_interface = \"fifteen-chars-x\"", "announce.l4_interface: an interface name: 1 to 14 of [A-Za-z0-9._-]", None),

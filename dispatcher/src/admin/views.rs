@@ -133,6 +133,12 @@ pub fn metrics(a: &Admin) -> String {
     );
     counter(
         &mut o,
+        "dispatcher_learn_waits_total",
+        "Requests whose clone IDs no one here knew that waited for the shared table ([cluster] learn_wait).",
+        k.learn_waits.load(Ordering::Relaxed),
+    );
+    counter(
+        &mut o,
         "dispatcher_hold_refused_total",
         "Requests refused because max_held were held.",
         k.hold_refused.load(Ordering::Relaxed),

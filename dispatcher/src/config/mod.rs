@@ -117,6 +117,8 @@ pub struct ClusterSettings {
     /// How long the previous ownership table is kept after a membership change, for the
     /// connections opened before it (second chance).
     pub second_chance: Duration,
+    /// How long a request whose clone IDs no one here knows waits for the shared table.
+    pub learn_wait: Duration,
 }
 
 /// `[announce]`: the agent holds one interface per kind of VIP; BIRD's static protocol
@@ -142,6 +144,8 @@ impl ClusterSettings {
     pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
     pub const DEFAULT_STARTUP_WAIT: Duration = Duration::from_secs(10);
     pub const DEFAULT_SECOND_CHANCE: Duration = Duration::from_secs(300);
+    /// Well above the time a learned ID takes to reach the others (tens of ms measured).
+    pub const DEFAULT_LEARN_WAIT: Duration = Duration::from_millis(250);
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -223,6 +227,9 @@ pub struct HttpSettings {
     pub drain_timeout: Duration,
     /// How long a request waits while its session's owner is suspect.
     pub hold_time: Duration,
+    /// `[cluster] learn_wait`: how long a request whose clone IDs no one here knows waits
+    /// for the shared table (another dispatcher may have just learned them); zero: off.
+    pub learn_wait: Duration,
     /// Requests held at once; beyond, 503 at once.
     pub max_held: usize,
     /// Extra attempts per request (idempotent, bodiless, before any response byte).
@@ -269,6 +276,7 @@ impl Default for HttpSettings {
             max_connections_per_backend: 1024,
             drain_timeout: Duration::from_secs(10),
             hold_time: Duration::from_secs(5),
+            learn_wait: Duration::ZERO,
             max_held: 1000,
             retries: 1,
             retry_budget_percent: 20,

@@ -32,6 +32,7 @@ pub(super) struct RawCluster {
     pub(super) startup_wait: Option<Spanned<String>>,
     pub(super) steering: Option<Spanned<bool>>,
     pub(super) second_chance: Option<Spanned<String>>,
+    pub(super) learn_wait: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -188,6 +188,8 @@ impl Ctx<'_> {
             None => HealthSettings::default(),
         };
         let cluster = raw.cluster.as_ref().map(|c| self.cluster(c.get_ref()));
+        let mut http = http;
+        http.learn_wait = cluster.as_ref().map(|c| c.learn_wait).unwrap_or_default();
         let announce = raw.announce.as_ref().map(|a| self.announce(a.get_ref()));
         Config {
             interface: d.interface,
@@ -280,7 +282,26 @@ impl Ctx<'_> {
             Duration::from_secs(1),
             ClusterSettings::DEFAULT_SECOND_CHANCE,
         );
+        let learn_wait = match &c.learn_wait {
+            None => ClusterSettings::DEFAULT_LEARN_WAIT,
+            // "0s": off.
+            Some(v) if parse_duration(v.get_ref()).is_ok_and(|d| d.is_zero()) => Duration::ZERO,
+            Some(v) => {
+                let d = self
+                    .duration(v, "cluster.learn_wait", Duration::ZERO)
+                    .unwrap_or(ClusterSettings::DEFAULT_LEARN_WAIT);
+                if d > Duration::from_secs(5) {
+                    self.report(
+                        v.span(),
+                        "cluster.learn_wait",
+                        "must be at most 5s (each request with an unknown clone ID may wait this long)",
+                    );
+                }
+                d
+            }
+        };
         ClusterSettings {
+            learn_wait,
             name: c.name.get_ref().clone(),
             endpoints,
             key_prefix,

@@ -37,6 +37,28 @@ pub enum HoldEnd {
 /// Waits (no polling, no backend connection held) until backend `b` changes state, the
 /// deadline passes, or the client goes away.
 pub async fn hold<R: AsyncRead + Unpin>(ctx: &VipCtx, b: usize, client: &mut Inbound<R>, deadline: Instant) -> HoldEnd {
+    let be = &ctx.cluster.backends[b];
+    wait_for(ctx, &be.changed, || be.state() != dispatcher_common::BackendState::Suspect, client, deadline).await
+}
+
+/// `[cluster]`: waits until the clone table gains an entry (the session's clone ID may be
+/// on its way from the dispatcher that learned it), the deadline passes, or the client
+/// goes away. Counted and bounded as a hold.
+pub async fn await_shared<R: AsyncRead + Unpin>(ctx: &VipCtx, client: &mut Inbound<R>, deadline: Instant) -> HoldEnd {
+    let mut first = true;
+    // Ready on the first wake-up: the caller routes again and comes back if still unknown.
+    wait_for(ctx, &ctx.cluster.clones_changed, || !std::mem::replace(&mut first, false), client, deadline).await
+}
+
+/// The wait both share: `ready` is asked before every sleep (the notification is armed
+/// first, so no wake-up between the two is lost).
+async fn wait_for<R: AsyncRead + Unpin>(
+    ctx: &VipCtx,
+    notify: &tokio::sync::Notify,
+    mut ready: impl FnMut() -> bool,
+    client: &mut Inbound<R>,
+    deadline: Instant,
+) -> HoldEnd {
     let c = &ctx.cluster;
     if c.counters.held_now.fetch_add(1, Ordering::SeqCst) >= ctx.settings.max_held as u64 {
         c.counters.held_now.fetch_sub(1, Ordering::SeqCst);
@@ -45,12 +67,11 @@ pub async fn hold<R: AsyncRead + Unpin>(ctx: &VipCtx, b: usize, client: &mut Inb
     }
     let _held = Counted(&c.counters.held_now);
     let _timer = HoldTimer(&c.hold_time, Instant::now());
-    let be = &c.backends[b];
     loop {
-        let notified = be.changed.notified();
+        let notified = notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        if be.state() != dispatcher_common::BackendState::Suspect {
+        if ready() {
             return HoldEnd::Changed;
         }
         let left = deadline.saturating_duration_since(Instant::now());

@@ -23,7 +23,7 @@ use super::{
         relay_chunked, relay_length, relay_until_close, within_rate, ChunkedDecoder, Inbound, RelayError, Timeouts,
     },
     head::{parse_request, parse_response, Framing, HeadLimits, Header, Reject, RequestHead, ResponseHead},
-    hold::{hold, HoldEnd},
+    hold::{await_shared, hold, HoldEnd},
     pool::{Pool, Upstream},
     retry::{is_idempotent, retry_allowed},
     rewrite::{build_request, build_response, is},
@@ -501,13 +501,29 @@ impl ClientConn {
         };
         let mut hold_deadline: Option<Instant> = None;
         let mut hold_expired = false;
+        let mut learn_deadline: Option<Instant> = None;
+        let mut learn_waited = s.learn_wait.is_zero();
         let mut extra_attempts = 0u32;
         // Choose a backend, hold while the session's owner is suspect, send; a failure before
         // any response byte is retried after re-routing (bounded, budgeted, idempotent and
         // bodiless requests only). A server that timed out is never retried: no replays.
         let (backend, mut up, mut res, body_skipped, _in_flight) = loop {
-            let backend = match ctx.route.route(c, sess.as_ref(), hold_expired) {
+            let backend = match ctx.route.route(c, sess.as_ref(), hold_expired, learn_waited) {
                 Decision::Affinity(b) | Decision::Balanced(b) => b,
+                Decision::AwaitShared => {
+                    let deadline = *learn_deadline.get_or_insert_with(|| {
+                        c.counters.learn_waits.fetch_add(1, Ordering::Relaxed);
+                        Instant::now() + s.learn_wait
+                    });
+                    match await_shared(ctx, client, deadline).await {
+                        HoldEnd::Changed => {}
+                        // Not shared in time (an ID no dispatcher knows), or too many
+                        // waiting: balanced, as an unknown clone ID is.
+                        HoldEnd::Expired | HoldEnd::Full => learn_waited = true,
+                        HoldEnd::ClientGone => return Next::Close,
+                    }
+                    continue;
+                }
                 Decision::Hold(b) => {
                     let deadline = *hold_deadline.get_or_insert_with(|| {
                         c.counters.holds.fetch_add(1, Ordering::Relaxed);

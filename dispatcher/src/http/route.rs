@@ -23,6 +23,10 @@ pub enum Decision {
     Hold(usize),
     /// No backend of the VIP is eligible.
     NoBackend,
+    /// `[cluster]`: the session's clone IDs are known to no one here yet; another
+    /// dispatcher may have learned them a moment ago. Wait (bounded by `learn_wait`) for
+    /// the shared table rather than send the session to a server that may not own it.
+    AwaitShared,
 }
 
 pub struct VipRoute {
@@ -41,8 +45,15 @@ impl VipRoute {
     }
 
     /// `hold_expired`: the request was already held for the whole hold time; a suspect
-    /// owner is then treated as out (its replica serves, or 503).
-    pub fn route(&self, cluster: &Cluster, session: Option<&SessionId>, hold_expired: bool) -> Decision {
+    /// owner is then treated as out (its replica serves, or 503). `learn_waited`: it
+    /// waited for the shared table already (or need not): unknown clone IDs are balanced.
+    pub fn route(
+        &self,
+        cluster: &Cluster,
+        session: Option<&SessionId>,
+        hold_expired: bool,
+        learn_waited: bool,
+    ) -> Decision {
         if let Some(s) = session {
             let mut first_known = None;
             for id in &s.clones {
@@ -60,6 +71,10 @@ impl VipRoute {
                     return Decision::Affinity(owner);
                 }
                 first_known.get_or_insert(replica);
+            }
+            let unknown = first_known.is_none() && s.clones.iter().all(|id| cluster.owner(id).is_none());
+            if unknown && !s.clones.is_empty() && !learn_waited && cluster.shared() {
+                return Decision::AwaitShared;
             }
             if let Some(replica) = first_known {
                 // The owner is out: only its replica holds the session's data.
@@ -188,7 +203,7 @@ mode = "http"
     }
 
     fn route(c: &Cluster, r: &VipRoute, cookie: &str) -> Decision {
-        r.route(c, session::parse(cookie.as_bytes()).as_ref(), false)
+        r.route(c, session::parse(cookie.as_bytes()).as_ref(), false, true)
     }
 
     #[test]
@@ -203,12 +218,30 @@ mode = "http"
     }
 
     #[test]
+    fn clustered_an_unknown_clone_id_waits_for_the_shared_table_once() {
+        let (c, r) = setup(Balance::RoundRobin);
+        let s = session::parse(b"0000x:cNew");
+        // Standalone: balanced at once, as the plug-in does.
+        assert!(matches!(r.route(&c, s.as_ref(), false, false), Decision::Balanced(_)));
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        c.set_publisher(tx);
+        assert_eq!(r.route(&c, s.as_ref(), false, false), Decision::AwaitShared);
+        assert!(matches!(r.route(&c, s.as_ref(), false, true), Decision::Balanced(_)), "after the wait");
+        // A known ID among them: no wait; no session at all: no wait.
+        assert_eq!(r.route(&c, session::parse(b"0000x:cNew:cB").as_ref(), false, false), Decision::Affinity(1));
+        assert!(matches!(r.route(&c, None, false, false), Decision::Balanced(_)));
+        // Shared a moment later: its owner.
+        c.adopt_shared_clone(b"cNew", 2);
+        assert_eq!(r.route(&c, s.as_ref(), false, false), Decision::Affinity(2));
+    }
+
+    #[test]
     fn a_draining_owner_keeps_its_sessions_but_gets_no_new_ones() {
         let (c, r) = setup(Balance::RoundRobin);
         c.set_admin(1, Operator::Drain);
         assert_eq!(route(&c, &r, "0000x:cB"), Decision::Affinity(1));
         for _ in 0..10 {
-            assert_ne!(r.route(&c, None, false), Decision::Balanced(1));
+            assert_ne!(r.route(&c, None, false, true), Decision::Balanced(1));
         }
     }
 
@@ -219,11 +252,11 @@ mode = "http"
         assert_eq!(route(&c, &r, "0000x:cA"), Decision::Hold(0));
         assert_eq!(route(&c, &r, "0000x:cA:cB"), Decision::Hold(0), "order matters: cA first");
         let s = session::parse(b"0000x:cA");
-        assert_eq!(r.route(&c, s.as_ref(), true), Decision::Affinity(1), "after the hold: the replica");
+        assert_eq!(r.route(&c, s.as_ref(), true, true), Decision::Affinity(1), "after the hold: the replica");
         c.set_health(1, Health::Down);
-        assert_eq!(r.route(&c, s.as_ref(), true), Decision::SessionUnavailable);
+        assert_eq!(r.route(&c, s.as_ref(), true, true), Decision::SessionUnavailable);
         for _ in 0..5 {
-            assert_ne!(r.route(&c, None, false), Decision::Balanced(0), "no new work for a suspect");
+            assert_ne!(r.route(&c, None, false, true), Decision::Balanced(0), "no new work for a suspect");
         }
     }
 
@@ -248,7 +281,7 @@ mode = "http"
             }
         }
         assert_eq!(n, [100, 300, 100], "smooth WRR is exact over a full cycle");
-        assert_eq!(r.route(&c, None, false), Decision::Balanced(1));
+        assert_eq!(r.route(&c, None, false, true), Decision::Balanced(1));
     }
 
     #[test]
@@ -257,11 +290,11 @@ mode = "http"
         c.backends[0].outstanding.store(5, Ordering::Relaxed);
         c.backends[1].outstanding.store(9, Ordering::Relaxed); // weight 3: 3 per unit
         c.backends[2].outstanding.store(4, Ordering::Relaxed);
-        assert_eq!(r.route(&c, None, false), Decision::Balanced(1));
+        assert_eq!(r.route(&c, None, false, true), Decision::Balanced(1));
         for b in 0..c.backends.len() {
             c.set_health(b, Health::Down);
         }
-        assert_eq!(r.route(&c, None, false), Decision::NoBackend);
+        assert_eq!(r.route(&c, None, false, true), Decision::NoBackend);
     }
 
     #[test]
