@@ -194,6 +194,9 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
     // previous table when this one joins); until then nothing is announced, since
     // connections ECMP moved here would find no steering. Checked again every second.
     let mut join_pending = announcer.is_some() || shared.is_some();
+    let announcer_configured = announcer.is_some();
+    // When this dispatcher last left (`dispatcher leave`), for the grace at stop.
+    let mut left_at: Option<std::time::Instant> = None;
     if let Some(st) = &steering {
         let t0 = std::time::Instant::now();
         while !st.installed() && t0.elapsed() < std::time::Duration::from_secs(2) {
@@ -271,7 +274,13 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
                     AgentRequest::Stop { detach } => return Ok(("dispatcher stop", !detach)),
                     AgentRequest::Membership(join, reply) => {
                         join_pending = false;
+                        let was_in = joined.load(std::sync::atomic::Ordering::Relaxed);
                         let r = membership(join, &joined, announcer.as_mut(), shared.as_ref(), steering.as_deref());
+                        if r.is_ok() && was_in && !join {
+                            left_at = Some(std::time::Instant::now());
+                        } else if r.is_ok() && join {
+                            left_at = None;
+                        }
                         *admin.announced.lock().unwrap() = announcer.as_ref().map(|a| a.joined());
                         let _ = reply.send(r);
                     }
@@ -283,9 +292,24 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(&cfg.admin_socket);
     // Out of the group first: routes withdrawn, this dispatcher's slots to the others,
     // connections closed after their next response while in-flight requests finish.
+    let was_in = joined.load(std::sync::atomic::Ordering::Relaxed);
     let _ = membership(false, &joined, announcer.as_mut(), shared.as_ref(), steering.as_deref());
     if let Some(a) = announcer.take() {
         a.stop();
+    }
+    // The router follows a withdrawal within BGP's propagation, the others' tables within a
+    // watch event: until then packets may still come here, and this host must still
+    // steer them (its XDP program may be detached on exit). Counted from the leave.
+    if announcer_configured || steering.is_some() {
+        let since = if was_in { None } else { left_at };
+        let wait = LEAVE_GRACE.saturating_sub(since.map(|t| t.elapsed()).unwrap_or_default());
+        if !wait.is_zero() {
+            tracing::info!(
+                wait_ms = wait.as_millis() as u64,
+                "withdrawn; waiting for the router and the others to follow"
+            );
+            std::thread::sleep(wait);
+        }
     }
     if let Some(shared) = shared {
         // The others stop counting this dispatcher now, not when its lease runs out.
@@ -444,6 +468,10 @@ impl Running {
 
 /// How often the agent checks that its pins are still there.
 const PIN_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+/// After leaving (or at stop), how long a dispatcher behind a router keeps steering what
+/// still arrives before it exits: the router's BGP update and the others' table change
+/// take milliseconds (measured); this is generous.
+const LEAVE_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Pins again whatever of the data plane's pins was removed under the running agent
 /// (maps from the ids it recorded, the program and the link from the objects it holds);
