@@ -183,3 +183,34 @@ fn plain_ecmp_breaks_connections_when_the_next_hops_change() {
     assert_eq!((total.l4_broken, total.l4_switched, total.udp_switched), (0, 0, 0), "{total:?}");
     no_misroutes_or_lost_sessions(&e);
 }
+
+/// A dispatcher that starts while the store is down has no membership to build its
+/// ownership table from: it announces nothing (the router would bring it connections it
+/// cannot steer) until the store is back, then joins by itself.
+#[test]
+fn a_dispatcher_started_without_the_store_joins_only_once_it_is_back() {
+    let mut e = Ecmp::new(3, 4, true);
+    e.up(2);
+    for k in 0..3 {
+        e.m.kill_etcd(k);
+    }
+    e.start(2);
+    std::thread::sleep(Duration::from_secs(2));
+    let st = e.m.status(2);
+    assert_eq!(st.announced, Some(false), "announced without a table");
+    assert!(!st.steering.unwrap().joined);
+    let mut two = vec![dispatcher_ip(0), dispatcher_ip(1)];
+    two.sort();
+    assert_eq!(e.next_hops(), two, "the router must not route to it");
+    for k in 0..3 {
+        e.m.start_etcd(k);
+    }
+    e.m.wait_etcd_healthy(3);
+    let t = Instant::now();
+    e.wait_next_hops(&[0, 1, 2], Duration::from_secs(20));
+    for i in 0..3 {
+        e.wait_table(i, &["d0", "d1", "d2"], Duration::from_secs(15));
+    }
+    eprintln!("joined {} ms after the store was back", ms(t));
+    assert_eq!(e.m.status(2).announced, Some(true));
+}
