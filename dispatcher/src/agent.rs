@@ -121,7 +121,7 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
     // before this dispatcher's own table is in place.
     let joined = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let steer_mac = match &cfg.cluster {
-        Some(c) if c.steering => Some(crate::steering::interface_mac(&cfg.interface)?),
+        Some(c) if c.steering => Some(crate::netif::hardware_address(&cfg.interface)?),
         _ => None,
     };
     let shared = cfg.cluster.clone().map(|s| {

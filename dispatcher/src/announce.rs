@@ -11,93 +11,14 @@
 //!
 //! Both go down on `dispatcher leave` and on `dispatcher stop`.
 
-use std::{
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
-    process::Command,
-};
+use std::{os::fd::OwnedFd, process::Command};
 
 use anyhow::{bail, Context};
 
-use crate::config::{AnnounceSettings, Config, VipMode};
-
-const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
-const IFF_TUN: libc::c_short = 0x0001;
-const IFF_NO_PI: libc::c_short = 0x1000;
-
-#[repr(C)]
-struct IfReq {
-    name: [u8; libc::IFNAMSIZ],
-    flags: libc::c_short,
-    _pad: [u8; 22],
-}
-
-fn ifreq(name: &str) -> IfReq {
-    let mut r = IfReq { name: [0; libc::IFNAMSIZ], flags: 0, _pad: [0; 22] };
-    r.name[..name.len()].copy_from_slice(name.as_bytes());
-    r
-}
-
-/// Opens (creating) the TUN device `name`; it lives as long as the descriptor.
-fn open_tun(name: &str) -> anyhow::Result<OwnedFd> {
-    let fd = nix::fcntl::open(
-        "/dev/net/tun",
-        nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    )
-    .context("opening /dev/net/tun")?;
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let mut req = ifreq(name);
-    req.flags = IFF_TUN | IFF_NO_PI;
-    if unsafe { libc::ioctl(fd.as_raw_fd(), TUNSETIFF as _, &mut req) } < 0 {
-        bail!("creating TUN device {name}: {}", std::io::Error::last_os_error());
-    }
-    Ok(fd)
-}
-
-/// A socket to ask interface ioctls on (in this process's network namespace).
-fn control_socket() -> nix::Result<OwnedFd> {
-    nix::sys::socket::socket(
-        nix::sys::socket::AddressFamily::Inet,
-        nix::sys::socket::SockType::Datagram,
-        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
-        None,
-    )
-}
-
-/// Sets `name` administratively up or down.
-fn set_up(name: &str, up: bool) -> anyhow::Result<()> {
-    let sock = control_socket()?;
-    let mut req = ifreq(name);
-    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS as _, &mut req) } < 0 {
-        bail!("reading the flags of {name}: {}", std::io::Error::last_os_error());
-    }
-    let flag = libc::IFF_UP as libc::c_short;
-    req.flags = if up { req.flags | flag } else { req.flags & !flag };
-    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS as _, &mut req) } < 0 {
-        bail!("setting {name} {}: {}", if up { "up" } else { "down" }, std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// The hardware address of `name` (SIOCGIFHWADDR, in this network namespace).
-pub fn hardware_address(name: &str) -> anyhow::Result<[u8; 6]> {
-    anyhow::ensure!(!name.is_empty() && name.len() < libc::IFNAMSIZ, "interface name {name:?}");
-    let sock = control_socket()?;
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (d, s) in req.ifr_name.iter_mut().zip(name.bytes()) {
-        *d = s as libc::c_char;
-    }
-    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFHWADDR as _, &mut req) } < 0 {
-        bail!("reading the MAC address of {name}: {}", std::io::Error::last_os_error());
-    }
-    let data = unsafe { req.ifr_ifru.ifru_hwaddr.sa_data };
-    Ok([data[0] as u8, data[1] as u8, data[2] as u8, data[3] as u8, data[4] as u8, data[5] as u8])
-}
-
-/// In this network namespace (sysfs may show another one's).
-fn exists(name: &str) -> bool {
-    nix::net::if_::if_nametoindex(name).is_ok()
-}
+use crate::{
+    config::{AnnounceSettings, Config, VipMode},
+    netif::{exists, open_tun, set_up},
+};
 
 /// The persistent L4 interface: a veth pair (`name` and `name` + "p"), created if missing.
 fn ensure_veth(name: &str) -> anyhow::Result<()> {

@@ -18,6 +18,7 @@ pub mod http;
 pub mod instance;
 pub mod logging;
 pub mod maglev;
+pub mod netif;
 pub mod ratelimit;
 pub mod shared;
 pub mod state;

@@ -17,7 +17,9 @@ use dispatcher::{
         LoadOptions,
     },
 };
-use dispatcher_common::{hash::flow_hash, AffinityKey, AffinityValue, FlowKey, FlowValue};
+use dispatcher_common::{
+    hash::flow_hash, AffinityKey, AffinityValue, FlowKey, FlowValue, SteerConf, SteerSlot, STEER_SIZE,
+};
 
 use crate::packet::Packet;
 
@@ -161,6 +163,19 @@ impl Fixture {
         let states = initial_states(&cfg);
         tables.apply(&cfg, &states, &vec![0; states.len()]).expect("fill maps");
         Fixture { ebpf, tables, affinity, cfg, states }
+    }
+
+    /// Every slot of ownership table `index` owned by the dispatcher with MAC `owner`.
+    pub fn steer_all(&mut self, index: u32, owner: [u8; 6]) {
+        let slots = vec![SteerSlot { mac: owner, valid: 1, _pad: 0 }; STEER_SIZE as usize];
+        self.tables.write_steer_table(index, &slots).expect("STEER");
+    }
+
+    /// `STEER_CONF`: the tables and flags `sel`, this dispatcher's MAC (`LB_MAC`, where the
+    /// fixture's frames are addressed), and the agent's beacon (0: none).
+    pub fn set_steer(&mut self, sel: u32, heartbeat_ns: u64) {
+        let conf = SteerConf { sel, generation: 1, self_mac: crate::packet::LB_MAC, _pad: [0; 2], heartbeat_ns };
+        self.tables.set_steer_conf(&conf).expect("STEER_CONF");
     }
 
     pub fn ebpf_mut(&mut self) -> &mut Ebpf {

@@ -57,16 +57,9 @@ fn steering_keeps_connections_through_joins_leaves_and_deaths() {
     // The steering metrics are valid exposition (promtool).
     let metrics = String::from_utf8_lossy(&e.m.cmd(0, &["metrics"]).stdout).into_owned();
     assert!(metrics.contains("dispatcher_steering_dispatchers 4") && metrics.contains("dispatcher_announced 1"));
-    let mut child = std::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("promtool");
-    std::io::Write::write_all(&mut child.stdin.take().unwrap(), metrics.as_bytes()).unwrap();
-    let checked = child.wait_with_output().unwrap();
-    assert!(checked.status.success(), "promtool: {}", String::from_utf8_lossy(&checked.stderr));
+    if let Err(said) = dispatcher_tests::promtool_check(&metrics) {
+        panic!("promtool check metrics: {said}");
+    }
 
     // d0 leaves and joins again at once: two membership changes in a row (the table
     // before the previous one serves too).

@@ -208,17 +208,9 @@ fn metrics_pass_promtool() {
     let cfg = b.tb.workdir.join("dispatcher.toml");
     let text = b.tb.dispatcher_cmd(&["metrics", "--config", cfg.to_str().unwrap()]);
     assert!(text.contains("dispatcher_xdp_vip_packets_total{vip=\"app\"}"), "{text}");
-    let mut child = std::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("promtool (cargo xtask setup installs Debian's prometheus package)");
-    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    let said = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && said.trim().is_empty(), "promtool check metrics: {said}");
+    if let Err(said) = dispatcher_tests::promtool_check(&text) {
+        panic!("promtool check metrics: {said}");
+    }
 }
 
 /// Opens `n` idle client connections to the VIP from the client namespace (the test

@@ -3,8 +3,7 @@
 
 use dispatcher_common::{
     stats::{self, backend_slot, vip_slot},
-    steer_sel, AffinityKey, AffinityValue, SteerConf, SteerSlot, STATE_DOWN, STATE_DRAIN, STATE_UP, STEER_HAS_PREV,
-    STEER_ON, STEER_SIZE,
+    steer_sel, AffinityKey, AffinityValue, STATE_DOWN, STATE_DRAIN, STATE_UP, STEER_HAS_PREV, STEER_ON,
 };
 use dispatcher_tests::{
     fixture::{flow_key, test_run, Fixture, CONFIG, XDP_DROP, XDP_PASS, XDP_TX},
@@ -539,22 +538,9 @@ fn a_syn_reusing_a_tuple_pinned_to_a_drained_backend_is_chosen_afresh() {
 const PEER_A: [u8; 6] = [0x02, 0x99, 0, 0, 1, 0x0a];
 const PEER_B: [u8; 6] = [0x02, 0x99, 0, 0, 1, 0x0b];
 
-/// Every slot of table `index` owned by `owner` (a table of one dispatcher).
-fn steer_all(fx: &mut Fixture, index: u32, owner: [u8; 6]) {
-    let slots = vec![SteerSlot { mac: owner, valid: 1, _pad: 0 }; STEER_SIZE as usize];
-    fx.tables.write_steer_table(index, &slots).unwrap();
-}
-
 fn steer_conf(fx: &mut Fixture, cur: u32, prev: Option<u32>) {
     let flags = STEER_ON | if prev.is_some() { STEER_HAS_PREV } else { 0 };
-    let conf = SteerConf {
-        sel: steer_sel(cur, prev.unwrap_or(0), flags),
-        generation: 1,
-        self_mac: LB_MAC,
-        _pad: [0; 2],
-        heartbeat_ns: 0,
-    };
-    fx.tables.set_steer_conf(&conf).unwrap();
+    fx.set_steer(steer_sel(cur, prev.unwrap_or(0), flags), 0);
 }
 
 /// The frame as steering sends it on: MACs rewritten, TTL one less, checksum still right.
@@ -576,7 +562,7 @@ fn steering_sends_a_connection_to_its_owner_and_keeps_its_own() {
     // Steering off (no STEER_CONF): the host stack takes it, as before.
     assert_eq!(fx.run(&syn).verdict, XDP_PASS);
 
-    steer_all(&mut fx, 0, PEER_A);
+    fx.steer_all(0, PEER_A);
     steer_conf(&mut fx, 0, None);
     let before = snapshot(&fx, &[stats::STEERED, stats::PASS_HTTP]);
     let input = syn.build();
@@ -594,7 +580,7 @@ fn steering_sends_a_connection_to_its_owner_and_keeps_its_own() {
     assert_eq!(deltas(&fx, &before), [1, 1]);
 
     // Owned here: passed.
-    steer_all(&mut fx, 1, LB_MAC);
+    fx.steer_all(1, LB_MAC);
     steer_conf(&mut fx, 1, None);
     let o = fx.run_bytes(&input);
     assert_eq!((o.verdict, o.out == input), (XDP_PASS, true));
@@ -604,8 +590,8 @@ fn steering_sends_a_connection_to_its_owner_and_keeps_its_own() {
 fn second_chance_goes_to_the_previous_owner_for_packets_of_no_local_connection() {
     let mut fx = fixture();
     // Now ours (table 1), before PEER_B's (table 2).
-    steer_all(&mut fx, 1, LB_MAC);
-    steer_all(&mut fx, 2, PEER_B);
+    fx.steer_all(1, LB_MAC);
+    fx.steer_all(2, PEER_B);
     steer_conf(&mut fx, 1, Some(2));
     let ack = Packet::tcp("10.0.0.2", 40200, "10.0.100.3", 80).with(|p| p.tcp_flags = TCP_ACK);
     let input = ack.build();
@@ -630,7 +616,7 @@ fn second_chance_goes_to_the_previous_owner_for_packets_of_no_local_connection()
 #[test]
 fn a_packet_with_no_ttl_left_is_not_steered() {
     let mut fx = fixture();
-    steer_all(&mut fx, 0, PEER_A);
+    fx.steer_all(0, PEER_A);
     steer_conf(&mut fx, 0, None);
     let mut input = Packet::tcp("10.0.0.2", 40300, "10.0.100.3", 80).build();
     input[14 + 8] = 1;
@@ -650,19 +636,11 @@ fn a_packet_with_no_ttl_left_is_not_steered() {
 #[test]
 fn with_the_agent_gone_what_this_host_owned_goes_by_the_fallback_table() {
     let mut fx = fixture();
-    steer_all(&mut fx, 0, LB_MAC);
-    steer_all(&mut fx, dispatcher_common::STEER_FALLBACK, PEER_A);
+    fx.steer_all(0, LB_MAC);
+    fx.steer_all(dispatcher_common::STEER_FALLBACK, PEER_A);
     let input = Packet::tcp("10.0.0.2", 40400, "10.0.100.3", 80).build();
-    let conf = |fx: &mut Fixture, heartbeat_ns: u64| {
-        let c =
-            SteerConf { sel: steer_sel(0, 0, STEER_ON), generation: 1, self_mac: LB_MAC, _pad: [0; 2], heartbeat_ns };
-        fx.tables.set_steer_conf(&c).unwrap();
-    };
-    let now = {
-        let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-        assert_eq!(unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) }, 0);
-        t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
-    };
+    let now = dispatcher::steering::monotonic_ns();
+    let conf = |fx: &mut Fixture, heartbeat_ns: u64| fx.set_steer(steer_sel(0, 0, STEER_ON), heartbeat_ns);
     // A fresh beacon (or none at all): ours, kept.
     conf(&mut fx, now);
     assert_eq!(fx.run_bytes(&input).verdict, XDP_PASS);
@@ -679,13 +657,11 @@ fn with_the_agent_gone_what_this_host_owned_goes_by_the_fallback_table() {
 fn two_changes_in_a_row_the_older_owner_still_gets_its_connections() {
     let mut fx = fixture();
     // Ours now and under the previous table; PEER_B's the table before.
-    steer_all(&mut fx, 0, LB_MAC);
-    steer_all(&mut fx, 1, LB_MAC);
-    steer_all(&mut fx, 2, PEER_B);
+    fx.steer_all(0, LB_MAC);
+    fx.steer_all(1, LB_MAC);
+    fx.steer_all(2, PEER_B);
     let sel = dispatcher_common::steer_sel3(0, 1, 2, STEER_ON | STEER_HAS_PREV | dispatcher_common::STEER_HAS_PREV2);
-    fx.tables
-        .set_steer_conf(&SteerConf { sel, generation: 3, self_mac: LB_MAC, _pad: [0; 2], heartbeat_ns: 0 })
-        .unwrap();
+    fx.set_steer(sel, 0);
     let input = Packet::tcp("10.0.0.2", 40500, "10.0.100.3", 80).with(|p| p.tcp_flags = TCP_ACK).build();
     let o = fx.run_bytes(&input);
     assert_eq!(o.verdict, XDP_TX);
@@ -695,18 +671,9 @@ fn two_changes_in_a_row_the_older_owner_still_gets_its_connections() {
 #[test]
 fn a_dispatcher_that_left_drops_what_a_lagging_owner_sends_rather_than_reset_it() {
     let mut fx = fixture();
-    steer_all(&mut fx, 0, PEER_A);
+    fx.steer_all(0, PEER_A);
     let from_owner = Packet::tcp("10.0.0.2", 40600, "10.0.100.3", 80).with(|p| p.eth_src = PEER_A);
-    let conf = |fx: &mut Fixture, flags: u32| {
-        let c = SteerConf {
-            sel: steer_sel(0, 0, STEER_ON | flags),
-            generation: 1,
-            self_mac: LB_MAC,
-            _pad: [0; 2],
-            heartbeat_ns: 0,
-        };
-        fx.tables.set_steer_conf(&c).unwrap();
-    };
+    let conf = |fx: &mut Fixture, flags: u32| fx.set_steer(steer_sel(0, 0, STEER_ON | flags), 0);
     conf(&mut fx, 0);
     assert_eq!(fx.run(&from_owner).verdict, XDP_PASS, "joined: the owner's second chance is kept");
     conf(&mut fx, dispatcher_common::STEER_LEFT);

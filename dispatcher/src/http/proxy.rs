@@ -110,8 +110,8 @@ async fn send_error<W: AsyncWrite + Unpin>(w: &mut W, status: u16, why: &str, re
 struct ClientConn {
     ctx: Arc<VipCtx>,
     peer: SocketAddr,
-    /// The VIP address and port the client connected to.
-    local: SocketAddr,
+    /// Its slot in the dispatchers' ownership table (`steering::keeps`).
+    steer_slot: usize,
     client: Inbound<OwnedReadHalf>,
     w: OwnedWriteHalf,
     /// The head being forwarded or answered.
@@ -129,12 +129,12 @@ struct Downstream<'a, R> {
 
 pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut stop: watch::Receiver<bool>) {
     let _ = stream.set_nodelay(true);
-    let local = stream.local_addr().unwrap_or(peer);
+    let steer_slot = crate::steering::slot_of(peer, stream.local_addr().unwrap_or(peer));
     let (r, w) = stream.into_split();
     // Request heads are small: 4 KiB reads (more for bodies), allocated at the first
     // read, keep many idle keep-alive clients cheap.
     let client = Inbound::with_chunk(r, 4096);
-    let mut conn = ClientConn { ctx, peer, local, client, w, out: Vec::new(), scratch: Vec::new() };
+    let mut conn = ClientConn { ctx, peer, steer_slot, client, w, out: Vec::new(), scratch: Vec::new() };
     loop {
         let head = match read_head(&conn.ctx, &mut conn.client, &mut conn.scratch, &mut stop).await {
             HeadRead::Head(h) => h,
@@ -452,7 +452,7 @@ impl Drop for InFlight<'_> {
 impl ClientConn {
     /// One request and its response (`buf` holds the head `head` was parsed from).
     async fn exchange(&mut self, head: &RequestHead, buf: &BytesMut, closing: bool) -> Next {
-        let ClientConn { ctx, peer, local, client, w, out, scratch } = self;
+        let ClientConn { ctx, peer, steer_slot, client, w, out, scratch } = self;
         let ctx: &VipCtx = ctx;
         let s = &ctx.settings;
         let cookies = head.headers.iter().filter(|h| is(&buf[h.name.clone()], "cookie")).map(|h| &buf[h.value.clone()]);
@@ -686,7 +686,7 @@ impl ClientConn {
             || dechunk
             || body_skipped
             || closing
-            || !crate::steering::keeps(*peer, *local);
+            || !crate::steering::keeps(*steer_slot);
         build_response(out, &res, &res_buf, close, dechunk, head.minor == 0);
         // A small body already read goes out with the head: one write per response.
         let mut framing = if dechunk { Framing::Chunked } else { res.framing };

@@ -2,9 +2,11 @@
 //! membership (`shared`) to the ownership tables the XDP program reads (`STEER`,
 //! `STEER_CONF`; the packet side is `dispatcher-ebpf/src/steer.rs`).
 //!
-//! - A membership change installs a new table in a free slot of the three, then flips
-//!   `STEER_CONF` in one word: the new table becomes current, the old one previous.
-//! - The previous table serves second chances for `[cluster] second_chance`, then goes.
+//! - A membership change installs a new table in a free slot (four take turns, a fifth
+//!   holds the fallback: the membership without this dispatcher), then flips
+//!   `STEER_CONF` in one word: the new table becomes current, the old ones previous.
+//! - The two newest previous tables serve second chances for `[cluster] second_chance`.
+//! - A beacon in `STEER_CONF` tells the XDP program the agent is there.
 //! - The HTTP path asks `keeps` before answering: a connection this dispatcher no longer
 //!   owns (or every connection, once it leaves) is told `Connection: close` with its next
 //!   response, so keep-alive clients move to the owner between requests, not by a reset.
@@ -37,15 +39,21 @@ static OWNERSHIP: RwLock<Option<Ownership>> = RwLock::new(None);
 /// response.
 static LEAVING: AtomicBool = AtomicBool::new(false);
 
-/// Should the connection from `client` to `local` stay open after this response?
-pub fn keeps(client: SocketAddr, local: SocketAddr) -> bool {
+/// The ownership-table slot of the connection from `client` to `local` (its flow hash,
+/// as XDP computes it): once per connection.
+pub fn slot_of(client: SocketAddr, local: SocketAddr) -> usize {
+    (dispatcher_common::hash::flow_hash(&table::tcp_key(client, local)) % dispatcher_common::STEER_SIZE) as usize
+}
+
+/// Should the connection in table slot `slot` stay open after this response?
+pub fn keeps(slot: usize) -> bool {
     if LEAVING.load(Ordering::Relaxed) {
         return false;
     }
     let g = OWNERSHIP.read().unwrap();
     match &*g {
         None => true,
-        Some(o) => o.table.owner(&table::tcp_key(client, local)).is_none_or(|p| p.name == o.me),
+        Some(o) => o.table.owner_of_slot(slot).is_none_or(|p| p.name == o.me),
     }
 }
 
@@ -90,8 +98,8 @@ pub struct Steering {
 /// after `STEER_AGENT_STALE_NS` without one).
 pub const BEACON_EVERY: Duration = Duration::from_millis(200);
 
-/// CLOCK_MONOTONIC, the clock of `bpf_ktime_get_coarse_ns`.
-fn monotonic_ns() -> u64 {
+/// CLOCK_MONOTONIC, the clock of `bpf_ktime_get_coarse_ns` (the beacon's time).
+pub fn monotonic_ns() -> u64 {
     let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) } != 0 {
         return 0;
@@ -310,10 +318,4 @@ pub async fn run(steering: Arc<Steering>, mut peers: watch::Receiver<Option<Vec<
             _ = steering.wake.notified() => {}
         }
     }
-}
-
-/// The MAC address of `iface` (the XDP interface: where steered frames leave from), asked
-/// of the kernel in this process's network namespace (sysfs may belong to another one).
-pub fn interface_mac(iface: &str) -> anyhow::Result<[u8; 6]> {
-    crate::announce::hardware_address(iface)
 }

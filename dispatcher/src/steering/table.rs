@@ -49,8 +49,11 @@ impl Table {
 
     /// The dispatcher that owns the connection with this tuple.
     pub fn owner(&self, key: &FlowKey) -> Option<&Peer> {
-        let slot = self.slots.get((flow_hash(key) % STEER_SIZE) as usize)?;
-        self.peers.get(*slot as usize)
+        self.owner_of_slot((flow_hash(key) % STEER_SIZE) as usize)
+    }
+
+    pub fn owner_of_slot(&self, slot: usize) -> Option<&Peer> {
+        self.peers.get(*self.slots.get(slot)? as usize)
     }
 
     pub fn names(&self) -> Vec<String> {

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use dispatcher_common::{steer_sel, SteerConf, SteerSlot, STEER_HAS_PREV, STEER_ON, STEER_SIZE};
+use dispatcher_common::{steer_sel, STEER_HAS_PREV, STEER_ON};
 use dispatcher_tests::{
     cluster::VIP,
     ecmp::{Ecmp, Load, Snapshot},
@@ -78,17 +78,9 @@ fn median(mut v: Vec<u64>) -> u64 {
     v[v.len() / 2]
 }
 
-fn steer_all(fx: &mut Fixture, index: u32, owner: [u8; 6]) {
-    let slots = vec![SteerSlot { mac: owner, valid: 1, _pad: 0 }; STEER_SIZE as usize];
-    fx.tables.write_steer_table(index, &slots).unwrap();
-}
-
 /// `STEER_CONF` as a running agent keeps it: with a fresh beacon.
 fn conf(fx: &mut Fixture, sel: u32) {
-    let mut t = nix::libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    unsafe { nix::libc::clock_gettime(nix::libc::CLOCK_MONOTONIC, &mut t) };
-    let heartbeat_ns = t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64;
-    fx.tables.set_steer_conf(&SteerConf { sel, generation: 1, self_mac: LB_MAC, _pad: [0; 2], heartbeat_ns }).unwrap();
+    fx.set_steer(sel, dispatcher::steering::monotonic_ns());
 }
 
 /// ns/packet above the floor for an HTTP VIP packet: steering off, owned here, owned by
@@ -98,8 +90,8 @@ fn steer_cost(quick: bool) -> Vec<(&'static str, u64, u64)> {
     let mut fx = Fixture::new(CONFIG);
     let mut pass = dispatcher::dataplane::load_pass().expect("load pass");
     let other = [0x02, 0x99, 0, 0, 1, 0x0a];
-    steer_all(&mut fx, 0, LB_MAC);
-    steer_all(&mut fx, 1, other);
+    fx.steer_all(0, LB_MAC);
+    fx.steer_all(1, other);
     let syn = Packet::tcp("10.0.0.2", 4000, "10.0.100.3", 80).build();
     let ack = Packet::tcp("10.0.0.2", 4000, "10.0.100.3", 80).with(|p| p.tcp_flags = TCP_ACK).build();
     let floor_pkt = Packet::tcp("10.0.0.2", 4000, "10.0.100.1", 80).build();
