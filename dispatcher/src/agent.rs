@@ -183,7 +183,7 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
         _ => None,
     };
     crate::steering::set_leaving(false);
-    let mut live = Running::start(Arc::new(cfg.clone()), cluster, &tables, &rt)?;
+    let mut live = Running::start(Arc::new(cfg.clone()), cluster, &tables, &rt, None)?;
     // Announced once the VIPs are served.
     let mut announcer = match &cfg.announce {
         Some(a) => Some(crate::announce::Announcer::start(a).context("creating the announcement interfaces")?),
@@ -374,14 +374,17 @@ struct Running {
 }
 
 impl Running {
+    /// `predecessor`: the server of the configuration this one replaces, whose
+    /// listening sockets are taken over.
     fn start(
         cfg: Arc<Config>,
         cluster: Arc<Cluster>,
         tables: &Arc<std::sync::Mutex<Tables>>,
         rt: &tokio::runtime::Runtime,
+        predecessor: Option<&HttpServer>,
     ) -> anyhow::Result<Running> {
         let server = if cfg.vips.iter().any(|v| v.serves_http()) {
-            Some(HttpServer::start(&cfg, cluster.clone()).context("starting the HTTP VIPs")?)
+            Some(HttpServer::start(&cfg, cluster.clone(), predecessor).context("starting the HTTP VIPs")?)
         } else {
             None
         };
@@ -395,8 +398,9 @@ impl Running {
         Live { cfg: self.cfg.clone(), cluster: self.cluster.clone(), commands: self.commands.clone() }
     }
 
-    /// Re-reads the file and swaps in what it says: ids kept by name, new listeners up
-    /// before the old ones close (their queued connections migrate), in-flight requests
+    /// Re-reads the file and swaps in what it says: ids kept by name, the listening
+    /// sockets taken over by the new loops (no SYN or queued connection meets a closed
+    /// listener), in-flight requests
     /// finish on the old loops, backend states and learned clone IDs carried over.
     fn reload(
         &mut self,
@@ -425,7 +429,8 @@ impl Running {
         // first request.
         let cluster = Cluster::successor_of(&merged, &health, &admin, &self.cluster);
         let merged = Arc::new(merged);
-        let next = Running::start(merged.clone(), cluster.clone(), tables, rt).map_err(|e| format!("{e:#}"))?;
+        let next = Running::start(merged.clone(), cluster.clone(), tables, rt, self.server.as_ref())
+            .map_err(|e| format!("{e:#}"))?;
         tables.lock().unwrap().apply(&merged, &states, &ops).map_err(|e| format!("writing the maps: {e}"))?;
         if let Err(e) = dataplane::ids::save(&merged) {
             tracing::warn!(error = %e, "recording the id table");

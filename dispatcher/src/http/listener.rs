@@ -6,6 +6,13 @@
 //! Stopping: the listeners close, idle keep-alive connections end, requests in flight
 //! finish, bounded by the drain timeout.
 //!
+//! Reloading: the new server's workers take over the previous server's listening
+//! sockets (a duplicate of each descriptor, matched by worker and address) instead of
+//! binding new ones. The socket never closes, so neither a SYN in flight nor a
+//! connection waiting in the accept queue meets a closed listener (which the kernel
+//! answers with a reset unless `net.ipv4.tcp_migrate_req` is set). Only a listener
+//! nobody takes over (a VIP removed, fewer workers) is closed.
+//!
 //! Capping: client connections are counted over all VIPs (`http.max_client_connections`,
 //! by default derived from the descriptor limit so that upstream connections, health
 //! checks and the admin socket always have descriptors left) and per VIP
@@ -13,6 +20,7 @@
 
 use std::{
     net::SocketAddr,
+    os::fd::AsFd,
     sync::{
         atomic::{AtomicUsize, Ordering},
         mpsc, Arc,
@@ -42,6 +50,15 @@ pub struct HttpServer {
     workers: Vec<JoinHandle<usize>>,
     active: Arc<AtomicUsize>,
     pub addrs: Vec<SocketAddr>,
+    /// Each worker's listening sockets (duplicates), for a successor to take over.
+    listeners: Vec<Vec<(SocketAddr, std::net::TcpListener)>>,
+}
+
+/// One worker's listening sockets, as plain descriptors that can cross threads.
+type Sockets = Vec<(SocketAddr, std::net::TcpListener)>;
+
+fn duplicate(l: &TcpListener) -> std::io::Result<std::net::TcpListener> {
+    Ok(std::net::TcpListener::from(l.as_fd().try_clone_to_owned()?))
 }
 
 /// Decrements the count of open client connections when a connection task ends.
@@ -92,11 +109,26 @@ fn bind(v: &Vip) -> std::io::Result<TcpListener> {
     socket.listen(1024)
 }
 
+/// The listener for a VIP: the predecessor's socket for the same address if there is
+/// one, else a new one.
+fn listener_for(v: &Vip, inherited: &mut Sockets) -> std::io::Result<TcpListener> {
+    let addr = SocketAddr::new(v.address, v.port);
+    match inherited.iter().position(|(a, _)| *a == addr) {
+        Some(i) => {
+            let (_, l) = inherited.swap_remove(i);
+            l.set_nonblocking(true)?;
+            TcpListener::from_std(l)
+        }
+        None => bind(v),
+    }
+}
+
 /// What one worker serves: a context (own pools) and a listener per HTTP VIP.
 fn worker_vips(
     cfg: &Config,
     cluster: &Arc<Cluster>,
     routes: &[Arc<VipRoute>],
+    mut inherited: Sockets,
 ) -> std::io::Result<Vec<(Arc<VipCtx>, TcpListener)>> {
     let mut out = Vec::new();
     for ((vip_index, v), route) in cfg.vips.iter().enumerate().filter(|(_, v)| v.serves_http()).zip(routes) {
@@ -120,8 +152,9 @@ fn worker_vips(
             limits: HeadLimits { max_bytes: cfg.http.max_header_bytes, max_headers: cfg.http.max_headers },
             suspect_on_status: cfg.health.suspect_on_status.clone(),
         });
-        out.push((ctx, bind(v)?));
+        out.push((ctx, listener_for(v, &mut inherited)?));
     }
+    // What is left here is not served any more: closed with this worker's copy.
     Ok(out)
 }
 
@@ -198,8 +231,9 @@ impl Drop for VipOpen {
 
 impl HttpServer {
     /// Starts `http.workers` event loops, each accepting on every HTTP VIP (the VIP
-    /// address must be local, e.g. on `lo`). Returns once all are listening.
-    pub fn start(cfg: &Config, cluster: Arc<Cluster>) -> std::io::Result<HttpServer> {
+    /// address must be local, e.g. on `lo`), taking over `predecessor`'s listening
+    /// sockets where worker and address match. Returns once all are listening.
+    pub fn start(cfg: &Config, cluster: Arc<Cluster>, predecessor: Option<&HttpServer>) -> std::io::Result<HttpServer> {
         let (stop, _) = watch::channel(false);
         // The cluster's count, which a reload's successor shares: the caps count the
         // connections still draining on the previous listeners.
@@ -223,9 +257,15 @@ impl HttpServer {
             );
         }
         tracing::info!(max_client_connections = global, descriptor_limit = nofile, "client connection cap");
-        let (ready_tx, ready_rx) = mpsc::channel::<std::io::Result<()>>();
+        let (ready_tx, ready_rx) = mpsc::channel::<std::io::Result<(usize, Sockets)>>();
         let mut workers = Vec::new();
         for w in 0..cfg.http.workers {
+            let inherited = match predecessor.and_then(|p| p.listeners.get(w)) {
+                Some(socks) => {
+                    socks.iter().map(|(a, l)| Ok((*a, l.try_clone()?))).collect::<std::io::Result<Sockets>>()?
+                }
+                None => Vec::new(),
+            };
             let (cfg, cluster, routes, stop_rx, active, ready) =
                 (cfg.clone(), cluster.clone(), routes.clone(), stop.subscribe(), active.clone(), ready_tx.clone());
             let drain = cfg.http.drain_timeout;
@@ -238,14 +278,31 @@ impl HttpServer {
                     }
                 };
                 rt.block_on(async move {
-                    let vips = match worker_vips(&cfg, &cluster, &routes) {
+                    let vips = match worker_vips(&cfg, &cluster, &routes, inherited) {
                         Ok(v) => v,
                         Err(e) => {
                             let _ = ready.send(Err(e));
                             return 0;
                         }
                     };
-                    let _ = ready.send(Ok(()));
+                    let copies = vips
+                        .iter()
+                        .map(|(ctx, l)| {
+                            Ok((
+                                SocketAddr::new(cfg.vips[ctx.vip_index].address, cfg.vips[ctx.vip_index].port),
+                                duplicate(l)?,
+                            ))
+                        })
+                        .collect::<std::io::Result<Sockets>>();
+                    match copies {
+                        Ok(c) => {
+                            let _ = ready.send(Ok((w, c)));
+                        }
+                        Err(e) => {
+                            let _ = ready.send(Err(e));
+                            return 0;
+                        }
+                    }
                     let reaper = tokio::spawn(reap_idle(
                         vips.iter().map(|(ctx, _)| ctx.clone()).collect(),
                         cfg.http.pool_idle_timeout,
@@ -274,9 +331,10 @@ impl HttpServer {
             workers.push(handle);
         }
         drop(ready_tx);
+        let mut listeners: Vec<Sockets> = (0..cfg.http.workers).map(|_| Vec::new()).collect();
         for _ in 0..cfg.http.workers {
             match ready_rx.recv() {
-                Ok(Ok(())) => {}
+                Ok(Ok((w, socks))) => listeners[w] = socks,
                 Ok(Err(e)) => {
                     let _ = stop.send(true);
                     return Err(e);
@@ -287,7 +345,7 @@ impl HttpServer {
         for a in &addrs {
             tracing::info!(addr = %a, workers = cfg.http.workers, "HTTP VIP listening");
         }
-        Ok(HttpServer { stop, workers, active, addrs })
+        Ok(HttpServer { stop, workers, active, addrs, listeners })
     }
 
     pub fn active_connections(&self) -> usize {
