@@ -9,6 +9,7 @@
 #![no_std]
 
 pub mod hash;
+pub mod sip;
 
 /// Capacities, used by both sides.
 pub const MAX_VIPS: u32 = 64;
@@ -26,6 +27,9 @@ pub const NO_BACKEND: u32 = u32::MAX;
 
 pub const AF_INET: u8 = 2;
 pub const AF_INET6: u8 = 10;
+/// `FlowKey::family` of a SIP dialog's pin: `src` holds the Call-ID hash, `dst`,
+/// `dport` and `proto` the VIP, `sport` is 0 (`sip_call_key`). No packet has it.
+pub const FAMILY_SIP_CALL: u8 = 0xfe;
 pub const IPPROTO_TCP: u8 = 6;
 pub const IPPROTO_UDP: u8 = 17;
 pub const IPPROTO_IPIP: u8 = 4;
@@ -37,6 +41,8 @@ pub const MODE_HTTP: u8 = 1;
 /// Entry with port 0: marks an address that carries VIPs, so that truncated packets to
 /// that address (whose ports cannot be read) are dropped rather than passed.
 pub const MODE_ADDR_MARKER: u8 = 2;
+/// SIP over UDP: XDP reads each datagram's affinity (`sip`) and forwards it.
+pub const MODE_SIP: u8 = 3;
 
 /// `VipInfo::forward`
 pub const FWD_MAC: u8 = 0;
@@ -296,10 +302,25 @@ pub struct FlowKey {
 pub struct FlowValue {
     pub backend: u32,
     pub vip: u32,
-    /// Hash of the session cookie that pinned this flow (0 for L4 flows).
+    /// Hash of the session cookie that pinned this flow: a SIP dialog's Call-ID hash (0 for
+    /// L4 flows).
     pub cookie_hash: u64,
     /// bpf_ktime_get_ns() of the last packet that refreshed it.
     pub last_seen_ns: u64,
+}
+
+/// The `FLOWS` key that pins the messages of a SIP dialog (by its Call-ID hash) on a VIP.
+#[inline(always)]
+pub const fn sip_call_key(vip: &VipKey, call_id: u64) -> FlowKey {
+    FlowKey {
+        src: [call_id as u32, (call_id >> 32) as u32, 0, 0],
+        dst: vip.addr,
+        sport: 0,
+        dport: vip.port,
+        proto: vip.proto,
+        family: FAMILY_SIP_CALL,
+        _pad: 0,
+    }
 }
 
 /// `AFFINITY` key.
@@ -436,9 +457,19 @@ pub mod stats {
     /// Dropped on a dispatcher that left (or whose agent is gone): sent here by a
     /// dispatcher whose table was behind, with no connection here.
     pub const STEER_DROPPED_LEFT: u32 = 19;
+    /// SIP VIP datagrams that are not a complete SIP message with a Call-ID (not SIP, no
+    /// end of the header section, binary...).
+    pub const DROP_SIP_INVALID: u32 = 20;
+    /// SIP header sections longer than `sip::SIP_SCAN_MAX`.
+    pub const DROP_SIP_TOO_LONG: u32 = 21;
+    /// SIP messages whose owner is suspect: held back (SIP over UDP retransmits), never
+    /// sent to another container.
+    pub const DROP_SIP_HELD: u32 = 22;
+    /// SIP messages naming a logical name nobody owns (and no dialog pinned here).
+    pub const DROP_SIP_UNKNOWN_LN: u32 = 23;
     pub const GLOBAL_SLOTS: u32 = 24;
 
-    pub const GLOBAL_NAMES: [&str; 20] = [
+    pub const GLOBAL_NAMES: [&str; 24] = [
         "pass_non_vip",
         "pass_non_ip",
         "pass_http",
@@ -459,6 +490,10 @@ pub mod stats {
         "steer_kept_local",
         "steer_ttl_expired",
         "steer_dropped_left",
+        "drop_sip_invalid",
+        "drop_sip_too_long",
+        "drop_sip_held",
+        "drop_sip_unknown_ln",
     ];
 
     /// Per VIP: forwarded packets/bytes, new flows, flow-table hits, affinity hits, drops.
@@ -468,7 +503,24 @@ pub mod stats {
     pub const VIP_AFFINITY_HITS: u32 = 3;
     pub const VIP_DROPS: u32 = 4;
     pub const VIP_REPINNED: u32 = 5;
-    pub const VIP_SLOTS: u32 = 6;
+    /// SIP VIPs: messages forwarded by where their affinity came from (`vip_sip_source`),
+    /// held while their owner is suspect, dropped for an unknown logical name or as
+    /// invalid.
+    pub const VIP_SIP_ROUTE: u32 = 6;
+    pub const VIP_SIP_VIA: u32 = 7;
+    pub const VIP_SIP_TO_TAG: u32 = 8;
+    pub const VIP_SIP_FROM_TAG: u32 = 9;
+    pub const VIP_SIP_CALL_ID: u32 = 10;
+    pub const VIP_SIP_HELD: u32 = 11;
+    pub const VIP_SIP_UNKNOWN_LN: u32 = 12;
+    pub const VIP_SIP_INVALID: u32 = 13;
+    pub const VIP_SLOTS: u32 = 14;
+
+    /// The per-VIP slot counting messages routed by affinity source `src` (`sip::SRC_*`).
+    #[inline(always)]
+    pub const fn vip_sip_source(src: u8) -> u32 {
+        VIP_SIP_ROUTE + src as u32 - 1
+    }
 
     /// Per backend: forwarded packets/bytes, new flows.
     pub const BACKEND_PACKETS: u32 = 0;

@@ -4,7 +4,7 @@ use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use dispatcher_common::{
     addr_words,
     stats::{self, vip_slot},
-    FlowKey, VipInfo, VipKey, AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP, MODE_ADDR_MARKER, MODE_HTTP,
+    FlowKey, VipInfo, VipKey, AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP, MODE_ADDR_MARKER, MODE_HTTP, MODE_SIP,
 };
 
 use crate::{
@@ -14,7 +14,7 @@ use crate::{
         be16, parse_l2, ptr_at, read_word, Ipv4Hdr, Ipv6Hdr, Ports, ETH_P_IP, ETH_P_IPV6, IPV4_HLEN, IPV6_HLEN,
         TCP_HLEN, UDP_HLEN,
     },
-    select,
+    select, sip,
     stats::count,
     steer,
 };
@@ -234,7 +234,11 @@ pub fn try_dispatch(ctx: &XdpContext) -> Result<u32, ()> {
         return pass(stats::PASS_HTTP, len);
     }
 
-    let Some((backend_id, backend)) = select::select_backend(&vip, &key, syn) else {
+    if vip.mode == MODE_SIP && l3.proto == IPPROTO_UDP {
+        return sip::dispatch(ctx, &l2, &l3, &vip, &vkey, len);
+    }
+
+    let Some((backend_id, backend)) = select::select_backend(&vip, &key, syn, 0) else {
         count(vip_slot(vip.id, stats::VIP_DROPS), len);
         return drop(stats::DROP_NO_BACKEND, len);
     };

@@ -4,6 +4,7 @@
 //! (non-VIP -> pass, HTTP VIP -> pass to the agent) -> `select` (FLOWS, AFFINITY, Maglev
 //! ring, backend state) -> `forward` (MAC rewrite or IPIP encapsulation, XDP_TX). HTTP
 //! VIPs shared by several dispatchers go through `steer` first (to the owner dispatcher).
+//! SIP VIPs go through `sip` (the message's logical name or Call-ID picks the backend).
 //! Every verdict is counted in `STATS` (`stats`).
 #![no_std]
 #![no_main]
@@ -16,6 +17,7 @@ mod forward;
 mod maps;
 mod parse;
 mod select;
+mod sip;
 mod stats;
 mod steer;
 

@@ -30,7 +30,7 @@ pub static FLOWS: LruHashMap<FlowKey, FlowValue> = LruHashMap::with_max_entries(
 pub static AFFINITY: LruHashMap<AffinityKey, AffinityValue> =
     LruHashMap::with_max_entries(DEFAULT_MAX_AFFINITY, BPF_F_NO_COMMON_LRU);
 
-/// Read by the agent only for now; declared here so that both planes share one object.
+/// Written by the agent (clone IDs, partition IDs, SIP logical names); read here for SIP.
 #[map]
 pub static CLONES: HashMap<u64, CloneValue> = HashMap::with_max_entries(MAX_CLONES, 0);
 
@@ -44,3 +44,14 @@ pub static STEER: Array<SteerSlot> = Array::with_max_entries(STEER_TABLES * STEE
 
 #[map]
 pub static STEER_CONF: Array<SteerConf> = Array::with_max_entries(1, 0);
+
+/// A SIP datagram's header section, copied for the scanner, and the scanner's state
+/// (`sip`; too big for the stack): one per CPU.
+#[repr(C)]
+pub struct SipScratch {
+    pub scan: dispatcher_common::sip::Scan,
+    pub buf: [u8; dispatcher_common::sip::SIP_SCAN_MAX],
+}
+
+#[map]
+pub static SIP_SCRATCH: PerCpuArray<SipScratch> = PerCpuArray::with_max_entries(1, 0);

@@ -77,8 +77,10 @@ fn from_affinity(akey: &AffinityKey, now: u64) -> Option<(u32, BackendInfo)> {
 
 /// `syn`: a TCP connection attempt (SYN without ACK). One that finds its tuple pinned to
 /// a backend taking no new flows (drained, suspect, down) is a new connection reusing
-/// the client's port, not part of the old flow: it is chosen afresh.
-pub fn select_backend(vip: &VipInfo, key: &FlowKey, syn: bool) -> Option<(u32, BackendInfo)> {
+/// the client's port, not part of the old flow: it is chosen afresh. `cookie`: what a
+/// new pin records as its `cookie_hash` (a SIP dialog's Call-ID hash, else 0).
+#[inline(always)]
+pub fn select_backend(vip: &VipInfo, key: &FlowKey, syn: bool, cookie: u64) -> Option<(u32, BackendInfo)> {
     // Coarse clock (jiffy resolution): enough for "last seen" and sticky times, and far
     // cheaper than the precise one on every packet.
     let now = unsafe { bpf_ktime_get_coarse_ns() };
@@ -118,7 +120,7 @@ pub fn select_backend(vip: &VipInfo, key: &FlowKey, syn: bool) -> Option<(u32, B
     }
     let (id, b) = chosen?;
 
-    let flow = FlowValue { backend: id, vip: vip.id, cookie_hash: 0, last_seen_ns: now };
+    let flow = FlowValue { backend: id, vip: vip.id, cookie_hash: cookie, last_seen_ns: now };
     let _ = FLOWS.insert(key, &flow, 0);
     if sticky {
         let expires_ns = now + vip.sticky_secs as u64 * NS_PER_SEC;

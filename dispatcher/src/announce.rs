@@ -92,7 +92,8 @@ pub fn bird_config(cfg: &Config) -> anyhow::Result<String> {
     for v in &cfg.vips {
         let iface = match v.mode {
             VipMode::Http => &a.http_interface,
-            VipMode::L4 => &a.l4_interface,
+            // Forwarded by XDP alone: announced as long as the data plane runs.
+            VipMode::L4 | VipMode::Sip => &a.l4_interface,
         };
         let Some(iface) = iface else { continue };
         let e = by_addr.entry(v.address).or_insert((iface, Vec::new()));

@@ -140,6 +140,7 @@ fn move_flows(
 async fn probe_loop(
     b: usize,
     probe: Probe,
+    cluster: Arc<Cluster>,
     s: crate::config::HealthSettings,
     tx: mpsc::UnboundedSender<(usize, bool, std::time::Instant)>,
 ) {
@@ -148,7 +149,12 @@ async fn probe_loop(
     loop {
         tick.tick().await;
         let started = std::time::Instant::now();
-        let verdict = health::check(&probe, &s).await;
+        let (verdict, logical_name) = health::check(&probe, &s).await;
+        if let Some(ln) = logical_name {
+            // The container says which logical name it serves: its own answer, the one
+            // place this is known for sure.
+            cluster.learn(ln.as_bytes(), b);
+        }
         if verdict == health::Verdict::Local {
             // Says nothing about the backend: no streak, no state change.
             continue;
@@ -178,7 +184,7 @@ pub async fn run(
     let (tx, mut checks) = mpsc::unbounded_channel();
     for (b, p) in health::probes(&cfg).into_iter().enumerate() {
         if let Some(p) = p {
-            tokio::spawn(probe_loop(b, p, cfg.health.clone(), tx.clone()));
+            tokio::spawn(probe_loop(b, p, cluster.clone(), cfg.health.clone(), tx.clone()));
         }
     }
     drop(tx);

@@ -20,13 +20,23 @@ use crate::config::{CheckKind, Config, HealthSettings, Protocol, VipMode};
 #[derive(Clone, Debug, PartialEq)]
 pub struct Probe {
     pub addr: SocketAddr,
-    /// `Some(path)`: HTTP GET; `None`: TCP connect.
-    pub http_path: Option<String>,
+    pub kind: ProbeKind,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum ProbeKind {
+    /// A TCP connect.
+    Tcp,
+    /// `GET path` over HTTP/1.1.
+    Http(String),
+    /// A SIP `OPTIONS` over UDP.
+    Sip,
 }
 
 /// The probe for each backend: by default (`kind = "auto"`) HTTP on the backend port of
-/// its first HTTP VIP, else a TCP connect to its first TCP VIP's port; `kind` and `port`
-/// override. A backend that serves only UDP VIPs is not checked.
+/// its first HTTP VIP, else SIP `OPTIONS` to its first SIP VIP's port, else a TCP connect
+/// to its first TCP VIP's port; `kind` and `port` override. A backend that serves only
+/// UDP L4 VIPs is not checked.
 pub fn probes(cfg: &Config) -> Vec<Option<Probe>> {
     let h = &cfg.health;
     (0..cfg.backends.len())
@@ -36,22 +46,24 @@ pub fn probes(cfg: &Config) -> Vec<Option<Probe>> {
             }
             let vips: Vec<_> = cfg.vips.iter().filter(|v| !v.retired && v.backends.contains(&b)).collect();
             let http_vip = vips.iter().find(|v| v.mode == VipMode::Http);
+            let sip_vip = vips.iter().find(|v| v.mode == VipMode::Sip);
             let tcp_vip = vips.iter().find(|v| v.protocol == Protocol::Tcp);
-            let (port, speaks_http) = match (http_vip, tcp_vip) {
-                (Some(v), _) => (v.backend_port, true),
-                (None, Some(v)) => (v.port, false),
-                (None, None) => return None,
+            let (port, auto) = match (http_vip, sip_vip, tcp_vip) {
+                (Some(v), _, _) => (v.backend_port, ProbeKind::Http(h.path.clone())),
+                (None, Some(v), _) => (v.port, ProbeKind::Sip),
+                (None, None, Some(v)) => (v.port, ProbeKind::Tcp),
+                (None, None, None) => return None,
             };
-            let http = match h.kind {
-                CheckKind::Auto => speaks_http,
-                CheckKind::Http => true,
-                CheckKind::Tcp => false,
+            let kind = match h.kind {
+                CheckKind::Auto => auto,
+                CheckKind::Http => ProbeKind::Http(h.path.clone()),
+                CheckKind::Tcp => ProbeKind::Tcp,
+                CheckKind::Sip => ProbeKind::Sip,
             };
-            let port = h.port.unwrap_or(port);
-            Some(Probe {
-                addr: SocketAddr::new(cfg.backends[b].address.into(), port),
-                http_path: http.then(|| h.path.clone()),
-            })
+            // A SIP check of a backend without a SIP VIP goes to SIP's port.
+            let port =
+                h.port.unwrap_or(if kind == ProbeKind::Sip { sip_vip.map(|v| v.port).unwrap_or(5060) } else { port });
+            Some(Probe { addr: SocketAddr::new(cfg.backends[b].address.into(), port), kind })
         })
         .collect()
 }
@@ -66,8 +78,12 @@ pub enum Verdict {
     Local,
 }
 
-/// Runs one check.
-pub async fn check(p: &Probe, s: &HealthSettings) -> Verdict {
+/// Runs one check. A SIP check's answer may name a logical name (returned, to be
+/// learned).
+pub async fn check(p: &Probe, s: &HealthSettings) -> (Verdict, Option<String>) {
+    if p.kind == ProbeKind::Sip {
+        return tokio::time::timeout(s.timeout, crate::sip::options(p.addr)).await.unwrap_or((Verdict::Fail, None));
+    }
     let attempt = async {
         let mut stream = match TcpStream::connect(p.addr).await {
             Ok(st) => st,
@@ -77,7 +93,7 @@ pub async fn check(p: &Probe, s: &HealthSettings) -> Verdict {
             }
             Err(_) => return Verdict::Fail,
         };
-        let Some(path) = &p.http_path else { return Verdict::Pass };
+        let ProbeKind::Http(path) = &p.kind else { return Verdict::Pass };
         let req = format!(
             "GET {path} HTTP/1.1\r\nHost: {}\r\nUser-Agent: dispatcher-health\r\nConnection: close\r\n\r\n",
             p.addr
@@ -90,7 +106,7 @@ pub async fn check(p: &Probe, s: &HealthSettings) -> Verdict {
             _ => Verdict::Fail,
         }
     };
-    tokio::time::timeout(s.timeout, attempt).await.unwrap_or(Verdict::Fail)
+    (tokio::time::timeout(s.timeout, attempt).await.unwrap_or(Verdict::Fail), None)
 }
 
 /// Reads the whole response to `request` (head by the proxy's own parser, then the body as
@@ -214,11 +230,11 @@ mod tests {
             }
             held
         });
-        let probe = Probe { addr, http_path: Some("/".into()) };
+        let probe = Probe { addr, kind: ProbeKind::Http("/".into()) };
         let s = HealthSettings { timeout: std::time::Duration::from_secs(2), ..HealthSettings::default() };
-        assert_eq!(check(&probe, &s).await, Verdict::Pass, "Content-Length");
-        assert_eq!(check(&probe, &s).await, Verdict::Pass, "chunked");
-        assert_eq!(check(&probe, &s).await, Verdict::Fail, "503");
+        assert_eq!(check(&probe, &s).await.0, Verdict::Pass, "Content-Length");
+        assert_eq!(check(&probe, &s).await.0, Verdict::Pass, "chunked");
+        assert_eq!(check(&probe, &s).await.0, Verdict::Fail, "503");
         drop(server.await.unwrap());
     }
 
@@ -242,9 +258,9 @@ mod tests {
             let mut rest = [0u8; 16];
             wrote && matches!(c.read(&mut rest).await, Ok(0))
         });
-        let probe = Probe { addr, http_path: Some("/".into()) };
+        let probe = Probe { addr, kind: ProbeKind::Http("/".into()) };
         let s = HealthSettings::default();
-        assert_eq!(check(&probe, &s).await, Verdict::Pass);
+        assert_eq!(check(&probe, &s).await.0, Verdict::Pass);
         assert!(server.await.unwrap(), "the server's response was read whole and the connection closed in order");
     }
 

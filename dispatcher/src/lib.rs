@@ -21,5 +21,6 @@ pub mod maglev;
 pub mod netif;
 pub mod ratelimit;
 pub mod shared;
+pub mod sip;
 pub mod state;
 pub mod steering;

@@ -265,7 +265,9 @@ impl Cluster {
             .collect();
         let mut table = HashMap::new();
         for (i, b) in cfg.backends.iter().enumerate() {
-            for id in &b.clone_ids {
+            // Logical names share the table (and CLONES) with clone IDs: XDP reads them
+            // for SIP, the proxy for `ibmappid`.
+            for id in b.clone_ids.iter().chain(&b.logical_names) {
                 table.insert(cookie_hash(id.as_bytes()), CloneEntry { owner: i, replica: b.replica, configured: true });
             }
         }

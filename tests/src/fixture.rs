@@ -13,19 +13,22 @@ use dispatcher::{
     config::Config,
     dataplane::{
         self,
-        tables::{addr_key, backend_info, initial_states, Tables},
+        tables::{addr_key, backend_info, initial_states, vip_key, Tables},
         LoadOptions,
     },
 };
 use dispatcher_common::{
-    hash::flow_hash, AffinityKey, AffinityValue, FlowKey, FlowValue, SteerConf, SteerSlot, STEER_SIZE,
+    hash::{cookie_hash, flow_hash},
+    sip_call_key, AffinityKey, AffinityValue, CloneValue, FlowKey, FlowValue, SteerConf, SteerSlot,
+    CLONE_F_FAILED_OVER, NO_BACKEND, STEER_SIZE,
 };
 
 use crate::packet::Packet;
 
 /// The fixtures' configuration: two replica pairs, VIPs for each forwarding mode and
 /// family (VIP ids in order: mac4, ipip4, mac6 (udp/53), ipip6 (tcp/443), http,
-/// sticky-a, sticky-b).
+/// sticky-a, sticky-b, sip (udp/5060)). The CLONES map is the tests' to fill
+/// (`set_clone`): no agent runs here.
 pub const CONFIG: &str = r#"
 [dispatcher]
 interface = "lo"
@@ -108,6 +111,13 @@ address = "10.0.100.4"
 port = 443
 sticky_time = "300s"
 port_group = "g"
+ring_size = 1009
+
+[[vip]]
+name = "sip"
+address = "10.0.100.5"
+port = 5060
+mode = "sip"
 ring_size = 1009
 "#;
 
@@ -222,6 +232,26 @@ impl Fixture {
         let ring = self.tables.ring(vip as u32).expect("ring built");
         let h = flow_hash(&flow_key(p));
         ring[(h % ring.len() as u32) as usize] as usize
+    }
+
+    /// A `CLONES` entry, as the agent writes it: `name` (clone ID or logical name) owned
+    /// by `owner`, with `replica`; `failed_over`: the entry names the stand-in.
+    pub fn set_clone(&mut self, name: &str, owner: usize, replica: Option<usize>, failed_over: bool) {
+        let mut map: HashMap<&mut MapData, u64, CloneValue> =
+            HashMap::try_from(self.ebpf.map_mut("CLONES").expect("CLONES map")).expect("CLONES type");
+        let v = CloneValue {
+            owner: owner as u32,
+            replica: replica.map(|r| r as u32).unwrap_or(NO_BACKEND),
+            flags: if failed_over { CLONE_F_FAILED_OVER } else { 0 },
+            _pad: 0,
+        };
+        map.insert(cookie_hash(name.as_bytes()), v, 0).expect("CLONES insert");
+    }
+
+    /// The backend a SIP dialog with this Call-ID is pinned to on VIP `vip`, if any.
+    pub fn sip_pin(&self, vip: usize, call_id: &str) -> Option<FlowValue> {
+        let key = sip_call_key(&vip_key(&self.cfg.vips[vip]), cookie_hash(call_id.as_bytes()));
+        self.tables.flows.get(&key, 0).ok()
     }
 
     pub fn flow(&self, p: &Packet) -> Option<FlowValue> {

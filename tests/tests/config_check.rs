@@ -168,7 +168,10 @@ fn every_validation_message_names_line_and_field() {
         ("replica = \"b\"", 0, "replica = \"a\"", "backend[0].replica: a backend cannot be its own replica", None),
         ("clone_ids = [\"cloneA\"]", 0, "clone_ids = [\"clone:A\"]", "backend[0].clone_ids: `clone:A`: 1 to 64 token characters (no ':', spaces, quotes or separators)", None),
         ("clone_ids = [\"cloneA\"]", 0, "clone_ids = [\"clone A\"]", "backend[0].clone_ids: `clone A`: 1 to 64 token characters (no ':', spaces, quotes or separators)", None),
-        ("clone_ids = [\"cloneB\"]", 0, "clone_ids = [\"cloneA\"]", "backend[1].clone_ids: clone ID `cloneA` already belongs to backend `a`", None),
+        ("clone_ids = [\"cloneB\"]", 0, "clone_ids = [\"cloneA\"]", "backend[1].clone_ids: clone ID `cloneA` is already a clone ID or logical name of backend `a`", None),
+        ("clone_ids = [\"cloneB\"]", 0, "clone_ids = [\"cloneB\"]\nlogical_names = [\"cloneA\"]", "backend[1].logical_names: logical name `cloneA` is already a clone ID or logical name of backend `a`", Some("logical_names")),
+        ("clone_ids = [\"cloneB\"]", 0, "clone_ids = [\"cloneB\"]\nlogical_names = [\"sip1.1153242645968.4_2_2\"]", "backend[1].logical_names: `sip1.1153242645968.4_2_2` looks like a whole session ID", Some("logical_names")),
+        ("mode = \"http\"", 0, "protocol = \"tcp\"\nmode = \"sip\"", "vip[1].protocol: sip VIPs are SIP over UDP", None),
         ("mac = \"02:00:00:00:00:12\"\n", 0, "", "backend[1].mac: required: backend `b` serves L4 VIP `l4`", Some("[[backend]]\nname = \"b\"")),
         // [[vip]]
         ("name = \"web\"", 0, "name = \"l4\"", "vip[1].name: `l4` is defined twice", None),

@@ -54,6 +54,8 @@ pub enum Protocol {
 pub enum VipMode {
     L4,
     Http,
+    /// SIP over UDP, routed in XDP by logical name or Call-ID.
+    Sip,
 }
 
 /// How requests without a usable session are spread.
@@ -156,6 +158,9 @@ pub enum CheckKind {
     Http,
     /// A TCP connect.
     Tcp,
+    /// A SIP `OPTIONS` over UDP (as IBM's SIP advisor): any final answer is alive; the
+    /// logical name in the answer's To tag is learned.
+    Sip,
 }
 
 /// Active health checks (`[health]`).
@@ -302,6 +307,9 @@ pub struct Backend {
     /// Index into `Config::backends`.
     pub replica: Option<usize>,
     pub clone_ids: Vec<String>,
+    /// SIP logical names this container owns (WebSphere's LN: SIP dialogs, and HTTP
+    /// requests carrying `ibmappid`, of these names go to it, or to its replica).
+    pub logical_names: Vec<String>,
     /// Removed by a reload: kept in its slot (its id stays reserved) but out of service.
     pub retired: bool,
 }
@@ -447,7 +455,10 @@ port_group = "g"
         assert!(e.contains("vip[1].encap_source: required"), "{e}");
         let e =
             err_of(&format!("{GOOD}\n[[backend]]\nname = \"c\"\naddress = \"10.0.0.13\"\nclone_ids = [\"cloneA\"]\n"));
-        assert!(e.contains("backend[2].clone_ids: clone ID `cloneA` already belongs to backend `a`"), "{e}");
+        assert!(
+            e.contains("backend[2].clone_ids: clone ID `cloneA` is already a clone ID or logical name of backend `a`"),
+            "{e}"
+        );
     }
 
     #[test]

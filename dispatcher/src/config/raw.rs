@@ -120,6 +120,8 @@ pub(super) struct RawBackend {
     pub(super) replica: Option<Spanned<String>>,
     #[serde(default)]
     pub(super) clone_ids: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub(super) logical_names: Vec<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]

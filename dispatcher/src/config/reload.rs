@@ -108,6 +108,7 @@ impl Config {
                     weight: 1,
                     replica: None,
                     clone_ids: Vec::new(),
+                    logical_names: Vec::new(),
                     retired: false,
                 })
                 .collect(),

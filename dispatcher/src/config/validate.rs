@@ -464,21 +464,35 @@ impl Ctx<'_> {
                 }
                 Some(&ri) => Some(ri),
             });
-            for c in &b.clone_ids {
+            let ids = b
+                .clone_ids
+                .iter()
+                .map(|c| (c, "clone_ids", "clone ID"))
+                .chain(b.logical_names.iter().map(|c| (c, "logical_names", "logical name")));
+            for (c, field, what) in ids {
                 let id = c.get_ref();
                 let token = id.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
                 if id.is_empty() || id.len() > 64 || !token {
                     let shown = id.escape_debug();
                     self.report(
                         c.span(),
-                        &f("clone_ids"),
+                        &f(field),
                         format!("`{shown}`: 1 to 64 token characters (no ':', spaces, quotes or separators)"),
+                    );
+                } else if field == "logical_names" && dispatcher_common::sip::logical_name(id.as_bytes()).is_some() {
+                    self.report(
+                        c.span(),
+                        &f(field),
+                        format!("`{id}` looks like a whole session ID: give the logical name before its `.<digits>`"),
                     );
                 } else if let Some(&prev) = clone_owner.get(id) {
                     self.report(
                         c.span(),
-                        &f("clone_ids"),
-                        format!("clone ID `{id}` already belongs to backend `{}`", raw[prev].get_ref().name.get_ref()),
+                        &f(field),
+                        format!(
+                            "{what} `{id}` is already a clone ID or logical name of backend `{}`",
+                            raw[prev].get_ref().name.get_ref()
+                        ),
                     );
                 } else {
                     clone_owner.insert(id.clone(), i);
@@ -492,6 +506,7 @@ impl Ctx<'_> {
                 weight,
                 replica,
                 clone_ids: b.clone_ids.iter().map(|c| c.get_ref().clone()).collect(),
+                logical_names: b.logical_names.iter().map(|c| c.get_ref().clone()).collect(),
                 retired: false,
             });
         }
@@ -526,18 +541,27 @@ impl Ctx<'_> {
             if *v.port.get_ref() == 0 {
                 self.report(v.port.span(), &f("port"), "must be 1..=65535");
             }
+            let mode = self.choice(
+                &v.mode,
+                &f("mode"),
+                VipMode::L4,
+                &[("l4", VipMode::L4), ("http", VipMode::Http), ("sip", VipMode::Sip)],
+            );
             let protocol = self.choice(
                 &v.protocol,
                 &f("protocol"),
-                Protocol::Tcp,
+                if mode == VipMode::Sip { Protocol::Udp } else { Protocol::Tcp },
                 &[("tcp", Protocol::Tcp), ("udp", Protocol::Udp)],
             );
             if !seen.insert((address, *v.port.get_ref(), protocol)) {
                 self.report(v.port.span(), &f("port"), "another VIP has the same address, port and protocol");
             }
-            let mode = self.choice(&v.mode, &f("mode"), VipMode::L4, &[("l4", VipMode::L4), ("http", VipMode::Http)]);
             if mode == VipMode::Http && protocol != Protocol::Tcp {
                 self.report(v.mode.as_ref().unwrap().span(), &f("mode"), "http needs protocol tcp");
+            }
+            if mode == VipMode::Sip && protocol != Protocol::Udp {
+                let span = v.protocol.as_ref().map(|p| p.span()).unwrap_or(v.mode.as_ref().unwrap().span());
+                self.report(span, &f("protocol"), "sip VIPs are SIP over UDP (a TCP SIP service is an l4 VIP)");
             }
             let forwarding = self.choice(
                 &v.forwarding,
@@ -552,7 +576,8 @@ impl Ctx<'_> {
                 }
                 Some(ip)
             });
-            if mode == VipMode::L4 && forwarding == Forwarding::Ipip && v.encap_source.is_none() {
+            let in_xdp = mode == VipMode::L4 || mode == VipMode::Sip;
+            if in_xdp && forwarding == Forwarding::Ipip && v.encap_source.is_none() {
                 let span = v.forwarding.as_ref().unwrap().span();
                 self.report(span, &f("encap_source"), "required with forwarding = \"ipip\"");
             }
@@ -581,7 +606,7 @@ impl Ctx<'_> {
                     "a VIP needs at least one backend (with none, an L4 VIP drops all its traffic and an HTTP VIP answers only 503)",
                 );
             }
-            if mode == VipMode::L4 {
+            if in_xdp {
                 for &bi in &members {
                     let b = &backends[bi];
                     let span = raw_backends[bi].span();
@@ -727,7 +752,7 @@ impl Ctx<'_> {
             &h.kind,
             "health.kind",
             CheckKind::Auto,
-            &[("auto", CheckKind::Auto), ("http", CheckKind::Http), ("tcp", CheckKind::Tcp)],
+            &[("auto", CheckKind::Auto), ("http", CheckKind::Http), ("tcp", CheckKind::Tcp), ("sip", CheckKind::Sip)],
         );
         let mut s = HealthSettings { kind, ..HealthSettings::default() };
         if let Some(p) = &h.path {

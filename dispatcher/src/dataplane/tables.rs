@@ -10,7 +10,7 @@ use aya::{
 use dispatcher_common::{
     addr_words, stats, BackendInfo, Counter, FlowKey, FlowValue, SteerConf, SteerSlot, VipInfo, VipKey, AF_INET,
     AF_INET6, FWD_IPIP, FWD_MAC, IPPROTO_TCP, IPPROTO_UDP, MAX_RING_SIZE, MODE_ADDR_MARKER, MODE_HTTP, MODE_L4,
-    NO_BACKEND, STATE_UP, STEER_SIZE, VIP_F_AFFINITY,
+    MODE_SIP, NO_BACKEND, STATE_UP, STEER_SIZE, VIP_F_AFFINITY,
 };
 
 use super::DataplaneError;
@@ -72,6 +72,7 @@ pub fn vip_info(id: u32, v: &Vip) -> VipInfo {
         mode: match v.mode {
             VipMode::L4 => MODE_L4,
             VipMode::Http => MODE_HTTP,
+            VipMode::Sip => MODE_SIP,
         },
         forward: match v.forwarding {
             Forwarding::Mac => FWD_MAC,

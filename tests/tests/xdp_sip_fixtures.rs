@@ -1,0 +1,205 @@
+//! SIP VIP fixtures for the XDP program (BPF_PROG_TEST_RUN, needs root): every affinity
+//! form, the owner's states, unknown names, and malformed input, each with its verdict,
+//! output bytes and counters.
+
+use dispatcher_common::{
+    hash::cookie_hash,
+    sip::{SIP_SCAN_MAX, SRC_CALL_ID, SRC_FROM_TAG, SRC_ROUTE, SRC_TO_TAG, SRC_VIA},
+    stats::{self, vip_sip_source, vip_slot},
+    STATE_DOWN, STATE_SUSPECT, STATE_UP,
+};
+use dispatcher_tests::{
+    fixture::{Fixture, CONFIG, XDP_DROP, XDP_PASS, XDP_TX},
+    packet::{Packet, LB_MAC},
+};
+
+const SIP: usize = 7;
+const VIP: &str = "10.0.100.5";
+const B0: usize = 0;
+const B1: usize = 1;
+
+fn sip_packet(sport: u16, msg: &str) -> Packet {
+    Packet::udp("10.0.0.2", sport, VIP, 5060).with(|p| p.payload = msg.as_bytes().to_vec())
+}
+
+fn invite(call_id: &str) -> String {
+    format!(
+        "INVITE sip:service@{VIP}:5060 SIP/2.0\r\nVia: SIP/2.0/UDP 10.0.0.2:5061;branch=z9hG4bK-{call_id}\r\nFrom: sipp <sip:sipp@10.0.0.2:5061>;tag=77\r\nTo: sut <sip:service@{VIP}:5060>\r\nCall-ID: {call_id}\r\nCSeq: 1 INVITE\r\nContact: <sip:sipp@10.0.0.2:5061>\r\nMax-Forwards: 70\r\nContent-Length: 0\r\n\r\n"
+    )
+}
+
+/// Which backend a forwarded frame went to (by destination MAC), checking the rewrite.
+fn sent_to(fx: &Fixture, input: &[u8], out: &[u8]) -> usize {
+    assert_eq!(&out[6..12], &LB_MAC, "source MAC is the dispatcher's");
+    assert_eq!(&out[12..], &input[12..], "only the MACs change");
+    (0..fx.cfg.backends.len()).find(|&b| out[0..6] == fx.mac(b)).expect("sent to a backend's MAC")
+}
+
+fn count(fx: &Fixture, what: u32) -> u64 {
+    fx.count(vip_slot(SIP as u32, what))
+}
+
+#[test]
+fn a_message_without_affinity_goes_by_its_call_id_and_pins_the_dialog() {
+    let mut fx = Fixture::new(CONFIG);
+    let mut used = std::collections::HashSet::new();
+    for i in 0..24 {
+        let call_id = format!("{i}-call@10.0.0.2");
+        let input = sip_packet(5061, &invite(&call_id)).build();
+        let o = fx.run_bytes(&input);
+        assert_eq!(o.verdict, XDP_TX, "{call_id}");
+        let first = sent_to(&fx, &input, &o.out);
+        used.insert(first);
+        let pin = fx.sip_pin(SIP, &call_id).expect("the dialog is pinned by its Call-ID");
+        assert_eq!(pin.backend as usize, first);
+        assert_eq!(pin.cookie_hash, cookie_hash(call_id.as_bytes()), "the pin records the Call-ID's hash");
+        // A retransmission from another source port, and a later request of the dialog
+        // with no affinity ID: the same container.
+        let again = sip_packet(40000 + i, &invite(&call_id).replacen("INVITE sip", "INFO sip", 1)).build();
+        let o = fx.run_bytes(&again);
+        assert_eq!(o.verdict, XDP_TX);
+        assert_eq!(sent_to(&fx, &again, &o.out), first, "{call_id}: whatever the source port");
+    }
+    assert!(used.len() >= 3, "Call-IDs spread over the containers: {used:?}");
+    assert_eq!(count(&fx, vip_sip_source(SRC_CALL_ID)), 48);
+    assert_eq!(count(&fx, stats::VIP_PACKETS), 48);
+}
+
+#[test]
+fn every_affinity_form_reaches_the_logical_names_owner() {
+    let mut fx = Fixture::new(CONFIG);
+    fx.set_clone("lnA", B0, Some(B1), false);
+    fx.set_clone("other", 3, Some(2), false);
+    let cases: [(&str, u8, String); 7] = [
+        (
+            "Route ibmsid",
+            SRC_ROUTE,
+            "BYE sip:service@h SIP/2.0\r\nVia: SIP/2.0/UDP 10.0.0.2:5061;branch=z9\r\nRoute: <sip:10.0.100.5:5060;transport=udp;ibmsid=lnA.1138119214953.4_2_2;lr>\r\nTo: <sip:a@b>;tag=other.1_2_3\r\nCall-ID: route-1\r\n\r\n".into(),
+        ),
+        ("To tag", SRC_TO_TAG, "ACK sip:x@h SIP/2.0\r\nTo: <sip:a@b>;tag=lnA.1132518053302_2_2\r\nFrom: <sip:c@d>;tag=1\r\nCall-ID: to-1\r\n\r\n".into()),
+        ("compact t:, upper case, bare LF", SRC_TO_TAG, "ACK sip:x@h SIP/2.0\nT : <sip:a@b> ; TAG = lnA.1_2_2\ni: to-2\n\n".into()),
+        ("From tag (UAC application)", SRC_FROM_TAG, "BYE sip:x@h SIP/2.0\r\nf: <sip:c@d>;tag=lnA.1153242645968_1_1\r\nt: <sip:a@b>;tag=9f8e\r\nCall-ID: from-1\r\n\r\n".into()),
+        ("folded Route", SRC_ROUTE, "BYE sip:x@h SIP/2.0\r\nRoute: <sip:p1;lr>,\r\n\t<sip:p2;lr;IBMSID=lnA.1_2_3>\r\nCall-ID: fold-1\r\n\r\n".into()),
+        ("response by its top Via", SRC_VIA, "SIP/2.0 200 OK\r\nv: SIP/2.0/UDP 10.0.100.5:5060;ibmsid=lnA.1153242645968.4_2_2;branch=z9\r\nVia: SIP/2.0/UDP 10.0.0.2;ibmsid=other.1_2_3\r\nFrom: <sip:c@d>;tag=other.1_2_3\r\nCall-ID: via-1\r\n\r\n".into()),
+        ("response without Via ibmsid: From tag", SRC_FROM_TAG, "SIP/2.0 180 Ringing\r\nVia: SIP/2.0/UDP 10.0.0.2;branch=z9\r\nFrom: <sip:c@d>;tag=lnA.1_2_3\r\nTo: <sip:a@b>;tag=other.1_2_3\r\nCall-ID: via-2\r\n\r\n".into()),
+    ];
+    for (what, src, msg) in &cases {
+        let before = count(&fx, vip_sip_source(*src));
+        let input = sip_packet(5061, msg).build();
+        let o = fx.run_bytes(&input);
+        assert_eq!(o.verdict, XDP_TX, "{what}");
+        assert_eq!(sent_to(&fx, &input, &o.out), B0, "{what}");
+        assert_eq!(count(&fx, vip_sip_source(*src)) - before, 1, "{what}: counted by its source");
+    }
+    assert_eq!(fx.sip_pin(SIP, "to-1"), None, "a message with a logical name pins nothing");
+}
+
+#[test]
+fn a_suspect_owner_holds_a_down_one_fails_over_to_its_replica() {
+    let mut fx = Fixture::new(CONFIG);
+    fx.set_clone("lnA", B0, Some(B1), false);
+    let bye = "BYE sip:x@h SIP/2.0\r\nTo: <sip:a@b>;tag=lnA.1_2_2\r\nCall-ID: c1\r\n\r\n";
+    let input = sip_packet(5061, bye).build();
+
+    fx.set_state(B0, STATE_SUSPECT, true);
+    let (held, drops) = (count(&fx, stats::VIP_SIP_HELD), fx.count(stats::DROP_SIP_HELD));
+    let o = fx.run_bytes(&input);
+    assert_eq!(o.verdict, XDP_DROP, "never to another container while the owner may be alive");
+    assert_eq!(count(&fx, stats::VIP_SIP_HELD) - held, 1);
+    assert_eq!(fx.count(stats::DROP_SIP_HELD) - drops, 1);
+
+    // Down, the entry not rewritten yet: the replica named in it.
+    fx.set_state(B0, STATE_DOWN, true);
+    let o = fx.run_bytes(&input);
+    assert_eq!(o.verdict, XDP_TX);
+    assert_eq!(sent_to(&fx, &input, &o.out), B1);
+    // Rewritten by the agent (the stand-in first).
+    fx.set_clone("lnA", B1, Some(B0), true);
+    let o = fx.run_bytes(&input);
+    assert_eq!(sent_to(&fx, &input, &o.out), B1);
+    // The replica suspect too: held, not sprayed.
+    fx.set_state(B1, STATE_SUSPECT, true);
+    assert_eq!(fx.run_bytes(&input).verdict, XDP_DROP);
+    // Both down: dropped as having no backend.
+    fx.set_state(B1, STATE_DOWN, true);
+    let before = fx.count(stats::DROP_NO_BACKEND);
+    assert_eq!(fx.run_bytes(&input).verdict, XDP_DROP);
+    assert_eq!(fx.count(stats::DROP_NO_BACKEND) - before, 1);
+    fx.set_state(B0, STATE_UP, true);
+    fx.set_state(B1, STATE_UP, true);
+    fx.set_clone("lnA", B0, Some(B1), false);
+    let o = fx.run_bytes(&input);
+    assert_eq!(sent_to(&fx, &input, &o.out), B0, "back to its owner");
+}
+
+#[test]
+fn a_dialog_pinned_by_call_id_follows_its_containers_state() {
+    let mut fx = Fixture::new(CONFIG);
+    let call_id = "pinned-1@h";
+    let input = sip_packet(5061, &invite(call_id)).build();
+    let o = fx.run_bytes(&input);
+    let owner = sent_to(&fx, &input, &o.out);
+    let replica = fx.cfg.backends[owner].replica.unwrap();
+    fx.set_state(owner, STATE_SUSPECT, true);
+    assert_eq!(fx.run_bytes(&input).verdict, XDP_DROP, "held while suspect");
+    fx.set_state(owner, STATE_DOWN, true);
+    let o = fx.run_bytes(&input);
+    assert_eq!(sent_to(&fx, &input, &o.out), replica, "its replica holds the dialog");
+    assert_eq!(fx.sip_pin(SIP, call_id).unwrap().backend as usize, replica, "re-pinned");
+}
+
+#[test]
+fn an_unknown_logical_name_goes_where_its_dialog_began_or_nowhere() {
+    let mut fx = Fixture::new(CONFIG);
+    let bye =
+        |call_id: &str| format!("BYE sip:x@h SIP/2.0\r\nTo: <sip:a@b>;tag=nobody.1_2_2\r\nCall-ID: {call_id}\r\n\r\n");
+    let before = (count(&fx, stats::VIP_SIP_UNKNOWN_LN), fx.count(stats::DROP_SIP_UNKNOWN_LN));
+    assert_eq!(fx.run(&sip_packet(5061, &bye("never-seen"))).verdict, XDP_DROP);
+    assert_eq!(count(&fx, stats::VIP_SIP_UNKNOWN_LN) - before.0, 1);
+    assert_eq!(fx.count(stats::DROP_SIP_UNKNOWN_LN) - before.1, 1);
+    assert_eq!(fx.sip_pin(SIP, "never-seen"), None, "nothing pinned for an unknown name");
+
+    let input = sip_packet(5061, &invite("began-here")).build();
+    let o = fx.run_bytes(&input);
+    let first = sent_to(&fx, &input, &o.out);
+    let input = sip_packet(5062, &bye("began-here")).build();
+    let o = fx.run_bytes(&input);
+    assert_eq!(o.verdict, XDP_TX);
+    assert_eq!(sent_to(&fx, &input, &o.out), first, "the container that created the session");
+}
+
+#[test]
+fn malformed_sip_gets_a_defined_counted_verdict() {
+    let mut fx = Fixture::new(CONFIG);
+    let mut long = String::from("OPTIONS sip:x@h SIP/2.0\r\nX-Pad: ");
+    long.push_str(&"a".repeat(SIP_SCAN_MAX));
+    long.push_str("\r\nCall-ID: long\r\n\r\n");
+    let cases: Vec<(&str, Vec<u8>, u32)> = vec![
+        ("HTTP, not SIP", b"GET / HTTP/1.1\r\nHost: h\r\nCall-ID: x\r\n\r\n".to_vec(), stats::DROP_SIP_INVALID),
+        ("no end of the header section", b"BYE sip:x SIP/2.0\r\nCall-ID: c\r\n".to_vec(), stats::DROP_SIP_INVALID),
+        ("no CRLF at all", b"BYE sip:x SIP/2.0 Call-ID: c".to_vec(), stats::DROP_SIP_INVALID),
+        ("no Call-ID", b"BYE sip:x SIP/2.0\r\nCSeq: 1 BYE\r\n\r\n".to_vec(), stats::DROP_SIP_INVALID),
+        ("binary", (0..=255u8).cycle().take(600).collect(), stats::DROP_SIP_INVALID),
+        ("empty payload", Vec::new(), stats::DROP_SIP_INVALID),
+        ("header section past the scan limit", long.into_bytes(), stats::DROP_SIP_TOO_LONG),
+    ];
+    for (what, payload, slot) in cases {
+        let before = (fx.count(slot), count(&fx, stats::VIP_SIP_INVALID), count(&fx, stats::VIP_DROPS));
+        let p = Packet::udp("10.0.0.2", 5061, VIP, 5060).with(|p| p.payload = payload);
+        assert_eq!(fx.run(&p).verdict, XDP_DROP, "{what}");
+        assert_eq!(fx.count(slot) - before.0, 1, "{what}: counted by reason");
+        assert_eq!(count(&fx, stats::VIP_SIP_INVALID) - before.1, 1, "{what}: counted on the VIP");
+        assert_eq!(count(&fx, stats::VIP_DROPS) - before.2, 1, "{what}");
+    }
+    // A UDP header cut short: the generic truncation rule.
+    let p = sip_packet(5061, &invite("t")).with(|p| p.truncate = Some(14 + 20 + 4));
+    assert_eq!(fx.run(&p).verdict, XDP_DROP);
+    // A message cut inside (the IP length says more than the frame holds).
+    let p = sip_packet(5061, &invite("cut")).with(|p| p.truncate = Some(14 + 20 + 8 + 40));
+    assert_eq!(fx.run(&p).verdict, XDP_DROP, "cut in the middle");
+    // TCP to the SIP port: not this VIP (SIP VIPs are UDP), passed to the host.
+    let before = fx.count(stats::PASS_NON_VIP);
+    let p = Packet::tcp("10.0.0.2", 5061, VIP, 5060).with(|p| p.payload = invite("tcp").into_bytes());
+    assert_eq!(fx.run(&p).verdict, XDP_PASS);
+    assert_eq!(fx.count(stats::PASS_NON_VIP) - before, 1);
+}
