@@ -7,6 +7,7 @@ pub mod fixture;
 pub mod netns;
 pub mod packet;
 pub mod scripted;
+pub mod sipcontainer;
 pub mod websphere;
 
 /// Checks Prometheus exposition text with a real parser: `promtool check metrics` (Debian's

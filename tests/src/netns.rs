@@ -543,6 +543,24 @@ impl Testbed {
         std::thread::sleep(Duration::from_millis(50));
     }
 
+    /// Every backend runs a WebSphere-like SIP container (`sipcontainer::serve`) on
+    /// `vip`:`port` (where MAC-forwarded frames arrive) and on its own address (health
+    /// checks).
+    pub fn start_sip(&mut self, cluster: &Arc<crate::sipcontainer::SipCluster>, vip: &str, port: u16) {
+        for i in 0..self.backends.len() {
+            self.start_sip_on(cluster, vip, i, port);
+        }
+    }
+
+    /// Backend `i` runs its SIP container (again, after `kill_servers_of`).
+    pub fn start_sip_on(&mut self, cluster: &Arc<crate::sipcontainer::SipCluster>, vip: &str, i: usize, port: u16) {
+        for addr in [vip.parse().expect("VIP address"), backend_ip(i)] {
+            let c = cluster.clone();
+            self.spawn_task(i, move |stop| crate::sipcontainer::serve(c, i, addr, port, stop));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
     /// Every backend runs the scripted backend (`scripted::serve`) on `port`.
     pub fn start_scripted(&mut self, record: &Arc<crate::scripted::Record>, port: u16) {
         for i in 0..self.backends.len() {

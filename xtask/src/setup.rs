@@ -27,6 +27,8 @@ const PACKAGES: &[&str] = &[
     "protobuf-compiler",
     // BIRD 2: BGP on the dispatcher hosts and the router of the scale-out testbed.
     "bird2",
+    // SIPp: the SIP caller of the SIP VIP tests and demo.
+    "sip-tester",
 ];
 
 pub fn setup() -> anyhow::Result<()> {

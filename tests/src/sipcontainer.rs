@@ -1,0 +1,218 @@
+//! A WebSphere-like SIP container for the tests: a UAS that serves one logical name
+//! (`ln<i>`), puts its session ID (`ln<i>.<n>_1_1`) in the To tag of its answers,
+//! replicates every dialog to its peer replica at once, answers `481 Call/Transaction
+//! Does Not Exist` to an in-dialog request for a dialog it holds neither as owner nor as
+//! replica (so a misroute shows in SIPp's counts), and logs every message it receives.
+//! `OPTIONS` (the dispatcher's health check) is answered `200 OK` with the container's
+//! session-ID-shaped To tag.
+
+use std::{
+    collections::HashMap,
+    net::{Ipv4Addr, SocketAddr, UdpSocket},
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc, Mutex,
+    },
+    time::Duration,
+};
+
+/// One message as a container saw it.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    pub container: usize,
+    pub method: String,
+    pub call_id: String,
+    /// The container that created the dialog (`None`: an initial request, or unknown).
+    pub dialog_owner: Option<usize>,
+    /// An in-dialog request for a dialog this container does not hold: a misroute.
+    pub unknown_dialog: bool,
+}
+
+pub struct SipCluster {
+    peers: Vec<Option<usize>>,
+    /// Per container: Call-ID -> (creating container, To tag), own and replicated.
+    dialogs: Vec<Mutex<HashMap<String, (usize, String)>>>,
+    alive: Vec<AtomicBool>,
+    /// A frozen container (as under SIGSTOP) reads and answers nothing.
+    frozen: Vec<AtomicBool>,
+    pub log: Mutex<Vec<Seen>>,
+    next: AtomicU64,
+    /// 481 answers sent.
+    pub not_found: AtomicU64,
+}
+
+const POLL: Duration = Duration::from_millis(50);
+
+impl SipCluster {
+    /// `n` containers, paired 0-1, 2-3, ... as peer replicas.
+    pub fn new(n: usize) -> Arc<SipCluster> {
+        Arc::new(SipCluster {
+            peers: (0..n).map(|i| if i ^ 1 < n { Some(i ^ 1) } else { None }).collect(),
+            dialogs: (0..n).map(|_| Mutex::new(HashMap::new())).collect(),
+            alive: (0..n).map(|_| AtomicBool::new(true)).collect(),
+            frozen: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            log: Mutex::new(Vec::new()),
+            next: AtomicU64::new(1),
+            not_found: AtomicU64::new(0),
+        })
+    }
+
+    pub fn logical_name(i: usize) -> String {
+        format!("ln{i}")
+    }
+
+    pub fn seen(&self) -> Vec<Seen> {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// In-dialog messages that reached a container that is neither the dialog's creator
+    /// nor its peer replica, or one that held no copy. Must stay empty.
+    pub fn misroutes(&self) -> Vec<String> {
+        self.seen()
+            .iter()
+            .filter(|s| {
+                s.unknown_dialog
+                    || s.dialog_owner.is_some_and(|o| o != s.container && self.peers[o] != Some(s.container))
+            })
+            .map(|s| format!("{} {} at container {} (owner {:?})", s.method, s.call_id, s.container, s.dialog_owner))
+            .collect()
+    }
+
+    /// Messages container `i` served for dialogs its peer created (after a failover).
+    pub fn served_for_peer(&self, i: usize) -> usize {
+        self.seen().iter().filter(|s| s.container == i && s.dialog_owner.is_some_and(|o| o != i)).count()
+    }
+
+    pub fn set_alive(&self, i: usize, alive: bool) {
+        self.alive[i].store(alive, Ordering::SeqCst);
+    }
+
+    pub fn freeze(&self, i: usize, frozen: bool) {
+        self.frozen[i].store(frozen, Ordering::SeqCst);
+    }
+
+    fn answer(&self, i: usize, msg: &str) -> Option<String> {
+        let first = msg.lines().next()?;
+        if first.starts_with("SIP/2.0") {
+            return None;
+        }
+        let method = first.split(' ').next()?.to_string();
+        let call_id = header(msg, &["call-id", "i"])?.to_string();
+        let to_has_tag = header(msg, &["to", "t"]).is_some_and(|t| t.to_ascii_lowercase().contains(";tag="));
+        if method == "OPTIONS" {
+            let tag = format!("{}.0_0_0", Self::logical_name(i));
+            self.record(i, &method, &call_id, None, false);
+            return Some(response(msg, "200 OK", Some(&tag)));
+        }
+        let held = self.dialogs[i].lock().unwrap().get(&call_id).cloned();
+        if method == "INVITE" && !to_has_tag {
+            // Initial, or a retransmission of it: one dialog per Call-ID.
+            let (owner, tag) = match held {
+                Some(d) => d,
+                None => {
+                    let n = self.next.fetch_add(1, Ordering::SeqCst);
+                    let tag = format!("{}.{}{:06}_1_1", Self::logical_name(i), 1_700_000_000u64, n);
+                    self.dialogs[i].lock().unwrap().insert(call_id.clone(), (i, tag.clone()));
+                    if let Some(p) = self.peers[i].filter(|&p| self.alive[p].load(Ordering::SeqCst)) {
+                        self.dialogs[p].lock().unwrap().insert(call_id.clone(), (i, tag.clone()));
+                    }
+                    (i, tag)
+                }
+            };
+            self.record(i, &method, &call_id, Some(owner).filter(|&o| o != i), false);
+            return Some(response(msg, "200 OK", Some(&tag)));
+        }
+        let Some((owner, tag)) = held else {
+            self.record(i, &method, &call_id, None, true);
+            if method == "ACK" {
+                return None;
+            }
+            self.not_found.fetch_add(1, Ordering::SeqCst);
+            return Some(response(msg, "481 Call/Transaction Does Not Exist", None));
+        };
+        self.record(i, &method, &call_id, Some(owner), false);
+        match method.as_str() {
+            "ACK" => None,
+            "BYE" => {
+                // The dialog ends on both copies (replicated).
+                for c in std::iter::once(i).chain(self.peers[i]) {
+                    self.dialogs[c].lock().unwrap().remove(&call_id);
+                }
+                Some(response(msg, "200 OK", Some(&tag)))
+            }
+            _ => Some(response(msg, "200 OK", Some(&tag))),
+        }
+    }
+
+    fn record(&self, i: usize, method: &str, call_id: &str, owner: Option<usize>, unknown: bool) {
+        self.log.lock().unwrap().push(Seen {
+            container: i,
+            method: method.to_string(),
+            call_id: call_id.to_string(),
+            dialog_owner: owner,
+            unknown_dialog: unknown,
+        });
+    }
+}
+
+/// The value of the first header with one of these names (case-insensitive).
+fn header<'a>(msg: &'a str, names: &[&str]) -> Option<&'a str> {
+    for line in msg.split("\r\n").skip(1) {
+        if line.is_empty() {
+            break;
+        }
+        let (n, v) = line.split_once(':')?;
+        if names.iter().any(|x| n.trim().eq_ignore_ascii_case(x)) {
+            return Some(v.trim());
+        }
+    }
+    None
+}
+
+/// A response to `req`: its Via, From, Call-ID and CSeq copied, To with `tag` added if
+/// it has none.
+fn response(req: &str, status: &str, tag: Option<&str>) -> String {
+    let mut out = format!("SIP/2.0 {status}\r\n");
+    for line in req.split("\r\n").skip(1) {
+        if line.is_empty() {
+            break;
+        }
+        let name = line.split(':').next().unwrap_or("").trim().to_ascii_lowercase();
+        match name.as_str() {
+            "via" | "v" | "from" | "f" | "call-id" | "i" | "cseq" | "record-route" => {
+                out += line;
+                out += "\r\n";
+            }
+            "to" | "t" => {
+                out += line;
+                if let Some(tag) = tag.filter(|_| !line.to_ascii_lowercase().contains(";tag=")) {
+                    out += &format!(";tag={tag}");
+                }
+                out += "\r\n";
+            }
+            _ => {}
+        }
+    }
+    out += "Contact: <sip:container@127.0.0.1:5060>\r\nContent-Length: 0\r\n\r\n";
+    out
+}
+
+/// Container `i` on `addr`:5060 (the VIP its frames arrive for, or its own address for
+/// health checks) until `stop`. Answers leave from `addr`.
+pub fn serve(cluster: Arc<SipCluster>, i: usize, addr: Ipv4Addr, port: u16, stop: Arc<AtomicBool>) {
+    let sock = UdpSocket::bind(SocketAddr::from((addr, port))).expect("bind the SIP container's socket");
+    sock.set_read_timeout(Some(POLL)).unwrap();
+    let mut buf = vec![0u8; 65535];
+    cluster.set_alive(i, true);
+    while !stop.load(Ordering::SeqCst) {
+        let Ok((n, from)) = sock.recv_from(&mut buf) else { continue };
+        if cluster.frozen[i].load(Ordering::SeqCst) {
+            continue;
+        }
+        let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+        if let Some(resp) = cluster.answer(i, &msg) {
+            let _ = sock.send_to(resp.as_bytes(), from);
+        }
+    }
+    cluster.set_alive(i, false);
+}
