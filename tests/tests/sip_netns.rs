@@ -28,7 +28,7 @@ fn sipp_counters(stf: &Path) -> std::collections::HashMap<String, u64> {
     let text = std::fs::read_to_string(stf).unwrap_or_else(|e| panic!("SIPp statistics {}: {e}", stf.display()));
     let mut lines = text.lines().filter(|l| !l.trim().is_empty());
     let head: Vec<&str> = lines.next().expect("header").split(';').collect();
-    let last: Vec<&str> = lines.last().expect("a statistics line").split(';').collect();
+    let last: Vec<&str> = lines.next_back().expect("a statistics line").split(';').collect();
     head.iter()
         .zip(last)
         .filter(|(h, _)| h.ends_with("(C)"))
@@ -114,6 +114,19 @@ fn dialogs_survive_their_containers_death_and_never_reach_a_stranger() {
     let dialogs_of_b0_elsewhere =
         sip.seen().iter().filter(|s| s.dialog_owner == Some(0) && s.container != 0 && s.container != 1).count();
     assert_eq!(dialogs_of_b0_elsewhere, 0);
+
+    // The status says how messages were routed: initial requests by Call-ID, in-dialog
+    // ones by the To tag's logical name; nothing invalid, no name unknown.
+    let st: serde_json::Value =
+        serde_json::from_str(&tb.dispatcher_cmd(&["status", "--config", path.to_str().unwrap(), "--json"])).unwrap();
+    let sip_counts = &st["vips"][0]["sip"];
+    assert!(sip_counts["call_id"].as_u64().unwrap() >= 150, "{sip_counts}");
+    assert!(sip_counts["to_tag"].as_u64().unwrap() >= 300, "ACK and BYE of each call: {sip_counts}");
+    assert_eq!(sip_counts["invalid"], 0, "{sip_counts}");
+    assert_eq!(sip_counts["unknown_ln"], 0, "{sip_counts}");
+    let (_, metrics) = tb.admin("GET", "/metrics").expect("metrics");
+    assert!(metrics.contains("dispatcher_sip_messages_total{vip=\"sip\",outcome=\"to_tag\"}"), "{metrics}");
+    dispatcher_tests::promtool_check(&metrics).expect("the metrics pass promtool");
 }
 
 #[test]

@@ -299,6 +299,16 @@ pub fn metrics(a: &Admin) -> String {
             }
         }
     }
+    let sip: Vec<(usize, &crate::config::Vip)> =
+        cfg.vips.iter().enumerate().filter(|(_, v)| v.mode == crate::config::VipMode::Sip).collect();
+    if !sip.is_empty() {
+        let _ = writeln!(o, "# HELP dispatcher_sip_messages_total SIP messages on a SIP VIP by outcome: forwarded by where their affinity came from (route, via, to_tag, from_tag, call_id), or dropped (held: owner suspect; unknown_ln; invalid).\n# TYPE dispatcher_sip_messages_total counter");
+        for (i, v) in &sip {
+            for (what, n) in t.sip_counters(*i as u32).unwrap_or_default() {
+                let _ = writeln!(o, "dispatcher_sip_messages_total{{vip=\"{}\",outcome=\"{what}\"}} {n}", esc(&v.name));
+            }
+        }
+    }
     let _ = writeln!(o, "# HELP dispatcher_xdp_backend_packets_total Packets XDP forwarded to the backend.\n# TYPE dispatcher_xdp_backend_packets_total counter");
     for (i, b) in cfg.backends.iter().enumerate() {
         if let Ok(p) = t.counter(stats::backend_slot(i as u32, stats::BACKEND_PACKETS)) {

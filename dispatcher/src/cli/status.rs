@@ -107,9 +107,16 @@ fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
     if json {
         let vips: Vec<_> = vip_rows
             .iter()
-            .map(|(v, p, nf, hits, drops)| {
-                serde_json::json!({"name": v.name, "address": v.address.to_string(), "port": v.port, "packets": p.packets,
-                    "bytes": p.bytes, "new_flows": nf, "flow_hits": hits, "drops": drops})
+            .enumerate()
+            .map(|(i, (v, p, nf, hits, drops))| {
+                let mut j = serde_json::json!({"name": v.name, "address": v.address.to_string(), "port": v.port, "packets": p.packets,
+                    "bytes": p.bytes, "new_flows": nf, "flow_hits": hits, "drops": drops});
+                if v.mode == dispatcher::config::VipMode::Sip {
+                    let sip: serde_json::Map<String, serde_json::Value> =
+                        tables.sip_counters(i as u32).unwrap_or_default().into_iter().map(|(n, c)| (n.to_string(), c.into())).collect();
+                    j["sip"] = sip.into();
+                }
+                j
             })
             .collect();
         let bes: Vec<_> = be_rows
@@ -179,6 +186,11 @@ fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
             field(|x| x.requests),
             field(|x| x.connections)
         );
+    }
+    for (i, v) in cfg.vips.iter().enumerate().filter(|(_, v)| v.mode == dispatcher::config::VipMode::Sip) {
+        let counts = tables.sip_counters(i as u32)?;
+        let line: Vec<String> = counts.iter().map(|(n, c)| format!("{n} {c}")).collect();
+        let _ = writeln!(o, "sip {}: {}", v.name, line.join(", "));
     }
     let _ = writeln!(o);
     let _ = writeln!(

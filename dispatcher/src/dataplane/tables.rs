@@ -100,6 +100,18 @@ pub fn backend_info(b: &Backend, state: u8, admin: u8) -> BackendInfo {
     }
 }
 
+/// The per-VIP SIP counters by name (`Tables::sip_counters`).
+pub const SIP_COUNTERS: [(&str, u32); 8] = [
+    ("route", stats::VIP_SIP_ROUTE),
+    ("via", stats::VIP_SIP_VIA),
+    ("to_tag", stats::VIP_SIP_TO_TAG),
+    ("from_tag", stats::VIP_SIP_FROM_TAG),
+    ("call_id", stats::VIP_SIP_CALL_ID),
+    ("held", stats::VIP_SIP_HELD),
+    ("unknown_ln", stats::VIP_SIP_UNKNOWN_LN),
+    ("invalid", stats::VIP_SIP_INVALID),
+];
+
 impl Tables {
     fn open(
         mut open: impl FnMut(&'static str) -> Result<aya::maps::Map, DataplaneError>,
@@ -264,6 +276,12 @@ impl Tables {
             packets: acc.packets + c.packets,
             bytes: acc.bytes + c.bytes,
         }))
+    }
+
+    /// A SIP VIP's message counts: forwarded by affinity source, then held (owner
+    /// suspect), unknown logical name, invalid.
+    pub fn sip_counters(&self, vip: u32) -> Result<Vec<(&'static str, u64)>, DataplaneError> {
+        SIP_COUNTERS.iter().map(|&(n, slot)| Ok((n, self.counter(stats::vip_slot(vip, slot))?.packets))).collect()
     }
 
     pub fn global_counters(&self) -> Result<Vec<(&'static str, Counter)>, DataplaneError> {

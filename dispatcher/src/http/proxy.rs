@@ -456,8 +456,9 @@ impl ClientConn {
         let ctx: &VipCtx = ctx;
         let s = &ctx.settings;
         let cookies = head.headers.iter().filter(|h| is(&buf[h.name.clone()], "cookie")).map(|h| &buf[h.value.clone()]);
-        let sess =
-            session::find(cookies, &buf[head.target.clone()], s.cookie_name.as_bytes(), s.url_parameter.as_bytes());
+        let target = &buf[head.target.clone()];
+        let sess = session::find(cookies, target, s.cookie_name.as_bytes(), s.url_parameter.as_bytes())
+            .or_else(|| session::app_session(target));
         let started = Instant::now();
         let c = &ctx.cluster;
         c.counters.in_flight.fetch_add(1, Ordering::Relaxed);

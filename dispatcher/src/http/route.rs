@@ -185,6 +185,7 @@ weight = 300
 name = "c"
 address = "10.0.0.3"
 clone_ids = ["cC"]
+logical_names = ["lnC"]
 [[partition]]
 id = "-42"
 primary = "c"
@@ -204,6 +205,15 @@ mode = "http"
 
     fn route(c: &Cluster, r: &VipRoute, cookie: &str) -> Decision {
         r.route(c, session::parse(cookie.as_bytes()).as_ref(), false, true)
+    }
+
+    #[test]
+    fn ibmappid_goes_to_the_logical_names_owner_and_fails_over_with_it() {
+        let (c, r) = setup(Balance::RoundRobin);
+        let s = session::app_session(b"/app;ibmappid=lnC.1153242645968.4_2_2");
+        assert_eq!(r.route(&c, s.as_ref(), false, true), Decision::Affinity(2));
+        c.set_health(2, Health::Suspect);
+        assert!(matches!(r.route(&c, s.as_ref(), false, true), Decision::Hold(_)), "held, as a clone ID is");
     }
 
     #[test]

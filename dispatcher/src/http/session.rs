@@ -110,6 +110,20 @@ pub fn find<'a>(
     url_param(target, url_name).and_then(parse)
 }
 
+/// Converged SIP/HTTP applications: the logical name of the `ibmappid` a request
+/// carries (`;ibmappid=` path parameter, else `ibmappid=` in the query), routed through
+/// the same table as clone IDs. Used only when the request has no usable JSESSIONID:
+/// the HTTP session, when there is one, is what the servlet reads.
+pub fn app_session(target: &[u8]) -> Option<SessionId<'_>> {
+    let value = url_param(target, b"ibmappid").or_else(|| {
+        let q = target.iter().position(|&b| b == b'?')?;
+        let query = &target[q + 1..target.iter().position(|&b| b == b'#').unwrap_or(target.len())];
+        query.split(|&b| b == b'&').find_map(|kv| kv.strip_prefix(b"ibmappid="))
+    })?;
+    let ln = dispatcher_common::sip::logical_name(value)?;
+    Some(SessionId { value, clones: vec![ln] })
+}
+
 /// The JSESSIONID value a `Set-Cookie` header sets, if it sets that cookie.
 pub fn set_cookie<'a>(header: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
     let first = header.split(|&b| b == b';').next()?;
@@ -121,6 +135,21 @@ pub fn set_cookie<'a>(header: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
 pub fn is_partition(id: &[u8]) -> bool {
     let digits = id.strip_prefix(b"-").unwrap_or(id);
     !digits.is_empty() && digits.len() <= 20 && digits.iter().all(u8::is_ascii_digit)
+}
+
+#[cfg(test)]
+mod app_session_tests {
+    use super::*;
+
+    #[test]
+    fn ibmappid_names_a_logical_name_in_the_path_or_the_query() {
+        let ln = |t: &str| app_session(t.as_bytes()).map(|s| String::from_utf8_lossy(s.clones[0]).into_owned());
+        assert_eq!(ln("/app/call;ibmappid=sip1.1153242645968.4_2_2?x=1").as_deref(), Some("sip1"));
+        assert_eq!(ln("/app/call?x=1&ibmappid=local.1132518053302_2_2#f").as_deref(), Some("local"));
+        assert_eq!(ln("/app/call?ibmappid=random"), None, "not a session ID");
+        assert_eq!(ln("/app/call?xibmappid=sip1.1_2_3"), None, "exact name");
+        assert_eq!(ln("/app/call"), None);
+    }
 }
 
 #[cfg(test)]
