@@ -53,6 +53,26 @@ fn fixed(p: Packet) -> impl Fn(u32) -> Vec<u8> {
     move |_| p.build()
 }
 
+/// SIP over UDP to the fixture's SIP VIP: headers as SIPp's UAC sends them (the scan
+/// stops at the end of the header section, so the SDP body costs nothing).
+fn sip(msg: String) -> Packet {
+    Packet::udp("10.0.0.2", 5061, "10.0.100.5", 5060).with(|p| p.payload = msg.into_bytes())
+}
+
+/// An initial INVITE with a new Call-ID per run: placed on the ring by its Call-ID and
+/// pinned.
+fn sip_invite(i: u32) -> Vec<u8> {
+    sip(format!(
+        "INVITE sip:service@10.0.100.5:5060 SIP/2.0\r\nVia: SIP/2.0/UDP 10.0.0.2:5061;branch=z9hG4bK-{i}-1-0\r\nFrom: sipp <sip:sipp@10.0.0.2:5061>;tag={i}SIPpTag001\r\nTo: service <sip:service@10.0.100.5:5060>\r\nCall-ID: {i}-4242@10.0.0.2\r\nCSeq: 1 INVITE\r\nContact: sip:sipp@10.0.0.2:5061\r\nMax-Forwards: 70\r\nSubject: Performance Test\r\nContent-Type: application/sdp\r\nContent-Length: 0\r\n\r\n"
+    ))
+    .build()
+}
+
+/// An in-dialog BYE whose Route carries the container's ibmsid.
+fn sip_bye() -> Packet {
+    sip("BYE sip:service@10.0.100.5:5060 SIP/2.0\r\nVia: SIP/2.0/UDP 10.0.0.2:5061;branch=z9hG4bK-7-2\r\nRoute: <sip:10.0.100.5:5060;transport=udp;ibmsid=lnA.1153242645968.4_2_2;lr>\r\nFrom: sipp <sip:sipp@10.0.0.2:5061>;tag=7SIPpTag001\r\nTo: service <sip:service@10.0.100.5:5060>;tag=lnA.1153242645968_1_1\r\nCall-ID: 7-4242@10.0.0.2\r\nCSeq: 2 BYE\r\nContact: sip:sipp@10.0.0.2:5061\r\nMax-Forwards: 70\r\nSubject: Performance Test\r\nContent-Length: 0\r\n\r\n".into())
+}
+
 fn run_prog(ebpf: &mut aya::Ebpf, prog: &str, input: &[u8], repeat: u32) -> (u32, u64) {
     let o = test_run(ebpf, prog, input, repeat);
     (o.verdict, nanos(o.duration))
@@ -107,7 +127,11 @@ pub fn run(quick: bool) -> (String, String) {
             false,
             Some(60),
         ),
+        case("SIP INVITE, new dialog (Call-ID)", sip_invite, XDP_TX, false, None),
+        case("SIP in-dialog BYE (Route ibmsid)", fixed(sip_bye()), XDP_TX, true, None),
     ];
+    // The logical name the BYE names, as the agent would have written it.
+    fx.set_clone("lnA", 0, Some(1), false);
 
     let floor_pkt = Packet::tcp("10.0.0.2", 4000, "10.0.100.1", 80).build();
     eprintln!("==> XDP micro-benchmark: {runs} single-shot runs per case (median), and {rounds} rounds of repeat=1000 where valid");
