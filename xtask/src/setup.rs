@@ -24,7 +24,10 @@ const PACKAGES: &[&str] = &[
     "prometheus",
     "etcd-server",
     "etcd-client",
+    // protoc and the well-known .proto files (google/protobuf/*.proto, in the -dev
+    // package, a mere recommendation of protobuf-compiler) for etcd-client's build.
     "protobuf-compiler",
+    "libprotobuf-dev",
     // BIRD 2: BGP on the dispatcher hosts and the router of the scale-out testbed.
     "bird2",
     // SIPp: the SIP caller of the SIP VIP tests and demo.
