@@ -381,6 +381,13 @@ impl Testbed {
 
     /// As `backend_config`, backend `i` owning the configured clone ID `clone_ids[i]`.
     pub fn backend_config_with_clones(&self, weights: &[u32], clone_ids: &[String]) -> String {
+        self.backend_config_with(weights, |i| {
+            clone_ids.get(i).map(|id| format!("clone_ids = [\"{id}\"]\n")).unwrap_or_default()
+        })
+    }
+
+    /// As `backend_config`, with `extra(i)`'s lines in backend `i`'s section.
+    pub fn backend_config_with(&self, weights: &[u32], extra: impl Fn(usize) -> String) -> String {
         let mut s = String::new();
         for i in 0..self.backends.len() {
             let replica = i ^ 1;
@@ -391,9 +398,7 @@ impl Testbed {
                 weights.get(i).copied().unwrap_or(100),
                 if replica < self.backends.len() { format!("replica = \"b{replica}\"\n") } else { String::new() }
             );
-            if let Some(id) = clone_ids.get(i) {
-                s += &format!("clone_ids = [\"{id}\"]\n");
-            }
+            s += &extra(i);
         }
         s
     }

@@ -34,6 +34,9 @@ pub struct Hit {
     pub lost: bool,
     /// The clone IDs the request's cookie carried.
     pub cookie_clones: Vec<String>,
+    /// A converged application's request: the container (`ln<i>`, as
+    /// `sipcontainer::SipCluster::logical_name`) whose logical name its `ibmappid` names.
+    pub app_owner: Option<usize>,
 }
 
 pub struct Cluster {
@@ -89,8 +92,21 @@ impl Cluster {
         out
     }
 
+    /// Converged requests (`ibmappid=ln<i>...`) served by a clone that is neither
+    /// container `i` nor its peer replica. Must stay empty.
+    pub fn app_misroutes(&self) -> Vec<String> {
+        self.hits()
+            .iter()
+            .filter_map(|h| {
+                let o = h.app_owner?;
+                (h.backend != o && Some(h.backend) != self.peers[o])
+                    .then(|| format!("a request for ln{o} served by clone {}", h.backend))
+            })
+            .collect()
+    }
+
     /// Serves one request; returns status line extras, headers and body.
-    fn handle(&self, me: usize, cookie: Option<&str>) -> (Vec<String>, String) {
+    fn handle(&self, me: usize, cookie: Option<&str>, app_owner: Option<usize>) -> (Vec<String>, String) {
         let parsed = cookie.and_then(|v| {
             let v = v.trim_matches('"');
             let colon = v.find(':')?;
@@ -144,7 +160,13 @@ impl Cluster {
         if lost {
             headers.push("X-Session-Lost: 1".into());
         }
-        self.log.lock().unwrap().push(Hit { backend: me, session: sid.clone(), lost, cookie_clones: clones });
+        self.log.lock().unwrap().push(Hit {
+            backend: me,
+            session: sid.clone(),
+            lost,
+            cookie_clones: clones,
+            app_owner,
+        });
         (headers, format!("clone={} session={sid} count={count} lost={}\n", self.clone_ids[me], lost as u8))
     }
 
@@ -282,7 +304,12 @@ fn connection(cluster: &Cluster, me: usize, s: TcpStream, stop: &AtomicBool) {
                 })
             })
             .or(from_url);
-        let (headers, body) = cluster.handle(me, cookie.as_deref());
+        // A converged application's logical name (`ibmappid=ln<i>.<digits>...`).
+        let app_owner = target.split(['?', ';', '&']).find_map(|p| {
+            let ln = p.strip_prefix("ibmappid=")?.split('.').next()?;
+            ln.strip_prefix("ln")?.parse::<usize>().ok()
+        });
+        let (headers, body) = cluster.handle(me, cookie.as_deref(), app_owner);
         let mut resp = format!("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n", body.len());
         for h in headers {
             resp += &h;

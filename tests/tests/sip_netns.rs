@@ -11,6 +11,7 @@ use std::{
 use dispatcher_tests::{
     netns::{Testbed, CLIENT_IP},
     sipcontainer::SipCluster,
+    websphere::{self, Client},
 };
 
 const VIP: &str = "10.0.150.1";
@@ -160,4 +161,95 @@ fn a_frozen_container_is_waited_for_then_its_replica_serves() {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
     assert!(held > 0.0, "messages were held while the owner was suspect:\n{body}");
+}
+
+const HTTP_VIP: &str = "10.0.150.2";
+
+/// A converged application: every backend runs a SIP container and an HTTP clone of the
+/// same application server; its HTTP requests carry `ibmappid` naming a logical name.
+/// When the owner of `ln0` dies, its SIP dialogs and its HTTP requests move to its
+/// replica together, and neither reaches a third server.
+#[test]
+fn a_converged_applications_sip_and_http_fail_over_together() {
+    let mut tb = Testbed::new(4, &[VIP, HTTP_VIP]);
+    tb.add_local_vip(HTTP_VIP);
+    let sip = SipCluster::new(4);
+    tb.start_sip(&sip, VIP, 5060);
+    let http = websphere::Cluster::new(4);
+    tb.start_websphere(&http, 8080);
+    // Logical names configured (the health checks are HTTP's here).
+    let backends = tb.backend_config_with(&[], |i| {
+        format!("clone_ids = [\"clone{i}x\"]\nlogical_names = [\"{}\"]\n", SipCluster::logical_name(i))
+    });
+    let text = format!(
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nhold_time = \"3s\"\n\n[health]\npath = \"/health\"\ninterval = \"200ms\"\ntimeout = \"200ms\"\nrise = 2\nfall = 2\n\n{backends}\n[[vip]]\nname = \"sip\"\naddress = \"{VIP}\"\nport = 5060\nmode = \"sip\"\nring_size = 1009\n\n[[vip]]\nname = \"app\"\naddress = \"{HTTP_VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = 8080\n",
+        tb.instance()
+    );
+    let path = tb.write_config(&text);
+    tb.start_dispatcher(&path);
+
+    // HTTP: two clients of ln0's application sessions and one of ln2's, each request
+    // with its ibmappid and no cookie (the ibmappid alone routes it).
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let addr: std::net::SocketAddr = format!("{HTTP_VIP}:80").parse().unwrap();
+    let clients: Vec<_> = [0usize, 0, 2]
+        .into_iter()
+        .enumerate()
+        .map(|(k, ln)| {
+            let (stop, ns) = (stop.clone(), tb.client.clone());
+            std::thread::spawn(move || {
+                let mut c = Client::new(&ns, addr);
+                let mut answers = Vec::new();
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) && Instant::now() < deadline {
+                    c.jar = None;
+                    let r = c.get(&format!("/app/call;ibmappid=ln{ln}.1153242645968.{k}_2_2"));
+                    let r = r.map(|r| (r.status, r.field("clone").unwrap_or("").to_string()));
+                    if r.is_err() {
+                        c.reconnect();
+                    }
+                    answers.push(r.map_err(|e| e.to_string()));
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                (ln, answers)
+            })
+        })
+        .collect();
+
+    sipp(&mut tb, 100, 25, 3000, "sipp-converged");
+    std::thread::sleep(Duration::from_millis(3000));
+    tb.kill_servers_of(0);
+    http.kill(0);
+    let (status, c) = finish(&mut tb, "sipp-converged");
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let answers: Vec<_> = clients.into_iter().map(|h| h.join().unwrap()).collect();
+    eprintln!("SIPp: {c:?}");
+
+    // SIP: every call completed, no 481, no stranger; the replica served ln0's dialogs.
+    assert_eq!(c.get("SuccessfulCall"), Some(&100), "{c:?}");
+    assert!(status.success(), "SIPp's exit status: {status}");
+    assert_eq!(sip.not_found.load(std::sync::atomic::Ordering::SeqCst), 0, "no 481");
+    let misroutes = sip.misroutes();
+    assert!(misroutes.is_empty(), "{misroutes:?}");
+    assert!(sip.served_for_peer(1) > 0, "container 1 took over ln0's dialogs");
+
+    // HTTP: ln0's requests went to b0, then to b1 (never elsewhere), ln2's stayed on b2;
+    // a request that failed during the failover got an answer (5xx), none went astray.
+    let app_misroutes = http.app_misroutes();
+    assert!(app_misroutes.is_empty(), "{app_misroutes:?}");
+    for (ln, a) in &answers {
+        let served: Vec<&str> =
+            a.iter().filter_map(|r| r.as_ref().ok()).filter(|r| r.0 == 200).map(|r| r.1.as_str()).collect();
+        let failed: Vec<_> = a.iter().filter(|r| !matches!(r, Ok((200, _)))).collect();
+        assert!(served.len() > 20, "ln{ln}: {} requests served: {a:?}", served.len());
+        assert!(failed.iter().all(|r| matches!(r, Ok((s, _)) if *s >= 500)), "ln{ln}: {failed:?}");
+        if *ln == 0 {
+            assert_eq!(served.first(), Some(&"clone0x"), "ln0 starts on its owner");
+            assert_eq!(served.last(), Some(&"clone1x"), "ln0 ends on its replica");
+            let back = served.iter().skip_while(|c| **c == "clone0x").any(|c| *c != "clone1x");
+            assert!(!back, "ln0: {served:?}");
+        } else {
+            assert!(served.iter().all(|c| *c == "clone2x"), "ln2 stays on b2: {served:?}");
+        }
+    }
 }
