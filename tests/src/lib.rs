@@ -8,6 +8,7 @@ pub mod netns;
 pub mod packet;
 pub mod scripted;
 pub mod sipcontainer;
+pub mod sipp;
 pub mod websphere;
 
 /// Checks Prometheus exposition text with a real parser: `promtool check metrics` (Debian's

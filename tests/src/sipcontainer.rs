@@ -87,6 +87,22 @@ impl SipCluster {
         self.alive[i].store(alive, Ordering::SeqCst);
     }
 
+    /// The container's process dies (its servers are stopped by the caller): its
+    /// dialogs are gone from its memory.
+    pub fn kill(&self, i: usize) {
+        self.alive[i].store(false, Ordering::SeqCst);
+        self.dialogs[i].lock().unwrap().clear();
+    }
+
+    /// It starts again and gets its copies back from its peer replica (its own
+    /// dialogs the peer kept, and the peer's it replicates).
+    pub fn revive(&self, i: usize) {
+        if let Some(p) = self.peers[i] {
+            let copies = self.dialogs[p].lock().unwrap().clone();
+            *self.dialogs[i].lock().unwrap() = copies;
+        }
+    }
+
     pub fn freeze(&self, i: usize, frozen: bool) {
         self.frozen[i].store(frozen, Ordering::SeqCst);
     }

@@ -40,6 +40,16 @@ fn the_demo_runs_its_story_and_cleans_up() {
     assert!(line("sessions kept").contains("8 of 8; lost (no copy found): 0"), "{text}");
     assert!(line("requests answered").ends_with("errors 0"), "{text}");
     assert!(line("b2 crash -> down").contains(" ms"), "failover time measured: {text}");
+    // SIP: every call completed across b2's crash, none met a container without its dialog.
+    let calls = line("calls completed");
+    let words: Vec<&str> = calls.split_whitespace().collect();
+    assert!(words[2] == words[4].trim_end_matches(',') && words[2].parse::<u32>().unwrap() > 50, "{calls}");
+    assert!(calls.contains("failed 0 (SIPp exit: 0)"), "{calls}");
+    let misrouted = line("481 answers");
+    assert!(
+        misrouted.contains("not found): 0 (expected 0)") && misrouted.ends_with("dialog: 0 (expected 0)"),
+        "{text}"
+    );
     let torn = line("torn down");
     let instance = torn.split_whitespace().nth(1).unwrap().to_string();
     let namespaces =

@@ -3,14 +3,12 @@
 //! own statistics and the containers' logs: no failed call, no 481, no message to a
 //! container that neither created the dialog nor holds its replica.
 
-use std::{
-    path::Path,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use dispatcher_tests::{
     netns::{Testbed, CLIENT_IP},
     sipcontainer::SipCluster,
+    sipp,
     websphere::{self, Client},
 };
 
@@ -24,45 +22,16 @@ fn config(tb: &Testbed) -> String {
     )
 }
 
-/// SIPp's cumulative counters from its statistics file (the last line).
-fn sipp_counters(stf: &Path) -> std::collections::HashMap<String, u64> {
-    let text = std::fs::read_to_string(stf).unwrap_or_else(|e| panic!("SIPp statistics {}: {e}", stf.display()));
-    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
-    let head: Vec<&str> = lines.next().expect("header").split(';').collect();
-    let last: Vec<&str> = lines.next_back().expect("a statistics line").split(';').collect();
-    head.iter()
-        .zip(last)
-        .filter(|(h, _)| h.ends_with("(C)"))
-        .filter_map(|(h, v)| Some((h.trim_end_matches("(C)").to_string(), v.trim().parse().ok()?)))
-        .collect()
-}
-
-/// Starts SIPp's built-in UAC scenario (INVITE, 200, ACK, pause, BYE, 200) in the
-/// client's namespace, as testbed process `tag` (stopped with the testbed if the test
-/// fails); its statistics go to `<workdir>/<tag>.csv`.
+/// Starts SIPp's built-in UAC scenario in the client's namespace as testbed process
+/// `tag`.
 fn sipp(tb: &mut Testbed, calls: u32, rate: u32, pause_ms: u32, tag: &str) {
-    let stf = tb.workdir.join(format!("{tag}.csv"));
-    let mut cmd = tb.client.command("sipp");
-    cmd.args(["-sn", "uac", &format!("{VIP}:5060"), "-i", CLIENT_IP, "-p", "5061"])
-        .args(["-m", &calls.to_string(), "-r", &rate.to_string(), "-d", &pause_ms.to_string()])
-        .args(["-nostdin", "-timeout", "90s", "-timeout_error", "-trace_stat", "-fd", "1"])
-        .arg("-stf")
-        .arg(&stf)
-        .current_dir(&tb.workdir);
-    tb.start(tag, cmd);
+    let client = tb.client.clone();
+    let target = format!("{VIP}:5060");
+    sipp::start(tb, &sipp::Run { ns: &client, target: &target, local_ip: CLIENT_IP, calls, rate, pause_ms }, tag);
 }
 
-/// Waits (bounded) for SIPp to finish; its exit status and counters.
 fn finish(tb: &mut Testbed, tag: &str) -> (std::process::ExitStatus, std::collections::HashMap<String, u64>) {
-    let deadline = Instant::now() + Duration::from_secs(100);
-    let status = loop {
-        if let Some(st) = tb.child_exited(tag) {
-            break st;
-        }
-        assert!(Instant::now() < deadline, "SIPp did not finish: {}", tb.log(tag));
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    (status, sipp_counters(&tb.workdir.join(format!("{tag}.csv"))))
+    sipp::finish(tb, tag, Duration::from_secs(100))
 }
 
 /// The agent learned every container's logical name from its health checks' answers.

@@ -5,10 +5,13 @@
 //! draining b0, b2 crashing (requests for its sessions are held, then served by its
 //! replica b3), b2 coming back and b0 being enabled again. It ends with a summary
 //! (requests, sessions kept, misroutes, failover times) and tears everything down.
+//! SIPp calls go through a SIP VIP meanwhile (`sip`): b2's dialogs move to b3 with it.
 //! `--dispatchers N`: the tour behind a router instead (`scale_out`).
 
 #[path = "demo/scale_out.rs"]
 mod scale_out;
+#[path = "demo/sip.rs"]
+mod sip;
 
 use dispatcher::admin::contract::{AgentStatus, BackendStatus};
 use std::{
@@ -73,20 +76,24 @@ fn main() {
     }
     println!("dispatcher demo: a client, the dispatcher and {BACKENDS} clones in replica pairs (b0/b1, b2/b3)");
     println!("  L4:   VIP {VIP} tcp/80 and udp/5060 -> XDP, MAC forwarding (direct server return)");
-    println!("  HTTP: VIP {HTTP_VIP}:80 -> the agent -> WebSphere-like clones on :8080, JSESSIONID affinity\n");
+    println!("  HTTP: VIP {HTTP_VIP}:80 -> the agent -> WebSphere-like clones on :8080, JSESSIONID affinity");
+    println!("  SIP:  VIP {}:5060 -> XDP, affinity by logical name (ln0..ln3) -> SIP containers\n", sip::SIP_VIP);
 
     println!("[1/4] network namespaces, veth pairs, a switch");
-    let mut tb = Testbed::new(BACKENDS, &[VIP, HTTP_VIP]);
+    let mut tb = Testbed::new(BACKENDS, &[VIP, HTTP_VIP, sip::SIP_VIP]);
     tb.add_local_vip(HTTP_VIP);
     let cfg_text = format!(
-        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[health]\npath = \"/health\"\ninterval = \"250ms\"\ntimeout = \"200ms\"\nfall = 2\nrise = 2\n\n[http]\nhold_time = \"3s\"\n\n{}\n[[vip]]\nname = \"web\"\naddress = \"{VIP}\"\nport = 80\n\n[[vip]]\nname = \"sessions\"\naddress = \"{VIP}\"\nport = 5060\nprotocol = \"udp\"\n\n[[vip]]\nname = \"app\"\naddress = \"{HTTP_VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = 8080\n",
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[health]\npath = \"/health\"\ninterval = \"250ms\"\ntimeout = \"200ms\"\nfall = 2\nrise = 2\n\n[http]\nhold_time = \"3s\"\n\n{}\n[[vip]]\nname = \"web\"\naddress = \"{VIP}\"\nport = 80\n\n[[vip]]\nname = \"sessions\"\naddress = \"{VIP}\"\nport = 5060\nprotocol = \"udp\"\n\n[[vip]]\nname = \"app\"\naddress = \"{HTTP_VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = 8080\n{}",
         tb.instance(),
-        tb.backend_config(&[100; BACKENDS])
+        tb.backend_config_with(&[100; BACKENDS], sip::backend_lines),
+        sip::vip_config()
     );
     let cfg_path = tb.write_config(&cfg_text);
     let cfg_arg = cfg_path.to_str().unwrap().to_string();
     println!("      testbed {}: namespaces {}-{{cl,lb,sw,b0..b3}}", tb.instance(), tb.instance());
-    println!("[2/4] backends: a line/datagram echo server (L4) and a WebSphere-like clone (HTTP) on each");
+    println!(
+        "[2/4] backends: a line/datagram echo server (L4), a WebSphere-like clone (HTTP) and a SIP container on each"
+    );
     tb.start_servers(&[80], &[(VIP, 5060)]);
     let app = websphere::Cluster::new(BACKENDS);
     tb.start_websphere(&app, 8080);
@@ -94,8 +101,11 @@ fn main() {
     tb.start_dispatcher(&cfg_path);
     println!("      XDP attached to {}/eth0, maps pinned under {}", tb.lb.name, tb.pin_dir().display());
 
-    println!("[4/4] traffic: {L4_THREADS} TCP clients, UDP flows, {HTTP_CLIENTS} HTTP clients with cookie jars\n");
+    println!(
+        "[4/4] traffic: {L4_THREADS} TCP clients, UDP flows, {HTTP_CLIENTS} HTTP clients with cookie jars, SIPp calls\n"
+    );
     let sessions = udp_sessions(&tb);
+    let calls = sip::start(&mut tb, seconds);
     let phase = Arc::new(AtomicUsize::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let l4 = Arc::new(L4Stats::default());
@@ -137,12 +147,14 @@ fn main() {
                     crash_at = Some(Instant::now());
                     tb.kill_servers_of(2);
                     app.kill(2);
+                    calls.crash(2);
                     view.event(now, "b2 crashes (its clone and servers die; nobody tells the dispatcher)".into());
                 }
                 2 => {
                     app.revive(2);
                     tb.start_websphere_on(&app, 2, 8080);
                     tb.start_servers_on(2, &[80], &[(VIP, 5060)]);
+                    calls.restart(&mut tb, 2);
                     back_at = Some(Instant::now());
                     hits_at_return = app.hits().len();
                     view.event(now, "b2 restarts (its clone copies its sessions back from b3)".into());
@@ -250,6 +262,7 @@ fn main() {
         println!("  UDP flow :{:<5} pinned to {before}, now answered by {now}", s.local_addr().unwrap().port());
     }
     println!("  flows moved to a replica by the agent: {}", status.counters.flow_rewrites);
+    calls.summary(&mut tb, &tables, CRASHED);
 
     println!("\nfinal status (dispatcher status):");
     print!("{}", tb.dispatcher_cmd(&["status", "--config", &cfg_arg]));
