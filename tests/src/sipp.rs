@@ -33,7 +33,7 @@ pub fn start(tb: &mut Testbed, run: &Run, tag: &str) {
     let mut cmd = run.ns.command("sipp");
     cmd.args(["-sn", "uac", run.target, "-i", run.local_ip, "-p", "5061"])
         .args(["-m", &run.calls.to_string(), "-r", &run.rate.to_string(), "-d", &run.pause_ms.to_string()])
-        .args(["-nostdin", "-timeout", "90s", "-timeout_error", "-trace_stat", "-fd", "1"])
+        .args(["-nostdin", "-timeout", "90s", "-timeout_error", "-trace_stat", "-trace_err", "-fd", "1"])
         .arg("-stf")
         .arg(&stf)
         .current_dir(&tb.workdir);

@@ -65,6 +65,10 @@ enum Cmd {
         /// steering on and off, the XDP cost of steering, requests/s through 1-3 dispatchers.
         #[arg(long)]
         scale_out: bool,
+        /// SIPp calls through the XDP SIP VIP and through Kamailio (Call-ID hashing):
+        /// calls/s, CPU per message, a container's death.
+        #[arg(long)]
+        sip: bool,
         /// Fewer runs per case.
         #[arg(long)]
         quick: bool,
@@ -121,13 +125,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             exec_built("demo", &args)
         }
-        Cmd::Bench { xdp, http, failover, l4, scaling, cluster, scale_out, quick } => {
+        Cmd::Bench { xdp, http, failover, l4, scaling, cluster, scale_out, sip, quick } => {
             require_root("the benchmarks load BPF programs and create network namespaces")?;
             setup::setup()?;
-            let all = !xdp && !http && !failover && !l4 && !scaling && !cluster && !scale_out;
+            let all = !xdp && !http && !failover && !l4 && !scaling && !cluster && !scale_out && !sip;
             if all || http || failover || l4 || cluster || scale_out {
                 // The peers measured beside the dispatcher, and the load generator.
                 setup::ensure_packages(&["haproxy", "nginx", "wrk", "nftables"])?;
+            }
+            if all || sip {
+                // The SIP peer (SIPp itself comes with setup).
+                setup::ensure_packages(&["kamailio"])?;
             }
             // Charts: SVG drawn by the bench, turned into PNG by rsvg-convert.
             setup::ensure_packages(&["librsvg2-bin"])?;
@@ -141,6 +149,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 (scaling, "--scaling"),
                 (cluster, "--cluster"),
                 (scale_out, "--scale-out"),
+                (sip, "--sip"),
                 (quick, "--quick"),
             ] {
                 if on {

@@ -9,6 +9,7 @@ mod l4;
 mod load;
 mod scale_out;
 mod scaling;
+mod sip;
 mod xdp;
 
 fn main() {
@@ -21,7 +22,8 @@ fn main() {
         && !has("--l4")
         && !has("--scaling")
         && !has("--cluster")
-        && !has("--scale-out");
+        && !has("--scale-out")
+        && !has("--sip");
     let mut parts = Vec::new();
     let mut md = String::new();
     if all || has("--xdp") {
@@ -70,6 +72,13 @@ fn main() {
         let (json, table) = scale_out::run(quick);
         parts.push(format!(r#""scale_out":{json}"#));
         md += "### Behind a router (BGP, ECMP, connection steering)\n\n";
+        md += &table;
+        md += "\n";
+    }
+    if all || has("--sip") {
+        let (json, table) = sip::run(quick);
+        parts.push(format!(r#""sip":{json}"#));
+        md += "### SIP (SIPp through the XDP SIP VIP and through Kamailio)\n\n";
         md += &table;
         md += "\n";
     }

@@ -1,0 +1,412 @@
+//! SIP: SIPp's calls (INVITE, 200, ACK, BYE, 200) to four WebSphere-like SIP containers
+//! in replica pairs, through the dispatcher's XDP SIP VIP (affinity by logical name,
+//! Call-ID placement, direct server return) and through Kamailio with its dispatcher
+//! module hashing the Call-ID (`ds_select_dst(set, "0")`, transaction-stateful relay,
+//! failover by `ds_next_dst` and OPTIONS probing), each on a testbed of its own with the
+//! same containers and the same SIPp.
+//!
+//! Load: a fixed call rate; SIPp's completed and failed calls, the requests the
+//! containers received, the machine's CPU time per delivered request and the balancer's
+//! own CPU time per request (the XDP program's run time from the kernel's BPF statistics
+//! plus the agent's process time; Kamailio's processes' time).
+//!
+//! Failover: calls of 3 s at 25 calls/s; container b2 dies mid-call, then (next run) b1. SIPp's failed calls,
+//! the containers' 481 answers, and in-dialog requests that reached a container holding
+//! no copy of their dialog.
+
+use std::{
+    collections::HashMap,
+    path::Path,
+    sync::atomic::Ordering,
+    time::{Duration, Instant},
+};
+
+use dispatcher_tests::{
+    netns::{backend_ip, Testbed, CLIENT_IP, LB_IP},
+    sipcontainer::SipCluster,
+    sipp,
+};
+
+const VIP: &str = "10.99.100.70";
+const BACKENDS: usize = 4;
+/// The containers that die, one after the other, in the failover scenarios: b2 (its
+/// replica is b3) and b1 (its replica is b0). Kamailio, which knows no replicas, hands
+/// a dead destination's calls to the next active one of its list.
+const VICTIMS: [usize; 2] = [2, 1];
+
+#[derive(Default)]
+struct Load {
+    offered: f64,
+    completed: u64,
+    failed: u64,
+    retransmissions: u64,
+    requests: u64,
+    secs: f64,
+    machine_us: f64,
+    balancer_us: f64,
+}
+
+#[derive(Default)]
+struct Failover {
+    victim: usize,
+    calls: u32,
+    completed: u64,
+    failed: u64,
+    not_found: u64,
+    misroutes: usize,
+    /// Where the victim's dialogs went after it died (container -> requests).
+    went_to: HashMap<usize, usize>,
+    /// SIPp's reasons for the failed calls (`FailedMaxUDPRetrans`, ...).
+    why: Vec<String>,
+}
+
+/// CPU time (user + system) of a process and its descendants, in clock ticks.
+fn tree_ticks(pid: u32) -> u64 {
+    let mut total = 0;
+    let mut stack = vec![pid];
+    let all: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let p: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+            let ppid = stat.rsplit(')').next()?.split_whitespace().nth(1)?.parse().ok()?;
+            Some((p, ppid))
+        })
+        .collect();
+    while let Some(p) = stack.pop() {
+        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) {
+            // Fields after the command: state ppid ... utime(14) stime(15), 1-based.
+            let f: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+            total += f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            total += f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        }
+        stack.extend(all.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+    }
+    total
+}
+
+/// The XDP program attached to the dispatcher's interface: its cumulative run time (ns)
+/// and run count from the kernel's BPF statistics.
+fn xdp_runtime(tb: &Testbed) -> (u64, u64) {
+    let link: serde_json::Value =
+        serde_json::from_str(&tb.lb.exec(&["ip", "-j", "-d", "link", "show", "eth0"])).expect("ip -j link show");
+    let id = link[0]["xdp"]["prog"]["id"].as_u64().expect("an XDP program on the dispatcher's eth0");
+    let out = std::process::Command::new("bpftool")
+        .args(["--json", "prog", "show", "id", &id.to_string()])
+        .output()
+        .expect("bpftool");
+    let prog: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bpftool's JSON");
+    (prog["run_time_ns"].as_u64().unwrap_or(0), prog["run_cnt"].as_u64().unwrap_or(0))
+}
+
+/// The machine's CPU time so far, in ns: every live task's run time (its scheduler
+/// statistics; softirq work, this kernel having no IRQ time accounting, is charged to
+/// the task it interrupted) plus what this process's reaped children used (SIPp, short
+/// commands). `/proc/stat`'s tick samples miss most of a timer-paced load like SIPp's.
+fn machine_ns() -> f64 {
+    let mut total = 0u64;
+    for p in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        if !p.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())) {
+            continue;
+        }
+        for t in std::fs::read_dir(p.path().join("task")).into_iter().flatten().flatten() {
+            if let Ok(s) = std::fs::read_to_string(t.path().join("schedstat")) {
+                total += s.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            }
+        }
+    }
+    let me = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let f: Vec<&str> = me.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+    let children: u64 = [13, 14].iter().filter_map(|&i| f.get(i)?.parse::<u64>().ok()).sum();
+    total as f64 + children as f64 * 1e7
+}
+
+/// Requests (not OPTIONS) the containers have received so far.
+fn delivered(sip: &SipCluster) -> u64 {
+    sip.log.lock().unwrap().iter().filter(|s| s.method != "OPTIONS").count() as u64
+}
+
+/// A fixed call rate for `secs`; `balancer` reads the balancer's CPU so far (ns).
+fn load(
+    tb: &mut Testbed,
+    sip: &SipCluster,
+    target: &str,
+    rate: u32,
+    secs: u32,
+    balancer: &dyn Fn(&Testbed) -> f64,
+) -> Load {
+    let (client, before_req, before_cpu, before_bal) = (tb.client.clone(), delivered(sip), machine_ns(), balancer(tb));
+    let start = Instant::now();
+    let run = sipp::Run { ns: &client, target, local_ip: CLIENT_IP, calls: rate * secs, rate, pause_ms: 0 };
+    sipp::start(tb, &run, "sipp-load");
+    let (_, c) = sipp::finish(tb, "sipp-load", Duration::from_secs(secs as u64 + 60));
+    let took = start.elapsed().as_secs_f64();
+    let requests = delivered(sip) - before_req;
+    let (machine, bal) = (machine_ns() - before_cpu, balancer(tb) - before_bal);
+    eprintln!(
+        "      {requests} requests in {took:.1} s; machine CPU {:.0} ms, balancer {:.0} ms",
+        machine / 1e6,
+        bal / 1e6
+    );
+    let n = |k: &str| c.get(k).copied().unwrap_or(0);
+    Load {
+        offered: rate as f64,
+        completed: n("SuccessfulCall"),
+        failed: n("FailedCall"),
+        retransmissions: n("Retransmissions"),
+        requests,
+        secs: took,
+        machine_us: machine / 1e3 / requests.max(1) as f64,
+        balancer_us: bal / 1e3 / requests.max(1) as f64,
+    }
+}
+
+/// 150 calls of 3 s at 25 calls/s; the victim dies after 3.5 s.
+fn failover(tb: &mut Testbed, sip: &SipCluster, target: &str, victim: usize) -> Failover {
+    let client = tb.client.clone();
+    let (nf0, mis0) = (sip.not_found.load(Ordering::SeqCst), sip.misroutes().len());
+    let calls = 150;
+    let run = sipp::Run { ns: &client, target, local_ip: CLIENT_IP, calls, rate: 25, pause_ms: 3000 };
+    sipp::start(tb, &run, "sipp-failover");
+    std::thread::sleep(Duration::from_millis(3500));
+    let died_at = sip.log.lock().unwrap().len();
+    tb.kill_servers_of(victim);
+    sip.kill(victim);
+    let (_, c) = sipp::finish(tb, "sipp-failover", Duration::from_secs(120));
+    // The victim's dialogs (their INVITEs reached it), and where their later requests
+    // went: a container without the dialog cannot tell whose it was.
+    let seen = sip.seen();
+    let its: std::collections::HashSet<&str> = seen[..died_at]
+        .iter()
+        .filter(|s| s.container == victim && s.method == "INVITE")
+        .map(|s| s.call_id.as_str())
+        .collect();
+    let mut went_to = HashMap::new();
+    for s in seen[died_at..].iter().filter(|s| its.contains(s.call_id.as_str())) {
+        *went_to.entry(s.container).or_insert(0) += 1;
+    }
+    let n = |k: &str| c.get(k).copied().unwrap_or(0);
+    Failover {
+        victim,
+        calls,
+        completed: n("SuccessfulCall"),
+        failed: n("FailedCall"),
+        not_found: sip.not_found.load(Ordering::SeqCst) - nf0,
+        misroutes: sip.misroutes().len() - mis0,
+        went_to,
+        why: {
+            let mut why: Vec<String> = c
+                .iter()
+                .filter(|(k, v)| k.starts_with("Failed") && *k != "FailedCall" && **v > 0)
+                .map(|(k, v)| format!("{} {v}", k.trim_start_matches("Failed")))
+                .collect();
+            why.sort();
+            why
+        },
+    }
+}
+
+fn dispatcher_config(tb: &Testbed) -> String {
+    format!(
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[health]\ninterval = \"200ms\"\ntimeout = \"200ms\"\nrise = 2\nfall = 2\n\n{}\n[[vip]]\nname = \"sip\"\naddress = \"{VIP}\"\nport = 5060\nmode = \"sip\"\n",
+        tb.instance(),
+        tb.backend_config(&[])
+    )
+}
+
+/// Kamailio as a Call-ID-hashing load balancer, the way its dispatcher module's
+/// documentation sets one up: OPTIONS probing every second (its minimum), a
+/// destination inactive after 2 failed probes, a transaction that times out after 1 s
+/// tried on the next destination.
+fn kamailio_config(dir: &Path) -> String {
+    format!(
+        r#"#!KAMAILIO
+debug=0
+log_stderror=yes
+memdbg=5
+memlog=5
+children=2
+auto_aliases=no
+listen=udp:{LB_IP}:5060
+mpath="/usr/lib/x86_64-linux-gnu/kamailio/modules/"
+loadmodule "tm.so"
+loadmodule "sl.so"
+loadmodule "pv.so"
+loadmodule "maxfwd.so"
+loadmodule "dispatcher.so"
+modparam("tm", "fr_timer", 1000)
+modparam("tm", "fr_inv_timer", 3000)
+modparam("dispatcher", "list_file", "{list}")
+modparam("dispatcher", "flags", 2)
+modparam("dispatcher", "ds_ping_interval", 1)
+modparam("dispatcher", "ds_probing_threshold", 2)
+modparam("dispatcher", "ds_inactive_threshold", 2)
+modparam("dispatcher", "ds_probing_mode", 1)
+modparam("dispatcher", "ds_ping_from", "sip:kamailio@{LB_IP}")
+
+request_route {{
+    if (!mf_process_maxfwd_header("10")) {{
+        sl_send_reply("483", "Too Many Hops");
+        exit;
+    }}
+    if (!ds_select_dst("1", "0")) {{
+        sl_send_reply("503", "No Destination");
+        exit;
+    }}
+    t_on_failure("NEXT");
+    if (!t_relay()) {{
+        sl_reply_error();
+    }}
+    exit;
+}}
+
+failure_route[NEXT] {{
+    if (t_is_canceled()) exit;
+    if (t_branch_timeout() || t_check_status("5[0-9][0-9]")) {{
+        ds_mark_dst("ip");
+        if (ds_next_dst()) {{
+            t_on_failure("NEXT");
+            t_relay();
+        }}
+    }}
+}}
+"#,
+        list = dir.join("dispatcher.list").display()
+    )
+}
+
+fn start_kamailio(tb: &mut Testbed) {
+    let dir = tb.workdir.clone();
+    let list: String = (0..BACKENDS).map(|i| format!("1 sip:{}:5060\n", backend_ip(i))).collect();
+    std::fs::write(dir.join("dispatcher.list"), list).unwrap();
+    let cfg = dir.join("kamailio.cfg");
+    std::fs::write(&cfg, kamailio_config(&dir)).unwrap();
+    let mut cmd = tb.lb.command("kamailio");
+    cmd.arg("-DD").arg("-E").arg("-f").arg(&cfg).arg("-Y").arg(&dir).arg("-w").arg(&dir).args(["-m", "128"]);
+    tb.start("kamailio", cmd);
+    std::thread::sleep(Duration::from_millis(1500));
+    if let Some(st) = tb.child_exited("kamailio") {
+        panic!("kamailio exited ({st}):\n{}", tb.log("kamailio"));
+    }
+}
+
+/// The learned logical names (one per container) or `limit`.
+fn wait_learned(tb: &Testbed, n: u64, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        let learned = tb
+            .admin("GET", "/status")
+            .and_then(|(_, b)| serde_json::from_str::<serde_json::Value>(&b).ok())
+            .and_then(|v| v["clones"].as_u64())
+            .unwrap_or(0);
+        if learned >= n {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("the dispatcher did not learn the containers' logical names:\n{}", tb.log("dispatcher"));
+}
+
+fn system(name: &str, rate: u32, secs: u32) -> (Load, Vec<Failover>) {
+    let mut tb = Testbed::new(BACKENDS, &[VIP]);
+    let sip = SipCluster::new(BACKENDS);
+    tb.start_sip(&sip, VIP, 5060);
+    let pid_of = |tb: &Testbed, what: &str| tb.pid_of(what).expect("running");
+    if name == "kamailio" {
+        start_kamailio(&mut tb);
+        let target = format!("{LB_IP}:5060");
+        let cpu = |tb: &Testbed| tree_ticks(pid_of(tb, "kamailio")) as f64 * 1e7;
+        let l = load(&mut tb, &sip, &target, rate, secs, &cpu);
+        (l, VICTIMS.iter().map(|&v| failover(&mut tb, &sip, &target, v)).collect())
+    } else {
+        let path = tb.write_config(&dispatcher_config(&tb));
+        tb.start_dispatcher(&path);
+        wait_learned(&tb, BACKENDS as u64, Duration::from_secs(10));
+        let target = format!("{VIP}:5060");
+        let cpu = |tb: &Testbed| xdp_runtime(tb).0 as f64 + tree_ticks(pid_of(tb, "dispatcher")) as f64 * 1e7;
+        let l = load(&mut tb, &sip, &target, rate, secs, &cpu);
+        (l, VICTIMS.iter().map(|&v| failover(&mut tb, &sip, &target, v)).collect())
+    }
+}
+
+pub fn run(quick: bool) -> (String, String) {
+    let (rate, secs) = if quick { (300, 4) } else { (600, 10) };
+    eprintln!("==> SIP benchmark: SIPp at {rate} calls/s for {secs} s, then a container killed mid-call, per system");
+    // The kernel's BPF run-time statistics, on for this benchmark only.
+    let stats_before = std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").unwrap_or_default();
+    let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1");
+    let mut results = Vec::new();
+    for name in ["dispatcher", "kamailio"] {
+        eprintln!("    {name}...");
+        results.push((name, system(name, rate, secs)));
+    }
+    let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", stats_before.trim());
+
+    let kam = &results[1].1 .0;
+    let mut table = String::from(
+        "| system | calls/s offered | calls completed/s | failed calls | retransmissions | requests delivered/s | machine CPU µs per request | balancer CPU µs per request | balancer CPU vs Kamailio |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    let mut json = Vec::new();
+    for (name, (l, fs)) in &results {
+        table += &format!(
+            "| {name} | {:.0} | {:.0} | {} | {} | {:.0} | {:.1} | {:.2} | {:.3} |\n",
+            l.offered,
+            l.completed as f64 / l.secs,
+            l.failed,
+            l.retransmissions,
+            l.requests as f64 / l.secs,
+            l.machine_us,
+            l.balancer_us,
+            l.balancer_us / kam.balancer_us
+        );
+        let failovers: Vec<String> = fs
+            .iter()
+            .map(|f| {
+                let went: Vec<String> = f.went_to.iter().map(|(c, n)| format!("\"b{c}\":{n}")).collect();
+                format!(
+                    r#"{{"victim":"b{}","calls":{},"completed":{},"failed":{},"not_found_481":{},"non_owner_requests":{},"victim_dialogs_went_to":{{{}}}}}"#,
+                    f.victim,
+                    f.calls,
+                    f.completed,
+                    f.failed,
+                    f.not_found,
+                    f.misroutes,
+                    went.join(",")
+                )
+            })
+            .collect();
+        json.push(format!(
+            r#"{{"system":"{name}","calls_per_s_offered":{:.0},"calls_completed":{},"calls_failed":{},"retransmissions":{},"requests_per_s":{:.1},"machine_cpu_us_per_request":{:.2},"balancer_cpu_us_per_request":{:.3},"failover":[{}]}}"#,
+            l.offered,
+            l.completed,
+            l.failed,
+            l.retransmissions,
+            l.requests as f64 / l.secs,
+            l.machine_us,
+            l.balancer_us,
+            failovers.join(",")
+        ));
+    }
+    table += "\n| system | container killed (its replica) | calls (3 s, 25/s) | completed | failed | why (SIPp) | 481 answers | requests to a container without the dialog | the dead container's dialogs went to |\n|---|---|---:|---:|---:|---|---:|---:|---|\n";
+    for (name, f) in results.iter().flat_map(|(n, (_, fs))| fs.iter().map(move |f| (n, f))) {
+        let mut went: Vec<String> = f.went_to.iter().map(|(c, n)| format!("b{c}: {n}")).collect();
+        went.sort();
+        table += &format!(
+            "| {name} | b{} (b{}) | {} | {} | {} | {} | {} | {} | {} |\n",
+            f.victim,
+            f.victim ^ 1,
+            f.calls,
+            f.completed,
+            f.failed,
+            if f.why.is_empty() { "-".to_string() } else { f.why.join(", ") },
+            f.not_found,
+            f.misroutes,
+            went.join(", ")
+        );
+    }
+    table += "\nSIPp's built-in UAC scenario; containers are the test harness's WebSphere-like SIP containers (b0/b1 and b2/b3 replica pairs, dialogs replicated at once, 481 for a dialog not held). Through the dispatcher the requests go by XDP alone and the answers straight back (direct server return); through Kamailio both pass its processes. Balancer CPU: the XDP program's run time (kernel BPF statistics) plus the agent's process time, against Kamailio's processes' time; machine CPU includes SIPp and the containers (the same for both). The dispatcher checks health every 200 ms (fall 2); Kamailio probes every 1 s (its minimum), 2 failures, and retries a transaction that timed out (1 s) on its next destination. Kamailio knows no replicas: a dead container's dialogs go to the next active destination of its list.\n";
+    println!("\n{table}");
+    (format!("[{}]", json.join(",")), table)
+}
