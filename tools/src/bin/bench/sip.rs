@@ -331,18 +331,36 @@ fn system(name: &str, rate: u32, secs: u32) -> (Load, Vec<Failover>) {
     }
 }
 
+/// `kernel.bpf_stats_enabled` on while it lives, then back to what it was.
+struct BpfStats(String);
+
+impl BpfStats {
+    const PATH: &'static str = "/proc/sys/kernel/bpf_stats_enabled";
+
+    fn enable() -> BpfStats {
+        let before = std::fs::read_to_string(Self::PATH).unwrap_or_else(|_| "0".into());
+        std::fs::write(Self::PATH, "1").expect("enable kernel.bpf_stats_enabled");
+        BpfStats(before.trim().to_string())
+    }
+}
+
+impl Drop for BpfStats {
+    fn drop(&mut self) {
+        let _ = std::fs::write(Self::PATH, &self.0);
+    }
+}
+
 pub fn run(quick: bool) -> (String, String) {
     let (rate, secs) = if quick { (300, 4) } else { (600, 10) };
     eprintln!("==> SIP benchmark: SIPp at {rate} calls/s for {secs} s, then a container killed mid-call, per system");
-    // The kernel's BPF run-time statistics, on for this benchmark only.
-    let stats_before = std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").unwrap_or_default();
-    let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1");
+    // The kernel's BPF run-time statistics, on for this benchmark only (even if it fails).
+    let _stats = BpfStats::enable();
     let mut results = Vec::new();
     for name in ["dispatcher", "kamailio"] {
         eprintln!("    {name}...");
         results.push((name, system(name, rate, secs)));
     }
-    let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", stats_before.trim());
+    drop(_stats);
 
     let kam = &results[1].1 .0;
     let mut table = String::from(
