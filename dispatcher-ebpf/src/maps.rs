@@ -50,6 +50,8 @@ pub static STEER_CONF: Array<SteerConf> = Array::with_max_entries(1, 0);
 #[repr(C)]
 pub struct SipScratch {
     pub scan: dispatcher_common::sip::Scan,
+    /// Bytes of `buf` that hold the message.
+    pub n: u64,
     pub buf: [u8; dispatcher_common::sip::SIP_SCAN_MAX],
 }
 

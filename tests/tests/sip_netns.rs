@@ -14,9 +14,10 @@ use dispatcher_tests::{
 
 const VIP: &str = "10.0.150.1";
 
-fn config(tb: &Testbed) -> String {
+/// `fall`: failed checks that take a container down (the first makes it suspect).
+fn config(tb: &Testbed, fall: u32) -> String {
     format!(
-        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[health]\ninterval = \"200ms\"\ntimeout = \"200ms\"\nrise = 2\nfall = 2\n\n{}\n[[vip]]\nname = \"sip\"\naddress = \"{VIP}\"\nport = 5060\nmode = \"sip\"\nring_size = 1009\n",
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[health]\ninterval = \"200ms\"\ntimeout = \"200ms\"\nrise = 2\nfall = {fall}\n\n{}\n[[vip]]\nname = \"sip\"\naddress = \"{VIP}\"\nport = 5060\nmode = \"sip\"\nring_size = 1009\n",
         tb.instance(),
         tb.backend_config(&[])
     )
@@ -61,7 +62,7 @@ fn dialogs_survive_their_containers_death_and_never_reach_a_stranger() {
     let mut tb = Testbed::new(4, &[VIP]);
     let sip = SipCluster::new(4);
     tb.start_sip(&sip, VIP, 5060);
-    let path = tb.write_config(&config(&tb));
+    let path = tb.write_config(&config(&tb, 2));
     tb.start_dispatcher(&path);
     wait_for_learned(&tb, 4);
 
@@ -104,7 +105,9 @@ fn a_frozen_container_is_waited_for_then_its_replica_serves() {
     let mut tb = Testbed::new(2, &[VIP]);
     let sip = SipCluster::new(2);
     tb.start_sip(&sip, VIP, 5060);
-    let path = tb.write_config(&config(&tb));
+    // Suspect for about 600 ms (four checks 200 ms apart): SIPp's retransmissions of the
+    // messages the frozen container swallowed arrive in that window and are held.
+    let path = tb.write_config(&config(&tb, 4));
     tb.start_dispatcher(&path);
     wait_for_learned(&tb, 2);
 
