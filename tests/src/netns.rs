@@ -460,6 +460,29 @@ impl Testbed {
         }
     }
 
+    /// Waits (at most `limit`) until the agent's clone table holds `n` entries (clone IDs
+    /// and logical names, configured or learned, e.g. from SIP health checks' answers).
+    pub fn wait_for_clone_table(&self, n: u64, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let status = self.admin("GET", "/status");
+            let have = status
+                .as_ref()
+                .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(body).ok())
+                .and_then(|st| st["clones"].as_u64())
+                .unwrap_or(0);
+            if have >= n {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "clone table: {have} of {n} entries\n{status:?}\n{}",
+                self.log("dispatcher")
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Runs a dispatcher CLI command (status, drain, ...) and returns its stdout.
     pub fn dispatcher_cmd(&self, args: &[&str]) -> String {
         let out = self.lb.command(dispatcher_bin()).args(args).output().expect("dispatcher command");

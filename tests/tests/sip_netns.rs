@@ -37,24 +37,23 @@ fn finish(tb: &mut Testbed, tag: &str) -> (std::process::ExitStatus, std::collec
 
 /// The agent learned every container's logical name from its health checks' answers.
 fn wait_for_learned(tb: &Testbed, n: u64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let learned = tb
-            .admin("GET", "/status")
-            .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(&body).ok())
-            .and_then(|st| st["clones"].as_u64())
-            .unwrap_or(0);
-        if learned >= n {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "logical names learned from OPTIONS answers: {learned} of {n}\n{:?}\n{}",
-            tb.admin("GET", "/status"),
-            tb.log("dispatcher")
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    tb.wait_for_clone_table(n, Duration::from_secs(10));
+}
+
+/// SIPp's verdict and the containers' logs: every call completed, no 481, no message
+/// to a container that neither created its dialog nor holds its replica.
+fn assert_calls_kept(
+    sip: &SipCluster,
+    calls: u64,
+    status: std::process::ExitStatus,
+    c: &std::collections::HashMap<String, u64>,
+) {
+    assert_eq!(c.get("SuccessfulCall"), Some(&calls), "every call completed: {c:?}");
+    assert_eq!(c.get("FailedCall"), Some(&0), "{c:?}");
+    assert!(status.success(), "SIPp's exit status: {status}");
+    assert_eq!(sip.not_found.load(std::sync::atomic::Ordering::SeqCst), 0, "no 481");
+    let misroutes = sip.misroutes();
+    assert!(misroutes.is_empty(), "from the containers' logs: {misroutes:?}");
 }
 
 #[test]
@@ -75,12 +74,7 @@ fn dialogs_survive_their_containers_death_and_never_reach_a_stranger() {
     eprintln!("SIPp: {c:?}; container 0 had taken {on_b0} INVITEs");
 
     assert!(on_b0 > 5, "container 0 owned dialogs when it died: {on_b0}");
-    assert_eq!(c.get("SuccessfulCall"), Some(&150), "every call completed: {c:?}");
-    assert_eq!(c.get("FailedCall"), Some(&0), "{c:?}");
-    assert!(status.success(), "SIPp's exit status: {status}");
-    assert_eq!(sip.not_found.load(std::sync::atomic::Ordering::SeqCst), 0, "no 481");
-    let misroutes = sip.misroutes();
-    assert!(misroutes.is_empty(), "from the containers' logs: {misroutes:?}");
+    assert_calls_kept(&sip, 150, status, &c);
     assert!(sip.served_for_peer(1) > 0, "the replica took over container 0's dialogs");
     let dialogs_of_b0_elsewhere =
         sip.seen().iter().filter(|s| s.dialog_owner == Some(0) && s.container != 0 && s.container != 1).count();
@@ -121,11 +115,7 @@ fn a_frozen_container_is_waited_for_then_its_replica_serves() {
     sip.freeze(0, false);
     let (status, c) = finish(&mut tb, "sipp-freeze");
     eprintln!("SIPp: {c:?}");
-    assert_eq!(c.get("SuccessfulCall"), Some(&60), "{c:?}");
-    assert!(status.success(), "SIPp's exit status: {status}");
-    assert_eq!(sip.not_found.load(std::sync::atomic::Ordering::SeqCst), 0, "no 481");
-    let misroutes = sip.misroutes();
-    assert!(misroutes.is_empty(), "{misroutes:?}");
+    assert_calls_kept(&sip, 60, status, &c);
     let (_, body) = tb.admin("GET", "/metrics").expect("metrics");
     let held: f64 = body
         .lines()
@@ -198,11 +188,7 @@ fn a_converged_applications_sip_and_http_fail_over_together() {
     eprintln!("SIPp: {c:?}");
 
     // SIP: every call completed, no 481, no stranger; the replica served ln0's dialogs.
-    assert_eq!(c.get("SuccessfulCall"), Some(&100), "{c:?}");
-    assert!(status.success(), "SIPp's exit status: {status}");
-    assert_eq!(sip.not_found.load(std::sync::atomic::Ordering::SeqCst), 0, "no 481");
-    let misroutes = sip.misroutes();
-    assert!(misroutes.is_empty(), "{misroutes:?}");
+    assert_calls_kept(&sip, 100, status, &c);
     assert!(sip.served_for_peer(1) > 0, "container 1 took over ln0's dialogs");
 
     // HTTP: ln0's requests went to b0, then to b1 (never elsewhere), ln2's stayed on b2;

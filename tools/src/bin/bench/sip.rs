@@ -292,23 +292,6 @@ fn start_kamailio(tb: &mut Testbed) {
     }
 }
 
-/// The learned logical names (one per container) or `limit`.
-fn wait_learned(tb: &Testbed, n: u64, limit: Duration) {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        let learned = tb
-            .admin("GET", "/status")
-            .and_then(|(_, b)| serde_json::from_str::<serde_json::Value>(&b).ok())
-            .and_then(|v| v["clones"].as_u64())
-            .unwrap_or(0);
-        if learned >= n {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("the dispatcher did not learn the containers' logical names:\n{}", tb.log("dispatcher"));
-}
-
 fn system(name: &str, rate: u32, secs: u32) -> (Load, Vec<Failover>) {
     let mut tb = Testbed::new(BACKENDS, &[VIP]);
     let sip = SipCluster::new(BACKENDS);
@@ -323,7 +306,7 @@ fn system(name: &str, rate: u32, secs: u32) -> (Load, Vec<Failover>) {
     } else {
         let path = tb.write_config(&dispatcher_config(&tb));
         tb.start_dispatcher(&path);
-        wait_learned(&tb, BACKENDS as u64, Duration::from_secs(10));
+        tb.wait_for_clone_table(BACKENDS as u64, Duration::from_secs(10));
         let target = format!("{VIP}:5060");
         let cpu = |tb: &Testbed| xdp_runtime(tb).0 as f64 + tree_ticks(pid_of(tb, "dispatcher")) as f64 * 1e7;
         let l = load(&mut tb, &sip, &target, rate, secs, &cpu);
