@@ -24,3 +24,4 @@ pub mod shared;
 pub mod sip;
 pub mod state;
 pub mod steering;
+pub mod tls;

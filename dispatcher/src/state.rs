@@ -190,6 +190,8 @@ pub struct VipStats {
     /// Open client connections (shared with a reload's successor: the per-VIP cap counts
     /// the draining connections too).
     pub connections: Arc<AtomicU64>,
+    /// TLS handshakes (HTTPS VIPs), shared with a reload's successor.
+    pub tls: Arc<crate::tls::server::TlsStats>,
 }
 
 /// A latency histogram with fixed bounds, lock-free.
@@ -466,6 +468,7 @@ impl Cluster {
         c.idle_budget = old.idle_budget.clone();
         for (new, prev) in c.vips.iter_mut().zip(&old.vips) {
             new.connections = prev.connections.clone();
+            new.tls = prev.tls.clone();
         }
         *c.publisher.lock().unwrap() = old.publisher.lock().unwrap().clone();
         for (i, prev) in old.backends.iter().enumerate().take(c.backends.len()) {

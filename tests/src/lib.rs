@@ -9,6 +9,7 @@ pub mod packet;
 pub mod scripted;
 pub mod sipcontainer;
 pub mod sipp;
+pub mod tls;
 pub mod websphere;
 
 /// Checks Prometheus exposition text with a real parser: `promtool check metrics` (Debian's

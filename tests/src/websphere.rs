@@ -309,7 +309,10 @@ fn connection(cluster: &Cluster, me: usize, s: TcpStream, stop: &AtomicBool) {
             let ln = p.strip_prefix("ibmappid=")?.split('.').next()?;
             ln.strip_prefix("ln")?.parse::<usize>().ok()
         });
-        let (headers, body) = cluster.handle(me, cookie.as_deref(), app_owner);
+        let (headers, mut body) = cluster.handle(me, cookie.as_deref(), app_owner);
+        // What the dispatcher said of the client's connection (HTTP or HTTPS, and port).
+        let proto = header("x-forwarded-proto").unwrap_or_default();
+        body += &format!("forwarded={proto}:{}\n", header("x-forwarded-port").unwrap_or_default());
         let mut resp = format!("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n", body.len());
         for h in headers {
             resp += &h;

@@ -128,6 +128,30 @@ pub struct VipStatus {
     pub requests: u64,
     /// Open client connections.
     pub connections: u64,
+    /// HTTPS VIPs: handshakes and certificates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsStatus>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TlsStatus {
+    pub handshakes_full: u64,
+    pub handshakes_resumed: u64,
+    /// Failed handshakes by reason (timeout, closed, plain_http, not_tls, unknown_sni,
+    /// cap, protocol).
+    pub failures: std::collections::BTreeMap<String, u64>,
+    pub certificates: Vec<CertificateStatus>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CertificateStatus {
+    pub file: String,
+    pub subject: String,
+    pub names: Vec<String>,
+    /// End of validity, seconds since the epoch.
+    pub not_after: i64,
+    /// Seconds left (negative: expired).
+    pub expires_in_s: i64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

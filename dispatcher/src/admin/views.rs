@@ -6,10 +6,31 @@ use std::{fmt::Write as _, sync::atomic::Ordering};
 use dispatcher_common::stats;
 
 use super::{
-    contract::{AgentStatus, BackendStatus, CounterStatus, VipStatus},
+    contract::{AgentStatus, BackendStatus, CertificateStatus, CounterStatus, TlsStatus, VipStatus},
     Admin,
 };
 use crate::state::Histogram;
+
+fn tls_status(t: &crate::tls::server::TlsStats) -> TlsStatus {
+    TlsStatus {
+        handshakes_full: t.full.load(Ordering::Relaxed),
+        handshakes_resumed: t.resumed.load(Ordering::Relaxed),
+        failures: t.failures().map(|(n, v)| (n.to_string(), v)).collect(),
+        certificates: t
+            .certs
+            .read()
+            .unwrap()
+            .iter()
+            .map(|c| CertificateStatus {
+                file: c.file.clone(),
+                subject: c.subject.clone(),
+                names: c.names.clone(),
+                not_after: c.not_after,
+                expires_in_s: c.seconds_left(),
+            })
+            .collect(),
+    }
+}
 
 pub fn status(a: &Admin) -> AgentStatus {
     let (cfg, c, _) = a.current();
@@ -37,6 +58,7 @@ pub fn status(a: &Admin) -> AgentStatus {
             name: v.name.clone(),
             requests: load(&s.requests),
             connections: load(&s.connections),
+            tls: v.tls.as_ref().map(|_| tls_status(&s.tls)),
         })
         .collect();
     let k = &c.counters;
@@ -272,6 +294,44 @@ pub fn metrics(a: &Admin) -> String {
     let _ = writeln!(o, "# HELP dispatcher_vip_response_seconds Time to the response head, per HTTP VIP.\n# TYPE dispatcher_vip_response_seconds histogram");
     for (v, s) in &http_vips {
         histogram(&mut o, "dispatcher_vip_response_seconds", &format!("vip=\"{}\"", esc(&v.name)), &s.latency);
+    }
+
+    let tls_vips: Vec<_> = http_vips.iter().filter(|(v, _)| v.tls.is_some()).collect();
+    if !tls_vips.is_empty() {
+        let _ = writeln!(o, "# HELP dispatcher_tls_handshakes_total Completed TLS handshakes, per HTTPS VIP, full or resumed.\n# TYPE dispatcher_tls_handshakes_total counter");
+        for (v, s) in &tls_vips {
+            for (kind, n) in [("full", &s.tls.full), ("resumed", &s.tls.resumed)] {
+                let _ = writeln!(
+                    o,
+                    "dispatcher_tls_handshakes_total{{vip=\"{}\",kind=\"{kind}\"}} {}",
+                    esc(&v.name),
+                    n.load(Ordering::Relaxed)
+                );
+            }
+        }
+        let _ = writeln!(o, "# HELP dispatcher_tls_handshake_failures_total Failed TLS handshakes, per HTTPS VIP, by reason.\n# TYPE dispatcher_tls_handshake_failures_total counter");
+        for (v, s) in &tls_vips {
+            for (reason, n) in s.tls.failures() {
+                let _ = writeln!(
+                    o,
+                    "dispatcher_tls_handshake_failures_total{{vip=\"{}\",reason=\"{reason}\"}} {n}",
+                    esc(&v.name)
+                );
+            }
+        }
+        let _ = writeln!(o, "# HELP dispatcher_tls_certificate_not_after_seconds End of a served certificate's validity (Unix time), per HTTPS VIP.\n# TYPE dispatcher_tls_certificate_not_after_seconds gauge");
+        for (v, s) in &tls_vips {
+            for c in s.tls.certs.read().unwrap().iter() {
+                let _ = writeln!(
+                    o,
+                    "dispatcher_tls_certificate_not_after_seconds{{vip=\"{}\",file=\"{}\",subject=\"{}\"}} {}",
+                    esc(&v.name),
+                    esc(&c.file),
+                    esc(&c.subject),
+                    c.not_after
+                );
+            }
+        }
     }
 
     // The data plane's counters, summed over CPUs.

@@ -1,16 +1,44 @@
 use std::{path::Path, process::ExitCode};
 
-use dispatcher::config::Config;
+use dispatcher::{config::Config, tls};
+
+/// Days before expiry from which `check` warns about a certificate.
+const EXPIRY_WARNING_DAYS: i64 = 30;
 
 pub fn check(file: &Path) -> anyhow::Result<ExitCode> {
-    match Config::load(file) {
-        Ok(cfg) => {
-            println!("{}: ok ({} VIPs, {} backends)", file.display(), cfg.vips.len(), cfg.backends.len());
-            Ok(ExitCode::SUCCESS)
-        }
+    let cfg = match Config::load(file) {
+        Ok(cfg) => cfg,
         Err(e) => {
             eprintln!("{e}");
-            Ok(ExitCode::from(1))
+            return Ok(ExitCode::from(1));
+        }
+    };
+    // The TLS files: chains that parse, keys that match, expiry.
+    let mut errors = 0;
+    for v in cfg.vips.iter().filter(|v| v.serves_http()) {
+        for files in v.tls.iter().flat_map(|t| &t.certificates) {
+            match tls::certs::load(files) {
+                Ok(loaded) => {
+                    if let Some(w) = tls::certs::expiry_warning(&loaded.info, EXPIRY_WARNING_DAYS) {
+                        eprintln!("warning: VIP {}: {w}", v.name);
+                    }
+                }
+                Err(e) => {
+                    eprintln!("VIP {}: {e:#}", v.name);
+                    errors += 1;
+                }
+            }
+        }
+        if let Some(f) = &v.backend_tls {
+            if let Err(e) = tls::upstream::client_config(f) {
+                eprintln!("VIP {}: backend_tls: {e:#}", v.name);
+                errors += 1;
+            }
         }
     }
+    if errors > 0 {
+        return Ok(ExitCode::from(1));
+    }
+    println!("{}: ok ({} VIPs, {} backends)", file.display(), cfg.vips.len(), cfg.backends.len());
+    Ok(ExitCode::SUCCESS)
 }

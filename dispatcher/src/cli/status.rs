@@ -1,4 +1,27 @@
-use dispatcher::admin::contract::{AgentStatus, BackendStatus, VipStatus};
+use dispatcher::admin::contract::{AgentStatus, BackendStatus, TlsStatus, VipStatus};
+
+/// One HTTPS VIP's line: handshakes, the resumption rate, failures, and when each
+/// certificate expires.
+fn tls_line(name: &str, t: &TlsStatus) -> String {
+    let all = t.handshakes_full + t.handshakes_resumed;
+    let rate = if all == 0 { 0.0 } else { 100.0 * t.handshakes_resumed as f64 / all as f64 };
+    let failed: Vec<String> = t.failures.iter().filter(|(_, n)| **n > 0).map(|(r, n)| format!("{r} {n}")).collect();
+    let certs: Vec<String> = t
+        .certificates
+        .iter()
+        .map(|c| {
+            let days = c.expires_in_s.div_euclid(86_400);
+            let when = if c.expires_in_s <= 0 { "EXPIRED".to_string() } else { format!("expires in {days} days") };
+            format!("{} ({}) {when}", c.subject, c.names.join(" "))
+        })
+        .collect();
+    format!(
+        "tls {name}: handshakes {all} (resumed {}, {rate:.0}%), failed: {}; certificates: {}",
+        t.handshakes_resumed,
+        if failed.is_empty() { "none".to_string() } else { failed.join(", ") },
+        certs.join("; ")
+    )
+}
 use std::{
     fmt::Write as _,
     io::{IsTerminal, Write as _},
@@ -186,6 +209,9 @@ fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
             field(|x| x.requests),
             field(|x| x.connections)
         );
+    }
+    for t in agent.iter().flat_map(|a| &a.vips).filter_map(|v| Some((&v.name, v.tls.as_ref()?))) {
+        let _ = writeln!(o, "{}", tls_line(t.0, t.1));
     }
     for (i, v) in cfg.vips.iter().enumerate().filter(|(_, v)| v.mode == dispatcher::config::VipMode::Sip) {
         let counts = tables.sip_counters(i as u32)?;

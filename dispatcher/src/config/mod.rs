@@ -262,6 +262,10 @@ pub struct HttpSettings {
     /// Client connections open at once over all HTTP VIPs; `None`: derived from the
     /// descriptor limit at start (see `http::limits`).
     pub max_client_connections: Option<usize>,
+    /// TLS handshakes in progress at once over all TLS VIPs; one more is closed at once.
+    pub max_tls_handshakes: usize,
+    /// TLS sessions kept for resumption by session ID (tickets need no state here).
+    pub tls_session_cache: usize,
 }
 
 impl Default for HttpSettings {
@@ -293,6 +297,8 @@ impl Default for HttpSettings {
             queue_timeout: Duration::from_secs(5),
             tunnel_timeout: Duration::from_secs(3600),
             max_client_connections: None,
+            max_tls_handshakes: 1024,
+            tls_session_cache: 20_000,
         }
     }
 }
@@ -335,8 +341,63 @@ pub struct Vip {
     /// Client connections open at once on this VIP (HTTP VIPs); `None`: only the global
     /// cap applies.
     pub max_connections: Option<usize>,
+    /// TLS termination (an HTTPS VIP).
+    pub tls: Option<VipTls>,
+    /// TLS to the backends.
+    pub backend_tls: Option<BackendTlsFiles>,
+    /// Answers every request with `308` to an HTTPS VIP instead of forwarding it.
+    pub redirect_to: Option<Redirect>,
     /// Removed by a reload: its id stays reserved, it is served no more.
     pub retired: bool,
+}
+
+/// `[vip.tls]`: the certificates an HTTPS VIP presents and its handshake rules.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VipTls {
+    /// The first is the default (for a client without SNI, or with a name no certificate
+    /// has) unless `strict_sni`.
+    pub certificates: Vec<CertFiles>,
+    /// No default certificate: an unknown or missing SNI gets an alert (HAProxy's
+    /// `strict-sni`).
+    pub strict_sni: bool,
+    /// From the accept to the end of the handshake.
+    pub handshake_timeout: Duration,
+    /// TLS 1.2 and 1.3, or 1.3 only.
+    pub min_version: TlsVersion,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TlsVersion {
+    Tls12,
+    Tls13,
+}
+
+/// A certificate chain and its key (PEM files), and the SNI names it answers (empty:
+/// the names in the certificate).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CertFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub names: Vec<String>,
+}
+
+/// Where a redirecting VIP sends its clients: `https://<host>:<port><target>`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Redirect {
+    /// The HTTPS VIP's name.
+    pub vip: String,
+    pub port: u16,
+}
+
+/// `[vip.backend_tls]`: how the dispatcher speaks TLS to the VIP's backends.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BackendTlsFiles {
+    /// CAs that sign the backends' certificates; `None`: the system's roots.
+    pub ca_file: Option<PathBuf>,
+    /// The name every backend's certificate must carry; `None`: the backend's address.
+    pub server_name: Option<String>,
+    /// A client certificate and key, for backends that ask for one.
+    pub client_cert: Option<(PathBuf, PathBuf)>,
 }
 
 impl Vip {

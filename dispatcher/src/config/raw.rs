@@ -93,6 +93,8 @@ pub(super) struct RawHttp {
     pub(super) queue_timeout: Option<Spanned<String>>,
     pub(super) tunnel_timeout: Option<Spanned<String>>,
     pub(super) max_client_connections: Option<Spanned<usize>>,
+    pub(super) max_tls_handshakes: Option<Spanned<usize>>,
+    pub(super) tls_session_cache: Option<Spanned<usize>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -141,4 +143,37 @@ pub(super) struct RawVip {
     pub(super) balance: Option<Spanned<String>>,
     pub(super) backend_port: Option<Spanned<u16>>,
     pub(super) max_connections: Option<Spanned<usize>>,
+    pub(super) tls: Option<Spanned<RawTls>>,
+    pub(super) backend_tls: Option<Spanned<RawBackendTls>>,
+    pub(super) redirect_to: Option<Spanned<String>>,
+}
+
+/// `[vip.tls]`: TLS on an HTTP VIP.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTls {
+    #[serde(default, rename = "certificate")]
+    pub(super) certificates: Vec<Spanned<RawCertificate>>,
+    pub(super) strict_sni: Option<Spanned<bool>>,
+    pub(super) handshake_timeout: Option<Spanned<String>>,
+    pub(super) min_version: Option<Spanned<String>>,
+}
+
+/// `[[vip.tls.certificate]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCertificate {
+    pub(super) cert: Spanned<String>,
+    pub(super) key: Spanned<String>,
+    pub(super) names: Option<Spanned<Vec<Spanned<String>>>>,
+}
+
+/// `[vip.backend_tls]`: TLS from the dispatcher to the VIP's backends.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawBackendTls {
+    pub(super) ca_file: Option<Spanned<String>>,
+    pub(super) server_name: Option<Spanned<String>>,
+    pub(super) cert: Option<Spanned<String>>,
+    pub(super) key: Option<Spanned<String>>,
 }

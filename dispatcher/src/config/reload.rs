@@ -129,6 +129,9 @@ impl Config {
                     balance: Balance::RoundRobin,
                     backend_port: 0,
                     max_connections: None,
+                    tls: None,
+                    backend_tls: None,
+                    redirect_to: None,
                     retired: false,
                 })
                 .collect(),

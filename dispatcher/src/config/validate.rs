@@ -528,6 +528,7 @@ impl Ctx<'_> {
         let mut seen: HashSet<(IpAddr, u16, Protocol)> = HashSet::new();
         let mut names: HashSet<String> = HashSet::new();
         let mut vips = Vec::new();
+        let mut redirects = Vec::new();
         for (i, v) in raw.iter().enumerate() {
             let v = v.get_ref();
             let f = |field: &str| format!("vip[{i}].{field}");
@@ -598,7 +599,7 @@ impl Ctx<'_> {
                 }
                 None => members.extend(0..backends.len()),
             }
-            if members.is_empty() {
+            if members.is_empty() && v.redirect_to.is_none() {
                 let span = v.backends.as_ref().map(|l| l.span()).unwrap_or(v.name.span());
                 self.report(
                     span,
@@ -682,6 +683,25 @@ impl Ctx<'_> {
                 Some(p) => *p.get_ref(),
                 None => *v.port.get_ref(),
             };
+            let tls = v.tls.as_ref().map(|t| self.vip_tls(t, &f("tls")));
+            let backend_tls = v.backend_tls.as_ref().map(|t| self.backend_tls(t.get_ref(), &f("backend_tls")));
+            for (set, field) in [
+                (v.tls.as_ref().map(|t| t.span()), "tls"),
+                (v.backend_tls.as_ref().map(|t| t.span()), "backend_tls"),
+                (v.redirect_to.as_ref().map(|t| t.span()), "redirect_to"),
+            ] {
+                if let Some(span) = set {
+                    if mode != VipMode::Http {
+                        self.report(span, &f(field), "applies to HTTP VIPs only");
+                    }
+                }
+            }
+            if let (Some(r), Some(_)) = (&v.redirect_to, &v.tls) {
+                self.report(r.span(), &f("redirect_to"), "a redirecting VIP is plain HTTP (no [vip.tls])");
+            }
+            if let Some(r) = &v.redirect_to {
+                redirects.push((vips.len(), r));
+            }
             vips.push(Vip {
                 name: v.name.get_ref().clone(),
                 address,
@@ -697,10 +717,129 @@ impl Ctx<'_> {
                 balance,
                 backend_port,
                 max_connections,
+                tls,
+                backend_tls,
+                redirect_to: None,
                 retired: false,
             });
         }
+        for (i, name) in redirects {
+            match vips.iter().find(|t| &t.name == name.get_ref()) {
+                Some(t) if t.tls.is_some() => {
+                    vips[i].redirect_to = Some(Redirect { vip: t.name.clone(), port: t.port });
+                }
+                Some(_) => self.report(
+                    name.span(),
+                    &format!("vip[{i}].redirect_to"),
+                    format!("`{}` is not an HTTPS VIP (it has no [vip.tls])", name.get_ref()),
+                ),
+                None => self.report(
+                    name.span(),
+                    &format!("vip[{i}].redirect_to"),
+                    format!("names no VIP: `{}`", name.get_ref()),
+                ),
+            }
+        }
         vips
+    }
+
+    /// A path in the file, relative to the file's folder.
+    fn path(&self, v: &Spanned<String>, field: &str) -> PathBuf {
+        if v.get_ref().is_empty() {
+            self.report(v.span(), field, "is empty");
+        }
+        let p = PathBuf::from(v.get_ref());
+        match std::path::Path::new(self.file).parent() {
+            Some(dir) if p.is_relative() => dir.join(p),
+            _ => p,
+        }
+    }
+
+    /// `[vip.tls]`. The files are read when the VIP starts (and by `dispatcher check`).
+    fn vip_tls(&self, t: &Spanned<RawTls>, field: &str) -> VipTls {
+        let raw = t.get_ref();
+        if raw.certificates.is_empty() {
+            self.report(t.span(), field, "needs at least one [[...tls.certificate]] (cert and key files)");
+        }
+        let certificates = raw
+            .certificates
+            .iter()
+            .enumerate()
+            .map(|(j, c)| {
+                let c = c.get_ref();
+                let f = |x: &str| format!("{field}.certificate[{j}].{x}");
+                let names = c
+                    .names
+                    .iter()
+                    .flat_map(|n| n.get_ref())
+                    .filter_map(|n| {
+                        let name = n.get_ref().to_ascii_lowercase();
+                        let bare = name.strip_prefix("*.").unwrap_or(&name);
+                        let ok = !bare.is_empty()
+                            && bare.len() <= 253
+                            && bare
+                                .split('.')
+                                .all(|l| !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'));
+                        if !ok {
+                            self.report(
+                                n.span(),
+                                &f("names"),
+                                format!("`{}` is not a DNS name or *.wildcard", n.get_ref()),
+                            );
+                        }
+                        ok.then_some(name)
+                    })
+                    .collect();
+                CertFiles { cert: self.path(&c.cert, &f("cert")), key: self.path(&c.key, &f("key")), names }
+            })
+            .collect();
+        let handshake_timeout = raw
+            .handshake_timeout
+            .as_ref()
+            .and_then(|d| self.duration(d, &format!("{field}.handshake_timeout"), Duration::from_millis(100)))
+            .unwrap_or(Duration::from_secs(5));
+        let min_version = self.choice(
+            &raw.min_version,
+            &format!("{field}.min_version"),
+            TlsVersion::Tls12,
+            &[("1.2", TlsVersion::Tls12), ("1.3", TlsVersion::Tls13)],
+        );
+        VipTls {
+            certificates,
+            strict_sni: raw.strict_sni.as_ref().is_some_and(|b| *b.get_ref()),
+            handshake_timeout,
+            min_version,
+        }
+    }
+
+    /// `[vip.backend_tls]`.
+    fn backend_tls(&self, t: &RawBackendTls, field: &str) -> BackendTlsFiles {
+        let f = |x: &str| format!("{field}.{x}");
+        let client_cert = match (&t.cert, &t.key) {
+            (Some(c), Some(k)) => Some((self.path(c, &f("cert")), self.path(k, &f("key")))),
+            (Some(c), None) => {
+                self.report(c.span(), &f("key"), "a client certificate needs its key");
+                None
+            }
+            (None, Some(k)) => {
+                self.report(k.span(), &f("cert"), "a client key needs its certificate");
+                None
+            }
+            (None, None) => None,
+        };
+        let server_name =
+            t.server_name.as_ref().and_then(|n| match rustls::pki_types::ServerName::try_from(n.get_ref().as_str()) {
+                Ok(_) => Some(n.get_ref().clone()),
+                Err(_) => {
+                    self.report(
+                        n.span(),
+                        &f("server_name"),
+                        format!("`{}` is not a DNS name or IP address", n.get_ref()),
+                    );
+                    None
+                }
+            });
+        BackendTlsFiles { ca_file: t.ca_file.as_ref().map(|c| self.path(c, &f("ca_file"))), server_name, client_cert }
     }
 
     /// `[[partition]]`.
@@ -856,6 +995,8 @@ impl Ctx<'_> {
         let mut cap = 0;
         num(&h.max_client_connections, "max_client_connections", 1, MAX_CLIENT_CONNECTIONS, &mut cap);
         s.max_client_connections = (cap > 0).then_some(cap);
+        num(&h.max_tls_handshakes, "max_tls_handshakes", 1, 1_000_000, &mut s.max_tls_handshakes);
+        num(&h.tls_session_cache, "tls_session_cache", 0, 10_000_000, &mut s.tls_session_cache);
         let (mut retries, mut pct, mut min) =
             (s.retries as usize, s.retry_budget_percent as usize, s.retry_budget_min as usize);
         num(&h.retries, "retries", 0, 10, &mut retries);

@@ -31,7 +31,7 @@ use std::{
 
 use tokio::{
     net::{TcpListener, TcpSocket},
-    sync::watch,
+    sync::{watch, Semaphore},
 };
 
 use super::{
@@ -43,6 +43,7 @@ use super::{
 use crate::{
     config::{Config, Vip},
     state::Cluster,
+    tls::{server::ServerTls, upstream::BackendTls},
 };
 
 pub struct HttpServer {
@@ -123,34 +124,78 @@ fn listener_for(v: &Vip, inherited: &mut Sockets) -> std::io::Result<TcpListener
     }
 }
 
+/// What every worker shares of one HTTP VIP: its balancing state and its TLS, both ways.
+#[derive(Clone)]
+struct VipShared {
+    route: Arc<VipRoute>,
+    tls: Option<Arc<ServerTls>>,
+    /// Per backend (indexed like `Config::backends`), for a VIP with `backend_tls`.
+    backend_tls: Vec<Option<Arc<BackendTls>>>,
+}
+
+/// Reads the TLS files of every HTTP VIP (once, before any worker starts): an error
+/// names the VIP and the file, and nothing starts.
+fn vip_shared(cfg: &Config, cluster: &Arc<Cluster>) -> std::io::Result<Vec<VipShared>> {
+    let handshakes = Arc::new(Semaphore::new(cfg.http.max_tls_handshakes));
+    let fail = |v: &Vip, e: anyhow::Error| std::io::Error::other(format!("VIP {}: {e:#}", v.name));
+    let mut out = Vec::new();
+    for (i, v) in cfg.vips.iter().enumerate().filter(|(_, v)| v.serves_http()) {
+        let tls = match &v.tls {
+            Some(t) => Some(Arc::new(
+                ServerTls::load(t, &cfg.http, handshakes.clone(), cluster.vips[i].tls.clone())
+                    .map_err(|e| fail(v, e))?,
+            )),
+            None => None,
+        };
+        let backend_tls = match &v.backend_tls {
+            Some(f) => {
+                let client = crate::tls::upstream::client_config(f).map_err(|e| fail(v, e))?;
+                (0..cfg.backends.len())
+                    .map(|b| {
+                        let address = cfg.backends[b].address.into();
+                        v.backends.contains(&b).then(|| Arc::new(BackendTls::new(client.clone(), f, address)))
+                    })
+                    .collect()
+            }
+            None => vec![None; cfg.backends.len()],
+        };
+        out.push(VipShared { route: Arc::new(VipRoute::new(v.backends.clone(), v.balance)), tls, backend_tls });
+    }
+    Ok(out)
+}
+
 /// What one worker serves: a context (own pools) and a listener per HTTP VIP.
 fn worker_vips(
     cfg: &Config,
     cluster: &Arc<Cluster>,
-    routes: &[Arc<VipRoute>],
+    shared: &[VipShared],
     mut inherited: Sockets,
 ) -> std::io::Result<Vec<(Arc<VipCtx>, TcpListener)>> {
     let mut out = Vec::new();
-    for ((vip_index, v), route) in cfg.vips.iter().enumerate().filter(|(_, v)| v.serves_http()).zip(routes) {
+    for ((vip_index, v), sh) in cfg.vips.iter().enumerate().filter(|(_, v)| v.serves_http()).zip(shared) {
         let pools = (0..cfg.backends.len())
             .map(|b| {
                 v.backends.contains(&b).then(|| {
                     let addr = SocketAddr::new(cfg.backends[b].address.into(), v.backend_port);
                     let be = &cluster.backends[b];
                     let budget = cluster.idle_budget.clone();
-                    Pool::new(b, addr, &cfg.http, be.connections.clone(), be.conn_limit.clone(), budget)
+                    let tls = sh.backend_tls[b].clone();
+                    Pool::new(b, addr, &cfg.http, be.connections.clone(), be.conn_limit.clone(), budget, tls)
                 })
             })
             .collect();
         let ctx = Arc::new(VipCtx {
             host: super::rewrite::vip_authority(SocketAddr::new(v.address, v.port)),
             vip_index,
-            route: route.clone(),
+            route: sh.route.clone(),
             pools,
             cluster: cluster.clone(),
             settings: cfg.http.clone(),
             limits: HeadLimits { max_bytes: cfg.http.max_header_bytes, max_headers: cfg.http.max_headers },
             suspect_on_status: cfg.health.suspect_on_status.clone(),
+            tls: sh.tls.clone(),
+            forwarded: super::rewrite::forwarded_fields(v.tls.is_some(), v.port),
+            redirect: v.redirect_to.clone(),
         });
         out.push((ctx, listener_for(v, &mut inherited)?));
     }
@@ -239,12 +284,7 @@ impl HttpServer {
         // connections still draining on the previous listeners.
         let active = cluster.client_connections.clone();
         // One route (balancing state) per VIP, shared by the workers: weights stay exact.
-        let routes: Vec<Arc<VipRoute>> = cfg
-            .vips
-            .iter()
-            .filter(|v| v.serves_http())
-            .map(|v| Arc::new(VipRoute::new(v.backends.clone(), v.balance)))
-            .collect();
+        let shared = vip_shared(cfg, &cluster)?;
         let addrs = cfg.vips.iter().filter(|v| v.serves_http()).map(|v| SocketAddr::new(v.address, v.port)).collect();
         let nofile = descriptor_limit();
         let global = cfg.http.max_client_connections.unwrap_or_else(|| default_client_cap(nofile));
@@ -266,8 +306,8 @@ impl HttpServer {
                 }
                 None => Vec::new(),
             };
-            let (cfg, cluster, routes, stop_rx, active, ready) =
-                (cfg.clone(), cluster.clone(), routes.clone(), stop.subscribe(), active.clone(), ready_tx.clone());
+            let (cfg, cluster, shared, stop_rx, active, ready) =
+                (cfg.clone(), cluster.clone(), shared.clone(), stop.subscribe(), active.clone(), ready_tx.clone());
             let drain = cfg.http.drain_timeout;
             let handle = std::thread::Builder::new().name(format!("http-{w}")).spawn(move || -> usize {
                 let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
@@ -278,7 +318,7 @@ impl HttpServer {
                     }
                 };
                 rt.block_on(async move {
-                    let vips = match worker_vips(&cfg, &cluster, &routes, inherited) {
+                    let vips = match worker_vips(&cfg, &cluster, &shared, inherited) {
                         Ok(v) => v,
                         Err(e) => {
                             let _ = ready.send(Err(e));

@@ -9,6 +9,7 @@
 pub mod body;
 pub mod head;
 pub mod hold;
+pub mod io;
 pub mod listener;
 pub mod pool;
 pub mod proxy;

@@ -16,20 +16,22 @@ use std::{
 };
 
 use tokio::{
-    net::{
-        tcp::{OwnedReadHalf, OwnedWriteHalf},
-        TcpStream,
-    },
+    net::TcpStream,
     sync::{OwnedSemaphorePermit, Semaphore},
 };
 
-use super::body::Inbound;
-use crate::config::HttpSettings;
+use super::{
+    body::Inbound,
+    io::{ReadSide, WriteSide},
+};
+use crate::{config::HttpSettings, tls::upstream::BackendTls};
 
 pub struct Upstream {
     pub backend: usize,
-    pub r: Inbound<OwnedReadHalf>,
-    pub w: OwnedWriteHalf,
+    pub r: Inbound<ReadSide>,
+    pub w: WriteSide,
+    /// The socket under both halves (TLS or not).
+    fd: std::os::fd::RawFd,
     /// Came from the idle list (it may have been closed by the server meanwhile).
     pub reused: bool,
     /// This connection's share of the backend's limit while it is in use.
@@ -41,9 +43,7 @@ impl Upstream {
     /// Resets the connection when it is dropped (SO_LINGER 0): the server sees an abort,
     /// never a request that looks complete.
     pub fn abort(&self) {
-        // Deprecated because a non-zero linger blocks the dropping thread; zero never does.
-        #[allow(deprecated)]
-        let _ = self.w.as_ref().set_linger(Some(Duration::ZERO));
+        super::io::reset_on_close(self.fd);
     }
 }
 
@@ -52,11 +52,12 @@ impl Upstream {
 /// response — another client's. Closed or talkative connections are dropped.
 ///
 /// Asked of the socket itself (a non-blocking peek), not of the runtime's cached
-/// readiness, which may not have seen the bytes yet.
+/// readiness, which may not have seen the bytes yet. Over TLS the peek sees records: a
+/// server's close_notify or any record after the response makes the connection talkative
+/// too (never reused: a conservative verdict).
 fn quiet(up: &Upstream) -> bool {
     use nix::sys::socket::{recv, MsgFlags};
-    use std::os::fd::AsRawFd;
-    let fd = up.r.io.as_ref().as_raw_fd();
+    let fd = up.fd;
     let mut probe = [0u8; 1];
     matches!(recv(fd, &mut probe, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT), Err(nix::errno::Errno::EAGAIN))
 }
@@ -126,6 +127,8 @@ pub enum PoolError {
     Connect { addr: SocketAddr, source: std::io::Error },
     #[error("connecting to {addr}: timed out")]
     ConnectTimeout { addr: SocketAddr },
+    #[error("TLS with {addr}: {source}")]
+    Tls { addr: SocketAddr, source: std::io::Error },
     #[error("{addr}: connection limit reached and no connection freed within the queue timeout")]
     Full { addr: SocketAddr },
 }
@@ -134,6 +137,11 @@ impl PoolError {
     /// The backend's connection limit, not a failure of the backend.
     pub fn is_busy(&self) -> bool {
         matches!(self, PoolError::Full { .. })
+    }
+
+    /// The backend's TLS handshake failed (its certificate, its name, the protocol).
+    pub fn is_tls(&self) -> bool {
+        matches!(self, PoolError::Tls { .. })
     }
 
     /// A shortage on this host (descriptors, ports, buffers, memory): never the backend's
@@ -172,6 +180,8 @@ pub struct Pool {
     connect_timeout: Duration,
     queue_timeout: Duration,
     open: Arc<AtomicU64>,
+    /// TLS to this backend (the VIP's `backend_tls`).
+    tls: Option<Arc<BackendTls>>,
 }
 
 impl Pool {
@@ -184,9 +194,11 @@ impl Pool {
         open: Arc<AtomicU64>,
         limit: Arc<Semaphore>,
         budget: Arc<IdleBudget>,
+        tls: Option<Arc<BackendTls>>,
     ) -> Pool {
         Pool {
             backend,
+            tls,
             open,
             addr,
             idle: Mutex::new(Vec::new()),
@@ -244,16 +256,33 @@ impl Pool {
 
     async fn open(&self, permit: OwnedSemaphorePermit) -> Result<Upstream, PoolError> {
         let addr = self.addr;
-        let stream = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(addr)).await {
+        // One deadline for the TCP connect and the TLS handshake together.
+        let deadline = tokio::time::Instant::now() + self.connect_timeout;
+        let stream = match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {
             Ok(Ok(s)) => s,
             Ok(Err(source)) => return Err(PoolError::Connect { addr, source }),
             Err(_) => return Err(PoolError::ConnectTimeout { addr }),
         };
         let _ = stream.set_nodelay(true);
-        let (r, w) = stream.into_split();
         self.open.fetch_add(1, Ordering::Relaxed);
         let open = Open(self.open.clone());
-        Ok(Upstream { backend: self.backend, r: Inbound::new(r), w, reused: false, _permit: Some(permit), _open: open })
+        let (r, w, fd) = match &self.tls {
+            None => super::io::split_plain(stream),
+            Some(tls) => match tokio::time::timeout_at(deadline, tls.connect(stream)).await {
+                Ok(Ok(s)) => super::io::split_tls(s),
+                Ok(Err(source)) => return Err(PoolError::Tls { addr, source }),
+                Err(_) => return Err(PoolError::ConnectTimeout { addr }),
+            },
+        };
+        Ok(Upstream {
+            backend: self.backend,
+            r: Inbound::new(r),
+            w,
+            fd,
+            reused: false,
+            _permit: Some(permit),
+            _open: open,
+        })
     }
 
     /// Returns a connection after a complete exchange; dropped if the pool is full or it
@@ -329,7 +358,7 @@ mod tests {
         let (addr, accepted) = sink().await;
         let s = HttpSettings { queue_timeout: Duration::from_millis(500), ..HttpSettings::default() };
         let open = Arc::new(AtomicU64::new(0));
-        let pool = Arc::new(Pool::new(0, addr, &s, open.clone(), Arc::new(Semaphore::new(1)), budget()));
+        let pool = Arc::new(Pool::new(0, addr, &s, open.clone(), Arc::new(Semaphore::new(1)), budget(), None));
         let first = pool.get(true).await.unwrap();
         assert_eq!(open.load(Ordering::Relaxed), 1);
         let waiter = {
@@ -358,8 +387,8 @@ mod tests {
         let (addr, accepted) = sink().await;
         let s = HttpSettings { queue_timeout: Duration::from_millis(200), ..HttpSettings::default() };
         let (open, limit) = (Arc::new(AtomicU64::new(0)), Arc::new(Semaphore::new(1)));
-        let a = Pool::new(0, addr, &s, open.clone(), limit.clone(), budget());
-        let b = Pool::new(0, addr, &s, open.clone(), limit.clone(), budget());
+        let a = Pool::new(0, addr, &s, open.clone(), limit.clone(), budget(), None);
+        let b = Pool::new(0, addr, &s, open.clone(), limit.clone(), budget(), None);
         let held = a.get(true).await.unwrap();
         assert!(b.get(true).await.is_err_and(|e| e.is_busy()), "the other worker's pool is at the limit too");
         a.put(held);
@@ -393,7 +422,7 @@ mod tests {
             (c, second)
         });
         let s = HttpSettings::default();
-        let pool = Pool::new(0, addr, &s, Arc::new(AtomicU64::new(0)), Arc::new(Semaphore::new(4)), budget());
+        let pool = Pool::new(0, addr, &s, Arc::new(AtomicU64::new(0)), Arc::new(Semaphore::new(4)), budget(), None);
         let up = pool.get(true).await.unwrap();
         // Back in the pool before the late bytes are read.
         pool.put(up);
@@ -410,7 +439,7 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let server = tokio::spawn(async move { listener.accept().await.map(|(c, _)| c) });
         let s = HttpSettings::default();
-        let pool = Pool::new(0, addr, &s, Arc::new(AtomicU64::new(0)), Arc::new(Semaphore::new(4)), budget());
+        let pool = Pool::new(0, addr, &s, Arc::new(AtomicU64::new(0)), Arc::new(Semaphore::new(4)), budget(), None);
         pool.put(pool.get(true).await.unwrap());
         assert_eq!(pool.reap(), 0, "an open, quiet connection stays");
         drop(server.await.unwrap().unwrap());
@@ -427,7 +456,7 @@ mod tests {
         let s = HttpSettings::default();
         let budget = Arc::new(IdleBudget::new(2));
         let pool = |b: &Arc<IdleBudget>| {
-            Pool::new(0, addr, &s, Arc::new(AtomicU64::new(0)), Arc::new(Semaphore::new(8)), b.clone())
+            Pool::new(0, addr, &s, Arc::new(AtomicU64::new(0)), Arc::new(Semaphore::new(8)), b.clone(), None)
         };
         let (a, b) = (pool(&budget), pool(&budget));
         let conns = [a.get(true).await.unwrap(), a.get(true).await.unwrap(), b.get(true).await.unwrap()];

@@ -11,10 +11,7 @@ use std::{
 use bytes::BytesMut;
 use tokio::{
     io::{AsyncRead, AsyncWrite, AsyncWriteExt},
-    net::{
-        tcp::{OwnedReadHalf, OwnedWriteHalf},
-        TcpStream,
-    },
+    net::TcpStream,
     sync::watch,
 };
 
@@ -24,6 +21,7 @@ use super::{
     },
     head::{parse_request, parse_response, Framing, HeadLimits, Header, Reject, RequestHead, ResponseHead},
     hold::{await_shared, hold, HoldEnd},
+    io::{ReadSide, WriteSide},
     pool::{Pool, Upstream},
     retry::{is_idempotent, retry_allowed},
     rewrite::{build_request, build_response, is},
@@ -32,7 +30,11 @@ use super::{
     tunnel::{tunnel, TunnelTimeouts},
     Counted,
 };
-use crate::{config::HttpSettings, state::Cluster};
+use crate::{
+    config::{HttpSettings, Redirect},
+    state::Cluster,
+    tls::server::ServerTls,
+};
 use dispatcher_common::BackendState;
 
 /// Everything a connection on one HTTP VIP needs.
@@ -49,6 +51,12 @@ pub struct VipCtx {
     pub limits: HeadLimits,
     /// Statuses that make the answering backend suspect (`health.suspect_on_status`).
     pub suspect_on_status: Vec<u16>,
+    /// TLS termination (an HTTPS VIP).
+    pub tls: Option<Arc<ServerTls>>,
+    /// The `X-Forwarded-Proto` and `X-Forwarded-Port` lines every forwarded head gets.
+    pub forwarded: Vec<u8>,
+    /// A VIP that answers `308` to its HTTPS VIP instead of forwarding.
+    pub redirect: Option<Redirect>,
 }
 
 /// After the listener stops: how long an idle keep-alive client has to send its next
@@ -112,8 +120,8 @@ struct ClientConn {
     peer: SocketAddr,
     /// Its slot in the dispatchers' ownership table (`steering::keeps`).
     steer_slot: usize,
-    client: Inbound<OwnedReadHalf>,
-    w: OwnedWriteHalf,
+    client: Inbound<ReadSide>,
+    w: WriteSide,
     /// The head being forwarded or answered.
     out: Vec<u8>,
     /// The header index of the head being parsed.
@@ -123,14 +131,20 @@ struct ClientConn {
 /// The client side as one attempt on a backend uses it.
 struct Downstream<'a, R> {
     client: &'a mut Inbound<R>,
-    w: &'a mut OwnedWriteHalf,
+    w: &'a mut WriteSide,
     scratch: &'a mut Vec<Header>,
 }
 
 pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut stop: watch::Receiver<bool>) {
     let _ = stream.set_nodelay(true);
     let steer_slot = crate::steering::slot_of(peer, stream.local_addr().unwrap_or(peer));
-    let (r, w) = stream.into_split();
+    let (r, w, _) = match &ctx.tls {
+        None => super::io::split_plain(stream),
+        Some(tls) => match tls.accept(stream).await {
+            Some(conn) => super::io::split_tls(conn),
+            None => return,
+        },
+    };
     // Request heads are small: 4 KiB reads (more for bodies), allocated at the first
     // read, keep many idle keep-alive clients cheap.
     let client = Inbound::with_chunk(r, 4096);
@@ -146,6 +160,12 @@ pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut st
         };
         let head_bytes = conn.client.buf.split_to(head.len);
         conn.ctx.cluster.vips[conn.ctx.vip_index].requests.fetch_add(1, Ordering::Relaxed);
+        if let Some(to) = &conn.ctx.redirect {
+            let answer = redirect_answer(&head, &head_bytes, to, &conn.ctx.host);
+            write_client(&mut conn.w, answer.as_bytes(), ERROR_WRITE_DEADLINE).await;
+            let _ = conn.w.shutdown().await;
+            return;
+        }
         let closing = *stop.borrow();
         // Boxed: the exchange's (large) state exists only while a request is in flight,
         // so an idle keep-alive connection's task stays small.
@@ -160,6 +180,31 @@ pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut st
             }
         }
     }
+}
+
+/// `308 Permanent Redirect` to the same host and target on the HTTPS VIP's port (the
+/// method and body are kept by a client that follows it, RFC 9110 15.4.9). The
+/// connection is closed after it: the request's body, if any, is never read.
+fn redirect_answer(head: &RequestHead, buf: &[u8], to: &Redirect, vip_host: &str) -> String {
+    let host_field = head.headers.iter().find(|h| is(&buf[h.name.clone()], "host")).map(|h| &buf[h.value.clone()]);
+    let authority = head.authority.as_ref().map(|a| &buf[a.clone()]).or(host_field).unwrap_or(vip_host.as_bytes());
+    let authority = String::from_utf8_lossy(authority);
+    // The host without its port: `[v6]:port`, `name:port`, `v4:port`.
+    let host = match authority.rfind(':') {
+        Some(i) if !authority[i..].contains(']') => &authority[..i],
+        _ => &authority[..],
+    };
+    let port = if to.port == 443 { String::new() } else { format!(":{}", to.port) };
+    let mut target = String::from_utf8_lossy(&buf[head.path.clone()]).into_owned();
+    if !target.starts_with('/') {
+        target.insert(0, '/');
+    }
+    let location = format!("https://{host}{port}{target}");
+    let body = format!("308 Permanent Redirect: {location}\n");
+    format!(
+        "HTTP/1.1 308 Permanent Redirect\r\nLocation: {location}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
 }
 
 /// Reads one request head. The header deadline runs from the head's first byte (a
@@ -563,7 +608,7 @@ impl ClientConn {
             be.outstanding.fetch_add(1, Ordering::Relaxed);
             let in_flight = InFlight(be);
             be.requests.fetch_add(1, Ordering::Relaxed);
-            build_request(out, head, buf, peer.ip(), &ctx.host);
+            build_request(out, head, buf, peer.ip(), &ctx.host, &ctx.forwarded);
             let down = Downstream { client: &mut *client, w: &mut *w, scratch: &mut *scratch };
             let failure = match send(ctx, head, backend, down, out, buffered_body.as_deref()).await {
                 Ok((up, res, skipped)) => {
@@ -593,6 +638,13 @@ impl ClientConn {
                     crate::ratelimit::warn("upstream connect", &e);
                     send_error(w, 503, "the dispatcher is out of resources", Some(1)).await;
                     return Next::Close;
+                }
+                SendFail::Unreachable(e) if e.is_tls() => {
+                    // It answered, but not as the server it must be (certificate, name,
+                    // protocol): a bad gateway, and a failing backend.
+                    c.passive_failure(backend);
+                    crate::ratelimit::warn("TLS to a backend failed", &e);
+                    (502, "the server's TLS handshake failed", None)
                 }
                 SendFail::Unreachable(e) => {
                     c.passive_failure(backend);

@@ -36,11 +36,19 @@ fn write_header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
 }
 
 /// The request head as it goes upstream: HTTP/1.1, origin-form target, hop-by-hop fields
-/// removed, `X-Forwarded-For` appended, `X-Forwarded-Proto` and `Via` set.
+/// removed, `X-Forwarded-For` appended, `forwarded` (the VIP's `X-Forwarded-Proto` and
+/// `X-Forwarded-Port` lines, replacing the client's) and `Via` set.
 ///
 /// Host: an absolute-form target's authority replaces any Host (RFC 9112 3.2.2); an
 /// HTTP/1.0 request without Host gets `vip_host` (the VIP's authority).
-pub fn build_request(out: &mut Vec<u8>, head: &RequestHead, buf: &[u8], client: IpAddr, vip_host: &str) {
+pub fn build_request(
+    out: &mut Vec<u8>,
+    head: &RequestHead,
+    buf: &[u8],
+    client: IpAddr,
+    vip_host: &str,
+    forwarded: &[u8],
+) {
     out.clear();
     out.extend_from_slice(&buf[head.method.clone()]);
     out.push(b' ');
@@ -66,7 +74,10 @@ pub fn build_request(out: &mut Vec<u8>, head: &RequestHead, buf: &[u8], client: 
         } else if is(name, "upgrade") && head.upgrade {
             // Listed in `Connection`, but the one hop-by-hop field a tunnel must carry.
             write_header(out, name, value);
-        } else if is(name, "x-forwarded-proto") || listed.iter().any(|l| name.eq_ignore_ascii_case(l)) {
+        } else if is(name, "x-forwarded-proto")
+            || is(name, "x-forwarded-port")
+            || listed.iter().any(|l| name.eq_ignore_ascii_case(l))
+        {
         } else if is(name, "host") {
             if head.authority.is_none() {
                 has_host = true;
@@ -81,12 +92,17 @@ pub fn build_request(out: &mut Vec<u8>, head: &RequestHead, buf: &[u8], client: 
         write_header(out, b"Host", vip_host.as_bytes());
     }
     write_list(out, b"X-Forwarded-For", &xff, format_args!("{client}"));
-    out.extend_from_slice(b"X-Forwarded-Proto: http\r\n");
+    out.extend_from_slice(forwarded);
     write_list(out, b"Via", &via, format_args!("{VIA}"));
     if head.upgrade {
         out.extend_from_slice(b"Connection: upgrade\r\n");
     }
     out.extend_from_slice(b"\r\n");
+}
+
+/// The `X-Forwarded-Proto` and `X-Forwarded-Port` lines of a VIP's forwarded requests.
+pub fn forwarded_fields(tls: bool, port: u16) -> Vec<u8> {
+    format!("X-Forwarded-Proto: {}\r\nX-Forwarded-Port: {port}\r\n", if tls { "https" } else { "http" }).into_bytes()
 }
 
 /// The response head as it goes to the client.
@@ -151,7 +167,7 @@ mod tests {
     fn forwarded(text: &str, vip: &str) -> String {
         let h = parse_request(text.as_bytes(), &HeadLimits::default(), &mut Vec::new()).unwrap().unwrap();
         let mut out = Vec::new();
-        build_request(&mut out, &h, text.as_bytes(), "192.0.2.1".parse().unwrap(), vip);
+        build_request(&mut out, &h, text.as_bytes(), "192.0.2.1".parse().unwrap(), vip, &forwarded_fields(false, 80));
         String::from_utf8(out).unwrap()
     }
 

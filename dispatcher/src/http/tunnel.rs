@@ -6,17 +6,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokio::{
-    io::{AsyncRead, AsyncWrite, AsyncWriteExt},
-    net::tcp::OwnedWriteHalf,
-};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use super::{body::Inbound, pool::Upstream, proxy::write_client};
+use super::{body::Inbound, io::WriteSide, pool::Upstream, proxy::write_client};
 
 /// After `101 Switching Protocols`: bytes both ways until either side closes.
 pub async fn tunnel<R: AsyncRead + Unpin>(
     client: &mut Inbound<R>,
-    w: &mut OwnedWriteHalf,
+    w: &mut WriteSide,
     mut up: Upstream,
     t: TunnelTimeouts,
 ) {

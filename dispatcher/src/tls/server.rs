@@ -1,0 +1,248 @@
+//! HTTPS on an HTTP VIP: the handshake between `accept` and the proxy.
+//!
+//! - Certificates are chosen by SNI (exact names, then `*.` wildcards), else the VIP's
+//!   first certificate, unless `strict_sni` (then an alert).
+//! - TLS 1.2 and 1.3, ALPN `http/1.1` only (a client offering only `h2` gets the
+//!   `no_application_protocol` alert), no 0-RTT.
+//! - Resumption: tickets whose keys rotate (rustls' ticketer: a new key every 6 hours,
+//!   the previous one still accepted), and a session-ID cache; both process-wide, so a
+//!   session resumes on any worker and across `reload`.
+//! - Limits: a deadline from accept to the end of the handshake, and a cap on handshakes
+//!   in progress over all VIPs (one more is closed at once). A first byte that cannot
+//!   start a TLS record ends the connection: if it looks like plain HTTP, with a plain
+//!   `400` saying so. Nothing of such a connection is forwarded.
+
+use std::{
+    collections::HashMap,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, OnceLock,
+    },
+    time::Duration,
+};
+
+use rustls::{
+    server::{ClientHello, ProducesTickets, ResolvesServerCert, ServerConfig, ServerSessionMemoryCache},
+    sign::CertifiedKey,
+    HandshakeKind,
+};
+use tokio::{io::AsyncWriteExt, net::TcpStream, sync::Semaphore};
+use tokio_rustls::LazyConfigAcceptor;
+
+use super::certs::{self, CertInfo};
+use crate::{
+    config::{HttpSettings, TlsVersion, VipTls},
+    http::io::TlsConn,
+};
+
+/// Why a handshake did not complete.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// Not done within the handshake deadline (a client that stopped mid-handshake).
+    Timeout,
+    /// The client closed or reset the connection before the end.
+    Closed,
+    /// Plain HTTP sent to the TLS port (answered with a plain 400).
+    PlainHttp,
+    /// The first bytes are not a TLS record.
+    NotTls,
+    /// A name no certificate answers, on a VIP without a default (`strict_sni`).
+    UnknownSni,
+    /// Over `http.max_tls_handshakes`.
+    Cap,
+    /// Anything else rustls refused: a malformed or oversized ClientHello, no common
+    /// version, cipher or application protocol.
+    Protocol,
+}
+
+impl Failure {
+    pub const ALL: [Failure; 7] = [
+        Failure::Timeout,
+        Failure::Closed,
+        Failure::PlainHttp,
+        Failure::NotTls,
+        Failure::UnknownSni,
+        Failure::Cap,
+        Failure::Protocol,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Failure::Timeout => "timeout",
+            Failure::Closed => "closed",
+            Failure::PlainHttp => "plain_http",
+            Failure::NotTls => "not_tls",
+            Failure::UnknownSni => "unknown_sni",
+            Failure::Cap => "cap",
+            Failure::Protocol => "protocol",
+        }
+    }
+}
+
+/// One VIP's handshake counters (kept across reloads).
+#[derive(Default)]
+pub struct TlsStats {
+    pub full: AtomicU64,
+    pub resumed: AtomicU64,
+    pub failures: [AtomicU64; Failure::ALL.len()],
+    /// The certificates the VIP presents now.
+    pub certs: std::sync::RwLock<Vec<CertInfo>>,
+}
+
+impl TlsStats {
+    fn fail(&self, f: Failure) {
+        self.failures[f as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn failures(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        Failure::ALL.iter().map(|f| (f.name(), self.failures[*f as usize].load(Ordering::Relaxed)))
+    }
+}
+
+/// Certificates by SNI name.
+#[derive(Debug)]
+struct Certificates {
+    exact: HashMap<String, Arc<CertifiedKey>>,
+    /// By the part after `*.`.
+    wildcard: HashMap<String, Arc<CertifiedKey>>,
+    default: Option<Arc<CertifiedKey>>,
+}
+
+impl Certificates {
+    fn lookup(&self, sni: Option<&str>) -> Option<Arc<CertifiedKey>> {
+        let found = sni.and_then(|name| {
+            let name = name.to_ascii_lowercase();
+            self.exact.get(&name).or_else(|| name.split_once('.').and_then(|(_, parent)| self.wildcard.get(parent)))
+        });
+        found.or(self.default.as_ref()).cloned()
+    }
+}
+
+impl ResolvesServerCert for Certificates {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        self.lookup(hello.server_name())
+    }
+}
+
+/// The process's ticket keys (rotating) and session-ID cache, shared by every VIP and
+/// every configuration a reload brings.
+fn resumption(cache_size: usize) -> anyhow::Result<(Arc<dyn ProducesTickets>, Arc<ServerSessionMemoryCache>)> {
+    static STATE: OnceLock<(Arc<dyn ProducesTickets>, Arc<ServerSessionMemoryCache>)> = OnceLock::new();
+    if let Some(s) = STATE.get() {
+        return Ok(s.clone());
+    }
+    let ticketer = rustls::crypto::aws_lc_rs::Ticketer::new()?;
+    Ok(STATE.get_or_init(|| (ticketer, ServerSessionMemoryCache::new(cache_size.max(1)))).clone())
+}
+
+/// An HTTPS VIP's TLS side, shared by the workers.
+pub struct ServerTls {
+    config: Arc<ServerConfig>,
+    certs: Arc<Certificates>,
+    timeout: Duration,
+    /// Handshakes in progress, over all VIPs.
+    in_flight: Arc<Semaphore>,
+    pub stats: Arc<TlsStats>,
+}
+
+const PLAIN_HTTP_ANSWER: &[u8] = b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: 57\r\nConnection: close\r\n\r\nThis port speaks HTTPS: the request was sent as plain HTTP\n";
+
+impl ServerTls {
+    /// Reads the VIP's certificates and builds its configuration; an error names the
+    /// file and what is wrong with it.
+    pub fn load(
+        t: &VipTls,
+        http: &HttpSettings,
+        in_flight: Arc<Semaphore>,
+        stats: Arc<TlsStats>,
+    ) -> anyhow::Result<ServerTls> {
+        let mut certs = Certificates { exact: HashMap::new(), wildcard: HashMap::new(), default: None };
+        let mut infos = Vec::new();
+        for files in &t.certificates {
+            let loaded = certs::load(files)?;
+            for name in &loaded.info.names {
+                match name.strip_prefix("*.") {
+                    Some(parent) => certs.wildcard.entry(parent.to_string()).or_insert_with(|| loaded.key.clone()),
+                    None => certs.exact.entry(name.clone()).or_insert_with(|| loaded.key.clone()),
+                };
+            }
+            if !t.strict_sni && certs.default.is_none() {
+                certs.default = Some(loaded.key.clone());
+            }
+            infos.push(loaded.info);
+        }
+        let versions: &[&rustls::SupportedProtocolVersion] = match t.min_version {
+            TlsVersion::Tls12 => &[&rustls::version::TLS13, &rustls::version::TLS12],
+            TlsVersion::Tls13 => &[&rustls::version::TLS13],
+        };
+        let certs = Arc::new(certs);
+        let mut config = ServerConfig::builder_with_provider(super::provider())
+            .with_protocol_versions(versions)?
+            .with_no_client_auth()
+            .with_cert_resolver(certs.clone());
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let (ticketer, cache) = resumption(http.tls_session_cache)?;
+        config.ticketer = ticketer;
+        config.session_storage = cache;
+        config.max_early_data_size = 0;
+        *stats.certs.write().unwrap() = infos;
+        Ok(ServerTls { config: Arc::new(config), certs, timeout: t.handshake_timeout, in_flight, stats })
+    }
+
+    /// The handshake on an accepted connection, within the deadline and the cap; `None`
+    /// when it failed (counted by reason, the connection closed).
+    pub async fn accept(&self, mut stream: TcpStream) -> Option<TlsConn> {
+        let Ok(_permit) = self.in_flight.clone().try_acquire_owned() else {
+            self.stats.fail(Failure::Cap);
+            crate::ratelimit::warn("TLS handshake refused at the cap", &"http.max_tls_handshakes");
+            return None;
+        };
+        let handshake = async move {
+            let mut first = [0u8; 1];
+            match stream.peek(&mut first).await {
+                Ok(0) | Err(_) => return Err(Failure::Closed),
+                Ok(_) => {}
+            }
+            // 22: a handshake record. Anything else is closed before rustls sees it.
+            if first[0] != 22 {
+                if first[0].is_ascii_uppercase() {
+                    let _ = stream.write_all(PLAIN_HTTP_ANSWER).await;
+                    return Err(Failure::PlainHttp);
+                }
+                return Err(Failure::NotTls);
+            }
+            let start =
+                LazyConfigAcceptor::new(rustls::server::Acceptor::default(), stream).await.map_err(|e| classify(&e))?;
+            let unknown = self.certs.lookup(start.client_hello().server_name()).is_none();
+            match start.into_stream(self.config.clone()).await {
+                Ok(s) => Ok(s),
+                Err(_) if unknown => Err(Failure::UnknownSni),
+                Err(e) => Err(classify(&e)),
+            }
+        };
+        match tokio::time::timeout(self.timeout, handshake).await {
+            Err(_) => {
+                self.stats.fail(Failure::Timeout);
+                None
+            }
+            Ok(Err(f)) => {
+                self.stats.fail(f);
+                None
+            }
+            Ok(Ok(conn)) => {
+                let kind = conn.get_ref().1.handshake_kind();
+                let counter = if kind == Some(HandshakeKind::Resumed) { &self.stats.resumed } else { &self.stats.full };
+                counter.fetch_add(1, Ordering::Relaxed);
+                Some(tokio_rustls::TlsStream::Server(conn))
+            }
+        }
+    }
+}
+
+fn classify(e: &std::io::Error) -> Failure {
+    use std::io::ErrorKind::*;
+    match e.kind() {
+        UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe => Failure::Closed,
+        _ => Failure::Protocol,
+    }
+}

@@ -1,0 +1,541 @@
+//! HTTPS VIPs end to end, with real TLS clients (curl, `openssl s_client`) in the client
+//! namespace, the agent terminating TLS, and WebSphere-like clones (or `openssl s_server`
+//! for TLS to backends) behind.
+
+use std::{
+    io::{Read, Write},
+    net::{SocketAddr, TcpStream},
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use dispatcher_tests::{
+    netns::Testbed,
+    tls::{certificate_entry, run, s_client, Pki},
+    websphere,
+};
+
+const VIP: &str = "10.99.100.8";
+const BACKEND_PORT: u16 = 8080;
+
+struct Bed {
+    tb: Testbed,
+    cluster: Arc<websphere::Cluster>,
+    pki: Pki,
+    /// The configuration file.
+    cfg: String,
+}
+
+/// `n` clones in replica pairs behind an HTTPS VIP on port 443 whose `[vip.tls]` is
+/// `tls` (without the section header); `more`: more configuration after it.
+fn https_testbed(n: usize, pki_setup: impl FnOnce(&Pki) -> (String, String), http: &str) -> Bed {
+    let mut tb = Testbed::new(n, &[VIP]);
+    tb.add_local_vip(VIP);
+    let cluster = websphere::Cluster::new(n);
+    tb.start_websphere(&cluster, BACKEND_PORT);
+    let pki = Pki::new(&tb.workdir);
+    let (tls, more) = pki_setup(&pki);
+    let text = format!(
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n[http]\nheader_timeout = \"1s\"\n{http}\n[health]\npath = \"/health\"\ninterval = \"200ms\"\n\n{}\n[[vip]]\nname = \"shop\"\naddress = \"{VIP}\"\nport = 443\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\n[vip.tls]\n{tls}\n{more}",
+        tb.instance(),
+        tb.backend_config(&[])
+    );
+    let path = tb.write_config(&text);
+    tb.start_dispatcher(&path);
+    Bed { tb, cluster, pki, cfg: path.display().to_string() }
+}
+
+/// One certificate for shop.example, the default.
+fn shop_only(pki: &Pki) -> (String, String) {
+    let (cert, key) = pki.leaf("ca", "shop", "shop.example", &["shop.example"], 20);
+    (format!("handshake_timeout = \"500ms\"\n{}", certificate_entry(&cert, &key, &[])), String::new())
+}
+
+fn curl_args<'a>(pki: &'a Pki, jar: &'a str, ca: &'a str) -> Vec<String> {
+    let _ = pki;
+    vec![
+        "-sS".into(),
+        "--max-time".into(),
+        "20".into(),
+        "--cacert".into(),
+        ca.into(),
+        "--resolve".into(),
+        format!("shop.example:443:{VIP}"),
+        "-b".into(),
+        jar.into(),
+        "-c".into(),
+        jar.into(),
+    ]
+}
+
+/// `count` requests for the session in `jar` over one keep-alive TLS connection: the
+/// counters the clone reported, in order.
+fn counter_batch(bed: &Bed, jar: &str, count: usize) -> Vec<String> {
+    let ca = bed.pki.path("ca.pem").display().to_string();
+    let mut args = curl_args(&bed.pki, jar, &ca);
+    for _ in 0..count {
+        args.push("https://shop.example/app/counter".into());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let r = run(&bed.tb.client, "curl", &args, None);
+    assert!(r.ok, "curl failed: {}\n{}", r.stderr, bed.tb.log("dispatcher"));
+    r.stdout
+        .split_whitespace()
+        .filter(|f| f.starts_with("count=") || f.starts_with("forwarded="))
+        .map(String::from)
+        .collect()
+}
+
+fn status(tb: &Testbed) -> serde_json::Value {
+    let (code, body) = tb.admin("GET", "/status").expect("admin answers");
+    assert_eq!(code, 200);
+    serde_json::from_str(&body).unwrap()
+}
+
+fn tls_status(tb: &Testbed, vip: &str) -> serde_json::Value {
+    let s = status(tb);
+    s["vips"].as_array().unwrap().iter().find(|v| v["name"] == vip).expect("the VIP in status")["tls"].clone()
+}
+
+#[test]
+fn sessions_stay_with_their_clone_over_https_and_fail_over_to_the_replica() {
+    let mut bed = https_testbed(4, shop_only, "");
+    let jar = bed.tb.workdir.join("jar").display().to_string();
+    let mut seen = counter_batch(&bed, &jar, 20);
+    let owner = bed.cluster.hits()[0].backend;
+    for h in bed.cluster.hits() {
+        assert_eq!(h.backend, owner, "one session, one clone");
+    }
+    // The owner dies: its session goes on at its replica, with the replicated state.
+    bed.tb.kill_servers_of(owner);
+    bed.cluster.kill(owner);
+    seen.extend(counter_batch(&bed, &jar, 20));
+    seen.extend(counter_batch(&bed, &jar, 20));
+    let counts: Vec<&String> = seen.iter().filter(|f| f.starts_with("count=")).collect();
+    let expected: Vec<String> = (1..=60).map(|i| format!("count={i}")).collect();
+    assert_eq!(counts, expected.iter().collect::<Vec<_>>(), "the session's counter went on across the failure");
+    assert!(seen.iter().filter(|f| f.starts_with("forwarded=")).all(|f| f == "forwarded=https:443"), "{seen:?}");
+    let replica = owner ^ 1;
+    let hits = bed.cluster.hits();
+    assert!(hits.iter().skip(20).all(|h| h.backend == replica), "after the failure: the replica only");
+    assert!(hits.iter().all(|h| !h.lost));
+    assert_eq!(bed.cluster.misroutes(), Vec::<String>::new());
+    let t = tls_status(&bed.tb, "shop");
+    assert_eq!(t["handshakes_full"], 3, "one handshake per curl connection: {t}");
+    assert_eq!(t["certificates"][0]["names"][0], "shop.example");
+}
+
+#[test]
+fn sni_chooses_the_certificate_and_strict_sni_refuses_unknown_names() {
+    let bed = https_testbed(
+        2,
+        |pki| {
+            let (shop, shop_key) = pki.leaf("ca", "shop", "shop.example", &["shop.example"], 20);
+            let (api, api_key) = pki.leaf("ca", "api", "api.example", &["api.example"], 20);
+            let (wild, wild_key) = pki.leaf("ca", "wild", "wildcard", &["*.static.example"], 20);
+            let tls = format!(
+                "{}{}{}",
+                certificate_entry(&shop, &shop_key, &[]),
+                certificate_entry(&api, &api_key, &[]),
+                certificate_entry(&wild, &wild_key, &[])
+            );
+            let strict = format!(
+                "[[vip]]\nname = \"strict\"\naddress = \"{VIP}\"\nport = 8443\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\n[vip.tls]\nstrict_sni = true\n{}",
+                certificate_entry(&shop, &shop_key, &[])
+            );
+            (tls, strict)
+        },
+        "",
+    );
+    let ca = bed.pki.path("ca.pem").display().to_string();
+    let addr = format!("{VIP}:443");
+    let subject = |extra: &[&str]| {
+        let mut args = vec!["-CAfile", ca.as_str(), "-verify_return_error"];
+        args.extend_from_slice(extra);
+        let out = s_client(&bed.tb.client, &addr, &args, b"");
+        out.lines()
+            .find_map(|l| l.strip_prefix("subject=").map(|s| s.trim().to_string()))
+            .unwrap_or_else(|| out.clone())
+    };
+    assert!(subject(&["-servername", "api.example"]).contains("api.example"));
+    assert!(subject(&["-servername", "shop.example"]).contains("shop.example"));
+    assert!(subject(&["-servername", "img.static.example"]).contains("wildcard"), "a *. name");
+    assert!(subject(&["-servername", "API.Example"]).contains("api.example"), "names are case-insensitive");
+    assert!(subject(&["-noservername"]).contains("shop.example"), "no SNI: the first certificate");
+    assert!(subject(&["-servername", "other.example"]).contains("shop.example"), "unknown: the default");
+    // ALPN: http/1.1 is chosen; a client that speaks only h2 is refused.
+    let alpn = s_client(&bed.tb.client, &addr, &["-alpn", "h2,http/1.1"], b"");
+    assert!(alpn.contains("ALPN protocol: http/1.1"), "{alpn}");
+    let h2_only = s_client(&bed.tb.client, &addr, &["-alpn", "h2"], b"");
+    assert!(h2_only.contains("alert") && !h2_only.contains("ALPN protocol: h2"), "{h2_only}");
+    // The strict VIP has no default: an unknown name gets an alert, a known one works.
+    let strict = format!("{VIP}:8443");
+    let refused = s_client(&bed.tb.client, &strict, &["-servername", "other.example"], b"");
+    assert!(refused.contains("alert"), "{refused}");
+    assert!(!refused.contains("subject="), "no certificate was sent: {refused}");
+    let none = s_client(&bed.tb.client, &strict, &["-noservername"], b"");
+    assert!(!none.contains("subject="), "no SNI, no default: {none}");
+    let known = s_client(&bed.tb.client, &strict, &["-servername", "shop.example"], b"");
+    assert!(known.contains("subject=") && known.contains("shop.example"), "{known}");
+    let t = tls_status(&bed.tb, "strict");
+    assert_eq!(t["failures"]["unknown_sni"], 2, "{t}");
+    assert_eq!(t["handshakes_full"], 1, "{t}");
+    let shop = tls_status(&bed.tb, "shop");
+    assert_eq!(shop["failures"]["protocol"], 1, "the h2-only client: {shop}");
+    // Metrics carry the same, and parse.
+    let (_, metrics) = bed.tb.admin("GET", "/metrics").unwrap();
+    assert!(
+        metrics.contains("dispatcher_tls_handshake_failures_total{vip=\"strict\",reason=\"unknown_sni\"} 2"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("dispatcher_tls_certificate_not_after_seconds{vip=\"shop\""));
+    dispatcher_tests::promtool_check(&metrics).unwrap();
+}
+
+#[test]
+fn sessions_resume_by_ticket_and_by_session_id() {
+    let bed = https_testbed(2, shop_only, "");
+    let addr = format!("{VIP}:443");
+    let request = b"GET /app/counter HTTP/1.1\r\nHost: shop.example\r\nConnection: close\r\n\r\n";
+    for (version, extra) in [("TLSv1.3", vec!["-tls1_3"]), ("TLSv1.2", vec!["-tls1_2", "-no_ticket"])] {
+        let sess = bed.tb.workdir.join(format!("{version}.sess")).display().to_string();
+        let mut first = vec!["-ign_eof", "-servername", "shop.example", "-sess_out", sess.as_str()];
+        first.extend(extra.iter().copied());
+        let out = s_client(&bed.tb.client, &addr, &first, request);
+        assert!(out.contains("New, ") && out.contains(version), "{out}");
+        assert!(out.contains("HTTP/1.1 200 OK"), "{out}");
+        let mut again = vec!["-ign_eof", "-servername", "shop.example", "-sess_in", sess.as_str()];
+        again.extend(extra.iter().copied());
+        let out = s_client(&bed.tb.client, &addr, &again, request);
+        assert!(out.contains("Reused, ") && out.contains(version), "{version} not resumed:\n{out}");
+        assert!(out.contains("HTTP/1.1 200 OK"), "{out}");
+    }
+    let t = tls_status(&bed.tb, "shop");
+    assert_eq!((t["handshakes_full"].as_u64(), t["handshakes_resumed"].as_u64()), (Some(2), Some(2)), "{t}");
+    let text = bed.tb.dispatcher_cmd(&["status", "--config", &bed.cfg]);
+    assert!(text.contains("tls shop: handshakes 4 (resumed 2, 50%)"), "{text}");
+}
+
+#[test]
+fn certificates_are_reloaded_under_load_without_a_failed_request() {
+    let bed = https_testbed(2, shop_only, "");
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let ca = bed.pki.path("ca.pem").display().to_string();
+    let mut loaders = Vec::new();
+    for i in 0..3 {
+        let (stop, ok, failed, ca) = (stop.clone(), ok.clone(), failed.clone(), ca.clone());
+        let jar = bed.tb.workdir.join(format!("jar{i}")).display().to_string();
+        let client = bed.tb.client.command("curl");
+        drop(client);
+        let ns_run = bed.tb.client.spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(40);
+            while !stop.load(Ordering::SeqCst) && Instant::now() < deadline {
+                let mut args: Vec<String> = vec![
+                    "-sS".into(),
+                    "--max-time".into(),
+                    "10".into(),
+                    "--cacert".into(),
+                    ca.clone(),
+                    "--resolve".into(),
+                    format!("shop.example:443:{VIP}"),
+                    "-b".into(),
+                    jar.clone(),
+                    "-c".into(),
+                    jar.clone(),
+                    "-o".into(),
+                    "/dev/null".into(),
+                    "-w".into(),
+                    "%{http_code}\\n".into(),
+                ];
+                for _ in 0..10 {
+                    args.push("https://shop.example/app/counter".into());
+                }
+                let out = std::process::Command::new("curl").args(&args).output().unwrap();
+                let codes = String::from_utf8_lossy(&out.stdout).into_owned();
+                let good = codes.lines().filter(|c| *c == "200").count() as u64;
+                ok.fetch_add(good, Ordering::SeqCst);
+                failed.fetch_add(10 - good, Ordering::SeqCst);
+            }
+        });
+        loaders.push(ns_run);
+    }
+    std::thread::sleep(Duration::from_millis(700));
+    let cert = bed.pki.path("shop.pem");
+    let key = bed.pki.path("shop.key");
+    for round in 1..=2 {
+        // A new certificate (and key) in place of the configured files, then reload.
+        let (c, k) =
+            bed.pki.leaf("ca", &format!("shop{round}"), &format!("shop.example v{round}"), &["shop.example"], 20);
+        std::fs::copy(&c, &cert).unwrap();
+        std::fs::copy(&k, &key).unwrap();
+        let said = bed.tb.dispatcher_cmd(&["reload", "--config", &bed.cfg]);
+        assert!(said.contains("reloaded"), "{said}");
+        std::thread::sleep(Duration::from_millis(700));
+        let out = s_client(&bed.tb.client, &format!("{VIP}:443"), &["-servername", "shop.example"], b"");
+        assert!(out.contains(&format!("shop.example v{round}")), "new connections get the new certificate: {out}");
+    }
+    stop.store(true, Ordering::SeqCst);
+    for l in loaders {
+        l.join().unwrap();
+    }
+    let (ok, failed) = (ok.load(Ordering::SeqCst), failed.load(Ordering::SeqCst));
+    assert!(ok >= 100, "{ok} requests");
+    assert_eq!(failed, 0, "{failed} of {} requests failed across the reloads", ok + failed);
+    // A certificate that does not load fails the reload, and the VIP goes on serving.
+    std::fs::write(&key, "not a key").unwrap();
+    let out = bed
+        .tb
+        .lb
+        .command(dispatcher_tests::netns::dispatcher_bin())
+        .args(["reload", "--config", &bed.cfg])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("no usable PEM private key") && said.contains("shop.key"), "{said}");
+    let out = s_client(&bed.tb.client, &format!("{VIP}:443"), &["-servername", "shop.example"], b"");
+    assert!(out.contains("shop.example v2"), "{out}");
+}
+
+#[test]
+fn tls_to_backends_verifies_their_certificates() {
+    // b0 presents a certificate of our CA for backend.example; b1 one of another CA.
+    let mut tb = Testbed::new(2, &[VIP]);
+    tb.add_local_vip(VIP);
+    let pki = Pki::new(&tb.workdir);
+    pki.ca("rogue");
+    let (good, good_key) = pki.leaf("ca", "backend", "backend.example", &["backend.example"], 20);
+    let (bad, bad_key) = pki.leaf("rogue", "impostor", "backend.example", &["backend.example"], 20);
+    let www = tb.workdir.join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    std::fs::write(www.join("hello.txt"), "hello over TLS\n").unwrap();
+    for (i, (c, k)) in [(&good, &good_key), (&bad, &bad_key)].into_iter().enumerate() {
+        let mut cmd = tb.backends[i].command("openssl");
+        cmd.args(["s_server", "-quiet", "-accept", "8443", "-WWW", "-cert"]).arg(c).arg("-key").arg(k);
+        cmd.current_dir(&www);
+        tb.start(&format!("s_server{i}"), cmd);
+    }
+    let ca = pki.path("ca.pem");
+    let vip = |name: &str, port: u16, backend: &str| {
+        format!(
+            "[[vip]]\nname = \"{name}\"\naddress = \"{VIP}\"\nport = {port}\nmode = \"http\"\nbackend_port = 8443\nbackends = [\"{backend}\"]\n[vip.backend_tls]\nca_file = \"{}\"\nserver_name = \"backend.example\"\n",
+            ca.display()
+        )
+    };
+    let text = format!(
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n[http]\nretries = 0\n[health]\nkind = \"tcp\"\nport = 8443\ninterval = \"200ms\"\n\n{}\n{}\n{}",
+        tb.instance(),
+        tb.backend_config(&[]),
+        vip("good", 80, "b0"),
+        vip("bad", 81, "b1")
+    );
+    let path = tb.write_config(&text);
+    tb.start_dispatcher(&path);
+    let get = |port: u16| {
+        let url = format!("http://{VIP}:{port}/hello.txt");
+        let r = run(&tb.client, "curl", &["-sS", "--max-time", "10", "-w", "\n%{http_code}", &url], None);
+        r.stdout
+    };
+    let good_answer = get(80);
+    assert!(good_answer.contains("hello over TLS") && good_answer.ends_with("200"), "{good_answer}");
+    let bad_answer = get(81);
+    assert!(bad_answer.ends_with("502"), "a backend with a certificate we do not trust: {bad_answer}");
+    assert!(!tb.log("s_server1").contains("GET /hello.txt"), "nothing was sent to the impostor");
+    let s = status(&tb);
+    let b1 = s["backends"].as_array().unwrap().iter().find(|b| b["name"] == "b1").unwrap().clone();
+    assert!(b1["errors"].as_u64().unwrap() >= 1, "the backend is counted as failing: {b1}");
+}
+
+/// Opens a TCP connection from the client namespace and runs `f` on it.
+fn raw<T: Send + 'static>(tb: &Testbed, f: impl FnOnce(TcpStream) -> T + Send + 'static) -> T {
+    let addr: SocketAddr = format!("{VIP}:443").parse().unwrap();
+    tb.client.run(move || {
+        let s = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        f(s)
+    })
+}
+
+/// Reads until the server closes (or the read timeout): what it sent, and how long.
+fn until_closed(mut s: TcpStream) -> (Vec<u8>, Duration) {
+    let t = Instant::now();
+    let mut got = Vec::new();
+    let _ = s.read_to_end(&mut got);
+    (got, t.elapsed())
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status.lines().find_map(|l| l.strip_prefix("VmRSS:")).unwrap().trim().trim_end_matches(" kB").parse().unwrap()
+}
+
+#[test]
+fn hostile_handshakes_are_refused_and_nothing_is_forwarded() {
+    let bed = https_testbed(2, shop_only, "max_tls_handshakes = 8\n");
+    let tb = &bed.tb;
+    let pid = tb.pid_of("dispatcher").unwrap();
+    // Warm up: real handshakes and requests.
+    let jar = tb.workdir.join("jar").display().to_string();
+    counter_batch(&bed, &jar, 5);
+    let hits_before = bed.cluster.hits().len();
+    let rss_before = rss_kib(pid);
+
+    // Plain HTTP to the TLS port: a plain 400 that says so.
+    let (answer, _) = raw(tb, |mut s| {
+        s.write_all(b"GET /app/counter HTTP/1.1\r\nHost: shop.example\r\n\r\n").unwrap();
+        until_closed(s)
+    });
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 400") && answer.contains("plain HTTP"), "{answer}");
+    // Garbage: closed at once.
+    let (got, took) = raw(tb, |mut s| {
+        s.write_all(&[0u8, 1, 2, 3, 0xff, 0xfe, 7, 9]).unwrap();
+        until_closed(s)
+    });
+    assert!(got.is_empty() && took < Duration::from_secs(1), "{got:?} after {took:?}");
+    // A ClientHello cut short, then silence: the handshake deadline (500 ms) closes it.
+    let (_, took) = raw(tb, |mut s| {
+        s.write_all(&[22, 3, 1, 2, 0, 1, 0, 1, 252, 3, 3]).unwrap();
+        until_closed(s)
+    });
+    assert!(took >= Duration::from_millis(400) && took < Duration::from_secs(3), "closed after {took:?}");
+    // A client that connects and says nothing: the same deadline.
+    let (_, took) = raw(tb, until_closed);
+    assert!(took >= Duration::from_millis(400) && took < Duration::from_secs(3), "closed after {took:?}");
+    // An oversized ClientHello: a handshake message claiming 16 MiB, sent as full records.
+    let (got, took) = raw(tb, |mut s| {
+        let mut sent = 0;
+        let mut first = true;
+        while sent < 200_000 {
+            let mut record = vec![22u8, 3, 1, 0x40, 0x00];
+            let mut body = vec![0x41u8; 0x4000];
+            if first {
+                body[..4].copy_from_slice(&[1, 0xff, 0xff, 0xff]);
+                first = false;
+            }
+            record.extend_from_slice(&body);
+            if s.write_all(&record).is_err() {
+                break;
+            }
+            sent += record.len();
+        }
+        until_closed(s)
+    });
+    assert!(took < Duration::from_secs(3), "{got:?} after {took:?}");
+    // A record longer than TLS allows.
+    let (_, took) = raw(tb, |mut s| {
+        let _ = s.write_all(&[22, 3, 1, 0xff, 0xff, 1, 0, 0, 10]);
+        until_closed(s)
+    });
+    assert!(took < Duration::from_secs(3), "closed after {took:?}");
+    // Truncated ClientHello: the client closes mid-record.
+    raw(tb, |mut s| {
+        s.write_all(&[22, 3, 1, 0, 200, 1, 0, 0, 196, 3, 3, 0, 0]).unwrap();
+    });
+    // The cap: 8 silent connections take every handshake slot; the next is closed at once.
+    let addr: SocketAddr = format!("{VIP}:443").parse().unwrap();
+    let (took, held) = tb.client.run(move || {
+        let held: Vec<TcpStream> = (0..8).map(|_| TcpStream::connect(addr).unwrap()).collect();
+        std::thread::sleep(Duration::from_millis(100));
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let (_, took) = until_closed(s);
+        (took, held.len())
+    });
+    assert_eq!(held, 8);
+    assert!(took < Duration::from_millis(300), "over the cap: closed at once, not after {took:?}");
+    // Many hostile connections: memory goes back to where it was.
+    for _ in 0..3 {
+        tb.client.run(move || {
+            let conns: Vec<TcpStream> = (0..100)
+                .filter_map(|_| {
+                    let mut s = TcpStream::connect(addr).ok()?;
+                    let _ = s.write_all(&[22, 3, 3, 0x40, 0x00, 1, 0, 0x3f, 0xfc]);
+                    let _ = s.write_all(&[0x42; 8000]);
+                    Some(s)
+                })
+                .collect();
+            std::thread::sleep(Duration::from_millis(200));
+            drop(conns);
+        });
+    }
+    std::thread::sleep(Duration::from_millis(800));
+    let rss_after = rss_kib(pid);
+    assert!(
+        rss_after <= rss_before + 8 * 1024,
+        "memory after the hostile handshakes: {rss_after} KiB, before {rss_before} KiB"
+    );
+    // Nothing of all this was forwarded; the agent is alive and serving.
+    assert_eq!(bed.cluster.hits().len(), hits_before, "nothing forwarded");
+    assert!(counter_batch(&bed, &jar, 2).contains(&"count=7".to_string()));
+    let t = tls_status(tb, "shop");
+    for (reason, at_least) in [("plain_http", 1), ("not_tls", 1), ("timeout", 2), ("protocol", 2), ("cap", 1)] {
+        assert!(t["failures"][reason].as_u64().unwrap() >= at_least, "{reason}: {t}");
+    }
+    assert!(tb.log("dispatcher").lines().all(|l| !l.contains("panicked")), "{}", tb.log("dispatcher"));
+}
+
+#[test]
+fn a_plain_vip_redirects_to_the_https_one() {
+    let bed = https_testbed(
+        2,
+        |pki| {
+            let (tls, _) = shop_only(pki);
+            let plain = format!(
+                "[[vip]]\nname = \"plain\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nredirect_to = \"shop\"\nbackends = []\n"
+            );
+            (tls, plain)
+        },
+        "",
+    );
+    let r = run(
+        &bed.tb.client,
+        "curl",
+        &[
+            "-sS",
+            "-i",
+            "--max-time",
+            "5",
+            "--resolve",
+            &format!("shop.example:80:{VIP}"),
+            "http://shop.example/app/cart?item=1",
+        ],
+        None,
+    );
+    assert!(r.stdout.starts_with("HTTP/1.1 308"), "{}", r.stdout);
+    assert!(r.stdout.contains("Location: https://shop.example/app/cart?item=1\r\n"), "{}", r.stdout);
+    // A POST is redirected too (308 keeps the method), and nothing is forwarded.
+    let r = run(
+        &bed.tb.client,
+        "curl",
+        &["-sS", "-i", "--max-time", "5", "-d", "a=1", "-H", "Host: shop.example:80", &format!("http://{VIP}/buy")],
+        None,
+    );
+    assert!(r.stdout.contains("Location: https://shop.example/buy\r\n"), "{}", r.stdout);
+    assert!(bed.cluster.hits().is_empty());
+    // Following the redirect reaches the application over HTTPS.
+    let ca = bed.pki.path("ca.pem").display().to_string();
+    let r = run(
+        &bed.tb.client,
+        "curl",
+        &[
+            "-sS",
+            "-L",
+            "--max-time",
+            "10",
+            "--cacert",
+            &ca,
+            "--resolve",
+            &format!("shop.example:80:{VIP}"),
+            "--resolve",
+            &format!("shop.example:443:{VIP}"),
+            "http://shop.example/app/counter",
+        ],
+        None,
+    );
+    assert!(r.stdout.contains("count=1") && r.stdout.contains("forwarded=https:443"), "{}{}", r.stdout, r.stderr);
+}
