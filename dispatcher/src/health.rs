@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 
 use dispatcher_common::Health;
 use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
+    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
     net::TcpStream,
 };
 
@@ -21,6 +21,43 @@ use crate::config::{CheckKind, Config, HealthSettings, Protocol, VipMode};
 pub struct Probe {
     pub addr: SocketAddr,
     pub kind: ProbeKind,
+    /// HTTP checks over TLS: the backend's HTTP VIP speaks TLS to it (`backend_tls`).
+    pub tls: Option<ProbeTls>,
+}
+
+/// TLS for a backend's HTTP checks, as the VIP's requests use it (same CA, name and
+/// client certificate).
+#[derive(Clone)]
+pub struct ProbeTls {
+    files: crate::config::BackendTlsFiles,
+    conn: std::sync::Arc<crate::tls::upstream::BackendTls>,
+}
+
+impl PartialEq for ProbeTls {
+    fn eq(&self, other: &ProbeTls) -> bool {
+        self.files == other.files
+    }
+}
+
+impl std::fmt::Debug for ProbeTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ProbeTls({:?})", self.files)
+    }
+}
+
+impl ProbeTls {
+    fn new(files: &crate::config::BackendTlsFiles, address: std::net::IpAddr) -> Option<ProbeTls> {
+        match crate::tls::upstream::client_config(files) {
+            Ok(config) => Some(ProbeTls {
+                files: files.clone(),
+                conn: std::sync::Arc::new(crate::tls::upstream::BackendTls::new(config, files, address)),
+            }),
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "backend_tls for health checks");
+                None
+            }
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -63,7 +100,13 @@ pub fn probes(cfg: &Config) -> Vec<Option<Probe>> {
             // A SIP check of a backend without a SIP VIP goes to SIP's port.
             let port =
                 h.port.unwrap_or(if kind == ProbeKind::Sip { sip_vip.map(|v| v.port).unwrap_or(5060) } else { port });
-            Some(Probe { addr: SocketAddr::new(cfg.backends[b].address.into(), port), kind })
+            let address = cfg.backends[b].address.into();
+            // HTTP checks on the backend port go over TLS when the VIP's requests do.
+            let tls = match (&kind, http_vip.and_then(|v| v.backend_tls.as_ref())) {
+                (ProbeKind::Http(_), Some(files)) if h.port.is_none() => ProbeTls::new(files, address),
+                _ => None,
+            };
+            Some(Probe { addr: SocketAddr::new(address, port), kind, tls })
         })
         .collect()
 }
@@ -85,7 +128,7 @@ pub async fn check(p: &Probe, s: &HealthSettings) -> (Verdict, Option<String>) {
         return tokio::time::timeout(s.timeout, crate::sip::options(p.addr)).await.unwrap_or((Verdict::Fail, None));
     }
     let attempt = async {
-        let mut stream = match TcpStream::connect(p.addr).await {
+        let stream = match TcpStream::connect(p.addr).await {
             Ok(st) => st,
             Err(e) if e.raw_os_error().is_some_and(crate::http::pool::is_local_errno) => {
                 crate::ratelimit::warn("health check connect", &e);
@@ -98,10 +141,15 @@ pub async fn check(p: &Probe, s: &HealthSettings) -> (Verdict, Option<String>) {
             "GET {path} HTTP/1.1\r\nHost: {}\r\nUser-Agent: dispatcher-health\r\nConnection: close\r\n\r\n",
             p.addr
         );
-        if stream.write_all(req.as_bytes()).await.is_err() {
-            return Verdict::Fail;
-        }
-        match read_response(&mut stream, req.as_bytes()).await {
+        let status = match &p.tls {
+            None => http_check(stream, req.as_bytes()).await,
+            Some(tls) => match tls.conn.connect(stream).await {
+                Ok(conn) => http_check(conn, req.as_bytes()).await,
+                // A certificate we do not trust fails the check, as it fails requests.
+                Err(_) => None,
+            },
+        };
+        match status {
             Some(status) if status == s.expect_status => Verdict::Pass,
             _ => Verdict::Fail,
         }
@@ -109,12 +157,18 @@ pub async fn check(p: &Probe, s: &HealthSettings) -> (Verdict, Option<String>) {
     (tokio::time::timeout(s.timeout, attempt).await.unwrap_or(Verdict::Fail), None)
 }
 
+/// Sends `request` and reads the whole response; its status.
+async fn http_check<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, request: &[u8]) -> Option<u16> {
+    stream.write_all(request).await.ok()?;
+    read_response(&mut stream, request).await
+}
+
 /// Reads the whole response to `request` (head by the proxy's own parser, then the body as
 /// it is framed: a length, chunks, or until the server closes) and returns its status.
 /// The server thus never sees its response cut off (a reset), and a server that keeps the
 /// connection open despite `Connection: close` does not make the check wait for its
 /// timeout.
-async fn read_response(stream: &mut TcpStream, request: &[u8]) -> Option<u16> {
+async fn read_response<S: AsyncRead + Unpin>(stream: &mut S, request: &[u8]) -> Option<u16> {
     use crate::http::{
         body::ChunkedDecoder,
         head::{parse_request, parse_response, Framing, HeadLimits},
@@ -123,7 +177,7 @@ async fn read_response(stream: &mut TcpStream, request: &[u8]) -> Option<u16> {
     let req = parse_request(request, &limits, &mut Vec::new()).ok()??;
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 4096];
-    let mut fill = async |buf: &mut Vec<u8>, stream: &mut TcpStream| -> bool {
+    let mut fill = async |buf: &mut Vec<u8>, stream: &mut S| -> bool {
         match stream.read(&mut chunk).await {
             Ok(n) if n > 0 => {
                 buf.extend_from_slice(&chunk[..n]);
@@ -230,7 +284,7 @@ mod tests {
             }
             held
         });
-        let probe = Probe { addr, kind: ProbeKind::Http("/".into()) };
+        let probe = Probe { addr, kind: ProbeKind::Http("/".into()), tls: None };
         let s = HealthSettings { timeout: std::time::Duration::from_secs(2), ..HealthSettings::default() };
         assert_eq!(check(&probe, &s).await.0, Verdict::Pass, "Content-Length");
         assert_eq!(check(&probe, &s).await.0, Verdict::Pass, "chunked");
@@ -258,7 +312,7 @@ mod tests {
             let mut rest = [0u8; 16];
             wrote && matches!(c.read(&mut rest).await, Ok(0))
         });
-        let probe = Probe { addr, kind: ProbeKind::Http("/".into()) };
+        let probe = Probe { addr, kind: ProbeKind::Http("/".into()), tls: None };
         let s = HealthSettings::default();
         assert_eq!(check(&probe, &s).await.0, Verdict::Pass);
         assert!(server.await.unwrap(), "the server's response was read whole and the connection closed in order");

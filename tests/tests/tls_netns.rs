@@ -313,6 +313,7 @@ fn tls_to_backends_verifies_their_certificates() {
     let www = tb.workdir.join("www");
     std::fs::create_dir_all(&www).unwrap();
     std::fs::write(www.join("hello.txt"), "hello over TLS\n").unwrap();
+    std::fs::write(www.join("health"), "ok\n").unwrap();
     for (i, (c, k)) in [(&good, &good_key), (&bad, &bad_key)].into_iter().enumerate() {
         let mut cmd = tb.backends[i].command("openssl");
         cmd.args(["s_server", "-quiet", "-accept", "8443", "-WWW", "-cert"]).arg(c).arg("-key").arg(k);
@@ -348,6 +349,32 @@ fn tls_to_backends_verifies_their_certificates() {
     let s = status(&tb);
     let b1 = s["backends"].as_array().unwrap().iter().find(|b| b["name"] == "b1").unwrap().clone();
     assert!(b1["errors"].as_u64().unwrap() >= 1, "the backend is counted as failing: {b1}");
+    // HTTP health checks go over the same TLS: b0 passes them, the impostor fails them.
+    std::fs::write(&path, text.replace("kind = \"tcp\"\nport = 8443", "kind = \"http\"\npath = \"/health\"")).unwrap();
+    let said = tb.dispatcher_cmd(&["reload", "--config", &path.display().to_string()]);
+    assert!(said.contains("reloaded"), "{said}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = status(&tb);
+        let health = |name: &str| {
+            s["backends"].as_array().unwrap().iter().find(|b| b["name"] == name).unwrap()["health"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        };
+        if health("b0") == "up" && health("b1") == "down" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "b0 {} b1 {}", health("b0"), health("b1"));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Long enough for several failed checks (200 ms apart) to take b0 down, were they
+    // not passing.
+    std::thread::sleep(Duration::from_millis(1500));
+    let s = status(&tb);
+    let b0 = s["backends"].as_array().unwrap().iter().find(|b| b["name"] == "b0").unwrap().clone();
+    assert_eq!(b0["health"], "up", "{b0}");
+    assert!(get(80).ends_with("200"));
 }
 
 /// Opens a TCP connection from the client namespace and runs `f` on it.
