@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use dispatcher_tests::netns::dispatcher_bin;
+use dispatcher_tests::{netns::dispatcher_bin, tls::Pki};
 
 /// A file that uses every field once.
 const FULL: &str = r#"[dispatcher]
@@ -103,9 +103,15 @@ static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0
 
 /// Runs `dispatcher check` on `text`: (exit code, stdout, stderr).
 fn check(text: &str) -> (i32, String, String) {
+    check_with(text, |_| {})
+}
+
+/// As `check`; `setup` first writes what the file refers to into its folder.
+fn check_with(text: &str, setup: impl FnOnce(&std::path::Path)) -> (i32, String, String) {
     let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     let dir = std::env::temp_dir().join(format!("dispatcher-check-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
+    setup(&dir);
     let file = dir.join("d.toml");
     std::fs::write(&file, text).unwrap();
     let out = Command::new(dispatcher_bin()).arg("check").arg(&file).output().unwrap();
@@ -298,13 +304,28 @@ fn the_readme_example_validates_and_documents_every_field() {
     let section = &readme[readme.find("\n## Configuration").expect("a Configuration section")..];
     let start = section.find("```toml\n").expect("a toml block") + "```toml\n".len();
     let example = &section[start..start + section[start..].find("```").unwrap()];
-    let (code, out, err) = check(example);
+    // The TLS files it names, made by openssl, relative to the file's folder.
+    let (code, out, err) = check_with(example, |dir| {
+        let tls = dir.join("tls");
+        std::fs::create_dir_all(&tls).unwrap();
+        let pki = Pki { dir: tls };
+        pki.ca("ca");
+        pki.leaf("ca", "shop", "shop.example", &["shop.example"], 90);
+        pki.leaf("ca", "client", "dispatcher", &["dispatcher.example"], 90);
+    });
     assert_eq!(code, 0, "the README example must validate:\n{err}");
     assert!(out.contains("ok ("), "{out}");
 
+    // Fields (`key =`) and sub-tables (`[vip.tls]`, `[[vip.tls.certificate]]`).
     let documented: std::collections::HashSet<&str> = example
         .lines()
-        .filter_map(|l| l.split_once(" =").map(|(k, _)| k.trim()))
+        .filter_map(|l| {
+            let header = l.trim().strip_prefix('[').map(|h| h.trim_start_matches('[').split(']').next().unwrap_or(""));
+            match header {
+                Some(h) => h.rsplit('.').next(),
+                None => l.split_once(" =").map(|(k, _)| k.trim()),
+            }
+        })
         .filter(|k| !k.is_empty() && !k.starts_with('#'))
         .collect();
     for (anchor, table) in [
@@ -314,12 +335,86 @@ fn the_readme_example_validates_and_documents_every_field() {
         ("id = \"123\"", "partition"),
         ("kind = \"http\"", "health"),
         ("workers = 1", "http"),
+        ("max_connections = 1000", "vip.tls"),
+        ("max_connections = 1000", "vip.tls.certificate"),
+        ("max_connections = 1000", "vip.backend_tls"),
     ] {
-        let (code, _, err) = check(&FULL.replacen(anchor, &format!("{anchor}\nno_such_field = 1"), 1));
+        // A sub-table of the `web` VIP holding the unknown field.
+        let anchor_text = match table {
+            "vip.tls" => format!("{anchor}\n[vip.tls]"),
+            "vip.tls.certificate" => format!("{anchor}\n[vip.tls]\n[[vip.tls.certificate]]\ncert = \"c\"\nkey = \"k\""),
+            "vip.backend_tls" => format!("{anchor}\n[vip.backend_tls]"),
+            _ => anchor.to_string(),
+        };
+        let (code, _, err) = check(&FULL.replacen(anchor, &format!("{anchor_text}\nno_such_field = 1"), 1));
         assert_eq!(code, 1);
         let list = err.split("expected one of").nth(1).unwrap_or_else(|| panic!("[{table}]: {err}"));
         for field in list.split(',').map(|f| f.trim().trim_matches('`')).filter(|f| !f.is_empty()) {
             assert!(documented.contains(field), "[{table}] field `{field}` is not in the README example");
         }
     }
+}
+
+/// An HTTPS VIP whose certificate entry is `cert`/`key` (relative to the file).
+fn https_file(cert: &str, key: &str) -> String {
+    format!(
+        "[dispatcher]\ninterface = \"eth0\"\n[[backend]]\nname = \"a\"\naddress = \"10.0.0.11\"\n[[vip]]\nname = \"shop\"\naddress = \"10.0.100.4\"\nport = 443\nmode = \"http\"\n[vip.tls]\n[[vip.tls.certificate]]\ncert = \"{cert}\"\nkey = \"{key}\"\n"
+    )
+}
+
+#[test]
+fn check_loads_the_tls_files() {
+    let pki = |dir: &std::path::Path| {
+        let pki = Pki { dir: dir.to_path_buf() };
+        pki.ca("ca");
+        pki.ca("other");
+        pki.leaf("ca", "good", "shop.example", &["shop.example"], 90);
+        pki.leaf("ca", "soon", "soon.example", &["soon.example"], 10);
+        pki.leaf("other", "stranger", "stranger.example", &["stranger.example"], 90);
+        // A chain in the wrong order: the CA first, then the leaf.
+        let ca = std::fs::read_to_string(dir.join("ca.pem")).unwrap();
+        let leaf = std::fs::read_to_string(dir.join("good.pem")).unwrap();
+        std::fs::write(dir.join("upside-down.pem"), format!("{ca}{leaf}")).unwrap();
+        std::fs::write(dir.join("chain.pem"), format!("{leaf}{ca}")).unwrap();
+        std::fs::write(
+            dir.join("garbage.pem"),
+            "-----BEGIN CERTIFICATE-----\nnot base64!\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        std::fs::write(dir.join("empty.pem"), "").unwrap();
+    };
+    let (code, out, err) = check_with(&https_file("good.pem", "good.key"), pki);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("ok ("), "{out}");
+    let (code, _, err) = check_with(&https_file("chain.pem", "good.key"), pki);
+    assert_eq!(code, 0, "a leaf followed by its CA: {err}");
+    let (code, _, err) = check_with(&https_file("soon.pem", "soon.key"), pki);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("warning") && (err.contains("expires in 9 days") || err.contains("expires in 10 days")),
+        "{err}"
+    );
+    for (cert, key, says) in [
+        ("good.pem", "stranger.key", "does not belong to the certificate"),
+        ("upside-down.pem", "good.key", "did not issue certificate"),
+        ("garbage.pem", "good.key", "not a PEM certificate chain"),
+        ("empty.pem", "good.key", "no CERTIFICATE block"),
+        ("missing.pem", "good.key", "missing.pem"),
+        ("good.pem", "good.pem", "no usable PEM private key"),
+    ] {
+        let (code, out, err) = check_with(&https_file(cert, key), pki);
+        assert_eq!(code, 1, "{cert} {key}: {out}");
+        assert!(err.contains("VIP shop") && err.contains(says), "{cert} {key}: {err}");
+    }
+    // Shape errors point at their line.
+    let text = https_file("good.pem", "good.key").replace("[vip.tls]\n", "[vip.tls]\nmin_version = \"1.1\"\n");
+    let (code, _, err) = check(&text);
+    assert_eq!(code, 1);
+    assert!(err.contains("vip[0].tls.min_version: `1.1` is not one of 1.2, 1.3"), "{err}");
+    let text = https_file("good.pem", "good.key").replace("mode = \"http\"\n", "mode = \"l4\"\n");
+    let (_, _, err) = check(&text);
+    assert!(err.contains("vip[0].tls: applies to HTTP VIPs only"), "{err}");
+    let redirect = format!("{}[[vip]]\nname = \"plain\"\naddress = \"10.0.100.4\"\nport = 80\nmode = \"http\"\nredirect_to = \"nowhere\"\n", https_file("good.pem", "good.key"));
+    let (_, _, err) = check(&redirect);
+    assert!(err.contains("vip[1].redirect_to: names no VIP: `nowhere`"), "{err}");
 }
