@@ -566,3 +566,54 @@ fn a_plain_vip_redirects_to_the_https_one() {
     );
     assert!(r.stdout.contains("count=1") && r.stdout.contains("forwarded=https:443"), "{}{}", r.stdout, r.stderr);
 }
+
+/// Python's ssl module as the client: keep-alive requests over one connection, then a
+/// second connection that resumes the first one's session (TLS 1.3 ticket).
+const PYTHON_CLIENT: &str = r#"
+import socket, ssl, sys
+vip, ca = sys.argv[1], sys.argv[2]
+ctx = ssl.create_default_context(cafile=ca)
+ctx.set_alpn_protocols(["http/1.1"])
+def conn(session=None):
+    s = ctx.wrap_socket(socket.create_connection((vip, 443), timeout=10), server_hostname="shop.example", session=session)
+    return s
+def get(s, cookie):
+    req = "GET /app/counter HTTP/1.1\r\nHost: shop.example\r\n" + (("Cookie: JSESSIONID=" + cookie + "\r\n") if cookie else "") + "\r\n"
+    s.sendall(req.encode())
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += s.recv(4096)
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = int([l.split(b":")[1] for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")][0])
+    while len(body) < length:
+        body += s.recv(4096)
+    cookie_lines = [l for l in head.split(b"\r\n") if l.lower().startswith(b"set-cookie: jsessionid=")]
+    new = cookie_lines[0].split(b"=", 1)[1].split(b";")[0].decode() if cookie_lines else cookie
+    return head.split(b"\r\n")[0].decode(), body.decode(), new
+s = conn()
+cookie = None
+for i in range(5):
+    status, body, cookie = get(s, cookie)
+    print(status, " ".join(f for f in body.split() if f.startswith("count=")), s.version(), s.selected_alpn_protocol())
+session = s.session
+s.close()
+s = conn(session)
+status, body, cookie = get(s, cookie)
+print(status, " ".join(f for f in body.split() if f.startswith("count=")), "reused" if s.session_reused else "new")
+s.close()
+"#;
+
+#[test]
+fn python_ssl_clients_keep_their_session_and_resume() {
+    let bed = https_testbed(2, shop_only, "");
+    let ca = bed.pki.path("ca.pem").display().to_string();
+    let r = run(&bed.tb.client, "python3", &["-c", PYTHON_CLIENT, VIP, &ca], None);
+    assert!(r.ok, "{}\n{}", r.stdout, r.stderr);
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    for (i, line) in lines.iter().take(5).enumerate() {
+        assert_eq!(*line, format!("HTTP/1.1 200 OK count={} TLSv1.3 http/1.1", i + 1));
+    }
+    assert_eq!(lines[5], "HTTP/1.1 200 OK count=6 reused", "{}", r.stdout);
+    let t = tls_status(&bed.tb, "shop");
+    assert_eq!((t["handshakes_full"].as_u64(), t["handshakes_resumed"].as_u64()), (Some(1), Some(1)), "{t}");
+}

@@ -32,6 +32,12 @@ const PACKAGES: &[&str] = &[
     "bird2",
     // SIPp: the SIP caller of the SIP VIP tests and demo.
     "sip-tester",
+    // The TLS tests' certificates (openssl) and clients (curl, openssl s_client, Python's
+    // ssl), and the system roots backend TLS verifies against by default.
+    "openssl",
+    "curl",
+    "python3",
+    "ca-certificates",
 ];
 
 pub fn setup() -> anyhow::Result<()> {
