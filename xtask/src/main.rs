@@ -69,6 +69,10 @@ enum Cmd {
         /// calls/s, CPU per message, a container's death.
         #[arg(long)]
         sip: bool,
+        /// HTTPS termination against HAProxy and nginx: keep-alive requests/s, new
+        /// connections/s (full and resumed handshakes), memory per idle TLS connection.
+        #[arg(long)]
+        tls: bool,
         /// Fewer runs per case.
         #[arg(long)]
         quick: bool,
@@ -125,11 +129,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             exec_built("demo", &args)
         }
-        Cmd::Bench { xdp, http, failover, l4, scaling, cluster, scale_out, sip, quick } => {
+        Cmd::Bench { xdp, http, failover, l4, scaling, cluster, scale_out, sip, tls, quick } => {
             require_root("the benchmarks load BPF programs and create network namespaces")?;
             setup::setup()?;
-            let all = !xdp && !http && !failover && !l4 && !scaling && !cluster && !scale_out && !sip;
-            if all || http || failover || l4 || cluster || scale_out {
+            let all = !xdp && !http && !failover && !l4 && !scaling && !cluster && !scale_out && !sip && !tls;
+            if all || http || failover || l4 || cluster || scale_out || tls {
                 // The peers measured beside the dispatcher, and the load generator.
                 setup::ensure_packages(&["haproxy", "nginx", "wrk", "nftables"])?;
             }
@@ -150,6 +154,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 (cluster, "--cluster"),
                 (scale_out, "--scale-out"),
                 (sip, "--sip"),
+                (tls, "--tls"),
                 (quick, "--quick"),
             ] {
                 if on {

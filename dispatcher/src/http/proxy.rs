@@ -140,7 +140,9 @@ pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut st
     let steer_slot = crate::steering::slot_of(peer, stream.local_addr().unwrap_or(peer));
     let (r, w, _) = match &ctx.tls {
         None => super::io::split_plain(stream),
-        Some(tls) => match tls.accept(stream).await {
+        // Boxed: the handshake's state exists only during the handshake, not in every
+        // idle connection's task.
+        Some(tls) => match Box::pin(tls.accept(stream)).await {
             Some(conn) => super::io::split_tls(conn),
             None => return,
         },
@@ -173,7 +175,13 @@ pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut st
         // Keep the header index's allocation for the next request.
         conn.scratch = head.headers;
         match next {
-            Next::KeepAlive => {}
+            Next::KeepAlive => {
+                // An idle keep-alive connection keeps no read buffer (unless a pipelined
+                // request is in it): the next read allocates one.
+                if conn.client.buf.is_empty() {
+                    conn.client.buf = BytesMut::new();
+                }
+            }
             _ => {
                 let _ = conn.w.shutdown().await;
                 return;

@@ -16,7 +16,7 @@ use dispatcher_tests::{
 
 const VIP: &str = "10.99.100.20";
 const BACKEND_PORT: u16 = 8080;
-const WORKERS: usize = 1;
+pub const WORKERS: usize = 1;
 const CONNECTIONS: usize = 50;
 
 struct System {
@@ -41,16 +41,18 @@ struct Measured {
     affinity: f64,
 }
 
-fn backend_conf(i: usize, dir: &std::path::Path) -> String {
+pub fn backend_conf(i: usize, dir: &std::path::Path) -> String {
     format!(
         "daemon off;\nworker_processes 1;\npid {d}/b{i}.pid;\nerror_log {d}/b{i}.err;\nevents {{ worker_connections 4096; }}\nhttp {{\n access_log off;\n client_body_temp_path {d}/b{i}-body;\n proxy_temp_path {d}/b{i}-proxy;\n fastcgi_temp_path {d}/b{i}-fcgi;\n uwsgi_temp_path {d}/b{i}-uwsgi;\n scgi_temp_path {d}/b{i}-scgi;\n keepalive_requests 1000000;\n server {{\n  listen {BACKEND_PORT};\n  location / {{ add_header Set-Cookie \"JSESSIONID=0000benchsession{i}:clone{i}x; Path=/\"; return 200 \"clone{i}x\\n\"; }}\n }}\n}}\n",
         d = dir.display()
     )
 }
 
-fn haproxy_conf(dir: &std::path::Path, maxconn: u64) -> String {
+/// HAProxy routing by the clone ID in JSESSIONID to the four backends; `global` and
+/// `bind`: the global section's extra lines and the frontend's bind line.
+pub fn haproxy_conf(dir: &std::path::Path, maxconn: u64, global: &str, bind: &str) -> String {
     let mut s = format!(
-        "global\n nbthread {WORKERS}\n maxconn {maxconn}\n pidfile {d}/haproxy.pid\ndefaults\n mode http\n timeout connect 3s\n timeout client 30s\n timeout server 30s\n option http-keep-alive\nfrontend fe\n bind {VIP}:81\n default_backend be\nbackend be\n balance roundrobin\n http-reuse safe\n",
+        "global\n nbthread {WORKERS}\n maxconn {maxconn}\n pidfile {d}/haproxy.pid\n{global}defaults\n mode http\n timeout connect 3s\n timeout client 30s\n timeout server 30s\n option http-keep-alive\nfrontend fe\n bind {bind}\n default_backend be\nbackend be\n balance roundrobin\n http-reuse safe\n",
         d = dir.display()
     );
     for i in 0..4 {
@@ -62,15 +64,17 @@ fn haproxy_conf(dir: &std::path::Path, maxconn: u64) -> String {
     s
 }
 
-fn nginx_proxy_conf(dir: &std::path::Path) -> String {
+/// nginx hashing JSESSIONID over the four backends; `listen`: the server's listen line
+/// and any lines after it (TLS).
+pub fn nginx_proxy_conf(dir: &std::path::Path, listen: &str) -> String {
     let servers: String = (0..4).map(|i| format!("  server {}:{BACKEND_PORT};\n", backend_ip(i))).collect();
     format!(
-        "daemon off;\nworker_processes {WORKERS};\npid {d}/proxy.pid;\nerror_log {d}/proxy.err;\nevents {{ worker_connections 20000; }}\nhttp {{\n access_log off;\n client_body_temp_path {d}/p-body;\n proxy_temp_path {d}/p-proxy;\n fastcgi_temp_path {d}/p-fcgi;\n uwsgi_temp_path {d}/p-uwsgi;\n scgi_temp_path {d}/p-scgi;\n keepalive_requests 1000000;\n upstream clones {{\n  hash $cookie_JSESSIONID consistent;\n{servers}  keepalive 64;\n }}\n server {{\n  listen {VIP}:82;\n  location / {{ proxy_pass http://clones; proxy_http_version 1.1; proxy_set_header Connection \"\"; }}\n }}\n}}\n",
+        "daemon off;\nworker_processes {WORKERS};\npid {d}/proxy.pid;\nerror_log {d}/proxy.err;\nevents {{ worker_connections 20000; }}\nhttp {{\n access_log off;\n client_body_temp_path {d}/p-body;\n proxy_temp_path {d}/p-proxy;\n fastcgi_temp_path {d}/p-fcgi;\n uwsgi_temp_path {d}/p-uwsgi;\n scgi_temp_path {d}/p-scgi;\n keepalive_requests 1000000;\n upstream clones {{\n  hash $cookie_JSESSIONID consistent;\n{servers}  keepalive 64;\n }}\n server {{\n  listen {listen}\n  location / {{ proxy_pass http://clones; proxy_http_version 1.1; proxy_set_header Connection \"\"; }}\n }}\n}}\n",
         d = dir.display()
     )
 }
 
-const LUA: &str = r#"
+pub const LUA: &str = r#"
 local i = 0
 request = function()
   i = i + 1
@@ -173,7 +177,7 @@ fn wait_ready(tb: &Testbed, port: u16, log: &str) {
     }
 }
 
-fn rss_kib(pid: u32) -> u64 {
+pub fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
         .lines()
@@ -276,7 +280,7 @@ impl PeakRss {
 
 /// Soft limit up to the hard one; returns the hard limit (20,000 on this machine class,
 /// which a process without CAP_SYS_RESOURCE cannot raise).
-fn raise_nofile() -> u64 {
+pub fn raise_nofile() -> u64 {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap_or((1024, 1024));
     let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
@@ -285,7 +289,7 @@ fn raise_nofile() -> u64 {
 
 /// HAProxy sizes its descriptors as 2 per connection plus a few and refuses to start
 /// beyond the limit: the largest maxconn the limit allows.
-fn haproxy_maxconn(nofile: u64) -> u64 {
+pub fn haproxy_maxconn(nofile: u64) -> u64 {
     (nofile.saturating_sub(100) / 2).min(30_000)
 }
 
@@ -320,12 +324,12 @@ pub fn run(quick: bool) -> (String, String) {
     tb.start_dispatcher(&path);
     let agent_pid = tb.pid_of("dispatcher").expect("agent pid");
     let hconf = dir.join("haproxy.cfg");
-    std::fs::write(&hconf, haproxy_conf(&dir, maxconn)).unwrap();
+    std::fs::write(&hconf, haproxy_conf(&dir, maxconn, "", &format!("{VIP}:81"))).unwrap();
     let mut cmd = tb.lb.command("haproxy");
     cmd.arg("-db").arg("-f").arg(&hconf);
     tb.start("haproxy", cmd);
     let nconf = dir.join("nginx-proxy.conf");
-    std::fs::write(&nconf, nginx_proxy_conf(&dir)).unwrap();
+    std::fs::write(&nconf, nginx_proxy_conf(&dir, &format!("{VIP}:82;"))).unwrap();
     let mut cmd = tb.lb.command("nginx");
     cmd.arg("-p").arg(&dir).arg("-c").arg(&nconf);
     tb.start("nginx-proxy", cmd);

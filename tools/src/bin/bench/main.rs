@@ -10,6 +10,7 @@ mod load;
 mod scale_out;
 mod scaling;
 mod sip;
+mod tls;
 mod xdp;
 
 fn main() {
@@ -23,7 +24,8 @@ fn main() {
         && !has("--scaling")
         && !has("--cluster")
         && !has("--scale-out")
-        && !has("--sip");
+        && !has("--sip")
+        && !has("--tls");
     let mut parts = Vec::new();
     let mut md = String::new();
     if all || has("--xdp") {
@@ -79,6 +81,13 @@ fn main() {
         let (json, table) = sip::run(quick);
         parts.push(format!(r#""sip":{json}"#));
         md += "### SIP (SIPp through the XDP SIP VIP and through Kamailio)\n\n";
+        md += &table;
+        md += "\n";
+    }
+    if all || has("--tls") {
+        let (json, table) = tls::run(quick);
+        parts.push(format!(r#""tls":{json}"#));
+        md += "### TLS (HTTPS termination: wrk, openssl s_time, idle connections)\n\n";
         md += &table;
         md += "\n";
     }

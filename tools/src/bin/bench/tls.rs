@@ -1,0 +1,352 @@
+//! TLS: the dispatcher (rustls), HAProxy and nginx (both OpenSSL) terminating HTTPS in
+//! the dispatcher namespace, with the same ECDSA P-256 certificate, the same TLS 1.3
+//! suite, the same worker count, in front of the same four nginx backends (plain HTTP),
+//! affinity by JSESSIONID as in the HTTP benchmark. From the client namespace:
+//!
+//! - keep-alive requests/s and p99: wrk over 50 TLS connections;
+//! - full and resumed handshakes/s by `openssl s_time -new` / `-reuse` (4 processes, a
+//!   request each connection), checked against the dispatcher's own count of full and
+//!   resumed handshakes;
+//! - new connections/s under wrk sending `Connection: close` (wrk keeps each connection's
+//!   TLS session, so these are mostly resumed handshakes, as the counts show);
+//! - memory per idle TLS connection: the server's RSS before and after 2,000 TLS
+//!   connections that each made one request and stay open (Python's ssl as the client).
+
+use std::{
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use crate::http::{self, WORKERS};
+use dispatcher_tests::{netns::Testbed, tls::Pki};
+
+const VIP: &str = "10.99.100.21";
+const CONNECTIONS: usize = 50;
+/// The one TLS 1.3 suite every system and client uses.
+const SUITE: &str = "TLS_AES_128_GCM_SHA256";
+const IDLE: usize = 2_000;
+
+struct System {
+    name: &'static str,
+    port: u16,
+    log: &'static str,
+}
+
+const SYSTEMS: [System; 3] = [
+    System { name: "dispatcher", port: 443, log: "dispatcher" },
+    System { name: "haproxy", port: 444, log: "haproxy" },
+    System { name: "nginx", port: 445, log: "nginx-proxy" },
+];
+
+const CLOSE_LUA: &str = r#"
+local i = 0
+request = function()
+  i = i + 1
+  return wrk.format("GET", "/", {["Connection"] = "close", ["Cookie"] = "JSESSIONID=0000benchsession" .. (i % 64) .. ":clone" .. (i % 4) .. "x"})
+end
+"#;
+
+/// Holds `n` TLS connections open, each after one request; prints `ready`, then waits
+/// for its standard input to close.
+const IDLE_CLIENT: &str = r#"
+import resource, socket, ssl, sys
+host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+resource.setrlimit(resource.RLIMIT_NOFILE, (n + 100, n + 100))
+ctx = ssl.create_default_context()
+ctx.check_hostname = False
+ctx.verify_mode = ssl.CERT_NONE
+ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+held = []
+for i in range(n):
+    s = ctx.wrap_socket(socket.create_connection((host, port), timeout=10))
+    s.sendall(b"GET / HTTP/1.1\r\nHost: b\r\nCookie: JSESSIONID=0000idle%d:clone%dx\r\n\r\n" % (i, i % 4))
+    data = b""
+    while not data.endswith(b"x\n"):
+        chunk = s.recv(4096)
+        if not chunk:
+            raise SystemExit("closed after %d connections" % i)
+        data += chunk
+    held.append(s)
+print("ready", flush=True)
+sys.stdin.read()
+"#;
+
+/// A client program in the client namespace, offering only `SUITE` (through an OpenSSL
+/// configuration file that wrk, s_time and Python's ssl all read).
+fn client(tb: &Testbed, program: &str) -> Command {
+    let mut cmd = tb.client.command(program);
+    cmd.env("OPENSSL_CONF", tb.workdir.join("openssl-client.cnf"));
+    cmd
+}
+
+fn wrk(tb: &Testbed, port: u16, secs: u64, script: &Path) -> (f64, f64, f64, u64) {
+    let url = format!("https://{VIP}:{port}/");
+    let run = client(tb, "wrk")
+        .args(["-t1", &format!("-c{CONNECTIONS}"), "--timeout", "10s", &format!("-d{secs}s"), "--latency", "-s"])
+        .arg(script)
+        .arg(&url)
+        .output()
+        .expect("wrk");
+    let out = String::from_utf8_lossy(&run.stdout).into_owned();
+    let r = http::parse_wrk(&out);
+    if r.0.is_nan() || r.0 <= 0.0 {
+        eprintln!("    wrk against port {port} served nothing:\n{out}");
+    }
+    r
+}
+
+/// Waits until the port completes a TLS handshake and answers a request.
+fn wait_ready(tb: &Testbed, port: u16, log: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let url = format!("https://{VIP}:{port}/");
+    loop {
+        let out = tb.client.command("curl").args(["-sk", "--max-time", "2", &url]).output().unwrap();
+        if out.status.success() && String::from_utf8_lossy(&out.stdout).starts_with("clone") {
+            return;
+        }
+        assert!(Instant::now() < deadline, "port {port} not serving TLS:\n{}", tb.log(log));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The suite and group a connection to `port` negotiates, as `openssl s_client` reports.
+fn negotiated(tb: &Testbed, port: u16) -> String {
+    let out = client(tb, "openssl")
+        .args(["s_client", "-connect", &format!("{VIP}:{port}"), "-brief"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    let field = |name: &str| {
+        text.lines().find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string())).unwrap_or_else(|| "?".into())
+    };
+    format!("{} {} {}", field("Protocol version:"), field("Ciphersuite:"), field("Server Temp Key:"))
+}
+
+/// `openssl s_time` from 4 processes at once for `secs`: connections per second.
+fn s_time(tb: &Testbed, port: u16, secs: u64, mode: &str) -> f64 {
+    let addr = format!("{VIP}:{port}");
+    let children: Vec<Child> = (0..4)
+        .map(|_| {
+            client(tb, "openssl")
+                .args(["s_time", "-connect", &addr, mode, "-time", &secs.to_string(), "-www", "/"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("openssl s_time")
+        })
+        .collect();
+    let mut total = 0.0;
+    for c in children {
+        let out = c.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        // "N connections in T real seconds, ..."
+        for line in text.lines().filter(|l| l.contains("real seconds")) {
+            let mut words = line.split_whitespace();
+            let n: f64 = words.next().and_then(|w| w.parse().ok()).unwrap_or(0.0);
+            let t: f64 = line
+                .split("connections in ")
+                .nth(1)
+                .and_then(|r| r.split_whitespace().next())
+                .and_then(|w| w.parse().ok())
+                .unwrap_or(f64::NAN);
+            total += n / t;
+        }
+    }
+    total
+}
+
+/// The RSS of `pid` (KiB) before and with `IDLE` idle TLS connections to `port`.
+fn idle_memory(tb: &Testbed, port: u16, pid: u32) -> (u64, u64) {
+    let before = http::rss_kib(pid);
+    let mut child = client(tb, "python3")
+        .args(["-c", IDLE_CLIENT, VIP, &port.to_string(), &IDLE.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("python3");
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert_eq!(line.trim(), "ready", "the idle client did not open its connections");
+    std::thread::sleep(Duration::from_millis(500));
+    let with = http::rss_kib(pid);
+    drop(child.stdin.take());
+    let _ = child.wait();
+    (before, with)
+}
+
+/// The dispatcher's count of (full, resumed) handshakes.
+fn handshakes(tb: &Testbed) -> (u64, u64) {
+    let status = tb.admin("GET", "/status").map(|(_, b)| b).unwrap_or_default();
+    let v: serde_json::Value = serde_json::from_str(&status).unwrap_or_default();
+    let t = &v["vips"][0]["tls"];
+    (t["handshakes_full"].as_u64().unwrap_or(0), t["handshakes_resumed"].as_u64().unwrap_or(0))
+}
+
+/// nginx's worker (the master's child): the process that holds the connections.
+fn nginx_worker(master: u32) -> u32 {
+    let children = std::fs::read_to_string(format!("/proc/{master}/task/{master}/children")).unwrap_or_default();
+    children.split_whitespace().next().and_then(|p| p.parse().ok()).expect("an nginx worker")
+}
+
+struct Row {
+    keepalive: (f64, f64, f64, u64),
+    full_wrk: (f64, f64, f64, u64),
+    full_stime: f64,
+    resumed_stime: f64,
+    kib_per_conn: f64,
+    negotiated: String,
+}
+
+pub fn run(quick: bool) -> (String, String) {
+    let nofile = http::raise_nofile();
+    let maxconn = http::haproxy_maxconn(nofile);
+    let secs = if quick { 4 } else { 10 };
+    eprintln!("==> TLS benchmark: {WORKERS} worker(s) each, ECDSA P-256, {SUITE}, {secs}s per measurement");
+    let mut tb = Testbed::new(4, &[VIP]);
+    tb.add_local_vip(VIP);
+    tb.client.sysctl("net.ipv4.tcp_tw_reuse=1");
+    let dir = tb.workdir.clone();
+    for i in 0..4 {
+        let conf = dir.join(format!("backend{i}.conf"));
+        std::fs::write(&conf, http::backend_conf(i, &dir)).unwrap();
+        let mut cmd = tb.backends[i].command("nginx");
+        cmd.arg("-p").arg(&dir).arg("-c").arg(&conf);
+        tb.start(&format!("nginx-b{i}"), cmd);
+    }
+    let pki = Pki::new(&dir);
+    let (cert, key) = pki.leaf("ca", "server", "bench.example", &["bench.example"], 30);
+    let combined = dir.join("server-combined.pem");
+    std::fs::write(&combined, std::fs::read_to_string(&cert).unwrap() + &std::fs::read_to_string(&key).unwrap())
+        .unwrap();
+    let clone_ids: Vec<String> = (0..4).map(|i| format!("clone{i}x")).collect();
+    let cfg = format!(
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nworkers = {WORKERS}\nmax_client_connections = 10100\nmax_tls_handshakes = 4096\n\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 443\nmode = \"http\"\nbackend_port = 8080\nring_size = 1009\n[vip.tls]\n[[vip.tls.certificate]]\ncert = \"{}\"\nkey = \"{}\"\n",
+        tb.instance(),
+        tb.backend_config_with_clones(&[], &clone_ids),
+        cert.display(),
+        key.display()
+    );
+    let path = tb.write_config(&cfg);
+    tb.start_dispatcher(&path);
+    let hconf = dir.join("haproxy.cfg");
+    let global = format!(" ssl-default-bind-ciphersuites {SUITE}\n ssl-default-bind-options ssl-min-ver TLSv1.2\n");
+    let bind = format!("{VIP}:444 ssl crt {} alpn http/1.1", combined.display());
+    std::fs::write(&hconf, http::haproxy_conf(&dir, maxconn, &global, &bind)).unwrap();
+    let mut cmd = tb.lb.command("haproxy");
+    cmd.arg("-db").arg("-f").arg(&hconf);
+    tb.start("haproxy", cmd);
+    let nconf = dir.join("nginx-proxy.conf");
+    let listen = format!(
+        "{VIP}:445 ssl;\n  ssl_certificate {};\n  ssl_certificate_key {};\n  ssl_protocols TLSv1.2 TLSv1.3;\n  ssl_conf_command Ciphersuites {SUITE};\n  ssl_session_cache shared:SSL:10m;\n  ssl_session_tickets on;",
+        cert.display(),
+        key.display()
+    );
+    std::fs::write(&nconf, http::nginx_proxy_conf(&dir, &listen)).unwrap();
+    let mut cmd = tb.lb.command("nginx");
+    cmd.arg("-p").arg(&dir).arg("-c").arg(&nconf);
+    tb.start("nginx-proxy", cmd);
+    let keepalive_script = dir.join("cookies.lua");
+    std::fs::write(&keepalive_script, http::LUA).unwrap();
+    let close_script = dir.join("close.lua");
+    std::fs::write(&close_script, CLOSE_LUA).unwrap();
+    // The clients offer the one suite too (wrk and s_time read OpenSSL's configuration).
+    let openssl_conf = dir.join("openssl-client.cnf");
+    std::fs::write(
+        &openssl_conf,
+        format!(
+            "openssl_conf = init\n[init]\nssl_conf = ssl\n[ssl]\nsystem_default = sys\n[sys]\nCiphersuites = {SUITE}\n"
+        ),
+    )
+    .unwrap();
+
+    let mut rows = Vec::new();
+    let mut phases = Vec::new();
+    for s in &SYSTEMS {
+        wait_ready(&tb, s.port, s.log);
+        let negotiated = negotiated(&tb, s.port);
+        let keepalive = wrk(&tb, s.port, secs, &keepalive_script);
+        let before = handshakes(&tb);
+        let full_wrk = wrk(&tb, s.port, secs, &close_script);
+        let after_wrk = handshakes(&tb);
+        let full_stime = s_time(&tb, s.port, secs, "-new");
+        let after_new = handshakes(&tb);
+        let resumed_stime = s_time(&tb, s.port, secs, "-reuse");
+        let after_reuse = handshakes(&tb);
+        if s.name == "dispatcher" {
+            // What kind of handshakes each client made, as the dispatcher counted them.
+            for (what, a, b) in [
+                ("wrk close", before, after_wrk),
+                ("s_time -new", after_wrk, after_new),
+                ("s_time -reuse", after_new, after_reuse),
+            ] {
+                phases.push(format!("{what}: {} full, {} resumed", b.0 - a.0, b.1 - a.1));
+            }
+        }
+        let pid = match s.name {
+            "nginx" => nginx_worker(tb.pid_of(s.log).unwrap()),
+            _ => tb.pid_of(s.log).unwrap(),
+        };
+        std::thread::sleep(Duration::from_secs(2));
+        let (before, with) = idle_memory(&tb, s.port, pid);
+        let kib_per_conn = with.saturating_sub(before) as f64 / IDLE as f64;
+        eprintln!(
+            "    {:<11} [{negotiated}] keep-alive {:>7.0} req/s p99 {:.3} ms errors {} | new connections {:>6.0}/s (wrk) | s_time full {:>6.0}/s resumed {:>6.0}/s | {:.1} KiB per idle TLS connection ({before} -> {with} KiB)",
+            s.name, keepalive.0, keepalive.2, keepalive.3, full_wrk.0, full_stime, resumed_stime, kib_per_conn
+        );
+        rows.push(Row { keepalive, full_wrk, full_stime, resumed_stime, kib_per_conn, negotiated });
+    }
+    let (full, resumed) = handshakes(&tb);
+    eprintln!("    the dispatcher counted: {}", phases.join("; "));
+
+    let base = &rows[1];
+    let mut table = String::from(
+        "| system | negotiated | keep-alive req/s | p99 ms | errors | vs HAProxy | full handshakes/s (s_time -new) | vs HAProxy | resumed/s (s_time -reuse) | vs HAProxy | new conns/s (wrk, close) | vs HAProxy | KiB per idle TLS conn | vs HAProxy |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    let mut json = Vec::new();
+    for (s, r) in SYSTEMS.iter().zip(&rows) {
+        table += &format!(
+            "| {} | {} | {:.0} | {:.3} | {} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:.1} | {:.2} |\n",
+            s.name,
+            r.negotiated,
+            r.keepalive.0,
+            r.keepalive.2,
+            r.keepalive.3 + r.full_wrk.3,
+            r.keepalive.0 / base.keepalive.0,
+            r.full_stime,
+            r.full_stime / base.full_stime,
+            r.resumed_stime,
+            r.resumed_stime / base.resumed_stime,
+            r.full_wrk.0,
+            r.full_wrk.0 / base.full_wrk.0,
+            r.kib_per_conn,
+            r.kib_per_conn / base.kib_per_conn
+        );
+        json.push(format!(
+            r#"{{"system":"{}","negotiated":"{}","keepalive_rps":{:.1},"keepalive_p99_ms":{:.3},"errors":{},"new_conns_per_s":{:.1},"new_conns_p99_ms":{:.3},"stime_full_per_s":{:.1},"stime_resumed_per_s":{:.1},"kib_per_idle_conn":{:.2}}}"#,
+            s.name,
+            r.negotiated,
+            r.keepalive.0,
+            r.keepalive.2,
+            r.keepalive.3 + r.full_wrk.3,
+            r.full_wrk.0,
+            r.full_wrk.2,
+            r.full_stime,
+            r.resumed_stime,
+            r.kib_per_conn
+        ));
+    }
+    table += &format!(
+        "\nworkers: {WORKERS} each; ECDSA P-256 certificate, {SUITE} offered by the clients and configured in HAProxy and nginx; wrk: 1 thread, {CONNECTIONS} connections, {secs} s (new connections: `Connection: close` on every request; wrk keeps each connection's TLS session, so these resume); s_time: 4 processes, a GET per connection; idle memory: {IDLE} TLS 1.3 connections after one request each. Handshakes as the dispatcher counted them: {}.\n",
+        phases.join("; ")
+    );
+    println!("\n{table}");
+    let json = format!(
+        r#"{{"workers":{WORKERS},"connections":{CONNECTIONS},"seconds":{secs},"suite":"{SUITE}","idle_connections":{IDLE},"dispatcher_full_handshakes":{full},"dispatcher_resumed_handshakes":{resumed},"systems":[{}]}}"#,
+        json.join(",")
+    );
+    (json, table)
+}
