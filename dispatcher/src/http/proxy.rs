@@ -175,13 +175,7 @@ pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut st
         // Keep the header index's allocation for the next request.
         conn.scratch = head.headers;
         match next {
-            Next::KeepAlive => {
-                // An idle keep-alive connection keeps no read buffer (unless a pipelined
-                // request is in it): the next read allocates one.
-                if conn.client.buf.is_empty() {
-                    conn.client.buf = BytesMut::new();
-                }
-            }
+            Next::KeepAlive => {}
             _ => {
                 let _ = conn.w.shutdown().await;
                 return;

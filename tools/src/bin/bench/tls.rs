@@ -178,6 +178,18 @@ fn idle_memory(tb: &Testbed, port: u16, pid: u32) -> (u64, u64) {
     (before, with)
 }
 
+/// The run with the median requests/s.
+fn median_run(runs: &[(f64, f64, f64, u64)]) -> (f64, f64, f64, u64) {
+    let mut sorted = runs.to_vec();
+    sorted.sort_by(|a, b| a.0.total_cmp(&b.0));
+    sorted[sorted.len() / 2]
+}
+
+/// The lowest and highest requests/s over the runs.
+fn spread(runs: &[(f64, f64, f64, u64)]) -> (f64, f64) {
+    runs.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), r| (lo.min(r.0), hi.max(r.0)))
+}
+
 /// The dispatcher's count of (full, resumed) handshakes.
 fn handshakes(tb: &Testbed) -> (u64, u64) {
     let status = tb.admin("GET", "/status").map(|(_, b)| b).unwrap_or_default();
@@ -193,7 +205,9 @@ fn nginx_worker(master: u32) -> u32 {
 }
 
 struct Row {
+    /// The median keep-alive run (by requests/s) and the range of requests/s over runs.
     keepalive: (f64, f64, f64, u64),
+    spread: (f64, f64),
     full_wrk: (f64, f64, f64, u64),
     full_stime: f64,
     resumed_stime: f64,
@@ -263,12 +277,33 @@ pub fn run(quick: bool) -> (String, String) {
     )
     .unwrap();
 
-    let mut rows = Vec::new();
-    let mut phases = Vec::new();
     for s in &SYSTEMS {
         wait_ready(&tb, s.port, s.log);
+    }
+    // Keep-alive throughput: rounds, each system once per round in a rotating order, the
+    // median per system (single runs on two shared cores vary by 10% and more).
+    let rounds = if quick { 2 } else { 3 };
+    let mut keepalive_runs: Vec<Vec<(f64, f64, f64, u64)>> = vec![Vec::new(); SYSTEMS.len()];
+    for round in 0..rounds {
+        for k in 0..SYSTEMS.len() {
+            let i = (k + round) % SYSTEMS.len();
+            let r = wrk(&tb, SYSTEMS[i].port, secs, &keepalive_script);
+            eprintln!(
+                "    round {} {:<11} keep-alive {:>7.0} req/s p99 {:.3} ms",
+                round + 1,
+                SYSTEMS[i].name,
+                r.0,
+                r.2
+            );
+            keepalive_runs[i].push(r);
+        }
+    }
+    let mut rows = Vec::new();
+    let mut phases = Vec::new();
+    for (i, s) in SYSTEMS.iter().enumerate() {
         let negotiated = negotiated(&tb, s.port);
-        let keepalive = wrk(&tb, s.port, secs, &keepalive_script);
+        let keepalive = median_run(&keepalive_runs[i]);
+        let spread = spread(&keepalive_runs[i]);
         let before = handshakes(&tb);
         let full_wrk = wrk(&tb, s.port, secs, &close_script);
         let after_wrk = handshakes(&tb);
@@ -297,22 +332,24 @@ pub fn run(quick: bool) -> (String, String) {
             "    {:<11} [{negotiated}] keep-alive {:>7.0} req/s p99 {:.3} ms errors {} | new connections {:>6.0}/s (wrk) | s_time full {:>6.0}/s resumed {:>6.0}/s | {:.1} KiB per idle TLS connection ({before} -> {with} KiB)",
             s.name, keepalive.0, keepalive.2, keepalive.3, full_wrk.0, full_stime, resumed_stime, kib_per_conn
         );
-        rows.push(Row { keepalive, full_wrk, full_stime, resumed_stime, kib_per_conn, negotiated });
+        rows.push(Row { keepalive, spread, full_wrk, full_stime, resumed_stime, kib_per_conn, negotiated });
     }
     let (full, resumed) = handshakes(&tb);
     eprintln!("    the dispatcher counted: {}", phases.join("; "));
 
     let base = &rows[1];
     let mut table = String::from(
-        "| system | negotiated | keep-alive req/s | p99 ms | errors | vs HAProxy | full handshakes/s (s_time -new) | vs HAProxy | resumed/s (s_time -reuse) | vs HAProxy | new conns/s (wrk, close) | vs HAProxy | KiB per idle TLS conn | vs HAProxy |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| system | negotiated | keep-alive req/s (median) | range | p99 ms | errors | vs HAProxy | full handshakes/s (s_time -new) | vs HAProxy | resumed/s (s_time -reuse) | vs HAProxy | new conns/s (wrk, close) | vs HAProxy | KiB per idle TLS conn | vs HAProxy |\n|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     let mut json = Vec::new();
     for (s, r) in SYSTEMS.iter().zip(&rows) {
         table += &format!(
-            "| {} | {} | {:.0} | {:.3} | {} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:.1} | {:.2} |\n",
+            "| {} | {} | {:.0} | {:.0}-{:.0} | {:.3} | {} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:.1} | {:.2} |\n",
             s.name,
             r.negotiated,
             r.keepalive.0,
+            r.spread.0,
+            r.spread.1,
             r.keepalive.2,
             r.keepalive.3 + r.full_wrk.3,
             r.keepalive.0 / base.keepalive.0,
@@ -326,10 +363,12 @@ pub fn run(quick: bool) -> (String, String) {
             r.kib_per_conn / base.kib_per_conn
         );
         json.push(format!(
-            r#"{{"system":"{}","negotiated":"{}","keepalive_rps":{:.1},"keepalive_p99_ms":{:.3},"errors":{},"new_conns_per_s":{:.1},"new_conns_p99_ms":{:.3},"stime_full_per_s":{:.1},"stime_resumed_per_s":{:.1},"kib_per_idle_conn":{:.2}}}"#,
+            r#"{{"system":"{}","negotiated":"{}","keepalive_rps":{:.1},"keepalive_rps_min":{:.1},"keepalive_rps_max":{:.1},"keepalive_p99_ms":{:.3},"errors":{},"new_conns_per_s":{:.1},"new_conns_p99_ms":{:.3},"stime_full_per_s":{:.1},"stime_resumed_per_s":{:.1},"kib_per_idle_conn":{:.2}}}"#,
             s.name,
             r.negotiated,
             r.keepalive.0,
+            r.spread.0,
+            r.spread.1,
             r.keepalive.2,
             r.keepalive.3 + r.full_wrk.3,
             r.full_wrk.0,
@@ -340,7 +379,7 @@ pub fn run(quick: bool) -> (String, String) {
         ));
     }
     table += &format!(
-        "\nworkers: {WORKERS} each; ECDSA P-256 certificate, {SUITE} offered by the clients and configured in HAProxy and nginx; wrk: 1 thread, {CONNECTIONS} connections, {secs} s (new connections: `Connection: close` on every request; wrk keeps each connection's TLS session, so these resume); s_time: 4 processes, a GET per connection; idle memory: {IDLE} TLS 1.3 connections after one request each. Handshakes as the dispatcher counted them: {}.\n",
+        "\nworkers: {WORKERS} each; ECDSA P-256 certificate, {SUITE} offered by the clients and configured in HAProxy and nginx; wrk: 1 thread, {CONNECTIONS} connections, {secs} s, keep-alive: the median of {rounds} rounds (each system once per round, in a rotating order) with the range over the rounds (new connections: `Connection: close` on every request; wrk keeps each connection's TLS session, so these resume); s_time: 4 processes, a GET per connection; idle memory: {IDLE} TLS 1.3 connections after one request each. Handshakes as the dispatcher counted them: {}.\n",
         phases.join("; ")
     );
     println!("\n{table}");
