@@ -12,6 +12,9 @@ pub mod sipp;
 pub mod tls;
 pub mod websphere;
 
+/// The TLS library the test clients use (for callers that configure them).
+pub use rustls;
+
 /// Checks Prometheus exposition text with a real parser: `promtool check metrics` (Debian's
 /// prometheus package, which `cargo xtask setup` installs). `Err`: what it said.
 pub fn promtool_check(text: &str) -> Result<(), String> {

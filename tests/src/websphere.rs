@@ -333,10 +333,61 @@ fn connection(cluster: &Cluster, me: usize, s: TcpStream, stop: &AtomicBool) {
 pub struct Client {
     pub addr: std::net::SocketAddr,
     pub jar: Option<String>,
-    conn: Option<(BufReader<TcpStream>, TcpStream)>,
+    conn: Option<BufReader<Conn>>,
     ns: crate::netns::Ns,
     /// Source address of its connections (`bound_to`); the kernel's choice otherwise.
     source: Option<std::net::Ipv4Addr>,
+    /// HTTPS (`over_tls`): the client configuration and the name to ask for (SNI).
+    tls: Option<(std::sync::Arc<rustls::ClientConfig>, rustls::pki_types::ServerName<'static>)>,
+}
+
+/// A client connection, plain or TLS (rustls, verifying the server's certificate).
+pub enum Conn {
+    Plain(TcpStream),
+    Tls(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+}
+
+impl Read for Conn {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Conn::Plain(s) => s.read(buf),
+            Conn::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Conn {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Conn::Plain(s) => s.write(buf),
+            Conn::Tls(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Conn::Plain(s) => s.flush(),
+            Conn::Tls(s) => s.flush(),
+        }
+    }
+}
+
+/// A TLS client configuration that trusts the CA certificates in `ca_file` (PEM), offers
+/// ALPN `http/1.1` and resumes sessions.
+pub fn tls_client_config(ca_file: &std::path::Path) -> std::sync::Arc<rustls::ClientConfig> {
+    use rustls::pki_types::{pem::PemObject, CertificateDer};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca_file).expect("the CA file") {
+        roots.add(cert.expect("a CA certificate")).expect("a usable CA certificate");
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    std::sync::Arc::new(config)
 }
 
 /// A TCP connection from `src` (any port) to `to`, within 3 s.
@@ -373,7 +424,13 @@ impl Response {
 
 impl Client {
     pub fn new(ns: &crate::netns::Ns, addr: std::net::SocketAddr) -> Client {
-        Client { addr, jar: None, conn: None, ns: ns.clone(), source: None }
+        Client { addr, jar: None, conn: None, ns: ns.clone(), source: None, tls: None }
+    }
+
+    /// HTTPS: TLS with `config`, asking for `name`.
+    pub fn over_tls(mut self, config: std::sync::Arc<rustls::ClientConfig>, name: &str) -> Client {
+        self.tls = Some((config, rustls::pki_types::ServerName::try_from(name.to_string()).expect("a DNS name")));
+        self
     }
 
     /// Connections from `src` (an address of its namespace).
@@ -395,14 +452,23 @@ impl Client {
                 None => TcpStream::connect_timeout(&addr, Duration::from_secs(3)),
             })?;
             s.set_read_timeout(Some(Duration::from_secs(10)))?;
-            let w = s.try_clone()?;
-            self.conn = Some((BufReader::new(s), w));
+            let conn = match &self.tls {
+                None => Conn::Plain(s),
+                Some((config, name)) => {
+                    let c =
+                        rustls::ClientConnection::new(config.clone(), name.clone()).map_err(std::io::Error::other)?;
+                    Conn::Tls(Box::new(rustls::StreamOwned::new(c, s)))
+                }
+            };
+            self.conn = Some(BufReader::new(conn));
         }
-        let (r, w) = self.conn.as_mut().unwrap();
+        let r = self.conn.as_mut().unwrap();
         let cookie = self.jar.as_ref().map(|c| format!("Cookie: JSESSIONID={c}\r\n")).unwrap_or_default();
         let req = format!("GET {path} HTTP/1.1\r\nHost: {}\r\n{cookie}\r\n", self.addr);
         let result = (|| {
+            let w = r.get_mut();
             w.write_all(req.as_bytes())?;
+            w.flush()?;
             read_response(r)
         })();
         match result {
@@ -428,7 +494,7 @@ impl Client {
 }
 
 /// Reads a response with a Content-Length body (or none).
-pub fn read_response(r: &mut BufReader<TcpStream>) -> std::io::Result<Response> {
+pub fn read_response<R: BufRead>(r: &mut R) -> std::io::Result<Response> {
     let mut line = String::new();
     if r.read_line(&mut line)? == 0 {
         return Err(std::io::ErrorKind::UnexpectedEof.into());

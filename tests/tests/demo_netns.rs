@@ -59,6 +59,23 @@ fn the_demo_runs_its_story_and_cleans_up() {
     assert!(!std::path::Path::new(&format!("/run/dispatcher/{instance}.sock")).exists(), "socket left");
 }
 
+/// `cargo xtask demo --tls`: the HTTP clients over HTTPS, the same story.
+#[test]
+fn the_demo_runs_over_https() {
+    let (text, line) = run_demo(&["--seconds", "12", "--tls"]);
+    assert!(line("HTTPS (8 clients").contains("a new connection every 10 requests"), "{text}");
+    assert!(line("requests answered").ends_with("errors 0"), "{text}");
+    assert!(line("sessions kept").contains("8 of 8; lost (no copy found): 0"), "{text}");
+    assert!(line("misroutes (served by neither").contains("replica): 0 "), "{text}");
+    let tls = line("TLS handshakes:");
+    let words: Vec<&str> = tls.split_whitespace().collect();
+    let (full, resumed): (u64, u64) = (words[2].parse().unwrap(), words[4].parse().unwrap());
+    assert!(full >= 8 && resumed > full, "each client resumes its session when it reconnects: {tls}");
+    assert!(tls.ends_with("failed 0"), "{tls}");
+    assert!(line("tls app: handshakes").contains("CN=shop.example"), "{text}");
+    line("torn down");
+}
+
 /// `cargo xtask demo --dispatchers 3`: behind the router, a join, a leave and a death;
 /// its summary's "expected 0" lines are 0 and it leaves nothing behind.
 #[test]

@@ -39,6 +39,9 @@ enum Cmd {
         /// leaving, one dying.
         #[arg(long)]
         dispatchers: Option<usize>,
+        /// The HTTP VIP as an HTTPS VIP: the agent terminates TLS, the clients speak HTTPS.
+        #[arg(long)]
+        tls: bool,
     },
     /// Benchmarks against a trivial XDP program measured in the same run.
     Bench {
@@ -118,7 +121,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             remove_empty_shared_dirs();
             result
         }
-        Cmd::Demo { seconds, dispatchers } => {
+        Cmd::Demo { seconds, dispatchers, tls } => {
             require_root("the demo loads BPF programs and creates network namespaces")?;
             setup::setup()?;
             build(false)?;
@@ -126,6 +129,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             if let Some(n) = dispatchers {
                 anyhow::ensure!((2..=4).contains(&n), "--dispatchers: 2 to 4 (one more joins during the tour)");
                 args.extend(["--dispatchers".to_string(), n.to_string()]);
+                anyhow::ensure!(!tls, "--tls goes with the single-dispatcher tour");
+            }
+            if tls {
+                args.push("--tls".to_string());
             }
             exec_built("demo", &args)
         }

@@ -6,7 +6,8 @@
 //! replica b3), b2 coming back and b0 being enabled again. It ends with a summary
 //! (requests, sessions kept, misroutes, failover times) and tears everything down.
 //! SIPp calls go through a SIP VIP meanwhile (`sip`): b2's dialogs move to b3 with it.
-//! `--dispatchers N`: the tour behind a router instead (`scale_out`).
+//! `--dispatchers N`: the tour behind a router instead (`scale_out`). `--tls`: the HTTP
+//! VIP is an HTTPS VIP (the agent terminates TLS) and the HTTP clients speak HTTPS.
 
 #[path = "demo/scale_out.rs"]
 mod scale_out;
@@ -74,16 +75,29 @@ fn main() {
         scale_out::run(n, seconds);
         return;
     }
+    let tls = std::env::args().any(|a| a == "--tls");
+    let (http_port, scheme) = if tls { (443, "HTTPS") } else { (80, "HTTP") };
     println!("dispatcher demo: a client, the dispatcher and {BACKENDS} clones in replica pairs (b0/b1, b2/b3)");
     println!("  L4:   VIP {VIP} tcp/80 and udp/5060 -> XDP, MAC forwarding (direct server return)");
-    println!("  HTTP: VIP {HTTP_VIP}:80 -> the agent -> WebSphere-like clones on :8080, JSESSIONID affinity");
+    println!(
+        "  {scheme}: VIP {HTTP_VIP}:{http_port} -> the agent{} -> WebSphere-like clones on :8080, JSESSIONID affinity",
+        if tls { " (TLS terminated, certificate for shop.example)" } else { "" }
+    );
     println!("  SIP:  VIP {}:5060 -> XDP, affinity by logical name (ln0..ln3) -> SIP containers\n", sip::SIP_VIP);
 
     println!("[1/4] network namespaces, veth pairs, a switch");
     let mut tb = Testbed::new(BACKENDS, &[VIP, HTTP_VIP, sip::SIP_VIP]);
     tb.add_local_vip(HTTP_VIP);
+    // HTTPS: a CA and a certificate for shop.example, made with openssl.
+    let tls_section = if tls {
+        let pki = dispatcher_tests::tls::Pki::new(&tb.workdir);
+        let (cert, key) = pki.leaf("ca", "shop", "shop.example", &["shop.example"], 30);
+        format!("[vip.tls]\n{}", dispatcher_tests::tls::certificate_entry(&cert, &key, &[]))
+    } else {
+        String::new()
+    };
     let cfg_text = format!(
-        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[health]\npath = \"/health\"\ninterval = \"250ms\"\ntimeout = \"200ms\"\nfall = 2\nrise = 2\n\n[http]\nhold_time = \"3s\"\n\n{}\n[[vip]]\nname = \"web\"\naddress = \"{VIP}\"\nport = 80\n\n[[vip]]\nname = \"sessions\"\naddress = \"{VIP}\"\nport = 5060\nprotocol = \"udp\"\n\n[[vip]]\nname = \"app\"\naddress = \"{HTTP_VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = 8080\n{}",
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[health]\npath = \"/health\"\ninterval = \"250ms\"\ntimeout = \"200ms\"\nfall = 2\nrise = 2\n\n[http]\nhold_time = \"3s\"\n\n{}\n[[vip]]\nname = \"web\"\naddress = \"{VIP}\"\nport = 80\n\n[[vip]]\nname = \"sessions\"\naddress = \"{VIP}\"\nport = 5060\nprotocol = \"udp\"\n\n[[vip]]\nname = \"app\"\naddress = \"{HTTP_VIP}\"\nport = {http_port}\nmode = \"http\"\nbackend_port = 8080\n{tls_section}\n{}",
         tb.instance(),
         tb.backend_config_with(&[100; BACKENDS], sip::backend_lines),
         sip::vip_config()
@@ -115,9 +129,10 @@ fn main() {
         let (l4, phase, stop) = (l4.clone(), phase.clone(), stop.clone());
         threads.push(tb.client.spawn(move || l4_client(&l4, &phase, &stop)));
     }
+    let tls_client = tls.then(|| websphere::tls_client_config(&tb.workdir.join("pki/ca.pem")));
     for _ in 0..HTTP_CLIENTS {
-        let (http, stop, ns) = (http.clone(), stop.clone(), tb.client.clone());
-        threads.push(std::thread::spawn(move || http_client(&ns, &http, &stop)));
+        let (http, stop, ns, tls_client) = (http.clone(), stop.clone(), tb.client.clone(), tls_client.clone());
+        threads.push(std::thread::spawn(move || http_client(&ns, http_port, tls_client, &http, &stop)));
     }
 
     let tables = Tables::from_pinned(&tb.pin_dir()).expect("pinned maps");
@@ -218,8 +233,15 @@ fn main() {
 
     println!("\n=== summary ===");
     let requests = http.requests.load(Ordering::SeqCst);
-    println!("HTTP ({HTTP_CLIENTS} clients, one session each, a new connection every 10 requests):");
+    println!("{scheme} ({HTTP_CLIENTS} clients, one session each, a new connection every 10 requests):");
     println!("  requests answered {requests}, errors {}", http.errors.load(Ordering::SeqCst));
+    if let Some(t) = status.vips.iter().find(|v| v.name == "app").and_then(|v| v.tls.as_ref()) {
+        let failed: u64 = t.failures.values().sum();
+        println!(
+            "  TLS handshakes: {} full, {} resumed (the clients resume their sessions on reconnect), failed {failed}",
+            t.handshakes_full, t.handshakes_resumed
+        );
+    }
     println!(
         "  sessions kept (counter went on without a gap, start to end): {} of {HTTP_CLIENTS}; lost (no copy found): {}",
         http.sessions_kept.load(Ordering::SeqCst),
@@ -401,9 +423,18 @@ impl View {
 }
 
 /// One session per client for the whole demo; a new connection every 10 requests.
-fn http_client(ns: &Ns, stats: &HttpStats, stop: &AtomicBool) {
-    let addr: SocketAddr = format!("{HTTP_VIP}:80").parse().unwrap();
+fn http_client(
+    ns: &Ns,
+    port: u16,
+    tls: Option<Arc<dispatcher_tests::rustls::ClientConfig>>,
+    stats: &HttpStats,
+    stop: &AtomicBool,
+) {
+    let addr: SocketAddr = format!("{HTTP_VIP}:{port}").parse().unwrap();
     let mut c = Client::new(ns, addr);
+    if let Some(config) = tls {
+        c = c.over_tls(config, "shop.example");
+    }
     let mut last = 0u64;
     let mut kept = true;
     let mut n = 0u64;
