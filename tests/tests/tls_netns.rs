@@ -303,8 +303,9 @@ fn certificates_are_reloaded_under_load_without_a_failed_request() {
 
 #[test]
 fn tls_to_backends_verifies_their_certificates() {
-    // b0 presents a certificate of our CA for backend.example; b1 one of another CA.
-    let mut tb = Testbed::new(2, &[VIP]);
+    // b0 presents a certificate of our CA for backend.example; b1 one of another CA; b2
+    // one of our CA and asks for a client certificate of our CA.
+    let mut tb = Testbed::new(3, &[VIP]);
     tb.add_local_vip(VIP);
     let pki = Pki::new(&tb.workdir);
     pki.ca("rogue");
@@ -314,25 +315,37 @@ fn tls_to_backends_verifies_their_certificates() {
     std::fs::create_dir_all(&www).unwrap();
     std::fs::write(www.join("hello.txt"), "hello over TLS\n").unwrap();
     std::fs::write(www.join("health"), "ok\n").unwrap();
-    for (i, (c, k)) in [(&good, &good_key), (&bad, &bad_key)].into_iter().enumerate() {
+    let (client, client_key) = pki.leaf("ca", "client", "dispatcher", &["dispatcher.example"], 20);
+    let ca = pki.path("ca.pem");
+    for (i, (c, k)) in [(&good, &good_key), (&bad, &bad_key), (&good, &good_key)].into_iter().enumerate() {
         let mut cmd = tb.backends[i].command("openssl");
         cmd.args(["s_server", "-quiet", "-accept", "8443", "-WWW", "-cert"]).arg(c).arg("-key").arg(k);
+        if i == 2 {
+            // Only a client with a certificate of our CA gets an answer.
+            cmd.args(["-Verify", "1", "-verify_return_error", "-CAfile"]).arg(&ca);
+        }
         cmd.current_dir(&www);
         tb.start(&format!("s_server{i}"), cmd);
     }
-    let ca = pki.path("ca.pem");
-    let vip = |name: &str, port: u16, backend: &str| {
+    let vip = |name: &str, port: u16, backend: &str, client_cert: bool| {
+        let cert = if client_cert {
+            format!("cert = \"{}\"\nkey = \"{}\"\n", client.display(), client_key.display())
+        } else {
+            String::new()
+        };
         format!(
-            "[[vip]]\nname = \"{name}\"\naddress = \"{VIP}\"\nport = {port}\nmode = \"http\"\nbackend_port = 8443\nbackends = [\"{backend}\"]\n[vip.backend_tls]\nca_file = \"{}\"\nserver_name = \"backend.example\"\n",
+            "[[vip]]\nname = \"{name}\"\naddress = \"{VIP}\"\nport = {port}\nmode = \"http\"\nbackend_port = 8443\nbackends = [\"{backend}\"]\n[vip.backend_tls]\nca_file = \"{}\"\nserver_name = \"backend.example\"\n{cert}",
             ca.display()
         )
     };
     let text = format!(
-        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n[http]\nretries = 0\n[health]\nkind = \"tcp\"\nport = 8443\ninterval = \"200ms\"\n\n{}\n{}\n{}",
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n[http]\nretries = 0\n[health]\nkind = \"tcp\"\nport = 8443\ninterval = \"200ms\"\n\n{}\n{}\n{}\n{}\n{}",
         tb.instance(),
         tb.backend_config(&[]),
-        vip("good", 80, "b0"),
-        vip("bad", 81, "b1")
+        vip("good", 80, "b0", false),
+        vip("bad", 81, "b1", false),
+        vip("mutual", 82, "b2", true),
+        vip("anonymous", 83, "b2", false)
     );
     let path = tb.write_config(&text);
     tb.start_dispatcher(&path);
@@ -349,6 +362,11 @@ fn tls_to_backends_verifies_their_certificates() {
     let s = status(&tb);
     let b1 = s["backends"].as_array().unwrap().iter().find(|b| b["name"] == "b1").unwrap().clone();
     assert!(b1["errors"].as_u64().unwrap() >= 1, "the backend is counted as failing: {b1}");
+    // A backend that asks for a client certificate: the VIP with one is served.
+    let mutual = get(82);
+    assert!(mutual.contains("hello over TLS") && mutual.ends_with("200"), "{mutual}");
+    let anonymous = get(83);
+    assert!(anonymous.ends_with("502"), "without a client certificate: {anonymous}");
     // HTTP health checks go over the same TLS: b0 passes them, the impostor fails them.
     std::fs::write(&path, text.replace("kind = \"tcp\"\nport = 8443", "kind = \"http\"\npath = \"/health\"")).unwrap();
     let said = tb.dispatcher_cmd(&["reload", "--config", &path.display().to_string()]);
@@ -362,7 +380,7 @@ fn tls_to_backends_verifies_their_certificates() {
                 .unwrap()
                 .to_string()
         };
-        if health("b0") == "up" && health("b1") == "down" {
+        if health("b0") == "up" && health("b1") == "down" && health("b2") == "up" {
             break;
         }
         assert!(Instant::now() < deadline, "b0 {} b1 {}", health("b0"), health("b1"));
