@@ -57,7 +57,7 @@ fn request_bodies_are_streamed_with_their_framing() {
     let r = b.one(b"POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5;ext=x\r\nhello\r\n0\r\nX-T: 1\r\nContent-Length: 99\r\nHost: evil\r\n\r\n");
     assert_eq!(r.status, 200);
     let fwd = b.record.last();
-    assert!(fwd.ends_with("Transfer-Encoding: chunked\r\nX-Forwarded-For: 10.99.0.2\r\nX-Forwarded-Proto: http\r\nVia: 1.1 dispatcher\r\n\r\n5\r\nhello\r\n0\r\nX-T: 1\r\n\r\n"), "trailers filtered, extension dropped:\n{fwd:?}");
+    assert!(fwd.ends_with("Transfer-Encoding: chunked\r\nX-Forwarded-For: 10.99.0.2\r\nX-Forwarded-Proto: http\r\nX-Forwarded-Port: 80\r\nVia: 1.1 dispatcher\r\n\r\n5\r\nhello\r\n0\r\nX-T: 1\r\n\r\n"), "trailers filtered, extension dropped:\n{fwd:?}");
 }
 
 #[test]
