@@ -174,6 +174,10 @@ pub struct Cluster {
     pub client_connections: Arc<std::sync::atomic::AtomicUsize>,
     /// Idle upstream connections all pools may keep (shared with a reload's successor).
     pub idle_budget: Arc<crate::http::pool::IdleBudget>,
+    /// TLS handshakes in progress over all HTTPS VIPs (`http.max_tls_handshakes`; shared
+    /// with a reload's successor when the cap is the same, so a reload does not double it
+    /// while the previous listeners drain).
+    pub tls_handshakes: (usize, Arc<tokio::sync::Semaphore>),
     /// The origin of the backends' `failed_at`.
     epoch: std::time::Instant,
     /// How long held requests waited, whatever the outcome.
@@ -296,6 +300,10 @@ impl Cluster {
                 crate::http::listener::descriptor_limit(),
             )),
             hold_time: Histogram::default(),
+            tls_handshakes: (
+                cfg.http.max_tls_handshakes,
+                Arc::new(tokio::sync::Semaphore::new(cfg.http.max_tls_handshakes)),
+            ),
         };
         cluster.adopt_learned();
         cluster.rewrite_all_clones();
@@ -466,6 +474,9 @@ impl Cluster {
         c.counters = old.counters.clone();
         c.client_connections = old.client_connections.clone();
         c.idle_budget = old.idle_budget.clone();
+        if c.tls_handshakes.0 == old.tls_handshakes.0 {
+            c.tls_handshakes = old.tls_handshakes.clone();
+        }
         for (new, prev) in c.vips.iter_mut().zip(&old.vips) {
             new.connections = prev.connections.clone();
             new.tls = prev.tls.clone();

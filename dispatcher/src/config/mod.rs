@@ -386,6 +386,8 @@ pub struct CertFiles {
 pub struct Redirect {
     /// The HTTPS VIP's name.
     pub vip: String,
+    /// Its address: the host of a request that names none.
+    pub address: IpAddr,
     pub port: u16,
 }
 

@@ -701,6 +701,18 @@ impl Ctx<'_> {
             }
             if let Some(r) = &v.redirect_to {
                 redirects.push((vips.len(), r));
+                // It forwards nothing: no members (no pools, no health checks for it).
+                for (set, field) in [
+                    (v.backends.as_ref().map(|b| b.span()), "backends"),
+                    (v.backend_port.as_ref().map(|b| b.span()), "backend_port"),
+                    (v.backend_tls.as_ref().map(|b| b.span()), "backend_tls"),
+                    (v.balance.as_ref().map(|b| b.span()), "balance"),
+                ] {
+                    if let Some(span) = set {
+                        self.report(span, &f(field), "a redirecting VIP forwards nothing (remove it or redirect_to)");
+                    }
+                }
+                members.clear();
             }
             vips.push(Vip {
                 name: v.name.get_ref().clone(),
@@ -726,7 +738,7 @@ impl Ctx<'_> {
         for (i, name) in redirects {
             match vips.iter().find(|t| &t.name == name.get_ref()) {
                 Some(t) if t.tls.is_some() => {
-                    vips[i].redirect_to = Some(Redirect { vip: t.name.clone(), port: t.port });
+                    vips[i].redirect_to = Some(Redirect { vip: t.name.clone(), address: t.address, port: t.port });
                 }
                 Some(_) => self.report(
                     name.span(),

@@ -168,8 +168,13 @@ pub async fn within_rate<T>(
 
 /// Writes with a deadline: a peer that stops reading cannot hold the relay (and the
 /// connection on the other side) forever.
+/// Flushed, as `proxy::write_client` is (TLS may hold bytes back otherwise).
 async fn write<W: AsyncWrite + Unpin>(dst: &mut W, bytes: &[u8], timeout: Duration) -> Result<(), RelayError> {
-    match tokio::time::timeout(timeout, dst.write_all(bytes)).await {
+    let write = async {
+        dst.write_all(bytes).await?;
+        dst.flush().await
+    };
+    match tokio::time::timeout(timeout, write).await {
         Ok(r) => r.map_err(RelayError::Write),
         Err(_) => Err(RelayError::Write(std::io::ErrorKind::TimedOut.into())),
     }

@@ -44,6 +44,21 @@ pub fn split_tls(s: TlsConn) -> (ReadSide, WriteSide, RawFd) {
     (ReadSide::Tls(r), WriteSide::Tls(w), fd)
 }
 
+impl ReadSide {
+    /// Nothing readable now: over TLS, no decrypted bytes are left inside the TLS layer
+    /// (which the socket-level check of an idle connection cannot see) and no record
+    /// waits on the socket. Asked by polling a read once without waiting; a connection
+    /// that had something to say is not reused (what was read is lost with it). Plain
+    /// connections are always drained here (their socket is peeked elsewhere).
+    pub fn drained(&mut self) -> bool {
+        let ReadSide::Tls(r) = self else { return true };
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut byte = [0u8; 1];
+        let mut buf = ReadBuf::new(&mut byte);
+        matches!(Pin::new(r).poll_read(&mut cx, &mut buf), Poll::Pending)
+    }
+}
+
 impl AsyncRead for ReadSide {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {

@@ -31,7 +31,7 @@ use std::{
 
 use tokio::{
     net::{TcpListener, TcpSocket},
-    sync::{watch, Semaphore},
+    sync::watch,
 };
 
 use super::{
@@ -136,7 +136,7 @@ struct VipShared {
 /// Reads the TLS files of every HTTP VIP (once, before any worker starts): an error
 /// names the VIP and the file, and nothing starts.
 fn vip_shared(cfg: &Config, cluster: &Arc<Cluster>) -> std::io::Result<Vec<VipShared>> {
-    let handshakes = Arc::new(Semaphore::new(cfg.http.max_tls_handshakes));
+    let handshakes = cluster.tls_handshakes.1.clone();
     let fail = |v: &Vip, e: anyhow::Error| std::io::Error::other(format!("VIP {}: {e:#}", v.name));
     let mut out = Vec::new();
     for (i, v) in cfg.vips.iter().enumerate().filter(|(_, v)| v.serves_http()) {
@@ -285,6 +285,7 @@ impl HttpServer {
         let active = cluster.client_connections.clone();
         // One route (balancing state) per VIP, shared by the workers: weights stay exact.
         let shared = vip_shared(cfg, &cluster)?;
+        let tls: Vec<Arc<ServerTls>> = shared.iter().filter_map(|s| s.tls.clone()).collect();
         let addrs = cfg.vips.iter().filter(|v| v.serves_http()).map(|v| SocketAddr::new(v.address, v.port)).collect();
         let nofile = descriptor_limit();
         let global = cfg.http.max_client_connections.unwrap_or_else(|| default_client_cap(nofile));
@@ -384,6 +385,10 @@ impl HttpServer {
         }
         for a in &addrs {
             tracing::info!(addr = %a, workers = cfg.http.workers, "HTTP VIP listening");
+        }
+        // Served from now on: status and metrics show these certificates.
+        for t in &tls {
+            t.publish();
         }
         Ok(HttpServer { stop, workers, active, addrs, listeners })
     }

@@ -288,7 +288,7 @@ impl Pool {
     /// Returns a connection after a complete exchange; dropped if the pool is full or it
     /// holds unread bytes (a server that sent more than the response is not trusted).
     pub fn put(&self, mut up: Upstream) {
-        if !up.r.buf.is_empty() {
+        if !up.r.buf.is_empty() || !up.r.io.drained() {
             return;
         }
         // An idle connection keeps no read buffer (the next read allocates one), and no

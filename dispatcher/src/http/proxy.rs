@@ -97,8 +97,14 @@ pub fn reason(status: u16) -> &'static str {
 
 /// Writes to the client within `timeout`; `false` when it failed or the client did not
 /// take the bytes in time (a client that never reads cannot hold a request forever).
+/// Flushed: over TLS a write may leave encrypted bytes inside the TLS layer when the
+/// socket is full (a no-op on plain TCP).
 pub(super) async fn write_client<W: AsyncWrite + Unpin + ?Sized>(w: &mut W, bytes: &[u8], timeout: Duration) -> bool {
-    matches!(tokio::time::timeout(timeout, w.write_all(bytes)).await, Ok(Ok(())))
+    let write = async {
+        w.write_all(bytes).await?;
+        w.flush().await
+    };
+    matches!(tokio::time::timeout(timeout, write).await, Ok(Ok(())))
 }
 
 /// An answer of the proxy's own, bounded in time; the connection is closed after it.
@@ -163,9 +169,26 @@ pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut st
         let head_bytes = conn.client.buf.split_to(head.len);
         conn.ctx.cluster.vips[conn.ctx.vip_index].requests.fetch_add(1, Ordering::Relaxed);
         if let Some(to) = &conn.ctx.redirect {
-            let answer = redirect_answer(&head, &head_bytes, to, &conn.ctx.host);
-            write_client(&mut conn.w, answer.as_bytes(), ERROR_WRITE_DEADLINE).await;
-            let _ = conn.w.shutdown().await;
+            let answer = redirect_answer(&head, &head_bytes, to);
+            if write_client(&mut conn.w, answer.as_bytes(), ERROR_WRITE_DEADLINE).await {
+                let _ = conn.w.shutdown().await;
+                // What the client still sends (a body) is read and dropped for a moment,
+                // so that the close does not turn into a reset that loses the answer.
+                let drain = async {
+                    let mut left = 64 * 1024usize;
+                    conn.client.buf.clear();
+                    while left > 0 {
+                        match conn.client.fill(Duration::from_secs(1)).await {
+                            Ok(n) if n > 0 => {
+                                left = left.saturating_sub(n);
+                                conn.client.buf.clear();
+                            }
+                            _ => break,
+                        }
+                    }
+                };
+                let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+            }
             return;
         }
         let closing = *stop.borrow();
@@ -185,19 +208,34 @@ pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut st
 }
 
 /// `308 Permanent Redirect` to the same host and target on the HTTPS VIP's port (the
-/// method and body are kept by a client that follows it, RFC 9110 15.4.9). The
-/// connection is closed after it: the request's body, if any, is never read.
-fn redirect_answer(head: &RequestHead, buf: &[u8], to: &Redirect, vip_host: &str) -> String {
+/// method and body are kept by a client that follows it, RFC 9110 15.4.9). The host is
+/// the request's (absolute-form authority, else Host, without its port), else the HTTPS
+/// VIP's address; bytes outside ASCII in the target are percent-encoded. The connection
+/// is closed after it: the request's body, if any, is never forwarded.
+fn redirect_answer(head: &RequestHead, buf: &[u8], to: &Redirect) -> String {
     let host_field = head.headers.iter().find(|h| is(&buf[h.name.clone()], "host")).map(|h| &buf[h.value.clone()]);
-    let authority = head.authority.as_ref().map(|a| &buf[a.clone()]).or(host_field).unwrap_or(vip_host.as_bytes());
+    let authority = head.authority.as_ref().map(|a| &buf[a.clone()]).or(host_field).unwrap_or_default();
+    // The head parser admits only `host[:port]` here: ASCII, no spaces or controls.
     let authority = String::from_utf8_lossy(authority);
     // The host without its port: `[v6]:port`, `name:port`, `v4:port`.
     let host = match authority.rfind(':') {
         Some(i) if !authority[i..].contains(']') => &authority[..i],
         _ => &authority[..],
     };
+    let host = match (host.is_empty(), to.address) {
+        (false, _) => host.to_string(),
+        (true, std::net::IpAddr::V4(a)) => a.to_string(),
+        (true, std::net::IpAddr::V6(a)) => format!("[{a}]"),
+    };
     let port = if to.port == 443 { String::new() } else { format!(":{}", to.port) };
-    let mut target = String::from_utf8_lossy(&buf[head.path.clone()]).into_owned();
+    let mut target = String::new();
+    for &b in &buf[head.path.clone()] {
+        if b.is_ascii() {
+            target.push(b as char);
+        } else {
+            target.push_str(&format!("%{b:02X}"));
+        }
+    }
     if !target.starts_with('/') {
         target.insert(0, '/');
     }

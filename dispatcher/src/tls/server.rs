@@ -22,7 +22,10 @@ use std::{
 };
 
 use rustls::{
-    server::{ClientHello, ProducesTickets, ResolvesServerCert, ServerConfig, ServerSessionMemoryCache},
+    server::{
+        ClientHello, NoServerSessionStorage, ProducesTickets, ResolvesServerCert, ServerConfig,
+        ServerSessionMemoryCache, StoresServerSessions,
+    },
     sign::CertifiedKey,
     HandshakeKind,
 };
@@ -126,26 +129,69 @@ impl ResolvesServerCert for Certificates {
 
 /// The process's ticket keys (rotating) and session-ID cache, shared by every VIP and
 /// every configuration a reload brings.
-fn resumption(cache_size: usize) -> anyhow::Result<(Arc<dyn ProducesTickets>, Arc<ServerSessionMemoryCache>)> {
-    static STATE: OnceLock<(Arc<dyn ProducesTickets>, Arc<ServerSessionMemoryCache>)> = OnceLock::new();
-    if let Some(s) = STATE.get() {
-        return Ok(s.clone());
+/// `cache_size` 0: no session-ID cache (tickets only). The size is the first
+/// configuration's; a reload that changes it is told it takes a restart.
+fn resumption(cache_size: usize) -> anyhow::Result<(Arc<dyn ProducesTickets>, Arc<dyn StoresServerSessions>)> {
+    type State = (Arc<dyn ProducesTickets>, Arc<dyn StoresServerSessions>, usize);
+    static STATE: OnceLock<State> = OnceLock::new();
+    let state = match STATE.get() {
+        Some(s) => s,
+        None => {
+            let ticketer = rustls::crypto::aws_lc_rs::Ticketer::new()?;
+            let cache: Arc<dyn StoresServerSessions> = match cache_size {
+                0 => Arc::new(NoServerSessionStorage {}),
+                n => ServerSessionMemoryCache::new(n),
+            };
+            STATE.get_or_init(|| (ticketer, cache, cache_size))
+        }
+    };
+    if state.2 != cache_size {
+        tracing::warn!(
+            configured = cache_size,
+            in_use = state.2,
+            "http.tls_session_cache changes at the next restart (the cache is kept across reloads)"
+        );
     }
-    let ticketer = rustls::crypto::aws_lc_rs::Ticketer::new()?;
-    Ok(STATE.get_or_init(|| (ticketer, ServerSessionMemoryCache::new(cache_size.max(1)))).clone())
+    Ok((state.0.clone(), state.1.clone()))
 }
 
 /// An HTTPS VIP's TLS side, shared by the workers.
 pub struct ServerTls {
     config: Arc<ServerConfig>,
     certs: Arc<Certificates>,
+    /// What status shows of the certificates, once they are served (`publish`).
+    infos: Vec<CertInfo>,
     timeout: Duration,
     /// Handshakes in progress, over all VIPs.
     in_flight: Arc<Semaphore>,
     pub stats: Arc<TlsStats>,
 }
 
-const PLAIN_HTTP_ANSWER: &[u8] = b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: 57\r\nConnection: close\r\n\r\nThis port speaks HTTPS: the request was sent as plain HTTP\n";
+const PLAIN_HTTP_BODY: &str = "This port speaks HTTPS: the request was sent as plain HTTP\n";
+
+fn plain_http_answer() -> String {
+    format!(
+        "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{PLAIN_HTTP_BODY}",
+        PLAIN_HTTP_BODY.len()
+    )
+}
+
+/// Closes after an answer without resetting it away: the write side first, then what
+/// the client still sends is read and dropped (at most 64 KiB, within the caller's
+/// deadline), so that unread request bytes do not turn the close into a reset that
+/// could destroy the answer in flight.
+pub async fn close_gently(stream: &mut TcpStream) {
+    use tokio::io::AsyncReadExt;
+    let _ = stream.shutdown().await;
+    let mut sink = [0u8; 4096];
+    let mut left: usize = 64 * 1024;
+    while left > 0 {
+        match stream.read(&mut sink).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => left = left.saturating_sub(n),
+        }
+    }
+}
 
 impl ServerTls {
     /// Reads the VIP's certificates and builds its configuration; an error names the
@@ -185,28 +231,37 @@ impl ServerTls {
         config.ticketer = ticketer;
         config.session_storage = cache;
         config.max_early_data_size = 0;
-        *stats.certs.write().unwrap() = infos;
-        Ok(ServerTls { config: Arc::new(config), certs, timeout: t.handshake_timeout, in_flight, stats })
+        Ok(ServerTls { config: Arc::new(config), certs, infos, timeout: t.handshake_timeout, in_flight, stats })
+    }
+
+    /// Shows these certificates in status and metrics: called once the listeners serve
+    /// them (a reload that fails later leaves the previous ones shown, as they are the
+    /// ones served).
+    pub fn publish(&self) {
+        *self.stats.certs.write().unwrap() = self.infos.clone();
     }
 
     /// The handshake on an accepted connection, within the deadline and the cap; `None`
     /// when it failed (counted by reason, the connection closed).
     pub async fn accept(&self, mut stream: TcpStream) -> Option<TlsConn> {
-        let Ok(_permit) = self.in_flight.clone().try_acquire_owned() else {
-            self.stats.fail(Failure::Cap);
-            crate::ratelimit::warn("TLS handshake refused at the cap", &"http.max_tls_handshakes");
-            return None;
-        };
         let handshake = async move {
             let mut first = [0u8; 1];
             match stream.peek(&mut first).await {
                 Ok(0) | Err(_) => return Err(Failure::Closed),
                 Ok(_) => {}
             }
+            // The cap counts handshakes under way: a connection that has sent nothing
+            // yet holds no slot (its wait is bounded by the deadline alone).
+            let Ok(_permit) = self.in_flight.clone().try_acquire_owned() else {
+                crate::ratelimit::warn("TLS handshake refused at the cap", &"http.max_tls_handshakes");
+                return Err(Failure::Cap);
+            };
             // 22: a handshake record. Anything else is closed before rustls sees it.
             if first[0] != 22 {
                 if first[0].is_ascii_uppercase() {
-                    let _ = stream.write_all(PLAIN_HTTP_ANSWER).await;
+                    if stream.write_all(plain_http_answer().as_bytes()).await.is_ok() {
+                        close_gently(&mut stream).await;
+                    }
                     return Err(Failure::PlainHttp);
                 }
                 return Err(Failure::NotTls);
