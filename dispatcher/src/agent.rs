@@ -238,15 +238,27 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
     };
     let admin_task = rt.spawn(admin::serve(admin.clone(), listener, tcp));
     tracing::info!(interface = %cfg.interface, mode = how, vips = cfg.vips.len(), backends = cfg.backends.len(), admin = %cfg.admin_socket.display(), admin_address = ?cfg.admin_address, "dispatcher running");
+    // The service manager (systemd, Type=notify): serving now; the control loop below
+    // pings its watchdog.
+    let notifier = crate::notify::Notifier::from_env();
+    notifier.send(&format!(
+        "READY=1\nMAINPID={}\nSTATUS=serving {} VIPs, {} backends",
+        std::process::id(),
+        cfg.vips.len(),
+        cfg.backends.len()
+    ));
 
     let mut link = Some(link);
     let (why, keep_dataplane) = rt.block_on(async {
         let signal = shutdown_signal();
         tokio::pin!(signal);
         let mut pin_check = tokio::time::interval(PIN_CHECK);
+        let watchdog_every = notifier.watchdog_every();
+        let mut watchdog = tokio::time::interval(watchdog_every.unwrap_or(std::time::Duration::from_secs(3600)));
         loop {
             tokio::select! {
                 s = &mut signal => return s.map(|s| (s, keep_dataplane)),
+                _ = watchdog.tick(), if watchdog_every.is_some() => notifier.send("WATCHDOG=1"),
                 _ = pin_check.tick() => {
                     let missing = keep_pins(&pins, &mut ebpf, &mut link, &prog_path, &link_path);
                     *admin.pins_missing.lock().unwrap() = missing;
@@ -260,14 +272,20 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
                 }
                 Some(request) = request_rx.recv() => match request {
                     AgentRequest::Reload(reply) => {
+                        notifier.send("RELOADING=1");
                         let r = live.reload(path, &tables, &rt);
                         match &r {
                             Ok(what) => {
                                 *admin.live.write().unwrap() = live.view();
                                 *current.write().unwrap() = (live.cfg.clone(), live.cluster.clone());
                                 tracing::info!(changes = %what, "configuration reloaded");
+                                notifier.send(&format!("READY=1\nSTATUS=reloaded: {what}"));
                             }
-                            Err(why) => tracing::warn!(error = %why, "reload refused; the running configuration stays"),
+                            Err(why) => {
+                                tracing::warn!(error = %why, "reload refused; the running configuration stays");
+                                let first = why.lines().next().unwrap_or_default();
+                                notifier.send(&format!("READY=1\nSTATUS=reload refused: {first}"));
+                            }
                         }
                         let _ = reply.send(r);
                     }
@@ -288,6 +306,7 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
             }
         }
     })?;
+    notifier.send(&format!("STOPPING=1\nSTATUS=stopping ({why})"));
     admin_task.abort();
     let _ = std::fs::remove_file(&cfg.admin_socket);
     // Out of the group first: routes withdrawn, this dispatcher's slots to the others,

@@ -19,6 +19,7 @@ pub mod instance;
 pub mod logging;
 pub mod maglev;
 pub mod netif;
+pub mod notify;
 pub mod ratelimit;
 pub mod shared;
 pub mod sip;

@@ -6,18 +6,28 @@ type FilterHandle = tracing_subscriber::reload::Handle<tracing_subscriber::EnvFi
 /// Set when the configured level decides (no RUST_LOG): a reload may change it.
 static LOG_FILTER: std::sync::OnceLock<FilterHandle> = std::sync::OnceLock::new();
 
-/// Tracing to stderr at the configured level (RUST_LOG overrides).
+/// Tracing to stderr at the configured level (RUST_LOG overrides). Started by systemd
+/// with stderr going to the journal (`JOURNAL_STREAM` names stderr's device and inode):
+/// no colours and no timestamp (the journal has its own), each line prefixed with its
+/// syslog priority (`<3>` error ... `<7>` debug), which the journal reads as the level.
+/// Elsewhere: colours only on a terminal.
 pub fn init_logging(level: &str) {
-    use tracing_subscriber::{layer::SubscriberExt as _, util::SubscriberInitExt as _, EnvFilter};
+    use tracing_subscriber::{layer::SubscriberExt as _, util::SubscriberInitExt as _, EnvFilter, Layer as _};
     let from_env = std::env::var("RUST_LOG").ok().and_then(|v| EnvFilter::try_new(v).ok());
     let env_decides = from_env.is_some();
     let filter = from_env.unwrap_or_else(|| EnvFilter::new(level));
     let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
-    let installed = tracing_subscriber::registry()
-        .with(filter)
-        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
-        .try_init()
-        .is_ok();
+    let output = if to_journal() {
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .event_format(JournalFormat(tracing_subscriber::fmt::format().without_time().with_ansi(false)))
+            .boxed()
+    } else {
+        use std::io::IsTerminal;
+        tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(std::io::stderr().is_terminal()).boxed()
+    };
+    let installed = tracing_subscriber::registry().with(filter).with(output).try_init().is_ok();
     if installed && !env_decides {
         let _ = LOG_FILTER.set(handle);
     }
@@ -27,4 +37,45 @@ pub fn init_logging(level: &str) {
 pub fn set_log_level(level: &str) -> bool {
     let Some(handle) = LOG_FILTER.get() else { return false };
     handle.reload(tracing_subscriber::EnvFilter::new(level)).is_ok()
+}
+
+/// Whether stderr is the journal's stream (systemd sets `JOURNAL_STREAM=<dev>:<inode>` of
+/// the stream it connected; a child whose stderr was redirected elsewhere must not
+/// believe it).
+pub fn to_journal() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(v) = std::env::var("JOURNAL_STREAM") else { return false };
+    let Some((dev, ino)) = v.split_once(':') else { return false };
+    let Ok(meta) = std::fs::metadata("/proc/self/fd/2") else { return false };
+    dev.parse() == Ok(meta.dev()) && ino.parse() == Ok(meta.ino())
+}
+
+/// The syslog priority of a level, as the journal reads a `<N>` line prefix.
+pub fn priority(level: &tracing::Level) -> u8 {
+    match *level {
+        tracing::Level::ERROR => 3,
+        tracing::Level::WARN => 4,
+        tracing::Level::INFO => 6,
+        _ => 7,
+    }
+}
+
+/// The usual line, after its `<N>` priority prefix.
+struct JournalFormat<F>(F);
+
+impl<S, N, F> tracing_subscriber::fmt::FormatEvent<S, N> for JournalFormat<F>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+    F: tracing_subscriber::fmt::FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        write!(writer, "<{}>", priority(event.metadata().level()))?;
+        self.0.format_event(ctx, writer, event)
+    }
 }
