@@ -1,5 +1,6 @@
-//! `cargo xtask setup|build|test|demo|bench|testbed`: everything around the code.
+//! `cargo xtask setup|build|test|demo|bench|testbed|package`: everything around the code.
 
+mod package;
 mod setup;
 
 use std::process::{Command, ExitCode};
@@ -29,6 +30,13 @@ enum Cmd {
         /// Extra arguments for `cargo test` (e.g. a test name filter).
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
+    },
+    /// Build the Debian package (target/package/dispatcher_<version>_amd64.deb): the agent,
+    /// systemd units, an example configuration, manual pages, shell completions.
+    Package {
+        /// Where the package goes (default: target/package).
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
     },
     /// The guided tour: a testbed, L4 and HTTP traffic, a drain, a crash and a recovery, a live view.
     Demo {
@@ -171,6 +179,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             exec_built_profile("bench", &args, "release")
         }
         Cmd::BenchReadme => bench_readme(),
+        Cmd::Package { out } => {
+            setup::setup()?;
+            build(true)?;
+            package::package(out).map(|_| ())
+        }
         Cmd::Testbed { action, dispatchers } => {
             require_root("the testbed creates network namespaces")?;
             if !["up", "down"].contains(&action.as_str()) {

@@ -38,6 +38,11 @@ const PACKAGES: &[&str] = &[
     "curl",
     "python3",
     "ca-certificates",
+    // The package: dpkg-deb builds it, lintian checks it, systemd-analyze verifies its
+    // units offline (systemd need not run), objdump and strip from binutils.
+    "lintian",
+    "systemd",
+    "binutils",
 ];
 
 pub fn setup() -> anyhow::Result<()> {
@@ -59,7 +64,7 @@ pub fn setup() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn output(cmd: &mut Command) -> anyhow::Result<String> {
+pub fn output(cmd: &mut Command) -> anyhow::Result<String> {
     let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
     if !out.status.success() {
         bail!("{cmd:?} failed: {}", String::from_utf8_lossy(&out.stderr));

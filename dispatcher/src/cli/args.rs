@@ -95,6 +95,14 @@ pub enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Write the manual pages (section 8, one per subcommand) and the shell completions
+    /// (bash, zsh, fish) generated from this command line, for packaging.
+    #[command(hide = true)]
+    GenerateDocs {
+        /// Pages go to DIR/man8, completions to DIR/completions.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
     /// Stop the running agent; the XDP program stays attached and the maps pinned (L4
     /// forwarding goes on). `--detach`: also detach the program and remove the maps.
     Stop {

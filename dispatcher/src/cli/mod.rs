@@ -5,6 +5,7 @@ pub mod args;
 mod check;
 mod control;
 mod decap;
+mod docs;
 mod run;
 mod status;
 
@@ -25,6 +26,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Stop { config, detach } => agent::stop(&config, detach),
         Command::Metrics { config } => agent::metrics(&config),
         Command::Reload { config } => agent::reload(&config),
+        Command::GenerateDocs { out } => docs::generate(&out),
         Command::Leave { config, wait } => agent::membership(&config, false, wait),
         Command::Join { config } => agent::membership(&config, true, None),
         Command::BirdConfig { config } => {

@@ -1,0 +1,147 @@
+//! `cargo xtask package`: a Debian package of the agent, built with dpkg-deb from a
+//! staged tree: the release binary (XDP programs embedded), the systemd units, an
+//! example configuration (a conffile), manual pages and shell completions generated from
+//! the command line's definition, and the runtime dependencies read off the binary's
+//! shared libraries (as dpkg-shlibdeps does: the packages that own them, at the version
+//! of the newest glibc symbol it uses).
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context as _};
+
+use crate::{run_cmd, setup::output as output_of, step, workspace_root};
+
+const NAME: &str = "dispatcher";
+/// The license texts the copyright file carries (the workspace is MIT OR Apache-2.0).
+const LICENSE_TEXTS: &str = "\nApache-2.0: on Debian systems, the full text of the Apache License, Version 2.0,\nis in /usr/share/common-licenses/Apache-2.0.\n\nMIT:\n Permission is hereby granted, free of charge, to any person obtaining a copy\n of this software and associated documentation files (the \"Software\"), to deal\n in the Software without restriction, including without limitation the rights\n to use, copy, modify, merge, publish, distribute, sublicense, and/or sell\n copies of the Software, and to permit persons to whom the Software is\n furnished to do so, subject to the following conditions:\n .\n The above copyright notice and this permission notice shall be included in\n all copies or substantial portions of the Software.\n .\n THE SOFTWARE IS PROVIDED \"AS IS\", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR\n IMPLIED, INCLUDING BUT NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY,\n FITNESS FOR A PARTICULAR PURPOSE AND NONINFRINGEMENT. IN NO EVENT SHALL THE\n AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM, DAMAGES OR OTHER\n LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM,\n OUT OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE\n SOFTWARE.\n";
+
+const MAINTAINER: &str = "dispatcher developers <dispatcher-devel@example.org>";
+
+fn write(path: &Path, contents: impl AsRef<[u8]>) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(path, contents).with_context(|| format!("writing {}", path.display()))
+}
+
+fn gzip(path: &Path) -> anyhow::Result<()> {
+    run_cmd(Command::new("gzip").args(["-9", "-n", "-f"]).arg(path))
+}
+
+/// `Depends:` for the binary: the package of every shared library it needs; libc6 at
+/// the newest GLIBC_x.y version it references.
+fn depends(binary: &Path) -> anyhow::Result<String> {
+    let dynamic = output_of(Command::new("objdump").arg("-p").arg(binary))?;
+    let needed: Vec<&str> = dynamic.lines().filter_map(|l| l.trim().strip_prefix("NEEDED")).map(str::trim).collect();
+    let symbols = output_of(Command::new("objdump").arg("-T").arg(binary))?;
+    let glibc = symbols
+        .split_whitespace()
+        .filter_map(|w| w.trim_matches(|c| c == '(' || c == ')').strip_prefix("GLIBC_"))
+        .filter_map(|v| {
+            let mut parts = v.split('.').map(|p| p.parse::<u32>().ok());
+            Some((parts.next()??, parts.next().flatten().unwrap_or(0)))
+        })
+        .max()
+        .unwrap_or((2, 17));
+    let mut deps: Vec<String> = Vec::new();
+    for lib in needed {
+        let owner = output_of(Command::new("dpkg").arg("-S").arg(format!("*/{lib}")))
+            .with_context(|| format!("which package has {lib}"))?;
+        let package = owner
+            .lines()
+            .filter_map(|l| l.split(':').next())
+            .find(|p| !p.contains(' ') && !p.ends_with("-dev"))
+            .with_context(|| format!("no package owns {lib}"))?
+            .to_string();
+        let dep = if package == "libc6" { format!("libc6 (>= {}.{})", glibc.0, glibc.1) } else { package };
+        if !deps.contains(&dep) {
+            deps.push(dep);
+        }
+    }
+    Ok(deps.join(", "))
+}
+
+/// Builds the package under `out` (default `target/package`); returns its path.
+pub fn package(out: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    let root = workspace_root();
+    let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"));
+    let binary = target.join("release").join(NAME);
+    let version = format!("{}-1", env!("CARGO_PKG_VERSION"));
+    let out = out.unwrap_or_else(|| target.join("package"));
+    let stage = out.join(format!("{NAME}_{version}_amd64"));
+    if stage.exists() {
+        std::fs::remove_dir_all(&stage)?;
+    }
+    step(&format!("staging {}", stage.display()));
+    let sbin = stage.join("usr/sbin").join(NAME);
+    std::fs::create_dir_all(sbin.parent().unwrap())?;
+    std::fs::copy(&binary, &sbin).with_context(|| format!("copying {}", binary.display()))?;
+    run_cmd(
+        Command::new("strip")
+            .args(["--strip-unneeded", "--remove-section=.comment", "--remove-section=.note"])
+            .arg(&sbin),
+    )?;
+    for unit in ["dispatcher@.service", "dispatcher-decap@.service"] {
+        let text = std::fs::read(root.join("packaging/systemd").join(unit))?;
+        write(&stage.join("lib/systemd/system").join(unit), text)?;
+    }
+    write(&stage.join("etc/dispatcher/example.toml"), std::fs::read(root.join("packaging/example.toml"))?)?;
+    // Pages and completions, from the binary's own command line.
+    let generated = out.join("generated");
+    let _ = std::fs::remove_dir_all(&generated);
+    run_cmd(Command::new(&binary).arg("generate-docs").arg("--out").arg(&generated))?;
+    let man = stage.join("usr/share/man/man8");
+    std::fs::create_dir_all(&man)?;
+    for page in std::fs::read_dir(generated.join("man8"))? {
+        let page = page?.path();
+        let to = man.join(page.file_name().unwrap());
+        std::fs::copy(&page, &to)?;
+        gzip(&to)?;
+    }
+    let completions = generated.join("completions");
+    for (from, to) in [
+        ("dispatcher.bash", "usr/share/bash-completion/completions/dispatcher"),
+        ("_dispatcher", "usr/share/zsh/vendor-completions/_dispatcher"),
+        ("dispatcher.fish", "usr/share/fish/vendor_completions.d/dispatcher.fish"),
+    ] {
+        write(&stage.join(to), std::fs::read(completions.join(from))?)?;
+    }
+    let doc = stage.join("usr/share/doc").join(NAME);
+    write(
+        &doc.join("copyright"),
+        format!(
+            "{NAME}\n\nCopyright (C) 2026 the {NAME} developers\n\nLicense: {}\n{}",
+            env!("CARGO_PKG_LICENSE"),
+            LICENSE_TEXTS
+        ),
+    )?;
+    let date = output_of(Command::new("date").arg("-R"))?;
+    write(
+        &doc.join("changelog.Debian"),
+        format!("{NAME} ({version}) unstable; urgency=medium\n\n  * Package built by cargo xtask package.\n\n -- {MAINTAINER}  {}\n", date.trim()),
+    )?;
+    gzip(&doc.join("changelog.Debian"))?;
+    // Control files.
+    let installed_kib = output_of(Command::new("du").args(["-sk", "--exclude=DEBIAN"]).arg(&stage))?;
+    let installed_kib = installed_kib.split_whitespace().next().unwrap_or("0").to_string();
+    let control = format!(
+        "Package: {NAME}\nVersion: {version}\nArchitecture: amd64\nMaintainer: {MAINTAINER}\nInstalled-Size: {installed_kib}\nDepends: {}\nSection: net\nPriority: optional\nDescription: XDP-assisted L4 and HTTP dispatcher with session affinity\n An XDP program forwards L4 flows (consistent hashing, MAC forwarding or IPIP)\n and routes SIP by logical name; an agent proxies HTTP/1.1 and HTTPS with\n JSESSIONID affinity, holds requests while a session's owner is unknown, and\n fails sessions over to the owner's peer replica.\n",
+        depends(&binary)?
+    );
+    write(&stage.join("DEBIAN/control"), control)?;
+    write(&stage.join("DEBIAN/conffiles"), "/etc/dispatcher/example.toml\n")?;
+    // Permissions as a package has them, whatever the umask of the build.
+    run_cmd(Command::new("chmod").args(["-R", "u=rwX,go=rX"]).arg(&stage))?;
+    run_cmd(Command::new("chmod").arg("0755").arg(&sbin))?;
+    let deb = out.join(format!("{NAME}_{version}_amd64.deb"));
+    step(&format!("dpkg-deb --build {}", deb.display()));
+    run_cmd(Command::new("dpkg-deb").args(["--build", "--root-owner-group"]).arg(&stage).arg(&deb))?;
+    if !deb.exists() {
+        bail!("dpkg-deb wrote no {}", deb.display());
+    }
+    println!("{}", deb.display());
+    Ok(deb)
+}
