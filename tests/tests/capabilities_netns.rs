@@ -1,0 +1,123 @@
+//! The agent with only the capabilities its unit grants (CAP_BPF, CAP_PERFMON,
+//! CAP_NET_ADMIN, CAP_NET_BIND_SERVICE; as root's uid, the bounding set cut to those, as
+//! `dispatcher@.service` runs it): it attaches, fills its maps and serves the demo's
+//! kinds of traffic (L4 through XDP, HTTP sessions through the agent). Without
+//! CAP_NET_ADMIN the kernel refuses to load its XDP program, and it says so. (Without
+//! CAP_PERFMON the verifier refuses the program too: checked by hand, not kept as a test.)
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    net::{SocketAddr, TcpStream},
+    time::{Duration, Instant},
+};
+
+use dispatcher_tests::{
+    netns::{dispatcher_bin, Testbed},
+    websphere::{self, Client},
+};
+
+const VIP: &str = "10.99.100.1";
+const HTTP_VIP: &str = "10.99.100.8";
+/// As dispatcher@.service grants them.
+const CAPS: &str = "+bpf,+perfmon,+net_admin,+net_bind_service";
+
+/// The `dispatcher run` command under setpriv with only `caps` (root's uid, no others
+/// in any set).
+fn limited(tb: &Testbed, config: &std::path::Path, caps: &str) -> std::process::Command {
+    let mut cmd = tb.lb.command("setpriv");
+    cmd.arg(format!("--bounding-set=-all,{caps}"))
+        .arg(format!("--inh-caps=-all,{caps}"))
+        .arg(format!("--ambient-caps=-all,{caps}"))
+        .arg("--")
+        .arg(dispatcher_bin())
+        .args(["run", "--config"])
+        .arg(config);
+    cmd
+}
+
+fn config(tb: &Testbed) -> std::path::PathBuf {
+    let text = format!(
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n[health]\npath = \"/health\"\ninterval = \"250ms\"\n\n{}\n[[vip]]\nname = \"web\"\naddress = \"{VIP}\"\nport = 80\nring_size = 1009\n\n[[vip]]\nname = \"app\"\naddress = \"{HTTP_VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = 8080\n",
+        tb.instance(),
+        tb.backend_config(&[])
+    );
+    tb.write_config(&text)
+}
+
+/// The effective capability mask of a process.
+fn cap_eff(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:")).unwrap().trim().to_string();
+    u64::from_str_radix(&hex, 16).unwrap()
+}
+
+#[test]
+fn the_agent_serves_with_only_the_capabilities_its_unit_grants() {
+    let mut tb = Testbed::new(4, &[VIP, HTTP_VIP]);
+    tb.add_local_vip(HTTP_VIP);
+    tb.start_servers(&[80], &[]);
+    let app = websphere::Cluster::new(4);
+    tb.start_websphere(&app, 8080);
+    let path = config(&tb);
+    let cmd = limited(&tb, &path, CAPS);
+    tb.start("dispatcher", cmd);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !tb.log("dispatcher").contains("dispatcher running") {
+        assert!(tb.child_exited("dispatcher").is_none(), "exited:\n{}", tb.log("dispatcher"));
+        assert!(Instant::now() < deadline, "not running:\n{}", tb.log("dispatcher"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // setpriv exec'd the agent: same pid. Its effective set is exactly the four.
+    let pid = tb.pid_of("dispatcher").unwrap();
+    let (bpf, perfmon, net_admin, net_bind) = (1u64 << 39, 1u64 << 38, 1u64 << 12, 1u64 << 10);
+    assert_eq!(cap_eff(pid), bpf | perfmon | net_admin | net_bind, "CapEff of the agent");
+    // L4 through XDP: connections answered by the backends.
+    let addr: SocketAddr = format!("{VIP}:80").parse().unwrap();
+    let answers: Vec<String> = tb.client.run(move || {
+        (0..20)
+            .map(|_| {
+                let s = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).expect("connect to the L4 VIP");
+                s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+                let mut w = s.try_clone().unwrap();
+                w.write_all(b"who\n").unwrap();
+                let mut line = String::new();
+                BufReader::new(s).read_line(&mut line).expect("an answer");
+                line.trim().to_string()
+            })
+            .collect()
+    });
+    assert!(answers.iter().all(|a| a.starts_with('b')), "{answers:?}");
+    // HTTP through the agent: one session, kept.
+    let mut c = Client::new(&tb.client, format!("{HTTP_VIP}:80").parse().unwrap());
+    for i in 1..=10 {
+        let r = c.get("/app/cart").expect("an HTTP answer");
+        assert_eq!(r.status, 200);
+        assert_eq!(r.field("count"), Some(i.to_string().as_str()));
+    }
+    // The admin socket answers, and status reads the pinned maps.
+    let cfg = path.display().to_string();
+    let status = tb.dispatcher_cmd(&["status", "--config", &cfg]);
+    assert!(status.contains("agent running"), "{status}");
+    assert_eq!(app.misroutes(), Vec::<String>::new());
+}
+
+#[test]
+fn without_cap_net_admin_the_agent_cannot_load_its_program_and_says_so() {
+    let mut tb = Testbed::new(2, &[VIP, HTTP_VIP]);
+    tb.add_local_vip(HTTP_VIP);
+    let path = config(&tb);
+    let cmd = limited(&tb, &path, "+bpf,+perfmon,+net_bind_service");
+    tb.start("dispatcher", cmd);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = tb.child_exited("dispatcher") {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "still running:\n{}", tb.log("dispatcher"));
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!status.success());
+    let log = tb.log("dispatcher");
+    assert!(log.contains("dispatcher: loading the data plane") && log.contains("Operation not permitted"), "{log}");
+    assert!(!log.contains("dispatcher running"), "{log}");
+}
