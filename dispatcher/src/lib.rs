@@ -6,6 +6,8 @@
 //! Where a request goes: `http` (listener -> proxy -> route -> pool), reading the
 //! cluster's state (backends, clone table) from `state`. What decides that state:
 //! `control` (health checks from `health`, failed requests, operator commands).
+//! HTTPS: `tls` (termination on HTTP VIPs, TLS to backends), under `http`'s `io` halves.
+//! Running under systemd: `notify` (readiness, watchdog) and `logging` (journal format).
 
 pub mod admin;
 pub mod agent;

@@ -63,6 +63,11 @@ fn the_debian_package_builds_installs_and_its_units_verify() {
     let (_, depends, _) = run(Command::new("dpkg-deb").args(["-f"]).arg(&deb).arg("Depends"));
     assert!(depends.contains("libc6 (>= 2."), "{depends}");
 
+    // apt accepts it as a local package and resolves its dependencies on this machine
+    // (simulated: this machine's own packages are not changed).
+    let (ok, plan, err) = run(Command::new("apt-get").args(["install", "-s", "-y"]).arg(&deb));
+    assert!(ok && plan.lines().any(|l| l.starts_with("Inst dispatcher ")), "apt-get install -s: {plan}{err}");
+
     // lintian: no errors (its warnings are printed).
     let (_, lint, lint_err) = run(Command::new("lintian").arg(&deb));
     eprintln!("lintian:\n{lint}{lint_err}");

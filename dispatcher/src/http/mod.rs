@@ -4,7 +4,7 @@
 //! backend,
 //! `pool` keeps upstream connections, `hold` makes a request wait while its session's
 //! owner is suspect, `retry` says what may be replayed, `tunnel` carries upgraded
-//! connections.
+//! connections, `io` is a connection's two halves (plain TCP or TLS, see `crate::tls`).
 
 pub mod body;
 pub mod head;
