@@ -255,10 +255,18 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
         let mut pin_check = tokio::time::interval(PIN_CHECK);
         let watchdog_every = notifier.watchdog_every();
         let mut watchdog = tokio::time::interval(watchdog_every.unwrap_or(std::time::Duration::from_secs(3600)));
+        // SIGHUP reloads, as for HAProxy and nginx (`systemctl kill -s HUP`, or a
+        // terminal closing on an agent run by hand, which must not end it).
+        let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
         loop {
             tokio::select! {
                 s = &mut signal => return s.map(|s| (s, keep_dataplane)),
                 _ = watchdog.tick(), if watchdog_every.is_some() => notifier.send("WATCHDOG=1"),
+                _ = hangup.recv() => {
+                    tracing::info!("SIGHUP: reloading");
+                    let (reply, _) = tokio::sync::oneshot::channel();
+                    let _ = admin.requests.send(AgentRequest::Reload(reply));
+                }
                 _ = pin_check.tick() => {
                     let missing = keep_pins(&pins, &mut ebpf, &mut link, &prog_path, &link_path);
                     *admin.pins_missing.lock().unwrap() = missing;

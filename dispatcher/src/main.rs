@@ -7,7 +7,12 @@ fn main() -> std::process::ExitCode {
     match cli::run(args) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("dispatcher: {e:#}");
+            // In the journal: at error priority, on one line.
+            if dispatcher::logging::to_journal() {
+                eprintln!("<3>dispatcher: {}", format!("{e:#}").replace('\n', " "));
+            } else {
+                eprintln!("dispatcher: {e:#}");
+            }
             std::process::ExitCode::FAILURE
         }
     }

@@ -99,6 +99,30 @@ fn the_agent_serves_with_only_the_capabilities_its_unit_grants() {
     let status = tb.dispatcher_cmd(&["status", "--config", &cfg]);
     assert!(status.contains("agent running"), "{status}");
     assert_eq!(app.misroutes(), Vec::<String>::new());
+    // A backend fails: the agent walks FLOWS and moves its flows to the replica (through
+    // its own descriptor of the map: reopening it by id takes CAP_SYS_ADMIN).
+    tb.kill_servers_of(0);
+    app.kill(0);
+    let flow_rewrites = || {
+        let (_, body) = tb.admin("GET", "/status").unwrap();
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v["counters"]["flow_rewrites"].as_u64().unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while flow_rewrites() == 0 {
+        assert!(Instant::now() < deadline, "no flow moved to b0's replica:\n{}", tb.log("dispatcher"));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A pin removed under the agent is put back (from its own handles of the maps).
+    let pin = tb.pin_dir().join("FLOWS");
+    std::fs::remove_file(&pin).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !pin.exists() {
+        assert!(Instant::now() < deadline, "FLOWS not pinned again:\n{}", tb.log("dispatcher"));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = tb.log("dispatcher");
+    assert!(!log.contains("Operation not permitted") && !log.contains("ERROR"), "{log}");
 }
 
 #[test]

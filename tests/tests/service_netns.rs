@@ -87,6 +87,12 @@ fn the_service_manager_hears_ready_watchdog_reload_and_stopping() {
     receive_until(&sock, &mut got, |m| m.starts_with("READY=1"));
     assert!(got.iter().any(|m| m == "RELOADING=1"), "{got:?}");
     assert!(got.last().unwrap().contains("STATUS=reloaded: "), "{got:?}");
+    // SIGHUP reloads too (and does not end the agent).
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGHUP).unwrap();
+    got.clear();
+    receive_until(&sock, &mut got, |m| m.starts_with("READY=1"));
+    assert!(got.iter().any(|m| m == "RELOADING=1") && got.last().unwrap().contains("STATUS=reloaded: "), "{got:?}");
+    assert!(tb.log("dispatcher").contains("SIGHUP: reloading"));
     // Stopping.
     tb.dispatcher_cmd(&["stop", "--config", &cfg, "--detach"]);
     got.clear();

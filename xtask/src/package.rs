@@ -18,6 +18,25 @@ const NAME: &str = "dispatcher";
 /// The license texts the copyright file carries (the workspace is MIT OR Apache-2.0).
 const LICENSE_TEXTS: &str = "\nApache-2.0: on Debian systems, the full text of the Apache License, Version 2.0,\nis in /usr/share/common-licenses/Apache-2.0.\n\nMIT:\n Permission is hereby granted, free of charge, to any person obtaining a copy\n of this software and associated documentation files (the \"Software\"), to deal\n in the Software without restriction, including without limitation the rights\n to use, copy, modify, merge, publish, distribute, sublicense, and/or sell\n copies of the Software, and to permit persons to whom the Software is\n furnished to do so, subject to the following conditions:\n .\n The above copyright notice and this permission notice shall be included in\n all copies or substantial portions of the Software.\n .\n THE SOFTWARE IS PROVIDED \"AS IS\", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR\n IMPLIED, INCLUDING BUT NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY,\n FITNESS FOR A PARTICULAR PURPOSE AND NONINFRINGEMENT. IN NO EVENT SHALL THE\n AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM, DAMAGES OR OTHER\n LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM,\n OUT OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE\n SOFTWARE.\n";
 
+/// What dh_installsystemd would add: systemd told about new units, running instances
+/// restarted after an upgrade (they adopt the data plane they left pinned), stopped
+/// before removal. Nothing of it when installing into another root (`DPKG_ROOT`) or
+/// without systemd running.
+const MAINTAINER_SCRIPTS: [(&str, &str); 3] = [
+    (
+        "postinst",
+        "#!/bin/sh\nset -e\nif [ -z \"${DPKG_ROOT:-}\" ] && [ -d /run/systemd/system ]; then\n    systemctl daemon-reload >/dev/null || true\n    if [ \"$1\" = configure ] && [ -n \"$2\" ]; then\n        systemctl try-restart 'dispatcher@*.service' 'dispatcher-decap@*.service' >/dev/null || true\n    fi\nfi\n",
+    ),
+    (
+        "prerm",
+        "#!/bin/sh\nset -e\nif [ -z \"${DPKG_ROOT:-}\" ] && [ -d /run/systemd/system ] && [ \"$1\" = remove ]; then\n    systemctl stop 'dispatcher@*.service' 'dispatcher-decap@*.service' >/dev/null || true\nfi\n",
+    ),
+    (
+        "postrm",
+        "#!/bin/sh\nset -e\nif [ -z \"${DPKG_ROOT:-}\" ] && [ -d /run/systemd/system ]; then\n    systemctl daemon-reload >/dev/null || true\nfi\n",
+    ),
+];
+
 const MAINTAINER: &str = "dispatcher developers <dispatcher-devel@example.org>";
 
 fn write(path: &Path, contents: impl AsRef<[u8]>) -> anyhow::Result<()> {
@@ -133,9 +152,15 @@ pub fn package(out: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     );
     write(&stage.join("DEBIAN/control"), control)?;
     write(&stage.join("DEBIAN/conffiles"), "/etc/dispatcher/example.toml\n")?;
+    for (script, text) in MAINTAINER_SCRIPTS {
+        write(&stage.join("DEBIAN").join(script), text)?;
+    }
     // Permissions as a package has them, whatever the umask of the build.
     run_cmd(Command::new("chmod").args(["-R", "u=rwX,go=rX"]).arg(&stage))?;
     run_cmd(Command::new("chmod").arg("0755").arg(&sbin))?;
+    for (script, _) in MAINTAINER_SCRIPTS {
+        run_cmd(Command::new("chmod").arg("0755").arg(stage.join("DEBIAN").join(script)))?;
+    }
     let deb = out.join(format!("{NAME}_{version}_amd64.deb"));
     step(&format!("dpkg-deb --build {}", deb.display()));
     run_cmd(Command::new("dpkg-deb").args(["--build", "--root-owner-group"]).arg(&stage).arg(&deb))?;

@@ -14,20 +14,23 @@ use super::{DataplaneError, MAP_NAMES};
 pub struct Pins {
     dir: PathBuf,
     maps: Vec<(&'static str, u32)>,
+    /// Our own handle of each map, opened from its pin right after loading: what pins it
+    /// again (reopening a map by id would take CAP_SYS_ADMIN, which the service lacks).
+    handles: Vec<MapData>,
 }
 
 impl Pins {
     /// Records the ids of the maps pinned under `dir` now (right after loading).
     pub fn record(dir: &Path) -> Result<Pins, DataplaneError> {
-        let maps = MAP_NAMES
-            .iter()
-            .map(|&name| {
-                MapInfo::from_pin(dir.join(name))
-                    .map(|i| (name, i.id()))
-                    .map_err(|source| DataplaneError::Map { name, source })
-            })
-            .collect::<Result<_, _>>()?;
-        Ok(Pins { dir: dir.to_path_buf(), maps })
+        let mut maps = Vec::new();
+        let mut handles = Vec::new();
+        for &name in MAP_NAMES.iter() {
+            let data = MapData::from_pin(dir.join(name)).map_err(|source| DataplaneError::Map { name, source })?;
+            let id = data.info().map_err(|source| DataplaneError::Map { name, source })?.id();
+            maps.push((name, id));
+            handles.push(data);
+        }
+        Ok(Pins { dir: dir.to_path_buf(), maps, handles })
     }
 
     /// Maps whose pin is gone, or names another map than ours. A pin that cannot be
@@ -50,10 +53,8 @@ impl Pins {
     pub fn repin_maps(&self, names: &[&'static str]) -> Result<(), DataplaneError> {
         std::fs::create_dir_all(&self.dir)
             .map_err(|source| DataplaneError::Io { what: format!("creating {}", self.dir.display()), source })?;
-        for &(name, id) in self.maps.iter().filter(|(n, _)| names.contains(n)) {
+        for (&(name, _), data) in self.maps.iter().zip(&self.handles).filter(|((n, _), _)| names.contains(n)) {
             let path = self.dir.join(name);
-            // Our map first: nothing is removed unless it can be put back.
-            let data = MapData::from_id(id).map_err(|source| DataplaneError::Map { name, source })?;
             let _ = std::fs::remove_file(&path);
             data.pin(&path).map_err(|e| DataplaneError::Io {
                 what: format!("pinning {}", path.display()),

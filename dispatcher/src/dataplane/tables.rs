@@ -24,8 +24,9 @@ pub struct Tables {
     pub backends: Array<MapData, BackendInfo>,
     pub rings: Array<MapData, u32>,
     pub flows: HashMap<MapData, FlowKey, FlowValue>,
-    /// Kernel id of FLOWS: another handle on it for long walks off the control loop.
-    flows_id: Option<u32>,
+    /// Our own descriptor of FLOWS: another handle on it for long walks off the control
+    /// loop (`flows_handle`).
+    flows_fd: Option<std::os::fd::OwnedFd>,
     pub stats: PerCpuArray<MapData, Counter>,
     /// Dispatcher-ownership tables for HTTP VIPs (`steering`).
     pub steer: Array<MapData, SteerSlot>,
@@ -117,8 +118,13 @@ impl Tables {
         mut open: impl FnMut(&'static str) -> Result<aya::maps::Map, DataplaneError>,
     ) -> Result<Tables, DataplaneError> {
         let flows = open("FLOWS")?;
-        let flows_id = match &flows {
-            aya::maps::Map::LruHashMap(d) | aya::maps::Map::HashMap(d) => d.info().ok().map(|i| i.id()),
+        // A descriptor of our own for `flows_handle`: reopening the map by id would take
+        // CAP_SYS_ADMIN, which the service runs without.
+        let flows_fd = match &flows {
+            aya::maps::Map::LruHashMap(d) | aya::maps::Map::HashMap(d) => {
+                use std::os::fd::AsFd;
+                d.fd().as_fd().try_clone_to_owned().ok()
+            }
             _ => None,
         };
         Ok(Tables {
@@ -126,7 +132,7 @@ impl Tables {
             backends: typed(&mut open, "BACKENDS")?,
             rings: typed(&mut open, "RINGS")?,
             flows: HashMap::try_from(flows).map_err(map_err("FLOWS"))?,
-            flows_id,
+            flows_fd,
             stats: typed(&mut open, "STATS")?,
             steer: typed(&mut open, "STEER")?,
             steer_conf: typed(&mut open, "STEER_CONF")?,
@@ -291,8 +297,9 @@ impl Tables {
     /// A handle of its own on FLOWS, for a walk that must not hold these tables (and the
     /// control loop) for its whole length.
     pub fn flows_handle(&self) -> Result<HashMap<MapData, FlowKey, FlowValue>, DataplaneError> {
-        let id = self.flows_id.ok_or(DataplaneError::MissingMap("FLOWS"))?;
-        let data = MapData::from_id(id).map_err(map_err("FLOWS"))?;
+        let fd = self.flows_fd.as_ref().ok_or(DataplaneError::MissingMap("FLOWS"))?;
+        let fd = fd.try_clone().map_err(|e| DataplaneError::Io { what: "duplicating FLOWS".into(), source: e })?;
+        let data = MapData::from_fd(fd).map_err(map_err("FLOWS"))?;
         HashMap::try_from(aya::maps::Map::from_map_data(data).map_err(map_err("FLOWS"))?).map_err(map_err("FLOWS"))
     }
 
