@@ -102,12 +102,17 @@ impl Load {
 }
 
 fn bed(n: usize) -> (Testbed, Arc<websphere::Cluster>, SocketAddr, String) {
+    bed_with(n, "")
+}
+
+/// `vip`: more lines for the VIP.
+fn bed_with(n: usize, vip: &str) -> (Testbed, Arc<websphere::Cluster>, SocketAddr, String) {
     let mut tb = Testbed::new(n, &[VIP]);
     tb.add_local_vip(VIP);
     let cluster = websphere::Cluster::new(n);
     tb.start_websphere(&cluster, PORT);
     let text = format!(
-        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nhold_time = \"{}ms\"\nserver_timeout = \"{}ms\"\n\n[health]\npath = \"/health\"\ninterval = \"200ms\"\ntimeout = \"300ms\"\nrise = 2\nfall = 2\n\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {PORT}\nring_size = 1009\n",
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nhold_time = \"{}ms\"\nserver_timeout = \"{}ms\"\n\n[health]\npath = \"/health\"\ninterval = \"200ms\"\ntimeout = \"300ms\"\nrise = 2\nfall = 2\n\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {PORT}\nring_size = 1009\n{vip}",
         tb.instance(),
         HOLD.as_millis(),
         SERVER_TIMEOUT.as_millis(),
@@ -332,20 +337,25 @@ fn a_flapping_clone_does_not_make_ownership_oscillate() {
     assert!(worst <= 2, "a session changed clones {worst} times: {switches:?}");
 }
 
-#[test]
-fn a_clone_that_comes_back_gets_its_sessions_back_with_their_data() {
-    let (mut tb, cluster, addr, _) = bed(4);
-    let load = start_load(&tb, addr, 8);
+/// Under load from 8 clients, clone0x dies, then restarts: it takes its sessions' copies
+/// back from its peer and the checks see it up again (rise 2). What the clients saw.
+fn clone0_dies_and_returns(tb: &mut Testbed, cluster: &Arc<websphere::Cluster>, addr: SocketAddr) -> Vec<Vec<Seen>> {
+    let load = start_load(tb, addr, 8);
     std::thread::sleep(Duration::from_millis(1000));
     tb.kill_servers_of(0);
     cluster.kill(0);
     std::thread::sleep(Duration::from_millis(1500));
-    // It restarts: it takes its sessions' copies back from its peer, the checks see it
-    // up again (rise 2), and the first clone in each cookie is live again.
     cluster.revive(0);
-    tb.start_websphere_on(&cluster, 0, PORT);
+    tb.start_websphere_on(cluster, 0, PORT);
     std::thread::sleep(Duration::from_millis(2000));
-    let seen = load.finish();
+    load.finish()
+}
+
+#[test]
+fn a_clone_that_comes_back_gets_its_sessions_back_with_their_data() {
+    let (mut tb, cluster, addr, _) = bed(4);
+    // The first clone in each cookie is live again once it is back.
+    let seen = clone0_dies_and_returns(&mut tb, &cluster, addr);
     assert_no_misroute(&cluster);
     assert_sessions_kept(&seen);
     assert_failures_answered(&seen, HOLD + SERVER_TIMEOUT + Duration::from_secs(1));
@@ -356,6 +366,28 @@ fn a_clone_that_comes_back_gets_its_sessions_back_with_their_data() {
         .count();
     let were_on_0 = seen.iter().filter(|s| s.iter().any(|x| x.clone == "clone0x")).count();
     assert!(were_on_0 >= 1 && back == were_on_0, "{back} of {were_on_0} sessions back on clone0x");
+}
+
+/// `fail_back = false`: a clone that comes back does not get back the sessions its
+/// replica took over (its copies may be stale); sessions it never lost stay with it.
+#[test]
+fn without_fail_back_taken_over_sessions_stay_with_the_replica() {
+    let (mut tb, cluster, addr, _) = bed_with(4, "fail_back = false\n");
+    let seen = clone0_dies_and_returns(&mut tb, &cluster, addr);
+    assert_no_misroute(&cluster);
+    assert_sessions_kept(&seen);
+    // Sessions that were on clone0x moved to clone1x and stayed there.
+    let were_on_0: Vec<_> = seen.iter().filter(|s| s.iter().any(|x| x.clone == "clone0x")).collect();
+    assert!(!were_on_0.is_empty(), "no session was on clone0x");
+    for s in &were_on_0 {
+        let after: Vec<&str> = s
+            .iter()
+            .skip_while(|x| x.clone != "clone1x")
+            .filter(|x| x.status == 200)
+            .map(|x| x.clone.as_str())
+            .collect();
+        assert!(!after.is_empty() && after.iter().all(|c| *c == "clone1x"), "{after:?}");
+    }
 }
 
 /// The operator's state and the health are two dimensions: a drained clone that dies

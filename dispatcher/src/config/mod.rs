@@ -347,6 +347,10 @@ pub struct Vip {
     pub backend_tls: Option<BackendTlsFiles>,
     /// Answers every request with `308` to an HTTPS VIP instead of forwarding it.
     pub redirect_to: Option<Redirect>,
+    /// After a failed clone returns, its sessions go back to it (true, the WebSphere
+    /// plug-in's order) or stay with the clone that took them over (false: the newest
+    /// clone ID in the cookie first).
+    pub fail_back: bool,
     /// Removed by a reload: its id stays reserved, it is served no more.
     pub retired: bool,
 }

@@ -146,6 +146,7 @@ pub(super) struct RawVip {
     pub(super) tls: Option<Spanned<RawTls>>,
     pub(super) backend_tls: Option<Spanned<RawBackendTls>>,
     pub(super) redirect_to: Option<Spanned<String>>,
+    pub(super) fail_back: Option<Spanned<bool>>,
 }
 
 /// `[vip.tls]`: TLS on an HTTP VIP.

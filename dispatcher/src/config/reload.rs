@@ -132,6 +132,7 @@ impl Config {
                     tls: None,
                     backend_tls: None,
                     redirect_to: None,
+                    fail_back: true,
                     retired: false,
                 })
                 .collect(),

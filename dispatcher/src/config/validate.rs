@@ -689,6 +689,7 @@ impl Ctx<'_> {
                 (v.tls.as_ref().map(|t| t.span()), "tls"),
                 (v.backend_tls.as_ref().map(|t| t.span()), "backend_tls"),
                 (v.redirect_to.as_ref().map(|t| t.span()), "redirect_to"),
+                (v.fail_back.as_ref().map(|t| t.span()), "fail_back"),
             ] {
                 if let Some(span) = set {
                     if mode != VipMode::Http {
@@ -732,6 +733,7 @@ impl Ctx<'_> {
                 tls,
                 backend_tls,
                 redirect_to: None,
+                fail_back: v.fail_back.as_ref().is_none_or(|b| *b.get_ref()),
                 retired: false,
             });
         }

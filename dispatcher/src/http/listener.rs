@@ -159,7 +159,11 @@ fn vip_shared(cfg: &Config, cluster: &Arc<Cluster>) -> std::io::Result<Vec<VipSh
             }
             None => vec![None; cfg.backends.len()],
         };
-        out.push(VipShared { route: Arc::new(VipRoute::new(v.backends.clone(), v.balance)), tls, backend_tls });
+        out.push(VipShared {
+            route: Arc::new(VipRoute::new(v.backends.clone(), v.balance, v.fail_back)),
+            tls,
+            backend_tls,
+        });
     }
     Ok(out)
 }

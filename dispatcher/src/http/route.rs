@@ -33,15 +33,18 @@ pub struct VipRoute {
     /// Backend ids serving this VIP.
     pub members: Vec<usize>,
     balance: Balance,
+    /// `vip.fail_back`: the cookie's clone IDs in their order (the first owner first), or
+    /// newest first (the clone that took the session over keeps it).
+    fail_back: bool,
     /// Smooth weighted round robin state, per member.
     current: Mutex<Vec<i64>>,
     rotate: AtomicUsize,
 }
 
 impl VipRoute {
-    pub fn new(members: Vec<usize>, balance: Balance) -> VipRoute {
+    pub fn new(members: Vec<usize>, balance: Balance, fail_back: bool) -> VipRoute {
         let n = members.len();
-        VipRoute { members, balance, current: Mutex::new(vec![0; n]), rotate: AtomicUsize::new(0) }
+        VipRoute { members, balance, fail_back, current: Mutex::new(vec![0; n]), rotate: AtomicUsize::new(0) }
     }
 
     /// `hold_expired`: the request was already held for the whole hold time; a suspect
@@ -56,7 +59,11 @@ impl VipRoute {
     ) -> Decision {
         if let Some(s) = session {
             let mut first_known = None;
-            for id in &s.clones {
+            // WebSphere appends the clone ID of a clone that takes a session over: without
+            // fail-back, that newest owner comes first.
+            let n = s.clones.len();
+            for k in 0..n {
+                let id = &s.clones[if self.fail_back { k } else { n - 1 - k }];
                 let Some((owner, replica)) = cluster.owner(id) else { continue };
                 if !self.members.contains(&owner) {
                     continue;
@@ -200,7 +207,7 @@ mode = "http"
     fn setup(balance: Balance) -> (Cluster, VipRoute) {
         let cfg = Config::parse(CFG, "t").unwrap();
         let cluster = Cluster::new(&cfg, &[Health::Up; 3], &[Operator::None; 3], None);
-        (cluster, VipRoute::new(vec![0, 1, 2], balance))
+        (cluster, VipRoute::new(vec![0, 1, 2], balance, true))
     }
 
     fn route(c: &Cluster, r: &VipRoute, cookie: &str) -> Decision {
@@ -225,6 +232,20 @@ mode = "http"
         assert_eq!(route(&c, &r, "0000x:cA:cB"), Decision::Affinity(1), "next clone in the list");
         assert_eq!(route(&c, &r, "0000x:cA"), Decision::Affinity(1), "the owner's replica");
         assert_eq!(route(&c, &r, "0000x:unknown:cA"), Decision::Affinity(1), "unknown IDs are skipped");
+    }
+
+    #[test]
+    fn without_fail_back_the_clone_that_took_a_session_over_keeps_it() {
+        let (c, _) = setup(Balance::RoundRobin);
+        let r = VipRoute::new(vec![0, 1, 2], Balance::RoundRobin, false);
+        // cB took cA's session over (its ID appended): cB keeps it, cA being up again.
+        assert_eq!(route(&c, &r, "0000x:cA:cB"), Decision::Affinity(1));
+        assert_eq!(route(&c, &r, "0000x:cA"), Decision::Affinity(0), "not taken over: its owner");
+        // The newest owner suspect: held for it, never sent back to cA meanwhile.
+        c.set_health(1, Health::Suspect);
+        assert_eq!(route(&c, &r, "0000x:cA:cB"), Decision::Hold(1));
+        c.set_health(1, Health::Down);
+        assert_eq!(route(&c, &r, "0000x:cA:cB"), Decision::Affinity(0), "its replica when it is down");
     }
 
     #[test]
