@@ -449,6 +449,12 @@ impl Testbed {
         }
         // A restarted agent writes a new log; keep the old one readable.
         let _ = std::fs::rename(self.workdir.join("dispatcher.log"), self.workdir.join("dispatcher.previous.log"));
+        self.start_dispatcher_command(cmd);
+    }
+
+    /// Starts the agent as `cmd` (a `dispatcher run` of the caller's making: other
+    /// environment, capabilities) and waits until the program is attached.
+    pub fn start_dispatcher_command(&mut self, cmd: Command) {
         self.start("dispatcher", cmd);
         let deadline = Instant::now() + Duration::from_secs(30);
         while !self.log("dispatcher").contains("dispatcher running") {

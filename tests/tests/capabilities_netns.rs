@@ -60,13 +60,7 @@ fn the_agent_serves_with_only_the_capabilities_its_unit_grants() {
     tb.start_websphere(&app, 8080);
     let path = config(&tb);
     let cmd = limited(&tb, &path, CAPS);
-    tb.start("dispatcher", cmd);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !tb.log("dispatcher").contains("dispatcher running") {
-        assert!(tb.child_exited("dispatcher").is_none(), "exited:\n{}", tb.log("dispatcher"));
-        assert!(Instant::now() < deadline, "not running:\n{}", tb.log("dispatcher"));
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    tb.start_dispatcher_command(cmd);
     // setpriv exec'd the agent: same pid. Its effective set is exactly the four.
     let pid = tb.pid_of("dispatcher").unwrap();
     let (bpf, perfmon, net_admin, net_bind) = (1u64 << 39, 1u64 << 38, 1u64 << 12, 1u64 << 10);

@@ -28,13 +28,7 @@ fn start_with_env(tb: &mut Testbed, config: &std::path::Path, env: &[(&str, Stri
     for (k, v) in env {
         cmd.env(k, v);
     }
-    tb.start("dispatcher", cmd);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !tb.log("dispatcher").contains("dispatcher running") {
-        assert!(tb.child_exited("dispatcher").is_none(), "exited:\n{}", tb.log("dispatcher"));
-        assert!(Instant::now() < deadline, "not running after 30 s:\n{}", tb.log("dispatcher"));
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    tb.start_dispatcher_command(cmd);
 }
 
 /// Messages received on `sock` until `until` matches one (or 10 s pass).

@@ -19,11 +19,12 @@ const BACKEND_PORT: u16 = 8080;
 pub const WORKERS: usize = 1;
 const CONNECTIONS: usize = 50;
 
-struct System {
-    name: &'static str,
-    port: u16,
-    /// The process log to show when it does not come up.
-    log: &'static str,
+/// A system under test: its port on the VIP and its process log (shown when it does not
+/// come up).
+pub struct System {
+    pub name: &'static str,
+    pub port: u16,
+    pub log: &'static str,
 }
 
 const SYSTEMS: [System; 3] = [

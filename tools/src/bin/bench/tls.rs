@@ -18,7 +18,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::http::{self, WORKERS};
+use crate::http::{self, System, WORKERS};
 use dispatcher_tests::{netns::Testbed, tls::Pki};
 
 const VIP: &str = "10.99.100.21";
@@ -26,12 +26,6 @@ const CONNECTIONS: usize = 50;
 /// The one TLS 1.3 suite every system and client uses.
 const SUITE: &str = "TLS_AES_128_GCM_SHA256";
 const IDLE: usize = 2_000;
-
-struct System {
-    name: &'static str,
-    port: u16,
-    log: &'static str,
-}
 
 const SYSTEMS: [System; 3] = [
     System { name: "dispatcher", port: 443, log: "dispatcher" },
