@@ -39,8 +39,20 @@ pub struct Hit {
     pub app_owner: Option<usize>,
 }
 
+/// How the clones write their name into JSESSIONID.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IdStyle {
+    /// WebSphere and Liberty: `0000<id>:<clone>[:<clone>...]`; a clone taking a session
+    /// over appends its clone ID.
+    WebSphere,
+    /// Tomcat and JBoss/WildFly: `<id>.<jvmRoute>`; a clone taking a session over rewrites
+    /// the route to its own (Tomcat's JvmRouteBinderValve).
+    JvmRoute,
+}
+
 pub struct Cluster {
     pub clone_ids: Vec<String>,
+    style: IdStyle,
     peers: Vec<Option<usize>>,
     stores: Vec<Mutex<Store>>,
     /// A clone that is down (killed) neither serves nor receives replication.
@@ -56,8 +68,15 @@ pub struct Cluster {
 impl Cluster {
     /// `n` clones, paired 0-1, 2-3, ... as peer replicas.
     pub fn new(n: usize) -> Arc<Cluster> {
+        Cluster::with_ids((0..n).map(|i| format!("clone{i}x")).collect(), IdStyle::WebSphere)
+    }
+
+    /// One clone per ID (its clone ID or jvmRoute), paired as `new`'s.
+    pub fn with_ids(clone_ids: Vec<String>, style: IdStyle) -> Arc<Cluster> {
+        let n = clone_ids.len();
         Arc::new(Cluster {
-            clone_ids: (0..n).map(|i| format!("clone{i}x")).collect(),
+            clone_ids,
+            style,
             peers: (0..n).map(|i| if i ^ 1 < n { Some(i ^ 1) } else { None }).collect(),
             stores: (0..n).map(|_| Mutex::new(Store::default())).collect(),
             alive: (0..n).map(|_| AtomicBool::new(true)).collect(),
@@ -109,14 +128,22 @@ impl Cluster {
     fn handle(&self, me: usize, cookie: Option<&str>, app_owner: Option<usize>) -> (Vec<String>, String) {
         let parsed = cookie.and_then(|v| {
             let v = v.trim_matches('"');
-            let colon = v.find(':')?;
-            (colon > 4).then(|| {
-                (
-                    v[4..colon].to_string(),
-                    v[colon + 1..].split(':').map(str::to_string).collect::<Vec<_>>(),
-                    v.to_string(),
-                )
-            })
+            match self.style {
+                IdStyle::WebSphere => {
+                    let colon = v.find(':')?;
+                    (colon > 4).then(|| {
+                        (
+                            v[4..colon].to_string(),
+                            v[colon + 1..].split(':').map(str::to_string).collect::<Vec<_>>(),
+                            v.to_string(),
+                        )
+                    })
+                }
+                IdStyle::JvmRoute => {
+                    let (sid, route) = v.rsplit_once('.')?;
+                    Some((sid.to_string(), vec![route.to_string()], v.to_string()))
+                }
+            }
         });
         let mut headers = Vec::new();
         let mut lost = false;
@@ -139,7 +166,11 @@ impl Cluster {
                     // Take over the replicated session: it is ours now, and the cookie
                     // says so by our clone ID appended.
                     store.own.insert(sid.clone(), c + 1);
-                    headers.push(format!("Set-Cookie: JSESSIONID={value}:{}; Path=/", self.clone_ids[me]));
+                    let me_id = &self.clone_ids[me];
+                    headers.push(match self.style {
+                        IdStyle::WebSphere => format!("Set-Cookie: JSESSIONID={value}:{me_id}; Path=/"),
+                        IdStyle::JvmRoute => format!("Set-Cookie: JSESSIONID={sid}.{me_id}; Path=/"),
+                    });
                     (sid, c + 1, clones)
                 } else {
                     lost = true;
@@ -195,7 +226,11 @@ impl Cluster {
     fn create(&self, me: usize, headers: &mut Vec<String>) -> (String, u64) {
         let sid = format!("S{:08}ABCDEFGHIJ", self.next_session.fetch_add(1, Ordering::SeqCst));
         self.stores[me].lock().unwrap().own.insert(sid.clone(), 1);
-        headers.push(format!("Set-Cookie: JSESSIONID=0000{sid}:{}; Path=/; HttpOnly", self.clone_ids[me]));
+        let me_id = &self.clone_ids[me];
+        headers.push(match self.style {
+            IdStyle::WebSphere => format!("Set-Cookie: JSESSIONID=0000{sid}:{me_id}; Path=/; HttpOnly"),
+            IdStyle::JvmRoute => format!("Set-Cookie: JSESSIONID={sid}.{me_id}; Path=/; HttpOnly"),
+        });
         (sid, 1)
     }
 }

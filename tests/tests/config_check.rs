@@ -54,6 +54,7 @@ port = 8080
 mode = "http"
 backend_port = 9080
 max_connections = 1000
+session_format = "websphere"
 
 [[partition]]
 id = "123"
@@ -205,6 +206,7 @@ fn every_validation_message_names_line_and_field() {
         ("sticky_time = \"30s\"", 0, "sticky_time = \"s\"", "vip[0].sticky_time: `s` is not a duration (e.g. \"2s\", \"500ms\", \"1m 30s\"): expected number", None),
         ("balance = \"round_robin\"", 0, "balance = \"random\"", "vip[0].balance: `random` is not one of round_robin, least_outstanding", None),
         ("backend_port = 9080", 0, "backend_port = 0", "vip[1].backend_port: must be 1..=65535", None),
+        ("session_format = \"websphere\"", 0, "session_format = \"tomcat\"", "vip[1].session_format: `tomcat` is not one of websphere, jvmroute", None),
         // [[partition]]
         ("id = \"123\"", 0, "id = \"12a\"", "partition[0].id: `12a` is not a partition ID (a decimal number)", None),
         ("[health]", 0, "[[partition]]\nid = \"123\"\nprimary = \"b\"\n\n[health]", "partition[1].id: `123` is defined twice", Some("id = \"123\"\nprimary = \"b\"")),

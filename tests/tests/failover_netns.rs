@@ -107,21 +107,31 @@ fn bed(n: usize) -> (Testbed, Arc<websphere::Cluster>, SocketAddr, String) {
 
 /// `vip`: more lines for the VIP.
 fn bed_with(n: usize, vip: &str) -> (Testbed, Arc<websphere::Cluster>, SocketAddr, String) {
+    let cluster = websphere::Cluster::new(n);
+    let (tb, addr, cfg) = bed_for(&cluster, vip, false);
+    (tb, cluster, addr, cfg)
+}
+
+/// A testbed serving `cluster`; `configured`: each backend's clone ID is in the
+/// configuration (else the agent learns them from `Set-Cookie`).
+fn bed_for(cluster: &Arc<websphere::Cluster>, vip: &str, configured: bool) -> (Testbed, SocketAddr, String) {
+    let n = cluster.clone_ids.len();
     let mut tb = Testbed::new(n, &[VIP]);
     tb.add_local_vip(VIP);
-    let cluster = websphere::Cluster::new(n);
-    tb.start_websphere(&cluster, PORT);
+    tb.start_websphere(cluster, PORT);
+    let backends =
+        if configured { tb.backend_config_with_clones(&[], &cluster.clone_ids) } else { tb.backend_config(&[]) };
     let text = format!(
         "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nhold_time = \"{}ms\"\nserver_timeout = \"{}ms\"\n\n[health]\npath = \"/health\"\ninterval = \"200ms\"\ntimeout = \"300ms\"\nrise = 2\nfall = 2\n\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {PORT}\nring_size = 1009\n{vip}",
         tb.instance(),
         HOLD.as_millis(),
         SERVER_TIMEOUT.as_millis(),
-        tb.backend_config(&[])
+        backends
     );
     let path = tb.write_config(&text);
     tb.start_dispatcher(&path);
     let cfg = path.to_str().unwrap().to_string();
-    (tb, cluster, format!("{VIP}:80").parse().unwrap(), cfg)
+    (tb, format!("{VIP}:80").parse().unwrap(), cfg)
 }
 
 /// No session was served by a clone other than its first owner or that owner's peer.
@@ -231,6 +241,52 @@ fn a_killed_clone_hands_its_sessions_to_its_replica() {
     assert!(pooled <= 8 * 3, "pooled upstream connections: {pooled}");
     assert!(fds_after <= fds_before + pooled as usize + 4, "descriptors {fds_before} -> {fds_after}, {pooled} pooled");
     assert!(rss_after <= rss_before + 8 * 1024, "RSS {rss_before} KiB -> {rss_after} KiB");
+}
+
+/// Load, clone 0 killed: its sessions must continue on clone 1 (its replica) with their
+/// data, and no session may reach a third clone.
+fn first_clone_killed_under_load(tb: &mut Testbed, cluster: &Arc<websphere::Cluster>, addr: SocketAddr) {
+    let load = start_load(tb, addr, 8);
+    std::thread::sleep(Duration::from_millis(1500));
+    tb.kill_servers_of(0);
+    cluster.kill(0);
+    std::thread::sleep(Duration::from_millis(3000));
+    let seen = load.finish();
+    assert_no_misroute(cluster);
+    assert_sessions_kept(&seen);
+    assert_failures_answered(&seen, HOLD + SERVER_TIMEOUT + Duration::from_secs(1));
+    let (first, replica) = (&cluster.clone_ids[0], &cluster.clone_ids[1]);
+    let moved = seen
+        .iter()
+        .filter(|s| s.iter().any(|x| &x.clone == first) && s.last().is_some_and(|x| &x.clone == replica))
+        .count();
+    let were_on_first = seen.iter().filter(|s| s.iter().any(|x| &x.clone == first)).count();
+    assert!(
+        were_on_first >= 1 && moved == were_on_first,
+        "{moved} of {were_on_first} sessions of {first} went on at {replica}"
+    );
+}
+
+/// `session_format = "jvmroute"`: Tomcat or WildFly clones name themselves after the last
+/// `.` of the session ID. Routes are learned from `Set-Cookie`; when a clone dies its
+/// replica takes the session over and rewrites the route to its own (Tomcat's
+/// JvmRouteBinderValve), which the agent learns: the session stays there.
+#[test]
+fn jvm_route_sessions_stick_and_fail_over_to_the_replica() {
+    let routes = (0..4).map(|i| format!("tomcat{i}")).collect();
+    let cluster = websphere::Cluster::with_ids(routes, websphere::IdStyle::JvmRoute);
+    let (mut tb, addr, _) = bed_for(&cluster, "session_format = \"jvmroute\"\n", false);
+    first_clone_killed_under_load(&mut tb, &cluster, addr);
+}
+
+/// Liberty writes WebSphere's form with its own clone IDs (`<httpSessionManager
+/// cloneId=...>`, any token): configured ones route from the first request on.
+#[test]
+fn liberty_clone_ids_in_websphere_form_stick_and_fail_over() {
+    let ids = (0..4).map(|i| format!("lib-{i}7f3e_Q9zK")).collect();
+    let cluster = websphere::Cluster::with_ids(ids, websphere::IdStyle::WebSphere);
+    let (mut tb, addr, _) = bed_for(&cluster, "", true);
+    first_clone_killed_under_load(&mut tb, &cluster, addr);
 }
 
 #[test]

@@ -67,6 +67,17 @@ pub enum Balance {
     LeastOutstanding,
 }
 
+/// How the application servers write the server's name into JSESSIONID (`vip.session_format`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionFormat {
+    /// WebSphere and Liberty: `<cache ID><session ID>:<clone ID>[:<clone ID>...]`, or a
+    /// partition ID after the `:`.
+    WebSphere,
+    /// Tomcat, JBoss/WildFly: `<session ID>.<jvmRoute>`, the route after the last `.`
+    /// (as mod_jk and mod_proxy_balancer read it).
+    JvmRoute,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Forwarding {
     Mac,
@@ -351,6 +362,8 @@ pub struct Vip {
     /// plug-in's order) or stay with the clone that took them over (false: the newest
     /// clone ID in the cookie first).
     pub fail_back: bool,
+    /// How the clone ID (or route) is read from JSESSIONID, in requests and `Set-Cookie`.
+    pub session_format: SessionFormat,
     /// Removed by a reload: its id stays reserved, it is served no more.
     pub retired: bool,
 }
@@ -526,6 +539,23 @@ port_group = "g"
             e.contains("backend[2].clone_ids: clone ID `cloneA` is already a clone ID or logical name of backend `a`"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn session_format_per_http_vip() {
+        let http = format!("{GOOD}\n[[vip]]\nname = \"app\"\naddress = \"10.0.100.2\"\nport = 80\nmode = \"http\"\n");
+        let c = Config::parse(&http, "x.toml").unwrap();
+        assert_eq!(c.vips[2].session_format, SessionFormat::WebSphere, "the default");
+        let tomcat = format!("{http}session_format = \"jvmroute\"\n");
+        assert_eq!(Config::parse(&tomcat, "x.toml").unwrap().vips[2].session_format, SessionFormat::JvmRoute);
+        // A route is what follows the last '.': a configured clone ID with one never matches.
+        let e = err_of(&tomcat.replace("clone_ids = [\"cloneA\"]", "clone_ids = [\"node.A\"]"));
+        assert!(e.contains("x.toml:11: backend[0].clone_ids: `node.A` cannot be a jvmRoute of VIP `app`"), "{e}");
+        let e = err_of(&format!("{http}session_format = \"tomcat\"\n"));
+        assert!(e.contains("vip[2].session_format: `tomcat` is not one of websphere, jvmroute"), "{e}");
+        let e =
+            err_of(&GOOD.replace("port_group = \"g\"\n\n", "port_group = \"g\"\nsession_format = \"jvmroute\"\n\n"));
+        assert!(e.contains("vip[0].session_format: applies to HTTP VIPs only"), "{e}");
     }
 
     #[test]

@@ -147,6 +147,7 @@ pub(super) struct RawVip {
     pub(super) backend_tls: Option<Spanned<RawBackendTls>>,
     pub(super) redirect_to: Option<Spanned<String>>,
     pub(super) fail_back: Option<Spanned<bool>>,
+    pub(super) session_format: Option<Spanned<String>>,
 }
 
 /// `[vip.tls]`: TLS on an HTTP VIP.

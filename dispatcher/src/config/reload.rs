@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use dispatcher_common::{MAX_BACKENDS, MAX_VIPS};
 
-use super::{Backend, Balance, Config, Forwarding, Partition, Protocol, Vip, VipMode};
+use super::{Backend, Balance, Config, Forwarding, Partition, Protocol, SessionFormat, Vip, VipMode};
 
 impl Config {
     /// `new` re-indexed for a reload of `self`: every backend and VIP keeps the id (the
@@ -133,6 +133,7 @@ impl Config {
                     backend_tls: None,
                     redirect_to: None,
                     fail_back: true,
+                    session_format: SessionFormat::WebSphere,
                     retired: false,
                 })
                 .collect(),

@@ -665,6 +665,28 @@ impl Ctx<'_> {
                 Balance::RoundRobin,
                 &[("round_robin", Balance::RoundRobin), ("least_outstanding", Balance::LeastOutstanding)],
             );
+            let session_format = self.choice(
+                &v.session_format,
+                &f("session_format"),
+                SessionFormat::WebSphere,
+                &[("websphere", SessionFormat::WebSphere), ("jvmroute", SessionFormat::JvmRoute)],
+            );
+            if session_format == SessionFormat::JvmRoute {
+                // The route is what follows the last `.`: a clone ID with a `.` never matches.
+                for &bi in &members {
+                    for c in raw_backends[bi].get_ref().clone_ids.iter().filter(|c| c.get_ref().contains('.')) {
+                        self.report(
+                            c.span(),
+                            &format!("backend[{bi}].clone_ids"),
+                            format!(
+                                "`{}` cannot be a jvmRoute of VIP `{}` (session_format = \"jvmroute\"): the route is what follows the last '.'",
+                                c.get_ref(),
+                                v.name.get_ref()
+                            ),
+                        );
+                    }
+                }
+            }
             let max_connections = v.max_connections.as_ref().and_then(|m| {
                 if !(1..=MAX_CLIENT_CONNECTIONS).contains(m.get_ref()) {
                     self.report(m.span(), &f("max_connections"), format!("must be 1..={MAX_CLIENT_CONNECTIONS}"));
@@ -690,6 +712,7 @@ impl Ctx<'_> {
                 (v.backend_tls.as_ref().map(|t| t.span()), "backend_tls"),
                 (v.redirect_to.as_ref().map(|t| t.span()), "redirect_to"),
                 (v.fail_back.as_ref().map(|t| t.span()), "fail_back"),
+                (v.session_format.as_ref().map(|t| t.span()), "session_format"),
             ] {
                 if let Some(span) = set {
                     if mode != VipMode::Http {
@@ -734,6 +757,7 @@ impl Ctx<'_> {
                 backend_tls,
                 redirect_to: None,
                 fail_back: v.fail_back.as_ref().is_none_or(|b| *b.get_ref()),
+                session_format,
                 retired: false,
             });
         }

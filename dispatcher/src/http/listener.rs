@@ -198,6 +198,7 @@ fn worker_vips(
             limits: HeadLimits { max_bytes: cfg.http.max_header_bytes, max_headers: cfg.http.max_headers },
             suspect_on_status: cfg.health.suspect_on_status.clone(),
             tls: sh.tls.clone(),
+            session_format: v.session_format,
             forwarded: super::rewrite::forwarded_fields(v.tls.is_some(), v.port),
             redirect: v.redirect_to.clone(),
         });

@@ -31,7 +31,7 @@ use super::{
     Counted,
 };
 use crate::{
-    config::{HttpSettings, Redirect},
+    config::{HttpSettings, Redirect, SessionFormat},
     state::Cluster,
     tls::server::ServerTls,
 };
@@ -57,6 +57,8 @@ pub struct VipCtx {
     pub forwarded: Vec<u8>,
     /// A VIP that answers `308` to its HTTPS VIP instead of forwarding.
     pub redirect: Option<Redirect>,
+    /// How JSESSIONID names its server on this VIP.
+    pub session_format: SessionFormat,
 }
 
 /// After the listener stops: how long an idle keep-alive client has to send its next
@@ -542,8 +544,9 @@ impl ClientConn {
         let s = &ctx.settings;
         let cookies = head.headers.iter().filter(|h| is(&buf[h.name.clone()], "cookie")).map(|h| &buf[h.value.clone()]);
         let target = &buf[head.target.clone()];
-        let sess = session::find(cookies, target, s.cookie_name.as_bytes(), s.url_parameter.as_bytes())
-            .or_else(|| session::app_session(target));
+        let sess =
+            session::find(cookies, target, s.cookie_name.as_bytes(), s.url_parameter.as_bytes(), ctx.session_format)
+                .or_else(|| session::app_session(target));
         let started = Instant::now();
         let c = &ctx.cluster;
         c.counters.in_flight.fetch_add(1, Ordering::Relaxed);
@@ -826,16 +829,19 @@ impl ClientConn {
 }
 
 /// Clone IDs from `Set-Cookie: JSESSIONID=...`: the last ID is the responding server's
-/// own (WebSphere appends its clone ID when it takes a session over).
+/// own (WebSphere appends its clone ID when it takes a session over; Tomcat's
+/// JvmRouteBinderValve rewrites the route to its own).
 fn learn(ctx: &VipCtx, res: &ResponseHead, buf: &[u8], backend: usize) {
     let name = ctx.settings.cookie_name.as_bytes();
+    let format = ctx.session_format;
     for h in &res.headers {
         if !is(&buf[h.name.clone()], "set-cookie") {
             continue;
         }
-        if let Some(id) = session::set_cookie(&buf[h.value.clone()], name).and_then(session::parse) {
+        if let Some(id) = session::set_cookie(&buf[h.value.clone()], name).and_then(|v| session::parse_as(v, format)) {
             if let Some(own) = id.clones.last() {
-                if !session::is_partition(own) {
+                // Partition IDs are WebSphere's; a numeric jvmRoute is a route.
+                if format == SessionFormat::JvmRoute || !session::is_partition(own) {
                     ctx.cluster.learn(own, backend);
                 }
             }

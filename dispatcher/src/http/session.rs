@@ -11,7 +11,10 @@
 //! usable value wins. Only the exact cookie name matches (configurable); the URL
 //! parameter name is matched exactly too.
 
-/// A parsed session identifier: the clone (or partition) IDs after the first `:`.
+use crate::config::SessionFormat;
+
+/// A parsed session identifier: the clone (or partition) IDs after the first `:`, or the
+/// one jvmRoute after the last `.`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SessionId<'a> {
     pub value: &'a [u8],
@@ -42,6 +45,27 @@ pub fn parse(value: &[u8]) -> Option<SessionId<'_>> {
         return None;
     }
     Some(SessionId { value, clones })
+}
+
+/// Tomcat's and JBoss/WildFly's form, `<session ID>.<jvmRoute>`: the route is what follows
+/// the last `.` (mod_jk's and mod_proxy_balancer's reading). `None` without a `.`, with
+/// an empty session ID or route, or when too long.
+pub fn parse_jvm_route(value: &[u8]) -> Option<SessionId<'_>> {
+    let value = unquote(value);
+    if value.len() > MAX_ID_LEN {
+        return None;
+    }
+    let dot = value.iter().rposition(|&b| b == b'.')?;
+    let route = &value[dot + 1..];
+    (dot > 0 && !route.is_empty()).then(|| SessionId { value, clones: vec![route] })
+}
+
+/// A JSESSIONID value read in the VIP's format.
+pub fn parse_as(value: &[u8], format: SessionFormat) -> Option<SessionId<'_>> {
+    match format {
+        SessionFormat::WebSphere => parse(value),
+        SessionFormat::JvmRoute => parse_jvm_route(value),
+    }
 }
 
 fn unquote(v: &[u8]) -> &[u8] {
@@ -101,13 +125,14 @@ pub fn find<'a>(
     target: &'a [u8],
     cookie_name: &'a [u8],
     url_name: &[u8],
+    format: SessionFormat,
 ) -> Option<SessionId<'a>> {
     for h in cookie_headers {
-        if let Some(s) = cookies(h, cookie_name).find_map(parse) {
+        if let Some(s) = cookies(h, cookie_name).find_map(|v| parse_as(v, format)) {
             return Some(s);
         }
     }
-    url_param(target, url_name).and_then(parse)
+    url_param(target, url_name).and_then(|v| parse_as(v, format))
 }
 
 /// Converged SIP/HTTP applications: the logical name of the `ibmappid` a request
@@ -161,7 +186,13 @@ mod tests {
     }
 
     fn from(cookies: &[&str], target: &str) -> Vec<String> {
-        ids(find(cookies.iter().map(|c| c.as_bytes()), target.as_bytes(), b"JSESSIONID", b"jsessionid"))
+        ids(find(
+            cookies.iter().map(|c| c.as_bytes()),
+            target.as_bytes(),
+            b"JSESSIONID",
+            b"jsessionid",
+            SessionFormat::WebSphere,
+        ))
     }
 
     #[test]
@@ -182,6 +213,28 @@ mod tests {
         assert_eq!(parse(&[b'a'; MAX_ID_LEN + 1]), None);
         let long = format!("0000abc:{}", (0..20).map(|i| format!("c{i}")).collect::<Vec<_>>().join(":"));
         assert_eq!(ids(parse(long.as_bytes())).len(), MAX_CLONES_PER_ID);
+    }
+
+    #[test]
+    fn jvm_route_forms() {
+        let jvm = |v: &str| ids(parse_jvm_route(v.as_bytes()));
+        assert_eq!(jvm("8E3B2A1C9D0F.tomcat1"), ["tomcat1"]);
+        assert_eq!(jvm("a.b.node-2"), ["node-2"], "the route follows the last '.'");
+        assert_eq!(jvm("\"A1B2.n1\""), ["n1"], "quoted value");
+        assert_eq!(jvm("hU4QvJ_3kP-xq2sWm0Y9fLz8Rb1cTnEo.wildfly-a"), ["wildfly-a"], "WildFly's alphabet");
+        for none in ["", "8E3B2A1C9D0F", "8E3B.", ".tomcat1", "."] {
+            assert_eq!(parse_jvm_route(none.as_bytes()), None, "{none:?}");
+        }
+        assert_eq!(parse_jvm_route(format!("{}.n", "a".repeat(MAX_ID_LEN)).as_bytes()), None, "too long");
+        // Each VIP reads its own format only: a WebSphere ID has no route, a Tomcat ID no clone.
+        assert_eq!(parse_as(b"0000abc:cA", SessionFormat::JvmRoute), None);
+        assert_eq!(parse_as(b"8E3B2A1C9D0F.tomcat1", SessionFormat::WebSphere), None);
+        let found = |c: &str, t: &str| {
+            ids(find([c.as_bytes()].into_iter(), t.as_bytes(), b"JSESSIONID", b"jsessionid", SessionFormat::JvmRoute))
+        };
+        assert_eq!(found("JSESSIONID=ABC.t1", "/"), ["t1"]);
+        assert_eq!(found("x=1", "/app;jsessionid=ABC.t2?q=1"), ["t2"], "URL rewriting");
+        assert_eq!(found("JSESSIONID=0000abc:cA; JSESSIONID=ABC.t3", "/"), ["t3"], "first usable in this format");
     }
 
     #[test]
