@@ -49,6 +49,8 @@ pub struct Backend {
     pub connections: Arc<AtomicU64>,
     /// `http.max_connections_per_backend`, shared by all workers' pools.
     pub conn_limit: Arc<tokio::sync::Semaphore>,
+    /// `maxconn` and its queue (shared with a reload's successor).
+    pub slots: Arc<crate::http::queue::Slots>,
 }
 
 impl Backend {
@@ -267,6 +269,7 @@ impl Cluster {
                 errors: AtomicU64::new(0),
                 connections: Arc::new(AtomicU64::new(0)),
                 conn_limit: Arc::new(tokio::sync::Semaphore::new(cfg.http.max_connections_per_backend)),
+                slots: Arc::new(crate::http::queue::Slots::new(b.maxconn.map(u64::from), b.maxqueue.into())),
             })
             .collect();
         let mut table = HashMap::new();
@@ -488,8 +491,12 @@ impl Cluster {
                 c.settle(i);
             }
         }
-        for (new, prev) in c.backends.iter_mut().zip(&old.backends) {
+        for ((new, prev), b) in c.backends.iter_mut().zip(&old.backends).zip(&cfg.backends) {
             new.connections = prev.connections.clone();
+            // Requests in flight in the old generation keep their slots: the limit holds
+            // over both while it drains.
+            new.slots = prev.slots.clone();
+            new.slots.set_limits(b.maxconn.map(u64::from), b.maxqueue.into());
             if c.conn_limit == old.conn_limit {
                 new.conn_limit = prev.conn_limit.clone();
             }

@@ -63,6 +63,10 @@ pub struct Cluster {
     pub received_frozen: Vec<AtomicU64>,
     pub log: Mutex<Vec<Hit>>,
     next_session: AtomicU64,
+    /// Requests a clone is serving now, and the most it served at once (`/slow/<ms>`
+    /// requests take that long).
+    pub busy: Vec<AtomicU64>,
+    pub busy_max: Vec<AtomicU64>,
 }
 
 impl Cluster {
@@ -84,6 +88,8 @@ impl Cluster {
             received_frozen: (0..n).map(|_| AtomicU64::new(0)).collect(),
             log: Mutex::new(Vec::new()),
             next_session: AtomicU64::new(1),
+            busy: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            busy_max: (0..n).map(|_| AtomicU64::new(0)).collect(),
         })
     }
 
@@ -344,7 +350,17 @@ fn connection(cluster: &Cluster, me: usize, s: TcpStream, stop: &AtomicBool) {
             let ln = p.strip_prefix("ibmappid=")?.split('.').next()?;
             ln.strip_prefix("ln")?.parse::<usize>().ok()
         });
+        // `/slow/<ms>`: the application takes that long (concurrency is recorded).
+        let slow = target.strip_prefix("/slow/").and_then(|ms| ms.split(['?', ';', '/']).next()?.parse::<u64>().ok());
+        if let Some(ms) = slow {
+            let now = cluster.busy[me].fetch_add(1, Ordering::SeqCst) + 1;
+            cluster.busy_max[me].fetch_max(now, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(ms.min(10_000)));
+        }
         let (headers, mut body) = cluster.handle(me, cookie.as_deref(), app_owner);
+        if slow.is_some() {
+            cluster.busy[me].fetch_sub(1, Ordering::SeqCst);
+        }
         // What the dispatcher said of the client's connection (HTTP or HTTPS, and port).
         let proto = header("x-forwarded-proto").unwrap_or_default();
         body += &format!("forwarded={proto}:{}\n", header("x-forwarded-port").unwrap_or_default());

@@ -25,6 +25,8 @@ mac = "02:00:00:00:00:11"
 weight = 100
 replica = "b"
 clone_ids = ["cloneA"]
+maxconn = 100
+maxqueue = 50
 
 [[backend]]
 name = "b"
@@ -178,6 +180,9 @@ fn every_validation_message_names_line_and_field() {
         ("clone_ids = [\"cloneB\"]", 0, "clone_ids = [\"cloneA\"]", "backend[1].clone_ids: clone ID `cloneA` is already a clone ID or logical name of backend `a`", None),
         ("clone_ids = [\"cloneB\"]", 0, "clone_ids = [\"cloneB\"]\nlogical_names = [\"cloneA\"]", "backend[1].logical_names: logical name `cloneA` is already a clone ID or logical name of backend `a`", Some("logical_names")),
         ("clone_ids = [\"cloneB\"]", 0, "clone_ids = [\"cloneB\"]\nlogical_names = [\"sip1.1153242645968.4_2_2\"]", "backend[1].logical_names: `sip1.1153242645968.4_2_2` looks like a whole session ID", Some("logical_names")),
+        ("maxconn = 100", 0, "maxconn = 0", "backend[0].maxconn: must be 1..=1000000 (requests in flight at once)", None),
+        ("maxqueue = 50", 0, "maxqueue = 2000000", "backend[0].maxqueue: must be 0..=1000000", None),
+        ("maxconn = 100\n", 0, "", "backend[0].maxqueue: applies with maxconn only (no limit, no queue)", Some("maxqueue = 50")),
         ("mode = \"http\"", 0, "protocol = \"tcp\"\nmode = \"sip\"", "vip[1].protocol: sip VIPs are SIP over UDP", None),
         ("mac = \"02:00:00:00:00:12\"\n", 0, "", "backend[1].mac: required: backend `b` serves L4 VIP `l4`", Some("[[backend]]\nname = \"b\"")),
         // [[vip]]

@@ -522,3 +522,111 @@ fn an_agent_killed_hard_is_replaced_without_losing_learned_clones() {
         assert_eq!(c.get("/").unwrap().field("clone"), Some("clone2x"));
     }
 }
+
+/// `maxconn`/`maxqueue` on a backend: at most `maxconn` requests in flight on it, the
+/// next `maxqueue` of its sessions' requests wait (and are served in turn), more get 503
+/// with Retry-After at once; none of them goes to another server. Requests without a
+/// session go to a server with room meanwhile.
+#[test]
+fn maxconn_queues_a_sessions_requests_at_its_owner_and_balances_the_rest_elsewhere() {
+    let mut tb = Testbed::new(2, &[VIP]);
+    tb.add_local_vip(VIP);
+    let cluster = websphere::Cluster::new(2);
+    tb.start_websphere(&cluster, BACKEND_PORT);
+    let backends = tb.backend_config_with(&[], |i| {
+        let limits = if i == 0 { "maxconn = 2\nmaxqueue = 2\n" } else { "" };
+        format!("clone_ids = [\"{}\"]\n{limits}", cluster.clone_ids[i])
+    });
+    let text = format!(
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nqueue_timeout = \"5s\"\n\n[health]\npath = \"/health\"\ninterval = \"200ms\"\n\n{backends}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = {PORT}\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\n",
+        tb.instance(),
+    );
+    let path = tb.write_config(&text);
+    tb.start_dispatcher(&path);
+    let cfg = path.to_str().unwrap().to_string();
+    let addr: SocketAddr = format!("{VIP}:{PORT}").parse().unwrap();
+
+    // 8 requests of clone0x's sessions at once, each taking 600 ms at the server.
+    let run = |n: usize, cookie: Option<&str>, path: &'static str| {
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(n));
+        let threads: Vec<_> = (0..n)
+            .map(|k| {
+                let (ns, barrier) = (tb.client.clone(), barrier.clone());
+                let jar = cookie.map(|c| format!("0000QUEUE{k}SESSION:{c}"));
+                std::thread::spawn(move || {
+                    let mut c = Client::new(&ns, addr);
+                    c.jar = jar;
+                    barrier.wait();
+                    let t = Instant::now();
+                    let r = c.get(path).expect("an answer");
+                    (
+                        r.status,
+                        r.header("retry-after").is_some(),
+                        r.field("clone").unwrap_or("").to_string(),
+                        t.elapsed(),
+                    )
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect::<Vec<_>>()
+    };
+    let answers = run(8, Some("clone0x"), "/slow/600");
+    let served: Vec<_> = answers.iter().filter(|a| a.0 == 200).collect();
+    let refused: Vec<_> = answers.iter().filter(|a| a.0 == 503).collect();
+    assert_eq!((served.len(), refused.len()), (4, 4), "2 in flight + 2 queued served, 4 refused: {answers:?}");
+    assert!(served.iter().all(|a| a.2 == "clone0x"), "a session's request waits for its owner: {answers:?}");
+    assert!(
+        refused.iter().all(|a| a.1 && a.3 < Duration::from_millis(500)),
+        "refused at once, with Retry-After: {refused:?}"
+    );
+    let waited = served.iter().filter(|a| a.3 >= Duration::from_millis(1100)).count();
+    assert_eq!(waited, 2, "two waited for a slot (a whole request's time): {served:?}");
+    assert!(cluster.busy_max[0].load(std::sync::atomic::Ordering::SeqCst) <= 2, "never more than maxconn at b0");
+    assert_eq!(cluster.hits().iter().filter(|h| h.backend == 1).count(), 0, "nothing went to b1");
+
+    // b0 busy with two of its sessions' requests: new sessions all go to b1, which has room.
+    let busy = {
+        let ns = tb.client.clone();
+        std::thread::spawn(move || {
+            let threads: Vec<_> = (0..2)
+                .map(|k| {
+                    let ns = ns.clone();
+                    std::thread::spawn(move || {
+                        let mut c = Client::new(&ns, addr);
+                        c.jar = Some(format!("0000BUSY{k}SESSION:clone0x"));
+                        c.get("/slow/1500").map(|r| r.status)
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap().unwrap()).collect::<Vec<_>>()
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let fresh = run(6, None, "/slow/200");
+    assert!(fresh.iter().all(|a| a.0 == 200 && a.2 == "clone1x"), "new sessions go where there is room: {fresh:?}");
+    assert_eq!(busy.join().unwrap(), [200, 200]);
+
+    // Status and metrics show the queue.
+    let st: serde_json::Value =
+        serde_json::from_str(&tb.dispatcher_cmd(&["status", "--config", &cfg, "--json"])).unwrap();
+    let q = &st["agent"]["backends"][0]["queue"];
+    assert_eq!((q["maxconn"].as_u64(), q["maxqueue"].as_u64()), (Some(2), Some(2)), "{q}");
+    assert_eq!(
+        (q["queued_total"].as_u64(), q["refused_full"].as_u64(), q["queued"].as_u64()),
+        (Some(2), Some(4), Some(0))
+    );
+    assert!(q["wait_mean_ms"].as_f64().unwrap() >= 300.0, "{q}");
+    assert!(st["agent"]["backends"][1].get("queue").is_none(), "no limit, no queue");
+    let metrics = tb.dispatcher_cmd(&["metrics", "--config", &cfg]);
+    for line in [
+        "dispatcher_backend_maxconn{backend=\"b0\"} 2",
+        "dispatcher_backend_queue_length{backend=\"b0\"} 0",
+        "dispatcher_backend_queued_total{backend=\"b0\"} 2",
+        "dispatcher_backend_queue_refused_total{backend=\"b0\",reason=\"full\"} 4",
+        "dispatcher_backend_queue_seconds_count{backend=\"b0\"} 2",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    }
+    let text = tb.dispatcher_cmd(&["status", "--config", &cfg]);
+    assert!(text.contains("queue b0: 0 of maxconn 2 in flight, 0 of 2 queued; queued 2"), "{text}");
+}

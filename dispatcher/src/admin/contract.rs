@@ -120,6 +120,26 @@ pub struct BackendStatus {
     pub connections: u64,
     pub requests: u64,
     pub errors: u64,
+    /// A backend with `maxconn`: its slots and queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<QueueStatus>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct QueueStatus {
+    pub maxconn: u64,
+    /// Requests holding a slot now (both generations across a reload).
+    pub in_flight: u64,
+    pub maxqueue: u64,
+    /// Requests waiting for a slot now.
+    pub queued: u64,
+    /// Requests that had to wait, since the start.
+    pub queued_total: u64,
+    /// Answered 503 because the queue was full / because no slot came in time.
+    pub refused_full: u64,
+    pub refused_timeout: u64,
+    /// Mean wait of the requests that queued, in milliseconds.
+    pub wait_mean_ms: f64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -6,7 +6,7 @@ use std::{fmt::Write as _, sync::atomic::Ordering};
 use dispatcher_common::stats;
 
 use super::{
-    contract::{AgentStatus, BackendStatus, CertificateStatus, CounterStatus, TlsStatus, VipStatus},
+    contract::{AgentStatus, BackendStatus, CertificateStatus, CounterStatus, QueueStatus, TlsStatus, VipStatus},
     Admin,
 };
 use crate::state::Histogram;
@@ -47,6 +47,20 @@ pub fn status(a: &Admin) -> AgentStatus {
             connections: load(&b.connections),
             requests: load(&b.requests),
             errors: load(&b.errors),
+            queue: b.slots.max().map(|maxconn| {
+                let q = &b.slots;
+                let waited = load(&q.waits.count);
+                QueueStatus {
+                    maxconn,
+                    in_flight: q.in_flight(),
+                    maxqueue: q.max_queue(),
+                    queued: q.queued(),
+                    queued_total: load(&q.queued_total),
+                    refused_full: load(&q.refused_full),
+                    refused_timeout: load(&q.refused_timeout),
+                    wait_mean_ms: if waited == 0 { 0.0 } else { load(&q.waits.sum_us) as f64 / waited as f64 / 1000.0 },
+                }
+            }),
         })
         .collect();
     let vips = cfg
@@ -263,6 +277,50 @@ pub fn metrics(a: &Admin) -> String {
     per_backend(&mut o, "dispatcher_backend_connections", "gauge", "Open upstream connections to the backend.", &|b| {
         b.connections.load(Ordering::Relaxed)
     });
+    // `maxconn` and its queue (backends without a limit have no such series).
+    let limited: Vec<_> = c.backends.iter().filter(|b| b.slots.max().is_some()).collect();
+    if !limited.is_empty() {
+        let each =
+            |o: &mut String, name: &str, kind: &str, help: &str, value: &dyn Fn(&crate::state::Backend) -> u64| {
+                let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+                for b in &limited {
+                    let _ = writeln!(o, "{name}{{backend=\"{}\"}} {}", esc(&b.name), value(b));
+                }
+            };
+        each(&mut o, "dispatcher_backend_maxconn", "gauge", "Requests the backend may have in flight at once.", &|b| {
+            b.slots.max().unwrap_or(0)
+        });
+        each(&mut o, "dispatcher_backend_queue_length", "gauge", "Requests waiting for a slot on the backend.", &|b| {
+            b.slots.queued()
+        });
+        each(
+            &mut o,
+            "dispatcher_backend_queued_total",
+            "counter",
+            "Requests that waited for a slot on the backend.",
+            &|b| b.slots.queued_total.load(Ordering::Relaxed),
+        );
+        let _ = writeln!(o, "# HELP dispatcher_backend_queue_refused_total Requests answered 503 for want of a slot: queue full, or none in time.\n# TYPE dispatcher_backend_queue_refused_total counter");
+        for b in &limited {
+            for (reason, n) in [("full", &b.slots.refused_full), ("timeout", &b.slots.refused_timeout)] {
+                let _ = writeln!(
+                    o,
+                    "dispatcher_backend_queue_refused_total{{backend=\"{}\",reason=\"{reason}\"}} {}",
+                    esc(&b.name),
+                    n.load(Ordering::Relaxed)
+                );
+            }
+        }
+        let _ = writeln!(o, "# HELP dispatcher_backend_queue_seconds How long queued requests waited for a slot.\n# TYPE dispatcher_backend_queue_seconds histogram");
+        for b in &limited {
+            histogram(
+                &mut o,
+                "dispatcher_backend_queue_seconds",
+                &format!("backend=\"{}\"", esc(&b.name)),
+                &b.slots.waits,
+            );
+        }
+    }
     let _ = writeln!(o, "# HELP dispatcher_backend_response_seconds Time to the response head, per backend.\n# TYPE dispatcher_backend_response_seconds histogram");
     for b in &c.backends {
         histogram(&mut o, "dispatcher_backend_response_seconds", &format!("backend=\"{}\"", esc(&b.name)), &b.latency);

@@ -258,6 +258,14 @@ fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
             field(|x| x.errors.to_string())
         );
     }
+    for q in agent.iter().flat_map(|a| &a.backends).filter_map(|b| Some((&b.name, b.queue.as_ref()?))) {
+        let (name, q) = q;
+        let _ = writeln!(
+            o,
+            "queue {name}: {} of maxconn {} in flight, {} of {} queued; queued {} (mean wait {:.1} ms), refused: full {} timeout {}",
+            q.in_flight, q.maxconn, q.queued, q.maxqueue, q.queued_total, q.wait_mean_ms, q.refused_full, q.refused_timeout
+        );
+    }
     let _ = writeln!(o);
     let nonzero: Vec<String> = globals.iter().filter(|(_, v)| *v > 0).map(|(n, v)| format!("{n}={v}")).collect();
     let _ =

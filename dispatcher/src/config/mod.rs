@@ -327,6 +327,12 @@ pub struct Backend {
     /// SIP logical names this container owns (WebSphere's LN: SIP dialogs, and HTTP
     /// requests carrying `ibmappid`, of these names go to it, or to its replica).
     pub logical_names: Vec<String>,
+    /// `maxconn`: requests in flight to it at once, over all workers (HAProxy's server
+    /// `maxconn`); `None`: no limit.
+    pub maxconn: Option<u32>,
+    /// `maxqueue`: requests that may wait for one of its slots (with `maxconn`); more are
+    /// answered 503 at once.
+    pub maxqueue: u32,
     /// Removed by a reload: kept in its slot (its id stays reserved) but out of service.
     pub retired: bool,
 }
@@ -417,6 +423,11 @@ pub struct BackendTlsFiles {
     pub server_name: Option<String>,
     /// A client certificate and key, for backends that ask for one.
     pub client_cert: Option<(PathBuf, PathBuf)>,
+}
+
+impl Backend {
+    /// `maxqueue` when it is not configured.
+    pub const DEFAULT_MAXQUEUE: u32 = 1024;
 }
 
 impl Vip {

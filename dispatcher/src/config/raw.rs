@@ -124,6 +124,8 @@ pub(super) struct RawBackend {
     pub(super) clone_ids: Vec<Spanned<String>>,
     #[serde(default)]
     pub(super) logical_names: Vec<Spanned<String>>,
+    pub(super) maxconn: Option<Spanned<u32>>,
+    pub(super) maxqueue: Option<Spanned<u32>>,
 }
 
 #[derive(Debug, Deserialize)]

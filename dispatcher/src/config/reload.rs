@@ -109,6 +109,8 @@ impl Config {
                     replica: None,
                     clone_ids: Vec::new(),
                     logical_names: Vec::new(),
+                    maxconn: None,
+                    maxqueue: Backend::DEFAULT_MAXQUEUE,
                     retired: false,
                 })
                 .collect(),

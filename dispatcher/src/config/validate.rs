@@ -453,6 +453,25 @@ impl Ctx<'_> {
                 Some(w) => *w.get_ref(),
                 None => 100,
             };
+            let maxconn = b.maxconn.as_ref().and_then(|m| {
+                if !(1..=1_000_000).contains(m.get_ref()) {
+                    self.report(m.span(), &f("maxconn"), "must be 1..=1000000 (requests in flight at once)");
+                    return None;
+                }
+                Some(*m.get_ref())
+            });
+            let maxqueue = match &b.maxqueue {
+                Some(q) if maxconn.is_none() && b.maxconn.is_none() => {
+                    self.report(q.span(), &f("maxqueue"), "applies with maxconn only (no limit, no queue)");
+                    Backend::DEFAULT_MAXQUEUE
+                }
+                Some(q) if *q.get_ref() > 1_000_000 => {
+                    self.report(q.span(), &f("maxqueue"), "must be 0..=1000000");
+                    Backend::DEFAULT_MAXQUEUE
+                }
+                Some(q) => *q.get_ref(),
+                None => Backend::DEFAULT_MAXQUEUE,
+            };
             let replica = b.replica.as_ref().and_then(|r| match by_name.get(r.get_ref()) {
                 None => {
                     self.report(r.span(), &f("replica"), format!("names no backend: `{}`", r.get_ref()));
@@ -507,6 +526,8 @@ impl Ctx<'_> {
                 replica,
                 clone_ids: b.clone_ids.iter().map(|c| c.get_ref().clone()).collect(),
                 logical_names: b.logical_names.iter().map(|c| c.get_ref().clone()).collect(),
+                maxconn,
+                maxqueue,
                 retired: false,
             });
         }

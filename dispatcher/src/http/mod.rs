@@ -2,7 +2,8 @@
 //! one client connection (head -> route -> upstream -> response), `head` and `body` are
 //! the HTTP/1.1 message handling, `rewrite` builds the forwarded heads, `session` reads JSESSIONID, `route` picks the
 //! backend,
-//! `pool` keeps upstream connections, `hold` makes a request wait while its session's
+//! `pool` keeps upstream connections, `queue` bounds the requests in flight per backend
+//! (`maxconn`) and queues the rest, `hold` makes a request wait while its session's
 //! owner is suspect, `retry` says what may be replayed, `tunnel` carries upgraded
 //! connections, `io` is a connection's two halves (plain TCP or TLS, see `crate::tls`).
 
@@ -13,6 +14,7 @@ pub mod io;
 pub mod listener;
 pub mod pool;
 pub mod proxy;
+pub mod queue;
 pub mod retry;
 pub mod rewrite;
 pub mod route;

@@ -23,6 +23,7 @@ use super::{
     hold::{await_shared, hold, HoldEnd},
     io::{ReadSide, WriteSide},
     pool::{Pool, Upstream},
+    queue::Refused,
     retry::{is_idempotent, retry_allowed},
     rewrite::{build_request, build_response, is},
     route::{Decision, VipRoute},
@@ -648,8 +649,22 @@ impl ClientConn {
                 }
             }
             let be = &c.backends[backend];
+            // `maxconn`: a slot now, or a bounded wait in this backend's queue (a session's
+            // request never goes elsewhere for want of room).
+            let slot = match be.slots.take(s.queue_timeout).await {
+                Ok(slot) => slot,
+                Err(why) => {
+                    c.counters.queue_timeouts.fetch_add(1, Ordering::Relaxed);
+                    let msg = match why {
+                        Refused::QueueFull => "the server's queue is full",
+                        Refused::Timeout => "the server is busy",
+                    };
+                    send_error(w, 503, msg, Some(1)).await;
+                    return Next::Close;
+                }
+            };
             be.outstanding.fetch_add(1, Ordering::Relaxed);
-            let in_flight = InFlight(be);
+            let in_flight = (InFlight(be), slot);
             be.requests.fetch_add(1, Ordering::Relaxed);
             build_request(out, head, buf, peer.ip(), &ctx.host, &ctx.forwarded);
             let down = Downstream { client: &mut *client, w: &mut *w, scratch: &mut *scratch };

@@ -124,6 +124,10 @@ impl VipRoute {
     }
 
     fn balanced(&self, cluster: &Cluster) -> Option<usize> {
+        // Servers at their `maxconn` are passed over while another has room; when all are
+        // full, the pick queues on its server as usual.
+        let any_room = self.members.iter().map(|&b| &cluster.backends[b]).any(|be| be.is_up() && be.slots.has_room());
+        let eligible = |be: &crate::state::Backend| be.is_up() && (!any_room || be.slots.has_room());
         match self.balance {
             Balance::RoundRobin => {
                 // nginx's smooth weighted round robin: each pick adds every weight to its
@@ -133,7 +137,7 @@ impl VipRoute {
                 let mut best: Option<usize> = None;
                 for (i, &b) in self.members.iter().enumerate() {
                     let be = &cluster.backends[b];
-                    if !be.is_up() {
+                    if !eligible(be) {
                         continue;
                     }
                     cur[i] += be.weight as i64;
@@ -154,7 +158,7 @@ impl VipRoute {
                 for k in 0..n {
                     let b = self.members[(start + k) % n];
                     let be = &cluster.backends[b];
-                    if !be.is_up() {
+                    if !eligible(be) {
                         continue;
                     }
                     let (o, w) = (be.outstanding.load(Ordering::Relaxed), be.weight as u64);
@@ -173,6 +177,7 @@ mod tests {
     use super::*;
     use crate::{config::Config, http::session};
     use dispatcher_common::{Health, Operator};
+    use std::time::Duration;
 
     const CFG: &str = r#"
 [dispatcher]
@@ -313,6 +318,33 @@ mode = "http"
         }
         assert_eq!(n, [100, 300, 100], "smooth WRR is exact over a full cycle");
         assert_eq!(r.route(&c, None, false, true), Decision::Balanced(1));
+    }
+
+    #[tokio::test]
+    async fn servers_at_maxconn_are_passed_over_until_all_are_full_but_sessions_stay() {
+        let cfg = Config::parse(&CFG.replace("weight = 300", "weight = 300\nmaxconn = 1\nmaxqueue = 5"), "t").unwrap();
+        let c = Cluster::new(&cfg, &[Health::Up; 3], &[Operator::None; 3], None);
+        for balance in [Balance::RoundRobin, Balance::LeastOutstanding] {
+            let r = VipRoute::new(vec![0, 1], balance, true);
+            let full = c.backends[1].slots.take(Duration::ZERO).await.unwrap();
+            for _ in 0..10 {
+                assert_eq!(r.route(&c, None, false, true), Decision::Balanced(0), "b is full: a has room");
+            }
+            // b's own session still goes to b (it will queue there), never to a.
+            assert_eq!(route(&c, &r, "0000x:cB"), Decision::Affinity(1));
+            drop(full);
+            let picks: Vec<_> = (0..8).map(|_| r.route(&c, None, false, true)).collect();
+            assert!(picks.contains(&Decision::Balanced(1)), "room again: {picks:?}");
+        }
+        // Every server full: the pick is made as without limits (and queues).
+        let cfg = Config::parse(&CFG.replace("address = \"10.0.0.", "maxconn = 1\naddress = \"10.0.0."), "t").unwrap();
+        let c = Cluster::new(&cfg, &[Health::Up; 3], &[Operator::None; 3], None);
+        let mut _slots = Vec::new();
+        for b in &c.backends {
+            _slots.push(b.slots.take(Duration::ZERO).await.unwrap());
+        }
+        let r = VipRoute::new(vec![0, 1, 2], Balance::RoundRobin, true);
+        assert!(matches!(r.route(&c, None, false, true), Decision::Balanced(_)));
     }
 
     #[test]
