@@ -11,6 +11,7 @@ use dispatcher_common::{effective_state, Health, Operator};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::{
+    access_log::AccessLog,
     admin::{self, Admin},
     config::Config,
     control::AdminCommand,
@@ -183,7 +184,8 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
         _ => None,
     };
     crate::steering::set_leaving(false);
-    let mut live = Running::start(Arc::new(cfg.clone()), cluster, &tables, &rt, None)?;
+    let access_log = cfg.access_log.as_ref().map(|s| AccessLog::start(s, cluster.counters.clone())).transpose()?;
+    let mut live = Running::start(Arc::new(cfg.clone()), cluster, &tables, &rt, None, access_log)?;
     // Announced once the VIPs are served.
     let mut announcer = match &cfg.announce {
         Some(a) => Some(crate::announce::Announcer::start(a).context("creating the announcement interfaces")?),
@@ -398,6 +400,8 @@ struct Running {
     server: Option<HttpServer>,
     control: tokio::task::JoinHandle<()>,
     commands: tokio::sync::mpsc::UnboundedSender<AdminCommand>,
+    /// `[access_log]`'s writer (kept across reloads, its file reopened by each).
+    access_log: Option<Arc<AccessLog>>,
 }
 
 impl Running {
@@ -409,16 +413,20 @@ impl Running {
         tables: &Arc<std::sync::Mutex<Tables>>,
         rt: &tokio::runtime::Runtime,
         predecessor: Option<&HttpServer>,
+        access_log: Option<Arc<AccessLog>>,
     ) -> anyhow::Result<Running> {
         let server = if cfg.vips.iter().any(|v| v.serves_http()) {
-            Some(HttpServer::start(&cfg, cluster.clone(), predecessor).context("starting the HTTP VIPs")?)
+            Some(
+                HttpServer::start(&cfg, cluster.clone(), predecessor, access_log.as_ref())
+                    .context("starting the HTTP VIPs")?,
+            )
         } else {
             None
         };
         // Health checks, failed requests and operator commands decide the backends' states.
         let (commands, commands_rx) = tokio::sync::mpsc::unbounded_channel();
         let control = rt.spawn(crate::control::run((*cfg).clone(), cluster.clone(), tables.clone(), commands_rx));
-        Ok(Running { cfg, cluster, server, control, commands })
+        Ok(Running { cfg, cluster, server, control, commands, access_log })
     }
 
     fn view(&self) -> Live {
@@ -454,9 +462,19 @@ impl Running {
         let (states, ops) = map_bytes(&health, &admin);
         // The learned clone table first: the new listeners route learned IDs from their
         // first request.
+        // The access log's file is opened again (log rotation): one that cannot be opened
+        // refuses the reload, and the old one stays in use.
+        let access_log = match (&merged.access_log, &self.access_log) {
+            (Some(s), Some(log)) if s.buffer == log.settings().buffer => {
+                log.reopen(s).map_err(|e| format!("{e:#}"))?;
+                Some(log.clone())
+            }
+            (Some(s), _) => Some(AccessLog::start(s, self.cluster.counters.clone()).map_err(|e| format!("{e:#}"))?),
+            (None, _) => None,
+        };
         let cluster = Cluster::successor_of(&merged, &health, &admin, &self.cluster);
         let merged = Arc::new(merged);
-        let next = Running::start(merged.clone(), cluster.clone(), tables, rt, self.server.as_ref())
+        let next = Running::start(merged.clone(), cluster.clone(), tables, rt, self.server.as_ref(), access_log)
             .map_err(|e| format!("{e:#}"))?;
         tables.lock().unwrap().apply(&merged, &states, &ops).map_err(|e| format!("writing the maps: {e}"))?;
         if let Err(e) = dataplane::ids::save(&merged) {

@@ -8,7 +8,9 @@
 //! `control` (health checks from `health`, failed requests, operator commands).
 //! HTTPS: `tls` (termination on HTTP VIPs, TLS to backends), under `http`'s `io` halves.
 //! Running under systemd: `notify` (readiness, watchdog) and `logging` (journal format).
+//! What happened to each request: `access_log` (written off the request path).
 
+pub mod access_log;
 pub mod admin;
 pub mod agent;
 pub mod announce;

@@ -147,6 +147,9 @@ pub struct Counters {
     /// Requests in flight to any backend, and retries among them (the retry budget).
     pub in_flight: AtomicU64,
     pub retries_in_flight: AtomicU64,
+    /// Access log lines written, and dropped because the writer was behind.
+    pub access_log_lines: AtomicU64,
+    pub access_log_dropped: AtomicU64,
 }
 
 pub struct Cluster {

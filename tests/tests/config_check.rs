@@ -100,6 +100,11 @@ learn_wait = "250ms"
 [announce]
 http_interface = "dsp-http"
 l4_interface = "dsp-l4"
+
+[access_log]
+path = "/var/log/dispatcher/access.log"
+format = "json"
+buffer = 65536
 "#;
 
 static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -248,6 +253,10 @@ fn every_validation_message_names_line_and_field() {
         ("http_interface = \"dsp-http\"", 0, "http_interface = \"a-very-long-ifname\"", "announce.http_interface: an interface name: 1 to 15 of [A-Za-z0-9._-]", None),
         ("l4_interface = \"dsp-l4\"", 0, "l4_interface = \"fifteen-chars-x\"", "announce.l4_interface: an interface name: 1 to 14 of [A-Za-z0-9._-]", None),
         ("l4_interface = \"dsp-l4\"", 0, "l4_interface = \"dsp-http\"", "announce.l4_interface: must differ from announce.http_interface", None),
+        // [access_log]
+        ("path = \"/var/log/dispatcher/access.log\"", 0, "path = \"access.log\"", "access_log.path: must be an absolute path, or \"-\" for standard output", None),
+        ("format = \"json\"", 0, "format = \"clf\"", "access_log.format: `clf` is not one of json, haproxy", None),
+        ("buffer = 65536", 0, "buffer = 1", "access_log.buffer: must be 16..=4194304 (lines waiting for the writer)", None),
         // The file's shape (from the TOML parser).
         ("weight = 100", 0, "wieght = 100", "unknown field `wieght`, expected one of", None),
         ("interface = \"eth0\"\n", 0, "", "missing field `interface`", Some("[dispatcher]")),
@@ -345,6 +354,7 @@ fn the_readme_example_validates_and_documents_every_field() {
         ("max_connections = 1000", "vip.tls"),
         ("max_connections = 1000", "vip.tls.certificate"),
         ("max_connections = 1000", "vip.backend_tls"),
+        ("format = \"json\"", "access_log"),
     ] {
         // A sub-table of the `web` VIP holding the unknown field.
         let anchor_text = match table {

@@ -630,3 +630,118 @@ fn maxconn_queues_a_sessions_requests_at_its_owner_and_balances_the_rest_elsewhe
     let text = tb.dispatcher_cmd(&["status", "--config", &cfg]);
     assert!(text.contains("queue b0: 0 of maxconn 2 in flight, 0 of 2 queued; queued 2"), "{text}");
 }
+
+/// `[access_log]`: one line per request with what happened to it, the file reopened on
+/// reload (rotation loses no line), JSON or HAProxy's layout.
+#[test]
+fn the_access_log_records_every_request_and_follows_rotation() {
+    let mut tb = Testbed::new(2, &[VIP]);
+    tb.add_local_vip(VIP);
+    let cluster = websphere::Cluster::new(2);
+    tb.start_websphere(&cluster, BACKEND_PORT);
+    let log = tb.workdir.join("access.log");
+    let (instance, backends) = (tb.instance().to_string(), tb.backend_config_with_clones(&[], &cluster.clone_ids));
+    let config = |format: &str| {
+        format!(
+            "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{instance}\"\n\n[health]\npath = \"/health\"\ninterval = \"200ms\"\n\n[access_log]\npath = \"{}\"\nformat = \"{format}\"\n\n{backends}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = {PORT}\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\n",
+            log.display(),
+        )
+    };
+    let path = tb.write_config(&config("json"));
+    tb.start_dispatcher(&path);
+    let cfg = path.to_str().unwrap().to_string();
+    let addr: SocketAddr = format!("{VIP}:{PORT}").parse().unwrap();
+    let request_bytes = |c: &Client, path: &str| {
+        let cookie = c.jar.as_ref().map(|j| format!("Cookie: JSESSIONID={j}\r\n")).unwrap_or_default();
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n{cookie}\r\n").len() as u64
+    };
+    // A new session (balanced), then 3 requests in it (affinity).
+    let mut c = Client::new(&tb.client, addr);
+    let mut sent = Vec::new();
+    for i in 0..4 {
+        let p = format!("/app/{i}?x=\"q\"");
+        sent.push(request_bytes(&c, &p));
+        assert_eq!(c.get(&p).unwrap().status, 200);
+    }
+    let owner = cluster.hits()[0].backend;
+    let wait_lines = |file: &std::path::Path, n: usize| {
+        let t = Instant::now();
+        loop {
+            let text = std::fs::read_to_string(file).unwrap_or_default();
+            if text.lines().count() >= n || t.elapsed() > Duration::from_secs(5) {
+                return text;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let text = wait_lines(&log, 4);
+    let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).expect(l)).collect();
+    assert_eq!(lines.len(), 4, "{text}");
+    for (i, l) in lines.iter().enumerate() {
+        assert_eq!(l["vip"], "app");
+        assert!(l["client"].as_str().unwrap().starts_with(&format!("{}:", dispatcher_tests::netns::CLIENT_IP)), "{l}");
+        assert_eq!(l["request"], format!("GET /app/{i}?x=\"q\""));
+        assert_eq!(l["status"], 200);
+        assert_eq!(l["backend"], format!("b{owner}"));
+        assert_eq!(l["bytes_in"].as_u64(), Some(sent[i]), "the request's bytes: {l}");
+        assert!(l["bytes_out"].as_u64().unwrap() > 100, "{l}");
+        let (total, resp) = (l["total_us"].as_u64().unwrap(), l["response_us"].as_u64().unwrap());
+        assert!(l["connect_us"].as_u64().unwrap() <= resp && resp <= total, "{l}");
+        assert_eq!(l["held"], false);
+        assert_eq!(l["wait_us"], serde_json::Value::Null);
+    }
+    assert_eq!((lines[0]["decision"].as_str(), lines[0]["session"].as_str()), (Some("balanced"), None));
+    let own_id = cluster.clone_ids[owner].as_str();
+    assert_eq!((lines[3]["decision"].as_str(), lines[3]["session"].as_str()), (Some("affinity"), Some(own_id)));
+
+    // The owner dies: its session's next request is held while it is suspect, then goes
+    // to the replica.
+    tb.kill_servers_of(owner);
+    cluster.kill(owner);
+    let r = c.get("/after").unwrap();
+    assert_eq!(r.status, 200);
+    let text = wait_lines(&log, 5);
+    let l: serde_json::Value = serde_json::from_str(text.lines().nth(4).unwrap()).unwrap();
+    assert_eq!(
+        (l["decision"].as_str(), l["backend"].as_str()),
+        (Some("failed_over"), Some(format!("b{}", owner ^ 1).as_str())),
+        "{l}"
+    );
+    assert_eq!(l["session"].as_str(), Some(own_id), "routed by the dead owner's clone ID: {l}");
+    assert!(
+        l["held"] == true && l["wait_us"].as_u64().unwrap() > 0 || l["retries"].as_u64().unwrap() > 0,
+        "held or retried: {l}"
+    );
+
+    // Rotation: the file is moved away and the agent reloaded; the next lines go to a new
+    // file at the configured path, in the reloaded format, and none is lost.
+    let rotated = tb.workdir.join("access.log.1");
+    std::fs::rename(&log, &rotated).unwrap();
+    std::fs::write(&path, config("haproxy")).unwrap();
+    let out = tb.dispatcher_cmd(&["reload", "--config", &cfg]);
+    assert!(out.contains("reloaded"), "{out}");
+    let mut fresh = Client::new(&tb.client, addr);
+    assert_eq!(fresh.get("/new").unwrap().status, 200);
+    let text = wait_lines(&log, 1);
+    assert_eq!(std::fs::read_to_string(&rotated).unwrap().lines().count(), 5);
+    let line = text.lines().next().unwrap();
+    let client = format!("{}:", dispatcher_tests::netns::CLIENT_IP);
+    assert!(
+        line.starts_with(&client) && line.contains("] app b") && line.ends_with(" balanced \"GET /new\""),
+        "{line}"
+    );
+    let timers = line.split(' ').nth(4).unwrap();
+    assert_eq!(timers.split('/').count(), 5, "Th/Tw/Tc/Tr/Ta: {line}");
+
+    // A path that cannot be opened refuses the reload, and logging goes on in the old file.
+    std::fs::write(&path, config("json").replace(&log.display().to_string(), "/nonexistent/dir/access.log")).unwrap();
+    let out =
+        tb.lb.command(dispatcher_tests::netns::dispatcher_bin()).args(["reload", "--config", &cfg]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("opening the access log /nonexistent/dir/access.log"), "{err}");
+    assert_eq!(fresh.get("/still").unwrap().status, 200);
+    assert!(wait_lines(&log, 2).lines().nth(1).is_some_and(|l| l.ends_with("\"GET /still\"")));
+    let metrics = tb.dispatcher_cmd(&["metrics", "--config", &cfg]);
+    assert!(metrics.lines().any(|l| l == "dispatcher_access_log_lines_total 7"), "{metrics}");
+    assert!(metrics.lines().any(|l| l == "dispatcher_access_log_dropped_total 0"));
+}

@@ -84,6 +84,9 @@ enum Cmd {
         /// connections/s (full and resumed handshakes), memory per idle TLS connection.
         #[arg(long)]
         tls: bool,
+        /// The access log's cost: requests/s with `[access_log]` off and on.
+        #[arg(long)]
+        access_log: bool,
         /// Fewer runs per case.
         #[arg(long)]
         quick: bool,
@@ -144,11 +147,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             exec_built("demo", &args)
         }
-        Cmd::Bench { xdp, http, failover, l4, scaling, cluster, scale_out, sip, tls, quick } => {
+        Cmd::Bench { xdp, http, failover, l4, scaling, cluster, scale_out, sip, tls, access_log, quick } => {
             require_root("the benchmarks load BPF programs and create network namespaces")?;
             setup::setup()?;
-            let all = !xdp && !http && !failover && !l4 && !scaling && !cluster && !scale_out && !sip && !tls;
-            if all || http || failover || l4 || cluster || scale_out || tls {
+            let all =
+                !xdp && !http && !failover && !l4 && !scaling && !cluster && !scale_out && !sip && !tls && !access_log;
+            if all || http || failover || l4 || cluster || scale_out || tls || access_log {
                 // The peers measured beside the dispatcher, and the load generator.
                 setup::ensure_packages(&["haproxy", "nginx", "wrk", "nftables"])?;
             }
@@ -170,6 +174,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 (scale_out, "--scale-out"),
                 (sip, "--sip"),
                 (tls, "--tls"),
+                (access_log, "--access-log"),
                 (quick, "--quick"),
             ] {
                 if on {

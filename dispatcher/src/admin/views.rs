@@ -236,8 +236,20 @@ pub fn metrics(a: &Admin) -> String {
     );
     counter(
         &mut o,
+        "dispatcher_access_log_lines_total",
+        "Access log lines written.",
+        k.access_log_lines.load(Ordering::Relaxed),
+    );
+    counter(
+        &mut o,
+        "dispatcher_access_log_dropped_total",
+        "Access log lines dropped because the writer was behind (requests are never delayed for the log).",
+        k.access_log_dropped.load(Ordering::Relaxed),
+    );
+    counter(
+        &mut o,
         "dispatcher_queue_timeouts_total",
-        "Requests answered 503 busy: their backend stayed at its connection limit for the queue timeout.",
+        "Requests answered 503 busy: no connection or maxconn slot came free in time, or the backend's queue was full.",
         k.queue_timeouts.load(Ordering::Relaxed),
     );
     counter(

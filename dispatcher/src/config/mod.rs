@@ -107,6 +107,31 @@ pub struct Config {
     pub cluster: Option<ClusterSettings>,
     /// `[announce]`: the interfaces BIRD announces the VIPs from (see `announce`).
     pub announce: Option<AnnounceSettings>,
+    /// `[access_log]`: one line per HTTP request (see `access_log`); `None`: off.
+    pub access_log: Option<AccessLogSettings>,
+}
+
+/// `[access_log]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AccessLogSettings {
+    /// A file (appended to, reopened on every reload), or `None` for standard output.
+    pub path: Option<PathBuf>,
+    pub format: AccessLogFormat,
+    /// Lines waiting for the writer; beyond, lines are dropped and counted (the request
+    /// path never waits for the disk).
+    pub buffer: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AccessLogFormat {
+    /// One JSON object per line.
+    Json,
+    /// HAProxy's HTTP log layout (client, date, frontend, backend/server, timers...).
+    Haproxy,
+}
+
+impl AccessLogSettings {
+    pub const DEFAULT_BUFFER: usize = 65_536;
 }
 
 /// `[cluster]`: the shared store and this dispatcher's place in it (see `shared`).

@@ -19,6 +19,15 @@ pub(super) struct RawConfig {
     pub(super) health: Option<Spanned<RawHealth>>,
     pub(super) cluster: Option<Spanned<RawCluster>>,
     pub(super) announce: Option<Spanned<RawAnnounce>>,
+    pub(super) access_log: Option<Spanned<RawAccessLog>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAccessLog {
+    pub(super) path: Spanned<String>,
+    pub(super) format: Option<Spanned<String>>,
+    pub(super) buffer: Option<Spanned<usize>>,
 }
 
 #[derive(Debug, Deserialize)]

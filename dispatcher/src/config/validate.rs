@@ -191,6 +191,7 @@ impl Ctx<'_> {
         let mut http = http;
         http.learn_wait = cluster.as_ref().map(|c| c.learn_wait).unwrap_or_default();
         let announce = raw.announce.as_ref().map(|a| self.announce(a.get_ref()));
+        let access_log = raw.access_log.as_ref().map(|a| self.access_log(a.get_ref()));
         Config {
             interface: d.interface,
             instance: d.instance,
@@ -208,7 +209,36 @@ impl Ctx<'_> {
             health,
             cluster,
             announce,
+            access_log,
         }
+    }
+
+    /// `[access_log]`.
+    fn access_log(&self, a: &RawAccessLog) -> AccessLogSettings {
+        let p = a.path.get_ref();
+        let path = if p == "-" {
+            None
+        } else {
+            if !p.starts_with('/') {
+                self.report(a.path.span(), "access_log.path", "must be an absolute path, or \"-\" for standard output");
+            }
+            Some(PathBuf::from(p))
+        };
+        let format = self.choice(
+            &a.format,
+            "access_log.format",
+            AccessLogFormat::Json,
+            &[("json", AccessLogFormat::Json), ("haproxy", AccessLogFormat::Haproxy)],
+        );
+        let buffer = match &a.buffer {
+            Some(b) if !(16..=1 << 22).contains(b.get_ref()) => {
+                self.report(b.span(), "access_log.buffer", "must be 16..=4194304 (lines waiting for the writer)");
+                AccessLogSettings::DEFAULT_BUFFER
+            }
+            Some(b) => *b.get_ref(),
+            None => AccessLogSettings::DEFAULT_BUFFER,
+        };
+        AccessLogSettings { path, format, buffer }
     }
 
     /// `[cluster]`.

@@ -30,6 +30,8 @@ pub struct Inbound<R> {
     chunk: usize,
     /// What the reads took, when metered (a client's, for the body rate).
     meter: Option<std::sync::Arc<Meter>>,
+    /// Bytes read so far (the access log's bytes in).
+    pub total_read: u64,
 }
 
 const READ_CHUNK: usize = 16 * 1024;
@@ -42,7 +44,7 @@ impl<R: AsyncRead + Unpin> Inbound<R> {
     /// A reader that allocates `chunk` bytes at a time, and nothing before its first read
     /// (an idle client connection costs no buffer).
     pub fn with_chunk(io: R, chunk: usize) -> Self {
-        Inbound { io, buf: BytesMut::new(), chunk, meter: None }
+        Inbound { io, buf: BytesMut::new(), chunk, meter: None, total_read: 0 }
     }
 
     /// Counts the bytes read from now on; the counter can be watched while the reader is
@@ -61,6 +63,7 @@ impl<R: AsyncRead + Unpin> Inbound<R> {
         drop(waiting);
         match read {
             Ok(Ok(n)) => {
+                self.total_read += n as u64;
                 if let Some(m) = &self.meter {
                     m.bytes.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
                 }

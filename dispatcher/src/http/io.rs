@@ -25,7 +25,13 @@ pub enum ReadSide {
     Tls(tokio::io::ReadHalf<TlsConn>),
 }
 
-pub enum WriteSide {
+/// The write half, and how many bytes it has taken (the access log's bytes out).
+pub struct WriteSide {
+    half: WriteHalf,
+    pub written: u64,
+}
+
+enum WriteHalf {
     Plain(OwnedWriteHalf),
     Tls(tokio::io::WriteHalf<TlsConn>),
 }
@@ -35,13 +41,13 @@ pub enum WriteSide {
 pub fn split_plain(s: TcpStream) -> (ReadSide, WriteSide, RawFd) {
     let fd = s.as_raw_fd();
     let (r, w) = s.into_split();
-    (ReadSide::Plain(r), WriteSide::Plain(w), fd)
+    (ReadSide::Plain(r), WriteSide { half: WriteHalf::Plain(w), written: 0 }, fd)
 }
 
 pub fn split_tls(s: TlsConn) -> (ReadSide, WriteSide, RawFd) {
     let fd = s.get_ref().0.as_raw_fd();
     let (r, w) = tokio::io::split(s);
-    (ReadSide::Tls(r), WriteSide::Tls(w), fd)
+    (ReadSide::Tls(r), WriteSide { half: WriteHalf::Tls(w), written: 0 }, fd)
 }
 
 impl ReadSide {
@@ -70,10 +76,15 @@ impl AsyncRead for ReadSide {
 
 impl AsyncWrite for WriteSide {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            WriteSide::Plain(w) => Pin::new(w).poll_write(cx, buf),
-            WriteSide::Tls(w) => Pin::new(w).poll_write(cx, buf),
+        let me = self.get_mut();
+        let r = match &mut me.half {
+            WriteHalf::Plain(w) => Pin::new(w).poll_write(cx, buf),
+            WriteHalf::Tls(w) => Pin::new(w).poll_write(cx, buf),
+        };
+        if let Poll::Ready(Ok(n)) = r {
+            me.written += n as u64;
         }
+        r
     }
 
     fn poll_write_vectored(
@@ -81,31 +92,36 @@ impl AsyncWrite for WriteSide {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            WriteSide::Plain(w) => Pin::new(w).poll_write_vectored(cx, bufs),
-            WriteSide::Tls(w) => Pin::new(w).poll_write_vectored(cx, bufs),
+        let me = self.get_mut();
+        let r = match &mut me.half {
+            WriteHalf::Plain(w) => Pin::new(w).poll_write_vectored(cx, bufs),
+            WriteHalf::Tls(w) => Pin::new(w).poll_write_vectored(cx, bufs),
+        };
+        if let Poll::Ready(Ok(n)) = r {
+            me.written += n as u64;
         }
+        r
     }
 
     fn is_write_vectored(&self) -> bool {
-        match self {
-            WriteSide::Plain(w) => w.is_write_vectored(),
-            WriteSide::Tls(w) => w.is_write_vectored(),
+        match &self.half {
+            WriteHalf::Plain(w) => w.is_write_vectored(),
+            WriteHalf::Tls(w) => w.is_write_vectored(),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            WriteSide::Plain(w) => Pin::new(w).poll_flush(cx),
-            WriteSide::Tls(w) => Pin::new(w).poll_flush(cx),
+        match &mut self.get_mut().half {
+            WriteHalf::Plain(w) => Pin::new(w).poll_flush(cx),
+            WriteHalf::Tls(w) => Pin::new(w).poll_flush(cx),
         }
     }
 
     /// On TLS: a close_notify alert, then the socket's write side.
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            WriteSide::Plain(w) => Pin::new(w).poll_shutdown(cx),
-            WriteSide::Tls(w) => Pin::new(w).poll_shutdown(cx),
+        match &mut self.get_mut().half {
+            WriteHalf::Plain(w) => Pin::new(w).poll_shutdown(cx),
+            WriteHalf::Tls(w) => Pin::new(w).poll_shutdown(cx),
         }
     }
 }

@@ -41,6 +41,7 @@ use super::{
     route::VipRoute,
 };
 use crate::{
+    access_log::AccessLog,
     config::{Config, Vip},
     state::Cluster,
     tls::{server::ServerTls, upstream::BackendTls},
@@ -131,11 +132,18 @@ struct VipShared {
     tls: Option<Arc<ServerTls>>,
     /// Per backend (indexed like `Config::backends`), for a VIP with `backend_tls`.
     backend_tls: Vec<Option<Arc<BackendTls>>>,
+    /// Where its requests are logged (`[access_log]`).
+    log: Option<super::proxy::LogTo>,
 }
 
 /// Reads the TLS files of every HTTP VIP (once, before any worker starts): an error
 /// names the VIP and the file, and nothing starts.
-fn vip_shared(cfg: &Config, cluster: &Arc<Cluster>) -> std::io::Result<Vec<VipShared>> {
+fn vip_shared(
+    cfg: &Config,
+    cluster: &Arc<Cluster>,
+    access_log: Option<&Arc<AccessLog>>,
+) -> std::io::Result<Vec<VipShared>> {
+    let backend_names: Arc<[Arc<str>]> = cfg.backends.iter().map(|b| Arc::from(b.name.as_str())).collect();
     let handshakes = cluster.tls_handshakes.1.clone();
     let fail = |v: &Vip, e: anyhow::Error| std::io::Error::other(format!("VIP {}: {e:#}", v.name));
     let mut out = Vec::new();
@@ -163,6 +171,11 @@ fn vip_shared(cfg: &Config, cluster: &Arc<Cluster>) -> std::io::Result<Vec<VipSh
             route: Arc::new(VipRoute::new(v.backends.clone(), v.balance, v.fail_back)),
             tls,
             backend_tls,
+            log: access_log.map(|sink| super::proxy::LogTo {
+                sink: sink.clone(),
+                vip: Arc::from(v.name.as_str()),
+                backends: backend_names.clone(),
+            }),
         });
     }
     Ok(out)
@@ -201,6 +214,7 @@ fn worker_vips(
             session_format: v.session_format,
             forwarded: super::rewrite::forwarded_fields(v.tls.is_some(), v.port),
             redirect: v.redirect_to.clone(),
+            log: sh.log.clone(),
         });
         out.push((ctx, listener_for(v, &mut inherited)?));
     }
@@ -283,13 +297,19 @@ impl HttpServer {
     /// Starts `http.workers` event loops, each accepting on every HTTP VIP (the VIP
     /// address must be local, e.g. on `lo`), taking over `predecessor`'s listening
     /// sockets where worker and address match. Returns once all are listening.
-    pub fn start(cfg: &Config, cluster: Arc<Cluster>, predecessor: Option<&HttpServer>) -> std::io::Result<HttpServer> {
+    /// `access_log`: where requests are logged (`None`: not logged).
+    pub fn start(
+        cfg: &Config,
+        cluster: Arc<Cluster>,
+        predecessor: Option<&HttpServer>,
+        access_log: Option<&Arc<AccessLog>>,
+    ) -> std::io::Result<HttpServer> {
         let (stop, _) = watch::channel(false);
         // The cluster's count, which a reload's successor shares: the caps count the
         // connections still draining on the previous listeners.
         let active = cluster.client_connections.clone();
         // One route (balancing state) per VIP, shared by the workers: weights stay exact.
-        let shared = vip_shared(cfg, &cluster)?;
+        let shared = vip_shared(cfg, &cluster, access_log)?;
         let tls: Vec<Arc<ServerTls>> = shared.iter().filter_map(|s| s.tls.clone()).collect();
         let addrs = cfg.vips.iter().filter(|v| v.serves_http()).map(|v| SocketAddr::new(v.address, v.port)).collect();
         let nofile = descriptor_limit();

@@ -32,6 +32,7 @@ use super::{
     Counted,
 };
 use crate::{
+    access_log::{AccessLog, Decision as LogDecision, Entry, MAX_REQUEST_LINE},
     config::{HttpSettings, Redirect, SessionFormat},
     state::Cluster,
     tls::server::ServerTls,
@@ -60,6 +61,8 @@ pub struct VipCtx {
     pub redirect: Option<Redirect>,
     /// How JSESSIONID names its server on this VIP.
     pub session_format: SessionFormat,
+    /// `[access_log]`: where its requests are logged.
+    pub log: Option<LogTo>,
 }
 
 /// After the listener stops: how long an idle keep-alive client has to send its next
@@ -76,7 +79,8 @@ enum Next {
 }
 
 enum HeadRead {
-    Head(RequestHead),
+    /// A head, and when its first byte was at hand.
+    Head(RequestHead, Instant),
     /// The client closed (or idled out, or the agent is stopping) between requests.
     Closed,
     Reject(Reject),
@@ -122,6 +126,119 @@ async fn send_error<W: AsyncWrite + Unpin>(w: &mut W, status: u16, why: &str, re
     write_client(w, head.as_bytes(), ERROR_WRITE_DEADLINE).await;
 }
 
+/// The dispatcher's own answer to a request, as the access log records it.
+async fn refuse<W: AsyncWrite + Unpin>(w: &mut W, t: &mut Trace, status: u16, why: &str, retry_after: Option<u32>) {
+    t.status = status;
+    send_error(w, status, why, retry_after).await;
+}
+
+/// An HTTP VIP's access log: the writer, and the names its entries carry.
+#[derive(Clone)]
+pub struct LogTo {
+    pub sink: Arc<AccessLog>,
+    pub vip: Arc<str>,
+    /// Indexed like `Config::backends`.
+    pub backends: Arc<[Arc<str>]>,
+}
+
+/// What happened to one request, for the access log (kept whether or not it is logged:
+/// a few instants and numbers).
+struct Trace {
+    started: Instant,
+    head_done: Instant,
+    backend: Option<usize>,
+    decision: LogDecision,
+    /// The clone ID (route, logical name) it was routed by; filled only when logging.
+    session: Option<Box<[u8]>>,
+    held: bool,
+    wait: Duration,
+    retries: u32,
+    connected: Option<Instant>,
+    response: Option<Instant>,
+    status: u16,
+}
+
+impl Trace {
+    fn new(started: Instant) -> Trace {
+        Trace {
+            started,
+            head_done: Instant::now(),
+            backend: None,
+            decision: LogDecision::None,
+            session: None,
+            held: false,
+            wait: Duration::ZERO,
+            retries: 0,
+            connected: None,
+            response: None,
+            status: 0,
+        }
+    }
+
+    /// The backend chosen (on a retry, the last one): an owner of the session (affinity),
+    /// a replica (failed over), or balanced.
+    fn routed(&mut self, ctx: &VipCtx, backend: usize, d: &Decision, sess: Option<&session::SessionId>) {
+        self.backend = Some(backend);
+        let owned = |s: &session::SessionId| owned_by(&ctx.cluster, s, backend).is_some();
+        self.decision = match (d, sess) {
+            (Decision::Affinity(_), Some(s)) if !owned(s) => LogDecision::FailedOver,
+            (Decision::Affinity(_), _) => LogDecision::Affinity,
+            _ => LogDecision::Balanced,
+        };
+        if ctx.log.is_some() {
+            let c = &ctx.cluster;
+            let by = sess.and_then(|s| {
+                owned_by(c, s, backend)
+                    .or_else(|| {
+                        s.clones.iter().find(|id| c.owner(id).is_some_and(|(_, r)| r == Some(backend))).copied()
+                    })
+                    .or(s.clones.first().copied())
+            });
+            self.session = by.map(Box::from);
+        }
+    }
+}
+
+/// The session's clone ID that `backend` owns.
+fn owned_by<'a>(c: &Cluster, s: &session::SessionId<'a>, backend: usize) -> Option<&'a [u8]> {
+    s.clones.iter().find(|id| c.owner(id).is_some_and(|(o, _)| o == backend)).copied()
+}
+
+impl LogTo {
+    fn entry(&self, t: &Trace, head: &RequestHead, buf: &[u8], client: SocketAddr, bytes_in: u64, bytes_out: u64) {
+        let us = |i: Instant| i.saturating_duration_since(t.started).as_micros() as u64;
+        let method = &buf[head.method.clone()];
+        let target = &buf[head.target.clone()];
+        let mut request = Vec::with_capacity((method.len() + 1 + target.len()).min(MAX_REQUEST_LINE + 3));
+        request.extend_from_slice(method);
+        request.push(b' ');
+        request.extend_from_slice(target);
+        if request.len() > MAX_REQUEST_LINE {
+            request.truncate(MAX_REQUEST_LINE);
+            request.extend_from_slice(b"...");
+        }
+        self.sink.log(Entry {
+            at: std::time::SystemTime::now() - t.started.elapsed(),
+            vip: self.vip.clone(),
+            client,
+            request: request.into(),
+            backend: t.backend.and_then(|b| self.backends.get(b).cloned()),
+            session: t.session.clone(),
+            decision: t.decision,
+            held: t.held,
+            retries: t.retries,
+            status: t.status,
+            bytes_in,
+            bytes_out,
+            head_us: us(t.head_done),
+            wait_us: t.held.then_some(t.wait.as_micros() as u64),
+            connect_us: t.connected.map(us),
+            response_us: t.response.map(us),
+            total_us: t.started.elapsed().as_micros() as u64,
+        });
+    }
+}
+
 /// One client connection: the VIP it came to, the client's two halves, and the buffers
 /// its requests reuse.
 struct ClientConn {
@@ -161,8 +278,8 @@ pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut st
     let client = Inbound::with_chunk(r, 4096);
     let mut conn = ClientConn { ctx, peer, steer_slot, client, w, out: Vec::new(), scratch: Vec::new() };
     loop {
-        let head = match read_head(&conn.ctx, &mut conn.client, &mut conn.scratch, &mut stop).await {
-            HeadRead::Head(h) => h,
+        let (head, head_started) = match read_head(&conn.ctx, &mut conn.client, &mut conn.scratch, &mut stop).await {
+            HeadRead::Head(h, t) => (h, t),
             HeadRead::Closed => return,
             HeadRead::Reject(r) => {
                 send_error(&mut conn.w, r.status, r.reason, None).await;
@@ -197,7 +314,7 @@ pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut st
         let closing = *stop.borrow();
         // Boxed: the exchange's (large) state exists only while a request is in flight,
         // so an idle keep-alive connection's task stays small.
-        let next = Box::pin(conn.exchange(&head, &head_bytes, closing)).await;
+        let next = Box::pin(conn.exchange(&head, &head_bytes, closing, head_started)).await;
         // Keep the header index's allocation for the next request.
         conn.scratch = head.headers;
         match next {
@@ -268,9 +385,9 @@ async fn read_head(
     }
     loop {
         if !client.buf.is_empty() {
-            deadline.get_or_insert_with(|| Instant::now() + ctx.settings.header_timeout);
+            let d = *deadline.get_or_insert_with(|| Instant::now() + ctx.settings.header_timeout);
             match parse_request(&client.buf, &ctx.limits, scratch) {
-                Ok(Some(h)) => return HeadRead::Head(h),
+                Ok(Some(h)) => return HeadRead::Head(h, d - ctx.settings.header_timeout),
                 Ok(None) => {}
                 Err(r) => return HeadRead::Reject(r),
             }
@@ -423,6 +540,7 @@ async fn send<R: AsyncRead + Unpin>(
     down: Downstream<'_, R>,
     out: &[u8],
     buffered_body: Option<&[u8]>,
+    connected: &mut Option<Instant>,
 ) -> Result<(Upstream, ResponseHead, bool), SendFail> {
     let Downstream { client, w, scratch } = down;
     let s = &ctx.settings;
@@ -433,6 +551,7 @@ async fn send<R: AsyncRead + Unpin>(
     let has_body = head.framing != Framing::None && buffered_body.is_none();
     let trusted = matches!(be.state(), BackendState::Up | BackendState::Drain);
     let mut up = pool.get(trusted).await.map_err(SendFail::Unreachable)?;
+    *connected = Some(Instant::now());
     let mut fresh_tried = false;
     loop {
         let replaceable = up.reused && !has_body && !fresh_tried;
@@ -538,8 +657,24 @@ impl Drop for InFlight<'_> {
 }
 
 impl ClientConn {
-    /// One request and its response (`buf` holds the head `head` was parsed from).
-    async fn exchange(&mut self, head: &RequestHead, buf: &BytesMut, closing: bool) -> Next {
+    /// One request and its response, logged when the VIP has an access log.
+    async fn exchange(&mut self, head: &RequestHead, buf: &BytesMut, closing: bool, started: Instant) -> Next {
+        let mut t = Trace::new(started);
+        let Some(log) = self.ctx.log.clone() else {
+            return self.routed(head, buf, closing, &mut t).await;
+        };
+        let (read0, buffered0, written0) = (self.client.total_read, self.client.buf.len(), self.w.written);
+        let next = self.routed(head, buf, closing, &mut t).await;
+        // What this request took from the client's stream: its head, and whatever of the
+        // buffer and of later reads it consumed (a pipelined next request stays).
+        let consumed =
+            (buffered0 as u64 + (self.client.total_read - read0)).saturating_sub(self.client.buf.len() as u64);
+        log.entry(&t, head, buf, self.peer, head.len as u64 + consumed, self.w.written - written0);
+        next
+    }
+
+    /// Routes and forwards one request (`buf` holds the head `head` was parsed from).
+    async fn routed(&mut self, head: &RequestHead, buf: &BytesMut, closing: bool, trace: &mut Trace) -> Next {
         let ClientConn { ctx, peer, steer_slot, client, w, out, scratch } = self;
         let ctx: &VipCtx = ctx;
         let s = &ctx.settings;
@@ -565,7 +700,7 @@ impl ClientConn {
                 match within_rate(read, &meter, s.body_timeout, s.body_min_rate).await {
                     Ok(b) => Some(b),
                     Err(RelayError::Timeout) => {
-                        send_error(w, 408, "request body not received in time", None).await;
+                        refuse(w, trace, 408, "request body not received in time", None).await;
                         return Next::Close;
                     }
                     Err(_) => return Next::Close,
@@ -579,8 +714,8 @@ impl ClientConn {
                 );
                 if let Err(e) = checked.await.unwrap_or(Err(RelayError::Timeout)) {
                     match e {
-                        RelayError::Chunk(why) => send_error(w, 400, why, None).await,
-                        RelayError::Timeout => send_error(w, 408, "request body not received in time", None).await,
+                        RelayError::Chunk(why) => refuse(w, trace, 400, why, None).await,
+                        RelayError::Timeout => refuse(w, trace, 408, "request body not received in time", None).await,
                         _ => {}
                     }
                     return Next::Close;
@@ -598,14 +733,19 @@ impl ClientConn {
         // any response byte is retried after re-routing (bounded, budgeted, idempotent and
         // bodiless requests only). A server that timed out is never retried: no replays.
         let (backend, mut up, mut res, body_skipped, _in_flight) = loop {
-            let backend = match ctx.route.route(c, sess.as_ref(), hold_expired, learn_waited) {
+            let decision = ctx.route.route(c, sess.as_ref(), hold_expired, learn_waited);
+            let backend = match decision {
                 Decision::Affinity(b) | Decision::Balanced(b) => b,
                 Decision::AwaitShared => {
+                    trace.held = true;
+                    let waiting = Instant::now();
                     let deadline = *learn_deadline.get_or_insert_with(|| {
                         c.counters.learn_waits.fetch_add(1, Ordering::Relaxed);
                         Instant::now() + s.learn_wait
                     });
-                    match await_shared(ctx, client, deadline).await {
+                    let end = await_shared(ctx, client, deadline).await;
+                    trace.wait += waiting.elapsed();
+                    match end {
                         HoldEnd::Changed => {}
                         // Not shared in time (an ID no dispatcher knows), or too many
                         // waiting: balanced, as an unknown clone ID is.
@@ -615,18 +755,22 @@ impl ClientConn {
                     continue;
                 }
                 Decision::Hold(b) => {
+                    trace.held = true;
+                    let waiting = Instant::now();
                     let deadline = *hold_deadline.get_or_insert_with(|| {
                         c.counters.holds.fetch_add(1, Ordering::Relaxed);
                         Instant::now() + s.hold_time
                     });
-                    match hold(ctx, b, client, deadline).await {
+                    let end = hold(ctx, b, client, deadline).await;
+                    trace.wait += waiting.elapsed();
+                    match end {
                         HoldEnd::Changed => {}
                         HoldEnd::Expired => {
                             c.counters.hold_timeouts.fetch_add(1, Ordering::Relaxed);
                             hold_expired = true;
                         }
                         HoldEnd::Full => {
-                            send_error(w, 503, "too many requests waiting for their server", Some(2)).await;
+                            refuse(w, trace, 503, "too many requests waiting for their server", Some(2)).await;
                             return Next::Close;
                         }
                         HoldEnd::ClientGone => return Next::Close,
@@ -634,11 +778,11 @@ impl ClientConn {
                     continue;
                 }
                 Decision::SessionUnavailable => {
-                    send_error(w, 503, "the session's server and its replica are unavailable", Some(5)).await;
+                    refuse(w, trace, 503, "the session's server and its replica are unavailable", Some(5)).await;
                     return Next::Close;
                 }
                 Decision::NoBackend => {
-                    send_error(w, 503, "no server available", Some(5)).await;
+                    refuse(w, trace, 503, "no server available", Some(5)).await;
                     return Next::Close;
                 }
             };
@@ -649,9 +793,16 @@ impl ClientConn {
                 }
             }
             let be = &c.backends[backend];
+            trace.routed(ctx, backend, &decision, sess.as_ref());
             // `maxconn`: a slot now, or a bounded wait in this backend's queue (a session's
             // request never goes elsewhere for want of room).
-            let slot = match be.slots.take(s.queue_timeout).await {
+            let waiting = Instant::now();
+            let slot = be.slots.take(s.queue_timeout).await;
+            if slot.as_ref().map_or(true, |s| s.waited) {
+                trace.held = true;
+                trace.wait += waiting.elapsed();
+            }
+            let slot = match slot {
                 Ok(slot) => slot,
                 Err(why) => {
                     c.counters.queue_timeouts.fetch_add(1, Ordering::Relaxed);
@@ -659,7 +810,7 @@ impl ClientConn {
                         Refused::QueueFull => "the server's queue is full",
                         Refused::Timeout => "the server is busy",
                     };
-                    send_error(w, 503, msg, Some(1)).await;
+                    refuse(w, trace, 503, msg, Some(1)).await;
                     return Next::Close;
                 }
             };
@@ -668,12 +819,13 @@ impl ClientConn {
             be.requests.fetch_add(1, Ordering::Relaxed);
             build_request(out, head, buf, peer.ip(), &ctx.host, &ctx.forwarded);
             let down = Downstream { client: &mut *client, w: &mut *w, scratch: &mut *scratch };
-            let failure = match send(ctx, head, backend, down, out, buffered_body.as_deref()).await {
-                Ok((up, res, skipped)) => {
-                    break (backend, up, res, skipped, in_flight);
-                }
-                Err(f) => f,
-            };
+            let failure =
+                match send(ctx, head, backend, down, out, buffered_body.as_deref(), &mut trace.connected).await {
+                    Ok((up, res, skipped)) => {
+                        break (backend, up, res, skipped, in_flight);
+                    }
+                    Err(f) => f,
+                };
             drop(in_flight);
             be.errors.fetch_add(1, Ordering::Relaxed);
             let retry = match &failure {
@@ -686,7 +838,7 @@ impl ClientConn {
                 SendFail::Unreachable(e) if e.is_busy() => {
                     // A full queue is not a failed server: its health is left alone.
                     c.counters.queue_timeouts.fetch_add(1, Ordering::Relaxed);
-                    send_error(w, 503, "the server is busy", Some(1)).await;
+                    refuse(w, trace, 503, "the server is busy", Some(1)).await;
                     return Next::Close;
                 }
                 SendFail::Unreachable(e) if e.is_local() => {
@@ -694,7 +846,7 @@ impl ClientConn {
                     // the backend's.
                     c.counters.local_errors.fetch_add(1, Ordering::Relaxed);
                     crate::ratelimit::warn("upstream connect", &e);
-                    send_error(w, 503, "the dispatcher is out of resources", Some(1)).await;
+                    refuse(w, trace, 503, "the dispatcher is out of resources", Some(1)).await;
                     return Next::Close;
                 }
                 SendFail::Unreachable(e) if e.is_tls() => {
@@ -720,7 +872,7 @@ impl ClientConn {
                     if let Some(pool) = ctx.pools[backend].as_ref() {
                         pool.clear();
                     }
-                    send_error(w, 504, "the server did not answer in time", None).await;
+                    refuse(w, trace, 504, "the server did not answer in time", None).await;
                     return Next::Close;
                 }
                 SendFail::Bad(r) => (502, r.reason, None),
@@ -728,6 +880,7 @@ impl ClientConn {
             if retry && idempotent && (!has_body || buffered_body.is_some()) && extra_attempts < s.retries {
                 if retry_allowed(c, s) {
                     extra_attempts += 1;
+                    trace.retries = extra_attempts;
                     c.counters.retries.fetch_add(1, Ordering::Relaxed);
                     if retry_guard.is_none() {
                         c.counters.retries_in_flight.fetch_add(1, Ordering::Relaxed);
@@ -737,7 +890,7 @@ impl ClientConn {
                 }
                 c.counters.retry_budget_refusals.fetch_add(1, Ordering::Relaxed);
             }
-            send_error(w, status, why, retry_after).await;
+            refuse(w, trace, status, why, retry_after).await;
             return Next::Close;
         };
         let be = &c.backends[backend];
@@ -754,6 +907,8 @@ impl ClientConn {
             };
         }
         let took = started.elapsed();
+        trace.response = Some(Instant::now());
+        trace.status = res.status;
         be.latency.record(took);
         if let Some(v) = c.vips.get(ctx.vip_index) {
             v.latency.record(took);
@@ -768,7 +923,7 @@ impl ClientConn {
         if res.status == 101 && !head.upgrade {
             // Switching protocols nobody asked for: the stream can no longer be trusted.
             be.errors.fetch_add(1, Ordering::Relaxed);
-            send_error(w, 502, "unsolicited 101 from the server", None).await;
+            refuse(w, trace, 502, "unsolicited 101 from the server", None).await;
             return Next::Close;
         }
         if res.status == 101 {

@@ -44,13 +44,17 @@ pub struct Slots {
 }
 
 /// A request's slot on a backend, given back when dropped.
-pub struct Slot<'a>(&'a Slots);
+pub struct Slot<'a> {
+    slots: &'a Slots,
+    /// It queued for it.
+    pub waited: bool,
+}
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.slots.in_flight.fetch_sub(1, Ordering::AcqRel);
         // One waiter may take it (a waiter that gave up passes the wake-up on).
-        self.0.freed.notify_one();
+        self.slots.freed.notify_one();
     }
 }
 
@@ -114,7 +118,7 @@ impl Slots {
     /// A slot now, or after queueing for at most `timeout`.
     pub async fn take(&self, timeout: Duration) -> Result<Slot<'_>, Refused> {
         if self.queued() == 0 && self.try_take() {
-            return Ok(Slot(self));
+            return Ok(Slot { slots: self, waited: false });
         }
         // Join the queue if it has room (the count is taken first, then checked, so that
         // concurrent arrivals cannot overfill it).
@@ -132,7 +136,7 @@ impl Slots {
             freed.as_mut().enable();
             if self.try_take() {
                 self.waits.record(start.elapsed());
-                return Ok(Slot(self));
+                return Ok(Slot { slots: self, waited: true });
             }
             if tokio::time::timeout_at(deadline, freed).await.is_err() {
                 self.waits.record(start.elapsed());

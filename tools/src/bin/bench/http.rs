@@ -14,8 +14,8 @@ use dispatcher_tests::{
     websphere::read_response,
 };
 
-const VIP: &str = "10.99.100.20";
-const BACKEND_PORT: u16 = 8080;
+pub const VIP: &str = "10.99.100.20";
+pub const BACKEND_PORT: u16 = 8080;
 pub const WORKERS: usize = 1;
 const CONNECTIONS: usize = 50;
 
@@ -42,7 +42,19 @@ struct Measured {
     affinity: f64,
 }
 
-pub fn backend_conf(i: usize, dir: &std::path::Path) -> String {
+/// nginx on each of the testbed's four backends, configured by `backend_conf`.
+pub fn start_backends(tb: &mut Testbed) {
+    let dir = tb.workdir.clone();
+    for i in 0..4 {
+        let conf = dir.join(format!("backend{i}.conf"));
+        std::fs::write(&conf, backend_conf(i, &dir)).unwrap();
+        let mut cmd = tb.backends[i].command("nginx");
+        cmd.arg("-p").arg(&dir).arg("-c").arg(&conf);
+        tb.start(&format!("nginx-b{i}"), cmd);
+    }
+}
+
+fn backend_conf(i: usize, dir: &std::path::Path) -> String {
     format!(
         "daemon off;\nworker_processes 1;\npid {d}/b{i}.pid;\nerror_log {d}/b{i}.err;\nevents {{ worker_connections 4096; }}\nhttp {{\n access_log off;\n client_body_temp_path {d}/b{i}-body;\n proxy_temp_path {d}/b{i}-proxy;\n fastcgi_temp_path {d}/b{i}-fcgi;\n uwsgi_temp_path {d}/b{i}-uwsgi;\n scgi_temp_path {d}/b{i}-scgi;\n keepalive_requests 1000000;\n server {{\n  listen {BACKEND_PORT};\n  location / {{ add_header Set-Cookie \"JSESSIONID=0000benchsession{i}:clone{i}x; Path=/\"; return 200 \"clone{i}x\\n\"; }}\n }}\n}}\n",
         d = dir.display()
@@ -96,7 +108,7 @@ fn ms(v: &str) -> f64 {
     }
 }
 
-fn wrk(tb: &Testbed, port: u16, secs: u64, script: &std::path::Path, connections: usize) -> (f64, f64, f64, u64) {
+pub fn wrk(tb: &Testbed, port: u16, secs: u64, script: &std::path::Path, connections: usize) -> (f64, f64, f64, u64) {
     let url = format!("http://{VIP}:{port}/");
     let out = tb.client.exec(&[
         "wrk",
@@ -159,7 +171,7 @@ fn affinity(tb: &Testbed, port: u16) -> f64 {
     ok as f64 / total as f64
 }
 
-fn wait_ready(tb: &Testbed, port: u16, log: &str) {
+pub fn wait_ready(tb: &Testbed, port: u16, log: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
     let addr: SocketAddr = format!("{VIP}:{port}").parse().unwrap();
     loop {
@@ -305,13 +317,7 @@ pub fn run(quick: bool) -> (String, String) {
     // TIME_WAIT ports, wrk's next 10,000 connects crawl (the kernel scans past them).
     tb.client.sysctl("net.ipv4.tcp_tw_reuse=1");
     let dir = tb.workdir.clone();
-    for i in 0..4 {
-        let conf = dir.join(format!("backend{i}.conf"));
-        std::fs::write(&conf, backend_conf(i, &dir)).unwrap();
-        let mut cmd = tb.backends[i].command("nginx");
-        cmd.arg("-p").arg(&dir).arg("-c").arg(&conf);
-        tb.start(&format!("nginx-b{i}"), cmd);
-    }
+    start_backends(&mut tb);
     let clone_ids: Vec<String> = (0..4).map(|i| format!("clone{i}x")).collect();
     // 10,000 client connections are measured: above the default cap the agent derives from
     // this machine's 20,000 descriptors (which reserves one upstream connection per client);

@@ -1,6 +1,7 @@
 //! `cargo xtask bench`: the benchmarks, each against its peers measured in the same run.
 //! Writes `target/bench/report.json` and `target/bench/report.md`.
 
+mod access_log;
 mod charts;
 mod cluster;
 mod failover;
@@ -25,7 +26,8 @@ fn main() {
         && !has("--cluster")
         && !has("--scale-out")
         && !has("--sip")
-        && !has("--tls");
+        && !has("--tls")
+        && !has("--access-log");
     let mut parts = Vec::new();
     let mut md = String::new();
     if all || has("--xdp") {
@@ -88,6 +90,13 @@ fn main() {
         let (json, table) = tls::run(quick);
         parts.push(format!(r#""tls":{json}"#));
         md += "### TLS (HTTPS termination: wrk, openssl s_time, idle connections)\n\n";
+        md += &table;
+        md += "\n";
+    }
+    if all || has("--access-log") {
+        let (json, table) = access_log::run(quick);
+        parts.push(format!(r#""access_log":{json}"#));
+        md += "### Access log (the same agent and load, logging off and on)\n\n";
         md += &table;
         md += "\n";
     }

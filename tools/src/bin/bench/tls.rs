@@ -173,14 +173,14 @@ fn idle_memory(tb: &Testbed, port: u16, pid: u32) -> (u64, u64) {
 }
 
 /// The run with the median requests/s.
-fn median_run(runs: &[(f64, f64, f64, u64)]) -> (f64, f64, f64, u64) {
+pub fn median_run(runs: &[(f64, f64, f64, u64)]) -> (f64, f64, f64, u64) {
     let mut sorted = runs.to_vec();
     sorted.sort_by(|a, b| a.0.total_cmp(&b.0));
     sorted[sorted.len() / 2]
 }
 
 /// The lowest and highest requests/s over the runs.
-fn spread(runs: &[(f64, f64, f64, u64)]) -> (f64, f64) {
+pub fn spread(runs: &[(f64, f64, f64, u64)]) -> (f64, f64) {
     runs.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), r| (lo.min(r.0), hi.max(r.0)))
 }
 
@@ -218,13 +218,7 @@ pub fn run(quick: bool) -> (String, String) {
     tb.add_local_vip(VIP);
     tb.client.sysctl("net.ipv4.tcp_tw_reuse=1");
     let dir = tb.workdir.clone();
-    for i in 0..4 {
-        let conf = dir.join(format!("backend{i}.conf"));
-        std::fs::write(&conf, http::backend_conf(i, &dir)).unwrap();
-        let mut cmd = tb.backends[i].command("nginx");
-        cmd.arg("-p").arg(&dir).arg("-c").arg(&conf);
-        tb.start(&format!("nginx-b{i}"), cmd);
-    }
+    http::start_backends(&mut tb);
     let pki = Pki::new(&dir);
     let (cert, key) = pki.leaf("ca", "server", "bench.example", &["bench.example"], 30);
     let combined = dir.join("server-combined.pem");
