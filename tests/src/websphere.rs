@@ -67,6 +67,8 @@ pub struct Cluster {
     /// requests take that long).
     pub busy: Vec<AtomicU64>,
     pub busy_max: Vec<AtomicU64>,
+    /// The clone that served each `/plain` request, in order.
+    pub plain: Mutex<Vec<usize>>,
 }
 
 impl Cluster {
@@ -90,6 +92,7 @@ impl Cluster {
             next_session: AtomicU64::new(1),
             busy: (0..n).map(|_| AtomicU64::new(0)).collect(),
             busy_max: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            plain: Mutex::new(Vec::new()),
         })
     }
 
@@ -357,7 +360,13 @@ fn connection(cluster: &Cluster, me: usize, s: TcpStream, stop: &AtomicBool) {
             cluster.busy_max[me].fetch_max(now, Ordering::SeqCst);
             std::thread::sleep(Duration::from_millis(ms.min(10_000)));
         }
-        let (headers, mut body) = cluster.handle(me, cookie.as_deref(), app_owner);
+        // `/plain...`: an application without sessions (no JSESSIONID, nothing kept).
+        let (headers, mut body) = if target.starts_with("/plain") {
+            cluster.plain.lock().unwrap().push(me);
+            (Vec::new(), format!("clone={}\n", cluster.clone_ids[me]))
+        } else {
+            cluster.handle(me, cookie.as_deref(), app_owner)
+        };
         if slow.is_some() {
             cluster.busy[me].fetch_sub(1, Ordering::SeqCst);
         }

@@ -57,6 +57,7 @@ mode = "http"
 backend_port = 9080
 max_connections = 1000
 session_format = "websphere"
+insert_cookie = "SRV"
 
 [[partition]]
 id = "123"
@@ -216,6 +217,8 @@ fn every_validation_message_names_line_and_field() {
         ("sticky_time = \"30s\"", 0, "sticky_time = \"s\"", "vip[0].sticky_time: `s` is not a duration (e.g. \"2s\", \"500ms\", \"1m 30s\"): expected number", None),
         ("balance = \"round_robin\"", 0, "balance = \"random\"", "vip[0].balance: `random` is not one of round_robin, least_outstanding", None),
         ("backend_port = 9080", 0, "backend_port = 0", "vip[1].backend_port: must be 1..=65535", None),
+        ("insert_cookie = \"SRV\"", 0, "insert_cookie = \"S R\"", "vip[1].insert_cookie: `S R` is not a cookie name (1 to 64 token characters)", None),
+        ("insert_cookie = \"SRV\"", 0, "insert_cookie = \"JSESSIONID\"", "vip[1].insert_cookie: `JSESSIONID` is the session cookie (http.cookie_name): name the dispatcher's own", None),
         ("session_format = \"websphere\"", 0, "session_format = \"tomcat\"", "vip[1].session_format: `tomcat` is not one of websphere, jvmroute", None),
         // [[partition]]
         ("id = \"123\"", 0, "id = \"12a\"", "partition[0].id: `12a` is not a partition ID (a decimal number)", None),

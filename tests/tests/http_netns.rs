@@ -745,3 +745,66 @@ fn the_access_log_records_every_request_and_follows_rotation() {
     assert!(metrics.lines().any(|l| l == "dispatcher_access_log_lines_total 7"), "{metrics}");
     assert!(metrics.lines().any(|l| l == "dispatcher_access_log_dropped_total 0"));
 }
+
+/// `insert_cookie` for an application without sessions: the first answer sets the
+/// dispatcher's cookie naming the backend, later requests stay there, and when it dies
+/// they go to its replica only (which the cookie then names); an unknown value is
+/// balanced and corrected.
+#[test]
+fn an_inserted_cookie_keeps_a_client_on_its_backend_and_fails_over_to_the_replica() {
+    let mut tb = Testbed::new(4, &[VIP]);
+    tb.add_local_vip(VIP);
+    let cluster = websphere::Cluster::new(4);
+    tb.start_websphere(&cluster, BACKEND_PORT);
+    let text = format!(
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[health]\npath = \"/health\"\ninterval = \"200ms\"\n\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = {PORT}\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\ninsert_cookie = \"SRV\"\n",
+        tb.instance(),
+        tb.backend_config(&[])
+    );
+    let path = tb.write_config(&text);
+    tb.start_dispatcher(&path);
+    let addr: SocketAddr = format!("{VIP}:{PORT}").parse().unwrap();
+    // One request with `cookie` (if any) on a new connection: (clone index, the SRV value set).
+    let ns = tb.client.clone();
+    let get = |cookie: Option<&str>| {
+        let mut s = ns.run(move || TcpStream::connect(addr)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let c = cookie.map(|c| format!("Cookie: SRV={c}\r\n")).unwrap_or_default();
+        s.write_all(format!("GET /plain HTTP/1.1\r\nHost: a\r\n{c}Connection: close\r\n\r\n").as_bytes()).unwrap();
+        let r = read_response(&mut BufReader::new(s)).unwrap();
+        assert_eq!(r.status, 200, "{r:?}");
+        let clone: usize = r.field("clone").unwrap().trim_start_matches("clone").trim_end_matches('x').parse().unwrap();
+        let set = r.header("set-cookie").map(|v| {
+            assert!(v.ends_with("; Path=/; HttpOnly"), "{v}");
+            assert_eq!(r.header("cache-control"), Some("private"));
+            v.strip_prefix("SRV=").unwrap().split(';').next().unwrap().to_string()
+        });
+        (clone, set)
+    };
+    // New clients are balanced and told where they are.
+    let mut pins = Vec::new();
+    for _ in 0..4 {
+        let (clone, set) = get(None);
+        assert_eq!(set, Some(format!("b{clone}")));
+        pins.push(clone);
+    }
+    pins.sort();
+    assert_eq!(pins, [0, 1, 2, 3], "round robin over the four");
+    // With the cookie: always that backend, and no new cookie.
+    for _ in 0..20 {
+        assert_eq!(get(Some("b2")), (2, None));
+    }
+    // An unknown value: balanced, and corrected.
+    let (clone, set) = get(Some("b9"));
+    assert_eq!(set, Some(format!("b{clone}")));
+    // b2 dies: its clients go to b3 (its replica) only, and the cookie follows.
+    tb.kill_servers_of(2);
+    cluster.kill(2);
+    cluster.plain.lock().unwrap().clear();
+    for _ in 0..10 {
+        let (clone, set) = get(Some("b2"));
+        assert_eq!((clone, set.as_deref()), (3, Some("b3")));
+    }
+    assert!(cluster.plain.lock().unwrap().iter().all(|&b| b == 3), "never a third server");
+    assert_eq!(get(Some("b3")), (3, None));
+}

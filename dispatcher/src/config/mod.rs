@@ -395,6 +395,9 @@ pub struct Vip {
     pub fail_back: bool,
     /// How the clone ID (or route) is read from JSESSIONID, in requests and `Set-Cookie`.
     pub session_format: SessionFormat,
+    /// HAProxy's `cookie NAME insert`: requests without a session are kept on one backend
+    /// by a cookie of this name the dispatcher sets (its value: the backend's name).
+    pub insert_cookie: Option<String>,
     /// Removed by a reload: its id stays reserved, it is served no more.
     pub retired: bool,
 }

@@ -159,6 +159,7 @@ pub(super) struct RawVip {
     pub(super) redirect_to: Option<Spanned<String>>,
     pub(super) fail_back: Option<Spanned<bool>>,
     pub(super) session_format: Option<Spanned<String>>,
+    pub(super) insert_cookie: Option<Spanned<String>>,
 }
 
 /// `[vip.tls]`: TLS on an HTTP VIP.

@@ -136,6 +136,7 @@ impl Config {
                     redirect_to: None,
                     fail_back: true,
                     session_format: SessionFormat::WebSphere,
+                    insert_cookie: None,
                     retired: false,
                 })
                 .collect(),

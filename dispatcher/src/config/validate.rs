@@ -187,6 +187,13 @@ impl Ctx<'_> {
             Some(h) => self.health(h.get_ref()),
             None => HealthSettings::default(),
         };
+        for (i, v) in raw.vips.iter().enumerate() {
+            if let Some(c) = v.get_ref().insert_cookie.as_ref().filter(|c| *c.get_ref() == http.cookie_name) {
+                let why =
+                    format!("`{}` is the session cookie (http.cookie_name): name the dispatcher's own", c.get_ref());
+                self.report(c.span(), &format!("vip[{i}].insert_cookie"), why);
+            }
+        }
         let cluster = raw.cluster.as_ref().map(|c| self.cluster(c.get_ref()));
         let mut http = http;
         http.learn_wait = cluster.as_ref().map(|c| c.learn_wait).unwrap_or_default();
@@ -764,6 +771,7 @@ impl Ctx<'_> {
                 (v.redirect_to.as_ref().map(|t| t.span()), "redirect_to"),
                 (v.fail_back.as_ref().map(|t| t.span()), "fail_back"),
                 (v.session_format.as_ref().map(|t| t.span()), "session_format"),
+                (v.insert_cookie.as_ref().map(|t| t.span()), "insert_cookie"),
             ] {
                 if let Some(span) = set {
                     if mode != VipMode::Http {
@@ -809,6 +817,19 @@ impl Ctx<'_> {
                 redirect_to: None,
                 fail_back: v.fail_back.as_ref().is_none_or(|b| *b.get_ref()),
                 session_format,
+                insert_cookie: v.insert_cookie.as_ref().and_then(|c| {
+                    let t = c.get_ref();
+                    let token = t.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+                    if t.is_empty() || t.len() > 64 || !token {
+                        self.report(
+                            c.span(),
+                            &f("insert_cookie"),
+                            format!("`{t}` is not a cookie name (1 to 64 token characters)"),
+                        );
+                        return None;
+                    }
+                    Some(t.clone())
+                }),
                 retired: false,
             });
         }

@@ -215,6 +215,10 @@ fn worker_vips(
             forwarded: super::rewrite::forwarded_fields(v.tls.is_some(), v.port),
             redirect: v.redirect_to.clone(),
             log: sh.log.clone(),
+            persist: v.insert_cookie.as_ref().map(|name| {
+                let members = v.backends.iter().map(|&b| (b, cfg.backends[b].name.clone()));
+                super::persist::Persist::new(name, members, v.tls.is_some())
+            }),
         });
         out.push((ctx, listener_for(v, &mut inherited)?));
     }

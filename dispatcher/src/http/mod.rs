@@ -2,6 +2,7 @@
 //! one client connection (head -> route -> upstream -> response), `head` and `body` are
 //! the HTTP/1.1 message handling, `rewrite` builds the forwarded heads, `session` reads JSESSIONID, `route` picks the
 //! backend,
+//! `persist` keeps clients without a session on one backend by a cookie of its own,
 //! `pool` keeps upstream connections, `queue` bounds the requests in flight per backend
 //! (`maxconn`) and queues the rest, `hold` makes a request wait while its session's
 //! owner is suspect, `retry` says what may be replayed, `tunnel` carries upgraded
@@ -12,6 +13,7 @@ pub mod head;
 pub mod hold;
 pub mod io;
 pub mod listener;
+pub mod persist;
 pub mod pool;
 pub mod proxy;
 pub mod queue;

@@ -63,6 +63,8 @@ pub struct VipCtx {
     pub session_format: SessionFormat,
     /// `[access_log]`: where its requests are logged.
     pub log: Option<LogTo>,
+    /// `insert_cookie`: clients without a session kept on one backend.
+    pub persist: Option<super::persist::Persist>,
 }
 
 /// After the listener stops: how long an idle keep-alive client has to send its next
@@ -177,11 +179,19 @@ impl Trace {
 
     /// The backend chosen (on a retry, the last one): an owner of the session (affinity),
     /// a replica (failed over), or balanced.
-    fn routed(&mut self, ctx: &VipCtx, backend: usize, d: &Decision, sess: Option<&session::SessionId>) {
+    fn routed(
+        &mut self,
+        ctx: &VipCtx,
+        backend: usize,
+        d: &Decision,
+        sess: Option<&session::SessionId>,
+        pinned: Option<usize>,
+    ) {
         self.backend = Some(backend);
         let owned = |s: &session::SessionId| owned_by(&ctx.cluster, s, backend).is_some();
         self.decision = match (d, sess) {
             (Decision::Affinity(_), Some(s)) if !owned(s) => LogDecision::FailedOver,
+            (Decision::Affinity(_), None) if pinned.is_some_and(|p| p != backend) => LogDecision::FailedOver,
             (Decision::Affinity(_), _) => LogDecision::Affinity,
             _ => LogDecision::Balanced,
         };
@@ -683,6 +693,13 @@ impl ClientConn {
         let sess =
             session::find(cookies, target, s.cookie_name.as_bytes(), s.url_parameter.as_bytes(), ctx.session_format)
                 .or_else(|| session::app_session(target));
+        // Without a session: the VIP's persistence cookie, if it names a member.
+        let pinned = match (&sess, &ctx.persist) {
+            (None, Some(p)) => p.pinned(
+                head.headers.iter().filter(|h| is(&buf[h.name.clone()], "cookie")).map(|h| &buf[h.value.clone()]),
+            ),
+            _ => None,
+        };
         let started = Instant::now();
         let c = &ctx.cluster;
         c.counters.in_flight.fetch_add(1, Ordering::Relaxed);
@@ -733,7 +750,10 @@ impl ClientConn {
         // any response byte is retried after re-routing (bounded, budgeted, idempotent and
         // bodiless requests only). A server that timed out is never retried: no replays.
         let (backend, mut up, mut res, body_skipped, _in_flight) = loop {
-            let decision = ctx.route.route(c, sess.as_ref(), hold_expired, learn_waited);
+            let decision = match pinned {
+                Some(b) => ctx.route.route_pinned(c, b, hold_expired),
+                None => ctx.route.route(c, sess.as_ref(), hold_expired, learn_waited),
+            };
             let backend = match decision {
                 Decision::Affinity(b) | Decision::Balanced(b) => b,
                 Decision::AwaitShared => {
@@ -793,7 +813,7 @@ impl ClientConn {
                 }
             }
             let be = &c.backends[backend];
-            trace.routed(ctx, backend, &decision, sess.as_ref());
+            trace.routed(ctx, backend, &decision, sess.as_ref(), pinned);
             // `maxconn`: a slot now, or a bounded wait in this backend's queue (a session's
             // request never goes elsewhere for want of room).
             let waiting = Instant::now();
@@ -954,6 +974,13 @@ impl ClientConn {
             || closing
             || !crate::steering::keeps(*steer_slot);
         build_response(out, &res, &res_buf, close, dechunk, head.minor == 0);
+        if let (Some(p), None) = (&ctx.persist, &sess) {
+            // A client without the cookie, or whose cookie names another backend (it
+            // failed over), is told where it is now.
+            if pinned != Some(backend) {
+                p.insert(out, backend, super::persist::has_cache_control(&res, &res_buf));
+            }
+        }
         // A small body already read goes out with the head: one write per response.
         let mut framing = if dechunk { Framing::Chunked } else { res.framing };
         if let Framing::Length(n) = framing {

@@ -108,6 +108,30 @@ impl VipRoute {
         }
     }
 
+    /// A request kept on `backend` by the VIP's persistence cookie: the same rules as a
+    /// session's owner (held while suspect, its replica while it is out, never a third
+    /// server); a backend no longer in the VIP gives way to balancing.
+    pub fn route_pinned(&self, cluster: &Cluster, backend: usize, hold_expired: bool) -> Decision {
+        if !self.members.contains(&backend) {
+            return self.route(cluster, None, hold_expired, true);
+        }
+        let state = cluster.backends[backend].state();
+        if state == BackendState::Suspect && !hold_expired {
+            return Decision::Hold(backend);
+        }
+        if state.keeps() && state != BackendState::Suspect {
+            cluster.counters.affinity_hits.fetch_add(1, Ordering::Relaxed);
+            return Decision::Affinity(backend);
+        }
+        match cluster.backends[backend].replica.filter(|r| self.members.contains(r)) {
+            Some(r) if cluster.backends[r].state() == BackendState::Suspect && !hold_expired => Decision::Hold(r),
+            Some(r) if matches!(cluster.backends[r].state(), BackendState::Up | BackendState::Drain) => {
+                Decision::Affinity(r)
+            }
+            _ => Decision::SessionUnavailable,
+        }
+    }
+
     /// Whether `backend` may serve a request of `session`: one of its clones' owners or
     /// their replicas (the misroute check).
     pub fn may_serve(cluster: &Cluster, session: &SessionId, backend: usize) -> bool {
@@ -345,6 +369,21 @@ mode = "http"
         }
         let r = VipRoute::new(vec![0, 1, 2], Balance::RoundRobin, true);
         assert!(matches!(r.route(&c, None, false, true), Decision::Balanced(_)));
+    }
+
+    #[test]
+    fn a_pinned_request_follows_its_backend_then_its_replica_only() {
+        let (c, r) = setup(Balance::RoundRobin);
+        assert_eq!(r.route_pinned(&c, 1, false), Decision::Affinity(1));
+        c.set_health(1, Health::Suspect);
+        assert_eq!(r.route_pinned(&c, 1, false), Decision::Hold(1));
+        c.set_health(1, Health::Down);
+        assert_eq!(r.route_pinned(&c, 1, false), Decision::Affinity(0), "its replica");
+        c.set_health(0, Health::Down);
+        assert_eq!(r.route_pinned(&c, 1, false), Decision::SessionUnavailable, "never a third server");
+        assert_eq!(r.route_pinned(&c, 2, false), Decision::Affinity(2));
+        let only_c = VipRoute::new(vec![2], Balance::RoundRobin, true);
+        assert_eq!(only_c.route_pinned(&c, 1, false), Decision::Balanced(2), "not a member: balanced");
     }
 
     #[test]
