@@ -13,8 +13,12 @@ use crate::{
     dataplane::tables::{backend_info, Tables},
     health::{self, Probe, Streak},
     shared::Publish,
+    state::ramp_share,
     state::{Cluster, Event},
 };
+
+const RAMP_STEP_MIN: std::time::Duration = std::time::Duration::from_millis(100);
+const RAMP_STEP_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 
 struct Control {
     cfg: Config,
@@ -38,19 +42,60 @@ impl Control {
             tracing::warn!(error = %e, "writing BACKENDS");
         }
         self.written[b] = new;
-        let states: Vec<u8> = self.cluster.backends.iter().map(|x| x.state() as u8).collect();
-        for (i, v) in self.cfg.vips.iter().enumerate() {
-            if v.backends.contains(&b) {
-                if let Err(e) = t.rebuild_ring(i as u32, v, &self.cfg, &states) {
-                    tracing::warn!(error = %e, vip = %v.name, "rebuilding the ring");
-                }
-            }
-        }
         drop(t);
+        self.rebuild_rings_of(b);
         if new.is_out() && !old.is_out() {
             self.fail_over(b);
         } else if !new.is_out() && old.is_out() {
             self.give_back(b);
+        }
+    }
+
+    /// Rebuilds the rings of the VIPs `b` serves, each backend weighing what its ramp-up
+    /// (`slow_start`) allows now.
+    fn rebuild_rings_of(&self, b: usize) {
+        let mut t = self.tables.lock().unwrap();
+        let states: Vec<u8> = self.cluster.backends.iter().map(|x| x.state() as u8).collect();
+        let now = crate::state::mono_ns();
+        for (i, v) in self.cfg.vips.iter().enumerate().filter(|(_, v)| v.backends.contains(&b)) {
+            let weight = |m: usize| {
+                let be = &self.cluster.backends[m];
+                let share = ramp_share(be.ramp_since.load(Ordering::SeqCst), v.slow_start_of(&self.cfg, m), now);
+                ((self.cfg.backends[m].weight as f64 * share).ceil() as u32).max(1)
+            };
+            if let Err(e) = t.rebuild_ring_weighted(i as u32, v, &self.cfg, &states, weight) {
+                tracing::warn!(error = %e, vip = %v.name, "rebuilding the ring");
+            }
+        }
+    }
+
+    /// One step of every ramp-up in progress: the rings of the VIPs of a backend that
+    /// came back are rebuilt with its grown share; a ramp that is complete everywhere
+    /// ends (after a last rebuild at its full weight).
+    fn ramp_step(&self) {
+        let now = crate::state::mono_ns();
+        for (b, be) in self.cluster.backends.iter().enumerate() {
+            let since = be.ramp_since.load(Ordering::SeqCst);
+            if since == 0 {
+                continue;
+            }
+            let slowest = self
+                .cfg
+                .vips
+                .iter()
+                .filter(|v| v.backends.contains(&b))
+                .filter_map(|v| v.slow_start_of(&self.cfg, b))
+                .max();
+            let done = ramp_share(since, slowest, now) >= 1.0;
+            if done {
+                be.ramp_since.store(0, Ordering::SeqCst);
+                if slowest.is_some() {
+                    tracing::info!(backend = %be.name, "slow start done: full weight");
+                }
+            }
+            if slowest.is_some() {
+                self.rebuild_rings_of(b);
+            }
         }
     }
 
@@ -191,9 +236,15 @@ pub async fn run(
     let written = cluster.backends.iter().map(|b| b.state()).collect();
     let (rise, fall) = (cfg.health.rise, cfg.health.fall);
     let mut streaks = vec![Streak::default(); cluster.backends.len()];
+    // Ramp-ups move in about ten steps of the shortest `slow_start` (100 ms to 1 s each).
+    let shortest = cfg.vips.iter().flat_map(|v| v.backends.iter().filter_map(|&b| v.slow_start_of(&cfg, b))).min();
+    let step = shortest.map_or(std::time::Duration::from_secs(3600), |s| (s / 10).clamp(RAMP_STEP_MIN, RAMP_STEP_MAX));
+    let mut ramp = tokio::time::interval(step);
+    ramp.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut ctl = Control { cfg, cluster: cluster.clone(), tables, written };
     loop {
         tokio::select! {
+            _ = ramp.tick() => ctl.ramp_step(),
             Some((b, ok, started)) = checks.recv() => {
                 if ok && cluster.failed_since(b, started) {
                     // A check that began before a request saw the backend fail says

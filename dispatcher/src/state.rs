@@ -51,6 +51,30 @@ pub struct Backend {
     pub conn_limit: Arc<tokio::sync::Semaphore>,
     /// `maxconn` and its queue (shared with a reload's successor).
     pub slots: Arc<crate::http::queue::Slots>,
+    /// `slow_start`: when it came back (`mono_ns`), 0 when it is not ramping up.
+    pub ramp_since: AtomicU64,
+}
+
+/// Nanoseconds on the process's monotonic clock, plus one (0 stands for "never").
+pub fn mono_ns() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64 + 1
+}
+
+/// The smallest share of its weight a backend that just came back gets (HAProxy starts
+/// near zero too; never zero, so that it is seen to serve).
+pub const RAMP_FLOOR: f64 = 0.05;
+
+/// The share of its weight a backend ramping up since `since` (`mono_ns`, 0: not
+/// ramping) has at `now` over `slow`: from `RAMP_FLOOR` to 1, linearly.
+pub fn ramp_share(since: u64, slow: Option<std::time::Duration>, now: u64) -> f64 {
+    match slow {
+        Some(slow) if since != 0 => {
+            let t = now.saturating_sub(since) as f64 / slow.as_nanos().max(1) as f64;
+            t.clamp(RAMP_FLOOR, 1.0)
+        }
+        _ => 1.0,
+    }
 }
 
 impl Backend {
@@ -273,6 +297,7 @@ impl Cluster {
                 connections: Arc::new(AtomicU64::new(0)),
                 conn_limit: Arc::new(tokio::sync::Semaphore::new(cfg.http.max_connections_per_backend)),
                 slots: Arc::new(crate::http::queue::Slots::new(b.maxconn.map(u64::from), b.maxqueue.into())),
+                ramp_since: AtomicU64::new(0),
             })
             .collect();
         let mut table = HashMap::new();
@@ -363,6 +388,13 @@ impl Cluster {
         let old = BackendState::from_u8(b.state.swap(new as u8, Ordering::SeqCst));
         if old == new {
             return None;
+        }
+        // Back in service (from down, disabled or drained): `slow_start` ramps it up; a
+        // suspect that recovers never left.
+        if new == BackendState::Up && matches!(old, BackendState::Down | BackendState::Disabled | BackendState::Drain) {
+            b.ramp_since.store(mono_ns(), Ordering::SeqCst);
+        } else if new != BackendState::Up && new != BackendState::Suspect {
+            b.ramp_since.store(0, Ordering::SeqCst);
         }
         b.changed.notify_waiters();
         Some((old, new))
@@ -496,6 +528,7 @@ impl Cluster {
         }
         for ((new, prev), b) in c.backends.iter_mut().zip(&old.backends).zip(&cfg.backends) {
             new.connections = prev.connections.clone();
+            new.ramp_since.store(prev.ramp_since.load(Ordering::SeqCst), Ordering::SeqCst);
             // Requests in flight in the old generation keep their slots: the limit holds
             // over both while it drains.
             new.slots = prev.slots.clone();
@@ -503,6 +536,10 @@ impl Cluster {
             if c.conn_limit == old.conn_limit {
                 new.conn_limit = prev.conn_limit.clone();
             }
+        }
+        // A backend the reload adds ramps up like one that came back.
+        for b in c.backends.iter().skip(old.backends.len()) {
+            b.ramp_since.store(mono_ns(), Ordering::SeqCst);
         }
         // Linked before the copy: what `old` learns from here on is passed on, what it
         // learned before is copied (an ID that arrives both ways is simply known).

@@ -27,6 +27,7 @@ replica = "b"
 clone_ids = ["cloneA"]
 maxconn = 100
 maxqueue = 50
+slow_start = "30s"
 
 [[backend]]
 name = "b"
@@ -58,6 +59,7 @@ backend_port = 9080
 max_connections = 1000
 session_format = "websphere"
 insert_cookie = "SRV"
+slow_start = "1m"
 
 [[partition]]
 id = "123"
@@ -188,6 +190,8 @@ fn every_validation_message_names_line_and_field() {
         ("clone_ids = [\"cloneB\"]", 0, "clone_ids = [\"cloneB\"]\nlogical_names = [\"sip1.1153242645968.4_2_2\"]", "backend[1].logical_names: `sip1.1153242645968.4_2_2` looks like a whole session ID", Some("logical_names")),
         ("maxconn = 100", 0, "maxconn = 0", "backend[0].maxconn: must be 1..=1000000 (requests in flight at once)", None),
         ("maxqueue = 50", 0, "maxqueue = 2000000", "backend[0].maxqueue: must be 0..=1000000", None),
+        ("slow_start = \"30s\"", 0, "slow_start = \"10ms\"", "backend[0].slow_start: must be at least 100ms", None),
+        ("slow_start = \"1m\"", 0, "slow_start = \"soon\"", "vip[1].slow_start: `soon` is not a duration", None),
         ("maxconn = 100\n", 0, "", "backend[0].maxqueue: applies with maxconn only (no limit, no queue)", Some("maxqueue = 50")),
         ("mode = \"http\"", 0, "protocol = \"tcp\"\nmode = \"sip\"", "vip[1].protocol: sip VIPs are SIP over UDP", None),
         ("mac = \"02:00:00:00:00:12\"\n", 0, "", "backend[1].mac: required: backend `b` serves L4 VIP `l4`", Some("[[backend]]\nname = \"b\"")),

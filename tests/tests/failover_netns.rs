@@ -504,3 +504,85 @@ fn a_drained_clone_that_dies_fails_over_and_a_dead_one_stays_out_when_drained() 
     let cols: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(&cols[2..5], ["down", "down", "drain"], "STATE, HEALTH and OPERATOR: {table}");
 }
+
+/// `slow_start`: a backend that comes back gets a share of new work that grows over the
+/// ramp, in both planes — new HTTP sessions (smooth weights) and new L4 flows (the Maglev
+/// ring rebuilt in steps) — while its own sessions return to it at once.
+#[test]
+fn a_returning_backend_ramps_up_in_both_planes_and_gets_its_sessions_at_once() {
+    const L4_VIP: &str = "10.99.100.31";
+    let mut tb = Testbed::new(2, &[VIP, L4_VIP]);
+    tb.add_local_vip(VIP);
+    let cluster = websphere::Cluster::new(2);
+    tb.start_websphere(&cluster, PORT);
+    let backends = tb.backend_config_with(&[], |i| if i == 0 { "slow_start = \"3s\"\n".into() } else { String::new() });
+    let text = format!(
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[health]\npath = \"/health\"\ninterval = \"100ms\"\nrise = 1\nfall = 1\n\n{backends}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {PORT}\nring_size = 1009\nbackends = [\"b0\", \"b1\"]\n\n[[vip]]\nname = \"l4\"\naddress = \"{L4_VIP}\"\nport = 9000\nring_size = 1009\nbackends = [\"b0\", \"b1\"]\n",
+        tb.instance()
+    );
+    let path = tb.write_config(&text);
+    tb.start_dispatcher(&path);
+    let cfg = path.to_str().unwrap().to_string();
+    let addr: SocketAddr = format!("{VIP}:80").parse().unwrap();
+    let state = |tb: &Testbed| {
+        let st: serde_json::Value =
+            serde_json::from_str(&tb.dispatcher_cmd(&["status", "--config", &cfg, "--json"])).unwrap();
+        st["agent"]["backends"][0]["state"].as_str().unwrap_or("").to_string()
+    };
+    let b0_slots = |tb: &Testbed| {
+        let mut t = dispatcher::dataplane::tables::Tables::from_pinned(&tb.pin_dir()).expect("pinned maps");
+        t.adopt_ring(1, 1009).unwrap();
+        t.ring(1).unwrap().iter().filter(|&&b| b == 0).count()
+    };
+    // Share of new sessions (no cookie) that b0 gets out of `n`.
+    let new_sessions = |tb: &Testbed, n: usize| {
+        (0..n)
+            .filter(|_| Client::new(&tb.client, addr).get("/plain").unwrap().field("clone") == Some("clone0x"))
+            .count()
+    };
+    assert!((450..=560).contains(&b0_slots(&tb)), "equal weights: about half the ring");
+    // A session of b0's, then b0 dies and comes back.
+    let mut own = None;
+    for _ in 0..6 {
+        let mut c = Client::new(&tb.client, addr);
+        if c.get("/app").unwrap().field("clone") == Some("clone0x") {
+            own = Some(c);
+            break;
+        }
+    }
+    let mut own = own.expect("a session on b0 within 6 new ones");
+    tb.kill_servers_of(0);
+    cluster.kill(0);
+    let t = Instant::now();
+    while state(&tb) != "down" {
+        assert!(t.elapsed() < Duration::from_secs(5), "b0 never went down");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(b0_slots(&tb), 0);
+    cluster.revive(0);
+    tb.start_websphere_on(&cluster, 0, PORT);
+    let t = Instant::now();
+    while state(&tb) != "up" {
+        assert!(t.elapsed() < Duration::from_secs(5), "b0 never came back");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let back = Instant::now();
+    // Its own session is its at once (the cookie names clone0x first).
+    assert_eq!(own.get("/app").unwrap().field("clone"), Some("clone0x"));
+    // Early in the ramp: a small share of the ring and of new sessions.
+    let early_slots = b0_slots(&tb);
+    let early_sessions = new_sessions(&tb, 40);
+    assert!(back.elapsed() < Duration::from_millis(1200), "the early samples took {:?}", back.elapsed());
+    assert!(early_slots <= 260, "ring share early: {early_slots} of 1009");
+    assert!(early_sessions <= 14, "new sessions early: {early_sessions} of 40");
+    std::thread::sleep(Duration::from_millis(1500).saturating_sub(back.elapsed()));
+    let mid_slots = b0_slots(&tb);
+    assert!(mid_slots > early_slots && mid_slots < 480, "the ring grows in steps: {early_slots} then {mid_slots}");
+    std::thread::sleep(Duration::from_millis(3600).saturating_sub(back.elapsed()));
+    let late_slots = b0_slots(&tb);
+    let late_sessions = new_sessions(&tb, 40);
+    assert!((450..=560).contains(&late_slots), "full weight after the ramp: {late_slots} of 1009");
+    assert!((14..=26).contains(&late_sessions), "half of new sessions after the ramp: {late_sessions} of 40");
+    eprintln!("slow start: ring slots {early_slots} -> {mid_slots} -> {late_slots} of 1009; new sessions {early_sessions} then {late_sessions} of 40");
+    assert_no_misroute(&cluster);
+}

@@ -358,6 +358,10 @@ pub struct Backend {
     /// `maxqueue`: requests that may wait for one of its slots (with `maxconn`); more are
     /// answered 503 at once.
     pub maxqueue: u32,
+    /// `slow_start`: after it comes back (health up, enabled, added by a reload) its
+    /// share of new sessions and new L4 flows ramps up over this time (overrides the
+    /// VIP's).
+    pub slow_start: Option<Duration>,
     /// Removed by a reload: kept in its slot (its id stays reserved) but out of service.
     pub retired: bool,
 }
@@ -398,6 +402,8 @@ pub struct Vip {
     /// HAProxy's `cookie NAME insert`: requests without a session are kept on one backend
     /// by a cookie of this name the dispatcher sets (its value: the backend's name).
     pub insert_cookie: Option<String>,
+    /// `slow_start` for the VIP's backends that set none.
+    pub slow_start: Option<Duration>,
     /// Removed by a reload: its id stays reserved, it is served no more.
     pub retired: bool,
 }
@@ -459,6 +465,11 @@ impl Backend {
 }
 
 impl Vip {
+    /// How long backend `b` (of `cfg`) ramps up on this VIP after it comes back.
+    pub fn slow_start_of(&self, cfg: &Config, b: usize) -> Option<Duration> {
+        cfg.backends.get(b).and_then(|be| be.slow_start).or(self.slow_start)
+    }
+
     /// An HTTP VIP the agent serves (not one a reload removed).
     pub fn serves_http(&self) -> bool {
         self.mode == VipMode::Http && !self.retired

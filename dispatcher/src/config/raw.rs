@@ -135,6 +135,7 @@ pub(super) struct RawBackend {
     pub(super) logical_names: Vec<Spanned<String>>,
     pub(super) maxconn: Option<Spanned<u32>>,
     pub(super) maxqueue: Option<Spanned<u32>>,
+    pub(super) slow_start: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -160,6 +161,7 @@ pub(super) struct RawVip {
     pub(super) fail_back: Option<Spanned<bool>>,
     pub(super) session_format: Option<Spanned<String>>,
     pub(super) insert_cookie: Option<Spanned<String>>,
+    pub(super) slow_start: Option<Spanned<String>>,
 }
 
 /// `[vip.tls]`: TLS on an HTTP VIP.

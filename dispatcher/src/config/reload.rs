@@ -111,6 +111,7 @@ impl Config {
                     logical_names: Vec::new(),
                     maxconn: None,
                     maxqueue: Backend::DEFAULT_MAXQUEUE,
+                    slow_start: None,
                     retired: false,
                 })
                 .collect(),
@@ -137,6 +138,7 @@ impl Config {
                     fail_back: true,
                     session_format: SessionFormat::WebSphere,
                     insert_cookie: None,
+                    slow_start: None,
                     retired: false,
                 })
                 .collect(),

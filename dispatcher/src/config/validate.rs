@@ -565,6 +565,10 @@ impl Ctx<'_> {
                 logical_names: b.logical_names.iter().map(|c| c.get_ref().clone()).collect(),
                 maxconn,
                 maxqueue,
+                slow_start: b
+                    .slow_start
+                    .as_ref()
+                    .and_then(|s| self.duration(s, &f("slow_start"), Duration::from_millis(100))),
                 retired: false,
             });
         }
@@ -817,6 +821,10 @@ impl Ctx<'_> {
                 redirect_to: None,
                 fail_back: v.fail_back.as_ref().is_none_or(|b| *b.get_ref()),
                 session_format,
+                slow_start: v
+                    .slow_start
+                    .as_ref()
+                    .and_then(|s| self.duration(s, &f("slow_start"), Duration::from_millis(100))),
                 insert_cookie: v.insert_cookie.as_ref().and_then(|c| {
                     let t = c.get_ref();
                     let token = t.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));

@@ -229,7 +229,19 @@ impl Tables {
         cfg: &Config,
         states: &[u8],
     ) -> Result<usize, DataplaneError> {
-        let table = ring_table(vip, cfg, states);
+        self.rebuild_ring_weighted(vip_id, vip, cfg, states, |b| cfg.backends[b].weight)
+    }
+
+    /// As `rebuild_ring`, with each backend's weight given (`slow_start`: a share of it).
+    pub fn rebuild_ring_weighted(
+        &mut self,
+        vip_id: u32,
+        vip: &Vip,
+        cfg: &Config,
+        states: &[u8],
+        weight: impl Fn(usize) -> u32,
+    ) -> Result<usize, DataplaneError> {
+        let table = ring_table_weighted(vip, cfg, states, weight);
         self.write_ring(vip_id, &table)
     }
 
@@ -311,11 +323,16 @@ impl Tables {
 
 /// A VIP's Maglev table: its backends that take new flows, keyed by name.
 pub fn ring_table(vip: &Vip, cfg: &Config, states: &[u8]) -> Vec<u32> {
+    ring_table_weighted(vip, cfg, states, |b| cfg.backends[b].weight)
+}
+
+/// As `ring_table`, with each backend's weight given.
+pub fn ring_table_weighted(vip: &Vip, cfg: &Config, states: &[u8], weight: impl Fn(usize) -> u32) -> Vec<u32> {
     let members: Vec<maglev::Member> = vip
         .backends
         .iter()
         .filter(|&&b| states.get(b).copied() == Some(STATE_UP))
-        .map(|&b| maglev::Member { id: b as u32, key: &cfg.backends[b].name, weight: cfg.backends[b].weight })
+        .map(|&b| maglev::Member { id: b as u32, key: &cfg.backends[b].name, weight: weight(b) })
         .collect();
     maglev::build(&members, vip.ring_size)
 }

@@ -168,7 +168,10 @@ fn vip_shared(
             None => vec![None; cfg.backends.len()],
         };
         out.push(VipShared {
-            route: Arc::new(VipRoute::new(v.backends.clone(), v.balance, v.fail_back)),
+            route: Arc::new(
+                VipRoute::new(v.backends.clone(), v.balance, v.fail_back)
+                    .with_slow_start(v.backends.iter().map(|&b| v.slow_start_of(cfg, b)).collect()),
+            ),
             tls,
             backend_tls,
             log: access_log.map(|sink| super::proxy::LogTo {

@@ -1,9 +1,12 @@
 //! Which backend a request goes to: the first live owner among its session's clone IDs;
 //! without a usable session, the VIP's balancing policy.
 
-use std::sync::{
-    atomic::{AtomicUsize, Ordering},
-    Mutex,
+use std::{
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Mutex,
+    },
+    time::Duration,
 };
 
 use dispatcher_common::BackendState;
@@ -39,12 +42,28 @@ pub struct VipRoute {
     /// Smooth weighted round robin state, per member.
     current: Mutex<Vec<i64>>,
     rotate: AtomicUsize,
+    /// `slow_start` per member (`None` for all when no member has one: no clock read).
+    slow: Option<Vec<Option<Duration>>>,
 }
 
 impl VipRoute {
     pub fn new(members: Vec<usize>, balance: Balance, fail_back: bool) -> VipRoute {
         let n = members.len();
-        VipRoute { members, balance, fail_back, current: Mutex::new(vec![0; n]), rotate: AtomicUsize::new(0) }
+        VipRoute {
+            members,
+            balance,
+            fail_back,
+            current: Mutex::new(vec![0; n]),
+            rotate: AtomicUsize::new(0),
+            slow: None,
+        }
+    }
+
+    /// Members' `slow_start`, in `members` order: a member that came back gets a share of
+    /// new sessions that grows with its weight scaled from 5% to 100% over it.
+    pub fn with_slow_start(mut self, slow: Vec<Option<Duration>>) -> VipRoute {
+        self.slow = slow.iter().any(Option::is_some).then_some(slow);
+        self
     }
 
     /// `hold_expired`: the request was already held for the whole hold time; a suspect
@@ -152,6 +171,17 @@ impl VipRoute {
         // full, the pick queues on its server as usual.
         let any_room = self.members.iter().map(|&b| &cluster.backends[b]).any(|be| be.is_up() && be.slots.has_room());
         let eligible = |be: &crate::state::Backend| be.is_up() && (!any_room || be.slots.has_room());
+        // A member ramping up after its return (`slow_start`) weighs a share of its weight.
+        let now = if self.slow.is_some() { crate::state::mono_ns() } else { 0 };
+        let weight = |i: usize, be: &crate::state::Backend| -> u64 {
+            match &self.slow {
+                None => be.weight as u64,
+                Some(slow) => {
+                    let share = crate::state::ramp_share(be.ramp_since.load(Ordering::Relaxed), slow[i], now);
+                    ((be.weight as f64 * share).ceil() as u64).max(1)
+                }
+            }
+        };
         match self.balance {
             Balance::RoundRobin => {
                 // nginx's smooth weighted round robin: each pick adds every weight to its
@@ -164,8 +194,9 @@ impl VipRoute {
                     if !eligible(be) {
                         continue;
                     }
-                    cur[i] += be.weight as i64;
-                    total += be.weight as i64;
+                    let w = weight(i, be) as i64;
+                    cur[i] += w;
+                    total += w;
                     if best.is_none_or(|j| cur[i] > cur[j]) {
                         best = Some(i);
                     }
@@ -180,12 +211,13 @@ impl VipRoute {
                 let start = self.rotate.fetch_add(1, Ordering::Relaxed);
                 let mut best: Option<(usize, u64, u64)> = None;
                 for k in 0..n {
-                    let b = self.members[(start + k) % n];
-                    let be = &cluster.backends[b];
+                    let i = (start + k) % n;
+                    let be = &cluster.backends[self.members[i]];
+                    let b = self.members[i];
                     if !eligible(be) {
                         continue;
                     }
-                    let (o, w) = (be.outstanding.load(Ordering::Relaxed), be.weight as u64);
+                    let (o, w) = (be.outstanding.load(Ordering::Relaxed), weight(i, be));
                     if best.is_none_or(|(_, bo, bw)| o * bw < bo * w) {
                         best = Some((b, o, w));
                     }
@@ -201,7 +233,6 @@ mod tests {
     use super::*;
     use crate::{config::Config, http::session};
     use dispatcher_common::{Health, Operator};
-    use std::time::Duration;
 
     const CFG: &str = r#"
 [dispatcher]
@@ -384,6 +415,32 @@ mode = "http"
         assert_eq!(r.route_pinned(&c, 2, false), Decision::Affinity(2));
         let only_c = VipRoute::new(vec![2], Balance::RoundRobin, true);
         assert_eq!(only_c.route_pinned(&c, 1, false), Decision::Balanced(2), "not a member: balanced");
+    }
+
+    #[test]
+    fn a_member_back_from_down_ramps_up_over_slow_start_and_its_sessions_return_at_once() {
+        let cfg = Config::parse(CFG, "t").unwrap();
+        let c = Cluster::new(&cfg, &[Health::Up; 3], &[Operator::None; 3], None);
+        let slow = Duration::from_millis(400);
+        let r = VipRoute::new(vec![0, 2], Balance::RoundRobin, true).with_slow_start(vec![Some(slow), Some(slow)]);
+        let share = |r: &VipRoute| (0..200).filter(|_| r.route(&c, None, false, true) == Decision::Balanced(0)).count();
+        assert!((90..=110).contains(&share(&r)), "equal weights: half each");
+        c.set_health(0, Health::Down);
+        c.set_health(0, Health::Up);
+        let early = share(&r);
+        assert!(early <= 20, "just back: about 5% of new sessions, got {early} of 200");
+        assert_eq!(route(&c, &r, "0000x:cA"), Decision::Affinity(0), "its own sessions return at once");
+        std::thread::sleep(slow / 2);
+        let mid = share(&r);
+        assert!((40..=90).contains(&mid), "half way: about a third, got {mid} of 200");
+        std::thread::sleep(slow);
+        assert!((90..=110).contains(&share(&r)), "ramp done");
+        // A suspect that recovers never left: no ramp.
+        c.set_health(0, Health::Suspect);
+        c.set_health(0, Health::Up);
+        assert!((90..=110).contains(&share(&r)));
+        let cfg = Config::parse(CFG, "t").unwrap();
+        assert_eq!(cfg.vips[0].slow_start_of(&cfg, 0), None);
     }
 
     #[test]
