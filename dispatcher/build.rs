@@ -41,8 +41,50 @@ fn main() -> anyhow::Result<()> {
     if let Some(common) = common {
         println!("cargo:rerun-if-changed={common}");
     }
-    aya_build::build_ebpf(
-        [aya_build::Package { name: "dispatcher-ebpf", root_dir: root.as_str(), ..Default::default() }],
-        aya_build::Toolchain::default(),
-    )
+    build_ebpf(root.as_str())
+}
+
+/// The programs of `dispatcher-ebpf`, built as aya-build 0.2 builds them (nightly,
+/// `build-std=core`, BTF, `bpf_target_arch` set) plus one code-generation flag it cannot
+/// be given: `allows-misaligned-mem-access`. Packet headers have no alignment guarantee,
+/// so without it LLVM splits every multi-byte header access into single bytes; the
+/// kernel takes unaligned packet and map-value accesses on x86-64 and arm64 (the verifier
+/// is strict only where the CPU is), so with it a 4-byte field is one load. The stack is
+/// always accessed aligned (LLVM knows its alignment).
+fn build_ebpf(root: &str) -> anyhow::Result<()> {
+    println!("cargo:rerun-if-changed={root}");
+    let out_dir = PathBuf::from(env::var_os("OUT_DIR").ok_or_else(|| anyhow!("OUT_DIR not set"))?);
+    let endian = env::var("CARGO_CFG_TARGET_ENDIAN").context("CARGO_CFG_TARGET_ENDIAN")?;
+    let target = if endian == "big" { "bpfeb-unknown-none" } else { "bpfel-unknown-none" };
+    let arch = env::var("CARGO_CFG_TARGET_ARCH").context("CARGO_CFG_TARGET_ARCH")?;
+    let target_dir = out_dir.join("ebpf-target");
+    let flags = [
+        format!("--cfg=bpf_target_arch=\"{arch}\""),
+        "-Cdebuginfo=2".into(),
+        "-Clink-arg=--btf".into(),
+        "-Ctarget-feature=+allows-misaligned-mem-access".into(),
+    ];
+    let mut cmd = std::process::Command::new("rustup");
+    cmd.args(["run", "nightly", "cargo", "build", "--package", "dispatcher-ebpf", "--bins", "--release"])
+        .args(["--target", target, "-Z", "build-std=core", "--target-dir"])
+        .arg(&target_dir)
+        .current_dir(root)
+        .env("CARGO_ENCODED_RUSTFLAGS", flags.join("\x1f"));
+    // The host build's compiler settings must not leak into the nightly one.
+    for key in ["RUSTC", "RUSTC_WORKSPACE_WRAPPER", "RUSTFLAGS", "CARGO_BUILD_RUSTFLAGS"] {
+        cmd.env_remove(key);
+    }
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    for line in String::from_utf8_lossy(&out.stderr).lines() {
+        // Progress and warnings show with `-vv`; errors are printed below as well.
+        println!("cargo:warning={line}");
+    }
+    if !out.status.success() {
+        return Err(anyhow!("building the XDP programs failed: {cmd:?}: {}", out.status));
+    }
+    for bin in ["dispatcher", "decap", "pass", "tx"] {
+        let built = target_dir.join(target).join("release").join(bin);
+        std::fs::copy(&built, out_dir.join(bin)).with_context(|| format!("copying {}", built.display()))?;
+    }
+    Ok(())
 }

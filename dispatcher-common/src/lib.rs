@@ -305,8 +305,10 @@ pub struct FlowValue {
     /// Hash of the session cookie that pinned this flow: a SIP dialog's Call-ID hash (0 for
     /// L4 flows).
     pub cookie_hash: u64,
-    /// bpf_ktime_get_ns() of the last packet that refreshed it.
-    pub last_seen_ns: u64,
+    /// On a VIP with `sticky_time`, when it was pinned (bpf_ktime_get_coarse_ns); 0
+    /// elsewhere (no clock is read for it). Packets of an established flow write
+    /// nothing: the LRU ages entries by use.
+    pub pinned_ns: u64,
 }
 
 /// The `FLOWS` key that pins the messages of a SIP dialog (by its Call-ID hash) on a VIP.
@@ -496,7 +498,10 @@ pub mod stats {
         "drop_sip_unknown_ln",
     ];
 
-    /// Per VIP: forwarded packets/bytes, new flows, flow-table hits, affinity hits, drops.
+    /// Per VIP: forwarded packets/bytes other than on a pinned flow, new flows, packets and
+    /// bytes forwarded on a pinned flow (flow-table hits), affinity hits, drops. Each
+    /// forwarded packet is counted once, under `VIP_PACKETS` or `VIP_FLOW_HITS`: the VIP's
+    /// total is their sum (`vip_forwarded` in the agent).
     pub const VIP_PACKETS: u32 = 0;
     pub const VIP_NEW_FLOWS: u32 = 1;
     pub const VIP_FLOW_HITS: u32 = 2;

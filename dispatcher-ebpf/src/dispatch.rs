@@ -4,7 +4,7 @@ use aya_ebpf::{bindings::xdp_action, programs::XdpContext};
 use dispatcher_common::{
     addr_words,
     stats::{self, vip_slot},
-    FlowKey, VipInfo, VipKey, AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP, MODE_ADDR_MARKER, MODE_HTTP, MODE_SIP,
+    FlowKey, VipKey, AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP, MODE_ADDR_MARKER, MODE_HTTP, MODE_SIP,
 };
 
 use crate::{
@@ -34,6 +34,9 @@ pub struct L3 {
     pub ip_len: u32,
     pub src: [u32; 4],
     pub dst: [u32; 4],
+    /// The header's first four bytes as they are (IPv4: version/IHL, TOS, length; IPv6:
+    /// version, traffic class, flow label), kept for an outer header.
+    pub head: [u8; 4],
 }
 
 #[inline(always)]
@@ -140,6 +143,7 @@ pub fn try_dispatch(ctx: &XdpContext) -> Result<u32, ()> {
                 ip_len: be16(ip.tot_len) as u32,
                 src: [read_word(&ip.src), 0, 0, 0],
                 dst,
+                head: [ip.ver_ihl, ip.tos, ip.tot_len[0], ip.tot_len[1]],
             }
         }
         ETH_P_IPV6 => {
@@ -167,6 +171,7 @@ pub fn try_dispatch(ctx: &XdpContext) -> Result<u32, ()> {
                 ip_len,
                 src: addr_words(&ip.src),
                 dst,
+                head: ip.ver_tc_flow,
             }
         }
         _ => return pass(stats::PASS_NON_IP, len),
@@ -183,22 +188,29 @@ pub fn try_dispatch(ctx: &XdpContext) -> Result<u32, ()> {
             None => pass(stats::PASS_NON_VIP, len),
         };
     }
-    let ports = unsafe { &*ptr_at::<Ports>(ctx, l3.l4_off)? };
+    // The ports, and for TCP the data offset and flags (bytes 12 and 13), in one read.
+    let (sport, dport, tcp_bits) = if l3.proto == IPPROTO_TCP {
+        let t = unsafe { &*ptr_at::<[u8; 14]>(ctx, l3.l4_off)? };
+        ([t[0], t[1]], [t[2], t[3]], [t[12], t[13]])
+    } else {
+        let p = unsafe { &*ptr_at::<Ports>(ctx, l3.l4_off)? };
+        (p.src, p.dst, [0, 0])
+    };
     let key = FlowKey {
         src: l3.src,
         dst: l3.dst,
-        sport: u16::from_ne_bytes(ports.src),
-        dport: u16::from_ne_bytes(ports.dst),
+        sport: u16::from_ne_bytes(sport),
+        dport: u16::from_ne_bytes(dport),
         proto: l3.proto,
         family: l3.family,
         _pad: 0,
     };
 
     let vkey = VipKey { addr: key.dst, port: key.dport, proto: l3.proto, family: l3.family };
+    // Read in place (no copy onto the stack).
     let Some(vip) = (unsafe { VIPS.get(&vkey) }) else {
         return pass(stats::PASS_NON_VIP, len);
     };
-    let vip: VipInfo = *vip;
     if vip.mode == MODE_ADDR_MARKER {
         return pass(stats::PASS_NON_VIP, len);
     }
@@ -219,7 +231,7 @@ pub fn try_dispatch(ctx: &XdpContext) -> Result<u32, ()> {
     let mut syn = false;
     if l3.proto == IPPROTO_TCP {
         // Data offset is the high nibble of byte 12; the flags are byte 13.
-        let [doff, flags] = unsafe { *ptr_at::<[u8; 2]>(ctx, l3.l4_off + 12)? };
+        let [doff, flags] = tcp_bits;
         if doff >> 4 < 5 {
             return drop_vip(vip.id, stats::DROP_BAD_TCP_DOFF, len);
         }
@@ -235,19 +247,19 @@ pub fn try_dispatch(ctx: &XdpContext) -> Result<u32, ()> {
     }
 
     if vip.mode == MODE_SIP && l3.proto == IPPROTO_UDP {
-        return sip::dispatch(ctx, &l2, &l3, &vip, &vkey, len);
+        return sip::dispatch(ctx, &l2, &l3, vip, &vkey, len);
     }
 
-    let Some((backend_id, backend)) = select::select_backend(&vip, &key, syn, 0) else {
+    let Some((backend_id, backend, hit)) = select::select_backend(vip, &key, syn, 0) else {
         count(vip_slot(vip.id, stats::VIP_DROPS), len);
         return drop(stats::DROP_NO_BACKEND, len);
     };
-    let verdict = forward::forward(ctx, &l2, &l3, &vip, &backend);
+    let verdict = forward::forward(ctx, &l2, &l3, vip, backend);
     if verdict == DROP {
         count(vip_slot(vip.id, stats::VIP_DROPS), len);
         count(stats::DROP_ENCAP_FAILED, len);
     } else {
-        count(vip_slot(vip.id, stats::VIP_PACKETS), len);
+        count(vip_slot(vip.id, if hit { stats::VIP_FLOW_HITS } else { stats::VIP_PACKETS }), len);
         count(stats::backend_slot(backend_id, stats::BACKEND_PACKETS), len);
     }
     Ok(verdict)

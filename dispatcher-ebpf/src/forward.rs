@@ -5,12 +5,8 @@ use aya_ebpf::{bindings::xdp_action, helpers::bpf_xdp_adjust_head, programs::Xdp
 use dispatcher_common::{BackendInfo, VipInfo, AF_INET, FWD_IPIP, IPPROTO_IPIP, IPPROTO_IPV6};
 
 use crate::{
-    csum::ipv4_header_csum,
     dispatch::L3,
-    parse::{
-        ptr_at, read_mac, read_word, write_addr6, write_mac, write_word, EthHdr, Ipv4Hdr, Ipv6Hdr, ETH_HLEN, ETH_P_IP,
-        ETH_P_IPV6, IPV4_HLEN, IPV6_HLEN, L2, VLAN_HLEN,
-    },
+    parse::{load_mac, ptr_at, store_mac, EthHdr, ETH_HLEN, ETH_P_IP, ETH_P_IPV6, IPV4_HLEN, IPV6_HLEN, L2, VLAN_HLEN},
 };
 
 const TX: u32 = xdp_action::XDP_TX;
@@ -39,62 +35,88 @@ pub fn forward(ctx: &XdpContext, l2: &L2, l3: &L3, vip: &VipInfo, b: &BackendInf
 /// sent to, which is this interface.
 #[inline(always)]
 fn rewrite_macs(ctx: &XdpContext, eth_off: usize, b: &BackendInfo) -> Result<(), ()> {
-    let eth = unsafe { &mut *ptr_at::<EthHdr>(ctx, eth_off)? };
-    let to = read_mac(&eth.dst);
-    write_mac(&mut eth.src, to);
-    write_mac(&mut eth.dst, b.mac);
+    let eth = ptr_at::<EthHdr>(ctx, eth_off)? as *mut u8;
+    unsafe {
+        let to = load_mac(eth);
+        store_mac(eth.add(6), to);
+        store_mac(eth, load_mac(b.mac.as_ptr()));
+    }
     Ok(())
 }
 
 /// Grow the head by `outer` bytes and move the link header (Ethernet and the VLAN tag if
-/// any) to the new front, with its ethertype set to the outer protocol.
+/// any) to the new front, with its ethertype set to the outer protocol. Returns the new
+/// front, checked once for `FRONT` bytes (the link header, tag and outer header: every
+/// frame that gets here is longer, its inner headers having been checked).
 #[inline(always)]
-fn push_outer(ctx: &XdpContext, l2: &L2, outer: usize, ethertype: u16, b: &BackendInfo) -> Result<(), ()> {
+fn push_outer<const FRONT: usize>(
+    ctx: &XdpContext,
+    l2: &L2,
+    outer: usize,
+    ethertype: u16,
+    b: &BackendInfo,
+) -> Result<*mut u8, ()> {
     if unsafe { bpf_xdp_adjust_head(ctx.ctx, -(outer as i32)) } != 0 {
         return Err(());
     }
-    let old = unsafe { &*ptr_at::<EthHdr>(ctx, outer)? };
-    let to = read_mac(&old.dst);
-    let old_proto = old.proto;
-    let new = unsafe { &mut *ptr_at::<EthHdr>(ctx, 0)? };
-    write_mac(&mut new.src, to);
-    write_mac(&mut new.dst, b.mac);
-    if l2.l3_off == ETH_HLEN {
-        new.proto = ethertype.to_be_bytes();
-    } else {
-        // Keep the 802.1Q tag: the next hop is on the same VLAN we received on.
-        new.proto = old_proto;
-        let tag_old: *const [u8; 2] = ptr_at(ctx, outer + ETH_HLEN)?;
-        let tag_new: *mut [u8; 4] = ptr_at(ctx, ETH_HLEN)?;
-        unsafe {
-            let t = *tag_old;
-            *tag_new = [t[0], t[1], (ethertype >> 8) as u8, ethertype as u8];
+    let base = ptr_at::<[u8; FRONT]>(ctx, 0)? as *mut u8;
+    unsafe {
+        // The old link header starts `outer` bytes in (at least 20: no overlap).
+        let old = base.add(outer);
+        store_mac(base.add(6), load_mac(old));
+        store_mac(base, load_mac(b.mac.as_ptr()));
+        if l2.l3_off == ETH_HLEN {
+            (base.add(12) as *mut u16).write_unaligned(ethertype.to_be());
+        } else {
+            // Keep the 802.1Q tag: the next hop is on the same VLAN we received on.
+            (base.add(12) as *mut u32).write_unaligned((old.add(12) as *const u32).read_unaligned());
+            (base.add(16) as *mut u16).write_unaligned(ethertype.to_be());
         }
     }
-    Ok(())
+    Ok(base)
 }
+
+/// Front bytes `push_outer` checks: link header, VLAN tag, outer header.
+const FRONT4: usize = ETH_HLEN + VLAN_HLEN + IPV4_HLEN;
+const FRONT6: usize = ETH_HLEN + VLAN_HLEN + IPV6_HLEN;
 
 #[inline(always)]
 fn encap_ipv4(ctx: &XdpContext, l2: &L2, l3: &L3, vip: &VipInfo, b: &BackendInfo) -> Result<(), ()> {
     if l3.ip_len + IPV4_HLEN as u32 > u16::MAX as u32 {
         return Err(());
     }
-    let tos = unsafe { (*ptr_at::<Ipv4Hdr>(ctx, l2.l3_off)?).tos };
-    push_outer(ctx, l2, IPV4_HLEN, ETH_P_IP, b)?;
+    let tos = l3.head[1];
+    let base = push_outer::<FRONT4>(ctx, l2, IPV4_HLEN, ETH_P_IP, b)?;
     let off = if l2.l3_off == ETH_HLEN { ETH_HLEN } else { ETH_HLEN + VLAN_HLEN };
-    let outer = unsafe { &mut *ptr_at::<Ipv4Hdr>(ctx, off)? };
-    outer.ver_ihl = 0x45;
-    outer.tos = tos;
     // The inner length fits its frame (checked before), so this does not wrap.
-    outer.tot_len = ((l3.ip_len + IPV4_HLEN as u32) as u16).to_be_bytes();
-    outer.id = [0, 0];
-    outer.frag_off = [0, 0];
-    outer.ttl = OUTER_TTL;
-    outer.proto = IPPROTO_IPIP;
-    outer.check = [0, 0];
-    write_word(&mut outer.src, vip.encap_src[0]);
-    write_word(&mut outer.dst, b.addr4);
-    outer.check = ipv4_header_csum(outer);
+    let tot_len = (l3.ip_len + IPV4_HLEN as u32) as u16;
+    let (src, dst) = (vip.encap_src[0], b.addr4);
+    // The header is made in registers and its checksum (RFC 1071) summed from them, then
+    // stored as five words: x86 takes unaligned stores to packet memory, and this is a
+    // fraction of the instructions of field-by-field bytes read back for the sum.
+    let [l0, l1] = tot_len.to_be_bytes();
+    let w0 = u32::from_ne_bytes([0x45, tos, l0, l1]);
+    let (s, d) = (u32::from_be(src), u32::from_be(dst));
+    let mut sum = (0x4500 | tos as u32)
+        + tot_len as u32
+        + (((OUTER_TTL as u32) << 8) | IPPROTO_IPIP as u32)
+        + (s >> 16)
+        + (s & 0xffff)
+        + (d >> 16)
+        + (d & 0xffff);
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    let [c0, c1] = (!(sum as u16)).to_be_bytes();
+    let w2 = u32::from_ne_bytes([OUTER_TTL, IPPROTO_IPIP, c0, c1]);
+    unsafe {
+        let outer = base.add(off) as *mut u32;
+        outer.write_unaligned(w0);
+        // Identification 0, no fragment flags or offset.
+        outer.add(1).write_unaligned(0);
+        outer.add(2).write_unaligned(w2);
+        outer.add(3).write_unaligned(src);
+        outer.add(4).write_unaligned(dst);
+    }
     Ok(())
 }
 
@@ -103,15 +125,19 @@ fn encap_ipv6(ctx: &XdpContext, l2: &L2, l3: &L3, vip: &VipInfo, b: &BackendInfo
     if b.addr6 == [0u32; 4] || l3.ip_len > u16::MAX as u32 {
         return Err(());
     }
-    let first = read_word(unsafe { &(*ptr_at::<Ipv6Hdr>(ctx, l2.l3_off)?).ver_tc_flow });
-    push_outer(ctx, l2, IPV6_HLEN, ETH_P_IPV6, b)?;
+    let first = u32::from_ne_bytes(l3.head);
+    let base = push_outer::<FRONT6>(ctx, l2, IPV6_HLEN, ETH_P_IPV6, b)?;
     let off = if l2.l3_off == ETH_HLEN { ETH_HLEN } else { ETH_HLEN + VLAN_HLEN };
-    let outer = unsafe { &mut *ptr_at::<Ipv6Hdr>(ctx, off)? };
-    write_word(&mut outer.ver_tc_flow, first);
-    outer.payload_len = (l3.ip_len as u16).to_be_bytes();
-    outer.next_hdr = IPPROTO_IPV6;
-    outer.hop_limit = OUTER_TTL;
-    write_addr6(&mut outer.src, &vip.encap_src);
-    write_addr6(&mut outer.dst, &b.addr6);
+    let [p0, p1] = (l3.ip_len as u16).to_be_bytes();
+    // Ten word stores (x86 takes unaligned stores to packet memory).
+    unsafe {
+        let outer = base.add(off) as *mut u32;
+        outer.write_unaligned(first);
+        outer.add(1).write_unaligned(u32::from_ne_bytes([p0, p1, IPPROTO_IPV6, OUTER_TTL]));
+        for i in 0..4 {
+            outer.add(2 + i).write_unaligned(vip.encap_src[i]);
+            outer.add(6 + i).write_unaligned(b.addr6[i]);
+        }
+    }
     Ok(())
 }

@@ -11,7 +11,6 @@
 
 mod rt;
 
-mod csum;
 mod dispatch;
 mod forward;
 mod maps;

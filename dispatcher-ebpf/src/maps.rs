@@ -21,10 +21,12 @@ pub static BACKENDS: Array<BackendInfo> = Array::with_max_entries(MAX_BACKENDS, 
 #[map]
 pub static RINGS: Array<u32> = Array::with_max_entries(MAX_VIPS * MAX_RING_SIZE, 0);
 
-/// Per-CPU LRU lists (as Katran's per-CPU LRU maps): inserting a new flow takes no lock
-/// shared with the other CPUs; a flow's packets arrive on one CPU (RSS).
+/// One LRU over all CPUs (as Katran's connection table): a new flow takes a node from
+/// its CPU's local free list, refilled from the common list in batches, where per-CPU
+/// LRU lists rotate on every insert; and the whole capacity serves whichever CPU needs
+/// it (per-CPU lists split it evenly, whatever RSS does).
 #[map]
-pub static FLOWS: LruHashMap<FlowKey, FlowValue> = LruHashMap::with_max_entries(DEFAULT_MAX_FLOWS, BPF_F_NO_COMMON_LRU);
+pub static FLOWS: LruHashMap<FlowKey, FlowValue> = LruHashMap::with_max_entries(DEFAULT_MAX_FLOWS, 0);
 
 #[map]
 pub static AFFINITY: LruHashMap<AffinityKey, AffinityValue> =

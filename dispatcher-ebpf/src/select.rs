@@ -1,7 +1,7 @@
 //! Which backend a VIP packet goes to: pinned flow, then client affinity, then the
 //! VIP's Maglev ring — each filtered by the backend's state.
 
-use aya_ebpf::helpers::bpf_ktime_get_coarse_ns;
+use aya_ebpf::{bindings::BPF_NOEXIST, helpers::bpf_ktime_get_coarse_ns};
 use dispatcher_common::{
     hash::flow_hash, keeps_flows, stats, takes_new_flows, AffinityKey, AffinityValue, BackendInfo, FlowKey, FlowValue,
     VipInfo, MAX_RING_SIZE, NO_BACKEND, STATE_UP, VIP_F_AFFINITY,
@@ -17,14 +17,15 @@ use crate::{
 const RING_PROBES: u32 = 4;
 const NS_PER_SEC: u64 = 1_000_000_000;
 
+/// A backend's entry, read in place (no copy onto the stack).
 #[inline(always)]
-fn backend(id: u32) -> Option<BackendInfo> {
-    BACKENDS.get(id).copied()
+fn backend(id: u32) -> Option<&'static BackendInfo> {
+    BACKENDS.get(id)
 }
 
 /// The backend itself if it takes new flows, else its replica if that one does.
 #[inline(always)]
-fn usable_for_new(id: u32) -> Option<(u32, BackendInfo)> {
+fn usable_for_new(id: u32) -> Option<(u32, &'static BackendInfo)> {
     let b = backend(id)?;
     if takes_new_flows(b.state) {
         return Some((id, b));
@@ -33,7 +34,7 @@ fn usable_for_new(id: u32) -> Option<(u32, BackendInfo)> {
 }
 
 #[inline(always)]
-fn replica_if_up(b: &BackendInfo) -> Option<(u32, BackendInfo)> {
+fn replica_if_up(b: &BackendInfo) -> Option<(u32, &'static BackendInfo)> {
     if b.replica == NO_BACKEND {
         return None;
     }
@@ -46,7 +47,7 @@ fn replica_if_up(b: &BackendInfo) -> Option<(u32, BackendInfo)> {
 }
 
 #[inline(always)]
-fn from_ring(vip: &VipInfo, key: &FlowKey) -> Option<(u32, BackendInfo)> {
+fn from_ring(vip: &VipInfo, key: &FlowKey) -> Option<(u32, &'static BackendInfo)> {
     let size = vip.ring_size;
     if size == 0 || size > MAX_RING_SIZE {
         return None;
@@ -67,7 +68,7 @@ fn from_ring(vip: &VipInfo, key: &FlowKey) -> Option<(u32, BackendInfo)> {
 }
 
 #[inline(always)]
-fn from_affinity(akey: &AffinityKey, now: u64) -> Option<(u32, BackendInfo)> {
+fn from_affinity(akey: &AffinityKey, now: u64) -> Option<(u32, &'static BackendInfo)> {
     let a = unsafe { AFFINITY.get(akey) }?;
     if a.expires_ns < now {
         return None;
@@ -75,38 +76,42 @@ fn from_affinity(akey: &AffinityKey, now: u64) -> Option<(u32, BackendInfo)> {
     usable_for_new(a.backend)
 }
 
-/// `syn`: a TCP connection attempt (SYN without ACK). One that finds its tuple pinned to
-/// a backend taking no new flows (drained, suspect, down) is a new connection reusing
-/// the client's port, not part of the old flow: it is chosen afresh. `cookie`: what a
-/// new pin records as its `cookie_hash` (a SIP dialog's Call-ID hash, else 0).
+/// The chosen backend: its id, its entry, and whether the packet followed its flow's pin
+/// (counted by the caller under `VIP_FLOW_HITS`, every other forwarded packet under
+/// `VIP_PACKETS`: one counter per packet).
+pub type Chosen = (u32, &'static BackendInfo, bool);
+
+/// `syn`: a TCP connection attempt (SYN without ACK). A SYN is placed like a new flow
+/// without looking `FLOWS` up first (the insert looks anyway: `BPF_NOEXIST` fails only
+/// when the tuple is pinned, which for a SYN is rare — a retransmission, or a client
+/// reusing its port). A retransmitted SYN stays where its first went while that backend
+/// takes new flows; one on a tuple pinned to a backend taking none (drained, suspect,
+/// down) is a new connection, chosen afresh. `cookie`: what a new pin records as its
+/// `cookie_hash` (a SIP dialog's Call-ID hash, else 0).
 #[inline(always)]
-pub fn select_backend(vip: &VipInfo, key: &FlowKey, syn: bool, cookie: u64) -> Option<(u32, BackendInfo)> {
-    // Coarse clock (jiffy resolution): enough for "last seen" and sticky times, and far
-    // cheaper than the precise one on every packet.
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
-    if let Some(flow) = FLOWS.get_ptr_mut(key) {
-        let pinned = unsafe { (*flow).backend };
-        if let Some(b) = backend(pinned).filter(|b| !syn || takes_new_flows(b.state)) {
-            if keeps_flows(b.state) {
-                unsafe { (*flow).last_seen_ns = now };
-                count(stats::vip_slot(vip.id, stats::VIP_FLOW_HITS), 0);
-                return Some((pinned, b));
-            }
-            // Pinned backend is down or disabled: its peer replica holds its state.
-            if let Some((rid, r)) = replica_if_up(&b) {
-                unsafe {
-                    (*flow).backend = rid;
-                    (*flow).last_seen_ns = now;
+pub fn select_backend(vip: &VipInfo, key: &FlowKey, syn: bool, cookie: u64) -> Option<Chosen> {
+    if !syn {
+        if let Some(flow) = FLOWS.get_ptr_mut(key) {
+            let pinned = unsafe { (*flow).backend };
+            if let Some(b) = backend(pinned) {
+                if keeps_flows(b.state) {
+                    return Some((pinned, b, true));
                 }
-                count(stats::vip_slot(vip.id, stats::VIP_REPINNED), 0);
-                return Some((rid, r));
+                // Pinned backend is down or disabled: its peer replica holds its state.
+                if let Some((rid, r)) = replica_if_up(&b) {
+                    unsafe { (*flow).backend = rid };
+                    count(stats::vip_slot(vip.id, stats::VIP_REPINNED), 0);
+                    return Some((rid, r, false));
+                }
             }
+            // No replica to take it: chosen as a new flow (the entry is overwritten).
         }
-        // No replica to take it, or a new connection: fall through and choose as for a
-        // new flow (the entry is overwritten).
     }
 
+    // Coarse clock (jiffy resolution), read only where a sticky time needs it: enough
+    // for that, and far cheaper than the precise one.
     let sticky = vip.flags & VIP_F_AFFINITY != 0;
+    let now = if sticky { unsafe { bpf_ktime_get_coarse_ns() } } else { 0 };
     let akey = AffinityKey { group: vip.port_group, family: key.family as u32, client: key.src };
     let mut chosen = None;
     if sticky {
@@ -120,13 +125,27 @@ pub fn select_backend(vip: &VipInfo, key: &FlowKey, syn: bool, cookie: u64) -> O
     }
     let (id, b) = chosen?;
 
-    let flow = FlowValue { backend: id, vip: vip.id, cookie_hash: cookie, last_seen_ns: now };
-    let _ = FLOWS.insert(key, &flow, 0);
+    let flow = FlowValue { backend: id, vip: vip.id, cookie_hash: cookie, pinned_ns: now };
+    if syn {
+        if FLOWS.insert(key, &flow, BPF_NOEXIST as u64).is_err() {
+            // Pinned already. A retransmitted SYN keeps its backend if that one still
+            // takes new flows; otherwise (or if the entry went meanwhile) it is re-pinned.
+            if let Some(p) = unsafe { FLOWS.get(key) } {
+                let pinned = p.backend;
+                if let Some(pb) = backend(pinned).filter(|pb| takes_new_flows(pb.state)) {
+                    return Some((pinned, pb, true));
+                }
+            }
+            let _ = FLOWS.insert(key, &flow, 0);
+        }
+    } else {
+        let _ = FLOWS.insert(key, &flow, 0);
+    }
     if sticky {
         let expires_ns = now + vip.sticky_secs as u64 * NS_PER_SEC;
         let _ = AFFINITY.insert(&akey, &AffinityValue { backend: id, _pad: 0, expires_ns }, 0);
     }
     count(stats::vip_slot(vip.id, stats::VIP_NEW_FLOWS), 0);
     count(stats::backend_slot(id, stats::BACKEND_NEW_FLOWS), 0);
-    Some((id, b))
+    Some((id, b, false))
 }

@@ -21,7 +21,7 @@ use dispatcher_common::{
     sip::{Scan, SIP_SCAN_MAX, SRC_CALL_ID},
     sip_call_key, stats,
     stats::vip_slot,
-    BackendInfo, CloneValue, VipInfo, VipKey, CLONE_F_FAILED_OVER, NO_BACKEND, STATE_SUSPECT,
+    CloneValue, VipInfo, VipKey, CLONE_F_FAILED_OVER, NO_BACKEND, STATE_SUSPECT,
 };
 
 use crate::{
@@ -79,22 +79,22 @@ fn drop_counted(vip: u32, vip_what: u32, global: u32, len: u64) -> Result<u32, (
 /// Where a logical name's messages go: `Ok(Some)` a backend, `Ok(None)` held (owner
 /// suspect), `Err` nobody.
 #[inline(always)]
-fn owner_of(v: &CloneValue) -> Result<Option<(u32, BackendInfo)>, ()> {
-    let b = *BACKENDS.get(v.owner).ok_or(())?;
+fn owner_of(v: &CloneValue) -> Result<Option<select::Chosen>, ()> {
+    let b = BACKENDS.get(v.owner).ok_or(())?;
     if b.state == STATE_SUSPECT {
         return Ok(None);
     }
     if keeps_flows(b.state) {
-        return Ok(Some((v.owner, b)));
+        return Ok(Some((v.owner, b, false)));
     }
     // Out, and the agent has not rewritten the entry yet: its replica holds its sessions.
     if v.flags & CLONE_F_FAILED_OVER == 0 && v.replica != NO_BACKEND {
-        let r = *BACKENDS.get(v.replica).ok_or(())?;
+        let r = BACKENDS.get(v.replica).ok_or(())?;
         if r.state == STATE_SUSPECT {
             return Ok(None);
         }
         if keeps_flows(r.state) {
-            return Ok(Some((v.replica, r)));
+            return Ok(Some((v.replica, r, false)));
         }
     }
     Err(())
@@ -173,17 +173,17 @@ pub fn dispatch(ctx: &XdpContext, l2: &L2, l3: &L3, vip: &VipInfo, vkey: &VipKey
             }
         }
     };
-    let (backend_id, backend) = chosen;
+    let (backend_id, backend, hit) = chosen;
     if backend.state == STATE_SUSPECT {
         // A dialog pinned to a container that may be frozen: held, as a name would be.
         return drop_counted(vip.id, stats::VIP_SIP_HELD, stats::DROP_SIP_HELD, len);
     }
-    let verdict = forward::forward(ctx, l2, l3, vip, &backend);
+    let verdict = forward::forward(ctx, l2, l3, vip, backend);
     if verdict == DROP {
         count(vip_slot(vip.id, stats::VIP_DROPS), len);
         count(stats::DROP_ENCAP_FAILED, len);
     } else {
-        count(vip_slot(vip.id, stats::VIP_PACKETS), len);
+        count(vip_slot(vip.id, if hit { stats::VIP_FLOW_HITS } else { stats::VIP_PACKETS }), len);
         count(vip_slot(vip.id, stats::vip_sip_source(src)), len);
         count(stats::backend_slot(backend_id, stats::BACKEND_PACKETS), len);
     }

@@ -74,6 +74,7 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
         pin_dir: Some(&pin_dir),
         flow_table_size: cfg.flow_table_size,
         affinity_table_size: cfg.affinity_table_size,
+        object: None,
     })
     .with_context(|| format!("loading the data plane pinned under {}", pin_dir.display()))?;
     let mut tables = Tables::from_ebpf(&mut ebpf)?;

@@ -164,8 +164,13 @@ impl Fixture {
     }
 
     pub fn with_flow_table(config: &str, flows: u32) -> Fixture {
+        Fixture::with_object(config, flows, None)
+    }
+
+    /// As `with_flow_table`, with another build of the program (`None`: this one's).
+    pub fn with_object(config: &str, flows: u32, object: Option<&[u8]>) -> Fixture {
         let cfg = Config::parse(config, "fixture.toml").expect("fixture configuration");
-        let opts = LoadOptions { flow_table_size: flows, affinity_table_size: 4096, ..Default::default() };
+        let opts = LoadOptions { flow_table_size: flows, affinity_table_size: 4096, object, ..Default::default() };
         let mut ebpf = dataplane::load_dispatcher(&opts).expect("load and verify the XDP program");
         let mut tables = Tables::from_ebpf(&mut ebpf).expect("maps");
         let affinity_map = ebpf.take_map("AFFINITY").expect("AFFINITY map");

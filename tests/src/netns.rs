@@ -703,7 +703,7 @@ pub fn dispatcher_bin() -> PathBuf {
 
 /// A binary of the workspace (the agent, or the tools crate's `demo`) from the same build
 /// as the running executable; refused when older than the agent's sources or than
-/// `also` (the source folders of its own crate and of the harness it uses).
+/// `also` (its own source files and folders, and the harness it uses).
 pub fn built_bin(name: &str, also: &[&str]) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().unwrap();
@@ -736,6 +736,9 @@ pub fn built_bin(name: &str, also: &[&str]) -> PathBuf {
 /// The most recently modified file below `dir`, leaving out entries named in `skip` (at
 /// the top level).
 fn newest(dir: &Path, skip: &[&str]) -> Option<(std::time::SystemTime, PathBuf)> {
+    if dir.is_file() {
+        return std::fs::metadata(dir).and_then(|m| m.modified()).ok().map(|t| (t, dir.to_path_buf()));
+    }
     let mut best: Option<(std::time::SystemTime, PathBuf)> = None;
     for e in std::fs::read_dir(dir).ok()?.flatten() {
         if skip.iter().any(|s| e.file_name() == *s) {

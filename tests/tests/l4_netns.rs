@@ -422,7 +422,7 @@ fn a_failover_with_a_million_flows_leaves_the_agent_responsive() {
             family: dispatcher_common::AF_INET,
             _pad: 0,
         };
-        let v = dispatcher_common::FlowValue { backend: 0, vip: 0, cookie_hash: 0, last_seen_ns: 0 };
+        let v = dispatcher_common::FlowValue { backend: 0, vip: 0, cookie_hash: 0, pinned_ns: 0 };
         flows.insert(key, v, 0).unwrap();
     }
     let fill_time = filled.elapsed();

@@ -87,6 +87,10 @@ enum Cmd {
         /// The access log's cost: requests/s with `[access_log]` off and on.
         #[arg(long)]
         access_log: bool,
+        /// HTTP p99 against HAProxy at full load and at 50/75/90% of its maximum, in
+        /// repeated rounds.
+        #[arg(long)]
+        p99: bool,
         /// Fewer runs per case.
         #[arg(long)]
         quick: bool,
@@ -147,12 +151,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             exec_built("demo", &args)
         }
-        Cmd::Bench { xdp, http, failover, l4, scaling, cluster, scale_out, sip, tls, access_log, quick } => {
+        Cmd::Bench { xdp, http, failover, l4, scaling, cluster, scale_out, sip, tls, access_log, p99, quick } => {
             require_root("the benchmarks load BPF programs and create network namespaces")?;
             setup::setup()?;
-            let all =
-                !xdp && !http && !failover && !l4 && !scaling && !cluster && !scale_out && !sip && !tls && !access_log;
-            if all || http || failover || l4 || cluster || scale_out || tls || access_log {
+            let all = !xdp
+                && !http
+                && !failover
+                && !l4
+                && !scaling
+                && !cluster
+                && !scale_out
+                && !sip
+                && !tls
+                && !access_log
+                && !p99;
+            if all || http || failover || l4 || cluster || scale_out || tls || access_log || p99 {
                 // The peers measured beside the dispatcher, and the load generator.
                 setup::ensure_packages(&["haproxy", "nginx", "wrk", "nftables"])?;
             }
@@ -175,6 +188,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 (sip, "--sip"),
                 (tls, "--tls"),
                 (access_log, "--access-log"),
+                (p99, "--p99"),
                 (quick, "--quick"),
             ] {
                 if on {

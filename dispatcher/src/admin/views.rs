@@ -417,14 +417,18 @@ pub fn metrics(a: &Admin) -> String {
     }
     // One family at a time: the exposition format wants each family's samples together.
     let per_vip = [
-        ("dispatcher_xdp_vip_packets_total", "Packets to the VIP seen by XDP.", stats::VIP_PACKETS, false),
-        ("dispatcher_xdp_vip_bytes_total", "Bytes to the VIP seen by XDP.", stats::VIP_PACKETS, true),
-        ("dispatcher_xdp_vip_new_flows_total", "New flows pinned by XDP.", stats::VIP_NEW_FLOWS, false),
+        ("dispatcher_xdp_vip_packets_total", "Packets to the VIP XDP forwarded.", None, false),
+        ("dispatcher_xdp_vip_bytes_total", "Bytes to the VIP XDP forwarded.", None, true),
+        ("dispatcher_xdp_vip_new_flows_total", "New flows pinned by XDP.", Some(stats::VIP_NEW_FLOWS), false),
     ];
     for (name, help, slot, bytes) in per_vip {
         let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
         for (i, v) in cfg.vips.iter().enumerate() {
-            if let Ok(p) = t.counter(stats::vip_slot(i as u32, slot)) {
+            let read = match slot {
+                Some(slot) => t.counter(stats::vip_slot(i as u32, slot)),
+                None => t.vip_forwarded(i as u32),
+            };
+            if let Ok(p) = read {
                 let _ = writeln!(o, "{name}{{vip=\"{}\"}} {}", esc(&v.name), if bytes { p.bytes } else { p.packets });
             }
         }

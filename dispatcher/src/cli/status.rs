@@ -99,7 +99,7 @@ fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
         let c = |what| tables.counter(stats::vip_slot(id, what));
         vip_rows.push((
             v,
-            c(stats::VIP_PACKETS)?,
+            tables.vip_forwarded(id)?,
             c(stats::VIP_NEW_FLOWS)?.packets,
             c(stats::VIP_FLOW_HITS)?.packets,
             c(stats::VIP_DROPS)?.packets,

@@ -45,6 +45,8 @@ pub struct LoadOptions<'a> {
     pub pin_dir: Option<&'a Path>,
     pub flow_table_size: u32,
     pub affinity_table_size: u32,
+    /// Another build of the program (the XDP benchmark's baseline); `None`: this one's.
+    pub object: Option<&'a [u8]>,
 }
 
 impl Default for LoadOptions<'_> {
@@ -53,6 +55,7 @@ impl Default for LoadOptions<'_> {
             pin_dir: None,
             flow_table_size: dispatcher_common::DEFAULT_MAX_FLOWS,
             affinity_table_size: dispatcher_common::DEFAULT_MAX_AFFINITY,
+            object: None,
         }
     }
 }
@@ -122,7 +125,7 @@ pub fn load_dispatcher(opts: &LoadOptions) -> Result<Ebpf, DataplaneError> {
         check_pinned(name, path)?;
         loader.map_pin_path(name, path.as_path());
     }
-    let mut ebpf = loader.load(object::DISPATCHER)?;
+    let mut ebpf = loader.load(opts.object.unwrap_or(object::DISPATCHER))?;
     program(&mut ebpf, "dispatcher")?
         .load()
         .map_err(|source| DataplaneError::Program { what: "verifying the dispatcher program".into(), source })?;

@@ -296,6 +296,16 @@ impl Tables {
         }))
     }
 
+    /// Packets and bytes XDP forwarded for a VIP: on a pinned flow (`VIP_FLOW_HITS`) and
+    /// otherwise (`VIP_PACKETS`); each packet is counted under one of them.
+    pub fn vip_forwarded(&self, vip: u32) -> Result<Counter, DataplaneError> {
+        let (a, b) = (
+            self.counter(stats::vip_slot(vip, stats::VIP_PACKETS))?,
+            self.counter(stats::vip_slot(vip, stats::VIP_FLOW_HITS))?,
+        );
+        Ok(Counter { packets: a.packets + b.packets, bytes: a.bytes + b.bytes })
+    }
+
     /// A SIP VIP's message counts: forwarded by affinity source, then held (owner
     /// suspect), unknown logical name, invalid.
     pub fn sip_counters(&self, vip: u32) -> Result<Vec<(&'static str, u64)>, DataplaneError> {

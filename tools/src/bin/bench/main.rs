@@ -8,6 +8,7 @@ mod failover;
 mod http;
 mod l4;
 mod load;
+mod p99;
 mod scale_out;
 mod scaling;
 mod sip;
@@ -27,7 +28,8 @@ fn main() {
         && !has("--scale-out")
         && !has("--sip")
         && !has("--tls")
-        && !has("--access-log");
+        && !has("--access-log")
+        && !has("--p99");
     let mut parts = Vec::new();
     let mut md = String::new();
     if all || has("--xdp") {
@@ -90,6 +92,13 @@ fn main() {
         let (json, table) = tls::run(quick);
         parts.push(format!(r#""tls":{json}"#));
         md += "### TLS (HTTPS termination: wrk, openssl s_time, idle connections)\n\n";
+        md += &table;
+        md += "\n";
+    }
+    if all || has("--p99") {
+        let (json, table) = p99::run(quick);
+        parts.push(format!(r#""p99":{json}"#));
+        md += "### HTTP p99 against HAProxy (repeated rounds)\n\n";
         md += &table;
         md += "\n";
     }

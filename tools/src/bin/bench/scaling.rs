@@ -4,7 +4,7 @@
 use dispatcher_common::{FlowKey, FlowValue};
 use dispatcher_tests::{
     fixture::{test_run, Fixture, XDP_TX},
-    packet::Packet,
+    packet::{Packet, TCP_ACK},
 };
 
 fn median(mut v: Vec<u64>) -> u64 {
@@ -36,7 +36,8 @@ fn measure(fx: &mut Fixture, pass: &mut aya::Ebpf, runs: u32) -> (u64, u64, u64)
     let mut new = Vec::new();
     let mut est = Vec::new();
     let mut floor = Vec::new();
-    let established = Packet::tcp("192.168.0.2", 4001, "10.0.100.1", 80).build();
+    // An established connection's packets carry ACK.
+    let established = Packet::tcp("192.168.0.2", 4001, "10.0.100.1", 80).with(|p| p.tcp_flags = TCP_ACK).build();
     fx.run_bytes(&established);
     for i in 0..runs {
         let p = Packet::tcp(
@@ -75,8 +76,7 @@ pub fn run(quick: bool) -> (String, String) {
                 family: 2,
                 _pad: 0,
             };
-            let _ =
-                fx.tables.flows.insert(key, FlowValue { backend: i % 4, vip: 0, cookie_hash: 0, last_seen_ns: 0 }, 0);
+            let _ = fx.tables.flows.insert(key, FlowValue { backend: i % 4, vip: 0, cookie_hash: 0, pinned_ns: 0 }, 0);
         }
         let (n, e, f) = measure(&mut fx, &mut pass, runs);
         eprintln!("    {fill:>9} flows in the table: new {n} ns, established {e} ns (floor {f})");

@@ -7,12 +7,21 @@ use std::time::Duration;
 
 use dispatcher_tests::{
     fixture::{test_run, Fixture, CONFIG, XDP_DROP, XDP_PASS, XDP_TX},
-    packet::Packet,
+    packet::{Packet, TCP_ACK},
 };
 
 fn median(mut v: Vec<u64>) -> u64 {
     v.sort_unstable();
     v[v.len() / 2]
+}
+
+/// The mean of the middle half. The kernel's run times come in steps of about 10 ns, so a
+/// median can only move by a step; the mean of the middle half resolves below that and,
+/// as the median, ignores the outliers (interrupts, cache storms) at both ends.
+fn iq_mean(mut v: Vec<u64>) -> f64 {
+    v.sort_unstable();
+    let mid = &v[v.len() / 4..v.len() * 3 / 4];
+    mid.iter().sum::<u64>() as f64 / mid.len().max(1) as f64
 }
 
 /// One packet class.
@@ -73,6 +82,71 @@ fn sip_bye() -> Packet {
     sip("BYE sip:service@10.0.100.5:5060 SIP/2.0\r\nVia: SIP/2.0/UDP 10.0.0.2:5061;branch=z9hG4bK-7-2\r\nRoute: <sip:10.0.100.5:5060;transport=udp;ibmsid=lnA.1153242645968.4_2_2;lr>\r\nFrom: sipp <sip:sipp@10.0.0.2:5061>;tag=7SIPpTag001\r\nTo: service <sip:service@10.0.100.5:5060>;tag=lnA.1153242645968_1_1\r\nCall-ID: 7-4242@10.0.0.2\r\nCSeq: 2 BYE\r\nContact: sip:sipp@10.0.0.2:5061\r\nMax-Forwards: 70\r\nSubject: Performance Test\r\nContent-Length: 0\r\n\r\n".into())
 }
 
+/// The commit whose XDP program the cases are measured against in the same run (the
+/// code before the new-flow and established-flow work of issue 16).
+const BASELINE: &str = "9d4218f";
+
+/// The baseline's XDP object: built once from a git worktree of `BASELINE` (its own
+/// target directory, kept under target/bench), then reused. `None`, with the reason on
+/// stderr, outside a git checkout.
+fn baseline_object() -> Option<Vec<u8>> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf();
+    let bench = root.join("target/bench");
+    let cached = bench.join(format!("baseline-{BASELINE}.o"));
+    if let Ok(b) = std::fs::read(&cached) {
+        return Some(b);
+    }
+    let src = bench.join(format!("baseline-src-{BASELINE}"));
+    let target = bench.join("baseline-target");
+    let git = |args: &[&str]| std::process::Command::new("git").arg("-C").arg(&root).args(args).status();
+    let _ = git(&["worktree", "remove", "--force", src.to_str().unwrap()]);
+    if !git(&["worktree", "add", "--detach", src.to_str().unwrap(), BASELINE]).is_ok_and(|s| s.success()) {
+        eprintln!("    no baseline: `git worktree add {BASELINE}` failed (not a git checkout with that commit?)");
+        return None;
+    }
+    eprintln!("==> building the baseline XDP program ({BASELINE}) in {}", src.display());
+    let built = std::process::Command::new("cargo")
+        .args(["build", "--release", "-p", "dispatcher", "--lib"])
+        .current_dir(&src)
+        .env("CARGO_TARGET_DIR", &target)
+        .status()
+        .is_ok_and(|s| s.success());
+    let _ = git(&["worktree", "remove", "--force", src.to_str().unwrap()]);
+    if !built {
+        eprintln!("    no baseline: building {BASELINE} failed");
+        return None;
+    }
+    // The object the build script left in the dispatcher crate's OUT_DIR.
+    let found = std::fs::read_dir(target.join("release/build"))
+        .ok()?
+        .flatten()
+        .map(|e| e.path().join("out/dispatcher"))
+        .filter(|p| p.exists())
+        .max_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())?;
+    std::fs::copy(&found, &cached).ok()?;
+    std::fs::read(&cached).ok()
+}
+
+const FULL_CASE: &str = "L4 new flow, MAC, IPv4, FLOWS full";
+
+/// Fills the fixture's flow table to its capacity (the deployed 1M entries) with flows of
+/// other clients, so that each new flow evicts the least recently used one.
+fn fill_flows(fx: &mut Fixture) {
+    for i in 0..dispatcher_common::DEFAULT_MAX_FLOWS {
+        let key = dispatcher_common::FlowKey {
+            src: [u32::from_be_bytes([172, 16 + (i >> 16) as u8, (i >> 8) as u8, i as u8]).to_be(), 0, 0, 0],
+            dst: [u32::from_ne_bytes([10, 0, 100, 1]), 0, 0, 0],
+            sport: 999u16.to_be(),
+            dport: 80u16.to_be(),
+            proto: 6,
+            family: 2,
+            _pad: 0,
+        };
+        let v = dispatcher_common::FlowValue { backend: i % 4, vip: 0, cookie_hash: 0, pinned_ns: 0 };
+        let _ = fx.tables.flows.insert(key, v, 0);
+    }
+}
+
 fn run_prog(ebpf: &mut aya::Ebpf, prog: &str, input: &[u8], repeat: u32) -> (u32, u64) {
     let o = test_run(ebpf, prog, input, repeat);
     (o.verdict, nanos(o.duration))
@@ -83,6 +157,10 @@ pub fn run(quick: bool) -> (String, String) {
     let rounds: u32 = if quick { 5 } else { 21 };
     // The flow table as deployed (1M entries): new flows do not evict each other here.
     let mut fx = Fixture::with_flow_table(CONFIG, dispatcher_common::DEFAULT_MAX_FLOWS);
+    // The same cases through the baseline program, interleaved, in the same run.
+    let base_obj = baseline_object();
+    let mut base =
+        base_obj.as_deref().map(|o| Fixture::with_object(CONFIG, dispatcher_common::DEFAULT_MAX_FLOWS, Some(o)));
     let mut pass = dispatcher::dataplane::load_pass().expect("load pass");
 
     let cases = vec![
@@ -101,14 +179,14 @@ pub fn run(quick: bool) -> (String, String) {
         case("L4 new flow, IPIP, IPv6", new_flow("fd00::200", 443, false), XDP_TX, false, Some(150)),
         case(
             "L4 established, MAC, IPv4",
-            fixed(Packet::tcp("10.0.0.2", 4001, "10.0.100.1", 80)),
+            fixed(Packet::tcp("10.0.0.2", 4001, "10.0.100.1", 80).with(|p| p.tcp_flags = TCP_ACK)),
             XDP_TX,
             true,
             Some(60),
         ),
         case(
             "L4 established, IPIP, IPv4",
-            fixed(Packet::tcp("10.0.0.2", 4001, "10.0.100.2", 80)),
+            fixed(Packet::tcp("10.0.0.2", 4001, "10.0.100.2", 80).with(|p| p.tcp_flags = TCP_ACK)),
             XDP_TX,
             false,
             Some(60),
@@ -122,16 +200,21 @@ pub fn run(quick: bool) -> (String, String) {
         ),
         case(
             "L4 established, IPIP, IPv6",
-            fixed(Packet::tcp("fd00::2", 4001, "fd00::200", 443)),
+            fixed(Packet::tcp("fd00::2", 4001, "fd00::200", 443).with(|p| p.tcp_flags = TCP_ACK)),
             XDP_TX,
             false,
             Some(60),
         ),
         case("SIP INVITE, new dialog (Call-ID)", sip_invite, XDP_TX, false, None),
         case("SIP in-dialog BYE (Route ibmsid)", fixed(sip_bye()), XDP_TX, true, None),
+        // Last: it fills the table (every new flow then evicts one).
+        case(FULL_CASE, new_flow("10.0.100.1", 80, false), XDP_TX, false, None),
     ];
     // The logical name the BYE names, as the agent would have written it.
     fx.set_clone("lnA", 0, Some(1), false);
+    if let Some(b) = base.as_mut() {
+        b.set_clone("lnA", 0, Some(1), false);
+    }
 
     let floor_pkt = Packet::tcp("10.0.0.2", 4000, "10.0.100.1", 80).build();
     eprintln!("==> XDP micro-benchmark: {runs} single-shot runs per case (median), and {rounds} rounds of repeat=1000 where valid");
@@ -140,20 +223,63 @@ pub fn run(quick: bool) -> (String, String) {
     }
     let mut rows = Vec::new();
     for (ci, c) in cases.iter().enumerate() {
+        if c.name == FULL_CASE {
+            eprintln!("    filling FLOWS ({} entries) in both programs' tables", dispatcher_common::DEFAULT_MAX_FLOWS);
+            fill_flows(&mut fx);
+            if let Some(b) = base.as_mut() {
+                fill_flows(b);
+            }
+        }
         if c.name.contains("established") {
-            fx.run_bytes(&(c.packet)(0)); // pin the flow before timing
+            // Pin the flow before timing (its packets carry ACK, as an established
+            // connection's do).
+            fx.run_bytes(&(c.packet)(0));
+            if let Some(b) = base.as_mut() {
+                b.run_bytes(&(c.packet)(0));
+            }
         }
         let mut samples = Vec::with_capacity(runs as usize);
         let mut floor = Vec::with_capacity(runs as usize);
+        let mut before = Vec::with_capacity(runs as usize);
         for i in 0..runs {
             let input = (c.packet)(i + ci as u32 * 1_000_000);
-            let o = fx.run_bytes(&input);
-            assert_eq!(o.verdict, c.verdict, "{}: unexpected verdict", c.name);
-            samples.push(nanos(o.duration));
-            // The floor interleaved with the case, so both see the same machine state.
-            floor.push(run_prog(&mut pass, "pass", &floor_pkt, 1).1);
+            // The floor and the baseline interleaved with the case, so that all three see
+            // the same machine state; the case and the baseline take turns in going first
+            // (whichever runs second finds the caches as the other left them).
+            let mut current = |fx: &mut Fixture| {
+                let o = fx.run_bytes(&input);
+                assert_eq!(o.verdict, c.verdict, "{}: unexpected verdict", c.name);
+                samples.push(nanos(o.duration));
+            };
+            let mut previous = |b: &mut Fixture| {
+                let o = b.run_bytes(&input);
+                assert_eq!(o.verdict, c.verdict, "{} (baseline): unexpected verdict", c.name);
+                before.push(nanos(o.duration));
+            };
+            match base.as_mut() {
+                Some(b) if i % 2 == 1 => {
+                    previous(b);
+                    floor.push(run_prog(&mut pass, "pass", &floor_pkt, 1).1);
+                    current(&mut fx);
+                }
+                Some(b) => {
+                    current(&mut fx);
+                    floor.push(run_prog(&mut pass, "pass", &floor_pkt, 1).1);
+                    previous(b);
+                }
+                None => {
+                    current(&mut fx);
+                    floor.push(run_prog(&mut pass, "pass", &floor_pkt, 1).1);
+                }
+            }
         }
+        // Before and after by the middle-half mean, each less the floor's.
+        let versus = (!before.is_empty()).then(|| {
+            let f = iq_mean(floor.clone());
+            (iq_mean(before.clone()) - f, iq_mean(samples.clone()) - f)
+        });
         let cold = (median(samples), median(floor));
+        let baseline = (!before.is_empty()).then(|| median(before));
         // Warm: the same packet many times in the kernel's loop, caches hot.
         let warm = c.repeatable.then(|| {
             let input = (c.packet)(0);
@@ -166,12 +292,24 @@ pub fn run(quick: bool) -> (String, String) {
             (median(w), median(f))
         });
         let warm_s = warm.map(|(w, f)| format!("{w} ns (floor {f})")).unwrap_or_else(|| "-".into());
-        eprintln!("    {:<28} single-shot {:>4} ns (floor {}), warm {warm_s}", c.name, cold.0, cold.1);
-        rows.push((c.name, cold, warm, c.target));
+        let base_s = baseline.map(|b| format!(", baseline {b} ns")).unwrap_or_default();
+        eprintln!("    {:<28} single-shot {:>4} ns (floor {}){base_s}, warm {warm_s}", c.name, cold.0, cold.1);
+        rows.push((c.name, cold, warm, c.target, baseline, versus));
     }
     let mut table = String::from("| case | single-shot ns | floor | above floor | warm ns | warm floor | warm above floor | target above floor | met (single-shot) |\n|---|---:|---:|---:|---:|---:|---:|---:|---|\n");
     let mut json = Vec::new();
-    for (name, (m, f), warm, target) in &rows {
+    let mut versus = String::new();
+    if base_obj.is_some() {
+        versus = format!("\nBefore and after in this run: the same cases through the program of commit {BASELINE}, interleaved single-shot runs, ns above the floor: medians, and means of the middle half (the run times come in ~10 ns steps, which medians cannot split):\n\n| case | before (median) | after (median) | before (mid-half mean) | after (mid-half mean) | after / before (mid-half mean) |\n|---|---:|---:|---:|---:|---:|\n");
+    }
+    for (name, (m, f), warm, target, baseline, means) in &rows {
+        if let (Some(b), Some((was_mean, now_mean))) = (baseline, means) {
+            let (was, now) = (b.saturating_sub(*f), m.saturating_sub(*f));
+            versus += &format!(
+                "| {name} | {was} | {now} | {was_mean:.1} | {now_mean:.1} | {:.2} |\n",
+                now_mean / was_mean.max(1.0)
+            );
+        }
         let above = m.saturating_sub(*f);
         let (t, met) = match target {
             Some(t) => (format!("<= {t}"), if above <= *t { "yes" } else { "no" }),
@@ -184,10 +322,13 @@ pub fn run(quick: bool) -> (String, String) {
         table += &format!("| {name} | {m} | {f} | {above} | {wn} | {wf} | {wa} | {t} | {met} |\n");
         let warm_json = warm.map(|(w, f)| format!(r#"{{"ns":{w},"floor_ns":{f}}}"#)).unwrap_or("null".into());
         json.push(format!(
-            r#"{{"case":"{name}","ns":{m},"floor_ns":{f},"above_floor_ns":{above},"warm":{warm_json},"target_above_floor_ns":{}}}"#,
-            target.map(|t| t.to_string()).unwrap_or("null".into())
+            r#"{{"case":"{name}","ns":{m},"floor_ns":{f},"above_floor_ns":{above},"warm":{warm_json},"target_above_floor_ns":{},"baseline_ns":{},"mid_half_mean_above_floor":{}}}"#,
+            target.map(|t| t.to_string()).unwrap_or("null".into()),
+            baseline.map(|b| b.to_string()).unwrap_or("null".into()),
+            means.map(|(b, a)| format!(r#"{{"before":{b:.1},"after":{a:.1}}}"#)).unwrap_or("null".into())
         ));
     }
+    table += &versus;
     println!("\n{table}");
     (format!(r#"{{"runs_per_case":{runs},"cases":[{}]}}"#, json.join(",")), table)
 }
