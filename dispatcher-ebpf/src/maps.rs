@@ -21,7 +21,7 @@ pub static BACKENDS: Array<BackendInfo> = Array::with_max_entries(MAX_BACKENDS, 
 #[map]
 pub static RINGS: Array<u32> = Array::with_max_entries(MAX_VIPS * MAX_RING_SIZE, 0);
 
-/// One LRU over all CPUs (as Katran's connection table): a new flow takes a node from
+/// One LRU over all CPUs (a common LRU hash map): a new flow takes a node from
 /// its CPU's local free list, refilled from the common list in batches, where per-CPU
 /// LRU lists rotate on every insert; and the whole capacity serves whichever CPU needs
 /// it (per-CPU lists split it evenly, whatever RSS does).

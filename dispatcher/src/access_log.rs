@@ -5,8 +5,9 @@
 //! without waiting: when the writer is behind by `buffer` lines, the entry is dropped and
 //! counted (`dispatcher_access_log_dropped_total`), never the request. One writer thread
 //! formats (JSON lines, or HAProxy's HTTP log layout) into a buffered file or standard
-//! output and flushes whenever it has caught up. `reopen` (every reload) opens the
-//! configured file again, so that a rotated log continues in a new file.
+//! output and flushes whenever it has caught up. Every reload opens the configured file
+//! again (`reopen`, then `switch` once the reload succeeded), so that a rotated log
+//! continues in a new file; the agent flushes it before it exits.
 
 use std::{
     fmt::Write as _,
@@ -14,7 +15,7 @@ use std::{
     io::Write,
     net::SocketAddr,
     sync::{
-        atomic::{AtomicU64, Ordering},
+        atomic::Ordering,
         mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError},
         Arc, Mutex,
     },
@@ -87,6 +88,15 @@ enum Msg {
     Line(Entry),
     /// A new destination and format (reload); the old file is closed.
     Reopen(Option<File>, AccessLogFormat),
+    /// Write out what came before, then answer (the agent stopping).
+    Flush(SyncSender<()>),
+}
+
+/// A destination opened for a reload, taken into use by `AccessLog::switch` once the
+/// reload has succeeded.
+pub struct Reopened {
+    file: Option<File>,
+    settings: AccessLogSettings,
 }
 
 /// The request path's handle: cheap to clone into every VIP.
@@ -106,7 +116,7 @@ impl AccessLog {
         let format = settings.format;
         std::thread::Builder::new()
             .name("access-log".into())
-            .spawn(move || writer(rx, file, format, &c.access_log_lines))
+            .spawn(move || writer(rx, file, format, &c))
             .context("starting the access log writer")?;
         Ok(Arc::new(AccessLog { tx, settings: Mutex::new(settings.clone()), counters }))
     }
@@ -118,16 +128,39 @@ impl AccessLog {
         }
     }
 
-    /// Opens the file again (log rotation), or the one a reload configures. The new file
-    /// is opened here, so that an error refuses the reload and the old file stays in use.
-    /// A changed `buffer` takes a restart.
-    pub fn reopen(&self, settings: &AccessLogSettings) -> anyhow::Result<()> {
-        let file = open(settings)?;
-        self.tx
-            .send(Msg::Reopen(file, settings.format))
-            .map_err(|_| anyhow::anyhow!("the access log writer has stopped"))?;
-        *self.settings.lock().unwrap() = settings.clone();
-        Ok(())
+    /// Opens the file again (log rotation), or the one a reload configures, without using
+    /// it yet: an error refuses the reload, and the old file stays in use. A changed
+    /// `buffer` takes a new writer.
+    pub fn reopen(settings: &AccessLogSettings) -> anyhow::Result<Reopened> {
+        Ok(Reopened { file: open(settings)?, settings: settings.clone() })
+    }
+
+    /// Lines from here on go to the reopened destination (the reload succeeded).
+    pub fn switch(&self, r: Reopened) {
+        if self.tx.send(Msg::Reopen(r.file, r.settings.format)).is_err() {
+            tracing::warn!("the access log writer has stopped");
+        }
+        *self.settings.lock().unwrap() = r.settings;
+    }
+
+    /// Waits (at most `timeout`) until every line handed over so far is written out: the
+    /// agent's last requests are not lost when it exits.
+    pub fn flush(&self, timeout: Duration) {
+        let (tx, rx) = sync_channel(1);
+        let deadline = std::time::Instant::now() + timeout;
+        // The channel may be full: the writer is draining it.
+        let mut msg = Msg::Flush(tx);
+        loop {
+            match self.tx.try_send(msg) {
+                Ok(()) => break,
+                Err(TrySendError::Full(m)) if std::time::Instant::now() < deadline => {
+                    msg = m;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(_) => return,
+            }
+        }
+        let _ = rx.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()));
     }
 
     pub fn settings(&self) -> AccessLogSettings {
@@ -154,7 +187,9 @@ fn open(settings: &AccessLogSettings) -> anyhow::Result<Option<File>> {
 const WRITER_NAP: Duration = Duration::from_millis(20);
 
 /// Formats and writes until every handle is gone; flushes whenever it has caught up.
-fn writer(rx: Receiver<Msg>, file: Option<File>, format: AccessLogFormat, written: &AtomicU64) {
+/// A line counts as written (`access_log_lines`) once it is out of the buffer, and as
+/// dropped if it could not be taken (a write error with the buffer full).
+fn writer(rx: Receiver<Msg>, file: Option<File>, format: AccessLogFormat, counters: &Counters) {
     let sink = |f: Option<File>| -> std::io::BufWriter<Box<dyn Write + Send>> {
         let w: Box<dyn Write + Send> = match f {
             Some(f) => Box::new(f),
@@ -162,15 +197,14 @@ fn writer(rx: Receiver<Msg>, file: Option<File>, format: AccessLogFormat, writte
         };
         std::io::BufWriter::with_capacity(64 * 1024, w)
     };
-    let mut out = sink(file);
+    let mut out = Sink { w: sink(file), buffered: 0, failing: false };
     let mut format = format;
     let mut line = String::with_capacity(512);
-    let mut failing = false;
     loop {
         let msg = match rx.try_recv() {
             Ok(m) => m,
             Err(TryRecvError::Empty) => {
-                let _ = out.flush();
+                out.flush(counters);
                 std::thread::sleep(WRITER_NAP);
                 continue;
             }
@@ -184,27 +218,69 @@ fn writer(rx: Receiver<Msg>, file: Option<File>, format: AccessLogFormat, writte
                     AccessLogFormat::Haproxy => haproxy(&mut line, &e),
                 }
                 line.push('\n');
-                match out.write_all(line.as_bytes()) {
+                // The buffer writes out what it holds when the line does not fit.
+                let before = out.w.buffer().len();
+                match out.w.write_all(line.as_bytes()) {
                     Ok(()) => {
-                        written.fetch_add(1, Ordering::Relaxed);
-                        failing = false;
+                        if out.w.buffer().len() < before + line.len() {
+                            // What was buffered went out: counted.
+                            counters.access_log_lines.fetch_add(out.buffered, Ordering::Relaxed);
+                            out.buffered = 0;
+                        }
+                        out.buffered += 1;
                     }
-                    Err(e) if !failing => {
-                        // Once per failure streak: a full disk must not flood the log.
-                        failing = true;
-                        tracing::warn!(error = %e, "writing the access log");
+                    Err(e) => {
+                        counters.access_log_dropped.fetch_add(1, Ordering::Relaxed);
+                        out.failed(&e);
                     }
-                    Err(_) => {}
                 }
             }
             Msg::Reopen(f, fmt) => {
-                let _ = out.flush();
-                out = sink(f);
+                out.flush(counters);
+                // What the old destination would not take is lost with it.
+                counters.access_log_dropped.fetch_add(std::mem::take(&mut out.buffered), Ordering::Relaxed);
+                out.w = sink(f);
                 format = fmt;
+            }
+            Msg::Flush(done) => {
+                out.flush(counters);
+                let _ = done.send(());
             }
         }
     }
-    let _ = out.flush();
+    out.flush(counters);
+}
+
+/// The writer's output and the lines it holds that are not written out yet.
+struct Sink {
+    w: std::io::BufWriter<Box<dyn Write + Send>>,
+    buffered: u64,
+    failing: bool,
+}
+
+impl Sink {
+    fn flush(&mut self, counters: &Counters) {
+        if self.buffered == 0 && self.w.buffer().is_empty() {
+            return;
+        }
+        match self.w.flush() {
+            Ok(()) => {
+                counters.access_log_lines.fetch_add(self.buffered, Ordering::Relaxed);
+                self.buffered = 0;
+                self.failing = false;
+            }
+            // The lines stay buffered and go out with a later flush.
+            Err(e) => self.failed(&e),
+        }
+    }
+
+    fn failed(&mut self, e: &std::io::Error) {
+        if !self.failing {
+            // Once per failure streak: a full disk must not flood the log.
+            self.failing = true;
+            tracing::warn!(error = %e, "writing the access log");
+        }
+    }
 }
 
 /// `{"time":...,"vip":...}`: strings escaped as JSON wants (bytes that are not UTF-8 as
@@ -450,25 +526,30 @@ mod tests {
         wait(1);
         // Rotation: the file is moved away, a reload reopens the path.
         std::fs::rename(&a, &b).unwrap();
-        log.reopen(&settings).unwrap();
+        let reopened = AccessLog::reopen(&settings).unwrap();
         log.log(entry());
-        wait(2);
-        std::thread::sleep(Duration::from_millis(50));
+        log.switch(reopened);
+        log.log(entry());
+        log.flush(Duration::from_secs(5));
+        assert_eq!(counters.access_log_lines.load(Ordering::Relaxed), 3, "flushed: every line out");
         let (old, new) = (std::fs::read_to_string(&b).unwrap(), std::fs::read_to_string(&a).unwrap());
-        assert_eq!((old.lines().count(), new.lines().count()), (1, 1), "{old}\n{new}");
-        // A reopen that fails keeps the old file and says which one failed.
+        assert_eq!((old.lines().count(), new.lines().count()), (2, 1), "the old file until the switch\n{old}\n{new}");
+        // A reopen that fails says which file failed (and the old one stays in use).
         let bad = AccessLogSettings { path: Some(dir.join("no/such/dir.log")), ..settings.clone() };
-        assert!(format!("{:#}", log.reopen(&bad).unwrap_err()).contains("no/such/dir.log"));
+        assert!(format!("{:#}", AccessLog::reopen(&bad).err().unwrap()).contains("no/such/dir.log"));
         // Bursts beyond the buffer are dropped and counted, never waited for.
         let t = std::time::Instant::now();
         for _ in 0..100_000 {
             log.log(entry());
         }
         assert!(t.elapsed() < Duration::from_secs(2));
-        wait(2 + 100_000 - counters.access_log_dropped.load(Ordering::Relaxed));
+        log.flush(Duration::from_secs(10));
+        let lines = counters.access_log_lines.load(Ordering::Relaxed);
+        assert_eq!(lines + counters.access_log_dropped.load(Ordering::Relaxed), 100_003);
         assert_eq!(
-            counters.access_log_lines.load(Ordering::Relaxed) + counters.access_log_dropped.load(Ordering::Relaxed),
-            100_002
+            std::fs::read_to_string(&a).unwrap().lines().count() as u64,
+            lines - 2,
+            "counted as written = in the file"
         );
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -464,10 +464,12 @@ impl Running {
         // The learned clone table first: the new listeners route learned IDs from their
         // first request.
         // The access log's file is opened again (log rotation): one that cannot be opened
-        // refuses the reload, and the old one stays in use.
+        // refuses the reload, and the old one stays in use. It is switched to once the
+        // reload has succeeded, like the backends' limits: a refused reload changes nothing.
+        let mut reopened = None;
         let access_log = match (&merged.access_log, &self.access_log) {
             (Some(s), Some(log)) if s.buffer == log.settings().buffer => {
-                log.reopen(s).map_err(|e| format!("{e:#}"))?;
+                reopened = Some(AccessLog::reopen(s).map_err(|e| format!("{e:#}"))?);
                 Some(log.clone())
             }
             (Some(s), _) => Some(AccessLog::start(s, self.cluster.counters.clone()).map_err(|e| format!("{e:#}"))?),
@@ -478,10 +480,15 @@ impl Running {
         let next = Running::start(merged.clone(), cluster.clone(), tables, rt, self.server.as_ref(), access_log)
             .map_err(|e| format!("{e:#}"))?;
         tables.lock().unwrap().apply(&merged, &states, &ops).map_err(|e| format!("writing the maps: {e}"))?;
+        crate::control::rebuild_ramping_rings(&merged, &cluster, tables);
         if let Err(e) = dataplane::ids::save(&merged) {
             tracing::warn!(error = %e, "recording the id table");
         }
         cluster.adopt_map(&self.cluster);
+        cluster.apply_limits(&merged);
+        if let (Some(log), Some(r)) = (&next.access_log, reopened) {
+            log.switch(r);
+        }
         let mut summary = format!(
             "{} backends ({} retired), {} VIPs ({} retired)",
             merged.backends.len(),
@@ -513,6 +520,10 @@ impl Running {
         if let Some(server) = self.server {
             let left = server.shutdown();
             tracing::info!(signal = why, unfinished = left, "HTTP VIPs stopped");
+        }
+        // The last requests' lines are written before the agent exits.
+        if let Some(log) = &self.access_log {
+            log.flush(std::time::Duration::from_secs(2));
         }
     }
 }

@@ -13,8 +13,7 @@ use crate::{
     dataplane::tables::{backend_info, Tables},
     health::{self, Probe, Streak},
     shared::Publish,
-    state::ramp_share,
-    state::{Cluster, Event},
+    state::{ramp_share, Cluster, Event},
 };
 
 const RAMP_STEP_MIN: std::time::Duration = std::time::Duration::from_millis(100);
@@ -51,22 +50,8 @@ impl Control {
         }
     }
 
-    /// Rebuilds the rings of the VIPs `b` serves, each backend weighing what its ramp-up
-    /// (`slow_start`) allows now.
     fn rebuild_rings_of(&self, b: usize) {
-        let mut t = self.tables.lock().unwrap();
-        let states: Vec<u8> = self.cluster.backends.iter().map(|x| x.state() as u8).collect();
-        let now = crate::state::mono_ns();
-        for (i, v) in self.cfg.vips.iter().enumerate().filter(|(_, v)| v.backends.contains(&b)) {
-            let weight = |m: usize| {
-                let be = &self.cluster.backends[m];
-                let share = ramp_share(be.ramp_since.load(Ordering::SeqCst), v.slow_start_of(&self.cfg, m), now);
-                ((self.cfg.backends[m].weight as f64 * share).ceil() as u32).max(1)
-            };
-            if let Err(e) = t.rebuild_ring_weighted(i as u32, v, &self.cfg, &states, weight) {
-                tracing::warn!(error = %e, vip = %v.name, "rebuilding the ring");
-            }
-        }
+        rebuild_rings_of(&self.cfg, &self.cluster, &self.tables, b);
     }
 
     /// One step of every ramp-up in progress: the rings of the VIPs of a backend that
@@ -210,7 +195,33 @@ async fn probe_loop(
     }
 }
 
-/// Runs until the task is aborted.
+/// Rebuilds the rings of the VIPs `b` serves, each backend weighing what its ramp-up
+/// (`slow_start`) allows now.
+fn rebuild_rings_of(cfg: &Config, cluster: &Cluster, tables: &Mutex<Tables>, b: usize) {
+    let mut t = tables.lock().unwrap();
+    let states: Vec<u8> = cluster.backends.iter().map(|x| x.state() as u8).collect();
+    let now = crate::state::mono_ns();
+    for (i, v) in cfg.vips.iter().enumerate().filter(|(_, v)| v.backends.contains(&b)) {
+        let weight = |m: usize| {
+            let w = cluster.backends[m].ramped_weight(cfg.backends[m].weight, v.slow_start_of(cfg, m), now);
+            w.min(u32::MAX as u64) as u32
+        };
+        if let Err(e) = t.rebuild_ring_weighted(i as u32, v, cfg, &states, weight) {
+            tracing::warn!(error = %e, vip = %v.name, "rebuilding the ring");
+        }
+    }
+}
+
+/// After a reload wrote the rings at full weights: those of the backends ramping up get
+/// their current shares back at once.
+pub fn rebuild_ramping_rings(cfg: &Config, cluster: &Cluster, tables: &Mutex<Tables>) {
+    for (b, be) in cluster.backends.iter().enumerate() {
+        if be.ramp_since.load(Ordering::SeqCst) != 0 {
+            rebuild_rings_of(cfg, cluster, tables, b);
+        }
+    }
+}
+
 /// An operator's command through the admin endpoint: set a backend's override (0 clears
 /// it); the reply is the backend's state before and after.
 pub struct AdminCommand {
@@ -219,6 +230,7 @@ pub struct AdminCommand {
     pub reply: tokio::sync::oneshot::Sender<(BackendState, BackendState)>,
 }
 
+/// Runs until the task is aborted.
 pub async fn run(
     cfg: Config,
     cluster: Arc<Cluster>,
@@ -236,7 +248,8 @@ pub async fn run(
     let written = cluster.backends.iter().map(|b| b.state()).collect();
     let (rise, fall) = (cfg.health.rise, cfg.health.fall);
     let mut streaks = vec![Streak::default(); cluster.backends.len()];
-    // Ramp-ups move in about ten steps of the shortest `slow_start` (100 ms to 1 s each).
+    // Ramp-ups move in steps of a tenth of the shortest `slow_start`, 100 ms to 1 s each
+    // (ten steps for a slow start of 1 to 10 s, one a second for longer ones).
     let shortest = cfg.vips.iter().flat_map(|v| v.backends.iter().filter_map(|&b| v.slow_start_of(&cfg, b))).min();
     let step = shortest.map_or(std::time::Duration::from_secs(3600), |s| (s / 10).clamp(RAMP_STEP_MIN, RAMP_STEP_MAX));
     let mut ramp = tokio::time::interval(step);

@@ -53,6 +53,9 @@ pub struct Backend {
     pub slots: Arc<crate::http::queue::Slots>,
     /// `slow_start`: when it came back (`mono_ns`), 0 when it is not ramping up.
     pub ramp_since: AtomicU64,
+    /// It went out of service (down, disabled, drained) and has not been up since: its
+    /// return ramps up, even by way of suspect.
+    pub left: std::sync::atomic::AtomicBool,
 }
 
 /// Nanoseconds on the process's monotonic clock, plus one (0 stands for "never").
@@ -78,6 +81,30 @@ pub fn ramp_share(since: u64, slow: Option<std::time::Duration>, now: u64) -> f6
 }
 
 impl Backend {
+    /// Back in service (from down, disabled or drained, directly or by way of suspect):
+    /// `slow_start` ramps it up. A suspect that recovers without having left does not.
+    fn track_return(&self, new: BackendState) {
+        match new {
+            BackendState::Up => {
+                if self.left.swap(false, Ordering::SeqCst) {
+                    self.ramp_since.store(mono_ns(), Ordering::SeqCst);
+                }
+            }
+            BackendState::Suspect => {}
+            _ => {
+                self.left.store(true, Ordering::SeqCst);
+                self.ramp_since.store(0, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Its weight now: `weight` times its ramp-up share (`slow_start` of the VIP or
+    /// the backend; at least 1, so that it is seen to serve).
+    pub fn ramped_weight(&self, weight: u32, slow: Option<std::time::Duration>, now: u64) -> u64 {
+        let share = ramp_share(self.ramp_since.load(Ordering::Relaxed), slow, now);
+        ((weight as f64 * share).ceil() as u64).max(1)
+    }
+
     /// Takes new sessions and unbound requests.
     pub fn is_up(&self) -> bool {
         self.state() == BackendState::Up
@@ -298,6 +325,10 @@ impl Cluster {
                 conn_limit: Arc::new(tokio::sync::Semaphore::new(cfg.http.max_connections_per_backend)),
                 slots: Arc::new(crate::http::queue::Slots::new(b.maxconn.map(u64::from), b.maxqueue.into())),
                 ramp_since: AtomicU64::new(0),
+                left: std::sync::atomic::AtomicBool::new(!matches!(
+                    effective_state(a, h),
+                    BackendState::Up | BackendState::Suspect
+                )),
             })
             .collect();
         let mut table = HashMap::new();
@@ -389,13 +420,7 @@ impl Cluster {
         if old == new {
             return None;
         }
-        // Back in service (from down, disabled or drained): `slow_start` ramps it up; a
-        // suspect that recovers never left.
-        if new == BackendState::Up && matches!(old, BackendState::Down | BackendState::Disabled | BackendState::Drain) {
-            b.ramp_since.store(mono_ns(), Ordering::SeqCst);
-        } else if new != BackendState::Up && new != BackendState::Suspect {
-            b.ramp_since.store(0, Ordering::SeqCst);
-        }
+        b.track_return(new);
         b.changed.notify_waiters();
         Some((old, new))
     }
@@ -501,12 +526,21 @@ impl Cluster {
         self.clones_map.lock().unwrap().take()
     }
 
+    /// The configuration's `maxconn` and `maxqueue` on the (shared) slots: a reload's
+    /// last step, once nothing can refuse it.
+    pub fn apply_limits(&self, cfg: &Config) {
+        for (be, b) in self.backends.iter().zip(&cfg.backends) {
+            be.slots.set_limits(b.maxconn.map(u64::from), b.maxqueue.into());
+        }
+    }
+
     /// The cluster that replaces `old` on a reload (ids kept by name): built before it
     /// serves a request, with `old`'s learned (not configured) clone table, so that no
     /// request with a learned clone ID is balanced for want of its entry; the same counters
-    /// and, per backend, the same connection gauge and limit (the limit is not doubled
-    /// while `old` drains). What `old` learns meanwhile is passed on. The CLONES map
-    /// follows with `adopt_map` once this cluster takes over.
+    /// and, per backend, the same connection gauge and limit and the same `maxconn`
+    /// slots (no limit is doubled while `old` drains; the new limits come with
+    /// `apply_limits`). What `old` learns meanwhile is passed on. The CLONES map follows
+    /// with `adopt_map` once this cluster takes over.
     pub fn successor_of(cfg: &Config, health: &[Health], admin: &[Operator], old: &Arc<Cluster>) -> Arc<Cluster> {
         let mut c = Cluster::new(cfg, health, admin, None);
         c.counters = old.counters.clone();
@@ -526,13 +560,16 @@ impl Cluster {
                 c.settle(i);
             }
         }
-        for ((new, prev), b) in c.backends.iter_mut().zip(&old.backends).zip(&cfg.backends) {
+        for (new, prev) in c.backends.iter_mut().zip(&old.backends) {
             new.connections = prev.connections.clone();
             new.ramp_since.store(prev.ramp_since.load(Ordering::SeqCst), Ordering::SeqCst);
+            new.left.store(prev.left.load(Ordering::SeqCst), Ordering::SeqCst);
+            // Back by the reload (a retired backend configured again): ramps up as if it
+            // had come back by itself.
+            new.track_return(new.state());
             // Requests in flight in the old generation keep their slots: the limit holds
             // over both while it drains.
             new.slots = prev.slots.clone();
-            new.slots.set_limits(b.maxconn.map(u64::from), b.maxqueue.into());
             if c.conn_limit == old.conn_limit {
                 new.conn_limit = prev.conn_limit.clone();
             }
@@ -727,5 +764,29 @@ mod tests {
         old.learn(b"later", 0);
         assert_eq!(newer.owner(b"later"), Some((0, Some(1))), "passed along the chain");
         assert_eq!(newer.counters.learned.load(Ordering::Relaxed), 3);
+    }
+
+    /// A backend that left ramps up when it returns, however it returns: directly, by way
+    /// of suspect, or by a reload that configures it again; one that only was suspect
+    /// does not.
+    #[test]
+    fn every_return_ramps_up_and_a_suspicion_alone_does_not() {
+        let cfg = Config::parse(CFG, "t").unwrap();
+        let ramping = |c: &Cluster| c.backends[0].ramp_since.load(Ordering::SeqCst) != 0;
+        let c = Cluster::new(&cfg, &[], &[], None);
+        c.set_health(0, Health::Suspect);
+        c.set_health(0, Health::Up);
+        assert!(!ramping(&c), "never left");
+        c.set_health(0, Health::Down);
+        c.set_health(0, Health::Suspect);
+        assert!(!ramping(&c));
+        c.set_health(0, Health::Up);
+        assert!(ramping(&c), "down, suspect, up: back");
+        // Retired by a reload (disabled), then configured again by the next.
+        let old = Arc::new(Cluster::new(&cfg, &[Health::Up; 2], &[Operator::Disabled, Operator::None], None));
+        assert!(!ramping(&old));
+        let back = Cluster::successor_of(&cfg, &[Health::Up; 2], &[Operator::None; 2], &old);
+        assert!(ramping(&back), "re-added by a reload: ramps up");
+        assert_eq!(back.backends[1].ramp_since.load(Ordering::SeqCst), 0, "the other one never left");
     }
 }

@@ -629,6 +629,33 @@ fn maxconn_queues_a_sessions_requests_at_its_owner_and_balances_the_rest_elsewhe
     }
     let text = tb.dispatcher_cmd(&["status", "--config", &cfg]);
     assert!(text.contains("queue b0: 0 of maxconn 2 in flight, 0 of 2 queued; queued 2"), "{text}");
+
+    // A request queued at b0 whose server is disabled while it waits goes to b0's replica
+    // when its slot comes, not to the server that left.
+    let session_request = |path: &'static str, k: usize| {
+        let ns = tb.client.clone();
+        std::thread::spawn(move || {
+            let mut c = Client::new(&ns, addr);
+            c.jar = Some(format!("0000LEFT{k}SESSION:clone0x"));
+            c.get(path).map(|r| (r.status, r.field("clone").unwrap_or("").to_string()))
+        })
+    };
+    let busy: Vec<_> = (0..2).map(|k| session_request("/slow/1200", k)).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let queued = session_request("/slow/10", 2);
+    std::thread::sleep(Duration::from_millis(300));
+    let st: serde_json::Value =
+        serde_json::from_str(&tb.dispatcher_cmd(&["status", "--config", &cfg, "--json"])).unwrap();
+    assert_eq!(st["agent"]["backends"][0]["queue"]["queued"].as_u64(), Some(1), "it waits in b0's queue");
+    tb.dispatcher_cmd(&["disable", "--config", &cfg, "b0"]);
+    for b in busy {
+        assert_eq!(b.join().unwrap().unwrap(), (200, "clone0x".to_string()), "in flight: finished where it was");
+    }
+    assert_eq!(
+        queued.join().unwrap().unwrap(),
+        (200, "clone1x".to_string()),
+        "routed again after its wait: to the replica"
+    );
 }
 
 /// `[access_log]`: one line per request with what happened to it, the file reopened on
@@ -741,8 +768,14 @@ fn the_access_log_records_every_request_and_follows_rotation() {
     assert!(!out.status.success() && err.contains("opening the access log /nonexistent/dir/access.log"), "{err}");
     assert_eq!(fresh.get("/still").unwrap().status, 200);
     assert!(wait_lines(&log, 2).lines().nth(1).is_some_and(|l| l.ends_with("\"GET /still\"")));
+    // A head the dispatcher refuses is logged too, as HAProxy logs `<BADREQ>`.
+    let bad = format!("GET /x HTTP/1.1\r\nHost: {addr}\r\nHost: other\r\n\r\n");
+    assert_eq!(raw_status(&tb, addr, bad.as_bytes()), 400);
+    let text = wait_lines(&log, 3);
+    let line = text.lines().nth(2).unwrap();
+    assert!(line.contains(" app -/- ") && line.contains(" 400 ") && line.ends_with("none \"<BADREQ>\""), "{line}");
     let metrics = tb.dispatcher_cmd(&["metrics", "--config", &cfg]);
-    assert!(metrics.lines().any(|l| l == "dispatcher_access_log_lines_total 7"), "{metrics}");
+    assert!(metrics.lines().any(|l| l == "dispatcher_access_log_lines_total 8"), "{metrics}");
     assert!(metrics.lines().any(|l| l == "dispatcher_access_log_dropped_total 0"));
 }
 

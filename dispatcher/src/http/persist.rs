@@ -1,8 +1,10 @@
 //! Cookie persistence for applications without a session (HAProxy's `cookie NAME
 //! insert`): the first response of a client gets `Set-Cookie: NAME=<backend>`, and its
 //! later requests go to that backend, or, while it is out, to its configured replica
-//! (the same holding and replica rules as sessions: never a third server). A request that
-//! carries a JSESSIONID is routed by it instead.
+//! (the same holding and replica rules as sessions: never a third server). A backend
+//! without a replica gives way to balancing while it is out, and the response's cookie
+//! names the new one (HAProxy's redispatch). A request that carries a JSESSIONID is
+//! routed by it instead.
 
 use super::rewrite::is;
 

@@ -178,7 +178,6 @@ pub struct Pool {
     max_idle: usize,
     idle_timeout: Duration,
     connect_timeout: Duration,
-    queue_timeout: Duration,
     open: Arc<AtomicU64>,
     /// TLS to this backend (the VIP's `backend_tls`).
     tls: Option<Arc<BackendTls>>,
@@ -207,18 +206,17 @@ impl Pool {
             max_idle: s.pool_max_idle,
             idle_timeout: s.pool_idle_timeout,
             connect_timeout: s.connect_timeout,
-            queue_timeout: s.queue_timeout,
         }
     }
 
     /// A share of the backend's limit (waiting in its queue up to the queue timeout), then
     /// an idle connection if one is fresh enough, else a new one. `trusted`: the backend
     /// is in good health; otherwise its idle connections are closed, not reused.
-    pub async fn get(&self, trusted: bool) -> Result<Upstream, PoolError> {
+    pub async fn get(&self, trusted: bool, deadline: Instant) -> Result<Upstream, PoolError> {
         if !trusted {
             self.clear();
         }
-        let permit = self.permit().await?;
+        let permit = self.permit(deadline).await?;
         if trusted {
             if let Some(mut up) = self.take_idle() {
                 up._permit = Some(permit);
@@ -228,9 +226,11 @@ impl Pool {
         self.open(permit).await
     }
 
-    /// Waits in the backend's queue for a share of its connection limit.
-    async fn permit(&self) -> Result<OwnedSemaphorePermit, PoolError> {
-        match tokio::time::timeout(self.queue_timeout, self.limit.clone().acquire_owned()).await {
+    /// Waits in the backend's queue for a share of its connection limit, until
+    /// `deadline` at most (the request's queueing deadline).
+    async fn permit(&self, deadline: Instant) -> Result<OwnedSemaphorePermit, PoolError> {
+        let until = tokio::time::Instant::from_std(deadline);
+        match tokio::time::timeout_at(until, self.limit.clone().acquire_owned()).await {
             Ok(Ok(p)) => Ok(p),
             _ => Err(PoolError::Full { addr: self.addr }),
         }
@@ -249,8 +249,8 @@ impl Pool {
     }
 
     /// Always a new connection (the retry after a reused one turned out closed).
-    pub async fn connect(&self) -> Result<Upstream, PoolError> {
-        let permit = self.permit().await?;
+    pub async fn connect(&self, deadline: Instant) -> Result<Upstream, PoolError> {
+        let permit = self.permit(deadline).await?;
         self.open(permit).await
     }
 
@@ -334,6 +334,11 @@ impl Pool {
 mod tests {
     use super::*;
 
+    /// A queueing deadline `ms` from now.
+    fn soon(ms: u64) -> Instant {
+        Instant::now() + Duration::from_millis(ms)
+    }
+
     fn budget() -> Arc<IdleBudget> {
         Arc::new(IdleBudget::new(1000))
     }
@@ -356,14 +361,14 @@ mod tests {
     #[tokio::test]
     async fn a_waiter_at_the_limit_gets_a_returned_connection() {
         let (addr, accepted) = sink().await;
-        let s = HttpSettings { queue_timeout: Duration::from_millis(500), ..HttpSettings::default() };
+        let s = HttpSettings::default();
         let open = Arc::new(AtomicU64::new(0));
         let pool = Arc::new(Pool::new(0, addr, &s, open.clone(), Arc::new(Semaphore::new(1)), budget(), None));
-        let first = pool.get(true).await.unwrap();
+        let first = pool.get(true, soon(500)).await.unwrap();
         assert_eq!(open.load(Ordering::Relaxed), 1);
         let waiter = {
             let pool = pool.clone();
-            tokio::spawn(async move { pool.get(true).await })
+            tokio::spawn(async move { pool.get(true, soon(500)).await })
         };
         tokio::time::sleep(Duration::from_millis(50)).await;
         pool.put(first);
@@ -372,7 +377,7 @@ mod tests {
         assert_eq!(open.load(Ordering::Relaxed), 1, "still one connection open");
         // And with nothing returned, the waiter gives up at the queue timeout: busy.
         let started = std::time::Instant::now();
-        assert!(pool.get(true).await.is_err_and(|e| e.is_busy() && !e.is_local()));
+        assert!(pool.get(true, soon(500)).await.is_err_and(|e| e.is_busy() && !e.is_local()));
         assert!(started.elapsed() >= Duration::from_millis(450));
         drop(second);
         assert_eq!(open.load(Ordering::Relaxed), 0, "the gauge follows closes");
@@ -385,15 +390,18 @@ mod tests {
     #[tokio::test]
     async fn the_limit_is_shared_by_every_workers_pool() {
         let (addr, accepted) = sink().await;
-        let s = HttpSettings { queue_timeout: Duration::from_millis(200), ..HttpSettings::default() };
+        let s = HttpSettings::default();
         let (open, limit) = (Arc::new(AtomicU64::new(0)), Arc::new(Semaphore::new(1)));
         let a = Pool::new(0, addr, &s, open.clone(), limit.clone(), budget(), None);
         let b = Pool::new(0, addr, &s, open.clone(), limit.clone(), budget(), None);
-        let held = a.get(true).await.unwrap();
-        assert!(b.get(true).await.is_err_and(|e| e.is_busy()), "the other worker's pool is at the limit too");
+        let held = a.get(true, soon(200)).await.unwrap();
+        assert!(
+            b.get(true, soon(200)).await.is_err_and(|e| e.is_busy()),
+            "the other worker's pool is at the limit too"
+        );
         a.put(held);
         assert_eq!(a.idle_count(), 1);
-        assert!(b.get(true).await.is_ok(), "another worker's idle connection holds no share of the limit");
+        assert!(b.get(true, soon(200)).await.is_ok(), "another worker's idle connection holds no share of the limit");
         accepted.abort();
     }
 
@@ -423,11 +431,11 @@ mod tests {
         });
         let s = HttpSettings::default();
         let pool = Pool::new(0, addr, &s, Arc::new(AtomicU64::new(0)), Arc::new(Semaphore::new(4)), budget(), None);
-        let up = pool.get(true).await.unwrap();
+        let up = pool.get(true, soon(500)).await.unwrap();
         // Back in the pool before the late bytes are read.
         pool.put(up);
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let next = pool.get(true).await.unwrap();
+        let next = pool.get(true, soon(500)).await.unwrap();
         assert!(!next.reused, "a fresh connection, not the one with unread bytes");
         drop(server.await.unwrap());
     }
@@ -440,7 +448,7 @@ mod tests {
         let server = tokio::spawn(async move { listener.accept().await.map(|(c, _)| c) });
         let s = HttpSettings::default();
         let pool = Pool::new(0, addr, &s, Arc::new(AtomicU64::new(0)), Arc::new(Semaphore::new(4)), budget(), None);
-        pool.put(pool.get(true).await.unwrap());
+        pool.put(pool.get(true, soon(500)).await.unwrap());
         assert_eq!(pool.reap(), 0, "an open, quiet connection stays");
         drop(server.await.unwrap().unwrap());
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -459,7 +467,11 @@ mod tests {
             Pool::new(0, addr, &s, Arc::new(AtomicU64::new(0)), Arc::new(Semaphore::new(8)), b.clone(), None)
         };
         let (a, b) = (pool(&budget), pool(&budget));
-        let conns = [a.get(true).await.unwrap(), a.get(true).await.unwrap(), b.get(true).await.unwrap()];
+        let conns = [
+            a.get(true, soon(200)).await.unwrap(),
+            a.get(true, soon(200)).await.unwrap(),
+            b.get(true, soon(200)).await.unwrap(),
+        ];
         let [c1, c2, c3] = conns;
         a.put(c1);
         a.put(c2);
@@ -467,7 +479,7 @@ mod tests {
         assert_eq!((a.idle_count(), b.idle_count(), budget.idle()), (2, 0, 2), "the third is closed, not kept");
         assert_eq!(a.clear(), 2);
         assert_eq!(budget.idle(), 0, "cleared connections give their places back");
-        b.put(b.get(true).await.unwrap());
+        b.put(b.get(true, soon(200)).await.unwrap());
         drop(b);
         assert_eq!(budget.idle(), 0, "a dropped pool gives its places back");
         accepted.abort();

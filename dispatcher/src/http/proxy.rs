@@ -85,7 +85,8 @@ enum HeadRead {
     Head(RequestHead, Instant),
     /// The client closed (or idled out, or the agent is stopping) between requests.
     Closed,
-    Reject(Reject),
+    /// A bad or late head, and when its first byte was at hand.
+    Reject(Reject, Instant),
 }
 
 pub fn reason(status: u16) -> &'static str {
@@ -187,6 +188,9 @@ impl Trace {
         sess: Option<&session::SessionId>,
         pinned: Option<usize>,
     ) {
+        if ctx.log.is_none() {
+            return;
+        }
         self.backend = Some(backend);
         let owned = |s: &session::SessionId| owned_by(&ctx.cluster, s, backend).is_some();
         self.decision = match (d, sess) {
@@ -195,18 +199,29 @@ impl Trace {
             (Decision::Affinity(_), _) => LogDecision::Affinity,
             _ => LogDecision::Balanced,
         };
-        if ctx.log.is_some() {
-            let c = &ctx.cluster;
-            let by = sess.and_then(|s| {
-                owned_by(c, s, backend)
-                    .or_else(|| {
-                        s.clones.iter().find(|id| c.owner(id).is_some_and(|(_, r)| r == Some(backend))).copied()
-                    })
-                    .or(s.clones.first().copied())
-            });
-            self.session = by.map(Box::from);
-        }
+        let c = &ctx.cluster;
+        let by = sess.and_then(|s| {
+            owned_by(c, s, backend)
+                .or_else(|| s.clones.iter().find(|id| c.owner(id).is_some_and(|(_, r)| r == Some(backend))).copied())
+                .or(s.clones.first().copied())
+        });
+        self.session = by.map(Box::from);
     }
+}
+
+/// Method, space, target; at most `MAX_REQUEST_LINE` bytes, then `...`.
+fn request_line(head: &RequestHead, buf: &[u8]) -> Box<[u8]> {
+    let method = &buf[head.method.clone()];
+    let target = &buf[head.target.clone()];
+    let mut request = Vec::with_capacity((method.len() + 1 + target.len()).min(MAX_REQUEST_LINE + 3));
+    request.extend_from_slice(method);
+    request.push(b' ');
+    request.extend_from_slice(target);
+    if request.len() > MAX_REQUEST_LINE {
+        request.truncate(MAX_REQUEST_LINE);
+        request.extend_from_slice(b"...");
+    }
+    request.into()
 }
 
 /// The session's clone ID that `backend` owns.
@@ -215,23 +230,15 @@ fn owned_by<'a>(c: &Cluster, s: &session::SessionId<'a>, backend: usize) -> Opti
 }
 
 impl LogTo {
-    fn entry(&self, t: &Trace, head: &RequestHead, buf: &[u8], client: SocketAddr, bytes_in: u64, bytes_out: u64) {
+    /// `request`: the request line as logged (`request_line`, or `<BADREQ>` for a head
+    /// that was refused).
+    fn entry(&self, t: &Trace, request: Box<[u8]>, client: SocketAddr, bytes_in: u64, bytes_out: u64) {
         let us = |i: Instant| i.saturating_duration_since(t.started).as_micros() as u64;
-        let method = &buf[head.method.clone()];
-        let target = &buf[head.target.clone()];
-        let mut request = Vec::with_capacity((method.len() + 1 + target.len()).min(MAX_REQUEST_LINE + 3));
-        request.extend_from_slice(method);
-        request.push(b' ');
-        request.extend_from_slice(target);
-        if request.len() > MAX_REQUEST_LINE {
-            request.truncate(MAX_REQUEST_LINE);
-            request.extend_from_slice(b"...");
-        }
         self.sink.log(Entry {
             at: std::time::SystemTime::now() - t.started.elapsed(),
             vip: self.vip.clone(),
             client,
-            request: request.into(),
+            request,
             backend: t.backend.and_then(|b| self.backends.get(b).cloned()),
             session: t.session.clone(),
             decision: t.decision,
@@ -291,8 +298,12 @@ pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut st
         let (head, head_started) = match read_head(&conn.ctx, &mut conn.client, &mut conn.scratch, &mut stop).await {
             HeadRead::Head(h, t) => (h, t),
             HeadRead::Closed => return,
-            HeadRead::Reject(r) => {
+            HeadRead::Reject(r, started) => {
+                let written0 = conn.w.written;
                 send_error(&mut conn.w, r.status, r.reason, None).await;
+                // HAProxy's `<BADREQ>`: what arrived is not a request line to show.
+                let received = conn.client.buf.len() as u64;
+                conn.log_answer(started, r.status, b"<BADREQ>"[..].into(), received, written0);
                 return;
             }
         };
@@ -300,7 +311,11 @@ pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut st
         conn.ctx.cluster.vips[conn.ctx.vip_index].requests.fetch_add(1, Ordering::Relaxed);
         if let Some(to) = &conn.ctx.redirect {
             let answer = redirect_answer(&head, &head_bytes, to);
-            if write_client(&mut conn.w, answer.as_bytes(), ERROR_WRITE_DEADLINE).await {
+            let written0 = conn.w.written;
+            let sent = write_client(&mut conn.w, answer.as_bytes(), ERROR_WRITE_DEADLINE).await;
+            let line = request_line(&head, &head_bytes);
+            conn.log_answer(head_started, 308, line, head.len as u64, written0);
+            if sent {
                 let _ = conn.w.shutdown().await;
                 // What the client still sends (a body) is read and dropped for a moment,
                 // so that the close does not turn into a reset that loses the answer.
@@ -399,13 +414,16 @@ async fn read_head(
             match parse_request(&client.buf, &ctx.limits, scratch) {
                 Ok(Some(h)) => return HeadRead::Head(h, d - ctx.settings.header_timeout),
                 Ok(None) => {}
-                Err(r) => return HeadRead::Reject(r),
+                Err(r) => return HeadRead::Reject(r, d - ctx.settings.header_timeout),
             }
         }
         let wait = deadline.unwrap_or(idle_until).saturating_duration_since(Instant::now());
         if wait.is_zero() {
             return match deadline {
-                Some(_) => HeadRead::Reject(Reject { status: 408, reason: "request head not received in time" }),
+                Some(d) => HeadRead::Reject(
+                    Reject { status: 408, reason: "request head not received in time" },
+                    d - ctx.settings.header_timeout,
+                ),
                 None => HeadRead::Closed,
             };
         }
@@ -421,15 +439,22 @@ async fn read_head(
             Err(RelayError::Timeout) if deadline.is_none() => return HeadRead::Closed,
             Ok(0) if client.buf.is_empty() => return HeadRead::Closed,
             Ok(0) => {
-                return HeadRead::Reject(Reject { status: 400, reason: "connection closed inside the request head" })
+                let r = Reject { status: 400, reason: "connection closed inside the request head" };
+                return HeadRead::Reject(r, head_started(deadline, ctx));
             }
             Ok(_) => {}
             Err(RelayError::Timeout) if deadline.is_some() => {
-                return HeadRead::Reject(Reject { status: 408, reason: "request head not received in time" })
+                let r = Reject { status: 408, reason: "request head not received in time" };
+                return HeadRead::Reject(r, head_started(deadline, ctx));
             }
             Err(_) => return HeadRead::Closed,
         }
     }
+}
+
+/// When the head being read began: its deadline less the header timeout.
+fn head_started(deadline: Option<Instant>, ctx: &VipCtx) -> Instant {
+    deadline.map_or_else(Instant::now, |d| d - ctx.settings.header_timeout)
 }
 
 /// Why no response head came from a backend.
@@ -540,6 +565,27 @@ enum SendFail {
     Answered,
 }
 
+/// One attempt's clock: the end of its queueing (the backend's `maxconn` queue and its
+/// connection limit's together), and when it got its connection.
+struct Attempt {
+    queue_deadline: Instant,
+    connected: Option<Instant>,
+}
+
+/// Whether the backend a request waited for still serves it as `decision` chose it: an
+/// owner or replica that still keeps its sessions (not suspect), or, balanced, one still
+/// taking new work.
+fn still_fits(be: &crate::state::Backend, decision: &Decision) -> bool {
+    match decision {
+        Decision::Affinity(_) => matches!(be.state(), BackendState::Up | BackendState::Drain),
+        _ => be.is_up(),
+    }
+}
+
+/// How many times a request that waited in a queue is routed again because its server
+/// changed meanwhile.
+const MAX_REQUEUES: u32 = 2;
+
 /// Sends the request (head in `out`, body from the client) to `backend` and reads the
 /// response head. A pooled connection found closed is replaced once by a fresh one, only
 /// when nothing of the request could have been consumed (no body).
@@ -550,7 +596,7 @@ async fn send<R: AsyncRead + Unpin>(
     down: Downstream<'_, R>,
     out: &[u8],
     buffered_body: Option<&[u8]>,
-    connected: &mut Option<Instant>,
+    attempt: &mut Attempt,
 ) -> Result<(Upstream, ResponseHead, bool), SendFail> {
     let Downstream { client, w, scratch } = down;
     let s = &ctx.settings;
@@ -560,8 +606,8 @@ async fn send<R: AsyncRead + Unpin>(
     // the client's stream is consumed by an attempt, so it can be replayed.
     let has_body = head.framing != Framing::None && buffered_body.is_none();
     let trusted = matches!(be.state(), BackendState::Up | BackendState::Drain);
-    let mut up = pool.get(trusted).await.map_err(SendFail::Unreachable)?;
-    *connected = Some(Instant::now());
+    let mut up = pool.get(trusted, attempt.queue_deadline).await.map_err(SendFail::Unreachable)?;
+    attempt.connected = Some(Instant::now());
     let mut fresh_tried = false;
     loop {
         let replaceable = up.reused && !has_body && !fresh_tried;
@@ -573,7 +619,7 @@ async fn send<R: AsyncRead + Unpin>(
         if !written {
             if replaceable {
                 fresh_tried = true;
-                up = pool.connect().await.map_err(SendFail::Unreachable)?;
+                up = pool.connect(attempt.queue_deadline).await.map_err(SendFail::Unreachable)?;
                 continue;
             }
             return Err(SendFail::Closed);
@@ -647,7 +693,7 @@ async fn send<R: AsyncRead + Unpin>(
             Ok(r) => Ok((up, r, skipped)),
             Err(UpstreamFail::Stale) if replaceable => {
                 fresh_tried = true;
-                up = pool.connect().await.map_err(SendFail::Unreachable)?;
+                up = pool.connect(attempt.queue_deadline).await.map_err(SendFail::Unreachable)?;
                 continue;
             }
             Err(UpstreamFail::Stale) => Err(SendFail::Closed),
@@ -667,6 +713,16 @@ impl Drop for InFlight<'_> {
 }
 
 impl ClientConn {
+    /// Logs a request the dispatcher answered itself (a refused head, a redirect), when
+    /// the VIP has an access log.
+    fn log_answer(&self, started: Instant, status: u16, request: Box<[u8]>, bytes_in: u64, written0: u64) {
+        if let Some(log) = &self.ctx.log {
+            let mut t = Trace::new(started);
+            t.status = status;
+            log.entry(&t, request, self.peer, bytes_in, self.w.written - written0);
+        }
+    }
+
     /// One request and its response, logged when the VIP has an access log.
     async fn exchange(&mut self, head: &RequestHead, buf: &BytesMut, closing: bool, started: Instant) -> Next {
         let mut t = Trace::new(started);
@@ -679,7 +735,7 @@ impl ClientConn {
         // buffer and of later reads it consumed (a pipelined next request stays).
         let consumed =
             (buffered0 as u64 + (self.client.total_read - read0)).saturating_sub(self.client.buf.len() as u64);
-        log.entry(&t, head, buf, self.peer, head.len as u64 + consumed, self.w.written - written0);
+        log.entry(&t, request_line(head, buf), self.peer, head.len as u64 + consumed, self.w.written - written0);
         next
     }
 
@@ -688,16 +744,15 @@ impl ClientConn {
         let ClientConn { ctx, peer, steer_slot, client, w, out, scratch } = self;
         let ctx: &VipCtx = ctx;
         let s = &ctx.settings;
-        let cookies = head.headers.iter().filter(|h| is(&buf[h.name.clone()], "cookie")).map(|h| &buf[h.value.clone()]);
+        let cookies =
+            || head.headers.iter().filter(|h| is(&buf[h.name.clone()], "cookie")).map(|h| &buf[h.value.clone()]);
         let target = &buf[head.target.clone()];
         let sess =
-            session::find(cookies, target, s.cookie_name.as_bytes(), s.url_parameter.as_bytes(), ctx.session_format)
+            session::find(cookies(), target, s.cookie_name.as_bytes(), s.url_parameter.as_bytes(), ctx.session_format)
                 .or_else(|| session::app_session(target));
         // Without a session: the VIP's persistence cookie, if it names a member.
         let pinned = match (&sess, &ctx.persist) {
-            (None, Some(p)) => p.pinned(
-                head.headers.iter().filter(|h| is(&buf[h.name.clone()], "cookie")).map(|h| &buf[h.value.clone()]),
-            ),
+            (None, Some(p)) => p.pinned(cookies()),
             _ => None,
         };
         let started = Instant::now();
@@ -746,6 +801,7 @@ impl ClientConn {
         let mut learn_deadline: Option<Instant> = None;
         let mut learn_waited = s.learn_wait.is_zero();
         let mut extra_attempts = 0u32;
+        let mut requeues = 0u32;
         // Choose a backend, hold while the session's owner is suspect, send; a failure before
         // any response byte is retried after re-routing (bounded, budgeted, idempotent and
         // bodiless requests only). A server that timed out is never retried: no replays.
@@ -815,14 +871,23 @@ impl ClientConn {
             let be = &c.backends[backend];
             trace.routed(ctx, backend, &decision, sess.as_ref(), pinned);
             // `maxconn`: a slot now, or a bounded wait in this backend's queue (a session's
-            // request never goes elsewhere for want of room).
+            // request never goes elsewhere for want of room). One deadline covers this queue
+            // and the connection limit's.
             let waiting = Instant::now();
-            let slot = be.slots.take(s.queue_timeout).await;
+            let queue_deadline = waiting + s.queue_timeout;
+            let slot = be.slots.take(queue_deadline).await;
             if slot.as_ref().map_or(true, |s| s.waited) {
                 trace.held = true;
                 trace.wait += waiting.elapsed();
             }
             let slot = match slot {
+                // It waited, and its server changed meanwhile (out, suspect, draining for
+                // a balanced request): routed again (a bounded number of times).
+                Ok(slot) if slot.waited && !still_fits(be, &decision) && requeues < MAX_REQUEUES => {
+                    requeues += 1;
+                    drop(slot);
+                    continue;
+                }
                 Ok(slot) => slot,
                 Err(why) => {
                     c.counters.queue_timeouts.fetch_add(1, Ordering::Relaxed);
@@ -839,13 +904,15 @@ impl ClientConn {
             be.requests.fetch_add(1, Ordering::Relaxed);
             build_request(out, head, buf, peer.ip(), &ctx.host, &ctx.forwarded);
             let down = Downstream { client: &mut *client, w: &mut *w, scratch: &mut *scratch };
-            let failure =
-                match send(ctx, head, backend, down, out, buffered_body.as_deref(), &mut trace.connected).await {
-                    Ok((up, res, skipped)) => {
-                        break (backend, up, res, skipped, in_flight);
-                    }
-                    Err(f) => f,
-                };
+            let mut attempt = Attempt { queue_deadline, connected: None };
+            let sent = send(ctx, head, backend, down, out, buffered_body.as_deref(), &mut attempt).await;
+            trace.connected = attempt.connected;
+            let failure = match sent {
+                Ok((up, res, skipped)) => {
+                    break (backend, up, res, skipped, in_flight);
+                }
+                Err(f) => f,
+            };
             drop(in_flight);
             be.errors.fetch_add(1, Ordering::Relaxed);
             let retry = match &failure {
@@ -956,7 +1023,8 @@ impl ClientConn {
                 client_write: s.client_timeout,
                 server_write: s.server_timeout,
             };
-            tunnel(client, w, up, t).await;
+            // The client's bytes through the tunnel count as the request's.
+            client.total_read += tunnel(client, w, up, t).await;
             return Next::Close;
         }
         // An HTTP/1.0 client cannot read chunked: it gets the bare body, delimited by close.

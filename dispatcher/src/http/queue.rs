@@ -6,16 +6,21 @@
 //! session whose owner is full waits in that backend's queue — it never goes to another
 //! server — for at most `http.queue_timeout`; the queue holds at most `maxqueue`
 //! requests. A request without a session is balanced to a server with room (see
-//! `route`), and queues only when every server is full. Waiters are served in arrival
-//! order: a newcomer takes a free slot directly only while nobody is queued.
+//! `route`), and queues only when every server is full. Waiters are served strictly in
+//! arrival order: a freed slot is handed to the oldest waiter, and a newcomer takes a
+//! free slot directly only while nobody is queued. A request that waited is routed again
+//! when it gets its slot if its server's state changed meanwhile (see `proxy`).
 
 use std::{
-    pin::pin,
-    sync::atomic::{AtomicU64, Ordering},
-    time::{Duration, Instant},
+    collections::VecDeque,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Mutex,
+    },
+    time::Instant,
 };
 
-use tokio::sync::Notify;
+use tokio::sync::oneshot;
 
 use crate::state::Histogram;
 
@@ -28,13 +33,21 @@ pub enum Refused {
     Timeout,
 }
 
+/// The queue, in arrival order: a freed slot is handed to its head.
+struct Waiters {
+    next_id: u64,
+    list: VecDeque<(u64, oneshot::Sender<()>)>,
+}
+
 pub struct Slots {
+    /// Slots taken (the waiters a slot was handed to included).
     in_flight: AtomicU64,
     /// 0: no limit.
     max: AtomicU64,
     max_queue: AtomicU64,
+    /// `waiters.list.len()`, for readers that take no lock (the balancer).
     queued: AtomicU64,
-    freed: Notify,
+    waiters: Mutex<Waiters>,
     /// How long requests that queued waited (served or not).
     pub waits: Histogram,
     /// Requests that had to queue.
@@ -43,7 +56,7 @@ pub struct Slots {
     pub refused_timeout: AtomicU64,
 }
 
-/// A request's slot on a backend, given back when dropped.
+/// A request's slot on a backend, given back (or handed to the next waiter) when dropped.
 pub struct Slot<'a> {
     slots: &'a Slots,
     /// It queued for it.
@@ -52,9 +65,31 @@ pub struct Slot<'a> {
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        self.slots.in_flight.fetch_sub(1, Ordering::AcqRel);
-        // One waiter may take it (a waiter that gave up passes the wake-up on).
-        self.slots.freed.notify_one();
+        self.slots.release();
+    }
+}
+
+/// A place in the queue; leaving it (given up, or the request dropped) takes it out, and
+/// a slot handed to it meanwhile goes on to the next waiter.
+struct Place<'a> {
+    slots: &'a Slots,
+    id: u64,
+    rx: oneshot::Receiver<()>,
+    /// Served or refused: nothing left to undo.
+    done: bool,
+}
+
+impl Place<'_> {
+    /// Out of the queue: `true` if a slot was handed over first (it is ours then).
+    fn leave(&mut self) -> bool {
+        let mut w = self.slots.waiters.lock().unwrap();
+        if let Some(i) = w.list.iter().position(|(id, _)| *id == self.id) {
+            w.list.remove(i);
+            self.slots.queued.store(w.list.len() as u64, Ordering::Release);
+            return false;
+        }
+        // Not in the queue any more: a slot was sent (under the lock, so it is there).
+        self.rx.try_recv().is_ok()
     }
 }
 
@@ -66,7 +101,7 @@ impl Slots {
             max: AtomicU64::new(max.unwrap_or(0)),
             max_queue: AtomicU64::new(max_queue),
             queued: AtomicU64::new(0),
-            freed: Notify::new(),
+            waiters: Mutex::new(Waiters { next_id: 0, list: VecDeque::new() }),
             waits: Histogram::default(),
             queued_total: AtomicU64::new(0),
             refused_full: AtomicU64::new(0),
@@ -74,11 +109,20 @@ impl Slots {
         }
     }
 
-    /// A reload's limits; requests in flight keep their slots, waiters look again.
+    /// A reload's limits; requests in flight keep their slots (a lowered limit takes
+    /// effect as they finish), waiters are served as far as a raised limit allows.
     pub fn set_limits(&self, max: Option<u64>, max_queue: u64) {
+        let mut w = self.waiters.lock().unwrap();
         self.max.store(max.unwrap_or(0), Ordering::Release);
         self.max_queue.store(max_queue, Ordering::Release);
-        self.freed.notify_waiters();
+        while !w.list.is_empty() && self.max().is_none_or(|m| self.in_flight() < m) {
+            if let Some((_, tx)) = w.list.pop_front() {
+                if tx.send(()).is_ok() {
+                    self.in_flight.fetch_add(1, Ordering::AcqRel);
+                }
+            }
+        }
+        self.queued.store(w.list.len() as u64, Ordering::Release);
     }
 
     pub fn max(&self) -> Option<u64> {
@@ -102,71 +146,109 @@ impl Slots {
         self.max().is_none_or(|m| self.in_flight() < m && self.queued() == 0)
     }
 
-    fn try_take(&self) -> bool {
-        let mut cur = self.in_flight.load(Ordering::Acquire);
-        loop {
-            if self.max().is_some_and(|m| cur >= m) {
-                return false;
-            }
-            match self.in_flight.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return true,
-                Err(now) => cur = now,
-            }
+    /// A slot freed: to the oldest waiter if the limit allows, else back.
+    fn release(&self) {
+        if self.max().is_none() && self.queued() == 0 {
+            // No limit: no queue to serve (one that a reload just lifted is served by it).
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+            return;
         }
+        let mut w = self.waiters.lock().unwrap();
+        // Over a lowered limit: the slot is retired, not handed on.
+        if self.max().is_none_or(|m| self.in_flight() <= m) {
+            while let Some((_, tx)) = w.list.pop_front() {
+                // A waiter whose request went away (its receiver dropped) is skipped.
+                if tx.send(()).is_ok() {
+                    self.queued.store(w.list.len() as u64, Ordering::Release);
+                    return;
+                }
+            }
+            self.queued.store(0, Ordering::Release);
+        }
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 
-    /// A slot now, or after queueing for at most `timeout`.
-    pub async fn take(&self, timeout: Duration) -> Result<Slot<'_>, Refused> {
-        if self.queued() == 0 && self.try_take() {
+    /// A slot now, or after queueing (in arrival order) until `deadline`.
+    pub async fn take(&self, deadline: Instant) -> Result<Slot<'_>, Refused> {
+        let Some(max) = self.max() else {
+            self.in_flight.fetch_add(1, Ordering::AcqRel);
             return Ok(Slot { slots: self, waited: false });
-        }
-        // Join the queue if it has room (the count is taken first, then checked, so that
-        // concurrent arrivals cannot overfill it).
-        if self.queued.fetch_add(1, Ordering::AcqRel) >= self.max_queue() {
-            self.queued.fetch_sub(1, Ordering::AcqRel);
-            self.refused_full.fetch_add(1, Ordering::Relaxed);
-            return Err(Refused::QueueFull);
-        }
-        let _in_queue = crate::http::Counted(&self.queued);
+        };
+        let mut place = {
+            let mut w = self.waiters.lock().unwrap();
+            // Nobody before it: a free slot is its.
+            if w.list.is_empty() && self.in_flight() < max {
+                self.in_flight.fetch_add(1, Ordering::AcqRel);
+                return Ok(Slot { slots: self, waited: false });
+            }
+            if w.list.len() as u64 >= self.max_queue() {
+                drop(w);
+                self.refused_full.fetch_add(1, Ordering::Relaxed);
+                return Err(Refused::QueueFull);
+            }
+            let (tx, rx) = oneshot::channel();
+            let id = w.next_id;
+            w.next_id += 1;
+            w.list.push_back((id, tx));
+            self.queued.store(w.list.len() as u64, Ordering::Release);
+            Place { slots: self, id, rx, done: false }
+        };
         self.queued_total.fetch_add(1, Ordering::Relaxed);
         let start = Instant::now();
-        let deadline = tokio::time::Instant::from_std(start + timeout);
-        loop {
-            let mut freed = pin!(self.freed.notified());
-            freed.as_mut().enable();
-            if self.try_take() {
-                self.waits.record(start.elapsed());
-                return Ok(Slot { slots: self, waited: true });
-            }
-            if tokio::time::timeout_at(deadline, freed).await.is_err() {
-                self.waits.record(start.elapsed());
-                self.refused_timeout.fetch_add(1, Ordering::Relaxed);
-                return Err(Refused::Timeout);
-            }
+        let served = match tokio::time::timeout_at(tokio::time::Instant::from_std(deadline), &mut place.rx).await {
+            Ok(Ok(())) => true,
+            // Timed out (or, impossibly, the sender dropped unsent): out of the queue,
+            // unless a slot arrived in the meantime.
+            _ => place.leave(),
+        };
+        place.done = true;
+        self.waits.record(start.elapsed());
+        if served {
+            Ok(Slot { slots: self, waited: true })
+        } else {
+            self.refused_timeout.fetch_add(1, Ordering::Relaxed);
+            Err(Refused::Timeout)
+        }
+    }
+}
+
+impl Drop for Place<'_> {
+    /// The request went away while queued: out of the queue, and a slot handed to it
+    /// goes on.
+    fn drop(&mut self) {
+        if !self.done && self.leave() {
+            self.slots.release();
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
+    use std::{
+        sync::{Arc, Mutex},
+        time::Duration,
+    };
 
     use super::*;
+
+    fn after(d: Duration) -> Instant {
+        Instant::now() + d
+    }
 
     #[tokio::test]
     async fn at_most_max_in_flight_then_a_bounded_queue_in_order() {
         let s = Arc::new(Slots::new(Some(2), 2));
-        let a = s.take(Duration::from_secs(1)).await.unwrap();
-        let _b = s.take(Duration::from_secs(1)).await.unwrap();
+        let a = s.take(after(Duration::from_secs(1))).await.unwrap();
+        let _b = s.take(after(Duration::from_secs(1))).await.unwrap();
         assert!(!s.has_room());
         // Two wait, the third is refused at once.
         let (s1, s2) = (s.clone(), s.clone());
-        let w1 = tokio::spawn(async move { s1.take(Duration::from_secs(5)).await.map(|_| Instant::now()) });
+        let w1 = tokio::spawn(async move { s1.take(after(Duration::from_secs(5))).await.map(|_| Instant::now()) });
         tokio::time::sleep(Duration::from_millis(20)).await;
-        let w2 = tokio::spawn(async move { s2.take(Duration::from_secs(5)).await.map(|_| Instant::now()) });
+        let w2 = tokio::spawn(async move { s2.take(after(Duration::from_secs(5))).await.map(|_| Instant::now()) });
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert_eq!(s.queued(), 2);
-        assert_eq!(s.take(Duration::from_secs(5)).await.err(), Some(Refused::QueueFull));
+        assert_eq!(s.take(after(Duration::from_secs(5))).await.err(), Some(Refused::QueueFull));
         drop(a);
         let t1 = w1.await.unwrap().unwrap();
         // w1's slot was dropped with its task: w2 gets one too, after w1 (arrival order).
@@ -180,13 +262,13 @@ mod tests {
     #[tokio::test]
     async fn a_waiter_gives_up_at_the_timeout_and_a_raised_limit_frees_waiters() {
         let s = Arc::new(Slots::new(Some(1), 10));
-        let _a = s.take(Duration::from_secs(1)).await.unwrap();
+        let _a = s.take(after(Duration::from_secs(1))).await.unwrap();
         let t = Instant::now();
-        assert_eq!(s.take(Duration::from_millis(100)).await.err(), Some(Refused::Timeout));
+        assert_eq!(s.take(after(Duration::from_millis(100))).await.err(), Some(Refused::Timeout));
         assert!(t.elapsed() >= Duration::from_millis(100) && t.elapsed() < Duration::from_secs(1));
         assert_eq!(s.queued(), 0, "the queue forgets a waiter that left");
         let s1 = s.clone();
-        let w = tokio::spawn(async move { s1.take(Duration::from_secs(5)).await.is_ok() });
+        let w = tokio::spawn(async move { s1.take(after(Duration::from_secs(5))).await.is_ok() });
         tokio::time::sleep(Duration::from_millis(20)).await;
         s.set_limits(Some(2), 10);
         assert!(w.await.unwrap(), "a reload that raises maxconn serves the queue");
@@ -195,19 +277,67 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn strictly_in_arrival_order_and_a_request_that_went_away_is_skipped() {
+        let s = Arc::new(Slots::new(Some(1), 10));
+        let first = s.take(after(Duration::from_secs(1))).await.unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for i in 0..5 {
+            let (s, order) = (s.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                let slot = s.take(after(Duration::from_secs(5))).await.unwrap();
+                order.lock().unwrap().push(i);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                drop(slot);
+            }));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(s.queued(), 5);
+        tasks.remove(2).abort();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert_eq!(s.queued(), 4, "a request that went away leaves the queue");
+        // A newcomer does not take a slot before those queued, even at the moment one
+        // frees: it queues behind them (and gives up at its deadline).
+        assert_eq!(s.take(after(Duration::ZERO)).await.err(), Some(Refused::Timeout));
+        drop(first);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), [0, 1, 3, 4]);
+        assert_eq!((s.in_flight(), s.queued()), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn a_lowered_limit_retires_slots_before_serving_the_queue() {
+        let s = Arc::new(Slots::new(Some(2), 10));
+        let a = s.take(after(Duration::from_secs(1))).await.unwrap();
+        let b = s.take(after(Duration::from_secs(1))).await.unwrap();
+        let s1 = s.clone();
+        let w = tokio::spawn(async move { s1.take(after(Duration::from_secs(5))).await.is_ok() });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        s.set_limits(Some(1), 10);
+        drop(a);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!((s.in_flight(), s.queued()), (1, 1), "the freed slot is retired");
+        drop(b);
+        assert!(w.await.unwrap());
+        assert_eq!((s.in_flight(), s.queued()), (0, 0));
+    }
+
+    #[tokio::test]
     async fn without_a_limit_nothing_waits_and_no_queue_means_refused_at_once() {
         let s = Slots::new(None, 0);
         let held: Vec<_> = futures_take(&s, 100).await;
         assert_eq!(held.len(), 100);
         let s = Slots::new(Some(1), 0);
-        let _a = s.take(Duration::from_secs(1)).await.unwrap();
-        assert_eq!(s.take(Duration::from_secs(1)).await.err(), Some(Refused::QueueFull));
+        let _a = s.take(after(Duration::from_secs(1))).await.unwrap();
+        assert_eq!(s.take(after(Duration::from_secs(1))).await.err(), Some(Refused::QueueFull));
     }
 
     async fn futures_take(s: &Slots, n: usize) -> Vec<Slot<'_>> {
         let mut v = Vec::new();
         for _ in 0..n {
-            v.push(s.take(Duration::ZERO).await.unwrap());
+            v.push(s.take(after(Duration::ZERO)).await.unwrap());
         }
         v
     }

@@ -129,7 +129,8 @@ impl VipRoute {
 
     /// A request kept on `backend` by the VIP's persistence cookie: the same rules as a
     /// session's owner (held while suspect, its replica while it is out, never a third
-    /// server); a backend no longer in the VIP gives way to balancing.
+    /// server while it has one); a backend without a replica in the VIP, or no longer in
+    /// the VIP, gives way to balancing.
     pub fn route_pinned(&self, cluster: &Cluster, backend: usize, hold_expired: bool) -> Decision {
         if !self.members.contains(&backend) {
             return self.route(cluster, None, hold_expired, true);
@@ -147,7 +148,10 @@ impl VipRoute {
             Some(r) if matches!(cluster.backends[r].state(), BackendState::Up | BackendState::Drain) => {
                 Decision::Affinity(r)
             }
-            _ => Decision::SessionUnavailable,
+            Some(_) => Decision::SessionUnavailable,
+            // No replica to keep its state: balanced, as HAProxy redispatches a cookie
+            // whose server is down (the response's cookie names the new server).
+            None => self.route(cluster, None, hold_expired, true),
         }
     }
 
@@ -176,10 +180,7 @@ impl VipRoute {
         let weight = |i: usize, be: &crate::state::Backend| -> u64 {
             match &self.slow {
                 None => be.weight as u64,
-                Some(slow) => {
-                    let share = crate::state::ramp_share(be.ramp_since.load(Ordering::Relaxed), slow[i], now);
-                    ((be.weight as f64 * share).ceil() as u64).max(1)
-                }
+                Some(slow) => be.ramped_weight(be.weight, slow[i], now),
             }
         };
         match self.balance {
@@ -381,7 +382,7 @@ mode = "http"
         let c = Cluster::new(&cfg, &[Health::Up; 3], &[Operator::None; 3], None);
         for balance in [Balance::RoundRobin, Balance::LeastOutstanding] {
             let r = VipRoute::new(vec![0, 1], balance, true);
-            let full = c.backends[1].slots.take(Duration::ZERO).await.unwrap();
+            let full = c.backends[1].slots.take(std::time::Instant::now()).await.unwrap();
             for _ in 0..10 {
                 assert_eq!(r.route(&c, None, false, true), Decision::Balanced(0), "b is full: a has room");
             }
@@ -396,7 +397,7 @@ mode = "http"
         let c = Cluster::new(&cfg, &[Health::Up; 3], &[Operator::None; 3], None);
         let mut _slots = Vec::new();
         for b in &c.backends {
-            _slots.push(b.slots.take(Duration::ZERO).await.unwrap());
+            _slots.push(b.slots.take(std::time::Instant::now()).await.unwrap());
         }
         let r = VipRoute::new(vec![0, 1, 2], Balance::RoundRobin, true);
         assert!(matches!(r.route(&c, None, false, true), Decision::Balanced(_)));
@@ -413,7 +414,11 @@ mode = "http"
         c.set_health(0, Health::Down);
         assert_eq!(r.route_pinned(&c, 1, false), Decision::SessionUnavailable, "never a third server");
         assert_eq!(r.route_pinned(&c, 2, false), Decision::Affinity(2));
+        c.set_health(2, Health::Down);
+        c.set_health(0, Health::Up);
+        assert_eq!(r.route_pinned(&c, 2, false), Decision::Balanced(0), "no replica: balanced, not refused");
         let only_c = VipRoute::new(vec![2], Balance::RoundRobin, true);
+        c.set_health(2, Health::Up);
         assert_eq!(only_c.route_pinned(&c, 1, false), Decision::Balanced(2), "not a member: balanced");
     }
 
