@@ -9,7 +9,7 @@ use super::{
     contract::{AgentStatus, BackendStatus, CertificateStatus, CounterStatus, QueueStatus, TlsStatus, VipStatus},
     Admin,
 };
-use crate::state::Histogram;
+use crate::state::{Backend, Histogram};
 
 fn tls_status(t: &crate::tls::server::TlsStats) -> TlsStatus {
     TlsStatus {
@@ -125,6 +125,21 @@ fn esc(v: &str) -> String {
         }
     }
     o
+}
+
+/// One metric with a series per backend of `backends`.
+fn backend_series(
+    o: &mut String,
+    backends: &[&Backend],
+    name: &str,
+    kind: &str,
+    help: &str,
+    value: &dyn Fn(&Backend) -> u64,
+) {
+    let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    for b in backends {
+        let _ = writeln!(o, "{name}{{backend=\"{}\"}} {}", esc(&b.name), value(b));
+    }
 }
 
 fn histogram(out: &mut String, name: &str, labels: &str, h: &Histogram) {
@@ -270,13 +285,10 @@ pub fn metrics(a: &Admin) -> String {
     for b in &c.backends {
         let _ = writeln!(o, "dispatcher_backend_state{{backend=\"{}\"}} {}", esc(&b.name), b.state() as u8);
     }
-    let per_backend =
-        |o: &mut String, name: &str, kind: &str, help: &str, value: &dyn Fn(&crate::state::Backend) -> u64| {
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
-            for b in &c.backends {
-                let _ = writeln!(o, "{name}{{backend=\"{}\"}} {}", esc(&b.name), value(b));
-            }
-        };
+    let all: Vec<_> = c.backends.iter().collect();
+    let per_backend = |o: &mut String, name: &str, kind: &str, help: &str, value: &dyn Fn(&Backend) -> u64| {
+        backend_series(o, &all, name, kind, help, value)
+    };
     per_backend(&mut o, "dispatcher_backend_requests_total", "counter", "Requests sent to the backend.", &|b| {
         b.requests.load(Ordering::Relaxed)
     });
@@ -292,13 +304,9 @@ pub fn metrics(a: &Admin) -> String {
     // `maxconn` and its queue (backends without a limit have no such series).
     let limited: Vec<_> = c.backends.iter().filter(|b| b.slots.max().is_some()).collect();
     if !limited.is_empty() {
-        let each =
-            |o: &mut String, name: &str, kind: &str, help: &str, value: &dyn Fn(&crate::state::Backend) -> u64| {
-                let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
-                for b in &limited {
-                    let _ = writeln!(o, "{name}{{backend=\"{}\"}} {}", esc(&b.name), value(b));
-                }
-            };
+        let each = |o: &mut String, name: &str, kind: &str, help: &str, value: &dyn Fn(&Backend) -> u64| {
+            backend_series(o, &limited, name, kind, help, value)
+        };
         each(&mut o, "dispatcher_backend_maxconn", "gauge", "Requests the backend may have in flight at once.", &|b| {
             b.slots.max().unwrap_or(0)
         });

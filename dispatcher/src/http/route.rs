@@ -46,6 +46,30 @@ pub struct VipRoute {
     slow: Option<Vec<Option<Duration>>>,
 }
 
+/// The owner's own answer: held while it is suspect (ownership unknown: wait, never
+/// guess), served while it keeps its sessions; `None` when it is out.
+fn owner_decision(cluster: &Cluster, owner: usize, hold_expired: bool) -> Option<Decision> {
+    let state = cluster.backends[owner].state();
+    if state == BackendState::Suspect && !hold_expired {
+        return Some(Decision::Hold(owner));
+    }
+    if state.keeps() && state != BackendState::Suspect {
+        cluster.counters.affinity_hits.fetch_add(1, Ordering::Relaxed);
+        return Some(Decision::Affinity(owner));
+    }
+    None
+}
+
+/// The owner being out, its replica: held while suspect, served while up or draining,
+/// else nobody (never a third server).
+fn replica_decision(cluster: &Cluster, replica: usize, hold_expired: bool) -> Decision {
+    match cluster.backends[replica].state() {
+        BackendState::Suspect if !hold_expired => Decision::Hold(replica),
+        BackendState::Up | BackendState::Drain => Decision::Affinity(replica),
+        _ => Decision::SessionUnavailable,
+    }
+}
+
 impl VipRoute {
     pub fn new(members: Vec<usize>, balance: Balance, fail_back: bool) -> VipRoute {
         let n = members.len();
@@ -87,14 +111,8 @@ impl VipRoute {
                 if !self.members.contains(&owner) {
                     continue;
                 }
-                let state = cluster.backends[owner].state();
-                if state == BackendState::Suspect && !hold_expired {
-                    // Ownership unknown: wait, never guess.
-                    return Decision::Hold(owner);
-                }
-                if state.keeps() && state != BackendState::Suspect {
-                    cluster.counters.affinity_hits.fetch_add(1, Ordering::Relaxed);
-                    return Decision::Affinity(owner);
+                if let Some(d) = owner_decision(cluster, owner, hold_expired) {
+                    return d;
                 }
                 first_known.get_or_insert(replica);
             }
@@ -105,13 +123,8 @@ impl VipRoute {
             if let Some(replica) = first_known {
                 // The owner is out: only its replica holds the session's data.
                 return match replica.filter(|r| self.members.contains(r)) {
-                    Some(r) if cluster.backends[r].state() == BackendState::Suspect && !hold_expired => {
-                        Decision::Hold(r)
-                    }
-                    Some(r) if matches!(cluster.backends[r].state(), BackendState::Up | BackendState::Drain) => {
-                        Decision::Affinity(r)
-                    }
-                    _ => Decision::SessionUnavailable,
+                    Some(r) => replica_decision(cluster, r, hold_expired),
+                    None => Decision::SessionUnavailable,
                 };
             }
         }
@@ -135,20 +148,11 @@ impl VipRoute {
         if !self.members.contains(&backend) {
             return self.route(cluster, None, hold_expired, true);
         }
-        let state = cluster.backends[backend].state();
-        if state == BackendState::Suspect && !hold_expired {
-            return Decision::Hold(backend);
-        }
-        if state.keeps() && state != BackendState::Suspect {
-            cluster.counters.affinity_hits.fetch_add(1, Ordering::Relaxed);
-            return Decision::Affinity(backend);
+        if let Some(d) = owner_decision(cluster, backend, hold_expired) {
+            return d;
         }
         match cluster.backends[backend].replica.filter(|r| self.members.contains(r)) {
-            Some(r) if cluster.backends[r].state() == BackendState::Suspect && !hold_expired => Decision::Hold(r),
-            Some(r) if matches!(cluster.backends[r].state(), BackendState::Up | BackendState::Drain) => {
-                Decision::Affinity(r)
-            }
-            Some(_) => Decision::SessionUnavailable,
+            Some(r) => replica_decision(cluster, r, hold_expired),
             // No replica to keep its state: balanced, as HAProxy redispatches a cookie
             // whose server is down (the response's cookie names the new server).
             None => self.route(cluster, None, hold_expired, true),

@@ -5,27 +5,19 @@
 use std::time::Duration;
 
 use crate::{
-    http::{start_backends, wait_ready, wrk, BACKEND_PORT, LUA, VIP, WORKERS},
+    http::{agent_config, bench_bed, wait_ready, wrk, LUA},
     tls::{median_run, spread},
 };
-use dispatcher_tests::netns::Testbed;
 
 const CONNECTIONS: usize = 50;
 
 pub fn run(quick: bool) -> (String, String) {
     let (secs, rounds) = if quick { (3, 1) } else { (10, 3) };
     eprintln!("==> access log: wrk {CONNECTIONS} connections, {rounds} rounds of {secs}s off and on");
-    let mut tb = Testbed::new(4, &[VIP]);
-    tb.add_local_vip(VIP);
+    let mut tb = bench_bed();
     let dir = tb.workdir.clone();
-    start_backends(&mut tb);
-    let clone_ids: Vec<String> = (0..4).map(|i| format!("clone{i}x")).collect();
     let log = dir.join("access.log");
-    let base = format!(
-        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nworkers = {WORKERS}\n\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\n",
-        tb.instance(),
-        tb.backend_config_with_clones(&[], &clone_ids)
-    );
+    let base = agent_config(&tb, "");
     let with_log = format!("{base}\n[access_log]\npath = \"{}\"\nformat = \"json\"\n", log.display());
     let path = tb.write_config(&base);
     tb.start_dispatcher(&path);

@@ -43,6 +43,25 @@ struct Measured {
 }
 
 /// nginx on each of the testbed's four backends, configured by `backend_conf`.
+/// The HTTP benches' testbed: four nginx backends, the VIP on the dispatcher's host.
+pub fn bench_bed() -> Testbed {
+    let mut tb = Testbed::new(4, &[VIP]);
+    tb.add_local_vip(VIP);
+    start_backends(&mut tb);
+    tb
+}
+
+/// The agent's configuration for the HTTP benches: the VIP on port 80 over the four
+/// backends (clone IDs `clone0x`...); `http_extra`: more `[http]` lines.
+pub fn agent_config(tb: &Testbed, http_extra: &str) -> String {
+    let clone_ids: Vec<String> = (0..4).map(|i| format!("clone{i}x")).collect();
+    format!(
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nworkers = {WORKERS}\n{http_extra}\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\n",
+        tb.instance(),
+        tb.backend_config_with_clones(&[], &clone_ids)
+    )
+}
+
 pub fn start_backends(tb: &mut Testbed) {
     let dir = tb.workdir.clone();
     for i in 0..4 {
@@ -311,22 +330,15 @@ pub fn run(quick: bool) -> (String, String) {
     let maxconn = haproxy_maxconn(nofile);
     let secs = if quick { 4 } else { 15 };
     eprintln!("==> HTTP benchmark: {WORKERS} worker(s) each, wrk {CONNECTIONS} connections, {secs}s per system");
-    let mut tb = Testbed::new(4, &[VIP]);
-    tb.add_local_vip(VIP);
+    let mut tb = bench_bed();
     // The idle-memory curve closes 10,000 client connections; without reuse of their
     // TIME_WAIT ports, wrk's next 10,000 connects crawl (the kernel scans past them).
     tb.client.sysctl("net.ipv4.tcp_tw_reuse=1");
     let dir = tb.workdir.clone();
-    start_backends(&mut tb);
-    let clone_ids: Vec<String> = (0..4).map(|i| format!("clone{i}x")).collect();
     // 10,000 client connections are measured: above the default cap the agent derives from
     // this machine's 20,000 descriptors (which reserves one upstream connection per client);
     // here upstream connections are bounded by max_connections_per_backend instead.
-    let cfg = format!(
-        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nworkers = {WORKERS}\nmax_client_connections = 10100\n\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\n",
-        tb.instance(),
-        tb.backend_config_with_clones(&[], &clone_ids)
-    );
+    let cfg = agent_config(&tb, "max_client_connections = 10100\n");
     let path = tb.write_config(&cfg);
     tb.start_dispatcher(&path);
     let agent_pid = tb.pid_of("dispatcher").expect("agent pid");
