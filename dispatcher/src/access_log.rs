@@ -237,9 +237,11 @@ fn writer(rx: Receiver<Msg>, file: Option<File>, format: AccessLogFormat, counte
             }
             Msg::Reopen(f, fmt) => {
                 out.flush(counters);
-                // What the old destination would not take is lost with it.
+                // What the old destination would not take is lost with it (discarded, not
+                // flushed again on drop).
                 counters.access_log_dropped.fetch_add(std::mem::take(&mut out.buffered), Ordering::Relaxed);
-                out.w = sink(f);
+                drop(std::mem::replace(&mut out.w, sink(f)).into_parts());
+                out.failing = false;
                 format = fmt;
             }
             Msg::Flush(done) => {

@@ -453,8 +453,12 @@ impl Running {
             .enumerate()
             .map(|(i, b)| {
                 let (h, a) = self.cluster.health_and_admin(i).unwrap_or((Health::Up, Operator::None));
+                let was_retired = self.cfg.backends.get(i).is_some_and(|o| o.retired);
                 if b.retired {
                     (h, Operator::Disabled)
+                } else if was_retired {
+                    // Configured again: back in service (ramping up, with `slow_start`).
+                    (h, Operator::None)
                 } else {
                     (h, a)
                 }
@@ -479,7 +483,13 @@ impl Running {
         let merged = Arc::new(merged);
         let next = Running::start(merged.clone(), cluster.clone(), tables, rt, self.server.as_ref(), access_log)
             .map_err(|e| format!("{e:#}"))?;
-        tables.lock().unwrap().apply(&merged, &states, &ops).map_err(|e| format!("writing the maps: {e}"))?;
+        if let Err(e) = tables.lock().unwrap().apply(&merged, &states, &ops) {
+            // Refused: the new loops stop (the old ones never did), and the old cluster
+            // passes nothing on to the one that will not serve.
+            self.cluster.forget_successor();
+            next.stop("reload refused");
+            return Err(format!("writing the maps: {e}"));
+        }
         crate::control::rebuild_ramping_rings(&merged, &cluster, tables);
         if let Err(e) = dataplane::ids::save(&merged) {
             tracing::warn!(error = %e, "recording the id table");

@@ -526,6 +526,11 @@ impl Cluster {
         self.clones_map.lock().unwrap().take()
     }
 
+    /// A successor that will not serve (its reload was refused) learns nothing more.
+    pub fn forget_successor(&self) {
+        *self.successor.lock().unwrap() = None;
+    }
+
     /// The configuration's `maxconn` and `maxqueue` on the (shared) slots: a reload's
     /// last step, once nothing can refuse it.
     pub fn apply_limits(&self, cfg: &Config) {

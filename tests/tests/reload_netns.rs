@@ -99,13 +99,14 @@ fn reload_under_load_refuses_nothing_and_keeps_sessions() {
     }
     std::thread::sleep(Duration::from_millis(500));
 
+    // The four backends in two replica pairs, b1 weighing 300.
+    let reload_all_four = |tb: &Testbed| {
+        let all = [(0, Some(1), 100), (1, Some(0), 300), (2, Some(3), 100), (3, Some(2), 100)];
+        tb.write_config(&config(tb, &all, &[0, 1, 2, 3]));
+        tb.dispatcher_cmd(&["reload", "--config", &cfg])
+    };
     // 1: two backends added (new ids), members widened, a weight changed.
-    tb.write_config(&config(
-        &tb,
-        &[(0, Some(1), 100), (1, Some(0), 300), (2, Some(3), 100), (3, Some(2), 100)],
-        &[0, 1, 2, 3],
-    ));
-    let out = tb.dispatcher_cmd(&["reload", "--config", &cfg]);
+    let out = reload_all_four(&tb);
     assert!(out.contains("4 backends (0 retired)"), "{out}");
     std::thread::sleep(Duration::from_millis(600));
     let mut fresh_on: HashMap<String, usize> = HashMap::new();
@@ -159,6 +160,14 @@ fn reload_under_load_refuses_nothing_and_keeps_sessions() {
         let mut f = Client::new(&tb.client, addr);
         assert_ne!(f.get("/").unwrap().field("clone"), Some("clone3x"), "a removed backend takes no new session");
     }
+
+    // 2b: b3 configured again: back in service, not left disabled by its retirement.
+    let out = reload_all_four(&tb);
+    assert!(out.contains("4 backends (0 retired)"), "{out}");
+    std::thread::sleep(Duration::from_millis(600));
+    let back =
+        (0..12).filter(|_| Client::new(&tb.client, addr).get("/").unwrap().field("clone") == Some("clone3x")).count();
+    assert!(back > 0, "the backend configured again takes new sessions");
 
     // 3: a broken file is refused; the agent keeps serving the last good configuration.
     tb.write_config("[dispatcher]\ninterface = \"eth0\"\n[[vip]]\nname = 3\n");

@@ -582,6 +582,19 @@ fn still_fits(be: &crate::state::Backend, decision: &Decision) -> bool {
     }
 }
 
+/// Resolves once `be` no longer serves a request routed by `decision` (`still_fits`).
+async fn until_unfit(be: &crate::state::Backend, decision: &Decision) {
+    loop {
+        let changed = be.changed.notified();
+        tokio::pin!(changed);
+        changed.as_mut().enable();
+        if !still_fits(be, decision) {
+            return;
+        }
+        changed.await;
+    }
+}
+
 /// How many times a request that waited in a queue is routed again because its server
 /// changed meanwhile.
 const MAX_REQUEUES: u32 = 2;
@@ -619,6 +632,8 @@ async fn send<R: AsyncRead + Unpin>(
         if !written {
             if replaceable {
                 fresh_tried = true;
+                // Its share of the connection limit goes to the new one.
+                drop(up);
                 up = pool.connect(attempt.queue_deadline).await.map_err(SendFail::Unreachable)?;
                 continue;
             }
@@ -802,6 +817,8 @@ impl ClientConn {
         let mut learn_waited = s.learn_wait.is_zero();
         let mut extra_attempts = 0u32;
         let mut requeues = 0u32;
+        // One queueing deadline for the whole request, however often it is routed again.
+        let mut queue_deadline: Option<Instant> = None;
         // Choose a backend, hold while the session's owner is suspect, send; a failure before
         // any response byte is retried after re-routing (bounded, budgeted, idempotent and
         // bodiless requests only). A server that timed out is never retried: no replays.
@@ -874,18 +891,31 @@ impl ClientConn {
             // request never goes elsewhere for want of room). One deadline covers this queue
             // and the connection limit's.
             let waiting = Instant::now();
-            let queue_deadline = waiting + s.queue_timeout;
-            let slot = be.slots.take(queue_deadline).await;
-            if slot.as_ref().map_or(true, |s| s.waited) {
+            let queue_deadline = *queue_deadline.get_or_insert(waiting + s.queue_timeout);
+            // A waiter whose server leaves (down, suspect, disabled; drained for a balanced
+            // request) stops waiting for it.
+            let slot = tokio::select! {
+                biased;
+                slot = be.slots.take(queue_deadline) => Some(slot),
+                _ = until_unfit(be, &decision) => None,
+            };
+            if slot.as_ref().is_none_or(|s| s.as_ref().map_or(true, |s| s.waited)) {
                 trace.held = true;
                 trace.wait += waiting.elapsed();
             }
             let slot = match slot {
-                // It waited, and its server changed meanwhile (out, suspect, draining for
-                // a balanced request): routed again (a bounded number of times).
-                Ok(slot) if slot.waited && !still_fits(be, &decision) && requeues < MAX_REQUEUES => {
-                    requeues += 1;
+                // Its server changed while it waited: routed again (a bounded number of
+                // times), or refused, never sent to a server that left.
+                None => Err(Refused::Left),
+                Some(Ok(slot)) if slot.waited && !still_fits(be, &decision) => {
                     drop(slot);
+                    Err(Refused::Left)
+                }
+                Some(slot) => slot,
+            };
+            let slot = match slot {
+                Err(Refused::Left) if requeues < MAX_REQUEUES => {
+                    requeues += 1;
                     continue;
                 }
                 Ok(slot) => slot,
@@ -894,6 +924,7 @@ impl ClientConn {
                     let msg = match why {
                         Refused::QueueFull => "the server's queue is full",
                         Refused::Timeout => "the server is busy",
+                        Refused::Left => "the server left while the request waited",
                     };
                     refuse(w, trace, 503, msg, Some(1)).await;
                     return Next::Close;

@@ -31,6 +31,8 @@ pub enum Refused {
     QueueFull,
     /// No slot came free within the queue timeout.
     Timeout,
+    /// Its server left while it waited (set by the request path, not by the queue).
+    Left,
 }
 
 /// The queue, in arrival order: a freed slot is handed to its head.
@@ -115,6 +117,11 @@ impl Slots {
         let mut w = self.waiters.lock().unwrap();
         self.max.store(max.unwrap_or(0), Ordering::Release);
         self.max_queue.store(max_queue, Ordering::Release);
+        self.serve(&mut w);
+    }
+
+    /// Hands free slots to the oldest waiters (with the lock held).
+    fn serve(&self, w: &mut Waiters) {
         while !w.list.is_empty() && self.max().is_none_or(|m| self.in_flight() < m) {
             if let Some((_, tx)) = w.list.pop_front() {
                 if tx.send(()).is_ok() {
@@ -151,6 +158,10 @@ impl Slots {
         if self.max().is_none() && self.queued() == 0 {
             // No limit: no queue to serve (one that a reload just lifted is served by it).
             self.in_flight.fetch_sub(1, Ordering::AcqRel);
+            if self.queued() > 0 {
+                // A reload set a limit meanwhile and someone queued behind this slot.
+                self.serve(&mut self.waiters.lock().unwrap());
+            }
             return;
         }
         let mut w = self.waiters.lock().unwrap();
@@ -170,14 +181,15 @@ impl Slots {
 
     /// A slot now, or after queueing (in arrival order) until `deadline`.
     pub async fn take(&self, deadline: Instant) -> Result<Slot<'_>, Refused> {
-        let Some(max) = self.max() else {
+        if self.max().is_none() {
             self.in_flight.fetch_add(1, Ordering::AcqRel);
             return Ok(Slot { slots: self, waited: false });
-        };
+        }
         let mut place = {
             let mut w = self.waiters.lock().unwrap();
-            // Nobody before it: a free slot is its.
-            if w.list.is_empty() && self.in_flight() < max {
+            // Nobody before it: a free slot is its (the limit read again under the lock: a
+            // reload may have changed it).
+            if w.list.is_empty() && self.max().is_none_or(|m| self.in_flight() < m) {
                 self.in_flight.fetch_add(1, Ordering::AcqRel);
                 return Ok(Slot { slots: self, waited: false });
             }
