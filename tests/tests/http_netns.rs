@@ -623,6 +623,7 @@ fn maxconn_queues_a_sessions_requests_at_its_owner_and_balances_the_rest_elsewhe
         "dispatcher_backend_queue_length{backend=\"b0\"} 0",
         "dispatcher_backend_queued_total{backend=\"b0\"} 2",
         "dispatcher_backend_queue_refused_total{backend=\"b0\",reason=\"full\"} 4",
+        "dispatcher_backend_queue_refused_total{backend=\"b0\",reason=\"left\"} 0",
         "dispatcher_backend_queue_seconds_count{backend=\"b0\"} 2",
     ] {
         assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");

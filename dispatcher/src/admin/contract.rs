@@ -138,6 +138,9 @@ pub struct QueueStatus {
     /// Answered 503 because the queue was full / because no slot came in time.
     pub refused_full: u64,
     pub refused_timeout: u64,
+    /// Answered 503 because the server left while they waited, and rerouting was used up.
+    #[serde(default)]
+    pub refused_left: u64,
     /// Mean wait of the requests that queued, in milliseconds.
     pub wait_mean_ms: f64,
 }

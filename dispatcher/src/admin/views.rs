@@ -58,6 +58,7 @@ pub fn status(a: &Admin) -> AgentStatus {
                     queued_total: load(&q.queued_total),
                     refused_full: load(&q.refused_full),
                     refused_timeout: load(&q.refused_timeout),
+                    refused_left: load(&q.refused_left),
                     wait_mean_ms: if waited == 0 { 0.0 } else { load(&q.waits.sum_us) as f64 / waited as f64 / 1000.0 },
                 }
             }),
@@ -322,7 +323,12 @@ pub fn metrics(a: &Admin) -> String {
         );
         let _ = writeln!(o, "# HELP dispatcher_backend_queue_refused_total Requests answered 503 for want of a slot: queue full, or none in time.\n# TYPE dispatcher_backend_queue_refused_total counter");
         for b in &limited {
-            for (reason, n) in [("full", &b.slots.refused_full), ("timeout", &b.slots.refused_timeout)] {
+            let reasons = [
+                ("full", &b.slots.refused_full),
+                ("timeout", &b.slots.refused_timeout),
+                ("left", &b.slots.refused_left),
+            ];
+            for (reason, n) in reasons {
                 let _ = writeln!(
                     o,
                     "dispatcher_backend_queue_refused_total{{backend=\"{}\",reason=\"{reason}\"}} {}",

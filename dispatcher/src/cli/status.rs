@@ -262,8 +262,16 @@ fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
         let (name, q) = q;
         let _ = writeln!(
             o,
-            "queue {name}: {} of maxconn {} in flight, {} of {} queued; queued {} (mean wait {:.1} ms), refused: full {} timeout {}",
-            q.in_flight, q.maxconn, q.queued, q.maxqueue, q.queued_total, q.wait_mean_ms, q.refused_full, q.refused_timeout
+            "queue {name}: {} of maxconn {} in flight, {} of {} queued; queued {} (mean wait {:.1} ms), refused: full {} timeout {} left {}",
+            q.in_flight,
+            q.maxconn,
+            q.queued,
+            q.maxqueue,
+            q.queued_total,
+            q.wait_mean_ms,
+            q.refused_full,
+            q.refused_timeout,
+            q.refused_left
         );
     }
     let _ = writeln!(o);

@@ -920,7 +920,11 @@ impl ClientConn {
                 }
                 Ok(slot) => slot,
                 Err(why) => {
-                    c.counters.queue_timeouts.fetch_add(1, Ordering::Relaxed);
+                    if why == Refused::Left {
+                        be.slots.refused_left.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        c.counters.queue_timeouts.fetch_add(1, Ordering::Relaxed);
+                    }
                     let msg = match why {
                         Refused::QueueFull => "the server's queue is full",
                         Refused::Timeout => "the server is busy",

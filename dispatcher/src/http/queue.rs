@@ -56,6 +56,9 @@ pub struct Slots {
     pub queued_total: AtomicU64,
     pub refused_full: AtomicU64,
     pub refused_timeout: AtomicU64,
+    /// Answered 503 because the server left while they waited and rerouting was used up
+    /// (counted by the request path).
+    pub refused_left: AtomicU64,
 }
 
 /// A request's slot on a backend, given back (or handed to the next waiter) when dropped.
@@ -108,6 +111,7 @@ impl Slots {
             queued_total: AtomicU64::new(0),
             refused_full: AtomicU64::new(0),
             refused_timeout: AtomicU64::new(0),
+            refused_left: AtomicU64::new(0),
         }
     }
 
