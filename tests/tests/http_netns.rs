@@ -780,41 +780,53 @@ fn the_access_log_records_every_request_and_follows_rotation() {
     assert!(metrics.lines().any(|l| l == "dispatcher_access_log_dropped_total 0"));
 }
 
+/// A testbed of `n` clones behind a VIP with `insert_cookie = "SRV"`; `backends` edits
+/// the `[[backend]]` sections (e.g. drops the replicas).
+fn cookie_bed(
+    n: usize,
+    backends: impl Fn(String) -> String,
+) -> (Testbed, std::sync::Arc<websphere::Cluster>, SocketAddr) {
+    let mut tb = Testbed::new(n, &[VIP]);
+    tb.add_local_vip(VIP);
+    let cluster = websphere::Cluster::new(n);
+    tb.start_websphere(&cluster, BACKEND_PORT);
+    let text = format!(
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[health]\npath = \"/health\"\ninterval = \"200ms\"\n\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = {PORT}\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\ninsert_cookie = \"SRV\"\n",
+        tb.instance(),
+        backends(tb.backend_config(&[]))
+    );
+    let path = tb.write_config(&text);
+    tb.start_dispatcher(&path);
+    (tb, cluster, format!("{VIP}:{PORT}").parse().unwrap())
+}
+
+/// One request with the `SRV` cookie `cookie` (if any) on a new connection; it must be
+/// answered 200: (clone index, the SRV value set).
+fn cookie_get(client: &dispatcher_tests::netns::Ns, addr: SocketAddr, cookie: Option<&str>) -> (usize, Option<String>) {
+    let mut s = client.run(move || TcpStream::connect(addr)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let c = cookie.map(|c| format!("Cookie: SRV={c}\r\n")).unwrap_or_default();
+    s.write_all(format!("GET /plain HTTP/1.1\r\nHost: a\r\n{c}Connection: close\r\n\r\n").as_bytes()).unwrap();
+    let r = read_response(&mut BufReader::new(s)).unwrap();
+    assert_eq!(r.status, 200, "{r:?}");
+    let clone: usize = r.field("clone").unwrap().trim_start_matches("clone").trim_end_matches('x').parse().unwrap();
+    let set = r.header("set-cookie").map(|v| {
+        assert!(v.ends_with("; Path=/; HttpOnly"), "{v}");
+        assert_eq!(r.header("cache-control"), Some("private"));
+        v.strip_prefix("SRV=").unwrap().split(';').next().unwrap().to_string()
+    });
+    (clone, set)
+}
+
 /// `insert_cookie` for an application without sessions: the first answer sets the
 /// dispatcher's cookie naming the backend, later requests stay there, and when it dies
 /// they go to its replica only (which the cookie then names); an unknown value is
 /// balanced and corrected.
 #[test]
 fn an_inserted_cookie_keeps_a_client_on_its_backend_and_fails_over_to_the_replica() {
-    let mut tb = Testbed::new(4, &[VIP]);
-    tb.add_local_vip(VIP);
-    let cluster = websphere::Cluster::new(4);
-    tb.start_websphere(&cluster, BACKEND_PORT);
-    let text = format!(
-        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[health]\npath = \"/health\"\ninterval = \"200ms\"\n\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = {PORT}\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\ninsert_cookie = \"SRV\"\n",
-        tb.instance(),
-        tb.backend_config(&[])
-    );
-    let path = tb.write_config(&text);
-    tb.start_dispatcher(&path);
-    let addr: SocketAddr = format!("{VIP}:{PORT}").parse().unwrap();
-    // One request with `cookie` (if any) on a new connection: (clone index, the SRV value set).
+    let (mut tb, cluster, addr) = cookie_bed(4, |b| b);
     let ns = tb.client.clone();
-    let get = |cookie: Option<&str>| {
-        let mut s = ns.run(move || TcpStream::connect(addr)).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let c = cookie.map(|c| format!("Cookie: SRV={c}\r\n")).unwrap_or_default();
-        s.write_all(format!("GET /plain HTTP/1.1\r\nHost: a\r\n{c}Connection: close\r\n\r\n").as_bytes()).unwrap();
-        let r = read_response(&mut BufReader::new(s)).unwrap();
-        assert_eq!(r.status, 200, "{r:?}");
-        let clone: usize = r.field("clone").unwrap().trim_start_matches("clone").trim_end_matches('x').parse().unwrap();
-        let set = r.header("set-cookie").map(|v| {
-            assert!(v.ends_with("; Path=/; HttpOnly"), "{v}");
-            assert_eq!(r.header("cache-control"), Some("private"));
-            v.strip_prefix("SRV=").unwrap().split(';').next().unwrap().to_string()
-        });
-        (clone, set)
-    };
+    let get = |cookie: Option<&str>| cookie_get(&ns, addr, cookie);
     // New clients are balanced and told where they are.
     let mut pins = Vec::new();
     for _ in 0..4 {
@@ -841,4 +853,22 @@ fn an_inserted_cookie_keeps_a_client_on_its_backend_and_fails_over_to_the_replic
     }
     assert!(cluster.plain.lock().unwrap().iter().all(|&b| b == 3), "never a third server");
     assert_eq!(get(Some("b3")), (3, None));
+}
+
+/// `insert_cookie` with backends that have no replica: while a client's backend is out,
+/// the client is balanced to another and the cookie names it (HAProxy's redispatch),
+/// instead of 503 until its backend returns.
+#[test]
+fn an_inserted_cookie_without_a_replica_is_redispatched_while_its_backend_is_out() {
+    let (mut tb, cluster, addr) =
+        cookie_bed(2, |b| b.lines().filter(|l| !l.starts_with("replica")).map(|l| format!("{l}\n")).collect());
+    let ns = tb.client.clone();
+    assert_eq!(cookie_get(&ns, addr, Some("b0")), (0, None));
+    tb.kill_servers_of(0);
+    cluster.kill(0);
+    for _ in 0..5 {
+        let (clone, set) = cookie_get(&ns, addr, Some("b0"));
+        assert_eq!((clone, set.as_deref()), (1, Some("b1")), "balanced to the other, and told so");
+    }
+    assert_eq!(cookie_get(&ns, addr, Some("b1")), (1, None));
 }
