@@ -410,19 +410,19 @@ async fn read_head(
     }
     loop {
         if !client.buf.is_empty() {
-            let d = *deadline.get_or_insert_with(|| Instant::now() + ctx.settings.header_timeout);
+            deadline.get_or_insert_with(|| Instant::now() + ctx.settings.header_timeout);
             match parse_request(&client.buf, &ctx.limits, scratch) {
-                Ok(Some(h)) => return HeadRead::Head(h, d - ctx.settings.header_timeout),
+                Ok(Some(h)) => return HeadRead::Head(h, head_started(deadline, ctx)),
                 Ok(None) => {}
-                Err(r) => return HeadRead::Reject(r, d - ctx.settings.header_timeout),
+                Err(r) => return HeadRead::Reject(r, head_started(deadline, ctx)),
             }
         }
         let wait = deadline.unwrap_or(idle_until).saturating_duration_since(Instant::now());
         if wait.is_zero() {
             return match deadline {
-                Some(d) => HeadRead::Reject(
+                Some(_) => HeadRead::Reject(
                     Reject { status: 408, reason: "request head not received in time" },
-                    d - ctx.settings.header_timeout,
+                    head_started(deadline, ctx),
                 ),
                 None => HeadRead::Closed,
             };
@@ -708,6 +708,7 @@ async fn send<R: AsyncRead + Unpin>(
             Ok(r) => Ok((up, r, skipped)),
             Err(UpstreamFail::Stale) if replaceable => {
                 fresh_tried = true;
+                drop(up);
                 up = pool.connect(attempt.queue_deadline).await.map_err(SendFail::Unreachable)?;
                 continue;
             }
@@ -817,8 +818,9 @@ impl ClientConn {
         let mut learn_waited = s.learn_wait.is_zero();
         let mut extra_attempts = 0u32;
         let mut requeues = 0u32;
-        // One queueing deadline for the whole request, however often it is routed again.
-        let mut queue_deadline: Option<Instant> = None;
+        // The queueing deadline a request routed again after its server left keeps: its
+        // waits together stay within one queue timeout.
+        let mut requeued_deadline: Option<Instant> = None;
         // Choose a backend, hold while the session's owner is suspect, send; a failure before
         // any response byte is retried after re-routing (bounded, budgeted, idempotent and
         // bodiless requests only). A server that timed out is never retried: no replays.
@@ -891,7 +893,7 @@ impl ClientConn {
             // request never goes elsewhere for want of room). One deadline covers this queue
             // and the connection limit's.
             let waiting = Instant::now();
-            let queue_deadline = *queue_deadline.get_or_insert(waiting + s.queue_timeout);
+            let queue_deadline = requeued_deadline.take().unwrap_or(waiting + s.queue_timeout);
             // A waiter whose server leaves (down, suspect, disabled; drained for a balanced
             // request) stops waiting for it.
             let slot = tokio::select! {
@@ -916,6 +918,7 @@ impl ClientConn {
             let slot = match slot {
                 Err(Refused::Left) if requeues < MAX_REQUEUES => {
                     requeues += 1;
+                    requeued_deadline = Some(queue_deadline);
                     continue;
                 }
                 Ok(slot) => slot,
