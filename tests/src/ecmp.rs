@@ -96,7 +96,7 @@ impl Ecmp {
             .expect("dispatcher bird-config");
         assert!(out.status.success(), "bird-config: {}", String::from_utf8_lossy(&out.stderr));
         let conf = format!(
-            "router id {ip};\nprotocol device {{ scan time 10; }}\n{}\n{}",
+            "log stderr all;\nrouter id {ip};\nprotocol device {{ scan time 10; }}\n{}\n{}",
             String::from_utf8_lossy(&out.stdout),
             dispatcher_bird_uplink(&dispatcher_ip(i)),
             ip = dispatcher_ip(i),
@@ -156,7 +156,45 @@ impl Ecmp {
     pub fn wait_next_hops(&self, want: &[usize], limit: Duration) -> Duration {
         let mut want: Vec<String> = want.iter().map(|&i| dispatcher_ip(i)).collect();
         want.sort();
-        self.m.wait_for(&format!("router next hops {want:?}"), limit, || self.next_hops() == want)
+        let t = Instant::now();
+        while self.next_hops() != want {
+            if t.elapsed() >= limit {
+                panic!("router next hops {want:?}: not within {limit:?}\n{}", self.bgp_diagnosis());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        t.elapsed()
+    }
+
+    /// What BIRD says on the router and on every dispatcher started, with the
+    /// announcement interfaces: for a failed wait.
+    pub fn bgp_diagnosis(&self) -> String {
+        let birdc = |ns: &Ns, ctl: &str| {
+            let out = ns
+                .command("birdc")
+                .arg("-s")
+                .arg(self.m.tb.workdir.join(ctl))
+                .args(["show", "protocols", "all"])
+                .output();
+            match out {
+                Ok(o) => String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr),
+                Err(e) => format!("birdc: {e}"),
+            }
+        };
+        let mut s = format!(
+            "router route: {}\nrouter BIRD:\n{}",
+            self.router.ip(&["route"]),
+            birdc(&self.router, "bird-r.ctl")
+        );
+        for (i, d) in self.m.dispatchers.iter().enumerate() {
+            s += &format!(
+                "--- d{i}: links\n{}\nBIRD:\n{}\nBIRD log:\n{}\n",
+                d.ns.ip(&["-br", "link"]),
+                birdc(&d.ns, &format!("bird-d{i}.ctl")),
+                self.m.tb.log(&format!("bird-d{i}"))
+            );
+        }
+        s + "router BIRD log:\n" + &self.m.tb.log("bird-r")
     }
 
     /// Waits until dispatcher `i`'s ownership table holds exactly `names`.
@@ -176,7 +214,7 @@ impl Ecmp {
 /// VIP into the kernel, BFD to notice a dead dispatcher in half a second.
 pub fn router_bird(max_paths: usize) -> String {
     format!(
-        "router id {ROUTER_IP};\nprotocol device {{ scan time 10; }}\nprotocol kernel {{ ipv4 {{ import none; export all; }}; merge paths on limit {max_paths}; }}\nprotocol bfd {{ interface \"eth0\" {{ min rx interval 100 ms; min tx interval 100 ms; multiplier 5; }}; }}\nprotocol bgp dispatchers {{ local {ROUTER_IP} as {ROUTER_AS}; neighbor range 10.99.0.0/24 as {DISPATCHER_AS}; passive on; bfd on; hold time 3; ipv4 {{ import all; export none; }}; }}\n"
+        "log stderr all;\nrouter id {ROUTER_IP};\nprotocol device {{ scan time 10; }}\nprotocol kernel {{ ipv4 {{ import none; export all; }}; merge paths on limit {max_paths}; }}\nprotocol bfd {{ debug {{ states, events }}; interface \"eth0\" {{ min rx interval 100 ms; min tx interval 100 ms; multiplier 5; }}; }}\nprotocol bgp dispatchers {{ local {ROUTER_IP} as {ROUTER_AS}; neighbor range 10.99.0.0/24 as {DISPATCHER_AS}; passive on; bfd on; hold time 3; error wait time 1, 5; ipv4 {{ import all; export none; }}; }}\n"
     )
 }
 

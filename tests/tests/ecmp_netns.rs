@@ -206,4 +206,21 @@ fn a_dispatcher_started_without_the_store_joins_only_once_it_is_back() {
     }
     eprintln!("joined {} ms after the store was back", ms(t));
     assert_eq!(e.m.status(2).announced, Some(true));
+
+    // d0's BIRD freezes past BFD's detection time (as on a starved host): the router drops
+    // the session and its route, and takes d0 back within seconds once BIRD runs again
+    // (BIRD's default error wait would refuse it for a minute).
+    let bird = nix::unistd::Pid::from_raw(e.m.tb.pid_of("bird-d0").expect("d0's BIRD") as i32);
+    nix::sys::signal::kill(bird, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let dropped =
+        e.m.wait_for("d0 dropped by the router", Duration::from_secs(5), || !e.next_hops().contains(&dispatcher_ip(0)));
+    std::thread::sleep(Duration::from_millis(500));
+    nix::sys::signal::kill(bird, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let t = Instant::now();
+    e.wait_next_hops(&[0, 1, 2], Duration::from_secs(15));
+    eprintln!(
+        "d0's BIRD frozen: dropped after {} ms, routed again {} ms after it ran again",
+        dropped.as_millis(),
+        ms(t)
+    );
 }
