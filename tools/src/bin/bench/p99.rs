@@ -185,11 +185,13 @@ fn rounds_at_or_below(d: &[f64], h: &[f64]) -> usize {
     d.iter().zip(h).filter(|(d, h)| d <= h).count()
 }
 
-/// Median and range.
+/// Median (of an even count, the mean of the middle two) and range.
 fn summary(v: &[f64]) -> (f64, f64, f64) {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
-    (s[s.len() / 2], s[0], s[s.len() - 1])
+    let n = s.len();
+    let median = if n.is_multiple_of(2) { (s[n / 2 - 1] + s[n / 2]) / 2.0 } else { s[n / 2] };
+    (median, s[0], s[n - 1])
 }
 
 pub fn run(quick: bool) -> (String, String) {
