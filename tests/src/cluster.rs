@@ -50,6 +50,8 @@ pub struct Multi {
     /// Lines added to every dispatcher's `[cluster]` section, and sections after the VIPs
     /// (set before `add_dispatcher`).
     pub cluster_extra: String,
+    /// The `[health]` section.
+    pub health: String,
     pub extra: String,
 }
 
@@ -79,6 +81,8 @@ impl Multi {
             // `ecmp::Ecmp` puts them behind a router and turns steering on.
             cluster_extra: "steering = false\n".into(),
             extra: String::new(),
+            health: "[health]\npath = \"/health\"\ninterval = \"200ms\"\ntimeout = \"300ms\"\nrise = 2\nfall = 2\n"
+                .into(),
         };
         for i in 0..ETCD_MEMBERS {
             m.start_etcd(i);
@@ -189,10 +193,11 @@ impl Multi {
     pub fn config_text(&self, i: usize, instance: &str) -> String {
         let eps: Vec<String> = self.endpoints().iter().map(|e| format!("\"{e}\"")).collect();
         format!(
-            "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{instance}\"\n\n[cluster]\nname = \"d{i}\"\nendpoints = [{}]\nkey_prefix = \"{}\"\nlease_ttl = \"3s\"\nrequest_timeout = \"1s\"\nstartup_wait = \"5s\"\n{}\n[http]\nhold_time = \"3s\"\nserver_timeout = \"1s\"\n\n[health]\npath = \"/health\"\ninterval = \"200ms\"\ntimeout = \"300ms\"\nrise = 2\nfall = 2\n\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {PORT}\nring_size = 1009\n\n[[vip]]\nname = \"tcp\"\naddress = \"{L4_VIP}\"\nport = 9000\nring_size = 1009\n{}",
+            "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{instance}\"\n\n[cluster]\nname = \"d{i}\"\nendpoints = [{}]\nkey_prefix = \"{}\"\nlease_ttl = \"3s\"\nrequest_timeout = \"1s\"\nstartup_wait = \"5s\"\n{}\n[http]\nhold_time = \"3s\"\nserver_timeout = \"1s\"\n\n{}\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {PORT}\nring_size = 1009\n\n[[vip]]\nname = \"tcp\"\naddress = \"{L4_VIP}\"\nport = 9000\nring_size = 1009\n{}",
             eps.join(", "),
             self.key_prefix,
             self.cluster_extra,
+            self.health,
             self.tb.backend_config(&[]),
             self.extra
         )

@@ -45,6 +45,11 @@ impl Ecmp {
     pub fn new(n: usize, clones: usize, steering: bool) -> Ecmp {
         let mut m = Multi::with_prefix(crate::netns::fresh_prefix(), 0, clones, true);
         m.cluster_extra = format!("steering = {steering}\nsecond_chance = \"60s\"\n");
+        // No backend dies in these tests, and a check that times out on a starved VM (the
+        // hypervisor takes vCPUs away for up to seconds here) would take a backend out on
+        // one dispatcher only, whose ring then differs: L4 flows ECMP moves there would
+        // change backend for a reason that is not the one under test.
+        m.health = "[health]\npath = \"/health\"\ninterval = \"200ms\"\ntimeout = \"1s\"\nrise = 2\nfall = 10\n".into();
         m.extra = format!(
             "\n[[vip]]\nname = \"udp\"\naddress = \"{L4_VIP}\"\nport = {UDP_PORT}\nprotocol = \"udp\"\nring_size = 1009\n\n[announce]\n"
         );
@@ -202,6 +207,21 @@ impl Ecmp {
         self.m.wait_for(&format!("d{i}'s ownership table {names:?}"), limit, || {
             self.m.status(i).steering.map(|s| s.dispatchers) == Some(names.iter().map(|n| n.to_string()).collect())
         })
+    }
+
+    /// Every dispatcher's logged backend state changes (for a failed L4 assertion: a
+    /// backend out on one dispatcher only changes its ring).
+    pub fn state_changes(&self) -> String {
+        (0..self.m.dispatchers.len())
+            .flat_map(|i| {
+                let log = self.m.log(i);
+                log.lines()
+                    .filter(|l| l.contains("backend state changed"))
+                    .map(|l| format!("d{i}: {l}"))
+                    .collect::<Vec<_>>()
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     /// The host of dispatcher `i` dies: its link goes down without a word to anyone.

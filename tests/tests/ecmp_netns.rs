@@ -109,7 +109,7 @@ fn steering_keeps_connections_through_joins_leaves_and_deaths() {
     std::thread::sleep(Duration::from_secs(2));
     let kill = load.snapshot() - before;
     eprintln!("agent killed ({} ms, {held} client connections on it): {kill:?}", ms(t));
-    assert_eq!(kill.l4_broken, 0, "L4 flows across a killed agent: {:?}", load.take_errors());
+    assert_eq!(kill.l4_broken, 0, "L4 flows across a killed agent: {:?}\n{}", load.take_errors(), e.state_changes());
     // Its own connections break; a client of one may be refused once more if it comes
     // back in the second before the beacon goes stale. Nobody else's.
     assert!(kill.broken <= 2 * held, "{held} connections on the killed agent, {} broken", kill.broken);
@@ -127,7 +127,7 @@ fn steering_keeps_connections_through_joins_leaves_and_deaths() {
     eprintln!("host died ({held} client connections on it): {death:?} errors {:?}", load.take_errors());
     assert!(served_all, "every client is served again after the host died: {death:?}");
     assert!(death.broken <= held, "only the dead host's connections break ({held}): {death:?}");
-    assert_eq!(death.l4_broken, 0, "L4 flows do not terminate on a dispatcher");
+    assert_eq!(death.l4_broken, 0, "L4 flows do not terminate on a dispatcher\n{}", e.state_changes());
     let after = load.during(Duration::from_secs(2));
     assert!(after.failed == 0 && after.requests > 100, "after the death, all served by d0: {after:?}");
     let total = load.stop();
@@ -173,7 +173,12 @@ fn plain_ecmp_breaks_connections_when_the_next_hops_change() {
     // moved connection lands on a dispatcher without its socket and is reset.
     assert!(join.broken > 0, "a join without steering broke nothing? {join:?}");
     // L4 flows are not hurt either way: Maglev picks the same backend on every dispatcher.
-    assert_eq!((total.l4_broken, total.l4_switched, total.udp_switched), (0, 0, 0), "{total:?}");
+    assert_eq!(
+        (total.l4_broken, total.l4_switched, total.udp_switched),
+        (0, 0, 0),
+        "{total:?}\nbackend state changes:\n{}",
+        e.state_changes()
+    );
     no_misroutes_or_lost_sessions(&e);
 }
 

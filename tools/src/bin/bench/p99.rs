@@ -27,9 +27,10 @@ struct Measured {
     detail: String,
 }
 
-/// The rounds of one level (full load or a fixed rate): per system the p99, requests/s
-/// and errors of each kept round and the CPU over them; how many pairs were measured, and
-/// whether the kept ones are clean (no pair was: all are kept, and the table says so).
+/// The rounds of one level (full load or a fixed rate): per system the p99 and requests/s
+/// of each kept round and the CPU over them, the errors of every round measured (set
+/// aside or not: an error is never hidden), how many pairs were measured, and whether the
+/// kept ones are clean (no pair was: all are kept, and the table says so).
 #[derive(Default)]
 struct Rounds {
     p99: [Vec<f64>; 2],
@@ -63,7 +64,7 @@ fn pairs(
     mut measure: impl FnMut(usize) -> Measured,
 ) -> Rounds {
     let (mut clean, mut stolen_pairs): (Vec<Pair>, Vec<Pair>) = (Vec::new(), Vec::new());
-    let mut attempted = 0;
+    let (mut attempted, mut errors) = (0, [0; 2]);
     while clean.len() < rounds && attempted < 3 * rounds {
         attempted += 1;
         let mut pair = Vec::new();
@@ -81,6 +82,7 @@ fn pairs(
                 per_thousand(c0, c1, m.rps * secs)
             );
             stolen = stolen.max(steal_ms);
+            errors[i] += m.errors;
             pair.push((m, c0, c1));
         }
         if stolen > steal_limit_ms {
@@ -90,12 +92,11 @@ fn pairs(
             clean.push(pair);
         }
     }
-    let mut r = Rounds { attempted, clean: !clean.is_empty(), ..Rounds::default() };
+    let mut r = Rounds { attempted, errors, clean: !clean.is_empty(), ..Rounds::default() };
     for pair in if r.clean { clean } else { stolen_pairs } {
         for (i, (m, c0, c1)) in pair.into_iter().enumerate() {
             r.p99[i].push(m.p99);
             r.rps[i].push(m.rps);
-            r.errors[i] += m.errors;
             r.cpu[i].add(c0, c1, m.rps * secs);
         }
     }
@@ -238,7 +239,7 @@ pub fn run(quick: bool) -> (String, String) {
         levels.push((pct, r));
     }
 
-    let mut table = format!("Each level measured in {rounds} clean pairs of rounds of {secs} s, the two systems strictly alternating: the median p99 of the rounds, their range, the rounds in which the dispatcher's p99 was at or below HAProxy's, and the CPU each proxy used per request (all its threads, user and system, over the kept rounds). Only clean pairs of rounds count: a pair in which the hypervisor took more than {steal_limit_ms} ms of the vCPUs' time during either round (steal, /proc/stat) is set aside and another measured, at most {} pairs per level; the last column says how many were kept.\n\n| load | dispatcher p99 ms | range | HAProxy p99 ms | range | p99 vs HAProxy (medians) | rounds at or below HAProxy | errors (dispatcher / HAProxy) | CPU µs per request (dispatcher / HAProxy) | clean pairs kept of measured |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n", 3 * rounds);
+    let mut table = format!("Each level measured in {rounds} clean pairs of rounds of {secs} s, the two systems strictly alternating: the median p99 of the rounds, their range, the rounds in which the dispatcher's p99 was at or below HAProxy's, and the CPU each proxy used per request (all its threads, user and system, over the kept rounds). Only clean pairs of rounds count: a pair in which the hypervisor took more than {steal_limit_ms} ms of the vCPUs' time during either round (steal, /proc/stat) is set aside and another measured, at most {} pairs per level; the last column says how many were kept. Errors count every round measured.\n\n| load | dispatcher p99 ms | range | HAProxy p99 ms | range | p99 vs HAProxy (medians) | rounds at or below HAProxy | errors (dispatcher / HAProxy) | CPU µs per request (dispatcher / HAProxy) | clean pairs kept of measured |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n", 3 * rounds);
     let mut json = Vec::new();
     let d_rps = summary(&full.rps[0]).0;
     let all = std::iter::once((
