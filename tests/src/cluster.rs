@@ -277,10 +277,23 @@ impl Multi {
     }
 
     /// Waits until `f` holds for `what`, up to `limit`; returns how long it took.
-    pub fn wait_for(&self, what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Duration {
+    pub fn wait_for(&self, what: &str, limit: Duration, f: impl FnMut() -> bool) -> Duration {
+        self.wait_for_or(what, limit, f, String::new)
+    }
+
+    /// As `wait_for`; on failure the message adds what `diagnose` reports then.
+    pub fn wait_for_or(
+        &self,
+        what: &str,
+        limit: Duration,
+        mut f: impl FnMut() -> bool,
+        diagnose: impl FnOnce() -> String,
+    ) -> Duration {
         let t = Instant::now();
         while !f() {
-            assert!(t.elapsed() < limit, "{what}: not within {limit:?}");
+            if t.elapsed() >= limit {
+                panic!("{what}: not within {limit:?}\n{}", diagnose());
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
         t.elapsed()

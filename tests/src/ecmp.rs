@@ -161,14 +161,12 @@ impl Ecmp {
     pub fn wait_next_hops(&self, want: &[usize], limit: Duration) -> Duration {
         let mut want: Vec<String> = want.iter().map(|&i| dispatcher_ip(i)).collect();
         want.sort();
-        let t = Instant::now();
-        while self.next_hops() != want {
-            if t.elapsed() >= limit {
-                panic!("router next hops {want:?}: not within {limit:?}\n{}", self.bgp_diagnosis());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        t.elapsed()
+        self.m.wait_for_or(
+            &format!("router next hops {want:?}"),
+            limit,
+            || self.next_hops() == want,
+            || self.bgp_diagnosis(),
+        )
     }
 
     /// What BIRD says on the router and on every dispatcher started, with the
