@@ -23,7 +23,7 @@ use std::{
         atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
         Arc, Mutex,
     },
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use dispatcher::dataplane::tables::Tables;
@@ -144,7 +144,7 @@ fn main() {
     let mut back_at = None;
     let mut times = FailoverTimes::default();
     let mut hits_at_return = 0;
-    let mut last_states = vec![String::new(); BACKENDS];
+    let mut changes = StateChanges::default();
     view.baseline(&agent_status(&tb), &tables);
     let mut next_draw = Duration::from_secs(1);
     while start.elapsed() < Duration::from_secs(seconds) {
@@ -159,18 +159,19 @@ fn main() {
                 }
                 1 => {
                     phase.store(CRASHED, Ordering::SeqCst);
-                    crash_at = Some(Instant::now());
+                    crash_at = Some(SystemTime::now());
                     tb.kill_servers_of(2);
                     app.kill(2);
                     calls.crash(2);
                     view.event(now, "b2 crashes (its clone and servers die; nobody tells the dispatcher)".into());
                 }
                 2 => {
+                    // Timed from the restart's start, as the crash is from its start.
+                    back_at = Some(SystemTime::now());
                     app.revive(2);
                     tb.start_websphere_on(&app, 2, 8080);
                     tb.start_servers_on(2, &[80], &[(VIP, 5060)]);
                     calls.restart(&mut tb, 2);
-                    back_at = Some(Instant::now());
                     hits_at_return = app.hits().len();
                     view.event(now, "b2 restarts (its clone copies its sessions back from b3)".into());
                     phase.store(4, Ordering::SeqCst);
@@ -185,38 +186,34 @@ fn main() {
             }
             step += 1;
         }
-        // State changes as the agent reports them, timed from the crash and the restart.
+        // State changes as the agent logs them (every one, even a suspect state shorter
+        // than this loop's pauses), timed by the agent's clock from the crash and the restart.
         let status = agent_status(&tb);
-        for (i, last) in last_states.iter_mut().enumerate() {
-            let state = backend_of(&status, i).state;
-            if *last != state {
-                let mut note = String::new();
-                if i == 2 {
-                    if let (Some(c), None) = (crash_at, back_at) {
-                        let ms = c.elapsed().as_millis() as u64;
-                        note = format!(" ({ms} ms after the crash)");
-                        match state.as_str() {
-                            "suspect" if times.suspect_ms.is_none() => times.suspect_ms = Some(ms),
-                            "down" if times.down_ms.is_none() => {
-                                times.down_ms = Some(ms);
-                                phase.store(DOWN, Ordering::SeqCst);
-                            }
-                            _ => {}
+        for change in changes.read(&tb.log("dispatcher")) {
+            let mut note = String::new();
+            if change.backend == "b2" {
+                let after = |t: SystemTime| change.at.duration_since(t).unwrap_or_default().as_millis() as u64;
+                if let (Some(c), None) = (crash_at, back_at) {
+                    let ms = after(c);
+                    note = format!(" ({ms} ms after the crash)");
+                    match change.to.as_str() {
+                        "suspect" if times.suspect_ms.is_none() => times.suspect_ms = Some(ms),
+                        "down" if times.down_ms.is_none() => {
+                            times.down_ms = Some(ms);
+                            phase.store(DOWN, Ordering::SeqCst);
                         }
-                    }
-                    if let Some(b) = back_at {
-                        let ms = b.elapsed().as_millis() as u64;
-                        note = format!(" ({ms} ms after the restart)");
-                        if state == "up" && times.up_ms.is_none() {
-                            times.up_ms = Some(ms);
-                        }
+                        _ => {}
                     }
                 }
-                if !last.is_empty() {
-                    view.event(now, format!("agent: b{i} {last} -> {state}{note}"));
+                if let Some(b) = back_at {
+                    let ms = after(b);
+                    note = format!(" ({ms} ms after the restart)");
+                    if change.to == "up" && times.up_ms.is_none() {
+                        times.up_ms = Some(ms);
+                    }
                 }
-                *last = state;
             }
+            view.event(now, format!("agent: {} {} -> {}{note}", change.backend, change.from, change.to));
         }
         if now >= next_draw {
             view.draw(now, PHASES[phase.load(Ordering::SeqCst)], &status, &tables, &http);
@@ -293,6 +290,43 @@ fn main() {
     let name = tb.instance().to_string();
     drop(tb);
     println!("\ntestbed {name} torn down: processes stopped, namespaces deleted, pinned maps removed");
+}
+
+/// The agent's backend state changes, read from its log as it grows.
+#[derive(Default)]
+struct StateChanges {
+    /// Bytes of the log already read (complete lines only).
+    read: usize,
+}
+
+struct StateChange {
+    /// The agent's time of the change.
+    at: SystemTime,
+    backend: String,
+    from: String,
+    to: String,
+}
+
+impl StateChanges {
+    /// The changes logged since the last call. A line reads
+    /// `<RFC 3339 time> INFO dispatcher::control: backend state changed backend=b2 from="up" to="suspect"`.
+    fn read(&mut self, log: &str) -> Vec<StateChange> {
+        let complete = log.rfind('\n').map_or(0, |i| i + 1);
+        let new = log.get(self.read..complete).unwrap_or_default();
+        self.read = self.read.max(complete);
+        new.lines()
+            .filter(|l| l.contains("backend state changed"))
+            .filter_map(|l| {
+                let at = humantime::parse_rfc3339_weak(l.split_whitespace().next()?).ok()?;
+                let field = |k: &str| {
+                    l.split_whitespace()
+                        .find_map(|w| w.strip_prefix(k).and_then(|v| v.strip_prefix('=')))
+                        .map(|v| v.trim_matches('"').to_string())
+                };
+                Some(StateChange { at, backend: field("backend")?, from: field("from")?, to: field("to")? })
+            })
+            .collect()
+    }
 }
 
 #[derive(Default)]
