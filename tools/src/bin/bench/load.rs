@@ -16,6 +16,11 @@ use tokio::{
 pub struct Latencies {
     /// Microseconds, sorted.
     pub us: Vec<u64>,
+    /// Each answered request: when it was due (microseconds after `start`) and its latency
+    /// (microseconds), in no order.
+    pub timeline: Vec<(u64, u64)>,
+    /// When the schedule began.
+    pub start: Instant,
     pub errors: u64,
     pub offered_rps: f64,
     pub achieved_rps: f64,
@@ -101,7 +106,7 @@ pub fn open_loop(addr: SocketAddr, rate: f64, duration: Duration, conns: usize) 
                         response(st, &mut buf).await
                     };
                     match tokio::time::timeout(Duration::from_secs(5), result).await {
-                        Ok(Ok(())) => lat.push(due.elapsed().as_micros() as u64),
+                        Ok(Ok(())) => lat.push(((due - start).as_micros() as u64, due.elapsed().as_micros() as u64)),
                         _ => {
                             errors += 1;
                             s = None;
@@ -111,16 +116,17 @@ pub fn open_loop(addr: SocketAddr, rate: f64, duration: Duration, conns: usize) 
                 (lat, errors)
             }));
         }
-        let mut us = Vec::new();
+        let mut timeline = Vec::new();
         let mut errors = 0;
         for t in tasks {
             let (l, e) = t.await.unwrap();
-            us.extend(l);
+            timeline.extend(l);
             errors += e;
         }
+        let mut us: Vec<u64> = timeline.iter().map(|(_, l)| *l).collect();
         let elapsed = start.elapsed().as_secs_f64().max(duration.as_secs_f64());
         us.sort_unstable();
         let achieved_rps = us.len() as f64 / elapsed;
-        Latencies { us, errors, offered_rps: rate, achieved_rps }
+        Latencies { us, timeline, start, errors, offered_rps: rate, achieved_rps }
     })
 }

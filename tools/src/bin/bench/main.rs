@@ -12,6 +12,7 @@ mod p99;
 mod scale_out;
 mod scaling;
 mod sip;
+mod stall;
 mod tls;
 mod xdp;
 

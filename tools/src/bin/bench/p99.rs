@@ -12,7 +12,7 @@ use std::{net::SocketAddr, time::Duration};
 
 use crate::{
     http::{agent_config, bench_bed, haproxy_conf, haproxy_maxconn, raise_nofile, wait_ready, wrk, LUA, VIP},
-    load,
+    load, stall,
 };
 
 const CONNECTIONS: usize = 50;
@@ -25,6 +25,8 @@ struct Measured {
     rps: f64,
     errors: u64,
     detail: String,
+    /// Where the round's worst delay came from (`stall`), or "".
+    worst: String,
 }
 
 /// The rounds of one level (full load or a fixed rate): per system the p99 and requests/s
@@ -74,12 +76,13 @@ fn pairs(
             let m = measure(i);
             let (c1, steal_ms) = (counters(pids[i]), (steal_ticks() - st0) * 10);
             eprintln!(
-                "    {label} {name:<10} pair {attempted}: {:>6.0} req/s  p99 {:.3} ms{}  errors {}  per 1k: {}  steal {steal_ms} ms",
+                "    {label} {name:<10} pair {attempted}: {:>6.0} req/s  p99 {:.3} ms{}  errors {}  per 1k: {}  steal {steal_ms} ms{}",
                 m.rps,
                 m.p99,
                 m.detail,
                 m.errors,
-                per_thousand(c0, c1, m.rps * secs)
+                per_thousand(c0, c1, m.rps * secs),
+                m.worst
             );
             stolen = stolen.max(steal_ms);
             errors[i] += m.errors;
@@ -221,7 +224,7 @@ pub fn run(quick: bool) -> (String, String) {
     // Full load, closed loop: requests/s and p99 per round.
     let full = pairs("full load ", rounds, secs as f64, steal_limit_ms, pids, |i| {
         let (rps, _, p99, errors) = wrk(&tb, SYSTEMS[i].1, secs, &script, CONNECTIONS);
-        Measured { p99, rps, errors, detail: String::new() }
+        Measured { p99, rps, errors, detail: String::new(), worst: String::new() }
     });
     let haproxy_max = summary(&full.rps[1]).0;
     // Open loop at shares of HAProxy's maximum.
@@ -231,10 +234,12 @@ pub fn run(quick: bool) -> (String, String) {
         let label = format!("{pct:>3}% ({rate:>6.0} req/s)");
         let r = pairs(&label, rounds, secs as f64, steal_limit_ms, pids, |i| {
             let addr: SocketAddr = format!("{VIP}:{}", SYSTEMS[i].1).parse().unwrap();
+            let sampler = stall::Sampler::start(pids[i]);
             let lat = tb.client.run(move || load::open_loop(addr, rate, Duration::from_secs(secs), CONNECTIONS));
+            let worst = sampler.explain(&lat);
             let detail =
                 format!(" (p50 {:.3}  p90 {:.3}  p99.9 {:.3})", lat.pct_ms(50.0), lat.pct_ms(90.0), lat.pct_ms(99.9));
-            Measured { p99: lat.pct_ms(99.0), rps: lat.achieved_rps, errors: lat.errors, detail }
+            Measured { p99: lat.pct_ms(99.0), rps: lat.achieved_rps, errors: lat.errors, detail, worst }
         });
         levels.push((pct, r));
     }
