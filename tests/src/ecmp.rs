@@ -249,8 +249,12 @@ pub struct Counts {
     pub requests: AtomicU64,
     /// Answers other than 200 (the proxy's own 502/503 included).
     pub failed: AtomicU64,
-    /// Connections that ended without being asked to (reset, or closed mid-request).
+    /// Connections that ended without being asked to (reset, or closed mid-request), and
+    /// connection attempts that failed.
     pub broken: AtomicU64,
+    /// Of those, attempts refused (a reset answering the SYN: nobody listens where the
+    /// SYN went).
+    pub refused: AtomicU64,
     /// Connections closed after a `Connection: close` answer (moved, not broken).
     pub moved: AtomicU64,
     /// L4 TCP flows: lines answered, flows broken, answers from another backend than the
@@ -270,6 +274,7 @@ pub struct Snapshot {
     pub requests: u64,
     pub failed: u64,
     pub broken: u64,
+    pub refused: u64,
     pub moved: u64,
     pub l4_lines: u64,
     pub l4_broken: u64,
@@ -286,6 +291,7 @@ impl std::ops::Sub for Snapshot {
             requests: self.requests - o.requests,
             failed: self.failed - o.failed,
             broken: self.broken - o.broken,
+            refused: self.refused - o.refused,
             moved: self.moved - o.moved,
             l4_lines: self.l4_lines - o.l4_lines,
             l4_broken: self.l4_broken - o.l4_broken,
@@ -305,6 +311,8 @@ pub struct Load {
     last_served: Arc<Vec<AtomicU64>>,
     started: Instant,
     pub errors: Arc<Mutex<Vec<String>>>,
+    /// When each refused attempt began (before its SYN left).
+    refused_at: Arc<Mutex<Vec<Instant>>>,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
 }
@@ -317,16 +325,18 @@ impl Load {
         let mut threads = Vec::new();
         let started = Instant::now();
         let last_served: Arc<Vec<AtomicU64>> = Arc::new((0..http_conns).map(|_| AtomicU64::new(0)).collect());
+        let refused_at = Arc::new(Mutex::new(Vec::new()));
         let http: SocketAddr = format!("{VIP}:80").parse().unwrap();
         for n in 0..http_conns {
             let (counts, errors, stop, ns) = (counts.clone(), errors.clone(), stop.clone(), clients.clone());
-            let last = last_served.clone();
+            let (last, refused_at) = (last_served.clone(), refused_at.clone());
             threads.push(std::thread::spawn(move || {
                 let src = CLIENT_IPS[n % CLIENT_IPS.len()];
                 let mut c = crate::websphere::Client::new(&ns, http).bound_to(src.parse().unwrap());
                 let mut first = true;
                 while !stop.load(Ordering::Relaxed) {
                     let path = if first { "/app/new" } else { "/app/again" };
+                    let asked = Instant::now();
                     match c.get(path) {
                         Ok(r) => {
                             counts.requests.fetch_add(1, Ordering::Relaxed);
@@ -346,6 +356,10 @@ impl Load {
                         }
                         Err(e) => {
                             counts.broken.fetch_add(1, Ordering::Relaxed);
+                            if e.kind() == std::io::ErrorKind::ConnectionRefused {
+                                counts.refused.fetch_add(1, Ordering::Relaxed);
+                                refused_at.lock().unwrap().push(asked);
+                            }
                             counts.failed.fetch_add(1, Ordering::Relaxed);
                             errors.lock().unwrap().push(format!("client {n}: {e}"));
                             std::thread::sleep(Duration::from_millis(100));
@@ -434,7 +448,12 @@ impl Load {
                 }
             }));
         }
-        Load { counts, last_served, started, errors, stop, threads }
+        Load { counts, last_served, started, errors, refused_at, stop, threads }
+    }
+
+    /// When the refused attempts began that began after `t`, as offsets from `t`.
+    pub fn refused_after(&self, t: Instant) -> Vec<Duration> {
+        self.refused_at.lock().unwrap().iter().filter(|a| **a > t).map(|a| *a - t).collect()
     }
 
     pub fn snapshot(&self) -> Snapshot {
@@ -444,6 +463,7 @@ impl Load {
             requests: l(&c.requests),
             failed: l(&c.failed),
             broken: l(&c.broken),
+            refused: l(&c.refused),
             moved: l(&c.moved),
             l4_lines: l(&c.l4_lines),
             l4_broken: l(&c.l4_broken),
