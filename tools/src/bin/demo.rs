@@ -192,9 +192,17 @@ fn main() {
         for change in changes.read(&tb.log("dispatcher")) {
             let mut note = String::new();
             if change.backend == "b2" {
-                let after = |t: SystemTime| change.at.duration_since(t).unwrap_or_default().as_millis() as u64;
-                if let (Some(c), None) = (crash_at, back_at) {
-                    let ms = after(c);
+                // Which event a change follows is decided by the agent's time of it, not by
+                // when this loop read it.
+                let since = |t: Option<SystemTime>| t.and_then(|t| change.at.duration_since(t).ok());
+                if let Some(d) = since(back_at) {
+                    let ms = d.as_millis() as u64;
+                    note = format!(" ({ms} ms after the restart)");
+                    if change.to == "up" && times.up_ms.is_none() {
+                        times.up_ms = Some(ms);
+                    }
+                } else if let Some(d) = since(crash_at) {
+                    let ms = d.as_millis() as u64;
                     note = format!(" ({ms} ms after the crash)");
                     match change.to.as_str() {
                         "suspect" if times.suspect_ms.is_none() => times.suspect_ms = Some(ms),
@@ -203,13 +211,6 @@ fn main() {
                             phase.store(DOWN, Ordering::SeqCst);
                         }
                         _ => {}
-                    }
-                }
-                if let Some(b) = back_at {
-                    let ms = after(b);
-                    note = format!(" ({ms} ms after the restart)");
-                    if change.to == "up" && times.up_ms.is_none() {
-                        times.up_ms = Some(ms);
                     }
                 }
             }
