@@ -72,9 +72,9 @@ fn pairs(
         let mut pair = Vec::new();
         let mut stolen = 0;
         for (i, (name, _, _)) in SYSTEMS.iter().enumerate() {
-            let (c0, st0) = (counters(pids[i]), steal_ticks());
+            let (c0, st0) = (counters(pids[i]), stall::machine_ticks()[2]);
             let m = measure(i);
-            let (c1, steal_ms) = (counters(pids[i]), (steal_ticks() - st0) * 10);
+            let (c1, steal_ms) = (counters(pids[i]), (stall::machine_ticks()[2] - st0) * 10);
             eprintln!(
                 "    {label} {name:<10} pair {attempted}: {:>6.0} req/s  p99 {:.3} ms{}  errors {}  per 1k: {}  steal {steal_ms} ms{}",
                 m.rps,
@@ -159,17 +159,6 @@ fn counters(pid: u32) -> Counters {
         }
     }
     c
-}
-
-/// The machine's steal time so far (/proc/stat, all CPUs), in ticks: time the hypervisor
-/// gave this VM's vCPUs to someone else.
-fn steal_ticks() -> u64 {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    stat.lines()
-        .find(|l| l.starts_with("cpu "))
-        .and_then(|l| l.split_whitespace().nth(8))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 /// Per 1,000 requests between two readings: "faults F, switches V/N, CPU T ms".

@@ -109,6 +109,13 @@ fn sample(pid: u32) -> Sample {
             }
         }
     }
+    let cpu = machine_ticks();
+    Sample { at, threads, cpu }
+}
+
+/// The machine's CPU time so far (/proc/stat, all CPUs), in ticks of 10 ms: busy, idle,
+/// and stolen (time the hypervisor gave this VM's vCPUs to someone else).
+pub fn machine_ticks() -> [u64; 3] {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
     let f: Vec<u64> = stat
         .lines()
@@ -117,6 +124,5 @@ fn sample(pid: u32) -> Sample {
         .unwrap_or_default();
     let n = |i: usize| f.get(i).copied().unwrap_or(0);
     // user nice system idle iowait irq softirq steal
-    let cpu = [n(0) + n(1) + n(2) + n(5) + n(6), n(3) + n(4), n(7)];
-    Sample { at, threads, cpu }
+    [n(0) + n(1) + n(2) + n(5) + n(6), n(3) + n(4), n(7)]
 }
