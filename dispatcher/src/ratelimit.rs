@@ -33,6 +33,13 @@ pub fn warn(kind: &'static str, error: &dyn Display) {
     }
 }
 
+/// A warning about `kind` in words of its own (`what`), at most once per 10 s.
+pub fn warn_that(kind: &'static str, what: &dyn Display) {
+    if let Some(suppressed) = admit(kind, Instant::now()) {
+        tracing::warn!(more_since_last = suppressed, "{what}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,7 +14,8 @@ use std::{
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use dispatcher_common::{
-    effective_state, hash::cookie_hash, BackendState, CloneValue, Health, Operator, CLONE_F_FAILED_OVER, NO_BACKEND,
+    effective_state, hash::cookie_hash, BackendState, CloneValue, Health, Operator, CLONE_F_FAILED_OVER, MAX_CLONES,
+    NO_BACKEND,
 };
 
 use crate::config::Config;
@@ -160,6 +161,17 @@ pub enum Learned {
     Conflict {
         owner: usize,
     },
+    /// Not kept: a malformed ID, or the table is full (counted).
+    Refused,
+}
+
+/// The longest clone, partition or logical-server ID kept (WebSphere's are about ten
+/// characters; a longer one from a backend or the store is refused and counted).
+pub const MAX_CLONE_ID_LEN: usize = 128;
+
+/// A clone ID the table keeps: 1 to `MAX_CLONE_ID_LEN` printable ASCII characters.
+pub fn clone_id_ok(id: &[u8]) -> bool {
+    !id.is_empty() && id.len() <= MAX_CLONE_ID_LEN && id.iter().all(|b| b.is_ascii_graphic())
 }
 
 #[derive(Default)]
@@ -168,6 +180,10 @@ pub struct Counters {
     // gauges (held_now, in_flight, retries_in_flight) count the requests of both.
     pub learned: AtomicU64,
     pub learn_conflicts: AtomicU64,
+    /// Clone IDs not kept: the table was full (`MAX_CLONES`, the size of `CLONES`).
+    pub clones_full: AtomicU64,
+    /// Clone IDs not kept: empty, longer than `MAX_CLONE_ID_LEN` or not printable.
+    pub clone_ids_refused: AtomicU64,
     pub affinity_hits: AtomicU64,
     pub balanced: AtomicU64,
     pub no_backend: AtomicU64,
@@ -495,12 +511,21 @@ impl Cluster {
     pub fn adopt_shared_clone(&self, id: &[u8], backend: usize) -> bool {
         let key = cookie_hash(id);
         let entry = CloneEntry { owner: backend, replica: self.backends[backend].replica, configured: false };
+        if !clone_id_ok(id) {
+            self.refuse_clone_id(id);
+            return false;
+        }
         {
             let mut t = self.clones.write().unwrap();
             match t.get(&key) {
                 Some(e) if e.configured || e.owner == backend => return false,
                 Some(e) => {
                     tracing::warn!(clone = %String::from_utf8_lossy(id), here = %self.backends[e.owner].name, shared = %self.backends[backend].name, "clone ID learned for another backend elsewhere first; taking the shared owner");
+                }
+                None if t.len() >= MAX_CLONES as usize => {
+                    drop(t);
+                    self.table_full(id);
+                    return false;
                 }
                 None => {}
             }
@@ -659,6 +684,12 @@ impl Cluster {
     /// `counted`: false for what a predecessor passes on (it counted it already; the
     /// counters are shared).
     fn learn_as(&self, id: &[u8], backend: usize, counted: bool) -> Learned {
+        if !clone_id_ok(id) {
+            if counted {
+                self.refuse_clone_id(id);
+            }
+            return Learned::Refused;
+        }
         let key = cookie_hash(id);
         if let Some(e) = self.clones.read().unwrap().get(&key) {
             return match (e.owner == backend, counted) {
@@ -675,6 +706,13 @@ impl Cluster {
                 let owner = e.owner;
                 drop(t);
                 return if owner == backend { Learned::Known } else { self.conflict(id, backend, owner) };
+            }
+            if t.len() >= MAX_CLONES as usize {
+                drop(t);
+                if counted {
+                    self.table_full(id);
+                }
+                return Learned::Refused;
             }
             t.insert(key, entry);
         }
@@ -694,6 +732,32 @@ impl Cluster {
             next.learn_as(id, backend, false);
         }
         Learned::New
+    }
+
+    /// The table holds as many IDs as `CLONES` (`MAX_CLONES`): a new ID beyond it is not
+    /// kept (its sessions are balanced, as the plug-in does with an unknown clone ID), and
+    /// counted.
+    fn table_full(&self, id: &[u8]) {
+        self.counters.clones_full.fetch_add(1, Ordering::Relaxed);
+        crate::ratelimit::warn_that(
+            "clone table full",
+            &format_args!(
+                "clone table full ({MAX_CLONES} IDs): `{}` not kept; its sessions are balanced",
+                String::from_utf8_lossy(&id[..id.len().min(MAX_CLONE_ID_LEN)]).escape_debug()
+            ),
+        );
+    }
+
+    fn refuse_clone_id(&self, id: &[u8]) {
+        self.counters.clone_ids_refused.fetch_add(1, Ordering::Relaxed);
+        crate::ratelimit::warn_that(
+            "clone id refused",
+            &format_args!(
+                "clone ID refused ({} bytes; at most {MAX_CLONE_ID_LEN} printable characters): `{}...`",
+                id.len(),
+                String::from_utf8_lossy(&id[..id.len().min(32)]).escape_debug()
+            ),
+        );
     }
 
     fn conflict(&self, id: &[u8], backend: usize, owner: usize) -> Learned {

@@ -2,6 +2,10 @@
 //! member and each dispatcher in a namespace of its own, all on the testbed's switch; the
 //! clones in replica pairs; one client namespace per dispatcher, each reaching the one
 //! HTTP VIP (the same address on every dispatcher) through its own dispatcher.
+//!
+//! The etcd cluster runs as a deployment should: TLS between its members and to its
+//! clients (client certificates required), authentication on, and the dispatchers' etcd
+//! user limited by a role to the testbed's key prefix (`Multi::secure_store`).
 
 use std::{
     io::{Read, Write},
@@ -20,6 +24,10 @@ pub const VIP: &str = "10.99.100.40";
 pub const L4_VIP: &str = "10.99.100.41";
 pub const PORT: u16 = 8080;
 pub const ETCD_MEMBERS: usize = 3;
+/// The dispatcher names every configuration lists as its peers (`[cluster] peers`).
+pub const PEER_NAMES: usize = 8;
+/// The etcd user the dispatchers log in as, and its role.
+pub const ETCD_USER: &str = "dispatcher";
 
 pub fn etcd_ip(i: usize) -> String {
     format!("10.99.0.{}", 200 + i)
@@ -53,6 +61,12 @@ pub struct Multi {
     /// The `[health]` section.
     pub health: String,
     pub extra: String,
+    /// The CA, the etcd members' and the clients' certificates.
+    pub pki: crate::tls::Pki,
+    /// The root user's password (etcdctl as the store's administrator).
+    pub root_password: String,
+    /// The file holding the dispatchers' etcd password.
+    pub password_file: PathBuf,
 }
 
 impl Multi {
@@ -71,6 +85,29 @@ impl Multi {
             etcd.push(tb.add_host(&format!("e{i}"), &etcd_ip(i), &format!("02:99:00:00:02:{i:02x}")));
         }
         let key_prefix = format!("/dispatcher/{}", tb.prefix);
+        let pki = crate::tls::Pki::new(&tb.workdir);
+        for i in 0..ETCD_MEMBERS {
+            let ip = format!("IP:{}", etcd_ip(i));
+            pki.leaf("ca", &format!("etcd{i}"), &format!("e{i}"), &[&ip], 30);
+        }
+        // The dispatchers' client certificate (its CN is their etcd user), the
+        // administrator's, and one of a stranger the CA also signed.
+        pki.leaf("ca", "client-dispatcher", ETCD_USER, &[ETCD_USER], 30);
+        pki.leaf("ca", "client-root", "root", &["root"], 30);
+        pki.leaf("ca", "client-stranger", "stranger", &["stranger"], 30);
+        let password_file = tb.workdir.join("etcd-password");
+        {
+            use std::os::unix::fs::OpenOptionsExt as _;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&password_file)
+                .unwrap();
+            writeln!(f, "pw-{}", tb.prefix).unwrap();
+        }
+        let root_password = format!("root-{}", tb.prefix);
         let mut m = Multi {
             tb,
             etcd,
@@ -83,11 +120,15 @@ impl Multi {
             extra: String::new(),
             health: "[health]\npath = \"/health\"\ninterval = \"200ms\"\ntimeout = \"300ms\"\nrise = 2\nfall = 2\n"
                 .into(),
+            pki,
+            root_password,
+            password_file,
         };
         for i in 0..ETCD_MEMBERS {
             m.start_etcd(i);
         }
         m.wait_etcd_healthy(ETCD_MEMBERS);
+        m.secure_store();
         if serve {
             let c = m.clones.clone();
             m.tb.start_websphere(&c, PORT);
@@ -99,22 +140,93 @@ impl Multi {
     }
 
     pub fn endpoints(&self) -> Vec<String> {
-        (0..ETCD_MEMBERS).map(|i| format!("http://{}:2379", etcd_ip(i))).collect()
+        (0..ETCD_MEMBERS).map(|i| format!("https://{}:2379", etcd_ip(i))).collect()
+    }
+
+    /// Authentication on: a root user, and the dispatchers' user with a role that may
+    /// read and write the testbed's key prefix and nothing else.
+    fn secure_store(&self) {
+        let dir = format!("{}/", self.key_prefix);
+        let pw = std::fs::read_to_string(&self.password_file).unwrap().trim().to_string();
+        let root = format!("root:{}", self.root_password);
+        let user = format!("{ETCD_USER}:{pw}");
+        for args in [
+            vec!["user", "add", root.as_str()],
+            vec!["role", "add", ETCD_USER],
+            vec!["role", "grant-permission", ETCD_USER, "--prefix=true", "readwrite", dir.as_str()],
+            vec!["user", "add", user.as_str()],
+            vec!["user", "grant-role", ETCD_USER, ETCD_USER],
+            vec!["auth", "enable"],
+        ] {
+            let r = self.etcdctl_as(None, &args);
+            assert!(r.ok, "etcdctl {args:?}: {}{}", r.stdout, r.stderr);
+        }
+    }
+
+    /// `etcdctl ARGS` against member 0, as `who`: `Some(("client-root", Some("root:pw")))`
+    /// is the administrator (certificate file stem, and a user); `None`: the root
+    /// certificate without a user (before authentication is on).
+    pub fn etcdctl_as(&self, who: Option<(&str, Option<&str>)>, args: &[&str]) -> crate::tls::Ran {
+        let (cert, user) = who.unwrap_or(("client-root", None));
+        let ca = self.pki.path("ca.pem");
+        let certf = self.pki.path(&format!("{cert}.pem"));
+        let keyf = self.pki.path(&format!("{cert}.key"));
+        let ep = format!("https://{}:2379", etcd_ip(0));
+        let mut all: Vec<String> = vec![
+            "--endpoints".into(),
+            ep,
+            "--cacert".into(),
+            ca.display().to_string(),
+            "--cert".into(),
+            certf.display().to_string(),
+            "--key".into(),
+            keyf.display().to_string(),
+            "--dial-timeout".into(),
+            "3s".into(),
+            "--command-timeout".into(),
+            "5s".into(),
+        ];
+        if let Some(u) = user {
+            all.push(format!("--user={u}"));
+        }
+        all.extend(args.iter().map(|a| a.to_string()));
+        let all: Vec<&str> = all.iter().map(|s| s.as_str()).collect();
+        crate::tls::run(&self.etcd[0], "etcdctl", &all, None)
+    }
+
+    /// `etcdctl ARGS` as the store's administrator (root).
+    pub fn etcdctl(&self, args: &[&str]) -> crate::tls::Ran {
+        let root = format!("root:{}", self.root_password);
+        let r = self.etcdctl_as(Some(("client-root", Some(&root))), args);
+        assert!(r.ok, "etcdctl {args:?}: {}{}", r.stdout, r.stderr);
+        r
     }
 
     /// Starts (or restarts, with its data kept) etcd member `i`.
     pub fn start_etcd(&mut self, i: usize) {
         let ip = etcd_ip(i);
-        let initial: Vec<String> = (0..ETCD_MEMBERS).map(|j| format!("e{j}=http://{}:2380", etcd_ip(j))).collect();
+        let initial: Vec<String> = (0..ETCD_MEMBERS).map(|j| format!("e{j}=https://{}:2380", etcd_ip(j))).collect();
+        let file = |f: &str| self.pki.path(f).display().to_string();
         let data = self.tb.workdir.join(format!("etcd{i}"));
         let mut cmd = self.etcd[i].command("etcd");
         cmd.args(["--name", &format!("e{i}")])
             .arg("--data-dir")
             .arg(&data)
-            .args(["--listen-client-urls", &format!("http://{ip}:2379")])
-            .args(["--advertise-client-urls", &format!("http://{ip}:2379")])
-            .args(["--listen-peer-urls", &format!("http://{ip}:2380")])
-            .args(["--initial-advertise-peer-urls", &format!("http://{ip}:2380")])
+            .args(["--listen-client-urls", &format!("https://{ip}:2379")])
+            .args(["--advertise-client-urls", &format!("https://{ip}:2379")])
+            .args(["--listen-peer-urls", &format!("https://{ip}:2380")])
+            .args(["--initial-advertise-peer-urls", &format!("https://{ip}:2380")])
+            // Health without credentials, as monitoring reads it: /health on a port of its own.
+            .args(["--listen-metrics-urls", &format!("http://{ip}:2381")])
+            .args(["--cert-file", &file(&format!("etcd{i}.pem")), "--key-file", &file(&format!("etcd{i}.key"))])
+            .args(["--trusted-ca-file", &file("ca.pem"), "--client-cert-auth"])
+            .args([
+                "--peer-cert-file",
+                &file(&format!("etcd{i}.pem")),
+                "--peer-key-file",
+                &file(&format!("etcd{i}.key")),
+            ])
+            .args(["--peer-trusted-ca-file", &file("ca.pem"), "--peer-client-cert-auth"])
             .args(["--initial-cluster", &initial.join(",")])
             .args(["--initial-cluster-state", "new"])
             .args(["--initial-cluster-token", &self.tb.prefix])
@@ -177,7 +289,7 @@ impl Multi {
     }
 
     fn etcd_health(&self, i: usize) -> bool {
-        let addr: SocketAddr = format!("{}:2379", etcd_ip(i)).parse().unwrap();
+        let addr: SocketAddr = format!("{}:2381", etcd_ip(i)).parse().unwrap();
         let body = self.tb.client.run(move || -> std::io::Result<String> {
             let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500))?;
             s.set_read_timeout(Some(Duration::from_secs(2)))?;
@@ -189,12 +301,26 @@ impl Multi {
         body.map(|b| b.contains("\"health\":\"true\"")).unwrap_or(false)
     }
 
+    /// The `[cluster]` lines that secure the link to etcd: the CA, the dispatchers' client
+    /// certificate and their etcd user.
+    pub fn store_credentials(&self) -> String {
+        format!(
+            "ca_file = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\nusername = \"{ETCD_USER}\"\npassword_file = \"{}\"\n",
+            self.pki.path("ca.pem").display(),
+            self.pki.path("client-dispatcher.pem").display(),
+            self.pki.path("client-dispatcher.key").display(),
+            self.password_file.display()
+        )
+    }
+
     /// The configuration of dispatcher `i` (the same for all but the instance and name).
     pub fn config_text(&self, i: usize, instance: &str) -> String {
         let eps: Vec<String> = self.endpoints().iter().map(|e| format!("\"{e}\"")).collect();
         format!(
-            "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{instance}\"\n\n[cluster]\nname = \"d{i}\"\nendpoints = [{}]\nkey_prefix = \"{}\"\nlease_ttl = \"3s\"\nrequest_timeout = \"1s\"\nstartup_wait = \"5s\"\n{}\n[http]\nhold_time = \"3s\"\nserver_timeout = \"1s\"\n\n{}\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {PORT}\nring_size = 1009\n\n[[vip]]\nname = \"tcp\"\naddress = \"{L4_VIP}\"\nport = 9000\nring_size = 1009\n{}",
+            "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{instance}\"\n\n[cluster]\nname = \"d{i}\"\npeers = [{}]\nendpoints = [{}]\n{}key_prefix = \"{}\"\nlease_ttl = \"3s\"\nrequest_timeout = \"1s\"\nstartup_wait = \"5s\"\n{}\n[http]\nhold_time = \"3s\"\nserver_timeout = \"1s\"\n\n{}\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {PORT}\nring_size = 1009\n\n[[vip]]\nname = \"tcp\"\naddress = \"{L4_VIP}\"\nport = 9000\nring_size = 1009\n{}",
+            (0..PEER_NAMES).map(|p| format!("\"d{p}\"")).collect::<Vec<_>>().join(", "),
             eps.join(", "),
+            self.store_credentials(),
             self.key_prefix,
             self.cluster_extra,
             self.health,

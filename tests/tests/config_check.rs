@@ -95,7 +95,9 @@ max_client_connections = 5000
 
 [cluster]
 name = "lb1"
+peers = ["lb1", "lb2"]
 endpoints = ["http://10.0.0.21:2379"]
+insecure_plaintext = true
 steering = true
 second_chance = "300s"
 learn_wait = "250ms"
@@ -152,6 +154,58 @@ fn the_full_example_is_valid() {
     let (code, out, err) = check(FULL);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("ok (2 VIPs, 2 backends)"), "{out}");
+    // Plaintext to etcd passes only when said, and check says what it means.
+    assert!(err.contains("warning: [cluster]: INSECURE: plaintext, no authentication"), "{err}");
+}
+
+/// `[cluster]` over TLS: check reads the CA, the client certificate and the password file
+/// as a session does, and refuses what a session could not use.
+#[test]
+fn the_store_credentials_are_checked() {
+    let dir = std::env::temp_dir().join(format!("dsp-check-store-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let pki = dispatcher_tests::tls::Pki::new(&dir);
+    pki.leaf("ca", "client", "dispatcher", &["dispatcher"], 30);
+    let pw = dir.join("pw");
+    std::fs::write(&pw, "secret\n").unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let tls = |extra: &str| {
+        FULL.replace(
+            "endpoints = [\"http://10.0.0.21:2379\"]\ninsecure_plaintext = true",
+            &format!(
+                "endpoints = [\"https://10.0.0.21:2379\"]\nca_file = \"{}\"\n{extra}",
+                pki.path("ca.pem").display()
+            ),
+        )
+    };
+    let creds = format!(
+        "cert = \"{}\"\nkey = \"{}\"\nusername = \"dispatcher\"\npassword_file = \"{}\"",
+        pki.path("client.pem").display(),
+        pki.path("client.key").display(),
+        pw.display()
+    );
+    let (code, out, err) = check(&tls(&creds));
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(!err.contains("warning: [cluster]"), "{err}");
+    // TLS without credentials: valid, with a warning.
+    let (code, _, err) = check(&tls(""));
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("warning: [cluster]: TLS without credentials"), "{err}");
+    // A password file every user may read, a key that is not a key, a missing CA.
+    std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (code, _, err) = check(&tls(&creds));
+    assert_eq!(code, 1);
+    assert!(err.contains("readable by every user"), "{err}");
+    std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let bad_key = creds.replace("client.key", "client.pem");
+    let (code, _, err) = check(&tls(&bad_key));
+    assert_eq!(code, 1, "{err}");
+    let (code, _, err) = check(&tls(&creds).replace("ca.pem", "nope.pem"));
+    assert_eq!(code, 1);
+    assert!(err.contains("nope.pem"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Each case: (text to replace, its occurrence, replacement, the expected message after
@@ -253,7 +307,18 @@ fn every_validation_message_names_line_and_field() {
         ("max_held = 100", 0, "max_held = 2000000", "http.max_held: must be 0..=1000000", None),
         ("retries = 1", 0, "retries = 11", "http.retries: must be 0..=10", None),
         ("retry_budget_percent = 20", 0, "retry_budget_percent = 101", "http.retry_budget_percent: must be 0..=100", None),
-        // [cluster] (steering) and [announce]
+        // [cluster] (security, peers, steering) and [announce]
+        ("insecure_plaintext = true\n", 0, "", "cluster.endpoints: http:// is plaintext without authentication: anyone who can reach etcd could join this cluster and take its traffic", Some("endpoints = [\"http:")),
+        ("endpoints = [\"http://10.0.0.21:2379\"]", 0, "endpoints = [\"http://10.0.0.21:2379\", \"https://10.0.0.22:2379\"]", "cluster.endpoints: all https:// or all http://, not both", None),
+        ("endpoints = [\"http://10.0.0.21:2379\"]", 0, "endpoints = [\"etcd://10.0.0.21:2379\"]", "cluster.endpoints: `etcd://10.0.0.21:2379`: write it as https://host:port", None),
+        ("insecure_plaintext = true", 0, "insecure_plaintext = true\nusername = \"d\"\npassword_file = \"/etc/pw\"", "cluster.username: needs https:// endpoints (credentials never go over plaintext)", Some("username")),
+        ("endpoints = [\"http://10.0.0.21:2379\"]", 0, "endpoints = [\"https://10.0.0.21:2379\"]", "cluster.insecure_plaintext: the endpoints are https://: remove it", Some("insecure_plaintext")),
+        ("endpoints = [\"http://10.0.0.21:2379\"]\ninsecure_plaintext = true", 0, "endpoints = [\"https://10.0.0.21:2379\"]\nusername = \"d\"", "cluster.password_file: an etcd user needs its password file", Some("username")),
+        ("endpoints = [\"http://10.0.0.21:2379\"]\ninsecure_plaintext = true", 0, "endpoints = [\"https://10.0.0.21:2379\"]\ncert = \"/etc/c.pem\"", "cluster.key: a client certificate needs its key", Some("cert =")),
+        ("peers = [\"lb1\", \"lb2\"]\n", 0, "", "cluster.peers: list every dispatcher of this cluster by name (this one too)", Some("name = \"lb1\"")),
+        ("peers = [\"lb1\", \"lb2\"]", 0, "peers = [\"lb2\", \"lb3\"]", "cluster.peers: does not list this dispatcher (`lb1`, cluster.name)", None),
+        ("peers = [\"lb1\", \"lb2\"]", 0, "peers = [\"lb1\", \"lb1\"]", "cluster.peers: `lb1` is listed twice", None),
+        ("peers = [\"lb1\", \"lb2\"]", 0, "peers = [\"lb1\", \"l b\"]", "cluster.peers: ", None),
         ("second_chance = \"300s\"", 0, "second_chance = \"10ms\"", "cluster.second_chance: must be at least 1s", None),
         ("learn_wait = \"250ms\"", 0, "learn_wait = \"10s\"", "cluster.learn_wait: must be at most 5s", None),
         ("steering = true", 0, "steering = \"yes\"", "invalid type: string \"yes\", expected a boolean", None),

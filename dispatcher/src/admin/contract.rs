@@ -86,7 +86,20 @@ pub struct ClusterStatus {
     pub renewals: u64,
     pub sessions: u64,
     pub dropped_writes: u64,
+    /// Keys under the prefix not taken (the sum of `refused_keys`).
     pub ignored_keys: u64,
+    /// Keys not taken, by reason (`shared::view::Refusal`).
+    #[serde(default)]
+    pub refused_keys: Vec<(String, u64)>,
+    /// How the link to the store is secured, in words.
+    #[serde(default)]
+    pub security: String,
+    /// Anyone who can reach the store can write to it, as far as this side can tell.
+    #[serde(default)]
+    pub insecure: bool,
+    /// `[cluster] peers`: the only names a member key may have.
+    #[serde(default)]
+    pub peers: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -190,6 +203,12 @@ pub struct CounterStatus {
     pub misroutes: u64,
     pub learned_clones: u64,
     pub learn_conflicts: u64,
+    /// New clone IDs not kept: the table was full.
+    #[serde(default)]
+    pub clones_full: u64,
+    /// Clone IDs not kept: malformed.
+    #[serde(default)]
+    pub clone_ids_refused: u64,
     pub queue_timeouts: u64,
     pub local_errors: u64,
     pub connections_refused: u64,

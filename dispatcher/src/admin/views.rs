@@ -96,6 +96,8 @@ pub fn status(a: &Admin) -> AgentStatus {
             misroutes: load(&k.misroutes),
             learned_clones: load(&k.learned),
             learn_conflicts: load(&k.learn_conflicts),
+            clones_full: load(&k.clones_full),
+            clone_ids_refused: load(&k.clone_ids_refused),
             queue_timeouts: load(&k.queue_timeouts),
             local_errors: load(&k.local_errors),
             connections_refused: load(&k.conn_refused),
@@ -249,6 +251,18 @@ pub fn metrics(a: &Admin) -> String {
         "dispatcher_learn_conflicts_total",
         "Clone IDs claimed by a second backend.",
         k.learn_conflicts.load(Ordering::Relaxed),
+    );
+    counter(
+        &mut o,
+        "dispatcher_clones_table_full_total",
+        "New clone IDs not kept because the clone table was full (its sessions are balanced).",
+        k.clones_full.load(Ordering::Relaxed),
+    );
+    counter(
+        &mut o,
+        "dispatcher_clone_ids_refused_total",
+        "Clone IDs not kept: empty, too long or not printable.",
+        k.clone_ids_refused.load(Ordering::Relaxed),
     );
     counter(
         &mut o,
@@ -569,6 +583,17 @@ fn cluster_metrics(o: &mut String, s: &crate::admin::contract::ClusterStatus, c:
         "Writes dropped because too many waited for an unreachable store.",
         s.dropped_writes,
     );
+    one(
+        o,
+        "dispatcher_cluster_store_insecure",
+        "gauge",
+        "1 when anyone who can reach the store can write to it (plaintext, or TLS without credentials).",
+        s.insecure as u64,
+    );
+    let _ = writeln!(o, "# HELP dispatcher_cluster_refused_keys_total Keys read from the shared store and not taken, by reason.\n# TYPE dispatcher_cluster_refused_keys_total counter");
+    for (reason, n) in &s.refused_keys {
+        let _ = writeln!(o, "dispatcher_cluster_refused_keys_total{{reason=\"{}\"}} {n}", esc(reason));
+    }
     let _ = writeln!(o, "# HELP dispatcher_cluster_backend_out Backends out by the shared rule (most live dispatchers see them down).\n# TYPE dispatcher_cluster_backend_out gauge");
     for b in &c.backends {
         let _ = writeln!(o, "dispatcher_cluster_backend_out{{backend=\"{}\"}} {}", esc(&b.name), b.peers_out() as u64);

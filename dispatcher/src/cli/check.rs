@@ -36,6 +36,16 @@ pub fn check(file: &Path) -> anyhow::Result<ExitCode> {
             }
         }
     }
+    if let Some(c) = &cfg.cluster {
+        // The TLS files and the password file, read as a session reads them.
+        if let Err(e) = dispatcher::shared::credentials::apply(c, etcd_client::ConnectOptions::new()) {
+            eprintln!("[cluster]: {e:#}");
+            errors += 1;
+        }
+        if c.security.insecure() {
+            eprintln!("warning: [cluster]: {}", c.security.describe());
+        }
+    }
     if errors > 0 {
         return Ok(ExitCode::from(1));
     }

@@ -163,8 +163,17 @@ fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
     let _ = match &agent {
         Some(a) => writeln!(
             o,
-            "instance {}: agent running (pid {}, up {} s), clone table {} entries, {occupancy}",
-            cfg.instance, a.pid, a.uptime_s, a.clones
+            "instance {}: agent running (pid {}, up {} s), clone table {} of {} entries{}, {occupancy}",
+            cfg.instance,
+            a.pid,
+            a.uptime_s,
+            a.clones,
+            dispatcher_common::MAX_CLONES,
+            if a.counters.clones_full > 0 {
+                format!(" (FULL: {} new IDs not kept)", a.counters.clones_full)
+            } else {
+                String::new()
+            }
         ),
         None => writeln!(
             o,
@@ -340,6 +349,12 @@ fn cluster_section(o: &mut String, c: &dispatcher::admin::contract::ClusterStatu
     };
     let _ = writeln!(o, "cluster: this dispatcher is {}; store {store}", c.name);
     let _ = writeln!(o, "  endpoints: {}", c.endpoints.join(", "));
+    let warn = if c.insecure { "WARNING: " } else { "" };
+    let _ = writeln!(o, "  security: {warn}{}", c.security);
+    let refused: Vec<String> = c.refused_keys.iter().filter(|(_, n)| *n > 0).map(|(r, n)| format!("{r}={n}")).collect();
+    if !refused.is_empty() {
+        let _ = writeln!(o, "  keys refused: {}", refused.join(" "));
+    }
     let members: Vec<String> = c
         .members
         .iter()

@@ -139,8 +139,13 @@ impl AccessLogSettings {
 pub struct ClusterSettings {
     /// This dispatcher's name, unique among the dispatchers sharing `key_prefix`.
     pub name: String,
-    /// etcd client URLs (`http://host:port`).
+    /// etcd client URLs (`https://host:port`; `http://` only with `insecure_plaintext`).
     pub endpoints: Vec<String>,
+    /// The dispatchers of this cluster by name (this one included): a member key of any
+    /// other name is not counted, whatever the store says.
+    pub peers: Vec<String>,
+    /// How this dispatcher proves who it is to the store, and checks the store's identity.
+    pub security: StoreSecurity,
     /// Every key this cluster of dispatchers writes starts with it (no trailing '/').
     pub key_prefix: String,
     /// The membership lease: a dispatcher that stops renewing it for this long is gone,
@@ -157,6 +162,46 @@ pub struct ClusterSettings {
     pub second_chance: Duration,
     /// How long a request whose clone IDs no one here knows waits for the shared table.
     pub learn_wait: Duration,
+}
+
+/// How the link to etcd is secured (`[cluster]` `ca_file`, `cert`/`key`, `username` +
+/// `password_file`, `insecure_plaintext`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreSecurity {
+    /// `http://` endpoints, said explicitly (`insecure_plaintext = true`): anyone who can
+    /// reach the store reads and writes what the dispatchers share.
+    Plaintext,
+    Tls {
+        /// The CA that signed the etcd members' certificates; `None`: the system's roots.
+        ca_file: Option<PathBuf>,
+        /// A client certificate and its key (etcd `--client-cert-auth`; with auth enabled
+        /// and no username, its common name is the etcd user).
+        client_cert: Option<(PathBuf, PathBuf)>,
+        /// An etcd user and the file holding its password (read at each session's start).
+        user: Option<(String, PathBuf)>,
+    },
+}
+
+impl StoreSecurity {
+    /// What `status` and `check` say about it.
+    pub fn describe(&self) -> String {
+        match self {
+            StoreSecurity::Plaintext => "INSECURE: plaintext, no authentication (insecure_plaintext = true)".into(),
+            StoreSecurity::Tls { client_cert, user, .. } => match (user, client_cert) {
+                (Some((u, _)), Some(_)) => format!("TLS, client certificate, etcd user {u} (password)"),
+                (Some((u, _)), None) => format!("TLS, etcd user {u} (password)"),
+                (None, Some(_)) => "TLS, client certificate (its common name is the etcd user)".into(),
+                (None, None) => {
+                    "TLS without credentials: the store must not accept writes from anyone who can reach it".into()
+                }
+            },
+        }
+    }
+
+    /// Anyone who can reach the store can write to it, as far as this side can tell.
+    pub fn insecure(&self) -> bool {
+        matches!(self, StoreSecurity::Plaintext | StoreSecurity::Tls { client_cert: None, user: None, .. })
+    }
 }
 
 /// `[announce]`: the agent holds one interface per kind of VIP; BIRD's static protocol

@@ -42,6 +42,13 @@ pub(super) struct RawCluster {
     pub(super) steering: Option<Spanned<bool>>,
     pub(super) second_chance: Option<Spanned<String>>,
     pub(super) learn_wait: Option<Spanned<String>>,
+    pub(super) peers: Option<Spanned<Vec<Spanned<String>>>>,
+    pub(super) ca_file: Option<Spanned<String>>,
+    pub(super) cert: Option<Spanned<String>>,
+    pub(super) key: Option<Spanned<String>>,
+    pub(super) username: Option<Spanned<String>>,
+    pub(super) password_file: Option<Spanned<String>>,
+    pub(super) insecure_plaintext: Option<Spanned<bool>>,
 }
 
 #[derive(Debug, Deserialize)]

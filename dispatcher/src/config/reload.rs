@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use dispatcher_common::{MAX_BACKENDS, MAX_VIPS};
 
-use super::{Backend, Balance, Config, Forwarding, Partition, Protocol, SessionFormat, Vip, VipMode};
+use super::{Backend, Balance, ClusterSettings, Config, Forwarding, Partition, Protocol, SessionFormat, Vip, VipMode};
 
 impl Config {
     /// `new` re-indexed for a reload of `self`: every backend and VIP keeps the id (the
@@ -26,8 +26,11 @@ impl Config {
         {
             return restart("the instance, bpffs or admin socket/address");
         }
-        if new.cluster != self.cluster {
-            return restart("[cluster]");
+        // `peers` may change (a dispatcher added or removed); the rest of `[cluster]` is
+        // the session's, fixed for the agent's life.
+        let but_peers = |c: &Option<ClusterSettings>| c.clone().map(|c| ClusterSettings { peers: Vec::new(), ..c });
+        if but_peers(&new.cluster) != but_peers(&self.cluster) {
+            return restart("[cluster] (all but peers)");
         }
         if new.announce != self.announce {
             return restart("[announce]");

@@ -46,13 +46,13 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 
 /// Backend and VIP names travel in admin URLs, metric labels, logs and status tables:
 /// 1 to 64 letters, digits, `.`, `_` and `-`, nothing that needs quoting anywhere.
-/// An etcd client URL: `http://host:port` (TLS to etcd is not supported yet).
-pub fn check_endpoint(e: &str) -> Result<(), String> {
-    let Some(rest) = e.strip_prefix("http://") else {
-        return Err(format!(
-            "`{}`: write it as http://host:port (https to etcd is not supported yet)",
-            e.escape_debug()
-        ));
+/// An etcd client URL: `https://host:port`, or `http://host:port` (plaintext: only with
+/// `insecure_plaintext`, which the caller decides). Returns whether it is TLS.
+pub fn check_endpoint(e: &str) -> Result<bool, String> {
+    let (tls, rest) = match (e.strip_prefix("https://"), e.strip_prefix("http://")) {
+        (Some(r), _) => (true, r),
+        (None, Some(r)) => (false, r),
+        _ => return Err(format!("`{}`: write it as https://host:port", e.escape_debug())),
     };
     let rest = rest.strip_suffix('/').unwrap_or(rest);
     let Some((host, port)) = rest.rsplit_once(':') else {
@@ -67,10 +67,13 @@ pub fn check_endpoint(e: &str) -> Result<(), String> {
                 .is_some_and(|h| h.parse::<std::net::Ipv6Addr>().is_ok())
             || host.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.'));
     if !host_ok || !matches!(port.parse::<u16>(), Ok(p) if p > 0) {
-        return Err(format!("`{}` is not http://host:port", e.escape_debug()));
+        return Err(format!("`{}` is not https://host:port", e.escape_debug()));
     }
-    Ok(())
+    Ok(tls)
 }
+
+/// The most dispatchers one `[cluster]` may list.
+pub const MAX_PEERS: usize = 64;
 
 pub fn check_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > 64 {
@@ -254,14 +257,51 @@ impl Ctx<'_> {
             self.report(c.name.span(), "cluster.name", e);
         }
         let mut endpoints = Vec::new();
+        let mut schemes = HashSet::new();
         if c.endpoints.get_ref().is_empty() {
-            self.report(c.endpoints.span(), "cluster.endpoints", "name at least one etcd member (http://host:port)");
+            self.report(c.endpoints.span(), "cluster.endpoints", "name at least one etcd member (https://host:port)");
         }
         for e in c.endpoints.get_ref() {
             match check_endpoint(e.get_ref()) {
-                Ok(()) if endpoints.contains(e.get_ref()) => self.report(e.span(), "cluster.endpoints", "listed twice"),
-                Ok(()) => endpoints.push(e.get_ref().clone()),
+                Ok(_) if endpoints.contains(e.get_ref()) => self.report(e.span(), "cluster.endpoints", "listed twice"),
+                Ok(tls) => {
+                    schemes.insert(tls);
+                    endpoints.push(e.get_ref().clone());
+                }
                 Err(why) => self.report(e.span(), "cluster.endpoints", why),
+            }
+        }
+        if schemes.len() > 1 {
+            self.report(c.endpoints.span(), "cluster.endpoints", "all https:// or all http://, not both");
+        }
+        let security = self.store_security(c, schemes.contains(&false));
+        let mut peers = Vec::new();
+        match &c.peers {
+            None => self.report(
+                c.name.span(),
+                "cluster.peers",
+                "list every dispatcher of this cluster by name (this one too): a member key of any other name is not counted",
+            ),
+            Some(list) => {
+                for p in list.get_ref() {
+                    if let Err(e) = check_name(p.get_ref()) {
+                        self.report(p.span(), "cluster.peers", e);
+                    } else if peers.contains(p.get_ref()) {
+                        self.report(p.span(), "cluster.peers", format!("`{}` is listed twice", p.get_ref()));
+                    } else {
+                        peers.push(p.get_ref().clone());
+                    }
+                }
+                if !peers.contains(c.name.get_ref()) {
+                    self.report(
+                        list.span(),
+                        "cluster.peers",
+                        format!("does not list this dispatcher (`{}`, cluster.name)", c.name.get_ref()),
+                    );
+                }
+                if peers.len() > MAX_PEERS {
+                    self.report(list.span(), "cluster.peers", format!("at most {MAX_PEERS} dispatchers"));
+                }
             }
         }
         let key_prefix = match &c.key_prefix {
@@ -341,6 +381,8 @@ impl Ctx<'_> {
             learn_wait,
             name: c.name.get_ref().clone(),
             endpoints,
+            peers,
+            security,
             key_prefix,
             lease_ttl,
             request_timeout,
@@ -348,6 +390,69 @@ impl Ctx<'_> {
             steering: c.steering.as_ref().is_none_or(|v| *v.get_ref()),
             second_chance,
         }
+    }
+
+    /// `[cluster]`'s TLS files and credentials; `plaintext`: the endpoints are `http://`.
+    fn store_security(&self, c: &RawCluster, plaintext: bool) -> StoreSecurity {
+        let insecure = c.insecure_plaintext.as_ref().is_some_and(|v| *v.get_ref());
+        let tls_fields = [
+            (c.ca_file.as_ref(), "cluster.ca_file"),
+            (c.cert.as_ref(), "cluster.cert"),
+            (c.key.as_ref(), "cluster.key"),
+            (c.username.as_ref(), "cluster.username"),
+            (c.password_file.as_ref(), "cluster.password_file"),
+        ];
+        if plaintext {
+            if !insecure {
+                self.report(
+                    c.endpoints.span(),
+                    "cluster.endpoints",
+                    "http:// is plaintext without authentication: anyone who can reach etcd could join this cluster and \
+                     take its traffic; use https:// with ca_file, cert/key or username/password_file (or, knowing that, \
+                     set insecure_plaintext = true)",
+                );
+            }
+            for (v, field) in tls_fields {
+                if let Some(v) = v {
+                    self.report(v.span(), field, "needs https:// endpoints (credentials never go over plaintext)");
+                }
+            }
+            return StoreSecurity::Plaintext;
+        }
+        if let Some(v) = c.insecure_plaintext.as_ref().filter(|v| *v.get_ref()) {
+            self.report(v.span(), "cluster.insecure_plaintext", "the endpoints are https://: remove it");
+        }
+        let client_cert = match (&c.cert, &c.key) {
+            (Some(cert), Some(key)) => Some((self.path(cert, "cluster.cert"), self.path(key, "cluster.key"))),
+            (Some(cert), None) => {
+                self.report(cert.span(), "cluster.key", "a client certificate needs its key");
+                None
+            }
+            (None, Some(key)) => {
+                self.report(key.span(), "cluster.cert", "a client key needs its certificate");
+                None
+            }
+            (None, None) => None,
+        };
+        let user = match (&c.username, &c.password_file) {
+            (Some(u), Some(p)) => {
+                let name = u.get_ref();
+                if name.is_empty() || name.len() > 128 || !name.bytes().all(|b| b.is_ascii_graphic()) {
+                    self.report(u.span(), "cluster.username", "1 to 128 printable characters without spaces");
+                }
+                Some((name.clone(), self.path(p, "cluster.password_file")))
+            }
+            (Some(u), None) => {
+                self.report(u.span(), "cluster.password_file", "an etcd user needs its password file");
+                None
+            }
+            (None, Some(p)) => {
+                self.report(p.span(), "cluster.username", "a password file needs its etcd user");
+                None
+            }
+            (None, None) => None,
+        };
+        StoreSecurity::Tls { ca_file: c.ca_file.as_ref().map(|f| self.path(f, "cluster.ca_file")), client_cert, user }
     }
 
     /// `[announce]`.

@@ -18,6 +18,7 @@
 //! checks (the majority rule is set aside: stale verdicts of others decide nothing), keeps
 //! what it learns and the operator's commands, and writes them when the store is back.
 
+pub mod credentials;
 mod session;
 pub mod view;
 
@@ -68,8 +69,8 @@ pub struct Counters {
     pub sessions: AtomicU64,
     /// Writes dropped because too many waited for an unreachable store.
     pub dropped: AtomicU64,
-    /// Keys under the prefix this version does not understand (ignored).
-    pub ignored_keys: AtomicU64,
+    /// Keys under the prefix not taken, by `view::Refusal`.
+    pub refused: [AtomicU64; view::Refusal::ALL.len()],
 }
 
 pub(crate) struct Inner {
@@ -246,7 +247,14 @@ impl Observer {
             renewals: i.counters.renewals.load(Ordering::Relaxed),
             sessions: i.counters.sessions.load(Ordering::Relaxed),
             dropped_writes: i.counters.dropped.load(Ordering::Relaxed),
-            ignored_keys: i.counters.ignored_keys.load(Ordering::Relaxed),
+            ignored_keys: i.counters.refused.iter().map(|c| c.load(Ordering::Relaxed)).sum(),
+            refused_keys: view::Refusal::ALL
+                .iter()
+                .map(|r| (r.label().to_string(), i.counters.refused[*r as usize].load(Ordering::Relaxed)))
+                .collect(),
+            security: i.settings.security.describe(),
+            insecure: i.settings.security.insecure(),
+            peers: i.current.read().unwrap().0.cluster.as_ref().map(|c| c.peers.clone()).unwrap_or_default(),
         }
     }
 }

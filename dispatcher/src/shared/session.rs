@@ -17,9 +17,13 @@ use tokio::sync::mpsc;
 
 use super::{
     apply_all, apply_backend, backend_index, keep_pending, member_value, publish_peers,
-    view::{self, Change},
+    view::{self, Change, Policy},
     Inner, Publish,
 };
+
+/// Keys read per request of the snapshot: a store holding more (a flood) is read in pages
+/// rather than in one answer that outgrows the client's message limit.
+const SNAPSHOT_PAGE: i64 = 256;
 
 /// A store request, bounded by `request_timeout`.
 async fn timed<T>(
@@ -52,10 +56,13 @@ async fn session(
     lease_out: &Arc<Mutex<Option<(Client, i64)>>>,
 ) -> anyhow::Result<std::convert::Infallible> {
     let s = &inner.settings;
-    let opts = ConnectOptions::new()
-        .with_connect_timeout(s.request_timeout)
-        .with_timeout(s.request_timeout)
-        .with_keep_alive(s.request_timeout, s.request_timeout);
+    let opts = super::credentials::apply(
+        s,
+        ConnectOptions::new()
+            .with_connect_timeout(s.request_timeout)
+            .with_timeout(s.request_timeout)
+            .with_keep_alive(s.request_timeout, s.request_timeout),
+    )?;
     // One member per session, the next one after a failure: a client balanced over all of
     // them keeps sending to a dead member now and then, and every such request would end
     // the session.
@@ -83,24 +90,20 @@ async fn session(
         }
     }
     let member = member_value(inner);
-    let key = view::member_key(&prefix, &s.name);
-    timed(inner, "registering", client.put(key, member, Some(PutOptions::new().with_lease(lease)))).await?;
+    let my_key = view::member_key(&prefix, &s.name);
+    timed(inner, "registering", client.put(my_key.clone(), member, Some(PutOptions::new().with_lease(lease)))).await?;
     inner.counters.writes.fetch_add(1, Ordering::Relaxed);
 
     let dir = format!("{prefix}/");
-    let snap = timed(inner, "reading the shared state", client.get(dir.clone(), Some(GetOptions::new().with_prefix())))
-        .await?;
-    let revision = snap.header().map(|h| h.revision()).ok_or_else(|| anyhow!("a snapshot without a revision"))?;
-    let mut v = view::View::default();
-    for kv in snap.kvs() {
-        if v.apply(&prefix, kv.key(), Some(kv.value())) == Change::Ignored {
-            inner.counters.ignored_keys.fetch_add(1, Ordering::Relaxed);
-        }
-    }
+    let mut policy_of = inner.current.read().unwrap().0.clone();
+    let mut policy = Policy::for_config(&policy_of);
+    let (v, revision) = snapshot(inner, &mut client, &policy, &dir).await?;
+    // Events at or below it are in the view already (a snapshot read again mid-session).
+    let mut seen_upto = revision;
     let mut watch = timed(
         inner,
         "watching the shared state",
-        client.watch(dir, Some(WatchOptions::new().with_prefix().with_start_revision(revision + 1))),
+        client.watch(dir.clone(), Some(WatchOptions::new().with_prefix().with_start_revision(revision + 1))),
     )
     .await?;
     store_health(inner, &mut client).await;
@@ -108,7 +111,7 @@ async fn session(
     publish_peers(inner, &v);
     {
         let mut st = inner.state.lock().unwrap();
-        st.view = v.clone();
+        st.view = v;
         st.revision = revision;
         if !st.connected {
             st.since = Instant::now();
@@ -116,7 +119,16 @@ async fn session(
         st.connected = true;
         st.last_error = None;
     }
-    tracing::info!(revision, members = v.members.len(), clones = v.clones.len(), "shared store connected");
+    {
+        let st = inner.state.lock().unwrap();
+        tracing::info!(
+            revision,
+            members = st.view.members.len(),
+            clones = st.view.clones.len(),
+            security = %s.security.describe(),
+            "shared store connected"
+        );
+    }
     if let Some(r) = ready.take() {
         let _ = r.send(());
     }
@@ -143,42 +155,88 @@ async fn session(
                 if resp.canceled() {
                     bail!("the store cancelled the watch ({})", resp.cancel_reason());
                 }
+                let current = inner.current.read().unwrap().clone();
+                if !Arc::ptr_eq(&current.0, &policy_of) {
+                    policy_of = current.0.clone();
+                    let next = Policy::for_config(&policy_of);
+                    if next != policy {
+                        // A reload changed the peers or the backends: what was refused may
+                        // count now, and the reverse. The store is read again; the watch
+                        // goes on, skipping what the new snapshot holds.
+                        policy = next;
+                        let (fresh, rev) = snapshot(inner, &mut client, &policy, &dir).await?;
+                        apply_all(inner, &fresh);
+                        publish_peers(inner, &fresh);
+                        {
+                            let mut st = inner.state.lock().unwrap();
+                            st.view = fresh;
+                            st.revision = rev;
+                        }
+                        seen_upto = rev;
+                        tracing::info!(revision = rev, "shared state read again for the reloaded configuration");
+                    }
+                }
+                // Each event applied to the view in place (a flood costs what each key
+                // costs, never a copy of everything per message).
                 let mut verdicts = false;
                 let mut ops = Vec::new();
-                for ev in resp.events() {
-                    let Some(kv) = ev.kv() else { continue };
-                    let value = (ev.event_type() == EventType::Put).then(|| kv.value());
-                    match v.apply(&prefix, kv.key(), value) {
-                        Change::Verdicts => verdicts = true,
-                        Change::Operator { backend, .. } => ops.push(backend),
-                        Change::Clone { id, backend } => {
-                            let cluster = inner.current.read().unwrap().1.clone();
-                            if let Some(&i) = backend_index(&cluster).get(backend.as_str()) {
-                                cluster.adopt_shared_clone(id.as_bytes(), i);
-                            }
+                let mut clones = Vec::new();
+                let mut mine_overwritten = false;
+                {
+                    let mut st = inner.state.lock().unwrap();
+                    for ev in resp.events() {
+                        let Some(kv) = ev.kv() else { continue };
+                        if kv.mod_revision() <= seen_upto {
+                            continue;
                         }
-                        Change::Ignored => {
-                            inner.counters.ignored_keys.fetch_add(1, Ordering::Relaxed);
+                        let put = ev.event_type() == EventType::Put;
+                        let value = put.then(|| kv.value());
+                        if put && kv.key() == my_key.as_bytes() && kv.lease() != lease {
+                            mine_overwritten = true;
+                        }
+                        let change = st.view.apply(&policy, &prefix, kv.key(), value, kv.lease());
+                        note_refused(inner, &change, kv.key());
+                        match change {
+                            Change::Verdicts => verdicts = true,
+                            Change::Operator { backend, .. } => ops.push(backend),
+                            Change::Clone { id, backend } => clones.push((id, backend)),
+                            Change::None | Change::Refused(_) => {}
                         }
                     }
+                    if let Some(h) = resp.header() {
+                        st.revision = h.revision();
+                    }
                 }
-                let (cfg, cluster) = inner.current.read().unwrap().clone();
+                let (cfg, cluster) = current;
                 let by_name = backend_index(&cluster);
-                for b in ops {
+                for (id, b) in clones {
                     if let Some(&i) = by_name.get(b.as_str()) {
-                        apply_backend(&cfg, &cluster, &v, i, true);
+                        cluster.adopt_shared_clone(id.as_bytes(), i);
                     }
                 }
-                if verdicts {
-                    for i in 0..cluster.backends.len() {
-                        apply_backend(&cfg, &cluster, &v, i, false);
+                {
+                    let st = inner.state.lock().unwrap();
+                    for b in ops {
+                        if let Some(&i) = by_name.get(b.as_str()) {
+                            apply_backend(&cfg, &cluster, &st.view, i, true);
+                        }
                     }
-                    publish_peers(inner, &v);
+                    if verdicts {
+                        for i in 0..cluster.backends.len() {
+                            apply_backend(&cfg, &cluster, &st.view, i, false);
+                        }
+                        publish_peers(inner, &st.view);
+                    }
                 }
-                let mut st = inner.state.lock().unwrap();
-                st.view = v.clone();
-                if let Some(h) = resp.header() {
-                    st.revision = h.revision();
+                if mine_overwritten {
+                    // Another writer put this dispatcher's member key: it is written again,
+                    // with this dispatcher's lease and verdicts.
+                    crate::ratelimit::warn_that(
+                        "member key overwritten",
+                        &format_args!("this dispatcher's member key {my_key} was written by someone else: writing it again"),
+                    );
+                    timed(inner, "registering", client.put(my_key.clone(), member_value(inner), Some(PutOptions::new().with_lease(lease)))).await?;
+                    inner.counters.writes.fetch_add(1, Ordering::Relaxed);
                 }
             }
             p = rx.recv() => {
@@ -199,6 +257,54 @@ async fn session(
                 }
             }
         }
+    }
+}
+
+/// Everything under `dir`, page by page at one revision, each key judged by `policy` as
+/// it comes: the view and its revision.
+async fn snapshot(inner: &Inner, client: &mut Client, policy: &Policy, dir: &str) -> anyhow::Result<(view::View, i64)> {
+    let prefix = &inner.settings.key_prefix;
+    let mut v = view::View::default();
+    let mut from = dir.as_bytes().to_vec();
+    let mut end = dir.as_bytes().to_vec();
+    *end.last_mut().unwrap() += 1;
+    let mut revision = 0;
+    loop {
+        let mut opts = GetOptions::new().with_range(end.clone()).with_limit(SNAPSHOT_PAGE);
+        if revision != 0 {
+            opts = opts.with_revision(revision);
+        }
+        let page = timed(inner, "reading the shared state", client.get(from.clone(), Some(opts))).await?;
+        if revision == 0 {
+            revision = page.header().map(|h| h.revision()).ok_or_else(|| anyhow!("a snapshot without a revision"))?;
+        }
+        for kv in page.kvs() {
+            let change = v.apply(policy, prefix, kv.key(), Some(kv.value()), kv.lease());
+            note_refused(inner, &change, kv.key());
+        }
+        match page.kvs().last() {
+            Some(last) if page.more() => {
+                from = last.key().to_vec();
+                from.push(0);
+            }
+            _ => break,
+        }
+    }
+    Ok((v, revision))
+}
+
+/// Counts and logs (rate-limited) a key the view did not take.
+fn note_refused(inner: &Inner, change: &Change, key: &[u8]) {
+    if let Change::Refused(r) = change {
+        inner.counters.refused[*r as usize].fetch_add(1, Ordering::Relaxed);
+        crate::ratelimit::warn_that(
+            "shared key refused",
+            &format_args!(
+                "refused a key from the shared store ({}): {}",
+                r.label(),
+                String::from_utf8_lossy(&key[..key.len().min(160)]).escape_debug()
+            ),
+        );
     }
 }
 

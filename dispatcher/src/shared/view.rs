@@ -8,11 +8,23 @@
 //! | `members/<dispatcher>` | JSON `Member`: who, and the backends its own checks see down | that dispatcher, at start and on a change of its verdicts | its lease |
 //! | `operator/<backend>` | `drain` or `disabled` (absent: none) | any dispatcher, on an operator's command | until the next command |
 //! | `clones/<clone or partition ID>` | backend name | the first dispatcher that learned it (create-if-absent) | kept |
+//!
+//! Everything read is untrusted input (`Policy`): a member counts only when its key is
+//! held by a lease (etcd deletes such a key when the lease expires, so a key with a lease
+//! is a live one), its name is one of `[cluster] peers` and its MAC a unicast address; an
+//! operator key or a clone names a backend of the configuration; sizes and counts are
+//! bounded. What is refused is returned as `Change::Refused` with its reason (counted and
+//! logged by the caller) and changes nothing.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use dispatcher_common::Operator;
 use serde::{Deserialize, Serialize};
+
+/// The longest key read under the prefix (beyond the prefix itself).
+pub const MAX_KEY_REST: usize = 256;
+/// The longest member value (JSON).
+pub const MAX_MEMBER_VALUE: usize = 16 * 1024;
 
 /// A live dispatcher, as it registered itself.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,6 +46,58 @@ pub struct Member {
     pub joined: bool,
 }
 
+/// Why a key was not taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Refusal {
+    /// A key this version does not know (written by a newer one, or by someone else).
+    UnknownKey,
+    /// Not UTF-8, not the JSON or the word expected, a name that does not match its key.
+    Malformed,
+    /// Longer than the bounds above.
+    TooLarge,
+    /// A member key without a lease: it would never expire.
+    NoLease,
+    /// A member whose name is not in `[cluster] peers`.
+    UnknownMember,
+    /// A member MAC that is not a unicast, non-zero address.
+    BadMac,
+    /// An operator key or a clone for a backend the configuration does not have.
+    UnknownBackend,
+    /// A clone ID that is empty, too long or not printable.
+    BadId,
+    /// The clone table is full (`Policy::max_clones`).
+    TableFull,
+}
+
+impl Refusal {
+    pub const ALL: [Refusal; 9] = [
+        Refusal::UnknownKey,
+        Refusal::Malformed,
+        Refusal::TooLarge,
+        Refusal::NoLease,
+        Refusal::UnknownMember,
+        Refusal::BadMac,
+        Refusal::UnknownBackend,
+        Refusal::BadId,
+        Refusal::TableFull,
+    ];
+
+    /// Its metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Refusal::UnknownKey => "unknown_key",
+            Refusal::Malformed => "malformed",
+            Refusal::TooLarge => "too_large",
+            Refusal::NoLease => "no_lease",
+            Refusal::UnknownMember => "unknown_member",
+            Refusal::BadMac => "bad_mac",
+            Refusal::UnknownBackend => "unknown_backend",
+            Refusal::BadId => "bad_id",
+            Refusal::TableFull => "table_full",
+        }
+    }
+}
+
 /// A change the agent acts on, from one key written or deleted.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Change {
@@ -47,11 +111,41 @@ pub enum Change {
         id: String,
         backend: String,
     },
-    /// A key this version does not know (written by a newer one) or a malformed value.
-    Ignored,
+    /// Nothing to act on (a clone deleted: the table keeps what it routes by).
+    None,
+    /// Not taken (counted and logged by the caller).
+    Refused(Refusal),
 }
 
-/// The store's contents under the prefix.
+/// What this dispatcher accepts from the store: the names its configuration knows, and
+/// bounds.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Policy {
+    /// `[cluster] peers`.
+    pub peers: BTreeSet<String>,
+    /// The configuration's backends.
+    pub backends: BTreeSet<String>,
+    /// The most clone and partition IDs kept (the `CLONES` map's size).
+    pub max_clones: usize,
+}
+
+impl Policy {
+    /// What `cfg` knows: its `[cluster] peers` and its backends (not the retired ones).
+    pub fn for_config(cfg: &crate::config::Config) -> Policy {
+        let peers = cfg.cluster.as_ref().map(|c| c.peers.clone()).unwrap_or_default();
+        Policy::new(&peers, cfg.backends.iter().filter(|b| !b.retired).map(|b| b.name.clone()))
+    }
+
+    pub fn new(peers: &[String], backends: impl IntoIterator<Item = String>) -> Policy {
+        Policy {
+            peers: peers.iter().cloned().collect(),
+            backends: backends.into_iter().collect(),
+            max_clones: dispatcher_common::MAX_CLONES as usize,
+        }
+    }
+}
+
+/// The store's contents under the prefix, as far as they were taken.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct View {
     pub members: BTreeMap<String, Member>,
@@ -79,6 +173,12 @@ pub fn operator_value(op: Operator) -> Option<&'static str> {
     }
 }
 
+/// A MAC a dispatcher may steer connections to: unicast and not all zero (a broadcast or
+/// multicast MAC would send VIP traffic to every host on the segment).
+pub fn steerable_mac(mac: &[u8; 6]) -> bool {
+    mac[0] & 1 == 0 && mac.iter().any(|&b| b != 0)
+}
+
 impl View {
     /// The dispatchers that take HTTP connections: joined, with a MAC.
     pub fn steering_peers(&self) -> Vec<crate::steering::Peer> {
@@ -92,50 +192,108 @@ impl View {
             .collect()
     }
 
-    /// A key under `prefix` was written (`Some(value)`) or deleted (`None`).
-    pub fn apply(&mut self, prefix: &str, key: &[u8], value: Option<&[u8]>) -> Change {
-        let Some(rest) =
-            std::str::from_utf8(key).ok().and_then(|k| k.strip_prefix(prefix)).and_then(|k| k.strip_prefix('/'))
-        else {
-            return Change::Ignored;
-        };
-        let text = value.map(|v| std::str::from_utf8(v).map(str::trim));
+    /// A key under `prefix` was written (`Some(value)`, with the lease that holds it, 0
+    /// for none) or deleted (`None`).
+    pub fn apply(&mut self, policy: &Policy, prefix: &str, key: &[u8], value: Option<&[u8]>, lease: i64) -> Change {
+        match self.take(policy, prefix, key, value, lease) {
+            Ok(c) => c,
+            Err(r) => {
+                // A member that no longer passes is no longer counted.
+                if let Some(name) = member_name(prefix, key) {
+                    if self.members.remove(name).is_some() {
+                        return Change::Verdicts;
+                    }
+                }
+                Change::Refused(r)
+            }
+        }
+    }
+
+    fn take(
+        &mut self,
+        policy: &Policy,
+        prefix: &str,
+        key: &[u8],
+        value: Option<&[u8]>,
+        lease: i64,
+    ) -> Result<Change, Refusal> {
+        let rest = std::str::from_utf8(key)
+            .ok()
+            .and_then(|k| k.strip_prefix(prefix))
+            .and_then(|k| k.strip_prefix('/'))
+            .ok_or(Refusal::UnknownKey)?;
+        if rest.len() > MAX_KEY_REST {
+            return Err(Refusal::TooLarge);
+        }
         let parts: Vec<&str> = rest.split('/').collect();
+        let text = match value {
+            None => None,
+            Some(v) if v.len() > MAX_MEMBER_VALUE => return Err(Refusal::TooLarge),
+            Some(v) => Some(std::str::from_utf8(v).map(str::trim).map_err(|_| Refusal::Malformed)?),
+        };
         match (parts.as_slice(), text) {
             (["members", name], None) => {
-                self.members.remove(*name);
-                Change::Verdicts
+                Ok(if self.members.remove(*name).is_some() { Change::Verdicts } else { Change::None })
             }
-            (["members", name], Some(Ok(v))) => match serde_json::from_str::<Member>(v) {
-                Ok(m) if m.name == *name => {
-                    self.members.insert(name.to_string(), m);
-                    Change::Verdicts
+            (["members", name], Some(v)) => {
+                if lease == 0 {
+                    return Err(Refusal::NoLease);
                 }
-                _ => Change::Ignored,
-            },
+                if !policy.peers.contains(*name) {
+                    return Err(Refusal::UnknownMember);
+                }
+                let mut m = serde_json::from_str::<Member>(v).map_err(|_| Refusal::Malformed)?;
+                if m.name != *name {
+                    return Err(Refusal::Malformed);
+                }
+                if let Some(mac) = &m.mac {
+                    let ok = crate::steering::table::parse_mac(mac).is_some_and(|m| steerable_mac(&m));
+                    if !ok {
+                        return Err(Refusal::BadMac);
+                    }
+                }
+                // Verdicts on backends this configuration does not have decide nothing.
+                m.down.retain(|b| policy.backends.contains(b));
+                m.down.sort();
+                m.down.dedup();
+                self.members.insert(name.to_string(), m);
+                Ok(Change::Verdicts)
+            }
             (["operator", backend], v) => {
+                if !policy.backends.contains(*backend) {
+                    return Err(Refusal::UnknownBackend);
+                }
                 let op = match v {
                     None => Operator::None,
-                    Some(Ok("drain")) => Operator::Drain,
-                    Some(Ok("disabled")) => Operator::Disabled,
-                    _ => return Change::Ignored,
+                    Some("drain") => Operator::Drain,
+                    Some("disabled") => Operator::Disabled,
+                    _ => return Err(Refusal::Malformed),
                 };
                 if op == Operator::None {
                     self.operators.remove(*backend);
                 } else {
                     self.operators.insert(backend.to_string(), op);
                 }
-                Change::Operator { backend: backend.to_string(), op }
+                Ok(Change::Operator { backend: backend.to_string(), op })
             }
-            (["clones", id], Some(Ok(backend))) if !backend.is_empty() => {
+            (["clones", id], Some(backend)) => {
+                if !clone_id_ok(id.as_bytes()) {
+                    return Err(Refusal::BadId);
+                }
+                if !policy.backends.contains(backend) {
+                    return Err(Refusal::UnknownBackend);
+                }
+                if !self.clones.contains_key(*id) && self.clones.len() >= policy.max_clones {
+                    return Err(Refusal::TableFull);
+                }
                 self.clones.insert(id.to_string(), backend.to_string());
-                Change::Clone { id: id.to_string(), backend: backend.to_string() }
+                Ok(Change::Clone { id: id.to_string(), backend: backend.to_string() })
             }
             (["clones", id], None) => {
                 self.clones.remove(*id);
-                Change::Ignored
+                Ok(Change::None)
             }
-            _ => Change::Ignored,
+            _ => Err(Refusal::UnknownKey),
         }
     }
 
@@ -156,11 +314,29 @@ impl View {
     }
 }
 
+/// The member name of a `members/<name>` key under `prefix`.
+fn member_name<'a>(prefix: &str, key: &'a [u8]) -> Option<&'a str> {
+    std::str::from_utf8(key).ok()?.strip_prefix(prefix)?.strip_prefix("/members/").filter(|n| !n.contains('/'))
+}
+
+/// A clone, partition or logical-server ID as the dispatchers share and keep it: 1 to
+/// `crate::state::MAX_CLONE_ID_LEN` printable ASCII characters, no `/` (it is a key
+/// segment).
+pub fn clone_id_ok(id: &[u8]) -> bool {
+    crate::state::clone_id_ok(id) && !id.contains(&b'/')
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const P: &str = "/d/t";
+
+    fn pol() -> Policy {
+        let peers: Vec<String> =
+            ["d1", "d2", "d3", "a", "b", "c", "d", "left", "old"].iter().map(|s| s.to_string()).collect();
+        Policy::new(&peers, ["b0", "b1", "b2"].iter().map(|s| s.to_string()))
+    }
 
     fn member_down(v: &mut View, name: &str, down: &[&str]) {
         let m = Member {
@@ -173,7 +349,7 @@ mod tests {
             joined: name != "left",
         };
         let json = serde_json::to_string(&m).unwrap();
-        assert_eq!(v.apply(P, member_key(P, name).as_bytes(), Some(json.as_bytes())), Change::Verdicts);
+        assert_eq!(v.apply(&pol(), P, member_key(P, name).as_bytes(), Some(json.as_bytes()), 7), Change::Verdicts);
     }
 
     fn member(v: &mut View, name: &str) {
@@ -197,7 +373,7 @@ mod tests {
         member(&mut v, "left");
         // An older dispatcher without a MAC steers nothing and owns nothing.
         let old = r#"{"name":"old","started":1,"pid":2,"version":"0"}"#;
-        assert_eq!(v.apply(P, member_key(P, "old").as_bytes(), Some(old.as_bytes())), Change::Verdicts);
+        assert_eq!(v.apply(&pol(), P, member_key(P, "old").as_bytes(), Some(old.as_bytes()), 7), Change::Verdicts);
         let names: Vec<String> = v.steering_peers().into_iter().map(|p| p.name).collect();
         assert_eq!(names, ["d1"]);
     }
@@ -216,12 +392,12 @@ mod tests {
         assert!(!v.out_by_majority("b0"));
         // A dispatcher whose lease expired no longer counts, either way.
         verdict(&mut v, "b0", "d2", true);
-        v.apply(P, member_key(P, "d3").as_bytes(), None);
+        v.apply(&pol(), P, member_key(P, "d3").as_bytes(), None, 0);
         assert!(v.out_by_majority("b0"), "two of two");
         assert_eq!(v.seen_down_by("b0"), vec!["d1".to_string(), "d2".to_string()]);
-        v.apply(P, member_key(P, "d2").as_bytes(), None);
+        v.apply(&pol(), P, member_key(P, "d2").as_bytes(), None, 0);
         assert!(v.out_by_majority("b0"), "one of one");
-        v.apply(P, member_key(P, "d1").as_bytes(), None);
+        v.apply(&pol(), P, member_key(P, "d1").as_bytes(), None, 0);
         assert!(!v.out_by_majority("b0"), "nobody live: nobody says so");
         member(&mut v, "d1");
         member(&mut v, "d2");
@@ -242,22 +418,29 @@ mod tests {
     fn keys_parse_and_bad_values_are_ignored() {
         let mut v = View::default();
         assert_eq!(
-            v.apply(P, operator_key(P, "b1").as_bytes(), Some(b"drain")),
+            v.apply(&pol(), P, operator_key(P, "b1").as_bytes(), Some(b"drain"), 0),
             Change::Operator { backend: "b1".into(), op: Operator::Drain }
         );
         assert_eq!(v.operators.get("b1"), Some(&Operator::Drain));
         assert_eq!(
-            v.apply(P, operator_key(P, "b1").as_bytes(), None),
+            v.apply(&pol(), P, operator_key(P, "b1").as_bytes(), None, 0),
             Change::Operator { backend: "b1".into(), op: Operator::None }
         );
         assert!(v.operators.is_empty());
-        assert_eq!(v.apply(P, operator_key(P, "b1").as_bytes(), Some(b"melt")), Change::Ignored);
         assert_eq!(
-            v.apply(P, clone_key(P, "C1").as_bytes(), Some(b"b2")),
+            v.apply(&pol(), P, operator_key(P, "b1").as_bytes(), Some(b"melt"), 0),
+            Change::Refused(Refusal::Malformed)
+        );
+        assert_eq!(
+            v.apply(&pol(), P, clone_key(P, "C1").as_bytes(), Some(b"b2"), 0),
             Change::Clone { id: "C1".into(), backend: "b2".into() }
         );
-        assert_eq!(v.apply(P, b"/d/tx/members/a", Some(b"{}")), Change::Ignored, "another prefix");
-        assert_eq!(v.apply(P, b"/d/t/members/a", Some(b"not json")), Change::Ignored);
+        assert_eq!(
+            v.apply(&pol(), P, b"/d/tx/members/a", Some(b"{}"), 7),
+            Change::Refused(Refusal::UnknownKey),
+            "another prefix"
+        );
+        assert_eq!(v.apply(&pol(), P, b"/d/t/members/a", Some(b"not json"), 7), Change::Refused(Refusal::Malformed));
         let forged = serde_json::to_string(&Member {
             name: "b".into(),
             started: 0,
@@ -268,8 +451,101 @@ mod tests {
             joined: true,
         })
         .unwrap();
-        assert_eq!(v.apply(P, b"/d/t/members/a", Some(forged.as_bytes())), Change::Ignored, "name must match the key");
-        assert_eq!(v.apply(P, b"/d/t/future/thing", Some(b"1")), Change::Ignored);
-        assert_eq!(v.apply(P, &[0xff, 0xfe], Some(b"1")), Change::Ignored);
+        assert_eq!(
+            v.apply(&pol(), P, b"/d/t/members/a", Some(forged.as_bytes()), 7),
+            Change::Refused(Refusal::Malformed),
+            "name must match the key"
+        );
+        assert_eq!(v.apply(&pol(), P, b"/d/t/future/thing", Some(b"1"), 0), Change::Refused(Refusal::UnknownKey));
+        assert_eq!(v.apply(&pol(), P, &[0xff, 0xfe], Some(b"1"), 0), Change::Refused(Refusal::UnknownKey));
+    }
+
+    fn member_json(name: &str, down: &[&str], mac: Option<&str>) -> String {
+        serde_json::to_string(&Member {
+            name: name.into(),
+            started: 1,
+            pid: 2,
+            version: "x".into(),
+            down: down.iter().map(|d| d.to_string()).collect(),
+            mac: mac.map(str::to_string),
+            joined: true,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn forged_members_are_not_counted() {
+        let mut v = View::default();
+        member(&mut v, "d1");
+        // Two keys without a lease, both seeing b1 down: never counted, never expiring.
+        for name in ["d2", "d3"] {
+            let json = member_json(name, &["b1"], Some("02:00:00:00:00:09"));
+            assert_eq!(
+                v.apply(&pol(), P, member_key(P, name).as_bytes(), Some(json.as_bytes()), 0),
+                Change::Refused(Refusal::NoLease)
+            );
+        }
+        assert_eq!(v.members.len(), 1);
+        assert!(!v.out_by_majority("b1"), "one live dispatcher sees b1 up");
+        // A name the configuration does not list, with a lease of its own.
+        let evil = member_json("evil", &["b1"], Some("02:66:66:66:66:66"));
+        assert_eq!(
+            v.apply(&pol(), P, member_key(P, "evil").as_bytes(), Some(evil.as_bytes()), 99),
+            Change::Refused(Refusal::UnknownMember)
+        );
+        assert_eq!(v.steering_peers().len(), 1);
+        // Broadcast, multicast and zero MACs.
+        for mac in ["ff:ff:ff:ff:ff:ff", "01:00:5e:00:00:01", "00:00:00:00:00:00", "zz:00:00:00:00:00"] {
+            let json = member_json("d2", &[], Some(mac));
+            assert_eq!(
+                v.apply(&pol(), P, member_key(P, "d2").as_bytes(), Some(json.as_bytes()), 5),
+                Change::Refused(Refusal::BadMac),
+                "{mac}"
+            );
+        }
+        // A known member that turns bad is no longer counted.
+        member(&mut v, "d2");
+        assert_eq!(v.members.len(), 2);
+        let bad = member_json("d2", &[], Some("ff:ff:ff:ff:ff:ff"));
+        assert_eq!(v.apply(&pol(), P, member_key(P, "d2").as_bytes(), Some(bad.as_bytes()), 5), Change::Verdicts);
+        assert_eq!(v.members.len(), 1);
+        // Verdicts on unknown backends are dropped; an oversized value is refused.
+        let json = member_json("d3", &["b0", "nope", "b0"], None);
+        v.apply(&pol(), P, member_key(P, "d3").as_bytes(), Some(json.as_bytes()), 5);
+        assert_eq!(v.members["d3"].down, vec!["b0".to_string()]);
+        let big = member_json("d3", &[&"x".repeat(MAX_MEMBER_VALUE)], None);
+        assert_eq!(
+            v.apply(&pol(), P, member_key(P, "d3").as_bytes(), Some(big.as_bytes()), 5),
+            Change::Verdicts,
+            "d3 dropped"
+        );
+        assert!(!v.members.contains_key("d3"));
+    }
+
+    #[test]
+    fn clone_and_operator_keys_are_bounded() {
+        let mut v = View::default();
+        let mut p = pol();
+        p.max_clones = 2;
+        let long = "c".repeat(crate::state::MAX_CLONE_ID_LEN + 1);
+        assert_eq!(v.apply(&p, P, clone_key(P, &long).as_bytes(), Some(b"b0"), 0), Change::Refused(Refusal::BadId));
+        assert_eq!(v.apply(&p, P, clone_key(P, "c\u{7f}").as_bytes(), Some(b"b0"), 0), Change::Refused(Refusal::BadId));
+        assert_eq!(
+            v.apply(&p, P, clone_key(P, "c1").as_bytes(), Some(b"nope"), 0),
+            Change::Refused(Refusal::UnknownBackend)
+        );
+        assert!(matches!(v.apply(&p, P, clone_key(P, "c1").as_bytes(), Some(b"b0"), 0), Change::Clone { .. }));
+        assert!(matches!(v.apply(&p, P, clone_key(P, "c2").as_bytes(), Some(b"b1"), 0), Change::Clone { .. }));
+        assert_eq!(v.apply(&p, P, clone_key(P, "c3").as_bytes(), Some(b"b1"), 0), Change::Refused(Refusal::TableFull));
+        // A known ID may still be rewritten; a deletion makes room.
+        assert!(matches!(v.apply(&p, P, clone_key(P, "c2").as_bytes(), Some(b"b2"), 0), Change::Clone { .. }));
+        assert_eq!(v.apply(&p, P, clone_key(P, "c1").as_bytes(), None, 0), Change::None);
+        assert!(matches!(v.apply(&p, P, clone_key(P, "c3").as_bytes(), Some(b"b1"), 0), Change::Clone { .. }));
+        assert_eq!(
+            v.apply(&p, P, operator_key(P, "nope").as_bytes(), Some(b"drain"), 0),
+            Change::Refused(Refusal::UnknownBackend)
+        );
+        let key = format!("{P}/clones/{}", "k".repeat(MAX_KEY_REST));
+        assert_eq!(v.apply(&p, P, key.as_bytes(), Some(b"b0"), 0), Change::Refused(Refusal::TooLarge));
     }
 }
