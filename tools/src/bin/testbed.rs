@@ -36,10 +36,15 @@ fn up_cluster(n: usize) {
     }
     println!("  from a client:   ip netns exec {PREFIX}-c0 curl http://{CLUSTER_VIP}/");
     println!(
-        "  the shared keys: ip netns exec {PREFIX}-e0 etcdctl --endpoints http://{}:2379 get --prefix {}",
+        "  the shared keys: ip netns exec {PREFIX}-e0 etcdctl --endpoints https://{}:2379 --cacert {} --cert {} --key {} --user root:{} get --prefix {}",
         etcd_ip(0),
+        m.pki.path("ca.pem").display(),
+        m.pki.path("client-root.pem").display(),
+        m.pki.path("client-root.key").display(),
+        m.root_password,
         m.key_prefix
     );
+    println!("  etcd runs with TLS and authentication; the dispatchers' user may use {}/ only", m.key_prefix);
     println!("  take it down:    cargo xtask testbed down (stop the dispatchers first: dispatcher stop --detach --config ...)");
     m.persist();
 }
