@@ -800,6 +800,29 @@ mod tests {
 
     const CFG: &str = "[dispatcher]\ninterface = \"lo\"\n\n[[backend]]\nname = \"a\"\naddress = \"10.0.0.1\"\nreplica = \"b\"\n\n[[backend]]\nname = \"b\"\naddress = \"10.0.0.2\"\nreplica = \"a\"\n\n[[vip]]\nname = \"app\"\naddress = \"10.0.100.1\"\nport = 80\nmode = \"http\"\n";
 
+    /// The clone table holds as many IDs as `CLONES`: a new one past that is not kept (and
+    /// counted), a known one still routes; a malformed ID is never kept.
+    #[test]
+    fn the_clone_table_is_bounded_by_the_map() {
+        let cfg = Config::parse(CFG, "t").unwrap();
+        let c = Cluster::new(&cfg, &[], &[], None);
+        for k in 0..MAX_CLONES {
+            assert_eq!(c.learn(format!("c{k}").as_bytes(), (k % 2) as usize), Learned::New);
+        }
+        assert_eq!(c.clone_count(), MAX_CLONES as usize);
+        assert_eq!(c.learn(b"one-more", 0), Learned::Refused);
+        assert!(!c.adopt_shared_clone(b"shared-more", 1));
+        assert_eq!(c.counters.clones_full.load(Ordering::Relaxed), 2);
+        assert_eq!(c.owner(b"one-more"), None);
+        assert_eq!(c.learn(b"c7", 1), Learned::Known, "a known ID still routes");
+        let c = Cluster::new(&cfg, &[], &[], None);
+        assert_eq!(c.learn(&[b'x'; MAX_CLONE_ID_LEN + 1], 0), Learned::Refused);
+        assert_eq!(c.learn(b"bad id", 0), Learned::Refused);
+        assert!(!c.adopt_shared_clone(b"", 0));
+        assert_eq!(c.counters.clone_ids_refused.load(Ordering::Relaxed), 3);
+        assert_eq!(c.clone_count(), 0);
+    }
+
     /// A check begun before a request saw the backend fail cannot clear that failure.
     #[test]
     fn a_failure_outdates_the_checks_begun_before_it() {
