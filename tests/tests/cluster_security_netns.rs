@@ -28,12 +28,24 @@ fn member_json(name: &str, down: &[&str], mac: &str) -> String {
 #[test]
 fn writes_without_credentials_fail_and_forged_members_change_nothing() {
     let mut m = Multi::new(2, 2);
+    // d1 proves who it is by its client certificate alone: etcd takes its common name
+    // (`dispatcher`) as the user.
+    let text = std::fs::read_to_string(&m.dispatchers[1].config).unwrap();
+    let cert_only: String = text
+        .lines()
+        .filter(|l| !l.starts_with("username") && !l.starts_with("password_file"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_ne!(text, cert_only);
+    std::fs::write(&m.dispatchers[1].config, cert_only).unwrap();
     for i in 0..2 {
         m.start_dispatcher(i);
     }
     m.wait_for("two members", Duration::from_secs(5), || members(&m, 0).len() == 2 && members(&m, 1).len() == 2);
     let st = m.status(0).cluster.unwrap();
-    assert!(!st.insecure && st.security.starts_with("TLS"), "{}", st.security);
+    assert!(!st.insecure && st.security.starts_with("TLS, client certificate, etcd user"), "{}", st.security);
+    let st = m.status(1).cluster.unwrap();
+    assert!(!st.insecure && st.security.contains("its common name is the etcd user"), "{}", st.security);
     let key = |what: &str| format!("{}/{what}", m.key_prefix);
 
     // No client certificate: the handshake is refused. A certificate the CA signed for a
