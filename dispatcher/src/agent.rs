@@ -126,6 +126,17 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
         Some(c) if c.steering => Some(crate::netif::hardware_address(&cfg.interface)?),
         _ => None,
     };
+    if let (Some(c), Some(mac)) = (&cfg.cluster, steer_mac) {
+        if let Some(pinned) = c.peer_macs.get(&c.name).filter(|p| **p != mac) {
+            anyhow::bail!(
+                "[cluster] peers pins {} to {}, but {} has {}: the others would refuse its member key",
+                c.name,
+                crate::steering::table::format_mac(pinned),
+                cfg.interface,
+                crate::steering::table::format_mac(&mac)
+            );
+        }
+    }
     let shared = cfg.cluster.clone().map(|s| {
         let me = crate::shared::Identity { mac: steer_mac, joined: joined.clone() };
         rt.block_on(crate::shared::Shared::start(s, current.clone(), me))

@@ -37,6 +37,11 @@ pub fn dispatcher_ip(i: usize) -> String {
     format!("10.99.0.{}", 3 + i)
 }
 
+/// Dispatcher `i`'s MAC on the switch (pinned in every configuration's `peers`).
+pub fn dispatcher_mac(i: usize) -> String {
+    format!("02:99:00:00:01:{i:02x}")
+}
+
 pub fn client_ip(i: usize) -> String {
     format!("10.99.0.{}", 50 + i)
 }
@@ -318,7 +323,7 @@ impl Multi {
         let eps: Vec<String> = self.endpoints().iter().map(|e| format!("\"{e}\"")).collect();
         format!(
             "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{instance}\"\n\n[cluster]\nname = \"d{i}\"\npeers = [{}]\nendpoints = [{}]\n{}key_prefix = \"{}\"\nlease_ttl = \"3s\"\nrequest_timeout = \"1s\"\nstartup_wait = \"5s\"\n{}\n[http]\nhold_time = \"3s\"\nserver_timeout = \"1s\"\n\n{}\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {PORT}\nring_size = 1009\n\n[[vip]]\nname = \"tcp\"\naddress = \"{L4_VIP}\"\nport = 9000\nring_size = 1009\n{}",
-            (0..PEER_NAMES).map(|p| format!("\"d{p}\"")).collect::<Vec<_>>().join(", "),
+            (0..PEER_NAMES).map(|p| format!("\"d{p}@{}\"", dispatcher_mac(p))).collect::<Vec<_>>().join(", "),
             eps.join(", "),
             self.store_credentials(),
             self.key_prefix,
@@ -331,7 +336,7 @@ impl Multi {
 
     /// Dispatcher `i` (its namespace, client namespace and configuration), not started.
     pub fn add_dispatcher(&mut self, i: usize) {
-        let ns = self.tb.add_host(&format!("d{i}"), &dispatcher_ip(i), &format!("02:99:00:00:01:{i:02x}"));
+        let ns = self.tb.add_host(&format!("d{i}"), &dispatcher_ip(i), &dispatcher_mac(i));
         // Its XDP_TX frames (L4 forwarding, HTTP connections steered to their owner) go out
         // through its switch port.
         self.tb.enable_xdp_tx_from(&format!("d{i}"));

@@ -83,8 +83,10 @@ fn writes_without_credentials_fail_and_forged_members_change_nothing() {
     }
     // One of a name no configuration lists, with a lease, joined.
     m.etcdctl(&["put", "--lease", &lease, &key("members/evil"), &evil]);
-    // One of a listed name with a lease and a broadcast MAC.
+    // One of a listed name with a lease and a broadcast MAC; one with a unicast MAC that
+    // is not the one its peers entry pins.
     m.etcdctl(&["put", "--lease", &lease, &key("members/d4"), &member_json("d4", &["b1"], "ff:ff:ff:ff:ff:ff")]);
+    m.etcdctl(&["put", "--lease", &lease, &key("members/d3"), &member_json("d3", &["b1"], "02:66:66:66:66:03")]);
     // An operator state for a backend that does not exist.
     m.etcdctl(&["put", &key("operator/nope"), "disabled"]);
     // The keys written last reached both dispatchers: so did the ones before them.
@@ -100,7 +102,7 @@ fn writes_without_credentials_fail_and_forged_members_change_nothing() {
         assert_eq!(b1.state, "up", "b1 stays in on d{i}");
         let c = m.status(i).cluster.unwrap();
         assert!(c.operators.is_empty(), "{:?}", c.operators);
-        for (reason, n) in [("no_lease", 3), ("unknown_member", 1), ("bad_mac", 1)] {
+        for (reason, n) in [("no_lease", 3), ("unknown_member", 1), ("bad_mac", 2)] {
             assert!(refused(&m, i, reason) >= n, "d{i} counts {reason}: {:?}", c.refused_keys);
         }
     }

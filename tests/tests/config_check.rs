@@ -95,7 +95,7 @@ max_client_connections = 5000
 
 [cluster]
 name = "lb1"
-peers = ["lb1", "lb2"]
+peers = ["lb1", "lb2@02:00:00:00:00:02"]
 endpoints = ["http://10.0.0.21:2379"]
 insecure_plaintext = true
 steering = true
@@ -315,10 +315,11 @@ fn every_validation_message_names_line_and_field() {
         ("endpoints = [\"http://10.0.0.21:2379\"]", 0, "endpoints = [\"https://10.0.0.21:2379\"]", "cluster.insecure_plaintext: the endpoints are https://: remove it", Some("insecure_plaintext")),
         ("endpoints = [\"http://10.0.0.21:2379\"]\ninsecure_plaintext = true", 0, "endpoints = [\"https://10.0.0.21:2379\"]\nusername = \"d\"", "cluster.password_file: an etcd user needs its password file", Some("username")),
         ("endpoints = [\"http://10.0.0.21:2379\"]\ninsecure_plaintext = true", 0, "endpoints = [\"https://10.0.0.21:2379\"]\ncert = \"/etc/c.pem\"", "cluster.key: a client certificate needs its key", Some("cert =")),
-        ("peers = [\"lb1\", \"lb2\"]\n", 0, "", "cluster.peers: list every dispatcher of this cluster by name (this one too)", Some("name = \"lb1\"")),
-        ("peers = [\"lb1\", \"lb2\"]", 0, "peers = [\"lb2\", \"lb3\"]", "cluster.peers: does not list this dispatcher (`lb1`, cluster.name)", None),
-        ("peers = [\"lb1\", \"lb2\"]", 0, "peers = [\"lb1\", \"lb1\"]", "cluster.peers: `lb1` is listed twice", None),
-        ("peers = [\"lb1\", \"lb2\"]", 0, "peers = [\"lb1\", \"l b\"]", "cluster.peers: ", None),
+        ("peers = [\"lb1\", \"lb2@02:00:00:00:00:02\"]\n", 0, "", "cluster.peers: list every dispatcher of this cluster by name (this one too)", Some("name = \"lb1\"")),
+        ("peers = [\"lb1\", \"lb2@02:00:00:00:00:02\"]", 0, "peers = [\"lb2\", \"lb3\"]", "cluster.peers: does not list this dispatcher (`lb1`, cluster.name)", None),
+        ("peers = [\"lb1\", \"lb2@02:00:00:00:00:02\"]", 0, "peers = [\"lb1\", \"lb1\"]", "cluster.peers: `lb1` is listed twice", None),
+        ("peers = [\"lb1\", \"lb2@02:00:00:00:00:02\"]", 0, "peers = [\"lb1\", \"l b\"]", "cluster.peers: ", None),
+        ("peers = [\"lb1\", \"lb2@02:00:00:00:00:02\"]", 0, "peers = [\"lb1\", \"lb2@ff:ff:ff:ff:ff:ff\"]", "cluster.peers: `lb2@ff:ff:ff:ff:ff:ff`: write name or name@MAC with a unicast, non-zero MAC", None),
         ("second_chance = \"300s\"", 0, "second_chance = \"10ms\"", "cluster.second_chance: must be at least 1s", None),
         ("learn_wait = \"250ms\"", 0, "learn_wait = \"10s\"", "cluster.learn_wait: must be at most 5s", None),
         ("steering = true", 0, "steering = \"yes\"", "invalid type: string \"yes\", expected a boolean", None),

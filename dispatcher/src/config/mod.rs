@@ -144,6 +144,9 @@ pub struct ClusterSettings {
     /// The dispatchers of this cluster by name (this one included): a member key of any
     /// other name is not counted, whatever the store says.
     pub peers: Vec<String>,
+    /// Peers written `name@MAC`: the only MAC such a dispatcher's member key may publish
+    /// (its address on the segment the dispatchers share).
+    pub peer_macs: std::collections::BTreeMap<String, [u8; 6]>,
     /// How this dispatcher proves who it is to the store, and checks the store's identity.
     pub security: StoreSecurity,
     /// Every key this cluster of dispatchers writes starts with it (no trailing '/').

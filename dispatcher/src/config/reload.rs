@@ -28,7 +28,9 @@ impl Config {
         }
         // `peers` may change (a dispatcher added or removed); the rest of `[cluster]` is
         // the session's, fixed for the agent's life.
-        let but_peers = |c: &Option<ClusterSettings>| c.clone().map(|c| ClusterSettings { peers: Vec::new(), ..c });
+        let but_peers = |c: &Option<ClusterSettings>| {
+            c.clone().map(|c| ClusterSettings { peers: Vec::new(), peer_macs: Default::default(), ..c })
+        };
         if but_peers(&new.cluster) != but_peers(&self.cluster) {
             return restart("[cluster] (all but peers)");
         }

@@ -275,7 +275,8 @@ impl Ctx<'_> {
             self.report(c.endpoints.span(), "cluster.endpoints", "all https:// or all http://, not both");
         }
         let security = self.store_security(c, schemes.contains(&false));
-        let mut peers = Vec::new();
+        let mut peers: Vec<String> = Vec::new();
+        let mut peer_macs = std::collections::BTreeMap::new();
         match &c.peers {
             None => self.report(
                 c.name.span(),
@@ -284,12 +285,28 @@ impl Ctx<'_> {
             ),
             Some(list) => {
                 for p in list.get_ref() {
-                    if let Err(e) = check_name(p.get_ref()) {
+                    let (name, mac) = match p.get_ref().split_once('@') {
+                        Some((n, m)) => (n, Some(m)),
+                        None => (p.get_ref().as_str(), None),
+                    };
+                    if let Err(e) = check_name(name) {
                         self.report(p.span(), "cluster.peers", e);
-                    } else if peers.contains(p.get_ref()) {
-                        self.report(p.span(), "cluster.peers", format!("`{}` is listed twice", p.get_ref()));
+                    } else if peers.iter().any(|x| x == name) {
+                        self.report(p.span(), "cluster.peers", format!("`{name}` is listed twice"));
                     } else {
-                        peers.push(p.get_ref().clone());
+                        peers.push(name.to_string());
+                    }
+                    if let Some(m) = mac {
+                        match crate::steering::table::parse_mac(m) {
+                            Some(mac) if crate::shared::view::steerable_mac(&mac) => {
+                                peer_macs.insert(name.to_string(), mac);
+                            }
+                            _ => self.report(
+                                p.span(),
+                                "cluster.peers",
+                                format!("`{}`: write name or name@MAC with a unicast, non-zero MAC", p.get_ref()),
+                            ),
+                        }
                     }
                 }
                 if !peers.contains(c.name.get_ref()) {
@@ -382,6 +399,7 @@ impl Ctx<'_> {
             name: c.name.get_ref().clone(),
             endpoints,
             peers,
+            peer_macs,
             security,
             key_prefix,
             lease_ttl,

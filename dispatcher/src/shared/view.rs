@@ -123,6 +123,8 @@ pub enum Change {
 pub struct Policy {
     /// `[cluster] peers`.
     pub peers: BTreeSet<String>,
+    /// The peers written `name@MAC`: the MAC each must publish.
+    pub peer_macs: BTreeMap<String, [u8; 6]>,
     /// The configuration's backends.
     pub backends: BTreeSet<String>,
     /// The most clone and partition IDs kept (the `CLONES` map's size).
@@ -133,13 +135,16 @@ impl Policy {
     /// What `cfg` knows: its `[cluster] peers` and its backends (not the retired ones).
     pub fn for_config(cfg: &crate::config::Config) -> Policy {
         let peers = cfg.cluster.as_ref().map(|c| c.peers.clone()).unwrap_or_default();
-        Policy::new(&peers, cfg.backends.iter().filter(|b| !b.retired).map(|b| b.name.clone()))
+        let mut p = Policy::new(&peers, cfg.backends.iter().filter(|b| !b.retired).map(|b| b.name.clone()));
+        p.peer_macs = cfg.cluster.as_ref().map(|c| c.peer_macs.clone()).unwrap_or_default();
+        p
     }
 
     pub fn new(peers: &[String], backends: impl IntoIterator<Item = String>) -> Policy {
         Policy {
             peers: peers.iter().cloned().collect(),
             backends: backends.into_iter().collect(),
+            peer_macs: BTreeMap::new(),
             max_clones: dispatcher_common::MAX_CLONES as usize,
         }
     }
@@ -246,9 +251,15 @@ impl View {
                 if m.name != *name {
                     return Err(Refusal::Malformed);
                 }
-                if let Some(mac) = &m.mac {
-                    let ok = crate::steering::table::parse_mac(mac).is_some_and(|m| steerable_mac(&m));
-                    if !ok {
+                let mac = match &m.mac {
+                    Some(mac) => {
+                        Some(crate::steering::table::parse_mac(mac).filter(steerable_mac).ok_or(Refusal::BadMac)?)
+                    }
+                    None => None,
+                };
+                // A peer pinned to its MAC on the segment publishes that one or none.
+                if let (Some(pinned), Some(mac)) = (policy.peer_macs.get(*name), mac) {
+                    if *pinned != mac {
                         return Err(Refusal::BadMac);
                     }
                 }
@@ -503,6 +514,17 @@ mod tests {
                 "{mac}"
             );
         }
+        // A peer pinned to its MAC (`name@MAC` in peers) publishes that MAC.
+        let mut pinned = pol();
+        pinned.peer_macs.insert("d3".into(), [2, 0, 0, 0, 0, 3]);
+        let other = member_json("d3", &[], Some("02:00:00:00:00:04"));
+        assert_eq!(
+            v.apply(&pinned, P, member_key(P, "d3").as_bytes(), Some(other.as_bytes()), 5),
+            Change::Refused(Refusal::BadMac)
+        );
+        let own = member_json("d3", &[], Some("02:00:00:00:00:03"));
+        assert_eq!(v.apply(&pinned, P, member_key(P, "d3").as_bytes(), Some(own.as_bytes()), 5), Change::Verdicts);
+        v.apply(&pinned, P, member_key(P, "d3").as_bytes(), None, 0);
         // A known member that turns bad is no longer counted.
         member(&mut v, "d2");
         assert_eq!(v.members.len(), 2);
