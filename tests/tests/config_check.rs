@@ -92,6 +92,8 @@ body_min_rate = 1024
 queue_timeout = "5s"
 tunnel_timeout = "1h"
 max_client_connections = 5000
+max_connections_per_source = 500
+max_connection_rate_per_source = 200
 
 [cluster]
 name = "lb1"
@@ -249,6 +251,9 @@ fn every_validation_message_names_line_and_field() {
         ("hold_time = \"2s\"", 0, "hold_time = \"18446744073709551615s\"", "http.hold_time: must be at most 1 day (86400s)", None),
         ("client_timeout = \"30s\"", 0, "client_timeout = \"25h\"", "http.client_timeout: must be at most 1 day (86400s)", None),
         ("max_client_connections = 5000", 0, "max_client_connections = 0", "http.max_client_connections: must be 1..=10000000", None),
+        ("max_connections_per_source = 500", 0, "max_connections_per_source = 6000", "http.max_connections_per_source: 6000 is more than max_client_connections (5000): one source could take every slot", None),
+        ("max_connections_per_source = 500", 0, "max_connections_per_source = 20000000", "http.max_connections_per_source: must be 0..=10000000", None),
+        ("max_connection_rate_per_source = 200", 0, "max_connection_rate_per_source = 2000000", "http.max_connection_rate_per_source: must be 0..=1000000", None),
         ("body_min_rate = 1024", 0, "body_min_rate = 0", "http.body_min_rate: must be 1..=1073741824", None),
         ("max_held = 100", 0, "max_held = 2000000", "http.max_held: must be 0..=1000000", None),
         ("retries = 1", 0, "retries = 11", "http.retries: must be 0..=10", None),

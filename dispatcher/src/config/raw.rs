@@ -102,6 +102,8 @@ pub(super) struct RawHttp {
     pub(super) queue_timeout: Option<Spanned<String>>,
     pub(super) tunnel_timeout: Option<Spanned<String>>,
     pub(super) max_client_connections: Option<Spanned<usize>>,
+    pub(super) max_connections_per_source: Option<Spanned<usize>>,
+    pub(super) max_connection_rate_per_source: Option<Spanned<usize>>,
     pub(super) max_tls_handshakes: Option<Spanned<usize>>,
     pub(super) tls_session_cache: Option<Spanned<usize>>,
 }

@@ -1113,6 +1113,27 @@ impl Ctx<'_> {
         let mut cap = 0;
         num(&h.max_client_connections, "max_client_connections", 1, MAX_CLIENT_CONNECTIONS, &mut cap);
         s.max_client_connections = (cap > 0).then_some(cap);
+        if let Some(v) = &h.max_connections_per_source {
+            let mut n = 0;
+            num(&h.max_connections_per_source, "max_connections_per_source", 0, MAX_CLIENT_CONNECTIONS, &mut n);
+            if let (Some(global), true) = (s.max_client_connections, n > 0) {
+                if n > global {
+                    self.report(
+                        v.span(),
+                        "http.max_connections_per_source",
+                        format!("{n} is more than max_client_connections ({global}): one source could take every slot"),
+                    );
+                }
+            }
+            s.max_connections_per_source = Some(n);
+        }
+        num(
+            &h.max_connection_rate_per_source,
+            "max_connection_rate_per_source",
+            0,
+            1_000_000,
+            &mut s.max_connection_rate_per_source,
+        );
         num(&h.max_tls_handshakes, "max_tls_handshakes", 1, 1_000_000, &mut s.max_tls_handshakes);
         num(&h.tls_session_cache, "tls_session_cache", 0, 10_000_000, &mut s.tls_session_cache);
         let (mut retries, mut pct, mut min) =
