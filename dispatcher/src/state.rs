@@ -197,6 +197,9 @@ pub struct Counters {
     pub conn_refused: AtomicU64,
     /// ...by cap, indexed by `http::listener::Cap`: global, VIP, per-source count, rate.
     pub conn_refused_by: [AtomicU64; 4],
+    /// Requests that came back carrying this dispatcher's own `Via` marker (a loop),
+    /// answered 508 and not forwarded.
+    pub loops: AtomicU64,
     /// Requests in flight to any backend, and retries among them (the retry budget).
     pub in_flight: AtomicU64,
     pub retries_in_flight: AtomicU64,

@@ -7,7 +7,10 @@
 use std::{
     io::{BufReader, Read, Write},
     net::TcpStream,
-    sync::atomic::Ordering,
+    sync::{
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+        Arc,
+    },
     time::{Duration, Instant},
 };
 
@@ -543,6 +546,82 @@ fn at_the_global_cap_a_connection_gets_503() {
         assert_refusal(r, "too many connections");
     }
     assert_eq!(refused(&b, "global"), 2);
+}
+
+/// A TCP relay in the client's namespace (10.99.0.2:8081) to the HTTP VIP: a backend
+/// that leads back to the dispatcher, which `dispatcher check` cannot see. Counts the
+/// connections it relayed; takes at most 2,000; stops with `stop`.
+fn relay_to_vip(
+    ns: &dispatcher_tests::netns::Ns,
+    stop: Arc<AtomicBool>,
+) -> (Arc<AtomicUsize>, std::thread::JoinHandle<()>) {
+    let count = Arc::new(AtomicUsize::new(0));
+    let (c, (ready, listening)) = (count.clone(), std::sync::mpsc::channel());
+    let handle = ns.spawn(move || {
+        let l = std::net::TcpListener::bind((dispatcher_tests::netns::CLIENT_IP, 8081)).expect("bind the relay");
+        l.set_nonblocking(true).unwrap();
+        let _ = ready.send(());
+        let vip: std::net::SocketAddr = format!("{VIP}:80").parse().unwrap();
+        while !stop.load(Ordering::SeqCst) && c.load(Ordering::SeqCst) < 2000 {
+            match l.accept() {
+                Ok((down, _)) => {
+                    c.fetch_add(1, Ordering::SeqCst);
+                    let _ = down.set_nonblocking(false);
+                    let Ok(up) = TcpStream::connect_timeout(&vip, Duration::from_secs(2)) else { continue };
+                    let (Ok(down2), Ok(up2)) = (down.try_clone(), up.try_clone()) else { continue };
+                    for (mut from, mut to) in [(down, up2), (up, down2)] {
+                        let _ = from.set_read_timeout(Some(Duration::from_secs(10)));
+                        // (Threads made here are in the relay's namespace too.)
+                        std::thread::spawn(move || {
+                            let _ = std::io::copy(&mut from, &mut to);
+                            let _ = to.shutdown(std::net::Shutdown::Write);
+                        });
+                    }
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(2)),
+            }
+        }
+    });
+    listening.recv_timeout(Duration::from_secs(5)).expect("the relay listens");
+    (count, handle)
+}
+
+/// An HTTP VIP whose backend leads back to it through something `dispatcher check`
+/// cannot see (a relay on another host to the VIP): the request comes back with this
+/// dispatcher's own Via marker and is answered 508 at once. One request, one upstream
+/// request — not hundreds until the head outgrows `max_header_bytes`.
+#[test]
+fn a_forwarding_loop_check_cannot_see_is_cut_at_the_first_return() {
+    let mut tb = dispatcher_tests::netns::Testbed::new(0, &[VIP]);
+    tb.add_local_vip(VIP);
+    let text = format!(
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nserver_timeout = \"2s\"\nclient_timeout = \"2s\"\n\n[health]\nenabled = false\n\n[[backend]]\nname = \"relay\"\naddress = \"{}\"\n\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = 8081\n",
+        tb.instance(),
+        dispatcher_tests::netns::CLIENT_IP
+    );
+    let path = tb.write_config(&text);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (relayed, relay) = relay_to_vip(&tb.client, stop.clone());
+    tb.start_dispatcher(&path);
+    let addr: std::net::SocketAddr = format!("{VIP}:80").parse().unwrap();
+    let answer = tb.client.run(move || -> std::io::Result<dispatcher_tests::websphere::Response> {
+        let s = TcpStream::connect_timeout(&addr, Duration::from_secs(3))?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        (&s).write_all(b"GET /loop HTTP/1.1\r\nHost: a\r\n\r\n")?;
+        read_response(&mut BufReader::new(s))
+    });
+    // What more could come would come within this (a hop takes well under a millisecond).
+    std::thread::sleep(Duration::from_millis(500));
+    let n = relayed.load(Ordering::SeqCst);
+    stop.store(true, Ordering::SeqCst);
+    let _ = relay.join();
+    assert!(n <= 2, "one request went through the loop {n} times: {answer:?}");
+    let r = answer.expect("an answer");
+    assert_eq!(r.status, 508, "{r:?}");
+    let cfg = tb.workdir.join("dispatcher.toml");
+    let m = tb.dispatcher_cmd(&["metrics", "--config", cfg.to_str().unwrap()]);
+    assert!(m.contains("\ndispatcher_http_loops_total 1\n"), "{m}");
+    assert!(tb.log("dispatcher").contains("forwarding loop"), "{}", tb.log("dispatcher"));
 }
 
 /// The per-source count is shared with a reload's successor: the connections a source

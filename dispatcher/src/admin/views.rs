@@ -294,6 +294,12 @@ pub fn metrics(a: &Admin) -> String {
         "Client connections let through without a per-source count because the source table was full.",
         c.sources.untracked.load(Ordering::Relaxed),
     );
+    counter(
+        &mut o,
+        "dispatcher_http_loops_total",
+        "Requests that came back carrying this dispatcher's own Via marker (a forwarding loop), answered 508.",
+        k.loops.load(Ordering::Relaxed),
+    );
     gauge(&mut o, "dispatcher_clone_table_entries", "Entries in the clone table.", c.clone_count() as u64);
 
     let _ = writeln!(o, "# HELP dispatcher_backend_state Backend state: 1=up 2=suspect 3=down 4=drain 5=disabled.\n# TYPE dispatcher_backend_state gauge");

@@ -858,7 +858,47 @@ impl Ctx<'_> {
                 ),
             }
         }
+        self.no_loops(raw, raw_backends, backends, &vips);
         vips
+    }
+
+    /// An HTTP VIP whose backend is one of the HTTP VIPs (itself or another: the
+    /// address and port its pool connects to is where a VIP listens) forwards its
+    /// requests back to the dispatcher: one request becomes hundreds until the
+    /// descriptors run out. A VIP on a wildcard address listens on every local address:
+    /// a loopback backend on its port is one too. (A loop through another local address
+    /// or another proxy is caught at run time by the Via marker: 508.)
+    fn no_loops(
+        &self,
+        raw: &[Spanned<RawVip>],
+        raw_backends: &[Spanned<RawBackend>],
+        backends: &[Backend],
+        vips: &[Vip],
+    ) {
+        let listening: Vec<(IpAddr, u16, &str)> =
+            vips.iter().filter(|v| v.serves_http()).map(|v| (v.address, v.port, v.name.as_str())).collect();
+        for (i, v) in vips.iter().enumerate().filter(|(_, v)| v.serves_http()) {
+            for &bi in &v.backends {
+                let addr = IpAddr::V4(backends[bi].address);
+                let hit = listening.iter().find(|(a, p, _)| {
+                    *p == v.backend_port
+                        && (*a == addr || (a.is_unspecified() && (addr.is_loopback() || addr.is_unspecified())))
+                });
+                if let Some((a, p, name)) = hit {
+                    let span = raw[i].get_ref().backends.as_ref().map(|b| b.span()).unwrap_or(raw_backends[bi].span());
+                    self.report(
+                        span,
+                        &format!("vip[{i}].backends"),
+                        format!(
+                            "backend `{}` ({addr}:{}) is HTTP VIP `{name}` ({}): its requests would come back to this dispatcher (a loop)",
+                            backends[bi].name,
+                            v.backend_port,
+                            std::net::SocketAddr::new(*a, *p)
+                        ),
+                    );
+                }
+            }
+        }
     }
 
     /// A path in the file, relative to the file's folder.

@@ -100,6 +100,7 @@ pub fn reason(status: u16) -> &'static str {
         501 => "Not Implemented",
         502 => "Bad Gateway",
         503 => "Service Unavailable",
+        508 => "Loop Detected",
         504 => "Gateway Timeout",
         _ => "Error",
     }
@@ -760,6 +761,19 @@ impl ClientConn {
         let ClientConn { ctx, peer, steer_slot, client, w, out, scratch } = self;
         let ctx: &VipCtx = ctx;
         let s = &ctx.settings;
+        if super::rewrite::looped(head, buf) {
+            // Forwarded by this very process before: it came back through a backend that
+            // leads here. Answered, never forwarded again (each round would take two more
+            // descriptors until they run out).
+            ctx.cluster.counters.loops.fetch_add(1, Ordering::Relaxed);
+            crate::ratelimit::warn(
+                "forwarding loop: a request came back with this dispatcher's own Via marker (answered 508); forwarding",
+                &format_args!("VIP {}, from {peer}", ctx.host),
+            );
+            refuse(w, trace, 508, "this request has already passed through this dispatcher (a forwarding loop)", None)
+                .await;
+            return Next::Close;
+        }
         let cookies =
             || head.headers.iter().filter(|h| is(&buf[h.name.clone()], "cookie")).map(|h| &buf[h.value.clone()]);
         let target = &buf[head.target.clone()];
