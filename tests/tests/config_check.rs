@@ -470,3 +470,49 @@ fn a_vip_that_leads_back_to_a_vip_is_refused() {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("vip[0].backends: backend `me` (127.0.0.1:8080) is HTTP VIP `any` (0.0.0.0:8080)"), "{err}");
 }
+
+/// `redirect_host`: a host[:port] only (nothing that would make the Location another
+/// scheme, path or header), on a redirecting VIP only.
+#[test]
+fn redirect_host_is_a_host_and_port() {
+    let pki = |dir: &std::path::Path| {
+        let pki = Pki { dir: dir.to_path_buf() };
+        pki.ca("ca");
+        pki.leaf("ca", "good", "shop.example", &["shop.example"], 90);
+    };
+    let with = |host: &str| {
+        format!(
+            "{}[[vip]]\nname = \"plain\"\naddress = \"10.0.100.4\"\nport = 80\nmode = \"http\"\nredirect_to = \"shop\"\nredirect_host = \"{host}\"\n",
+            https_file("good.pem", "good.key")
+        )
+    };
+    for good in ["shop.example.com", "shop.example.com:8443", "10.0.0.1", "[fd00::1]:443", "[fd00::1]", "localhost."] {
+        let (code, _, err) = check_with(&with(good), pki);
+        assert_eq!(code, 0, "{good}: {err}");
+    }
+    for bad in [
+        "https://shop.example.com",
+        "shop.example.com/path",
+        "evil.example@shop.example.com",
+        "shop example",
+        "shop.example.com:0",
+        "shop.example.com:99999",
+        "shop.example.com:",
+        "-shop.example",
+        "",
+        "[fd00::1",
+        "shop.example.com\\r\\nSet-Cookie: a=b",
+    ] {
+        let (code, _, err) = check_with(&with(bad), pki);
+        assert_eq!(code, 1, "{bad}");
+        let line = line_of(&with(bad), "redirect_host");
+        assert!(err.contains(&format!("/d.toml:{line}: vip[1].redirect_host: `")), "{bad}: {err}");
+        assert!(err.contains("is not a host[:port]"), "{bad}: {err}");
+    }
+    // Without redirect_to it means nothing.
+    let text = https_file("good.pem", "good.key")
+        .replace("mode = \"http\"\n", "mode = \"http\"\nredirect_host = \"a.example\"\n");
+    let (code, _, err) = check_with(&text, pki);
+    assert_eq!(code, 1);
+    assert!(err.contains("vip[0].redirect_host: applies to a redirecting VIP only (with redirect_to)"), "{err}");
+}

@@ -454,6 +454,10 @@ pub struct Redirect {
     /// Its address: the host of a request that names none.
     pub address: IpAddr,
     pub port: u16,
+    /// `redirect_host`: the `host[:port]` every Location names, whatever the request's
+    /// Host says; `None`: the request's host (an open redirect for a client that can be
+    /// made to send a Host of the attacker's choice).
+    pub host: Option<String>,
 }
 
 /// `[vip.backend_tls]`: how the dispatcher speaks TLS to the VIP's backends.

@@ -160,6 +160,7 @@ pub(super) struct RawVip {
     pub(super) tls: Option<Spanned<RawTls>>,
     pub(super) backend_tls: Option<Spanned<RawBackendTls>>,
     pub(super) redirect_to: Option<Spanned<String>>,
+    pub(super) redirect_host: Option<Spanned<String>>,
     pub(super) fail_back: Option<Spanned<bool>>,
     pub(super) session_format: Option<Spanned<String>>,
     pub(super) insert_cookie: Option<Spanned<String>>,

@@ -82,6 +82,48 @@ pub fn check_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// A `redirect_host`: a DNS name, an IPv4 address or a bracketed IPv6 address, with an
+/// optional `:port` — nothing that could make the Location another scheme, path or
+/// header (no `/`, `@`, `?`, `#`, spaces, controls).
+pub fn check_authority(s: &str) -> Result<(), String> {
+    let bad = || {
+        format!("`{}` is not a host[:port] (e.g. \"shop.example.com\" or \"shop.example.com:8443\")", s.escape_debug())
+    };
+    let (host, port) = match s.strip_prefix('[') {
+        Some(rest) => {
+            let (v6, after) = rest.split_once(']').ok_or_else(bad)?;
+            v6.parse::<std::net::Ipv6Addr>().map_err(|_| bad())?;
+            match after {
+                "" => (None, None),
+                p => (None, Some(p.strip_prefix(':').ok_or_else(bad)?)),
+            }
+        }
+        None => match s.split_once(':') {
+            Some((h, p)) => (Some(h), Some(p)),
+            None => (Some(s), None),
+        },
+    };
+    if let Some(p) = port {
+        if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) || !matches!(p.parse::<u32>(), Ok(1..=65535)) {
+            return Err(bad());
+        }
+    }
+    if let Some(h) = host {
+        // Labels of letters, digits and '-' (not at either end), 1 to 63 each; 253 in all.
+        let label_ok = |l: &str| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        };
+        if h.is_empty() || h.len() > 253 || !h.trim_end_matches('.').split('.').all(label_ok) {
+            return Err(bad());
+        }
+    }
+    Ok(())
+}
+
 pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
     let parts: Vec<&str> = s.split(':').collect();
     if parts.len() != 6 {
@@ -786,8 +828,16 @@ impl Ctx<'_> {
             if let (Some(r), Some(_)) = (&v.redirect_to, &v.tls) {
                 self.report(r.span(), &f("redirect_to"), "a redirecting VIP is plain HTTP (no [vip.tls])");
             }
+            if let (Some(h), None) = (&v.redirect_host, &v.redirect_to) {
+                self.report(h.span(), &f("redirect_host"), "applies to a redirecting VIP only (with redirect_to)");
+            }
+            if let Some(h) = &v.redirect_host {
+                if let Err(e) = check_authority(h.get_ref()) {
+                    self.report(h.span(), &f("redirect_host"), e);
+                }
+            }
             if let Some(r) = &v.redirect_to {
-                redirects.push((vips.len(), r));
+                redirects.push((vips.len(), r, v.redirect_host.as_ref().map(|h| h.get_ref().clone())));
                 // It forwards nothing: no members (no pools, no health checks for it).
                 for (set, field) in [
                     (v.backends.as_ref().map(|b| b.span()), "backends"),
@@ -841,10 +891,11 @@ impl Ctx<'_> {
                 retired: false,
             });
         }
-        for (i, name) in redirects {
+        for (i, name, host) in redirects {
             match vips.iter().find(|t| &t.name == name.get_ref()) {
                 Some(t) if t.tls.is_some() => {
-                    vips[i].redirect_to = Some(Redirect { vip: t.name.clone(), address: t.address, port: t.port });
+                    vips[i].redirect_to =
+                        Some(Redirect { vip: t.name.clone(), address: t.address, port: t.port, host });
                 }
                 Some(_) => self.report(
                     name.span(),
