@@ -67,6 +67,8 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
     // Before anything is touched: a second agent for the instance would swap the program,
     // rebind the admin socket and share the HTTP ports.
     let _lock = crate::instance::acquire(&cfg.instance)?;
+    // Its name in the Via of forwarded requests (loop detection), before any request.
+    crate::http::rewrite::init_marker(&cfg.instance);
     raise_fd_limit();
     let pin_dir = cfg.pin_dir();
     let adopted = pin_dir.join("VIPS").exists();

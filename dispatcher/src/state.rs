@@ -209,8 +209,13 @@ pub struct Counters {
     /// Shortages on this host (descriptors, ports, buffers) met while connecting upstream
     /// or accepting; never counted against a backend.
     pub local_errors: AtomicU64,
-    /// Client connections closed at once because a connection cap was reached.
+    /// Client connections closed at once because a connection cap was reached...
     pub conn_refused: AtomicU64,
+    /// ...by cap, indexed by `http::listener::Cap`: global, VIP, per-source count, rate.
+    pub conn_refused_by: [AtomicU64; 4],
+    /// Requests that came back carrying this dispatcher's own `Via` marker (a loop),
+    /// answered 508 and not forwarded.
+    pub loops: AtomicU64,
     /// Requests in flight to any backend, and retries among them (the retry budget).
     pub in_flight: AtomicU64,
     pub retries_in_flight: AtomicU64,
@@ -250,6 +255,8 @@ pub struct Cluster {
     /// with a reload's successor when the cap is the same, so a reload does not double it
     /// while the previous listeners drain).
     pub tls_handshakes: (usize, Arc<tokio::sync::Semaphore>),
+    /// Client connections per source address (shared with a reload's successor).
+    pub sources: Arc<crate::http::sources::SourceLimiter>,
     /// The origin of the backends' `failed_at`.
     epoch: std::time::Instant,
     /// How long held requests waited, whatever the outcome.
@@ -373,6 +380,7 @@ impl Cluster {
             successor: Mutex::new(None),
             vips: cfg.vips.iter().map(|_| VipStats::default()).collect(),
             client_connections: Default::default(),
+            sources: Default::default(),
             epoch: std::time::Instant::now(),
             idle_budget: Arc::new(crate::http::pool::IdleBudget::for_descriptors(
                 crate::http::listener::descriptor_limit(),
@@ -575,6 +583,7 @@ impl Cluster {
         let mut c = Cluster::new(cfg, health, admin, None);
         c.counters = old.counters.clone();
         c.client_connections = old.client_connections.clone();
+        c.sources = old.sources.clone();
         c.idle_budget = old.idle_budget.clone();
         if c.tls_handshakes.0 == old.tls_handshakes.0 {
             c.tls_handshakes = old.tls_handshakes.clone();

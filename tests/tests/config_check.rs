@@ -92,6 +92,8 @@ body_min_rate = 1024
 queue_timeout = "5s"
 tunnel_timeout = "1h"
 max_client_connections = 5000
+max_connections_per_source = 500
+max_connection_rate_per_source = 200
 
 [cluster]
 name = "lb1"
@@ -303,6 +305,11 @@ fn every_validation_message_names_line_and_field() {
         ("hold_time = \"2s\"", 0, "hold_time = \"18446744073709551615s\"", "http.hold_time: must be at most 1 day (86400s)", None),
         ("client_timeout = \"30s\"", 0, "client_timeout = \"25h\"", "http.client_timeout: must be at most 1 day (86400s)", None),
         ("max_client_connections = 5000", 0, "max_client_connections = 0", "http.max_client_connections: must be 1..=10000000", None),
+        ("max_connections_per_source = 500", 0, "max_connections_per_source = 6000", "http.max_connections_per_source: 6000 is more than max_client_connections (5000): one source could take every slot", None),
+        ("max_connections_per_source = 500", 0, "max_connections_per_source = 20000000", "http.max_connections_per_source: must be 0..=10000000", None),
+        ("max_connection_rate_per_source = 200", 0, "max_connection_rate_per_source = 2000000", "http.max_connection_rate_per_source: must be 0..=1000000", None),
+        // An HTTP VIP whose backend is itself: every request would come back (a loop).
+        ("address = \"10.0.100.2\"\nport = 8080", 0, "address = \"10.0.0.11\"\nport = 9080", "vip[1].backends: backend `a` (10.0.0.11:9080) is HTTP VIP `web` (10.0.0.11:9080): its requests would come back to this dispatcher (a loop)", Some("[[backend]]\nname = \"a\"")),
         ("body_min_rate = 1024", 0, "body_min_rate = 0", "http.body_min_rate: must be 1..=1073741824", None),
         ("max_held = 100", 0, "max_held = 2000000", "http.max_held: must be 0..=1000000", None),
         ("retries = 1", 0, "retries = 11", "http.retries: must be 0..=10", None),
@@ -507,4 +514,71 @@ fn check_loads_the_tls_files() {
     let redirect = format!("{}[[vip]]\nname = \"plain\"\naddress = \"10.0.100.4\"\nport = 80\nmode = \"http\"\nredirect_to = \"nowhere\"\n", https_file("good.pem", "good.key"));
     let (_, _, err) = check(&redirect);
     assert!(err.contains("vip[1].redirect_to: names no VIP: `nowhere`"), "{err}");
+}
+
+/// Two HTTP VIPs, each the other's backend (or one on a wildcard address with a loopback
+/// backend on its port): refused, with the loop named.
+#[test]
+fn a_vip_that_leads_back_to_a_vip_is_refused() {
+    let two = "[dispatcher]\ninterface = \"eth0\"\n[[backend]]\nname = \"x\"\naddress = \"10.0.100.7\"\n[[backend]]\nname = \"y\"\naddress = \"10.0.100.9\"\n[[vip]]\nname = \"a\"\naddress = \"10.0.100.9\"\nport = 80\nmode = \"http\"\nbackends = [\"x\"]\nbackend_port = 81\n[[vip]]\nname = \"b\"\naddress = \"10.0.100.7\"\nport = 81\nmode = \"http\"\nbackends = [\"y\"]\nbackend_port = 80\n";
+    let (code, _, err) = check(two);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("vip[0].backends: backend `x` (10.0.100.7:81) is HTTP VIP `b` (10.0.100.7:81)"), "{err}");
+    assert!(err.contains("vip[1].backends: backend `y` (10.0.100.9:80) is HTTP VIP `a` (10.0.100.9:80)"), "{err}");
+    // Another port of the same address is not a loop.
+    let (code, _, err) = check(
+        &two.replace("backend_port = 80\n", "backend_port = 8080\n")
+            .replace("backend_port = 81\n", "backend_port = 8081\n"),
+    );
+    assert_eq!(code, 0, "{err}");
+    let wildcard = "[dispatcher]\ninterface = \"eth0\"\n[[backend]]\nname = \"me\"\naddress = \"127.0.0.1\"\n[[vip]]\nname = \"any\"\naddress = \"0.0.0.0\"\nport = 8080\nmode = \"http\"\n";
+    let (code, _, err) = check(wildcard);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("vip[0].backends: backend `me` (127.0.0.1:8080) is HTTP VIP `any` (0.0.0.0:8080)"), "{err}");
+}
+
+/// `redirect_host`: a host[:port] only (nothing that would make the Location another
+/// scheme, path or header), on a redirecting VIP only.
+#[test]
+fn redirect_host_is_a_host_and_port() {
+    let pki = |dir: &std::path::Path| {
+        let pki = Pki { dir: dir.to_path_buf() };
+        pki.ca("ca");
+        pki.leaf("ca", "good", "shop.example", &["shop.example"], 90);
+    };
+    let with = |host: &str| {
+        format!(
+            "{}[[vip]]\nname = \"plain\"\naddress = \"10.0.100.4\"\nport = 80\nmode = \"http\"\nredirect_to = \"shop\"\nredirect_host = \"{host}\"\n",
+            https_file("good.pem", "good.key")
+        )
+    };
+    for good in ["shop.example.com", "shop.example.com:8443", "10.0.0.1", "[fd00::1]:443", "[fd00::1]", "localhost."] {
+        let (code, _, err) = check_with(&with(good), pki);
+        assert_eq!(code, 0, "{good}: {err}");
+    }
+    for bad in [
+        "https://shop.example.com",
+        "shop.example.com/path",
+        "evil.example@shop.example.com",
+        "shop example",
+        "shop.example.com:0",
+        "shop.example.com:99999",
+        "shop.example.com:",
+        "-shop.example",
+        "",
+        "[fd00::1",
+        "shop.example.com\\r\\nSet-Cookie: a=b",
+    ] {
+        let (code, _, err) = check_with(&with(bad), pki);
+        assert_eq!(code, 1, "{bad}");
+        let line = line_of(&with(bad), "redirect_host");
+        assert!(err.contains(&format!("/d.toml:{line}: vip[1].redirect_host: `")), "{bad}: {err}");
+        assert!(err.contains("is not a host[:port]"), "{bad}: {err}");
+    }
+    // Without redirect_to it means nothing.
+    let text = https_file("good.pem", "good.key")
+        .replace("mode = \"http\"\n", "mode = \"http\"\nredirect_host = \"a.example\"\n");
+    let (code, _, err) = check_with(&text, pki);
+    assert_eq!(code, 1);
+    assert!(err.contains("vip[0].redirect_host: applies to a redirecting VIP only (with redirect_to)"), "{err}");
 }

@@ -7,7 +7,10 @@
 use std::{
     io::{BufReader, Read, Write},
     net::TcpStream,
-    sync::atomic::Ordering,
+    sync::{
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+        Arc,
+    },
     time::{Duration, Instant},
 };
 
@@ -396,4 +399,243 @@ fn a_reload_does_not_reset_the_connection_cap() {
     assert!(refused >= 5, "{refused} refused after the reload (15 draining + 10 new, cap 20)");
     drop(more);
     drop(busy);
+}
+
+/// A second client host on the switch (10.99.0.3), routed to the VIPs through the
+/// dispatcher as the first one is.
+fn second_client(b: &mut Bed) -> dispatcher_tests::netns::Ns {
+    let ns = b.tb.add_host("c2", "10.99.0.3", "02:99:00:00:00:03");
+    ns.ip(&["route", "add", &format!("{VIP}/32"), "via", dispatcher_tests::netns::LB_IP]);
+    ns
+}
+
+/// `n` connections opened from `ns` one after the other, then a request on each: what
+/// each one answered (a status, or the error), and the connections (kept open).
+fn open_and_ask(
+    ns: &dispatcher_tests::netns::Ns,
+    addr: std::net::SocketAddr,
+    n: usize,
+) -> (Vec<Result<dispatcher_tests::websphere::Response, String>>, Vec<TcpStream>) {
+    ns.run(move || {
+        let conns: Vec<TcpStream> = (0..n)
+            .map(|_| {
+                let s = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).expect("connect");
+                s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                s
+            })
+            .collect();
+        let answers = conns
+            .iter()
+            .map(|s| {
+                // A refused connection has its answer already; the request may meet a
+                // closed socket.
+                let _ = (&*s).write_all(b"GET /echo HTTP/1.1\r\nHost: a\r\n\r\n");
+                read_response(&mut BufReader::new(s)).map_err(|e| e.to_string())
+            })
+            .collect();
+        (answers, conns)
+    })
+}
+
+/// A refusal as the brief wants it: 503, Connection: close, Retry-After, Content-Length
+/// matching a short body, then the end of the connection.
+fn assert_refusal(r: &dispatcher_tests::websphere::Response, says: &str) {
+    assert_eq!(r.status, 503, "{r:?}");
+    assert_eq!(r.header("connection"), Some("close"), "{r:?}");
+    assert!(r.header("retry-after").is_some_and(|v| v.parse::<u32>().is_ok()), "{r:?}");
+    assert_eq!(r.header("content-length").and_then(|v| v.parse::<usize>().ok()), Some(r.body.len()), "{r:?}");
+    assert!(r.body.contains(says), "{r:?}");
+}
+
+fn metrics(b: &Bed) -> String {
+    let cfg = b.tb.workdir.join("dispatcher.toml");
+    b.tb.dispatcher_cmd(&["metrics", "--config", cfg.to_str().unwrap()])
+}
+
+fn refused(b: &Bed, reason: &str) -> u64 {
+    let m = metrics(b);
+    let key = format!("dispatcher_client_connections_refused_total{{reason=\"{reason}\"}} ");
+    m.lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{key}: {m}"))
+}
+
+/// One source holds its `max_connections_per_source` (5 here): the connections beyond
+/// get a 503 with Connection: close, written without reading their request; another
+/// source is served all the while; once the first one lets go, it is served again.
+#[test]
+fn one_source_cannot_take_every_connection_slot() {
+    let mut b = bed("max_connections_per_source = 5\nmax_connection_rate_per_source = 0\n");
+    let other = second_client(&mut b);
+    let (answers, held) = open_and_ask(&b.tb.client, b.addr, 8);
+    let served = answers.iter().filter(|a| a.as_ref().is_ok_and(|r| r.status == 200)).count();
+    let refusals: Vec<_> = answers.iter().filter_map(|a| a.as_ref().ok()).filter(|r| r.status == 503).collect();
+    assert_eq!((served, refusals.len()), (5, 3), "{answers:?}");
+    for r in refusals {
+        assert_refusal(r, "too many connections from your address");
+    }
+    // The other source, while the first holds its 5: served on connections of its own.
+    let (answers, held2) = open_and_ask(&other, b.addr, 5);
+    assert!(answers.iter().all(|a| a.as_ref().is_ok_and(|r| r.status == 200)), "{answers:?}");
+    assert_eq!(refused(&b, "source_connections"), 3);
+    // A refused connection was never counted: the first source's 5 are still open and
+    // served (keep-alive), and once they go, new ones are served.
+    for s in &held[..5] {
+        let _ = (&*s).write_all(b"GET /echo HTTP/1.1\r\nHost: a\r\n\r\n");
+    }
+    drop(held);
+    drop(held2);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (answers, _) = open_and_ask(&b.tb.client, b.addr, 5);
+        if answers.iter().all(|a| a.as_ref().is_ok_and(|r| r.status == 200)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the first source is still refused 5 s after closing: {answers:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if let Err(said) = dispatcher_tests::promtool_check(&metrics(&b)) {
+        panic!("promtool check metrics: {said}");
+    }
+}
+
+/// New connections per second from one source (5 here, a burst of 5): beyond, a 503;
+/// another source is served meanwhile; a fifth of a second later one more gets through.
+#[test]
+fn a_source_over_its_connection_rate_gets_503() {
+    let mut b = bed("max_connections_per_source = 0\nmax_connection_rate_per_source = 5\n");
+    let other = second_client(&mut b);
+    let started = Instant::now();
+    let (answers, _held) = open_and_ask(&b.tb.client, b.addr, 12);
+    let took = started.elapsed();
+    let served = answers.iter().filter(|a| a.as_ref().is_ok_and(|r| r.status == 200)).count();
+    let refusals: Vec<_> = answers.iter().filter_map(|a| a.as_ref().ok()).filter(|r| r.status == 503).collect();
+    // 5 at once, then one per 200 ms while they were being opened.
+    let refills = (took.as_millis() / 200) as usize + 1;
+    assert_eq!(served + refusals.len(), 12, "{answers:?}");
+    assert!(served >= 5 && served <= 5 + refills, "{served} served in {took:?}: {answers:?}");
+    assert!(!refusals.is_empty(), "{answers:?}");
+    for r in &refusals {
+        assert_refusal(r, "too many new connections from your address");
+    }
+    let (answers, _held2) = open_and_ask(&other, b.addr, 3);
+    assert!(answers.iter().all(|a| a.as_ref().is_ok_and(|r| r.status == 200)), "the other source: {answers:?}");
+    assert_eq!(refused(&b, "source_rate"), refusals.len() as u64);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let (answers, _) = open_and_ask(&b.tb.client, b.addr, 1);
+        if answers[0].as_ref().is_ok_and(|r| r.status == 200) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still refused 3 s later: {answers:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// At the global cap a new connection gets a 503 (not a silent close), counted by cap.
+#[test]
+fn at_the_global_cap_a_connection_gets_503() {
+    let b = bed("max_client_connections = 3\nmax_connections_per_source = 0\nmax_connection_rate_per_source = 0\n");
+    let (answers, _held) = open_and_ask(&b.tb.client, b.addr, 5);
+    let served = answers.iter().filter(|a| a.as_ref().is_ok_and(|r| r.status == 200)).count();
+    assert_eq!(served, 3, "{answers:?}");
+    let refusals: Vec<_> = answers.iter().filter_map(|a| a.as_ref().ok()).filter(|r| r.status == 503).collect();
+    assert_eq!(refusals.len(), 2, "the two over the cap get an answer: {answers:?}");
+    for r in refusals {
+        assert_refusal(r, "too many connections");
+    }
+    assert_eq!(refused(&b, "global"), 2);
+}
+
+/// A TCP relay in the client's namespace (10.99.0.2:8081) to the HTTP VIP: a backend
+/// that leads back to the dispatcher, which `dispatcher check` cannot see. Counts the
+/// connections it relayed; takes at most 2,000; stops with `stop`.
+fn relay_to_vip(
+    ns: &dispatcher_tests::netns::Ns,
+    stop: Arc<AtomicBool>,
+) -> (Arc<AtomicUsize>, std::thread::JoinHandle<()>) {
+    let count = Arc::new(AtomicUsize::new(0));
+    let (c, (ready, listening)) = (count.clone(), std::sync::mpsc::channel());
+    let handle = ns.spawn(move || {
+        let l = std::net::TcpListener::bind((dispatcher_tests::netns::CLIENT_IP, 8081)).expect("bind the relay");
+        l.set_nonblocking(true).unwrap();
+        let _ = ready.send(());
+        let vip: std::net::SocketAddr = format!("{VIP}:80").parse().unwrap();
+        while !stop.load(Ordering::SeqCst) && c.load(Ordering::SeqCst) < 2000 {
+            match l.accept() {
+                Ok((down, _)) => {
+                    c.fetch_add(1, Ordering::SeqCst);
+                    let _ = down.set_nonblocking(false);
+                    let Ok(up) = TcpStream::connect_timeout(&vip, Duration::from_secs(2)) else { continue };
+                    let (Ok(down2), Ok(up2)) = (down.try_clone(), up.try_clone()) else { continue };
+                    for (mut from, mut to) in [(down, up2), (up, down2)] {
+                        let _ = from.set_read_timeout(Some(Duration::from_secs(10)));
+                        // (Threads made here are in the relay's namespace too.)
+                        std::thread::spawn(move || {
+                            let _ = std::io::copy(&mut from, &mut to);
+                            let _ = to.shutdown(std::net::Shutdown::Write);
+                        });
+                    }
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(2)),
+            }
+        }
+    });
+    listening.recv_timeout(Duration::from_secs(5)).expect("the relay listens");
+    (count, handle)
+}
+
+/// An HTTP VIP whose backend leads back to it through something `dispatcher check`
+/// cannot see (a relay on another host to the VIP): the request comes back with this
+/// dispatcher's own Via marker and is answered 508 at once. One request, one upstream
+/// request — not hundreds until the head outgrows `max_header_bytes`.
+#[test]
+fn a_forwarding_loop_check_cannot_see_is_cut_at_the_first_return() {
+    let mut tb = dispatcher_tests::netns::Testbed::new(0, &[VIP]);
+    tb.add_local_vip(VIP);
+    let text = format!(
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nserver_timeout = \"2s\"\nclient_timeout = \"2s\"\n\n[health]\nenabled = false\n\n[[backend]]\nname = \"relay\"\naddress = \"{}\"\n\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = 8081\n",
+        tb.instance(),
+        dispatcher_tests::netns::CLIENT_IP
+    );
+    let path = tb.write_config(&text);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (relayed, relay) = relay_to_vip(&tb.client, stop.clone());
+    tb.start_dispatcher(&path);
+    let addr: std::net::SocketAddr = format!("{VIP}:80").parse().unwrap();
+    let answer = tb.client.run(move || -> std::io::Result<dispatcher_tests::websphere::Response> {
+        let s = TcpStream::connect_timeout(&addr, Duration::from_secs(3))?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        (&s).write_all(b"GET /loop HTTP/1.1\r\nHost: a\r\n\r\n")?;
+        read_response(&mut BufReader::new(s))
+    });
+    // What more could come would come within this (a hop takes well under a millisecond).
+    std::thread::sleep(Duration::from_millis(500));
+    let n = relayed.load(Ordering::SeqCst);
+    stop.store(true, Ordering::SeqCst);
+    let _ = relay.join();
+    assert!(n <= 2, "one request went through the loop {n} times: {answer:?}");
+    let r = answer.expect("an answer");
+    assert_eq!(r.status, 508, "{r:?}");
+    let cfg = tb.workdir.join("dispatcher.toml");
+    let m = tb.dispatcher_cmd(&["metrics", "--config", cfg.to_str().unwrap()]);
+    assert!(m.contains("\ndispatcher_http_loops_total 1\n"), "{m}");
+    assert!(tb.log("dispatcher").contains("forwarding loop"), "{}", tb.log("dispatcher"));
+}
+
+/// The per-source count is shared with a reload's successor: the connections a source
+/// holds on the previous listeners still count against it.
+#[test]
+fn the_per_source_count_survives_a_reload() {
+    let b = bed("max_connections_per_source = 4\nmax_connection_rate_per_source = 0\n");
+    let (answers, _held) = open_and_ask(&b.tb.client, b.addr, 4);
+    assert!(answers.iter().all(|a| a.as_ref().is_ok_and(|r| r.status == 200)), "{answers:?}");
+    let cfg = b.tb.workdir.join("dispatcher.toml");
+    let out = b.tb.dispatcher_cmd(&["reload", "--config", cfg.to_str().unwrap()]);
+    assert!(out.contains("reloaded"), "{out}");
+    let (answers, _more) = open_and_ask(&b.tb.client, b.addr, 2);
+    for a in &answers {
+        assert_refusal(a.as_ref().expect("an answer"), "too many connections from your address");
+    }
 }

@@ -43,7 +43,10 @@ fn the_forwarded_head_drops_hop_by_hop_and_adds_forwarding_fields() {
     assert!(fwd.contains("X-Kept: yes\r\n") && fwd.contains("Host: app\r\n"), "{fwd}");
     assert!(fwd.contains("X-Forwarded-For: 192.0.2.7, 10.99.0.2\r\n"), "{fwd}");
     assert!(fwd.contains("X-Forwarded-Proto: http\r\n"), "{fwd}");
-    assert!(fwd.contains("Via: 1.0 edge, 1.1 dispatcher\r\n"), "{fwd}");
+    // Ours: this agent's name (instance and a random part: loop detection).
+    let ours = format!("Via: 1.0 edge, 1.1 dispatcher-{}-", b.tb.instance());
+    let random = fwd.split_once(&ours).and_then(|(_, rest)| rest.split_once("\r\n")).map(|(r, _)| r);
+    assert!(random.is_some_and(|r| r.len() == 16 && r.bytes().all(|c| c.is_ascii_hexdigit())), "{fwd}");
     assert!(r.header("via").is_some_and(|v| v.ends_with("1.1 dispatcher")), "{r:?}");
 }
 
@@ -57,7 +60,12 @@ fn request_bodies_are_streamed_with_their_framing() {
     let r = b.one(b"POST /echo HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5;ext=x\r\nhello\r\n0\r\nX-T: 1\r\nContent-Length: 99\r\nHost: evil\r\n\r\n");
     assert_eq!(r.status, 200);
     let fwd = b.record.last();
-    assert!(fwd.ends_with("Transfer-Encoding: chunked\r\nX-Forwarded-For: 10.99.0.2\r\nX-Forwarded-Proto: http\r\nX-Forwarded-Port: 80\r\nVia: 1.1 dispatcher\r\n\r\n5\r\nhello\r\n0\r\nX-T: 1\r\n\r\n"), "trailers filtered, extension dropped:\n{fwd:?}");
+    let via = format!("Via: 1.1 dispatcher-{}-", b.tb.instance());
+    assert!(fwd.contains(&format!("Transfer-Encoding: chunked\r\nX-Forwarded-For: 10.99.0.2\r\nX-Forwarded-Proto: http\r\nX-Forwarded-Port: 80\r\n{via}")), "{fwd:?}");
+    assert!(
+        fwd.ends_with("\r\n\r\n5\r\nhello\r\n0\r\nX-T: 1\r\n\r\n"),
+        "trailers filtered, extension dropped:\n{fwd:?}"
+    );
 }
 
 #[test]

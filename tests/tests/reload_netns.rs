@@ -22,8 +22,10 @@ const PORT: u16 = 8080;
 
 /// Backend blocks for the given (index, replica) pairs, and the HTTP VIP over `members`.
 fn config(tb: &Testbed, backends: &[(usize, Option<usize>, u32)], members: &[usize]) -> String {
+    // The per-source limits off: the client namespace plays every client, and two of its
+    // threads open connections as fast as they can.
     let mut s = format!(
-        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[health]\npath = \"/health\"\ninterval = \"200ms\"\n\n",
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nmax_connections_per_source = 0\nmax_connection_rate_per_source = 0\n\n[health]\npath = \"/health\"\ninterval = \"200ms\"\n\n",
         tb.instance()
     );
     for &(i, replica, weight) in backends {

@@ -594,6 +594,43 @@ fn a_plain_vip_redirects_to_the_https_one() {
     assert!(r.stdout.contains("count=1") && r.stdout.contains("forwarded=https:443"), "{}{}", r.stdout, r.stderr);
 }
 
+/// With `redirect_host`, the Location names the configured host whatever the request's
+/// Host says (no open redirect to a host of the client's choice).
+#[test]
+fn a_redirect_host_is_used_whatever_the_host_says() {
+    let bed = https_testbed(
+        1,
+        |pki| {
+            let (tls, _) = shop_only(pki);
+            let plain = format!(
+                "[[vip]]\nname = \"plain\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nredirect_to = \"shop\"\nredirect_host = \"shop.example.com\"\n"
+            );
+            (tls, plain)
+        },
+        "",
+    );
+    for host in ["evil.example", "evil.example:80", "shop.example.com"] {
+        let r = run(
+            &bed.tb.client,
+            "curl",
+            &["-sS", "-i", "--max-time", "5", "-H", &format!("Host: {host}"), &format!("http://{VIP}/app/cart?item=1")],
+            None,
+        );
+        assert!(r.stdout.starts_with("HTTP/1.1 308"), "{host}: {}", r.stdout);
+        assert!(r.stdout.contains("Location: https://shop.example.com/app/cart?item=1\r\n"), "{host}: {}", r.stdout);
+        assert!(!r.stdout.contains("evil"), "{host}: {}", r.stdout);
+    }
+    // An absolute-form target's authority does not win either.
+    let r = run(
+        &bed.tb.client,
+        "curl",
+        &["-sS", "-i", "--max-time", "5", "--proxy", &format!("http://{VIP}:80"), "http://evil.example/x"],
+        None,
+    );
+    assert!(r.stdout.contains("Location: https://shop.example.com/x\r\n"), "{}", r.stdout);
+    assert!(bed.cluster.hits().is_empty());
+}
+
 /// Python's ssl module as the client: keep-alive requests over one connection, then a
 /// second connection that resumes the first one's session (TLS 1.3 ticket).
 const PYTHON_CLIENT: &str = r#"

@@ -288,11 +288,31 @@ pub fn metrics(a: &Admin) -> String {
         "Shortages on this host (descriptors, ports, buffers) met accepting or connecting; never a backend failure.",
         k.local_errors.load(Ordering::Relaxed),
     );
+    let _ = writeln!(
+        o,
+        "# HELP dispatcher_client_connections_refused_total Client connections refused at once (503, or closed on HTTPS VIPs), by the cap they met.\n# TYPE dispatcher_client_connections_refused_total counter"
+    );
+    for cap in crate::http::listener::Cap::ALL {
+        let v = k.conn_refused_by[cap as usize].load(Ordering::Relaxed);
+        let _ = writeln!(o, "dispatcher_client_connections_refused_total{{reason=\"{}\"}} {v}", cap.label());
+    }
+    gauge(
+        &mut o,
+        "dispatcher_client_sources_tracked",
+        "Source addresses (IPv6: /64) in the per-source connection table.",
+        c.sources.tracked() as u64,
+    );
     counter(
         &mut o,
-        "dispatcher_client_connections_refused_total",
-        "Client connections closed at once at a connection cap.",
-        k.conn_refused.load(Ordering::Relaxed),
+        "dispatcher_client_sources_untracked_total",
+        "Client connections let through without a per-source count because the source table was full.",
+        c.sources.untracked.load(Ordering::Relaxed),
+    );
+    counter(
+        &mut o,
+        "dispatcher_http_loops_total",
+        "Requests that came back carrying this dispatcher's own Via marker (a forwarding loop), answered 508.",
+        k.loops.load(Ordering::Relaxed),
     );
     gauge(&mut o, "dispatcher_clone_table_entries", "Entries in the clone table.", c.clone_count() as u64);
 

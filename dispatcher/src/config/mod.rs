@@ -346,6 +346,12 @@ pub struct HttpSettings {
     /// Client connections open at once over all HTTP VIPs; `None`: derived from the
     /// descriptor limit at start (see `http::limits`).
     pub max_client_connections: Option<usize>,
+    /// Client connections one source (an IPv4 address, an IPv6 /64) may hold at once;
+    /// `None`: a tenth of the global cap, at least 256 (`http::sources`); `Some(0)`: off.
+    pub max_connections_per_source: Option<usize>,
+    /// New client connections per second from one source (a burst of one second's
+    /// worth); 0: off.
+    pub max_connection_rate_per_source: usize,
     /// TLS handshakes in progress at once over all TLS VIPs; one more is closed at once.
     pub max_tls_handshakes: usize,
     /// TLS sessions kept for resumption by session ID (tickets need no state here).
@@ -381,6 +387,8 @@ impl Default for HttpSettings {
             queue_timeout: Duration::from_secs(5),
             tunnel_timeout: Duration::from_secs(3600),
             max_client_connections: None,
+            max_connections_per_source: None,
+            max_connection_rate_per_source: 500,
             max_tls_handshakes: 1024,
             tls_session_cache: 20_000,
         }
@@ -494,6 +502,10 @@ pub struct Redirect {
     /// Its address: the host of a request that names none.
     pub address: IpAddr,
     pub port: u16,
+    /// `redirect_host`: the `host[:port]` every Location names, whatever the request's
+    /// Host says; `None`: the request's host (an open redirect for a client that can be
+    /// made to send a Host of the attacker's choice).
+    pub host: Option<String>,
 }
 
 /// `[vip.backend_tls]`: how the dispatcher speaks TLS to the VIP's backends.

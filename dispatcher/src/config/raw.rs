@@ -109,6 +109,8 @@ pub(super) struct RawHttp {
     pub(super) queue_timeout: Option<Spanned<String>>,
     pub(super) tunnel_timeout: Option<Spanned<String>>,
     pub(super) max_client_connections: Option<Spanned<usize>>,
+    pub(super) max_connections_per_source: Option<Spanned<usize>>,
+    pub(super) max_connection_rate_per_source: Option<Spanned<usize>>,
     pub(super) max_tls_handshakes: Option<Spanned<usize>>,
     pub(super) tls_session_cache: Option<Spanned<usize>>,
 }
@@ -165,6 +167,7 @@ pub(super) struct RawVip {
     pub(super) tls: Option<Spanned<RawTls>>,
     pub(super) backend_tls: Option<Spanned<RawBackendTls>>,
     pub(super) redirect_to: Option<Spanned<String>>,
+    pub(super) redirect_host: Option<Spanned<String>>,
     pub(super) fail_back: Option<Spanned<bool>>,
     pub(super) session_format: Option<Spanned<String>>,
     pub(super) insert_cookie: Option<Spanned<String>>,

@@ -85,6 +85,48 @@ pub fn check_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// A `redirect_host`: a DNS name, an IPv4 address or a bracketed IPv6 address, with an
+/// optional `:port` — nothing that could make the Location another scheme, path or
+/// header (no `/`, `@`, `?`, `#`, spaces, controls).
+pub fn check_authority(s: &str) -> Result<(), String> {
+    let bad = || {
+        format!("`{}` is not a host[:port] (e.g. \"shop.example.com\" or \"shop.example.com:8443\")", s.escape_debug())
+    };
+    let (host, port) = match s.strip_prefix('[') {
+        Some(rest) => {
+            let (v6, after) = rest.split_once(']').ok_or_else(bad)?;
+            v6.parse::<std::net::Ipv6Addr>().map_err(|_| bad())?;
+            match after {
+                "" => (None, None),
+                p => (None, Some(p.strip_prefix(':').ok_or_else(bad)?)),
+            }
+        }
+        None => match s.split_once(':') {
+            Some((h, p)) => (Some(h), Some(p)),
+            None => (Some(s), None),
+        },
+    };
+    if let Some(p) = port {
+        if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) || !matches!(p.parse::<u32>(), Ok(1..=65535)) {
+            return Err(bad());
+        }
+    }
+    if let Some(h) = host {
+        // Labels of letters, digits and '-' (not at either end), 1 to 63 each; 253 in all.
+        let label_ok = |l: &str| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        };
+        if h.is_empty() || h.len() > 253 || !h.trim_end_matches('.').split('.').all(label_ok) {
+            return Err(bad());
+        }
+    }
+    Ok(())
+}
+
 pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
     let parts: Vec<&str> = s.split(':').collect();
     if parts.len() != 6 {
@@ -909,8 +951,16 @@ impl Ctx<'_> {
             if let (Some(r), Some(_)) = (&v.redirect_to, &v.tls) {
                 self.report(r.span(), &f("redirect_to"), "a redirecting VIP is plain HTTP (no [vip.tls])");
             }
+            if let (Some(h), None) = (&v.redirect_host, &v.redirect_to) {
+                self.report(h.span(), &f("redirect_host"), "applies to a redirecting VIP only (with redirect_to)");
+            }
+            if let Some(h) = &v.redirect_host {
+                if let Err(e) = check_authority(h.get_ref()) {
+                    self.report(h.span(), &f("redirect_host"), e);
+                }
+            }
             if let Some(r) = &v.redirect_to {
-                redirects.push((vips.len(), r));
+                redirects.push((vips.len(), r, v.redirect_host.as_ref().map(|h| h.get_ref().clone())));
                 // It forwards nothing: no members (no pools, no health checks for it).
                 for (set, field) in [
                     (v.backends.as_ref().map(|b| b.span()), "backends"),
@@ -964,10 +1014,11 @@ impl Ctx<'_> {
                 retired: false,
             });
         }
-        for (i, name) in redirects {
+        for (i, name, host) in redirects {
             match vips.iter().find(|t| &t.name == name.get_ref()) {
                 Some(t) if t.tls.is_some() => {
-                    vips[i].redirect_to = Some(Redirect { vip: t.name.clone(), address: t.address, port: t.port });
+                    vips[i].redirect_to =
+                        Some(Redirect { vip: t.name.clone(), address: t.address, port: t.port, host });
                 }
                 Some(_) => self.report(
                     name.span(),
@@ -981,7 +1032,47 @@ impl Ctx<'_> {
                 ),
             }
         }
+        self.no_loops(raw, raw_backends, backends, &vips);
         vips
+    }
+
+    /// An HTTP VIP whose backend is one of the HTTP VIPs (itself or another: the
+    /// address and port its pool connects to is where a VIP listens) forwards its
+    /// requests back to the dispatcher: one request becomes hundreds until the
+    /// descriptors run out. A VIP on a wildcard address listens on every local address:
+    /// a loopback backend on its port is one too. (A loop through another local address
+    /// or another proxy is caught at run time by the Via marker: 508.)
+    fn no_loops(
+        &self,
+        raw: &[Spanned<RawVip>],
+        raw_backends: &[Spanned<RawBackend>],
+        backends: &[Backend],
+        vips: &[Vip],
+    ) {
+        let listening: Vec<(IpAddr, u16, &str)> =
+            vips.iter().filter(|v| v.serves_http()).map(|v| (v.address, v.port, v.name.as_str())).collect();
+        for (i, v) in vips.iter().enumerate().filter(|(_, v)| v.serves_http()) {
+            for &bi in &v.backends {
+                let addr = IpAddr::V4(backends[bi].address);
+                let hit = listening.iter().find(|(a, p, _)| {
+                    *p == v.backend_port
+                        && (*a == addr || (a.is_unspecified() && (addr.is_loopback() || addr.is_unspecified())))
+                });
+                if let Some((a, p, name)) = hit {
+                    let span = raw[i].get_ref().backends.as_ref().map(|b| b.span()).unwrap_or(raw_backends[bi].span());
+                    self.report(
+                        span,
+                        &format!("vip[{i}].backends"),
+                        format!(
+                            "backend `{}` ({addr}:{}) is HTTP VIP `{name}` ({}): its requests would come back to this dispatcher (a loop)",
+                            backends[bi].name,
+                            v.backend_port,
+                            std::net::SocketAddr::new(*a, *p)
+                        ),
+                    );
+                }
+            }
+        }
     }
 
     /// A path in the file, relative to the file's folder.
@@ -1236,6 +1327,27 @@ impl Ctx<'_> {
         let mut cap = 0;
         num(&h.max_client_connections, "max_client_connections", 1, MAX_CLIENT_CONNECTIONS, &mut cap);
         s.max_client_connections = (cap > 0).then_some(cap);
+        if let Some(v) = &h.max_connections_per_source {
+            let mut n = 0;
+            num(&h.max_connections_per_source, "max_connections_per_source", 0, MAX_CLIENT_CONNECTIONS, &mut n);
+            if let (Some(global), true) = (s.max_client_connections, n > 0) {
+                if n > global {
+                    self.report(
+                        v.span(),
+                        "http.max_connections_per_source",
+                        format!("{n} is more than max_client_connections ({global}): one source could take every slot"),
+                    );
+                }
+            }
+            s.max_connections_per_source = Some(n);
+        }
+        num(
+            &h.max_connection_rate_per_source,
+            "max_connection_rate_per_source",
+            0,
+            1_000_000,
+            &mut s.max_connection_rate_per_source,
+        );
         num(&h.max_tls_handshakes, "max_tls_handshakes", 1, 1_000_000, &mut s.max_tls_handshakes);
         num(&h.tls_session_cache, "tls_session_cache", 0, 10_000_000, &mut s.tls_session_cache);
         let (mut retries, mut pct, mut min) =

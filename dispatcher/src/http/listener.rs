@@ -16,7 +16,12 @@
 //! Capping: client connections are counted over all VIPs (`http.max_client_connections`,
 //! by default derived from the descriptor limit so that upstream connections, health
 //! checks and the admin socket always have descriptors left) and per VIP
-//! (`vip.max_connections`); one over a cap is closed at once and counted.
+//! (`vip.max_connections`), and per source address (`http::sources`: connections held,
+//! new connections per second). One over a cap gets a `503` written without reading its
+//! request (one non-blocking write into the new socket's empty buffer; never waited for)
+//! and is closed, counted by cap. On an HTTPS VIP it is closed without a word: a
+//! plain-text answer means nothing to a TLS client, and a handshake is the work the cap
+//! refuses to do.
 
 use std::{
     net::SocketAddr,
@@ -39,6 +44,7 @@ use super::{
     pool::Pool,
     proxy::{serve, VipCtx},
     route::VipRoute,
+    sources::{default_per_source, Refused},
 };
 use crate::{
     access_log::AccessLog,
@@ -245,18 +251,32 @@ async fn accept_loop(
                     let total = caps.active.fetch_add(1, Ordering::SeqCst) + 1;
                     let on_vip = vip_conns.fetch_add(1, Ordering::SeqCst) + 1;
                     let guards = (Active(caps.active.clone()), VipOpen(ctx.clone()));
-                    if total > caps.global || caps.vip.is_some_and(|cap| on_vip as usize > cap) {
-                        // Over a cap: closed at once (the guards undo the counts).
-                        counters.conn_refused.fetch_add(1, Ordering::Relaxed);
-                        crate::ratelimit::warn(
-                            "client connection refused at the connection cap; accepting",
-                            &format_args!("{total} open (cap {}), {on_vip} on VIP {}", caps.global, ctx.host),
-                        );
-                        drop(stream);
-                        continue;
-                    }
+                    let over = if total > caps.global {
+                        Err(Cap::Global)
+                    } else if caps.vip.is_some_and(|cap| on_vip as usize > cap) {
+                        Err(Cap::Vip)
+                    } else {
+                        ctx.cluster.sources.admit(peer).map_err(|r| match r {
+                            Refused::Count => Cap::SourceCount,
+                            Refused::Rate => Cap::SourceRate,
+                        })
+                    };
+                    let held = match over {
+                        Ok(held) => held,
+                        Err(cap) => {
+                            // Over a cap: answered and closed at once (the guards undo the counts).
+                            counters.conn_refused.fetch_add(1, Ordering::Relaxed);
+                            counters.conn_refused_by[cap as usize].fetch_add(1, Ordering::Relaxed);
+                            cap.log(peer, total, caps.global, on_vip, &ctx.host);
+                            if ctx.tls.is_none() {
+                                refuse_plain(&stream, cap);
+                            }
+                            drop(stream);
+                            continue;
+                        }
+                    };
                     mine.fetch_add(1, Ordering::SeqCst);
-                    let guards = (guards, Active(mine.clone()));
+                    let guards = (guards, Active(mine.clone()), held);
                     let (ctx, stop) = (ctx.clone(), stop.clone());
                     tokio::spawn(async move {
                         let _guards = guards;
@@ -274,6 +294,85 @@ async fn accept_loop(
                 }
             },
             _ = stop.changed() => return,
+        }
+    }
+}
+
+/// The cap a refused client connection met (the index of its refusal counter).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cap {
+    Global = 0,
+    Vip = 1,
+    SourceCount = 2,
+    SourceRate = 3,
+}
+
+impl Cap {
+    pub const ALL: [Cap; 4] = [Cap::Global, Cap::Vip, Cap::SourceCount, Cap::SourceRate];
+
+    /// The metric's `reason` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Cap::Global => "global",
+            Cap::Vip => "vip",
+            Cap::SourceCount => "source_connections",
+            Cap::SourceRate => "source_rate",
+        }
+    }
+
+    /// The answer a plain-HTTP client gets: what to wait for before trying again.
+    fn response(self) -> &'static [u8] {
+        static ANSWERS: std::sync::LazyLock<[Vec<u8>; 4]> = std::sync::LazyLock::new(|| {
+            Cap::ALL.map(|cap| {
+                let (why, retry) = match cap {
+                    Cap::Global | Cap::Vip => ("too many connections", 1),
+                    Cap::SourceCount => ("too many connections from your address", 5),
+                    Cap::SourceRate => ("too many new connections from your address", 1),
+                };
+                let body = format!("503 Service Unavailable: {why}\n");
+                format!(
+                    "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nRetry-After: {retry}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+                .into_bytes()
+            })
+        });
+        &ANSWERS[self as usize]
+    }
+
+    /// A warning, at most once per 10 s per cap, with how many more there were.
+    fn log(self, peer: SocketAddr, total: usize, global: usize, on_vip: u64, vip: &str) {
+        let kind = match self {
+            Cap::Global | Cap::Vip => "client connection refused at the connection cap; accepting",
+            Cap::SourceCount => "client connection refused at max_connections_per_source; accepting",
+            Cap::SourceRate => "client connection refused at max_connection_rate_per_source; accepting",
+        };
+        let source = super::sources::Source::of(peer);
+        crate::ratelimit::warn(
+            kind,
+            &format_args!("from {source}: {total} open (cap {global}), {on_vip} on VIP {vip}"),
+        );
+    }
+}
+
+/// The refusal as a plain-HTTP client reads it, without reading its request: one
+/// non-blocking write (a new socket's send buffer is empty; a short write is left short),
+/// the write side shut, what the client already sent discarded without waiting (so the
+/// close is less likely to become a reset that loses the answer). Never waits.
+fn refuse_plain(stream: &tokio::net::TcpStream, cap: Cap) {
+    use std::os::fd::AsRawFd;
+    let fd = stream.as_raw_fd();
+    let answer = cap.response();
+    // SAFETY: `fd` is the open socket `stream` owns for the whole call; the buffers are
+    // valid for the lengths given.
+    unsafe {
+        let _ = libc::send(fd, answer.as_ptr().cast(), answer.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL);
+        libc::shutdown(fd, libc::SHUT_WR);
+        let mut sink = [0u8; 4096];
+        for _ in 0..4 {
+            if libc::recv(fd, sink.as_mut_ptr().cast(), sink.len(), libc::MSG_DONTWAIT) <= 0 {
+                break;
+            }
         }
     }
 }
@@ -329,7 +428,18 @@ impl HttpServer {
                 default_client_cap(nofile)
             );
         }
-        tracing::info!(max_client_connections = global, descriptor_limit = nofile, "client connection cap");
+        let per_source = cfg.http.max_connections_per_source.unwrap_or_else(|| default_per_source(global));
+        let rate = cfg.http.max_connection_rate_per_source;
+        // The table is the cluster's (shared with the generation this one replaces): the
+        // new limits apply to every connection from now on, the counts stay.
+        cluster.sources.configure(per_source, rate);
+        tracing::info!(
+            max_client_connections = global,
+            max_connections_per_source = per_source,
+            max_connection_rate_per_source = rate,
+            descriptor_limit = nofile,
+            "client connection caps (0: off)"
+        );
         let (ready_tx, ready_rx) = mpsc::channel::<std::io::Result<(usize, Sockets)>>();
         let mut workers = Vec::new();
         for w in 0..cfg.http.workers {

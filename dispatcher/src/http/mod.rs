@@ -3,7 +3,7 @@
 //! the HTTP/1.1 message handling, `rewrite` builds the forwarded heads, `session` reads JSESSIONID, `route` picks the
 //! backend,
 //! `persist` keeps clients without a session on one backend by a cookie of its own,
-//! `pool` keeps upstream connections, `queue` bounds the requests in flight per backend
+//! `pool` keeps upstream connections, `sources` limits the client connections per source address, `queue` bounds the requests in flight per backend
 //! (`maxconn`) and queues the rest, `hold` makes a request wait while its session's
 //! owner is suspect, `retry` says what may be replayed, `tunnel` carries upgraded
 //! connections, `io` is a connection's two halves (plain TCP or TLS, see `crate::tls`).
@@ -21,6 +21,7 @@ pub mod retry;
 pub mod rewrite;
 pub mod route;
 pub mod session;
+pub mod sources;
 pub mod tunnel;
 
 /// A deterministic xorshift generator for the randomized (split-invariance) tests.

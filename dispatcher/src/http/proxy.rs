@@ -100,6 +100,7 @@ pub fn reason(status: u16) -> &'static str {
         501 => "Not Implemented",
         502 => "Bad Gateway",
         503 => "Service Unavailable",
+        508 => "Loop Detected",
         504 => "Gateway Timeout",
         _ => "Error",
     }
@@ -354,10 +355,39 @@ pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut st
 
 /// `308 Permanent Redirect` to the same host and target on the HTTPS VIP's port (the
 /// method and body are kept by a client that follows it, RFC 9110 15.4.9). The host is
-/// the request's (absolute-form authority, else Host, without its port), else the HTTPS
-/// VIP's address; bytes outside ASCII in the target are percent-encoded. The connection
-/// is closed after it: the request's body, if any, is never forwarded.
+/// `redirect_host` when configured (its port, else the HTTPS VIP's), else the request's
+/// (absolute-form authority, else Host, without its port), else the HTTPS VIP's address;
+/// bytes outside ASCII in the target are percent-encoded. The connection is closed after
+/// it: the request's body, if any, is never forwarded.
 fn redirect_answer(head: &RequestHead, buf: &[u8], to: &Redirect) -> String {
+    let port = if to.port == 443 { String::new() } else { format!(":{}", to.port) };
+    let mut target = String::new();
+    for &b in &buf[head.path.clone()] {
+        if b.is_ascii() {
+            target.push(b as char);
+        } else {
+            target.push_str(&format!("%{b:02X}"));
+        }
+    }
+    if !target.starts_with('/') {
+        target.insert(0, '/');
+    }
+    let location = match &to.host {
+        // Has a port of its own (`name:port`, `[v6]:port`): as it is.
+        Some(h) if h.rsplit_once(':').is_some_and(|(_, p)| !p.contains(']')) => format!("https://{h}{target}"),
+        Some(h) => format!("https://{h}{port}{target}"),
+        None => format!("https://{}{port}{target}", request_host(head, buf, to)),
+    };
+    let body = format!("308 Permanent Redirect: {location}\n");
+    format!(
+        "HTTP/1.1 308 Permanent Redirect\r\nLocation: {location}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// The host a redirect without `redirect_host` names: the request's, without its port,
+/// else the HTTPS VIP's address.
+fn request_host(head: &RequestHead, buf: &[u8], to: &Redirect) -> String {
     let host_field = head.headers.iter().find(|h| is(&buf[h.name.clone()], "host")).map(|h| &buf[h.value.clone()]);
     let authority = head.authority.as_ref().map(|a| &buf[a.clone()]).or(host_field).unwrap_or_default();
     // The head parser admits only `host[:port]` here: ASCII, no spaces or controls.
@@ -372,24 +402,7 @@ fn redirect_answer(head: &RequestHead, buf: &[u8], to: &Redirect) -> String {
         (true, std::net::IpAddr::V4(a)) => a.to_string(),
         (true, std::net::IpAddr::V6(a)) => format!("[{a}]"),
     };
-    let port = if to.port == 443 { String::new() } else { format!(":{}", to.port) };
-    let mut target = String::new();
-    for &b in &buf[head.path.clone()] {
-        if b.is_ascii() {
-            target.push(b as char);
-        } else {
-            target.push_str(&format!("%{b:02X}"));
-        }
-    }
-    if !target.starts_with('/') {
-        target.insert(0, '/');
-    }
-    let location = format!("https://{host}{port}{target}");
-    let body = format!("308 Permanent Redirect: {location}\n");
-    format!(
-        "HTTP/1.1 308 Permanent Redirect\r\nLocation: {location}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
+    host
 }
 
 /// Reads one request head. The header deadline runs from the head's first byte (a
@@ -760,6 +773,19 @@ impl ClientConn {
         let ClientConn { ctx, peer, steer_slot, client, w, out, scratch } = self;
         let ctx: &VipCtx = ctx;
         let s = &ctx.settings;
+        if super::rewrite::looped(head, buf) {
+            // Forwarded by this very process before: it came back through a backend that
+            // leads here. Answered, never forwarded again (each round would take two more
+            // descriptors until they run out).
+            ctx.cluster.counters.loops.fetch_add(1, Ordering::Relaxed);
+            crate::ratelimit::warn(
+                "forwarding loop: a request came back with this dispatcher's own Via marker (answered 508); forwarding",
+                &format_args!("VIP {}, from {peer}", ctx.host),
+            );
+            refuse(w, trace, 508, "this request has already passed through this dispatcher (a forwarding loop)", None)
+                .await;
+            return Next::Close;
+        }
         let cookies =
             || head.headers.iter().filter(|h| is(&buf[h.name.clone()], "cookie")).map(|h| &buf[h.value.clone()]);
         let target = &buf[head.target.clone()];

@@ -5,7 +5,45 @@ use std::net::IpAddr;
 
 use super::head::{framing_field, tokens, Header, RequestHead, ResponseHead};
 
+/// The `Via` element of the responses this proxy relays.
 const VIA: &str = "1.1 dispatcher";
+
+/// This process's name in the `Via` of the requests it forwards: a pseudonym (RFC 9110
+/// 7.6.3) with the instance and a random part, `dispatcher-<instance>-<16 hex digits>`,
+/// the same for all its generations (a reload keeps it). A request that arrives with it
+/// has been here before: a loop (`looped`). Two dispatchers with the same instance name
+/// (on two hosts) have different markers, so a chain of dispatchers is not a loop.
+static MARKER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Names this process's marker after its instance (at start, before any request).
+pub fn init_marker(instance: &str) {
+    let _ = MARKER.set(new_marker(instance));
+}
+
+fn new_marker(instance: &str) -> String {
+    use std::hash::BuildHasher;
+    // `RandomState` is keyed from the OS's random source once per process.
+    let random = std::collections::hash_map::RandomState::new().hash_one((std::process::id(), instance));
+    format!("dispatcher-{instance}-{random:016x}")
+}
+
+pub fn marker() -> &'static str {
+    MARKER.get_or_init(|| new_marker("default"))
+}
+
+/// Whether one of the request's `Via` elements was received by this process (its
+/// marker as the element's received-by): the request has passed through here already.
+/// One pass over the `Via` values; nothing when there is none.
+pub fn looped(head: &RequestHead, buf: &[u8]) -> bool {
+    let ours = marker().as_bytes();
+    head.headers.iter().filter(|h| is(&buf[h.name.clone()], "via")).any(|h| {
+        buf[h.value.clone()].split(|&b| b == b',').any(|element| {
+            // `protocol received-by [comment]`
+            let mut words = element.split(|b| b.is_ascii_whitespace()).filter(|w| !w.is_empty());
+            words.next().is_some() && words.next() == Some(ours)
+        })
+    })
+}
 
 pub fn is(name: &[u8], what: &str) -> bool {
     name.eq_ignore_ascii_case(what.as_bytes())
@@ -37,7 +75,8 @@ fn write_header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
 
 /// The request head as it goes upstream: HTTP/1.1, origin-form target, hop-by-hop fields
 /// removed, `X-Forwarded-For` appended, `forwarded` (the VIP's `X-Forwarded-Proto` and
-/// `X-Forwarded-Port` lines, replacing the client's) and `Via` set.
+/// `X-Forwarded-Port` lines, replacing the client's) and `Via` appended with this
+/// process's marker (`marker`).
 ///
 /// Host: an absolute-form target's authority replaces any Host (RFC 9112 3.2.2); an
 /// HTTP/1.0 request without Host gets `vip_host` (the VIP's authority).
@@ -93,7 +132,7 @@ pub fn build_request(
     }
     write_list(out, b"X-Forwarded-For", &xff, format_args!("{client}"));
     out.extend_from_slice(forwarded);
-    write_list(out, b"Via", &via, format_args!("{VIA}"));
+    write_list(out, b"Via", &via, format_args!("1.1 {}", marker()));
     if head.upgrade {
         out.extend_from_slice(b"Connection: upgrade\r\n");
     }
@@ -182,6 +221,27 @@ mod tests {
         assert!(out.starts_with("OPTIONS / HTTP/1.1\r\n"), "{out}");
         let out = forwarded("GET http://a.example?q=1 HTTP/1.1\r\nHost: a.example\r\n\r\n", "10.0.0.1");
         assert!(out.starts_with("GET /?q=1 HTTP/1.1\r\n"), "{out}");
+    }
+
+    #[test]
+    fn our_via_marker_is_a_loop_and_others_are_not() {
+        let out = forwarded("GET / HTTP/1.1\r\nHost: a\r\nVia: 1.0 fred, 1.1 p.example (Apache/1.1)\r\n\r\n", "v");
+        let ours = format!("Via: 1.0 fred, 1.1 p.example (Apache/1.1), 1.1 {}\r\n", marker());
+        assert!(out.contains(&ours), "{out}");
+        let parse = |t: &str| parse_request(t.as_bytes(), &HeadLimits::default(), &mut Vec::new()).unwrap().unwrap();
+        // What went upstream, coming back: a loop.
+        assert!(looped(&parse(&out), out.as_bytes()));
+        for t in [
+            "GET / HTTP/1.1\r\nHost: a\r\n\r\n".to_string(),
+            "GET / HTTP/1.1\r\nHost: a\r\nVia: 1.1 dispatcher\r\n\r\n".to_string(),
+            // Another dispatcher with the same instance name has another random part.
+            format!("GET / HTTP/1.1\r\nHost: a\r\nVia: 1.1 {}\r\n\r\n", new_marker("default")),
+            format!("GET / HTTP/1.1\r\nHost: a\r\nVia: 1.1 {}x\r\n\r\n", marker()),
+        ] {
+            assert!(!looped(&parse(&t), t.as_bytes()), "{t}");
+        }
+        let t = format!("GET / HTTP/1.1\r\nHost: a\r\nVia: 1.0 a\r\nVia: HTTP/1.1   {} (x),1.0 b\r\n\r\n", marker());
+        assert!(looped(&parse(&t), t.as_bytes()), "{t}");
     }
 
     #[test]

@@ -52,11 +52,13 @@ pub fn bench_bed() -> Testbed {
 }
 
 /// The agent's configuration for the HTTP benches: the VIP on port 80 over the four
-/// backends (clone IDs `clone0x`...); `http_extra`: more `[http]` lines.
+/// backends (clone IDs `clone0x`...); `http_extra`: more `[http]` lines. The per-source
+/// limits are off: one client namespace plays every client (as HAProxy and nginx run here,
+/// without such limits).
 pub fn agent_config(tb: &Testbed, http_extra: &str) -> String {
     let clone_ids: Vec<String> = (0..4).map(|i| format!("clone{i}x")).collect();
     format!(
-        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nworkers = {WORKERS}\n{http_extra}\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\n",
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nworkers = {WORKERS}\nmax_connections_per_source = 0\nmax_connection_rate_per_source = 0\n{http_extra}\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\n",
         tb.instance(),
         tb.backend_config_with_clones(&[], &clone_ids)
     )

@@ -225,8 +225,9 @@ pub fn run(quick: bool) -> (String, String) {
     std::fs::write(&combined, std::fs::read_to_string(&cert).unwrap() + &std::fs::read_to_string(&key).unwrap())
         .unwrap();
     let clone_ids: Vec<String> = (0..4).map(|i| format!("clone{i}x")).collect();
+    // Per-source limits off: one client namespace plays every client.
     let cfg = format!(
-        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nworkers = {WORKERS}\nmax_client_connections = 10100\nmax_tls_handshakes = 4096\n\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 443\nmode = \"http\"\nbackend_port = 8080\nring_size = 1009\n[vip.tls]\n[[vip.tls.certificate]]\ncert = \"{}\"\nkey = \"{}\"\n",
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nworkers = {WORKERS}\nmax_client_connections = 10100\nmax_tls_handshakes = 4096\nmax_connections_per_source = 0\nmax_connection_rate_per_source = 0\n\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 443\nmode = \"http\"\nbackend_port = 8080\nring_size = 1009\n[vip.tls]\n[[vip.tls.certificate]]\ncert = \"{}\"\nkey = \"{}\"\n",
         tb.instance(),
         tb.backend_config_with_clones(&[], &clone_ids),
         cert.display(),
