@@ -67,6 +67,10 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
     // Before anything is touched: a second agent for the instance would swap the program,
     // rebind the admin socket and share the HTTP ports.
     let _lock = crate::instance::acquire(&cfg.instance)?;
+    // The admin socket's path: never another agent's live socket, nor a file that is not
+    // a socket (refused before the data plane is touched; bound below).
+    admin::claim_socket_path(&cfg.admin_socket)
+        .with_context(|| format!("dispatcher.admin_socket {}", cfg.admin_socket.display()))?;
     raise_fd_limit();
     let pin_dir = cfg.pin_dir();
     let adopted = pin_dir.join("VIPS").exists();
@@ -356,6 +360,7 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
         drop(tables);
         dataplane::unpin_all(&pin_dir)?;
         dataplane::ids::remove(&cfg.instance);
+        dataplane::release_bpffs(&pin_dir);
         tracing::info!(signal = why, "detached and unpinned");
     }
     Ok(())
