@@ -69,6 +69,10 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
     let _lock = crate::instance::acquire(&cfg.instance)?;
     // Its name in the Via of forwarded requests (loop detection), before any request.
     crate::http::rewrite::init_marker(&cfg.instance);
+    // The admin socket's path: never another agent's live socket, nor a file that is not
+    // a socket (refused before the data plane is touched; bound below).
+    admin::claim_socket_path(&cfg.admin_socket)
+        .with_context(|| format!("dispatcher.admin_socket {}", cfg.admin_socket.display()))?;
     raise_fd_limit();
     let pin_dir = cfg.pin_dir();
     let adopted = pin_dir.join("VIPS").exists();
@@ -369,6 +373,7 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
         drop(tables);
         dataplane::unpin_all(&pin_dir)?;
         dataplane::ids::remove(&cfg.instance);
+        dataplane::release_bpffs(&pin_dir);
         tracing::info!(signal = why, "detached and unpinned");
     }
     Ok(())

@@ -1,5 +1,6 @@
 //! Warnings that can come in floods (accept and connect errors when descriptors run out):
-//! logged at most once per interval per kind, with how many were left unlogged since.
+//! logged at most once per interval per kind (or per key: `PerKey`), with
+//! how many were left unlogged since.
 
 use std::{
     collections::HashMap,
@@ -23,6 +24,27 @@ fn admit(kind: &'static str, now: Instant) -> Option<u64> {
     } else {
         entry.1 += 1;
         None
+    }
+}
+
+/// One kind of message, once per interval for each key (e.g. the backend it is about),
+/// with how many were left unlogged. Keys must come from a bounded set (backend ids).
+#[derive(Default)]
+pub struct PerKey(Mutex<HashMap<u64, (Instant, u64)>>);
+
+impl PerKey {
+    /// `Some(suppressed)` when a message about `key` may be logged now.
+    pub fn admit(&self, key: u64, now: Instant) -> Option<u64> {
+        let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = seen.entry(key).or_insert((now - INTERVAL * 2, 0));
+        if now.duration_since(entry.0) >= INTERVAL {
+            let suppressed = entry.1;
+            *entry = (now, 0);
+            Some(suppressed)
+        } else {
+            entry.1 += 1;
+            None
+        }
     }
 }
 
@@ -52,5 +74,14 @@ mod tests {
         assert_eq!(admit("test-kind", t + Duration::from_secs(2)), None);
         assert_eq!(admit("other-kind", t + Duration::from_secs(2)), Some(0), "kinds are separate");
         assert_eq!(admit("test-kind", t + INTERVAL), Some(2));
+    }
+
+    #[test]
+    fn once_per_interval_per_key() {
+        let (p, t) = (PerKey::default(), Instant::now());
+        assert_eq!(p.admit(1, t), Some(0));
+        assert_eq!(p.admit(1, t + Duration::from_secs(1)), None);
+        assert_eq!(p.admit(2, t + Duration::from_secs(1)), Some(0), "keys are separate");
+        assert_eq!(p.admit(1, t + INTERVAL), Some(1));
     }
 }

@@ -184,6 +184,9 @@ pub struct Counters {
     pub clones_full: AtomicU64,
     /// Clone IDs not kept: empty, longer than `MAX_CLONE_ID_LEN` or not printable.
     pub clone_ids_refused: AtomicU64,
+    /// The conflict warning, per claiming backend (shared like the counters: a reload
+    /// does not start it over).
+    pub conflict_log: crate::ratelimit::PerKey,
     pub affinity_hits: AtomicU64,
     pub balanced: AtomicU64,
     pub no_backend: AtomicU64,
@@ -771,12 +774,19 @@ impl Cluster {
 
     fn conflict(&self, id: &[u8], backend: usize, owner: usize) -> Learned {
         self.counters.learn_conflicts.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(
-            clone = %String::from_utf8_lossy(id),
-            claimed_by = %self.backends[backend].name,
-            owner = %self.backends[owner].name,
-            "clone ID claimed by a second backend; keeping the first owner"
-        );
+        // A backend that claims another's IDs does so on every answer (a SIP container
+        // at every OPTIONS check): logged once per 10 s per claiming backend, with how
+        // many were left unlogged; the counter counts every one.
+        let now = std::time::Instant::now();
+        if let Some(more) = self.counters.conflict_log.admit(backend as u64, now) {
+            tracing::warn!(
+                clone = %String::from_utf8_lossy(id),
+                claimed_by = %self.backends[backend].name,
+                owner = %self.backends[owner].name,
+                more_since_last = more,
+                "clone ID claimed by a second backend; keeping the first owner"
+            );
+        }
         Learned::Conflict { owner }
     }
 
@@ -830,6 +840,44 @@ mod tests {
         assert!(!c.adopt_shared_clone(b"", 0));
         assert_eq!(c.counters.clone_ids_refused.load(Ordering::Relaxed), 3);
         assert_eq!(c.clone_count(), 0);
+    }
+
+    /// A backend that claims another's ID at every check (a malicious SIP container
+    /// answering OPTIONS with another's logical name, twice a second): refused every
+    /// time, counted every time, warned about once per 10 s.
+    #[test]
+    fn a_repeated_claim_is_refused_every_time_and_warned_about_once_per_interval() {
+        #[derive(Clone, Default)]
+        struct Lines(Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Lines {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let lines = Lines::default();
+        let sink = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || sink.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::WARN)
+            .finish();
+        let cfg = Config::parse(CFG, "t").unwrap();
+        let c = Cluster::new(&cfg, &[], &[], None);
+        assert_eq!(c.learn(b"LN-a", 0), Learned::New);
+        tracing::subscriber::with_default(subscriber, || {
+            for _ in 0..40 {
+                assert_eq!(c.learn(b"LN-a", 1), Learned::Conflict { owner: 0 });
+            }
+        });
+        assert_eq!(c.owner(b"LN-a"), Some((0, Some(1))), "the first owner kept");
+        assert_eq!(c.counters.learn_conflicts.load(Ordering::Relaxed), 40);
+        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        let warned = text.lines().filter(|l| l.contains("claimed by a second backend")).count();
+        assert_eq!(warned, 1, "40 claims within 10 s, one warning:\n{text}");
     }
 
     /// A check begun before a request saw the backend fail cannot clear that failure.

@@ -90,15 +90,37 @@ fn the_cli_tells_why_the_agent_does_not_answer_and_never_writes_behind_it() {
     let pid = tb.pid_of("dispatcher").unwrap();
     let sock = format!("/run/dispatcher/{}.sock", tb.instance());
 
-    // Busy: every socket slot taken by idle connections.
+    // Every socket slot taken by idle connections: they give way, the agent answers.
     let idle: Vec<UnixStream> = (0..32).map(|_| UnixStream::connect(&sock).unwrap()).collect();
-    std::thread::sleep(Duration::from_millis(200));
+    let table = tb.dispatcher_cmd(&["status", "--config", &cfg]);
+    assert!(table.contains("agent running"), "{table}");
+    drop(idle);
+
+    // Busy: what answers on the socket closes every connection unanswered (an agent
+    // whose slots are all taken by requests in progress does that).
+    std::fs::remove_file(&sock).unwrap();
+    let closing = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let closer = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            for c in closing.incoming() {
+                drop(c);
+                if done.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+            }
+        })
+    };
     let table = tb.dispatcher_cmd(&["status", "--config", &cfg]);
     assert!(table.contains("busy") && !table.contains("NOT running"), "{table}");
     let (code, out) = cli_fails(&tb, &["drain", "--config", &cfg, "b0"]);
     assert_eq!(code, Some(1), "{out}");
     assert!(out.contains("busy") && out.contains("nothing changed"), "{out}");
-    drop(idle);
+    // One more connection wakes the closer to end.
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    drop(UnixStream::connect(&sock));
+    closer.join().unwrap();
 
     // The socket gone under a running agent: not "not running", and nothing written.
     std::fs::remove_file(&sock).unwrap();
@@ -286,4 +308,162 @@ fn maps_pinned_by_another_version_are_refused_with_the_way_out() {
     assert!(!stats.exists());
     tb.start_dispatcher(&path);
     assert!(tb.lb.ip(&["link", "show", "eth0"]).contains("xdp"));
+}
+
+/// `dispatcher run` expected to be refused: (exit code, output). An agent that starts
+/// instead is stopped (by its pid) after 20 s and the test fails.
+fn run_refused(tb: &Testbed, cfg: &str) -> (Option<i32>, String) {
+    let mut child = tb
+        .lb
+        .command(dispatcher_bin())
+        .args(["run", "--config", cfg])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!("`run` was not refused (still running after 20 s): {}", String::from_utf8_lossy(&out.stderr));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
+}
+
+/// `l4_bed`'s configuration, not started, with `extra` lines in `[dispatcher]`.
+fn l4_config_with(tb: &Testbed, extra: &str) -> String {
+    let text = format!(
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n{extra}\n\n{}\n[[vip]]\nname = \"web\"\naddress = \"{VIP}\"\nport = 80\nring_size = 1009\n",
+        tb.instance(),
+        tb.backend_config(&[])
+    );
+    tb.write_config(&text).to_str().unwrap().to_string()
+}
+
+/// `dispatcher.admin_socket` naming a file that is not a socket, or another process's
+/// live socket: `run` refuses before it touches anything, and leaves the file as it was.
+/// A stale socket (nobody listens) is replaced.
+#[test]
+fn an_admin_socket_path_that_is_not_ours_is_refused_and_left_alone() {
+    let mut tb = Testbed::new(2, &[VIP]);
+    let precious = tb.workdir.join("precious");
+    std::fs::write(&precious, "keep me").unwrap();
+    let cfg = l4_config_with(&tb, &format!("admin_socket = \"{}\"", precious.display()));
+    let (code, out) = run_refused(&tb, &cfg);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("admin_socket") && out.contains("exists and is not a socket"), "{out}");
+    assert_eq!(std::fs::read_to_string(&precious).unwrap(), "keep me");
+    assert!(!tb.lb.ip(&["link", "show", "eth0"]).contains("xdp"), "nothing attached");
+
+    // Another process listens there: in use, refused, its socket left.
+    let live = tb.workdir.join("live.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&live).unwrap();
+    let cfg = l4_config_with(&tb, &format!("admin_socket = \"{}\"", live.display()));
+    let (code, out) = run_refused(&tb, &cfg);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("in use by another agent"), "{out}");
+    assert!(!tb.lb.ip(&["link", "show", "eth0"]).contains("xdp"), "nothing attached");
+    UnixStream::connect(&live).expect("the other process's socket still answers");
+
+    // Stale (its listener gone, the file left): ours to replace.
+    drop(listener);
+    assert!(live.exists());
+    tb.start_dispatcher(std::path::Path::new(&cfg));
+    let st: serde_json::Value =
+        serde_json::from_str(&tb.dispatcher_cmd(&["status", "--config", &cfg, "--json"])).unwrap();
+    assert_eq!(st["agent"]["pid"], tb.pid_of("dispatcher").unwrap(), "{st}");
+}
+
+/// Is `dir` a mount point (in this process's mount namespace, the agent's: the tests
+/// enter only network namespaces)?
+fn mounted_on(dir: &std::path::Path) -> bool {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let dir = dir.to_str().unwrap();
+    info.lines().any(|l| l.split(' ').nth(4) == Some(dir))
+}
+
+/// `dispatcher.bpffs` naming a directory that holds something and is not a bpffs: `run`
+/// refuses, mounts nothing over it. An empty directory gets a bpffs of the agent's, which
+/// `stop --detach` unmounts (nothing else pinned on it).
+#[test]
+fn bpffs_is_mounted_only_on_an_empty_directory_and_unmounted_at_detach() {
+    // Removed after the testbed (declared first, dropped last): unpinned, unmounted.
+    struct Dirs(Vec<std::path::PathBuf>);
+    impl Drop for Dirs {
+        fn drop(&mut self) {
+            for d in &self.0 {
+                for inst in std::fs::read_dir(d.join("dispatcher")).into_iter().flatten().flatten() {
+                    let _ = dispatcher::dataplane::unpin_all(&inst.path());
+                }
+                if mounted_on(d) {
+                    let _ = nix::mount::umount2(d.as_path(), nix::mount::MntFlags::MNT_DETACH);
+                }
+                let _ = std::fs::remove_dir_all(d);
+            }
+        }
+    }
+    let base = std::env::temp_dir().join(format!("dispatcher-bpffs-{}", std::process::id()));
+    let (full, empty) = (base.join("full"), base.join("empty"));
+    let _dirs = Dirs(vec![full.clone(), empty.clone(), base.clone()]);
+    std::fs::create_dir_all(&full).unwrap();
+    std::fs::create_dir_all(&empty).unwrap();
+    std::fs::write(full.join("data"), "keep me").unwrap();
+    let mut tb = Testbed::new(2, &[VIP]);
+    tb.start_servers(&[80], &[]);
+
+    let cfg = l4_config_with(&tb, &format!("bpffs = \"{}\"", full.display()));
+    let (code, out) = run_refused(&tb, &cfg);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("dispatcher.bpffs") && out.contains("is not a bpffs and not empty"), "{out}");
+    assert!(!mounted_on(&full), "nothing mounted over it");
+    assert_eq!(std::fs::read_to_string(full.join("data")).unwrap(), "keep me");
+    assert!(!tb.lb.ip(&["link", "show", "eth0"]).contains("xdp"), "nothing attached");
+
+    let cfg = l4_config_with(&tb, &format!("bpffs = \"{}\"", empty.display()));
+    tb.start_dispatcher(std::path::Path::new(&cfg));
+    assert!(mounted_on(&empty), "a bpffs on the empty directory");
+    assert!(dispatcher::dataplane::is_bpffs(&empty));
+    let mut c = Conn::open(&tb);
+    assert!(!c.ask().is_empty(), "forwarding through the agent's own bpffs");
+    let (code, out) = cli_fails(&tb, &["stop", "--detach", "--config", &cfg]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(!mounted_on(&empty), "unmounted at stop --detach: {out}\n{}", tb.log("dispatcher"));
+    assert!(std::fs::read_dir(&empty).unwrap().next().is_none(), "left as it was: empty");
+}
+
+/// 40 connections to the admin socket that never send a request (more than its 32 slots):
+/// the operator's `GET /status` is still answered at once (the oldest idle connection
+/// gives up its slot), and the idle ones are closed after `admin::HEAD_TIME`.
+#[test]
+fn idle_admin_connections_never_lock_the_operator_out() {
+    let (tb, cfg) = l4_bed();
+    let sock = std::path::PathBuf::from(format!("/run/dispatcher/{}.sock", tb.instance()));
+    let opened = std::time::Instant::now();
+    let idle: Vec<UnixStream> = (0..40).map(|_| UnixStream::connect(&sock).unwrap()).collect();
+    let asked = std::time::Instant::now();
+    let (code, body) = tb.admin("GET", "/status").expect("an answer with 40 idle connections open");
+    let took = asked.elapsed();
+    assert_eq!(code, 200, "{body}");
+    assert!(took < Duration::from_secs(1), "GET /status took {took:?}");
+    let out = tb.dispatcher_cmd(&["status", "--config", &cfg]);
+    assert!(!out.is_empty());
+    // Every idle connection is closed, the last ones after the idle time, not before.
+    let limit = dispatcher::admin::HEAD_TIME + Duration::from_secs(2);
+    for (i, mut s) in idle.into_iter().enumerate() {
+        s.set_read_timeout(Some(limit.saturating_sub(opened.elapsed()).max(Duration::from_millis(1)))).unwrap();
+        let mut b = [0u8; 1];
+        let r = std::io::Read::read(&mut s, &mut b);
+        assert!(
+            matches!(r, Ok(0)) || matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+            "idle connection {i} not closed within {limit:?}: {r:?}"
+        );
+        if i == 39 {
+            let after = opened.elapsed();
+            assert!(after >= dispatcher::admin::HEAD_TIME - Duration::from_millis(200), "closed after {after:?}");
+        }
+    }
 }

@@ -227,6 +227,49 @@ fn every_validation_message_names_line_and_field() {
         ("log_level = \"info,dispatcher::http=debug\"", 0, "log_level = \"info,dispatcher=loud\"", "dispatcher.log_level: `info,dispatcher=loud` is not a log filter (a level such as info, or info,dispatcher::http=debug)", None),
         ("admin_socket = \"/run/dispatcher/t.sock\"", 0, "admin_socket = \"t.sock\"", "dispatcher.admin_socket: must be an absolute path", None),
         ("admin_address = \"127.0.0.1:9901\"", 0, "admin_address = \"localhost\"", "dispatcher.admin_address: `localhost` is not an address:port such as 127.0.0.1:9901", None),
+        // Values `run` cannot use (security issue 26): map sizes the kernel refuses or
+        // that take gigabytes, names and paths nothing can have.
+        ("flow_table_size = 65536", 0, "flow_table_size = 4294967295", "dispatcher.flow_table_size: must be at most 16777216", None),
+        ("affinity_table_size = 65536", 0, "affinity_table_size = 16777217", "dispatcher.affinity_table_size: must be at most 16777216", None),
+        ("interface = \"eth0\"", 0, "interface = \"../eth0\"", "dispatcher.interface: is not an interface name (no '/', spaces, . or ..)", None),
+        ("instance = \"t\"", 0, "instance = \"tttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttt\"", "dispatcher.instance: must be at most 64 characters", None),
+        ("bpffs = \"/sys/fs/bpf\"", 0, "bpffs = \"/etc\"", "dispatcher.bpffs: /etc is not a bpffs and not empty: the agent mounts a bpffs only on an empty directory", None),
+        ("bpffs = \"/sys/fs/bpf\"", 0, "bpffs = \"sys/fs/bpf\"", "dispatcher.bpffs: must be an absolute path", None),
+        ("bpffs = \"/sys/fs/bpf\"", 0, "bpffs = \"/etc/hostname\"", "dispatcher.bpffs: exists and is not a directory", None),
+        ("admin_socket = \"/run/dispatcher/t.sock\"", 0, "admin_socket = \"/etc/hostname\"", "dispatcher.admin_socket: exists and is not a socket", None),
+        ("admin_socket = \"/run/dispatcher/t.sock\"", 0, "admin_socket = \"/run/dispatcher/aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.sock\"", "dispatcher.admin_socket: must be at most 107 bytes (a Unix socket address)", None),
+        ("admin_address = \"127.0.0.1:9901\"", 0, "admin_address = \"127.0.0.1:0\"", "dispatcher.admin_address: the port must be 1..=65535", None),
+        ("admin_address = \"127.0.0.1:9901\"", 0, "admin_address = \"255.255.255.255:9901\"", "dispatcher.admin_address: must be an address of this host", None),
+        ("mac = \"02:00:00:00:00:11\"", 0, "mac = \"ff:ff:ff:ff:ff:ff\"", "backend[0].mac: is a group (multicast or broadcast) address, not one station's", None),
+        ("mac = \"02:00:00:00:00:11\"", 0, "mac = \"01:00:5e:00:00:01\"", "backend[0].mac: is a group (multicast or broadcast) address, not one station's", None),
+        ("mac = \"02:00:00:00:00:12\"", 0, "mac = \"00:00:00:00:00:00\"", "backend[1].mac: 00:00:00:00:00:00 is no station's address", None),
+        ("address = \"10.0.0.12\"", 0, "address = \"0.0.0.0\"", "backend[1].address: 0.0.0.0 is the unspecified address: name one host's address", None),
+        ("address = \"10.0.0.12\"", 0, "address = \"255.255.255.255\"", "backend[1].address: 255.255.255.255 is the broadcast address", None),
+        ("address = \"10.0.0.12\"", 0, "address = \"239.1.2.3\"", "backend[1].address: 239.1.2.3 is a multicast address (224.0.0.0/4)", None),
+        ("address6 = \"fd00::11\"", 0, "address6 = \"::\"", "backend[0].address6: :: is the unspecified address", None),
+        ("address6 = \"fd00::11\"", 0, "address6 = \"ff02::1\"", "backend[0].address6: ff02::1 is a multicast address (ff00::/8)", None),
+        ("address = \"10.0.100.1\"", 0, "address = \"255.255.255.255\"", "vip[0].address: 255.255.255.255 is the broadcast address", None),
+        ("address = \"10.0.100.2\"", 0, "address = \"0.0.0.0\"", "vip[1].address: 0.0.0.0 is the unspecified address", None),
+        ("address = \"10.0.100.2\"", 0, "address = \"::\"", "vip[1].address: :: is the unspecified address", None),
+        ("address = \"10.0.100.2\"", 0, "address = \"ff05::2\"", "vip[1].address: ff05::2 is a multicast address (ff00::/8)", None),
+        ("encap_source = \"10.0.0.1\"", 0, "encap_source = \"0.0.0.0\"", "vip[0].encap_source: 0.0.0.0 is the unspecified address", None),
+        ("header_timeout = \"10s\"", 0, "header_timeout = \"1ns\"", "http.header_timeout: must be at least 100ms", None),
+        ("header_timeout = \"10s\"", 0, "header_timeout = \"10s\"\nclient_idle_timeout = \"99ms\"", "http.client_idle_timeout: must be at least 100ms", Some("client_idle_timeout")),
+        ("header_timeout = \"10s\"", 0, "header_timeout = \"10s\"\nconnect_timeout = \"1us\"", "http.connect_timeout: must be at least 10ms", Some("connect_timeout")),
+        ("header_timeout = \"10s\"", 0, "header_timeout = \"10s\"\nserver_timeout = \"1ms\"", "http.server_timeout: must be at least 100ms", Some("server_timeout")),
+        ("header_timeout = \"10s\"", 0, "header_timeout = \"10s\"\npool_idle_timeout = \"1ms\"", "http.pool_idle_timeout: must be at least 100ms", Some("pool_idle_timeout")),
+        ("header_timeout = \"10s\"", 0, "header_timeout = \"10s\"\ndrain_timeout = \"1ns\"", "http.drain_timeout: must be at least 100ms", Some("drain_timeout")),
+        ("hold_time = \"2s\"", 0, "hold_time = \"1ms\"", "http.hold_time: must be at least 10ms", None),
+        ("client_timeout = \"30s\"", 0, "client_timeout = \"1ns\"", "http.client_timeout: must be at least 100ms", None),
+        ("body_timeout = \"60s\"", 0, "body_timeout = \"1ms\"", "http.body_timeout: must be at least 100ms", None),
+        ("queue_timeout = \"5s\"", 0, "queue_timeout = \"1ns\"", "http.queue_timeout: must be at least 10ms", None),
+        ("tunnel_timeout = \"1h\"", 0, "tunnel_timeout = \"1ms\"", "http.tunnel_timeout: must be at least 100ms", None),
+        ("learn_wait = \"250ms\"", 0, "learn_wait = \"1ns\"", "cluster.learn_wait: must be at least 1ms", None),
+        ("path = \"/var/log/dispatcher/access.log\"", 0, "path = \"/etc/passwd\"", "access_log.path: is under /etc, a system directory (refused: /etc, /usr, /bin, /sbin, /boot, /proc, /sys, /dev, /lib*); write logs under /var/log", None),
+        ("path = \"/var/log/dispatcher/access.log\"", 0, "path = \"/lib64/ld-linux-x86-64.so.2\"", "access_log.path: is under /lib64, a system directory", None),
+        ("path = \"/var/log/dispatcher/access.log\"", 0, "path = \"/dev/sda\"", "access_log.path: is under /dev, a system directory", None),
+        ("path = \"/var/log/dispatcher/access.log\"", 0, "path = \"/var/log/../../etc/shadow\"", "access_log.path: must not contain `.` or `..` components", None),
+        ("path = \"/var/log/dispatcher/access.log\"", 0, "path = \"/tmp\"", "access_log.path: exists and is not a regular file", None),
         // [[backend]]
         ("name = \"b\"", 0, "name = \"\"", "backend[1].name: must be 1 to 64 characters", None),
         ("name = \"b\"", 0, "name = \"b\\\"x\"", "backend[1].name: `b\\\"x`: use letters, digits, '.', '_' and '-' only", None),
@@ -379,6 +422,45 @@ fn all_errors_of_a_file_are_reported_at_once() {
     for (l, w) in lines.iter().zip(&want) {
         assert!(l.contains(w.as_str()), "`{l}` should contain `{w}`\n{err}");
     }
+}
+
+/// What is on disk at the paths `run` would write or replace: the admin socket's path
+/// holding a regular file, an access log that is a symbolic link (to a system file).
+#[test]
+fn paths_over_files_that_are_not_ours_are_refused() {
+    let dir = std::env::temp_dir().join(format!("dispatcher-check-paths-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    struct Gone(std::path::PathBuf);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _gone = Gone(dir.clone());
+    let file = dir.join("precious");
+    std::fs::write(&file, "keep me").unwrap();
+    let link = dir.join("access.log");
+    std::os::unix::fs::symlink("/etc/passwd", &link).unwrap();
+    let socket = dir.join("live.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+
+    let text = FULL.replace("/run/dispatcher/t.sock", file.to_str().unwrap());
+    let (code, _, err) = check(&text);
+    assert_eq!(code, 1, "{err}");
+    let want = format!(":{}: dispatcher.admin_socket: exists and is not a socket", line_of(&text, "admin_socket"));
+    assert!(err.contains(&want), "want `{want}`: {err}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
+
+    let text = FULL.replace("/var/log/dispatcher/access.log", link.to_str().unwrap());
+    let (code, _, err) = check(&text);
+    assert_eq!(code, 1, "{err}");
+    let want = format!(":{}: access_log.path: is a symbolic link: name the file itself", line_of(&text, "access.log"));
+    assert!(err.contains(&want), "want `{want}`: {err}");
+
+    // A socket is what `check` cannot judge alone (live or stale): `run` tells them apart.
+    let text = FULL.replace("/run/dispatcher/t.sock", socket.to_str().unwrap());
+    let (code, _, err) = check(&text);
+    assert_eq!(code, 0, "{err}");
 }
 
 #[test]

@@ -101,28 +101,119 @@ pub fn allowed(peer: Peer, method: &str, path: &str) -> bool {
     }
 }
 
-/// Binds the socket (replacing a stale one), owner-only permissions.
+/// May the agent bind its socket at `path`? Nothing there, or a stale socket (removed
+/// here: no process listens on it, the connection is refused). Anything else is refused:
+/// a file that is not a socket is someone else's, a socket that answers is another
+/// agent's.
+pub fn claim_socket_path(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if !meta.file_type().is_socket() {
+        return Err(std::io::Error::other(format!(
+            "{} exists and is not a socket: refusing to replace it (set dispatcher.admin_socket to a free path)",
+            path.display()
+        )));
+    }
+    // A connect to a live listener completes at once (or waits while its backlog is
+    // full: that is a live listener too), so it is bounded here.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let probe = path.to_path_buf();
+    std::thread::spawn(move || {
+        let _ = tx.send(std::os::unix::net::UnixStream::connect(&probe).map(drop));
+    });
+    let in_use = || {
+        std::io::Error::new(
+            std::io::ErrorKind::AddrInUse,
+            format!(
+                "{} is in use by another agent (a process listens on it): stop it, or give this configuration another dispatcher.admin_socket",
+                path.display()
+            ),
+        )
+    };
+    match rx.recv_timeout(std::time::Duration::from_secs(1)) {
+        Ok(Ok(())) | Err(_) => Err(in_use()),
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            // Stale: left by an agent that died.
+            std::fs::remove_file(path).or_else(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => Ok(()),
+                _ => Err(e),
+            })
+        }
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Ok(Err(e)) => Err(std::io::Error::new(e.kind(), format!("probing {}: {e}", path.display()))),
+    }
+}
+
+/// Binds the socket (replacing a stale one, never a live one or another kind of file),
+/// owner-only permissions.
 pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let _ = std::fs::remove_file(path);
+    claim_socket_path(path)?;
     let l = UnixListener::bind(path)?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     Ok(l)
 }
 
-/// Admin connections served at once on TCP, and on the Unix socket; more are closed at
-/// once (a scraper or a script never needs many, and a flood of them must not take the
-/// agent's descriptors). Separate budgets: TCP clients cannot take the operator's slots.
+/// Admin connections served at once on TCP, and on the Unix socket (a scraper or a
+/// script never needs many, and a flood of them must not take the agent's descriptors).
+/// Separate budgets: TCP clients cannot take the operator's slots.
 const MAX_ADMIN_CONNECTIONS: usize = 64;
 const MAX_SOCKET_CONNECTIONS: usize = 32;
+/// From the accept to the end of the request head: an idle connection is closed then.
+pub const HEAD_TIME: Duration = Duration::from_secs(2);
+/// From the accept to the end of the answer.
+const REQUEST_TIME: Duration = Duration::from_secs(10);
+
+/// A connection still waiting for its request head: its id, and how to close it.
+type Waiting = (u64, Arc<tokio::sync::Notify>);
+
+/// One budget of connections. When every slot is taken, a new connection closes the
+/// oldest one that has not yet sent a whole request head and takes its slot: idle
+/// connections can never lock a request out. Connections busy with a request are never
+/// closed for a newcomer; if all are busy, the newcomer is closed.
+struct Slots {
+    sem: Arc<tokio::sync::Semaphore>,
+    /// Connections still waiting for their request head, oldest first: (id, how to close it).
+    waiting: Mutex<(u64, std::collections::VecDeque<Waiting>)>,
+}
+
+impl Slots {
+    fn new(n: usize) -> Arc<Slots> {
+        Arc::new(Slots { sem: Arc::new(tokio::sync::Semaphore::new(n)), waiting: Mutex::new((0, Default::default())) })
+    }
+
+    /// Records a connection that waits for its head.
+    fn waiting(&self) -> (u64, Arc<tokio::sync::Notify>) {
+        let mut w = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        w.0 += 1;
+        let entry = (w.0, Arc::new(tokio::sync::Notify::new()));
+        w.1.push_back(entry.clone());
+        entry
+    }
+
+    fn done_waiting(&self, id: u64) {
+        let mut w = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        w.1.retain(|(i, _)| *i != id);
+    }
+
+    /// Tells the oldest connection still waiting for its head to close; false if none.
+    fn close_oldest_waiting(&self) -> bool {
+        let oldest = self.waiting.lock().unwrap_or_else(|e| e.into_inner()).1.pop_front();
+        oldest.map(|(_, kick)| kick.notify_one()).is_some()
+    }
+}
 
 /// Serves the socket, and the TCP listener if there is one, until aborted.
 pub async fn serve(admin: Arc<Admin>, unix: UnixListener, tcp: Option<TcpListener>) {
-    let tcp_slots = Arc::new(tokio::sync::Semaphore::new(MAX_ADMIN_CONNECTIONS));
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_SOCKET_CONNECTIONS));
+    let tcp_slots = Slots::new(MAX_ADMIN_CONNECTIONS);
+    let slots = Slots::new(MAX_SOCKET_CONNECTIONS);
     let tcp_loop = {
         let (admin, slots) = (admin.clone(), tcp_slots);
         async move {
@@ -151,18 +242,52 @@ pub async fn serve(admin: Arc<Admin>, unix: UnixListener, tcp: Option<TcpListene
 
 fn spawn_handler<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     admin: &Arc<Admin>,
-    slots: &Arc<tokio::sync::Semaphore>,
-    stream: S,
+    slots: &Arc<Slots>,
+    mut stream: S,
     peer: Peer,
 ) {
-    let Ok(slot) = slots.clone().try_acquire_owned() else {
-        crate::ratelimit::warn("admin connection (too many at once); accepting", &format_args!("{peer:?}"));
-        return;
+    let slot = match slots.sem.clone().try_acquire_owned() {
+        Ok(slot) => Some(slot),
+        // The slot of the oldest idle connection, once it has closed.
+        Err(_) if slots.close_oldest_waiting() => None,
+        Err(_) => {
+            crate::ratelimit::warn(
+                "admin connection (too many requests at once); accepting",
+                &format_args!("{peer:?}"),
+            );
+            return;
+        }
     };
-    let admin = admin.clone();
+    // Recorded now, not when its task first runs: a burst of accepts must find the
+    // connections accepted just before it.
+    let (id, kick) = slots.waiting();
+    let (admin, slots) = (admin.clone(), slots.clone());
     tokio::spawn(async move {
-        let _slot = slot;
-        let _ = tokio::time::timeout(Duration::from_secs(10), handle(&admin, stream, peer)).await;
+        let _slot = match slot {
+            Some(slot) => slot,
+            None => {
+                let freed = tokio::select! {
+                    r = tokio::time::timeout(Duration::from_secs(1), slots.sem.clone().acquire_owned()) => r,
+                    _ = kick.notified() => return,
+                };
+                match freed {
+                    Ok(Ok(slot)) => slot,
+                    _ => return slots.done_waiting(id),
+                }
+            }
+        };
+        let _ = tokio::time::timeout(REQUEST_TIME, async {
+            let head = tokio::select! {
+                r = tokio::time::timeout(HEAD_TIME, read_request(&mut stream)) => r,
+                _ = kick.notified() => return Ok(()),
+            };
+            slots.done_waiting(id);
+            match head {
+                Ok(head) => handle(&admin, stream, peer, head?).await,
+                Err(_) => Ok(()),
+            }
+        })
+        .await;
     });
 }
 
@@ -199,8 +324,13 @@ async fn read_request<S: AsyncRead + Unpin>(s: &mut S) -> std::io::Result<Reques
     }
 }
 
-async fn handle<S: AsyncRead + AsyncWrite + Unpin>(admin: &Admin, mut s: S, peer: Peer) -> std::io::Result<()> {
-    let (method, target) = match read_request(&mut s).await? {
+async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
+    admin: &Admin,
+    mut s: S,
+    peer: Peer,
+    head: Request,
+) -> std::io::Result<()> {
+    let (method, target) = match head {
         Request::Head { method, target } => (method, target),
         Request::Malformed => return respond(&mut s, 400, "text/plain", "bad request\n").await,
         Request::Gone => return Ok(()),

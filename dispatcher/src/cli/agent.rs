@@ -118,6 +118,9 @@ pub fn stop(path: &Path, detach: bool) -> anyhow::Result<ExitCode> {
             dataplane::unpin_all(&dir)?;
             dataplane::ids::remove(&cfg.instance);
             println!("data plane removed: program detached, maps unpinned under {}", dir.display());
+            if let Some(root) = dataplane::release_bpffs(&dir) {
+                println!("unmounted the bpffs the agent had mounted on {} (empty before)", root.display());
+            }
         }
         // Said only if true: pins removed under the agent take the data plane with it.
         (true, false) if dir.join("link").exists() && dir.join("FLOWS").exists() => println!(

@@ -17,11 +17,20 @@ use std::{
 };
 
 use validate::Ctx;
-pub use validate::{check_log_level, check_name, is_prime, parse_duration, parse_mac};
+pub use validate::{
+    check_bpffs_path, check_host_address, check_log_level, check_log_path, check_name, check_socket_path,
+    check_unicast_mac, is_prime, parse_duration, parse_mac,
+};
 
 /// The longest duration any setting takes: every deadline computed from one stays far
 /// from the clock's range.
 pub const MAX_DURATION: Duration = Duration::from_secs(86_400);
+/// The largest `flow_table_size` and `affinity_table_size`: the kernel preallocates an
+/// LRU hash map whole at creation (a `FLOWS` entry takes about 120 bytes of kernel memory
+/// with its share of the buckets), and refuses sizes whose bucket array passes 4 GiB.
+pub const MAX_TABLE_SIZE: u32 = 1 << 24;
+/// What `FLOWS` takes at `MAX_TABLE_SIZE` (measured: see the README).
+pub const MAX_TABLE_MEMORY: &str = "2 GiB";
 /// The most client connections a cap may allow (the kernel's file limit is far below).
 pub const MAX_CLIENT_CONNECTIONS: usize = 10_000_000;
 

@@ -142,6 +142,101 @@ pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
     Ok(mac)
 }
 
+/// A MAC a frame can be sent to as one station's: not all zeros, not a group
+/// (multicast or broadcast: the least significant bit of the first byte).
+pub fn check_unicast_mac(mac: &[u8; 6]) -> Result<(), String> {
+    if *mac == [0; 6] {
+        return Err("00:00:00:00:00:00 is no station's address".into());
+    }
+    if mac[0] & 1 == 1 {
+        return Err("is a group (multicast or broadcast) address, not one station's".into());
+    }
+    Ok(())
+}
+
+/// An address one host can hold: not unspecified, broadcast or multicast (v4 and v6).
+pub fn check_host_address(ip: IpAddr) -> Result<(), String> {
+    let why = match ip {
+        IpAddr::V4(a) if a.is_unspecified() => "is the unspecified address",
+        IpAddr::V4(a) if a.is_broadcast() => "is the broadcast address",
+        IpAddr::V4(a) if a.is_multicast() => "is a multicast address (224.0.0.0/4)",
+        IpAddr::V6(a) if a.is_unspecified() => "is the unspecified address",
+        IpAddr::V6(a) if a.is_multicast() => "is a multicast address (ff00::/8)",
+        _ => return Ok(()),
+    };
+    Err(format!("{ip} {why}: name one host's address"))
+}
+
+/// Directories of the system's own files: the access log never writes under them.
+pub const SYSTEM_DIRS: &[&str] = &["/etc", "/usr", "/bin", "/sbin", "/boot", "/proc", "/sys", "/dev"];
+
+/// Where the access log may be: not under a system directory (`SYSTEM_DIRS`, and every
+/// `/lib*`), and, if something is there already, a regular file that is not a symlink.
+pub fn check_log_path(path: &std::path::Path) -> Result<(), String> {
+    use std::path::Component;
+    if path.components().any(|c| matches!(c, Component::ParentDir | Component::CurDir)) {
+        return Err("must not contain `.` or `..` components".into());
+    }
+    let first = match path.components().nth(1) {
+        Some(Component::Normal(c)) => format!("/{}", c.to_string_lossy()),
+        _ => return Err("must name a file".into()),
+    };
+    if SYSTEM_DIRS.contains(&first.as_str()) || first.starts_with("/lib") {
+        return Err(format!(
+            "is under {first}, a system directory (refused: {}, /lib*); write logs under /var/log",
+            SYSTEM_DIRS.join(", ")
+        ));
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => Err("is a symbolic link: name the file itself".into()),
+        Ok(m) if !m.file_type().is_file() => Err("exists and is not a regular file".into()),
+        _ => Ok(()),
+    }
+}
+
+/// The admin socket's path: an absolute path that fits in a Unix socket address, and
+/// nothing but a socket if something is there (a live one is told apart at `run`).
+pub fn check_socket_path(path: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::{ffi::OsStrExt, fs::FileTypeExt};
+    if !path.is_absolute() {
+        return Err("must be an absolute path".into());
+    }
+    if path.as_os_str().as_bytes().len() > MAX_SOCKET_PATH {
+        return Err(format!("must be at most {MAX_SOCKET_PATH} bytes (a Unix socket address)"));
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if !m.file_type().is_socket() => {
+            Err("exists and is not a socket: the agent would replace it (name a free path)".into())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The longest Unix socket path (`sun_path` less its terminating NUL).
+pub const MAX_SOCKET_PATH: usize = 107;
+
+/// The bpffs directory: absolute; a bpffs, or an empty directory (or nothing) the agent
+/// may mount one on.
+pub fn check_bpffs_path(path: &std::path::Path) -> Result<(), String> {
+    if !path.is_absolute() {
+        return Err("must be an absolute path".into());
+    }
+    let Ok(m) = std::fs::metadata(path) else { return Ok(()) };
+    if crate::dataplane::is_bpffs(path) {
+        return Ok(());
+    }
+    if !m.is_dir() {
+        return Err("exists and is not a directory".into());
+    }
+    match std::fs::read_dir(path).map(|mut entries| entries.next().is_some()) {
+        Ok(true) => Err(format!(
+            "{} is not a bpffs and not empty: the agent mounts a bpffs only on an empty directory",
+            path.display()
+        )),
+        _ => Ok(()),
+    }
+}
+
 pub fn is_prime(n: u32) -> bool {
     if n < 2 {
         return false;
@@ -219,6 +314,13 @@ impl Ctx<'_> {
         None
     }
 
+    /// Reports an address no single host can hold.
+    fn host_address(&self, ip: IpAddr, v: &Spanned<String>, field: &str) {
+        if let Err(e) = check_host_address(ip) {
+            self.report(v.span(), field, e);
+        }
+    }
+
     pub(super) fn build(&self, raw: RawConfig) -> Config {
         let d = self.dispatcher(raw.dispatcher.get_ref(), raw.dispatcher.span());
         let (backends, by_name, clone_owner) = self.backends(&raw.backends);
@@ -273,6 +375,8 @@ impl Ctx<'_> {
         } else {
             if !p.starts_with('/') {
                 self.report(a.path.span(), "access_log.path", "must be an absolute path, or \"-\" for standard output");
+            } else if let Err(e) = check_log_path(std::path::Path::new(p)) {
+                self.report(a.path.span(), "access_log.path", e);
             }
             Some(PathBuf::from(p))
         };
@@ -424,7 +528,7 @@ impl Ctx<'_> {
             Some(v) if parse_duration(v.get_ref()).is_ok_and(|d| d.is_zero()) => Duration::ZERO,
             Some(v) => {
                 let d = self
-                    .duration(v, "cluster.learn_wait", Duration::ZERO)
+                    .duration(v, "cluster.learn_wait", Duration::from_millis(1))
                     .unwrap_or(ClusterSettings::DEFAULT_LEARN_WAIT);
                 if d > Duration::from_secs(5) {
                     self.report(
@@ -550,11 +654,25 @@ impl Ctx<'_> {
         let interface = d.interface.get_ref().clone();
         if interface.is_empty() || interface.len() > 15 {
             self.report(d.interface.span(), "dispatcher.interface", "must be an interface name of 1 to 15 bytes");
+        } else if interface == "."
+            || interface == ".."
+            || interface.bytes().any(|b| b == b'/' || b <= b' ' || b == 0x7f)
+        {
+            // What the kernel's dev_valid_name refuses: no interface can have this name.
+            self.report(
+                d.interface.span(),
+                "dispatcher.interface",
+                "is not an interface name (no '/', spaces, . or ..)",
+            );
         }
         let instance = d.instance.as_ref().map(|s| s.get_ref().clone()).unwrap_or_else(|| "default".into());
         if instance.is_empty() || !instance.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
-            let span = d.instance.as_ref().map(|s| s.span()).unwrap_or(section);
+            let span = d.instance.as_ref().map(|s| s.span()).unwrap_or(section.clone());
             self.report(span, "dispatcher.instance", "use letters, digits, '-' and '_' only");
+        } else if instance.len() > 64 {
+            // It names files (/run/dispatcher/<instance>.*) and the pin directory.
+            let span = d.instance.as_ref().map(|s| s.span()).unwrap_or(section);
+            self.report(span, "dispatcher.instance", "must be at most 64 characters");
         }
         let xdp_mode = self.choice(
             &d.xdp_mode,
@@ -564,9 +682,13 @@ impl Ctx<'_> {
         );
         let table = |v: &Option<Spanned<u32>>, field: &str, default: u32| match v {
             None => default,
-            Some(s) if *s.get_ref() >= 1024 => *s.get_ref(),
-            Some(s) => {
+            Some(s) if (1024..=MAX_TABLE_SIZE).contains(s.get_ref()) => *s.get_ref(),
+            Some(s) if *s.get_ref() < 1024 => {
                 self.report(s.span(), field, "must be at least 1024");
+                default
+            }
+            Some(s) => {
+                self.report(s.span(), field, format!("must be at most {MAX_TABLE_SIZE} (about {MAX_TABLE_MEMORY} of kernel memory for FLOWS at that size)"));
                 default
             }
         };
@@ -584,18 +706,35 @@ impl Ctx<'_> {
             None => "info".into(),
         };
         let admin_socket = match &d.admin_socket {
-            Some(p) if !p.get_ref().starts_with('/') => {
-                self.report(p.span(), "dispatcher.admin_socket", "must be an absolute path");
-                PathBuf::new()
-            }
-            Some(p) => PathBuf::from(p.get_ref()),
+            Some(p) => match check_socket_path(std::path::Path::new(p.get_ref())) {
+                Err(e) => {
+                    self.report(p.span(), "dispatcher.admin_socket", e);
+                    PathBuf::new()
+                }
+                Ok(()) => PathBuf::from(p.get_ref()),
+            },
             None => PathBuf::from(format!("/run/dispatcher/{instance}.sock")),
         };
         let admin_address = d.admin_address.as_ref().and_then(|a| {
             let r = self.parsed::<SocketAddr>(a, "dispatcher.admin_address", "an address:port such as 127.0.0.1:9901");
-            self.or(r.map(Some), None)
+            let addr = self.or(r.map(Some), None)?;
+            if addr.port() == 0 {
+                self.report(a.span(), "dispatcher.admin_address", "the port must be 1..=65535");
+            } else if addr.ip().is_multicast() || matches!(addr.ip(), IpAddr::V4(v) if v.is_broadcast()) {
+                self.report(
+                    a.span(),
+                    "dispatcher.admin_address",
+                    "must be an address of this host (or 0.0.0.0 / [::])",
+                );
+            }
+            Some(addr)
         });
         let bpffs = PathBuf::from(d.bpffs.as_ref().map(|s| s.get_ref().as_str()).unwrap_or("/sys/fs/bpf"));
+        if let Some(b) = &d.bpffs {
+            if let Err(e) = check_bpffs_path(&bpffs) {
+                self.report(b.span(), "dispatcher.bpffs", e);
+            }
+        }
         DispatcherSection {
             interface,
             instance,
@@ -636,17 +775,26 @@ impl Ctx<'_> {
         for (i, b) in raw.iter().enumerate() {
             let b = b.get_ref();
             let f = |field: &str| format!("backend[{i}].{field}");
-            let address: Ipv4Addr =
-                self.or(self.parsed(&b.address, &f("address"), "an IPv4 address"), Ipv4Addr::UNSPECIFIED);
-            let address6 = b
-                .address6
-                .as_ref()
-                .map(|a| self.or(self.parsed::<Ipv6Addr>(a, &f("address6"), "an IPv6 address"), Ipv6Addr::UNSPECIFIED));
+            let address: Ipv4Addr = match self.parsed::<Ipv4Addr>(&b.address, &f("address"), "an IPv4 address") {
+                Ok(a) => {
+                    self.host_address(IpAddr::V4(a), &b.address, &f("address"));
+                    a
+                }
+                Err(e) => self.or(Err(e), Ipv4Addr::UNSPECIFIED),
+            };
+            let address6 =
+                b.address6.as_ref().map(|a| match self.parsed::<Ipv6Addr>(a, &f("address6"), "an IPv6 address") {
+                    Ok(ip) => {
+                        self.host_address(IpAddr::V6(ip), a, &f("address6"));
+                        ip
+                    }
+                    Err(e) => self.or(Err(e), Ipv6Addr::UNSPECIFIED),
+                });
             // A bad MAC is reported here; the VIP checks then treat it as given.
-            let mac = b
-                .mac
-                .as_ref()
-                .map(|m| self.or(parse_mac(m.get_ref()).map_err(|e| self.err(m.span(), &f("mac"), e)), [0; 6]));
+            let mac = b.mac.as_ref().map(|m| {
+                let mac = parse_mac(m.get_ref()).and_then(|mac| check_unicast_mac(&mac).map(|()| mac));
+                self.or(mac.map_err(|e| self.err(m.span(), &f("mac"), e)), [2, 0, 0, 0, 0, 0])
+            });
             let weight = match &b.weight {
                 Some(w) if *w.get_ref() == 0 || *w.get_ref() > 10_000 => {
                     self.report(w.span(), &f("weight"), "must be 1..=10000 (drain a backend instead of weight 0)");
@@ -764,8 +912,13 @@ impl Ctx<'_> {
             } else if !names.insert(v.name.get_ref().clone()) {
                 self.report(v.name.span(), &f("name"), format!("`{}` is defined twice", v.name.get_ref()));
             }
-            let address: IpAddr =
-                self.or(self.parsed(&v.address, &f("address"), "an IP address"), IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+            let address: IpAddr = match self.parsed::<IpAddr>(&v.address, &f("address"), "an IP address") {
+                Ok(a) => {
+                    self.host_address(a, &v.address, &f("address"));
+                    a
+                }
+                Err(e) => self.or(Err(e), IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+            };
             if *v.port.get_ref() == 0 {
                 self.report(v.port.span(), &f("port"), "must be 1..=65535");
             }
@@ -801,6 +954,8 @@ impl Ctx<'_> {
                 let ip = self.or(self.parsed::<IpAddr>(a, &f("encap_source"), "an IP address").map(Some), None)?;
                 if ip.is_ipv4() != address.is_ipv4() {
                     self.report(a.span(), &f("encap_source"), "must be of the VIP's address family");
+                } else {
+                    self.host_address(ip, a, &f("encap_source"));
                 }
                 Some(ip)
             });
@@ -1282,22 +1437,25 @@ impl Ctx<'_> {
 
     fn http(&self, h: &RawHttp) -> HttpSettings {
         let mut s = HttpSettings::default();
-        let dur = |v: &Option<Spanned<String>>, field: &str, into: &mut Duration| {
-            if let Some(d) = v.as_ref().and_then(|v| self.duration(v, &format!("http.{field}"), Duration::ZERO)) {
+        // Each with a floor below which it cannot do its job: a client, a backend or a
+        // network round trip needs milliseconds at the least.
+        let dur = |v: &Option<Spanned<String>>, field: &str, min: Duration, into: &mut Duration| {
+            if let Some(d) = v.as_ref().and_then(|v| self.duration(v, &format!("http.{field}"), min)) {
                 *into = d;
             }
         };
-        dur(&h.header_timeout, "header_timeout", &mut s.header_timeout);
-        dur(&h.client_idle_timeout, "client_idle_timeout", &mut s.client_idle_timeout);
-        dur(&h.connect_timeout, "connect_timeout", &mut s.connect_timeout);
-        dur(&h.server_timeout, "server_timeout", &mut s.server_timeout);
-        dur(&h.pool_idle_timeout, "pool_idle_timeout", &mut s.pool_idle_timeout);
-        dur(&h.drain_timeout, "drain_timeout", &mut s.drain_timeout);
-        dur(&h.hold_time, "hold_time", &mut s.hold_time);
-        dur(&h.client_timeout, "client_timeout", &mut s.client_timeout);
-        dur(&h.body_timeout, "body_timeout", &mut s.body_timeout);
-        dur(&h.queue_timeout, "queue_timeout", &mut s.queue_timeout);
-        dur(&h.tunnel_timeout, "tunnel_timeout", &mut s.tunnel_timeout);
+        let ms = Duration::from_millis;
+        dur(&h.header_timeout, "header_timeout", ms(100), &mut s.header_timeout);
+        dur(&h.client_idle_timeout, "client_idle_timeout", ms(100), &mut s.client_idle_timeout);
+        dur(&h.connect_timeout, "connect_timeout", ms(10), &mut s.connect_timeout);
+        dur(&h.server_timeout, "server_timeout", ms(100), &mut s.server_timeout);
+        dur(&h.pool_idle_timeout, "pool_idle_timeout", ms(100), &mut s.pool_idle_timeout);
+        dur(&h.drain_timeout, "drain_timeout", ms(100), &mut s.drain_timeout);
+        dur(&h.hold_time, "hold_time", ms(10), &mut s.hold_time);
+        dur(&h.client_timeout, "client_timeout", ms(100), &mut s.client_timeout);
+        dur(&h.body_timeout, "body_timeout", ms(100), &mut s.body_timeout);
+        dur(&h.queue_timeout, "queue_timeout", ms(10), &mut s.queue_timeout);
+        dur(&h.tunnel_timeout, "tunnel_timeout", ms(100), &mut s.tunnel_timeout);
         let num = |v: &Option<Spanned<usize>>, field: &str, lo: usize, hi: usize, into: &mut usize| {
             if let Some(v) = v {
                 let n = *v.get_ref();

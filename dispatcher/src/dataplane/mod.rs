@@ -82,18 +82,81 @@ pub fn is_bpffs(dir: &Path) -> bool {
 }
 
 /// Makes sure `dir` is a bpffs mount, mounting one there if not (systemd does this at
-/// boot on most distributions; minimal systems and containers may lack it).
-pub fn ensure_bpffs(dir: &Path) -> Result<(), DataplaneError> {
+/// boot on most distributions; minimal systems and containers may lack it). Only on an
+/// empty directory (or a new one): never over a directory that holds anything, nor on
+/// anything but a directory. `Ok(true)`: this call mounted it.
+pub fn ensure_bpffs(dir: &Path) -> Result<bool, DataplaneError> {
     let io = |what: String| move |e: nix::Error| DataplaneError::Io { what, source: std::io::Error::from(e) };
-    std::fs::create_dir_all(dir)
-        .map_err(|source| DataplaneError::Io { what: format!("creating {}", dir.display()), source })?;
+    let refuse = |why: String| DataplaneError::Io {
+        what: format!("mounting a bpffs on {}", dir.display()),
+        source: std::io::Error::other(why),
+    };
+    match std::fs::metadata(dir) {
+        Ok(_) if is_bpffs(dir) => return Ok(false),
+        Ok(m) if !m.is_dir() => return Err(refuse("it exists and is not a directory".into())),
+        Ok(_) => {
+            let mut entries = std::fs::read_dir(dir)
+                .map_err(|source| DataplaneError::Io { what: format!("reading {}", dir.display()), source })?;
+            if entries.next().is_some() {
+                return Err(refuse(
+                    "it is not a bpffs and not empty: refusing to mount over it (set dispatcher.bpffs to a bpffs or an empty directory)".into(),
+                ));
+            }
+        }
+        Err(_) => std::fs::create_dir_all(dir)
+            .map_err(|source| DataplaneError::Io { what: format!("creating {}", dir.display()), source })?,
+    }
+    // Created inside a bpffs: already one.
     if is_bpffs(dir) {
-        return Ok(());
+        return Ok(false);
     }
     nix::mount::mount(Some("bpffs"), dir, Some("bpf"), nix::mount::MsFlags::empty(), None::<&str>)
         .map_err(io(format!("mounting bpffs on {}", dir.display())))?;
-    tracing::info!(dir = %dir.display(), "mounted bpffs");
-    Ok(())
+    tracing::info!(dir = %dir.display(), "mounted bpffs (on an empty directory; `stop --detach` unmounts it when nothing is pinned on it)");
+    Ok(true)
+}
+
+/// Where an agent records the bpffs it mounted itself (for `release_bpffs`).
+fn mounted_marker(instance: &std::ffi::OsStr) -> PathBuf {
+    PathBuf::from("/run/dispatcher").join(format!("{}.bpffs-mounted", instance.to_string_lossy()))
+}
+
+/// After `unpin_all(pin_dir)`: unmounts the bpffs above it if the instance's agent
+/// mounted it (on an empty directory) and nothing is pinned on it any more (another
+/// instance's pins keep it). Returns the directory unmounted.
+pub fn release_bpffs(pin_dir: &Path) -> Option<PathBuf> {
+    let instance = pin_dir.file_name()?;
+    let root = pin_dir.parent()?.parent()?;
+    let marker = mounted_marker(instance);
+    let recorded = std::fs::read_to_string(&marker).ok()?;
+    if Path::new(recorded.trim_end_matches('\n')) != root {
+        return None;
+    }
+    let _ = std::fs::remove_dir(root.join("dispatcher"));
+    // A fresh bpffs holds the kernel's own iterators (bpf_preload): nothing of anyone's.
+    let own = |e: &std::fs::DirEntry| matches!(e.file_name().to_str(), Some("maps.debug" | "progs.debug"));
+    let empty = std::fs::read_dir(root).is_ok_and(|e| e.flatten().all(|e| own(&e)));
+    if !is_bpffs(root) || !empty {
+        let left: Vec<String> = std::fs::read_dir(root)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        tracing::info!(dir = %root.display(), ?left, "the bpffs this instance mounted stays: other pins are on it");
+        let _ = std::fs::remove_file(&marker);
+        return None;
+    }
+    match nix::mount::umount(root) {
+        Ok(()) => {
+            let _ = std::fs::remove_file(&marker);
+            Some(root.to_path_buf())
+        }
+        Err(e) => {
+            tracing::warn!(dir = %root.display(), error = %e, "unmounting the bpffs this instance mounted");
+            None
+        }
+    }
 }
 
 /// Loads the dispatcher program. With a pin directory, maps already pinned there by an
@@ -113,7 +176,17 @@ pub fn load_dispatcher(opts: &LoadOptions) -> Result<Ebpf, DataplaneError> {
                         source: std::io::Error::other(PRIVATE_BPFFS_HINT),
                     });
                 }
-                ensure_bpffs(root)?;
+                if ensure_bpffs(root)? {
+                    if let Some(instance) = dir.file_name() {
+                        let marker = mounted_marker(instance);
+                        if let Some(run) = marker.parent() {
+                            let _ = std::fs::create_dir_all(run);
+                        }
+                        if let Err(e) = std::fs::write(&marker, root.as_os_str().as_encoded_bytes()) {
+                            tracing::warn!(error = %e, "recording the bpffs mounted here: `stop --detach` will leave it mounted");
+                        }
+                    }
+                }
             }
             std::fs::create_dir_all(dir)
                 .map_err(|source| DataplaneError::Io { what: format!("creating {}", dir.display()), source })?;
