@@ -119,6 +119,107 @@ fn the_agent_serves_with_only_the_capabilities_its_unit_grants() {
     assert!(!log.contains("Operation not permitted") && !log.contains("ERROR"), "{log}");
 }
 
+/// The system calls `dispatcher@.service` allows (`SystemCallFilter=`, its groups expanded
+/// as `systemd-analyze syscall-filter` lists them, with `@default`, which systemd always
+/// allows).
+fn unit_allowed_syscalls() -> std::collections::BTreeSet<String> {
+    let unit =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../packaging/systemd/dispatcher@.service"))
+            .unwrap();
+    let mut wanted: Vec<String> = vec!["@default".into()];
+    for line in unit.lines() {
+        if let Some(v) = line.strip_prefix("SystemCallFilter=") {
+            assert!(!v.starts_with('~'), "an allow list is expected: {line}");
+            wanted.extend(v.split_whitespace().map(str::to_string));
+        }
+    }
+    assert!(wanted.len() > 1, "the unit has no SystemCallFilter=");
+    let out = std::process::Command::new("systemd-analyze").args(["syscall-filter", "--no-pager"]).output().unwrap();
+    assert!(out.status.success(), "systemd-analyze syscall-filter");
+    let mut groups: std::collections::HashMap<String, Vec<String>> = Default::default();
+    let mut current = None;
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        if line.starts_with('@') {
+            current = Some(line.trim().to_string());
+            groups.entry(line.trim().to_string()).or_default();
+        } else if let (Some(g), item) = (&current, line.trim()) {
+            if !item.is_empty() && !item.starts_with('#') {
+                groups.get_mut(g).unwrap().push(item.to_string());
+            }
+        }
+    }
+    let mut allowed = std::collections::BTreeSet::new();
+    while let Some(w) = wanted.pop() {
+        if w.starts_with('@') {
+            let items = groups.get(&w).unwrap_or_else(|| panic!("no group {w} in systemd-analyze syscall-filter"));
+            wanted.extend(items.iter().cloned());
+        } else {
+            allowed.insert(w);
+        }
+    }
+    allowed
+}
+
+/// The system calls in an `strace -c` summary.
+fn summary_syscalls(text: &str) -> Vec<String> {
+    text.lines()
+        .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+        .filter_map(|l| l.split_whitespace().last())
+        .filter(|n| *n != "total")
+        .map(str::to_string)
+        .collect()
+}
+
+/// The agent, with its unit's capabilities, under `strace -f` while it attaches, serves
+/// L4 and HTTP, answers status, reloads and stops: every system call it made is one the
+/// unit's `SystemCallFilter=` allows (one it did not would fail with EPERM as a service).
+#[test]
+fn the_agent_makes_only_the_system_calls_its_unit_allows() {
+    let allowed = unit_allowed_syscalls();
+    let mut tb = Testbed::new(2, &[VIP, HTTP_VIP]);
+    tb.add_local_vip(HTTP_VIP);
+    tb.start_servers(&[80], &[]);
+    let app = websphere::Cluster::new(2);
+    tb.start_websphere(&app, 8080);
+    let path = config(&tb);
+    let summary = tb.workdir.join("strace.summary");
+    let inner = limited(&tb, &path, CAPS);
+    let mut cmd = tb.lb.command("strace");
+    cmd.args(["-f", "-c", "-o"]).arg(&summary).arg("--").arg(inner.get_program()).args(inner.get_args());
+    tb.start_dispatcher_command(cmd);
+    let addr: SocketAddr = format!("{VIP}:80").parse().unwrap();
+    tb.client.run(move || {
+        for _ in 0..5 {
+            let s = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).expect("connect to the L4 VIP");
+            s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+            let mut w = s.try_clone().unwrap();
+            w.write_all(b"who\n").unwrap();
+            let mut line = String::new();
+            BufReader::new(s).read_line(&mut line).expect("an answer");
+        }
+    });
+    let mut c = Client::new(&tb.client, format!("{HTTP_VIP}:80").parse().unwrap());
+    for _ in 0..5 {
+        assert_eq!(c.get("/app/cart").expect("an HTTP answer").status, 200);
+    }
+    let cfg = path.display().to_string();
+    assert!(tb.dispatcher_cmd(&["status", "--config", &cfg]).contains("agent running"));
+    assert_eq!(tb.admin("POST", "/reload").map(|(s, _)| s), Some(200), "reload:\n{}", tb.log("dispatcher"));
+    assert_eq!(c.get("/app/cart").expect("an HTTP answer after the reload").status, 200);
+    // Stopped through its admin endpoint: strace writes its summary when the agent exits.
+    tb.dispatcher_cmd(&["stop", "--config", &cfg]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while tb.child_exited("dispatcher").is_none() {
+        assert!(Instant::now() < deadline, "the agent did not stop:\n{}", tb.log("dispatcher"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let text = std::fs::read_to_string(&summary).unwrap();
+    let used = summary_syscalls(&text);
+    assert!(used.iter().any(|s| s == "bpf") && used.len() > 20, "strace summary:\n{text}");
+    let outside: Vec<&String> = used.iter().filter(|s| !allowed.contains(*s)).collect();
+    assert!(outside.is_empty(), "system calls the unit's filter refuses: {outside:?}\n{text}");
+}
+
 #[test]
 fn without_cap_net_admin_the_agent_cannot_load_its_program_and_says_so() {
     let mut tb = Testbed::new(2, &[VIP, HTTP_VIP]);

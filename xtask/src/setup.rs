@@ -43,6 +43,8 @@ const PACKAGES: &[&str] = &[
     "lintian",
     "systemd",
     "binutils",
+    // The capability test records the agent's system calls against its unit's filter.
+    "strace",
 ];
 
 pub fn setup() -> anyhow::Result<()> {
