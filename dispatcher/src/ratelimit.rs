@@ -16,7 +16,12 @@ static SEEN: Mutex<Option<HashMap<&'static str, (Instant, u64)>>> = Mutex::new(N
 /// Whether `kind` may be logged now, and how many were suppressed before it.
 fn admit(kind: &'static str, now: Instant) -> Option<u64> {
     let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
-    let entry = seen.get_or_insert_with(HashMap::new).entry(kind).or_insert((now - INTERVAL * 2, 0));
+    tick(seen.get_or_insert_with(HashMap::new).entry(kind).or_insert((now - INTERVAL * 2, 0)), now)
+}
+
+/// One message's turn: (when it was last logged, how many since): `Some(suppressed)` when
+/// it may be logged now.
+fn tick(entry: &mut (Instant, u64), now: Instant) -> Option<u64> {
     if now.duration_since(entry.0) >= INTERVAL {
         let suppressed = entry.1;
         *entry = (now, 0);
@@ -36,15 +41,7 @@ impl PerKey {
     /// `Some(suppressed)` when a message about `key` may be logged now.
     pub fn admit(&self, key: u64, now: Instant) -> Option<u64> {
         let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let entry = seen.entry(key).or_insert((now - INTERVAL * 2, 0));
-        if now.duration_since(entry.0) >= INTERVAL {
-            let suppressed = entry.1;
-            *entry = (now, 0);
-            Some(suppressed)
-        } else {
-            entry.1 += 1;
-            None
-        }
+        tick(seen.entry(key).or_insert((now - INTERVAL * 2, 0)), now)
     }
 }
 

@@ -51,14 +51,21 @@ fn cap_eff(pid: u32) -> u64 {
     u64::from_str_radix(&hex, 16).unwrap()
 }
 
-#[test]
-fn the_agent_serves_with_only_the_capabilities_its_unit_grants() {
-    let mut tb = Testbed::new(4, &[VIP, HTTP_VIP]);
+/// A testbed with `n` backends serving both VIPs (L4 line servers on 80, clones on 8080)
+/// and the agent's configuration.
+fn served_bed(n: usize) -> (Testbed, std::sync::Arc<websphere::Cluster>, std::path::PathBuf) {
+    let mut tb = Testbed::new(n, &[VIP, HTTP_VIP]);
     tb.add_local_vip(HTTP_VIP);
     tb.start_servers(&[80], &[]);
-    let app = websphere::Cluster::new(4);
+    let app = websphere::Cluster::new(n);
     tb.start_websphere(&app, 8080);
     let path = config(&tb);
+    (tb, app, path)
+}
+
+#[test]
+fn the_agent_serves_with_only_the_capabilities_its_unit_grants() {
+    let (mut tb, app, path) = served_bed(4);
     let cmd = limited(&tb, &path, CAPS);
     tb.start_dispatcher_command(cmd);
     // setpriv exec'd the agent: same pid. Its effective set is exactly the four.
@@ -176,12 +183,7 @@ fn summary_syscalls(text: &str) -> Vec<String> {
 #[test]
 fn the_agent_makes_only_the_system_calls_its_unit_allows() {
     let allowed = unit_allowed_syscalls();
-    let mut tb = Testbed::new(2, &[VIP, HTTP_VIP]);
-    tb.add_local_vip(HTTP_VIP);
-    tb.start_servers(&[80], &[]);
-    let app = websphere::Cluster::new(2);
-    tb.start_websphere(&app, 8080);
-    let path = config(&tb);
+    let (mut tb, _app, path) = served_bed(2);
     let summary = tb.workdir.join("strace.summary");
     let inner = limited(&tb, &path, CAPS);
     let mut cmd = tb.lb.command("strace");
