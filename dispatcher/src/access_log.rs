@@ -171,12 +171,23 @@ impl AccessLog {
 fn open(settings: &AccessLogSettings) -> anyhow::Result<Option<File>> {
     match &settings.path {
         None => Ok(None),
-        Some(p) => OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(p)
-            .map(Some)
-            .with_context(|| format!("opening the access log {}", p.display())),
+        Some(p) => {
+            use std::os::unix::fs::OpenOptionsExt as _;
+            // Never through a symbolic link put there since `check` looked (the agent
+            // runs as root), and only a regular file.
+            let f = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                .mode(0o640)
+                .open(p)
+                .with_context(|| format!("opening the access log {}", p.display()))?;
+            let meta = f.metadata().with_context(|| format!("the access log {}", p.display()))?;
+            if !meta.is_file() {
+                anyhow::bail!("the access log {} is not a regular file", p.display());
+            }
+            Ok(Some(f))
+        }
     }
 }
 

@@ -133,15 +133,7 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
         _ => None,
     };
     if let (Some(c), Some(mac)) = (&cfg.cluster, steer_mac) {
-        if let Some(pinned) = c.peer_macs.get(&c.name).filter(|p| **p != mac) {
-            anyhow::bail!(
-                "[cluster] peers pins {} to {}, but {} has {}: the others would refuse its member key",
-                c.name,
-                crate::steering::table::format_mac(pinned),
-                cfg.interface,
-                crate::steering::table::format_mac(&mac)
-            );
-        }
+        Running::own_pin_matches(c, &cfg.interface, mac)?;
     }
     let shared = cfg.cluster.clone().map(|s| {
         let me = crate::shared::Identity { mac: steer_mac, joined: joined.clone() };
@@ -306,6 +298,9 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
                             Ok(what) => {
                                 *admin.live.write().unwrap() = live.view();
                                 *current.write().unwrap() = (live.cfg.clone(), live.cluster.clone());
+                                // The shared state, on the new cluster (and read again if
+                                // the peers or backends changed).
+                                live.cluster.publish(crate::shared::Publish::Reloaded);
                                 tracing::info!(changes = %what, "configuration reloaded");
                                 notifier.send(&format!("READY=1\nSTATUS=reloaded: {what}"));
                             }
@@ -452,6 +447,20 @@ impl Running {
         Live { cfg: self.cfg.clone(), cluster: self.cluster.clone(), commands: self.commands.clone() }
     }
 
+    /// This dispatcher's MAC pinned in `[cluster] peers` (`name@MAC`) is the one `interface`
+    /// has: otherwise every other dispatcher would refuse its member key.
+    fn own_pin_matches(c: &crate::config::ClusterSettings, interface: &str, mac: [u8; 6]) -> anyhow::Result<()> {
+        if let Some(pinned) = c.peer_macs.get(&c.name).filter(|p| **p != mac) {
+            anyhow::bail!(
+                "[cluster] peers pins {} to {}, but {interface} has {}: the others would refuse its member key",
+                c.name,
+                crate::steering::table::format_mac(pinned),
+                crate::steering::table::format_mac(&mac)
+            );
+        }
+        Ok(())
+    }
+
     /// Re-reads the file and swaps in what it says: ids kept by name, the listening
     /// sockets taken over by the new loops (no SYN or queued connection meets a closed
     /// listener), in-flight requests
@@ -464,6 +473,11 @@ impl Running {
     ) -> Result<String, String> {
         let new = Config::load(path).map_err(|e| e.to_string())?;
         let merged = self.cfg.merged_for_reload(new)?;
+        // `peers` may change by reload: this dispatcher's own pin is checked as at start.
+        if let Some(c) = merged.cluster.as_ref().filter(|c| c.steering) {
+            let mac = crate::netif::hardware_address(&merged.interface).map_err(|e| format!("{e:#}"))?;
+            Self::own_pin_matches(c, &merged.interface, mac).map_err(|e| format!("{e:#}"))?;
+        }
         // Health and the operator's state go on; a removed backend is disabled.
         let (health, admin): (Vec<Health>, Vec<Operator>) = merged
             .backends
@@ -514,6 +528,8 @@ impl Running {
         }
         cluster.adopt_map(&self.cluster);
         cluster.apply_limits(&merged);
+        let (per_source, rate) = crate::http::listener::source_limits(&merged);
+        cluster.sources.configure(per_source, rate);
         if let (Some(log), Some(r)) = (&next.access_log, reopened) {
             log.switch(r);
         }
@@ -645,5 +661,26 @@ fn raise_fd_limit() {
         if soft < hard {
             let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A dispatcher pinned in `peers` to a MAC its interface does not have refuses to
+    /// start or reload (the others would refuse its member key); unpinned or pinned
+    /// right, it goes on.
+    #[test]
+    fn its_own_pinned_mac_must_be_its_interfaces() {
+        let text = |peers: &str| {
+            format!("[dispatcher]\ninterface = \"lo\"\n\n[cluster]\nname = \"d0\"\npeers = [{peers}]\nendpoints = [\"http://127.0.0.1:2379\"]\ninsecure_plaintext = true\n")
+        };
+        let mac = [2, 0, 0, 0, 0, 1];
+        let cluster = |peers: &str| Config::parse(&text(peers), "t").unwrap().cluster.unwrap();
+        assert!(Running::own_pin_matches(&cluster("\"d0\", \"d1@02:00:00:00:00:09\""), "eth0", mac).is_ok());
+        assert!(Running::own_pin_matches(&cluster("\"d0@02:00:00:00:00:01\""), "eth0", mac).is_ok());
+        let e = Running::own_pin_matches(&cluster("\"d0@02:00:00:00:00:02\""), "eth0", mac).unwrap_err();
+        assert!(e.to_string().contains("pins d0 to 02:00:00:00:00:02, but eth0 has 02:00:00:00:00:01"), "{e}");
     }
 }

@@ -531,7 +531,15 @@ impl Cluster {
             match t.get(&key) {
                 Some(e) if e.configured || e.owner == backend => return false,
                 Some(e) => {
-                    tracing::warn!(clone = %String::from_utf8_lossy(id), here = %self.backends[e.owner].name, shared = %self.backends[backend].name, "clone ID learned for another backend elsewhere first; taking the shared owner");
+                    crate::ratelimit::warn_that(
+                        "shared clone owner",
+                        &format_args!(
+                            "clone ID {} learned for {} here and for {} elsewhere first: taking the shared owner",
+                            String::from_utf8_lossy(id).escape_debug(),
+                            self.backends[e.owner].name,
+                            self.backends[backend].name
+                        ),
+                    );
                 }
                 None if t.len() >= MAX_CLONES as usize => {
                     drop(t);
@@ -547,6 +555,30 @@ impl Cluster {
         let next = self.successor.lock().unwrap().clone();
         if let Some(next) = next.filter(|n| backend < n.backends.len()) {
             next.adopt_shared_clone(id, backend);
+        }
+        true
+    }
+
+    /// A shared clone ID deleted from the store: no longer routed by here (a configured
+    /// one stays). The way out of a table filled with junk: delete the keys. Returns
+    /// whether the table changed.
+    pub fn forget_shared_clone(&self, id: &[u8]) -> bool {
+        let key = cookie_hash(id);
+        {
+            let mut t = self.clones.write().unwrap();
+            match t.get(&key) {
+                Some(e) if !e.configured => {
+                    t.remove(&key);
+                }
+                _ => return false,
+            }
+        }
+        if let Some(map) = self.clones_map.lock().unwrap().as_mut() {
+            let _ = map.remove(&key);
+        }
+        let next = self.successor.lock().unwrap().clone();
+        if let Some(next) = next {
+            next.forget_shared_clone(id);
         }
         true
     }

@@ -124,6 +124,28 @@ fn writes_without_credentials_fail_and_forged_members_change_nothing() {
     });
     let b1 = m.status(0).backends.into_iter().find(|b| b.name == "b1").unwrap();
     assert_eq!(b1.state, "up");
+    // Deleted, it is written again too.
+    m.etcdctl(&["del", &key("members/d1")]);
+    m.wait_for("d1's member key is back after a delete", Duration::from_secs(3), || {
+        m.etcdctl(&["get", &key("members/d1"), "-w", "json"]).stdout.contains("\"lease\":")
+    });
+
+    // A reload that takes d1 out of d0's peers: d0 stops counting it at once (no store
+    // write needed), and counts it again when it is listed again.
+    let config = m.dispatchers[0].config.clone();
+    let listed = std::fs::read_to_string(&config).unwrap();
+    let pin = format!("\"d1@{}\", ", dispatcher_tests::cluster::dispatcher_mac(1));
+    assert!(listed.contains(&pin), "{listed}");
+    std::fs::write(&config, listed.replace(&pin, "")).unwrap();
+    let out = m.cmd(0, &["reload"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    m.wait_for("d0 no longer counts d1", Duration::from_secs(3), || members(&m, 0) == ["d0"]);
+    assert_eq!(m.status(0).cluster.unwrap().peers.len(), dispatcher_tests::cluster::PEER_NAMES - 1);
+    std::fs::write(&config, &listed).unwrap();
+    let out = m.cmd(0, &["reload"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    m.wait_for("d0 counts d1 again", Duration::from_secs(3), || members(&m, 0) == ["d0", "d1"]);
+    std::fs::write(&config, &listed).unwrap();
 }
 
 /// `n` clone keys (`id(k)` -> `backend`) in transactions of 128 puts (etcd's limit per
@@ -181,9 +203,30 @@ fn a_clone_key_flood_is_refused_key_by_key_and_the_watch_keeps_up() {
     assert_eq!(c.shared_clones, before + 2000);
     let agent = m.status(0);
     assert!(agent.clones >= 2000, "the good IDs route: {} in the clone table", agent.clones);
-    // A session naming a good ID goes to its owner.
-    let mut cl = m.client(0);
-    cl.jar = Some("0000A:good7".to_string());
-    let r = cl.get("/app/flood").expect("a request");
-    assert_eq!(r.status, 200, "{r:?}");
+    // A session naming a good ID goes to its owner, b0.
+    for n in [7, 1999] {
+        let mut cl = m.client(0);
+        cl.jar = Some(format!("0000A:good{n}"));
+        let r = cl.get("/app/flood").expect("a request");
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(r.field("clone"), Some(m.clones.clone_ids[0].as_str()), "good{n} is b0's: {r:?}");
+    }
+    // Deleted from the store, the IDs are no longer routed by (the way out of a table
+    // filled with junk).
+    m.etcdctl(&["del", "--prefix", &format!("{}/clones/good", m.key_prefix)]);
+    m.wait_for_or(
+        "the deleted IDs leave the tables",
+        Duration::from_secs(10),
+        // What is left: the clones' own IDs learned from the answers above.
+        || m.status(0).cluster.unwrap().shared_clones <= before + 2 && m.status(0).clones + 1998 <= agent.clones,
+        || {
+            format!(
+                "before {before}, clones {} then {}: {:?}\n{}",
+                agent.clones,
+                m.status(0).clones,
+                m.status(0).cluster,
+                m.log(0)
+            )
+        },
+    );
 }

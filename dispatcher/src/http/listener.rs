@@ -399,6 +399,15 @@ impl Drop for VipOpen {
     }
 }
 
+/// The per-source limits `cfg` sets: (connections held, new connections per second).
+pub fn source_limits(cfg: &Config) -> (usize, usize) {
+    let global = cfg.http.max_client_connections.unwrap_or_else(|| default_client_cap(descriptor_limit()));
+    (
+        cfg.http.max_connections_per_source.unwrap_or_else(|| default_per_source(global)),
+        cfg.http.max_connection_rate_per_source,
+    )
+}
+
 impl HttpServer {
     /// Starts `http.workers` event loops, each accepting on every HTTP VIP (the VIP
     /// address must be local, e.g. on `lo`), taking over `predecessor`'s listening
@@ -428,11 +437,13 @@ impl HttpServer {
                 default_client_cap(nofile)
             );
         }
-        let per_source = cfg.http.max_connections_per_source.unwrap_or_else(|| default_per_source(global));
-        let rate = cfg.http.max_connection_rate_per_source;
+        let (per_source, rate) = source_limits(cfg);
         // The table is the cluster's (shared with the generation this one replaces): the
-        // new limits apply to every connection from now on, the counts stay.
-        cluster.sources.configure(per_source, rate);
+        // new limits apply to every connection once a reload has succeeded (the agent
+        // sets them then: a refused reload changes nothing); the counts stay.
+        if predecessor.is_none() {
+            cluster.sources.configure(per_source, rate);
+        }
         tracing::info!(
             max_client_connections = global,
             max_connections_per_source = per_source,

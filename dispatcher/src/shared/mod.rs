@@ -49,6 +49,9 @@ pub enum Publish {
     Verdicts,
     /// An operator's command given here.
     Operator { backend: String, op: Operator },
+    /// A reload swapped the configuration and the cluster: the shared state is applied to
+    /// the new cluster, and read again if the peers or the backends changed.
+    Reloaded,
 }
 
 /// The configuration and the cluster state a reload may replace.
@@ -311,8 +314,8 @@ fn set_aside_majority(inner: &Inner) {
 /// Keeps a write for when the store is back (bounded: the oldest learned IDs go first).
 fn keep_pending(inner: &Inner, p: Publish) {
     let mut q = inner.pending.lock().unwrap();
-    if p == Publish::Verdicts {
-        // The member key is written at every session's start anyway.
+    if matches!(p, Publish::Verdicts | Publish::Reloaded) {
+        // The member key is written, and the state read, at every session's start anyway.
         return;
     }
     if q.len() >= MAX_PENDING {

@@ -77,7 +77,11 @@ async fn session(
     let lease = timed(inner, "granting the membership lease", client.lease_grant(ttl, None)).await?.id();
     inner.counters.writes.fetch_add(1, Ordering::Relaxed);
     *lease_out.lock().unwrap() = Some((client.clone(), lease));
-    let (mut keeper, mut renewed) = timed(inner, "renewing the lease", client.lease_keep_alive(lease)).await?;
+    let (keeper, renewed) = timed(inner, "renewing the lease", client.lease_keep_alive(lease)).await?;
+    // Renewals run on their own from here on: a long replay or snapshot (a store holding
+    // many keys) never lets the lease lapse. Their failure ends the session.
+    let (lost_tx, mut lost) = tokio::sync::oneshot::channel();
+    let renewing = AbortOnDrop(tokio::spawn(renew(inner.clone(), client.clone(), keeper, renewed, lost_tx)));
 
     // What this dispatcher decided while the store was away, first: in etcd's order it
     // comes before anything the snapshot below does not hold yet.
@@ -133,23 +137,10 @@ async fn session(
         let _ = r.send(());
     }
 
-    let mut tick = tokio::time::interval(renew_every(s.lease_ttl));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.tick().await;
+    let _renewing = renewing;
     loop {
         tokio::select! {
-            _ = tick.tick() => {
-                // A renewal needs the store's leader: without a quorum it times out, and the
-                // session ends (status: unreachable).
-                inner.counters.renewals.fetch_add(1, Ordering::Relaxed);
-                timed(inner, "renewing the lease", keeper.keep_alive()).await?;
-                let r = timed(inner, "renewing the lease", renewed.message()).await?;
-                match r {
-                    Some(r) if r.ttl() > 0 => {}
-                    _ => bail!("the membership lease expired"),
-                }
-                store_health(inner, &mut client).await;
-            }
+            e = &mut lost => return Err(e.unwrap_or_else(|_| anyhow!("the lease renewals stopped"))),
             msg = watch.message() => {
                 let resp = msg.context("watching the shared state")?.ok_or_else(|| anyhow!("the store closed the watch"))?;
                 if resp.canceled() {
@@ -158,22 +149,8 @@ async fn session(
                 let current = inner.current.read().unwrap().clone();
                 if !Arc::ptr_eq(&current.0, &policy_of) {
                     policy_of = current.0.clone();
-                    let next = Policy::for_config(&policy_of);
-                    if next != policy {
-                        // A reload changed the peers or the backends: what was refused may
-                        // count now, and the reverse. The store is read again; the watch
-                        // goes on, skipping what the new snapshot holds.
-                        policy = next;
-                        let (fresh, rev) = snapshot(inner, &mut client, &policy, &dir).await?;
-                        apply_all(inner, &fresh);
-                        publish_peers(inner, &fresh);
-                        {
-                            let mut st = inner.state.lock().unwrap();
-                            st.view = fresh;
-                            st.revision = rev;
-                        }
+                    if let Some(rev) = refresh(inner, &mut client, &mut policy, &policy_of, &dir).await? {
                         seen_upto = rev;
-                        tracing::info!(revision = rev, "shared state read again for the reloaded configuration");
                     }
                 }
                 // Each event applied to the view in place (a flood costs what each key
@@ -181,6 +158,7 @@ async fn session(
                 let mut verdicts = false;
                 let mut ops = Vec::new();
                 let mut clones = Vec::new();
+                let mut gone = Vec::new();
                 let mut mine_overwritten = false;
                 {
                     let mut st = inner.state.lock().unwrap();
@@ -191,7 +169,9 @@ async fn session(
                         }
                         let put = ev.event_type() == EventType::Put;
                         let value = put.then(|| kv.value());
-                        if put && kv.key() == my_key.as_bytes() && kv.lease() != lease {
+                        // This dispatcher's own member key, written by someone else or
+                        // deleted: written again below.
+                        if kv.key() == my_key.as_bytes() && (!put || kv.lease() != lease) {
                             mine_overwritten = true;
                         }
                         let change = st.view.apply(&policy, &prefix, kv.key(), value, kv.lease());
@@ -200,6 +180,7 @@ async fn session(
                             Change::Verdicts => verdicts = true,
                             Change::Operator { backend, .. } => ops.push(backend),
                             Change::Clone { id, backend } => clones.push((id, backend)),
+                            Change::CloneGone { id } => gone.push(id),
                             Change::None | Change::Refused(_) => {}
                         }
                     }
@@ -213,6 +194,9 @@ async fn session(
                     if let Some(&i) = by_name.get(b.as_str()) {
                         cluster.adopt_shared_clone(id.as_bytes(), i);
                     }
+                }
+                for id in gone {
+                    cluster.forget_shared_clone(id.as_bytes());
                 }
                 {
                     let st = inner.state.lock().unwrap();
@@ -242,6 +226,20 @@ async fn session(
             p = rx.recv() => {
                 let Some(p) = p else { bail!("the agent is stopping") };
                 let p = match p {
+                    Publish::Reloaded => {
+                        let current = inner.current.read().unwrap().clone();
+                        policy_of = current.0.clone();
+                        match refresh(inner, &mut client, &mut policy, &policy_of, &dir).await? {
+                            Some(rev) => seen_upto = rev,
+                            None => {
+                                // Same peers and backends: the new cluster takes the shared
+                                // state as it stands.
+                                let st = inner.state.lock().unwrap();
+                                apply_all(inner, &st.view);
+                            }
+                        }
+                        continue;
+                    }
                     // The member key carries the verdicts, with the lease.
                     Publish::Verdicts => {
                         let key = view::member_key(&prefix, &s.name);
@@ -308,6 +306,72 @@ fn note_refused(inner: &Inner, change: &Change, key: &[u8]) {
     }
 }
 
+/// Aborts a task when dropped (the session's renewals end with the session).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The lease renewals and the store's health, three times per lease, until one fails
+/// (then `lost` says why).
+async fn renew(
+    inner: Arc<Inner>,
+    mut client: Client,
+    mut keeper: etcd_client::LeaseKeeper,
+    mut renewed: etcd_client::LeaseKeepAliveStream,
+    lost: tokio::sync::oneshot::Sender<anyhow::Error>,
+) {
+    let mut tick = tokio::time::interval(renew_every(inner.settings.lease_ttl));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    let err = loop {
+        tick.tick().await;
+        // A renewal needs the store's leader: without a quorum it times out, and the
+        // session ends (status: unreachable).
+        inner.counters.renewals.fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = timed(&inner, "renewing the lease", keeper.keep_alive()).await {
+            break e;
+        }
+        match timed(&inner, "renewing the lease", renewed.message()).await {
+            Ok(Some(r)) if r.ttl() > 0 => {}
+            Ok(_) => break anyhow!("the membership lease expired"),
+            Err(e) => break e,
+        }
+        store_health(&inner, &mut client).await;
+    };
+    let _ = lost.send(err);
+}
+
+/// After a reload: when the peers or the backends changed (`policy` differs from what
+/// `cfg` says), the store is read again and applied to the new cluster; returns the new
+/// snapshot's revision (watch events at or below it are in the view already).
+async fn refresh(
+    inner: &Inner,
+    client: &mut Client,
+    policy: &mut Policy,
+    cfg: &crate::config::Config,
+    dir: &str,
+) -> anyhow::Result<Option<i64>> {
+    let next = Policy::for_config(cfg);
+    if next == *policy {
+        return Ok(None);
+    }
+    *policy = next;
+    let (fresh, rev) = snapshot(inner, client, policy, dir).await?;
+    apply_all(inner, &fresh);
+    publish_peers(inner, &fresh);
+    {
+        let mut st = inner.state.lock().unwrap();
+        st.view = fresh;
+        st.revision = rev;
+    }
+    tracing::info!(revision = rev, "shared state read again for the reloaded configuration");
+    Ok(Some(rev))
+}
+
 /// Renewals three times per lease: two may be lost before it expires.
 fn renew_every(ttl: Duration) -> Duration {
     (ttl / 3).max(Duration::from_millis(500))
@@ -332,7 +396,10 @@ async fn write(inner: &Inner, client: &mut Client, p: &Publish) -> anyhow::Resul
                         if let Some(kv) = g.kvs().first() {
                             let owner = String::from_utf8_lossy(kv.value());
                             if owner != *backend {
-                                tracing::warn!(clone = %id, learned_here = %backend, shared = %owner, "clone ID learned for another backend first elsewhere");
+                                crate::ratelimit::warn_that(
+                                    "shared clone owner",
+                                    &format_args!("clone ID {id} learned for {backend} here and for {owner} elsewhere first: taking the shared owner"),
+                                );
                                 let cluster = inner.current.read().unwrap().1.clone();
                                 if let Some(&i) = backend_index(&cluster).get(owner.as_ref()) {
                                     cluster.adopt_shared_clone(id.as_bytes(), i);
@@ -355,7 +422,7 @@ async fn write(inner: &Inner, client: &mut Client, p: &Publish) -> anyhow::Resul
             }
             inner.counters.writes.fetch_add(1, Ordering::Relaxed);
         }
-        Publish::Verdicts => {}
+        Publish::Verdicts | Publish::Reloaded => {}
     }
     Ok(())
 }

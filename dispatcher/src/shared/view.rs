@@ -111,7 +111,12 @@ pub enum Change {
         id: String,
         backend: String,
     },
-    /// Nothing to act on (a clone deleted: the table keeps what it routes by).
+    /// A shared clone ID deleted from the store (by its operator): not routed by any more
+    /// unless configured.
+    CloneGone {
+        id: String,
+    },
+    /// Nothing to act on.
     None,
     /// Not taken (counted and logged by the caller).
     Refused(Refusal),
@@ -300,10 +305,11 @@ impl View {
                 self.clones.insert(id.to_string(), backend.to_string());
                 Ok(Change::Clone { id: id.to_string(), backend: backend.to_string() })
             }
-            (["clones", id], None) => {
-                self.clones.remove(*id);
-                Ok(Change::None)
-            }
+            (["clones", id], None) => Ok(if self.clones.remove(*id).is_some() {
+                Change::CloneGone { id: id.to_string() }
+            } else {
+                Change::None
+            }),
             _ => Err(Refusal::UnknownKey),
         }
     }
@@ -561,6 +567,7 @@ mod tests {
         assert_eq!(v.apply(&p, P, clone_key(P, "c3").as_bytes(), Some(b"b1"), 0), Change::Refused(Refusal::TableFull));
         // A known ID may still be rewritten; a deletion makes room.
         assert!(matches!(v.apply(&p, P, clone_key(P, "c2").as_bytes(), Some(b"b2"), 0), Change::Clone { .. }));
+        assert_eq!(v.apply(&p, P, clone_key(P, "c1").as_bytes(), None, 0), Change::CloneGone { id: "c1".into() });
         assert_eq!(v.apply(&p, P, clone_key(P, "c1").as_bytes(), None, 0), Change::None);
         assert!(matches!(v.apply(&p, P, clone_key(P, "c3").as_bytes(), Some(b"b1"), 0), Change::Clone { .. }));
         assert_eq!(
