@@ -20,6 +20,9 @@ enum Cmd {
     /// Install what this machine lacks: rust-src, bpf-linker for the nightly's LLVM,
     /// Debian packages. Idempotent.
     Setup,
+    /// Formatting (`cargo fmt --check`) and clippy with warnings as errors, on the host
+    /// crates and on the XDP crate (nightly, for its BPF target), as CI runs them.
+    Lint,
     /// Set up, then build the agent (with its embedded XDP programs).
     Build {
         #[arg(long)]
@@ -121,6 +124,25 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Cmd::Setup => setup::setup(),
+        Cmd::Lint => {
+            setup::setup()?;
+            step("cargo fmt --check");
+            run_cmd(cargo().args(["fmt", "--all", "--check"]))?;
+            step("clippy: the host crates");
+            run_cmd(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
+            step("clippy: the XDP programs (nightly, BPF target)");
+            let target_dir = workspace_root().join("target/ebpf-clippy");
+            let mut cmd = Command::new("rustup");
+            cmd.args(["run", "nightly", "cargo", "clippy", "--package", "dispatcher-ebpf", "--bins", "--release"])
+                .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core", "--target-dir"])
+                .arg(&target_dir)
+                .args(["--", "-D", "warnings", "--cfg", "bpf_target_arch=\"x86_64\""])
+                .current_dir(workspace_root().join("dispatcher-ebpf"));
+            for key in ["RUSTC", "RUSTC_WORKSPACE_WRAPPER", "RUSTFLAGS", "CARGO_BUILD_RUSTFLAGS", "CARGO"] {
+                cmd.env_remove(key);
+            }
+            run_cmd(&mut cmd)
+        }
         Cmd::Build { release } => {
             setup::setup()?;
             build(release)

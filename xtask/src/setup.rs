@@ -52,6 +52,9 @@ pub fn setup() -> anyhow::Result<()> {
     if ensure_nightly_rust_src()? {
         did.push("rust-src");
     }
+    if ensure_lint_components()? {
+        did.push("rustfmt and clippy");
+    }
     if ensure_bpf_linker()? {
         did.push("bpf-linker");
     }
@@ -88,6 +91,25 @@ fn ensure_nightly_rust_src() -> anyhow::Result<bool> {
     step("installing rust-src for the nightly toolchain (needed for -Z build-std=core)");
     run_cmd(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))?;
     Ok(true)
+}
+
+/// rustfmt and clippy for the host toolchain, clippy for the nightly one (`cargo xtask
+/// lint`, which CI runs).
+fn ensure_lint_components() -> anyhow::Result<bool> {
+    let has = |toolchain: &str, tool: &str| {
+        Command::new("rustup").args(["run", toolchain, tool, "--version"]).output().is_ok_and(|o| o.status.success())
+    };
+    let mut did = false;
+    for (toolchain, component, tool) in
+        [("stable", "rustfmt", "rustfmt"), ("stable", "clippy", "cargo-clippy"), ("nightly", "clippy", "cargo-clippy")]
+    {
+        if !has(toolchain, tool) {
+            step(&format!("installing {component} for the {toolchain} toolchain"));
+            run_cmd(Command::new("rustup").args(["component", "add", component, "--toolchain", toolchain]))?;
+            did = true;
+        }
+    }
+    Ok(did)
 }
 
 /// The LLVM major version of the nightly compiler (`LLVM version: 22.1.4` -> 22).
