@@ -11,7 +11,7 @@ use crate::{
     forward,
     maps::VIPS,
     parse::{
-        be16, parse_l2, ptr_at, read_word, Ipv4Hdr, Ipv6Hdr, Ports, ETH_P_IP, ETH_P_IPV6, IPV4_HLEN, IPV6_HLEN,
+        be16, parse_l2, ptr_at, read_word, Ipv4Hdr, Ipv6Hdr, Ports, ETH_P_IP, ETH_P_IPV6, IPV4_HLEN, IPV6_HLEN, L3,
         TCP_HLEN, UDP_HLEN,
     },
     select, sip,
@@ -23,21 +23,6 @@ const PASS: u32 = xdp_action::XDP_PASS;
 const DROP: u32 = xdp_action::XDP_DROP;
 const TCP_SYN: u8 = 0x02;
 const TCP_ACK: u8 = 0x10;
-
-/// What the network and transport headers said.
-pub struct L3 {
-    pub family: u8,
-    pub proto: u8,
-    pub l4_off: usize,
-    /// Length of the IP packet as its header states (header included; u32: an IPv6
-    /// payload length plus its header may pass 65535).
-    pub ip_len: u32,
-    pub src: [u32; 4],
-    pub dst: [u32; 4],
-    /// The header's first four bytes as they are (IPv4: version/IHL, TOS, length; IPv6:
-    /// version, traffic class, flow label), kept for an outer header.
-    pub head: [u8; 4],
-}
 
 #[inline(always)]
 fn pass(slot: u32, len: u64) -> Result<u32, ()> {

@@ -4,9 +4,8 @@
 use aya_ebpf::{bindings::xdp_action, helpers::bpf_xdp_adjust_head, programs::XdpContext};
 use dispatcher_common::{BackendInfo, VipInfo, AF_INET, FWD_IPIP, IPPROTO_IPIP, IPPROTO_IPV6};
 
-use crate::{
-    dispatch::L3,
-    parse::{load_mac, ptr_at, store_mac, EthHdr, ETH_HLEN, ETH_P_IP, ETH_P_IPV6, IPV4_HLEN, IPV6_HLEN, L2, VLAN_HLEN},
+use crate::parse::{
+    load_mac, ptr_at, store_mac, EthHdr, ETH_HLEN, ETH_P_IP, ETH_P_IPV6, IPV4_HLEN, IPV6_HLEN, L2, L3, VLAN_HLEN,
 };
 
 const TX: u32 = xdp_action::XDP_TX;

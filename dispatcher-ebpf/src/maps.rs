@@ -1,4 +1,4 @@
-//! The maps, named as in DESIGN.md. Sizes are defaults; the agent may resize FLOWS and
+//! The maps, named as docs/design.md lists them ("Who owns what"). Sizes are defaults; the agent may resize FLOWS and
 //! AFFINITY at load time and pins them all under bpffs.
 
 use aya_ebpf::{

@@ -139,6 +139,21 @@ pub fn be16(b: [u8; 2]) -> u16 {
     u16::from_be_bytes(b)
 }
 
+/// What the network and transport headers said.
+pub struct L3 {
+    pub family: u8,
+    pub proto: u8,
+    pub l4_off: usize,
+    /// Length of the IP packet as its header states (header included; u32: an IPv6
+    /// payload length plus its header may pass 65535).
+    pub ip_len: u32,
+    pub src: [u32; 4],
+    pub dst: [u32; 4],
+    /// The header's first four bytes as they are (IPv4: version/IHL, TOS, length; IPv6:
+    /// version, traffic class, flow label), kept for an outer header.
+    pub head: [u8; 4],
+}
+
 /// The link layer: where the IP header starts and which protocol it is.
 pub struct L2 {
     pub l3_off: usize,

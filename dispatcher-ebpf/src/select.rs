@@ -30,7 +30,7 @@ fn usable_for_new(id: u32) -> Option<(u32, &'static BackendInfo)> {
     if takes_new_flows(b.state) {
         return Some((id, b));
     }
-    replica_if_up(&b)
+    replica_if_up(b)
 }
 
 #[inline(always)]
@@ -98,7 +98,7 @@ pub fn select_backend(vip: &VipInfo, key: &FlowKey, syn: bool, cookie: u64) -> O
                     return Some((pinned, b, true));
                 }
                 // Pinned backend is down or disabled: its peer replica holds its state.
-                if let Some((rid, r)) = replica_if_up(&b) {
+                if let Some((rid, r)) = replica_if_up(b) {
                     unsafe { (*flow).backend = rid };
                     count(stats::vip_slot(vip.id, stats::VIP_REPINNED), 0);
                     return Some((rid, r, false));

@@ -25,10 +25,9 @@ use dispatcher_common::{
 };
 
 use crate::{
-    dispatch::L3,
     forward,
     maps::{BACKENDS, CLONES, FLOWS, SIP_SCRATCH},
-    parse::{L2, UDP_HLEN},
+    parse::{L2, L3, UDP_HLEN},
     select,
     stats::count,
 };

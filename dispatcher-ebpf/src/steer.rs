@@ -30,9 +30,8 @@ use dispatcher_common::{
 };
 
 use crate::{
-    dispatch::L3,
     maps::{STEER, STEER_CONF},
-    parse::{ptr_at, write_mac, EthHdr, Ipv4Hdr, Ipv6Hdr, L2},
+    parse::{ptr_at, write_mac, EthHdr, Ipv4Hdr, Ipv6Hdr, L2, L3},
     stats::count,
 };
 

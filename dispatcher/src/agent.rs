@@ -8,38 +8,16 @@ use std::{path::Path, sync::Arc};
 use anyhow::Context as _;
 use aya::programs::links::{FdLink, PinnedLink};
 use dispatcher_common::{effective_state, Health, Operator};
-use tokio::sync::{mpsc, oneshot};
 
 use crate::{
     access_log::AccessLog,
-    admin::{self, Admin},
+    admin::{self, Admin, AgentRequest, Live},
     config::Config,
     control::AdminCommand,
     dataplane::{self, tables::Tables, Attached, LoadOptions},
     http::listener::HttpServer,
     state::Cluster,
 };
-
-/// What a reload replaces.
-pub struct Live {
-    pub cfg: Arc<Config>,
-    pub cluster: Arc<Cluster>,
-    pub commands: mpsc::UnboundedSender<AdminCommand>,
-}
-
-/// A reload request: the reply says what changed, or why nothing did.
-pub type ReloadRequest = oneshot::Sender<Result<String, String>>;
-
-/// What only the agent's main loop can do.
-pub enum AgentRequest {
-    Reload(ReloadRequest),
-    /// Exit; `detach`: also detach the program and unpin the maps.
-    Stop {
-        detach: bool,
-    },
-    /// `dispatcher join` (true) / `leave` (false): answered with what was done.
-    Membership(bool, tokio::sync::oneshot::Sender<Result<String, String>>),
-}
 
 /// Blocks until SIGTERM or SIGINT.
 pub fn wait_for_shutdown() -> anyhow::Result<&'static str> {
@@ -454,8 +432,8 @@ impl Running {
             anyhow::bail!(
                 "[cluster] peers pins {} to {}, but {interface} has {}: the others would refuse its member key",
                 c.name,
-                crate::steering::table::format_mac(pinned),
-                crate::steering::table::format_mac(&mac)
+                crate::mac::format_mac(pinned),
+                crate::mac::format_mac(&mac)
             );
         }
         Ok(())

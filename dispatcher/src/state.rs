@@ -1,7 +1,7 @@
 //! The cluster as the agent's request path sees it: backends and their states, the clone
 //! table (clone or partition ID -> owner and replica) with its write-through to the
-//! `CLONES` map, and the counters. Kept in one place so that it can later be backed by a
-//! shared store (DESIGN.md, scale-out).
+//! `CLONES` map, and the counters. The shared store (`shared`, docs/design.md "Several
+//! dispatchers") feeds it what the other dispatchers learn.
 
 use std::{
     collections::HashMap,
@@ -18,7 +18,7 @@ use dispatcher_common::{
     NO_BACKEND,
 };
 
-use crate::config::Config;
+use crate::{config::Config, metrics::Histogram};
 
 pub struct Backend {
     pub name: String,
@@ -51,7 +51,7 @@ pub struct Backend {
     /// `http.max_connections_per_backend`, shared by all workers' pools.
     pub conn_limit: Arc<tokio::sync::Semaphore>,
     /// `maxconn` and its queue (shared with a reload's successor).
-    pub slots: Arc<crate::http::queue::Slots>,
+    pub slots: Arc<crate::capacity::queue::Slots>,
     /// `slow_start`: when it came back (`mono_ns`), 0 when it is not ramping up.
     pub ramp_since: AtomicU64,
     /// It went out of service (down, disabled, drained) and has not been up since: its
@@ -174,6 +174,21 @@ pub fn clone_id_ok(id: &[u8]) -> bool {
     !id.is_empty() && id.len() <= MAX_CLONE_ID_LEN && id.iter().all(|b| b.is_ascii_graphic())
 }
 
+/// What this dispatcher tells the others (`[cluster]`): the cluster sends these on the
+/// channel `set_publisher` gives it; the shared store's link (`shared`) listens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Publish {
+    /// It learned a clone or partition ID from a backend's `Set-Cookie`.
+    Learned { id: String, backend: String },
+    /// Its own checks' verdicts changed (the member key is rewritten from the cluster).
+    Verdicts,
+    /// An operator's command given here.
+    Operator { backend: String, op: Operator },
+    /// A reload swapped the configuration and the cluster: the shared state is applied to
+    /// the new cluster, and read again if the peers or the backends changed.
+    Reloaded,
+}
+
 #[derive(Default)]
 pub struct Counters {
     // Shared by a cluster and the one a reload replaces it with: totals go on, and the
@@ -235,7 +250,7 @@ pub struct Cluster {
     clones_map: Mutex<Option<BpfHashMap<MapData, u64, CloneValue>>>,
     events: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Event>>>,
     /// Where what this dispatcher learns goes to be shared (`[cluster]`; `None`: standalone).
-    publisher: Mutex<Option<tokio::sync::mpsc::UnboundedSender<crate::shared::Publish>>>,
+    publisher: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Publish>>>,
     /// Woken when the clone table gains an entry (learned here or taken from the store):
     /// requests waiting for an unknown clone ID look again.
     pub clones_changed: tokio::sync::Notify,
@@ -253,13 +268,13 @@ pub struct Cluster {
     /// the global cap).
     pub client_connections: Arc<std::sync::atomic::AtomicUsize>,
     /// Idle upstream connections all pools may keep (shared with a reload's successor).
-    pub idle_budget: Arc<crate::http::pool::IdleBudget>,
+    pub idle_budget: Arc<crate::capacity::IdleBudget>,
     /// TLS handshakes in progress over all HTTPS VIPs (`http.max_tls_handshakes`; shared
     /// with a reload's successor when the cap is the same, so a reload does not double it
     /// while the previous listeners drain).
     pub tls_handshakes: (usize, Arc<tokio::sync::Semaphore>),
     /// Client connections per source address (shared with a reload's successor).
-    pub sources: Arc<crate::http::sources::SourceLimiter>,
+    pub sources: Arc<crate::capacity::sources::SourceLimiter>,
     /// The origin of the backends' `failed_at`.
     epoch: std::time::Instant,
     /// How long held requests waited, whatever the outcome.
@@ -278,40 +293,6 @@ pub struct VipStats {
     pub connections: Arc<AtomicU64>,
     /// TLS handshakes (HTTPS VIPs), shared with a reload's successor.
     pub tls: Arc<crate::tls::server::TlsStats>,
-}
-
-/// A latency histogram with fixed bounds, lock-free.
-pub struct Histogram {
-    pub buckets: [AtomicU64; Histogram::BOUNDS_US.len()],
-    pub count: AtomicU64,
-    pub sum_us: AtomicU64,
-}
-
-impl Default for Histogram {
-    fn default() -> Self {
-        Histogram {
-            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
-            count: AtomicU64::new(0),
-            sum_us: AtomicU64::new(0),
-        }
-    }
-}
-
-impl Histogram {
-    /// Upper bounds in microseconds (Prometheus `le`, in seconds on export).
-    pub const BOUNDS_US: [u64; 14] = [
-        250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000, 2_500_000,
-        5_000_000,
-    ];
-
-    pub fn record(&self, d: std::time::Duration) {
-        let us = d.as_micros() as u64;
-        if let Some(i) = Self::BOUNDS_US.iter().position(|&b| us <= b) {
-            self.buckets[i].fetch_add(1, Ordering::Relaxed);
-        }
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_us.fetch_add(us, Ordering::Relaxed);
-    }
 }
 
 impl Cluster {
@@ -349,7 +330,7 @@ impl Cluster {
                 errors: AtomicU64::new(0),
                 connections: Arc::new(AtomicU64::new(0)),
                 conn_limit: Arc::new(tokio::sync::Semaphore::new(cfg.http.max_connections_per_backend)),
-                slots: Arc::new(crate::http::queue::Slots::new(b.maxconn.map(u64::from), b.maxqueue.into())),
+                slots: Arc::new(crate::capacity::queue::Slots::new(b.maxconn.map(u64::from), b.maxqueue.into())),
                 ramp_since: AtomicU64::new(0),
                 left: std::sync::atomic::AtomicBool::new(!matches!(
                     effective_state(a, h),
@@ -385,9 +366,7 @@ impl Cluster {
             client_connections: Default::default(),
             sources: Default::default(),
             epoch: std::time::Instant::now(),
-            idle_budget: Arc::new(crate::http::pool::IdleBudget::for_descriptors(
-                crate::http::listener::descriptor_limit(),
-            )),
+            idle_budget: Arc::new(crate::capacity::IdleBudget::for_descriptors(crate::capacity::descriptor_limit())),
             hold_time: Histogram::default(),
             tls_handshakes: (
                 cfg.http.max_tls_handshakes,
@@ -501,7 +480,7 @@ impl Cluster {
     }
 
     /// Sends what this dispatcher decided to the shared store (`[cluster]`).
-    pub fn publish(&self, p: crate::shared::Publish) {
+    pub fn publish(&self, p: Publish) {
         if let Some(tx) = self.publisher.lock().unwrap().as_ref() {
             let _ = tx.send(p);
         }
@@ -512,7 +491,7 @@ impl Cluster {
         self.publisher.lock().unwrap().is_some()
     }
 
-    pub fn set_publisher(&self, tx: tokio::sync::mpsc::UnboundedSender<crate::shared::Publish>) {
+    pub fn set_publisher(&self, tx: tokio::sync::mpsc::UnboundedSender<Publish>) {
         *self.publisher.lock().unwrap() = Some(tx);
     }
 
@@ -766,7 +745,7 @@ impl Cluster {
             self.counters.learned.fetch_add(1, Ordering::Relaxed);
             tracing::info!(clone = %String::from_utf8_lossy(id), backend = %self.backends[backend].name, "learned clone ID");
             // Once: a predecessor passing it on published it already.
-            self.publish(crate::shared::Publish::Learned {
+            self.publish(Publish::Learned {
                 id: String::from_utf8_lossy(id).into_owned(),
                 backend: self.backends[backend].name.clone(),
             });

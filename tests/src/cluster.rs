@@ -16,7 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dispatcher::admin::contract::AgentStatus;
+use dispatcher::api::AgentStatus;
 
 use crate::netns::{dispatcher_bin, Ns, Testbed};
 

@@ -19,12 +19,7 @@ use dispatcher_tests::cluster::Multi;
 /// What a dispatcher learns is used by the others within this bound.
 const SHARE_BOUND: Duration = Duration::from_secs(2);
 
-fn backend_field(
-    m: &Multi,
-    i: usize,
-    backend: &str,
-    f: fn(&dispatcher::admin::contract::BackendStatus) -> String,
-) -> String {
+fn backend_field(m: &Multi, i: usize, backend: &str, f: fn(&dispatcher::api::BackendStatus) -> String) -> String {
     m.status(i).backends.iter().find(|b| b.name == backend).map(f).unwrap_or_default()
 }
 

@@ -14,7 +14,6 @@
 //! connection budgets, so that scrapers can never lock the operator out.
 
 pub mod client;
-pub mod contract;
 pub mod views;
 
 use std::{
@@ -30,9 +29,8 @@ use tokio::{
     sync::{mpsc, oneshot},
 };
 
-pub use crate::agent::{AgentRequest, Live, ReloadRequest};
+use crate::api::{to_json, CommandReply, ErrorReply, MembershipReply, ReloadReply, StopReply};
 use crate::{config::Config, control::AdminCommand, dataplane::tables::Tables, state::Cluster};
-use contract::{to_json, CommandReply, ErrorReply, ReloadReply, StopReply};
 use dispatcher_common::Operator;
 
 pub struct Admin {
@@ -56,6 +54,28 @@ impl Admin {
         let l = self.live.read().unwrap();
         (l.cfg.clone(), l.cluster.clone(), l.commands.clone())
     }
+}
+
+/// What a reload replaces.
+pub struct Live {
+    pub cfg: Arc<Config>,
+    pub cluster: Arc<Cluster>,
+    pub commands: mpsc::UnboundedSender<AdminCommand>,
+}
+
+/// A reload request: the reply says what changed, or why nothing did.
+pub type ReloadRequest = oneshot::Sender<Result<String, String>>;
+
+/// What only the agent's main loop can do: the endpoint asks, the agent (`agent::run`)
+/// answers.
+pub enum AgentRequest {
+    Reload(ReloadRequest),
+    /// Exit; `detach`: also detach the program and unpin the maps.
+    Stop {
+        detach: bool,
+    },
+    /// `dispatcher join` (true) / `leave` (false): answered with what was done.
+    Membership(bool, tokio::sync::oneshot::Sender<Result<String, String>>),
 }
 
 /// Who a client is.
@@ -377,7 +397,9 @@ async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
                 return respond(&mut s, 503, "application/json", &err("the agent is stopping")).await;
             }
             match tokio::time::timeout(Duration::from_secs(10), rx).await {
-                Ok(Ok(Ok(what))) => respond(&mut s, 200, "text/plain", &format!("{what}\n")).await,
+                Ok(Ok(Ok(what))) => {
+                    respond(&mut s, 200, "application/json", &to_json(&MembershipReply { membership: what })).await
+                }
                 Ok(Ok(Err(why))) => respond(&mut s, 400, "application/json", &err(why)).await,
                 _ => respond(&mut s, 503, "application/json", &err("no reply")).await,
             }

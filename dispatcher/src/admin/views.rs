@@ -5,11 +5,9 @@ use std::{fmt::Write as _, sync::atomic::Ordering};
 
 use dispatcher_common::stats;
 
-use super::{
-    contract::{AgentStatus, BackendStatus, CertificateStatus, CounterStatus, QueueStatus, TlsStatus, VipStatus},
-    Admin,
-};
-use crate::state::{Backend, Histogram};
+use super::Admin;
+use crate::api::{AgentStatus, BackendStatus, CertificateStatus, CounterStatus, QueueStatus, TlsStatus, VipStatus};
+use crate::{metrics::Histogram, state::Backend};
 
 fn tls_status(t: &crate::tls::server::TlsStats) -> TlsStatus {
     TlsStatus {
@@ -556,7 +554,7 @@ pub fn metrics(a: &Admin) -> String {
 }
 
 /// `[cluster]`: the shared store and the shared rule.
-fn cluster_metrics(o: &mut String, s: &crate::admin::contract::ClusterStatus, c: &crate::state::Cluster) {
+fn cluster_metrics(o: &mut String, s: &crate::api::ClusterStatus, c: &crate::state::Cluster) {
     let one = |o: &mut String, name: &str, kind: &str, help: &str, v: u64| {
         let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
     };

@@ -6,9 +6,9 @@ use std::{path::Path, process::ExitCode, time::Duration};
 use anyhow::Context as _;
 use dispatcher::{config::Config, dataplane};
 
-use dispatcher::admin::{
-    client::{explain, request, AdminError},
-    contract::{ErrorReply, ReloadReply, StopReply},
+use dispatcher::{
+    admin::client::{explain, request, AdminError},
+    api::{ErrorReply, ReloadReply, StopReply},
 };
 
 pub fn metrics(path: &Path) -> anyhow::Result<ExitCode> {
@@ -54,14 +54,16 @@ pub fn membership(path: &Path, join: bool, wait: Option<f64>) -> anyhow::Result<
         eprintln!("{} refused: {why}", &target[1..]);
         return Ok(ExitCode::from(1));
     }
-    println!("{}", body.trim());
+    let v: dispatcher::api::MembershipReply =
+        serde_json::from_str(&body).context("the agent's answer to join/leave")?;
+    println!("{}", v.membership);
     let Some(secs) = wait else { return Ok(ExitCode::SUCCESS) };
     let started = std::time::Instant::now();
     let limit = Duration::from_secs_f64(secs.max(0.0));
     loop {
         let open = request(&cfg.admin_socket, "GET", "/status")
             .ok()
-            .and_then(|(_, b)| serde_json::from_str::<dispatcher::admin::contract::AgentStatus>(&b).ok())
+            .and_then(|(_, b)| serde_json::from_str::<dispatcher::api::AgentStatus>(&b).ok())
             .map(|s| s.vips.iter().map(|v| v.connections).sum::<u64>())
             .unwrap_or(0);
         if open == 0 {

@@ -26,7 +26,7 @@ pub fn control(path: &Path, backend: &str, action: Action) -> anyhow::Result<Exi
     // The running agent applies it (and answers with the resulting state).
     match dispatcher::admin::client::request(&cfg.admin_socket, "POST", &format!("/backends/{backend}/{verb}")) {
         Ok((200, body)) => {
-            let v: dispatcher::admin::contract::CommandReply = serde_json::from_str(&body)?;
+            let v: dispatcher::api::CommandReply = serde_json::from_str(&body)?;
             println!("{backend}: {} -> {}", v.from, v.to);
             return Ok(ExitCode::SUCCESS);
         }

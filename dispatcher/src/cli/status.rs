@@ -1,4 +1,4 @@
-use dispatcher::admin::contract::{AgentStatus, BackendStatus, TlsStatus, VipStatus};
+use dispatcher::api::{AgentStatus, BackendStatus, TlsStatus, VipStatus};
 
 /// One HTTPS VIP's line: handshakes, the resumption rate, failures, and when each
 /// certificate expires.
@@ -303,7 +303,7 @@ fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
 }
 
 /// Behind ECMP: the announcements and the ownership table of HTTP connections.
-fn steering_section(o: &mut String, s: Option<&dispatcher::admin::contract::SteeringStatus>, announced: Option<bool>) {
+fn steering_section(o: &mut String, s: Option<&dispatcher::api::SteeringStatus>, announced: Option<bool>) {
     if let Some(up) = announced {
         let _ = writeln!(
             o,
@@ -335,7 +335,7 @@ fn steering_section(o: &mut String, s: Option<&dispatcher::admin::contract::Stee
 }
 
 /// `[cluster]`: the store, the live dispatchers and where their views differ.
-fn cluster_section(o: &mut String, c: &dispatcher::admin::contract::ClusterStatus) {
+fn cluster_section(o: &mut String, c: &dispatcher::api::ClusterStatus) {
     let _ = writeln!(o);
     let store = match (&*c.store, &c.last_error) {
         ("connected", _) => format!(

@@ -18,9 +18,19 @@ use std::{
 
 use validate::Ctx;
 pub use validate::{
-    check_bpffs_path, check_host_address, check_log_level, check_log_path, check_name, check_socket_path,
-    check_unicast_mac, is_prime, parse_duration, parse_mac,
+    check_bpffs_path, check_host_address, check_log_level, check_log_path, check_name, check_socket_path, is_bpffs,
+    is_prime, parse_duration,
 };
+
+/// A partition ID is all digits (WebSphere prints it as a long, possibly negative).
+pub fn is_partition(id: &[u8]) -> bool {
+    let digits = id.strip_prefix(b"-").unwrap_or(id);
+    !digits.is_empty() && digits.len() <= 20 && digits.iter().all(u8::is_ascii_digit)
+}
+
+/// The most header fields `http.max_headers` may allow (the request path parses into an
+/// array of `http::head::MAX_HEADERS`; a test keeps this within it).
+pub const MAX_HEADERS: usize = 256;
 
 /// The longest duration any setting takes: every deadline computed from one stays far
 /// from the clock's range.

@@ -16,6 +16,7 @@ use toml::Spanned;
 use dispatcher_common::{MAX_BACKENDS, MAX_RING_SIZE, MAX_VIPS};
 
 use super::{raw::*, *};
+use crate::mac::{check_unicast_mac, parse_mac};
 
 /// What `[dispatcher]` says.
 struct DispatcherSection {
@@ -127,31 +128,10 @@ pub fn check_authority(s: &str) -> Result<(), String> {
     Ok(())
 }
 
-pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
-    let parts: Vec<&str> = s.split(':').collect();
-    if parts.len() != 6 {
-        return Err(format!("`{s}` is not a MAC address (expected 6 hex pairs like 02:00:00:00:00:01)"));
-    }
-    let mut mac = [0u8; 6];
-    for (i, p) in parts.iter().enumerate() {
-        if p.len() != 2 {
-            return Err(format!("`{s}` is not a MAC address"));
-        }
-        mac[i] = u8::from_str_radix(p, 16).map_err(|_| format!("`{s}` is not a MAC address"))?;
-    }
-    Ok(mac)
-}
-
-/// A MAC a frame can be sent to as one station's: not all zeros, not a group
-/// (multicast or broadcast: the least significant bit of the first byte).
-pub fn check_unicast_mac(mac: &[u8; 6]) -> Result<(), String> {
-    if *mac == [0; 6] {
-        return Err("00:00:00:00:00:00 is no station's address".into());
-    }
-    if mac[0] & 1 == 1 {
-        return Err("is a group (multicast or broadcast) address, not one station's".into());
-    }
-    Ok(())
+/// Is `dir` on a bpffs mount? (`statfs`: the filesystem's magic number.)
+pub fn is_bpffs(dir: &std::path::Path) -> bool {
+    const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+    nix::sys::statfs::statfs(dir).is_ok_and(|st| st.filesystem_type().0 == BPF_FS_MAGIC)
 }
 
 /// An address one host can hold: not unspecified, broadcast or multicast (v4 and v6).
@@ -222,7 +202,7 @@ pub fn check_bpffs_path(path: &std::path::Path) -> Result<(), String> {
         return Err("must be an absolute path".into());
     }
     let Ok(m) = std::fs::metadata(path) else { return Ok(()) };
-    if crate::dataplane::is_bpffs(path) {
+    if is_bpffs(path) {
         return Ok(());
     }
     if !m.is_dir() {
@@ -443,8 +423,8 @@ impl Ctx<'_> {
                         peers.push(name.to_string());
                     }
                     if let Some(m) = mac {
-                        match crate::steering::table::parse_mac(m) {
-                            Some(mac) if crate::shared::view::steerable_mac(&mac) => {
+                        match parse_mac(m) {
+                            Ok(mac) if crate::mac::is_unicast(&mac) => {
                                 peer_macs.insert(name.to_string(), mac);
                             }
                             _ => self.report(
@@ -1343,7 +1323,7 @@ impl Ctx<'_> {
             let p = p.get_ref();
             let f = |field: &str| format!("partition[{i}].{field}");
             let id = p.id.get_ref();
-            if !crate::http::session::is_partition(id.as_bytes()) {
+            if !is_partition(id.as_bytes()) {
                 self.report(p.id.span(), &f("id"), format!("`{id}` is not a partition ID (a decimal number)"));
             } else if !partition_ids.insert(id.clone()) || clone_owner.contains_key(id) {
                 self.report(p.id.span(), &f("id"), format!("`{id}` is defined twice"));
@@ -1468,7 +1448,7 @@ impl Ctx<'_> {
         };
         num(&h.workers, "workers", 1, 256, &mut s.workers);
         num(&h.max_header_bytes, "max_header_bytes", 1024, 1 << 20, &mut s.max_header_bytes);
-        num(&h.max_headers, "max_headers", 8, crate::http::head::MAX_HEADERS, &mut s.max_headers);
+        num(&h.max_headers, "max_headers", 8, MAX_HEADERS, &mut s.max_headers);
         num(&h.pool_max_idle, "pool_max_idle", 0, 100_000, &mut s.pool_max_idle);
         num(
             &h.max_connections_per_backend,

@@ -29,7 +29,7 @@ pub enum DataplaneError {
     Io { what: String, source: std::io::Error },
 }
 
-/// The map names, as DESIGN.md fixes them.
+/// The map names, as the design brief fixed them (docs/design.md, "Who owns what").
 pub const MAP_NAMES: [&str; 9] =
     ["VIPS", "BACKENDS", "RINGS", "FLOWS", "AFFINITY", "CLONES", "STATS", "STEER", "STEER_CONF"];
 
@@ -60,8 +60,6 @@ impl Default for LoadOptions<'_> {
     }
 }
 
-const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
-
 /// Runs this process in a mount namespace of its own (other than init's)? `ip netns exec`
 /// does that, and remounts /sys: the bpffs this process sees is then private to it.
 /// Told by comparing with init's mount namespace, or (where init's cannot be read, as in
@@ -76,10 +74,7 @@ pub fn private_mount_namespace() -> bool {
 /// What to tell an operator whose process cannot see the instance's pins.
 pub const PRIVATE_BPFFS_HINT: &str = "this process runs in a mount namespace of its own (`ip netns exec` does that and hides the host's bpffs): enter only the network namespace, e.g. `nsenter --net=/run/netns/NAME dispatcher ...`";
 
-/// Is `dir` on a bpffs mount?
-pub fn is_bpffs(dir: &Path) -> bool {
-    nix::sys::statfs::statfs(dir).is_ok_and(|st| st.filesystem_type().0 == BPF_FS_MAGIC)
-}
+pub use crate::config::is_bpffs;
 
 /// Makes sure `dir` is a bpffs mount, mounting one there if not (systemd does this at
 /// boot on most distributions; minimal systems and containers may lack it). Only on an

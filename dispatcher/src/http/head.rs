@@ -402,6 +402,12 @@ pub fn parse_response(
 
 #[cfg(test)]
 mod tests {
+    /// `http.max_headers` never asks for more fields than the parse array holds.
+    #[test]
+    fn the_setting_fits_the_parse_array() {
+        const { assert!(crate::config::MAX_HEADERS <= super::MAX_HEADERS) };
+    }
+
     use super::*;
 
     fn req(s: &str) -> Result<Option<RequestHead>, Reject> {

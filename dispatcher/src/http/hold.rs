@@ -16,7 +16,7 @@ use super::{
 const HOLD_READ_LIMIT: usize = 64 * 1024;
 
 /// Records how long a hold lasted, however it ended (including the client leaving).
-struct HoldTimer<'a>(&'a crate::state::Histogram, Instant);
+struct HoldTimer<'a>(&'a crate::metrics::Histogram, Instant);
 
 impl Drop for HoldTimer<'_> {
     fn drop(&mut self) {

@@ -44,10 +44,13 @@ use super::{
     pool::Pool,
     proxy::{serve, VipCtx},
     route::VipRoute,
-    sources::{default_per_source, Refused},
 };
 use crate::{
     access_log::AccessLog,
+    capacity::{
+        descriptor_limit,
+        sources::{default_per_source, Refused},
+    },
     config::{Config, Vip},
     state::Cluster,
     tls::{server::ServerTls, upstream::BackendTls},
@@ -88,12 +91,7 @@ fn reserve(nofile: u64) -> u64 {
 /// an upstream connection too, so half of what the reserve and the idle upstream
 /// connections' budget leave.
 pub fn default_client_cap(nofile: u64) -> usize {
-    (nofile.saturating_sub(reserve(nofile) + super::pool::idle_cap(nofile)) / 2).max(1) as usize
-}
-
-/// The descriptor limit this process runs with.
-pub fn descriptor_limit() -> u64 {
-    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).map(|(soft, _)| soft).unwrap_or(1024)
+    (nofile.saturating_sub(reserve(nofile) + crate::capacity::idle_cap(nofile)) / 2).max(1) as usize
 }
 
 /// The caps one accept loop enforces.
@@ -347,7 +345,7 @@ impl Cap {
             Cap::SourceCount => "client connection refused at max_connections_per_source; accepting",
             Cap::SourceRate => "client connection refused at max_connection_rate_per_source; accepting",
         };
-        let source = super::sources::Source::of(peer);
+        let source = crate::capacity::sources::Source::of(peer);
         crate::ratelimit::warn(
             kind,
             &format_args!("from {source}: {total} open (cap {global}), {on_vip} on VIP {vip}"),

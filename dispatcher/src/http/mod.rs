@@ -11,17 +11,14 @@
 pub mod body;
 pub mod head;
 pub mod hold;
-pub mod io;
 pub mod listener;
 pub mod persist;
 pub mod pool;
 pub mod proxy;
-pub mod queue;
 pub mod retry;
 pub mod rewrite;
 pub mod route;
 pub mod session;
-pub mod sources;
 pub mod tunnel;
 
 /// A deterministic xorshift generator for the randomized (split-invariance) tests.

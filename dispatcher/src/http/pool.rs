@@ -20,11 +20,13 @@ use tokio::{
     sync::{OwnedSemaphorePermit, Semaphore},
 };
 
-use super::{
-    body::Inbound,
-    io::{ReadSide, WriteSide},
+use super::body::Inbound;
+use crate::conn::{ReadSide, WriteSide};
+use crate::{
+    capacity::{IdleBudget, IdleSlot},
+    config::HttpSettings,
+    tls::upstream::BackendTls,
 };
-use crate::{config::HttpSettings, tls::upstream::BackendTls};
 
 pub struct Upstream {
     pub backend: usize,
@@ -43,7 +45,7 @@ impl Upstream {
     /// Resets the connection when it is dropped (SO_LINGER 0): the server sees an abort,
     /// never a request that looks complete.
     pub fn abort(&self) {
-        super::io::reset_on_close(self.fd);
+        crate::conn::reset_on_close(self.fd);
     }
 }
 
@@ -60,56 +62,6 @@ fn quiet(up: &Upstream) -> bool {
     let fd = up.fd;
     let mut probe = [0u8; 1];
     matches!(recv(fd, &mut probe, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT), Err(nix::errno::Errno::EAGAIN))
-}
-
-/// How many idle upstream connections all pools may keep together: every one is a
-/// descriptor, and a burst on one VIP followed by a burst on another must not leave the
-/// first one's idle connections eating the descriptors the second needs.
-pub struct IdleBudget {
-    count: AtomicU64,
-    cap: u64,
-}
-
-impl IdleBudget {
-    pub fn new(cap: u64) -> IdleBudget {
-        IdleBudget { count: AtomicU64::new(0), cap }
-    }
-
-    /// For a descriptor limit: an eighth of it (at least 16).
-    pub fn for_descriptors(nofile: u64) -> IdleBudget {
-        IdleBudget::new(idle_cap(nofile))
-    }
-
-    fn take(self: &Arc<Self>) -> Option<IdleSlot> {
-        let mut n = self.count.load(Ordering::Relaxed);
-        loop {
-            if n >= self.cap {
-                return None;
-            }
-            match self.count.compare_exchange_weak(n, n + 1, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => return Some(IdleSlot(self.clone())),
-                Err(now) => n = now,
-            }
-        }
-    }
-
-    pub fn idle(&self) -> u64 {
-        self.count.load(Ordering::Relaxed)
-    }
-}
-
-/// The idle connections all pools may keep for a descriptor limit.
-pub fn idle_cap(nofile: u64) -> u64 {
-    (nofile / 8).max(16)
-}
-
-/// An idle connection's place in the budget, given back when it leaves the idle list.
-struct IdleSlot(Arc<IdleBudget>);
-
-impl Drop for IdleSlot {
-    fn drop(&mut self) {
-        self.0.count.fetch_sub(1, Ordering::Relaxed);
-    }
 }
 
 /// Counts an open upstream connection in its backend's gauge while it lives.
@@ -267,9 +219,9 @@ impl Pool {
         self.open.fetch_add(1, Ordering::Relaxed);
         let open = Open(self.open.clone());
         let (r, w, fd) = match &self.tls {
-            None => super::io::split_plain(stream),
+            None => crate::conn::split_plain(stream),
             Some(tls) => match tokio::time::timeout_at(deadline, tls.connect(stream)).await {
-                Ok(Ok(s)) => super::io::split_tls(s),
+                Ok(Ok(s)) => crate::conn::split_tls(s),
                 Ok(Err(source)) => return Err(PoolError::Tls { addr, source }),
                 Err(_) => return Err(PoolError::ConnectTimeout { addr }),
             },

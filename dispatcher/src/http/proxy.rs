@@ -21,9 +21,7 @@ use super::{
     },
     head::{parse_request, parse_response, Framing, HeadLimits, Header, Reject, RequestHead, ResponseHead},
     hold::{await_shared, hold, HoldEnd},
-    io::{ReadSide, WriteSide},
     pool::{Pool, Upstream},
-    queue::Refused,
     retry::{is_idempotent, retry_allowed},
     rewrite::{build_request, build_response, is},
     route::{Decision, VipRoute},
@@ -36,6 +34,10 @@ use crate::{
     config::{HttpSettings, Redirect, SessionFormat},
     state::Cluster,
     tls::server::ServerTls,
+};
+use crate::{
+    capacity::queue::Refused,
+    conn::{ReadSide, WriteSide},
 };
 use dispatcher_common::BackendState;
 
@@ -283,11 +285,11 @@ pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut st
     let _ = stream.set_nodelay(true);
     let steer_slot = crate::steering::slot_of(peer, stream.local_addr().unwrap_or(peer));
     let (r, w, _) = match &ctx.tls {
-        None => super::io::split_plain(stream),
+        None => crate::conn::split_plain(stream),
         // Boxed: the handshake's state exists only during the handshake, not in every
         // idle connection's task.
         Some(tls) => match Box::pin(tls.accept(stream)).await {
-            Some(conn) => super::io::split_tls(conn),
+            Some(conn) => crate::conn::split_tls(conn),
             None => return,
         },
     };

@@ -156,11 +156,7 @@ pub fn set_cookie<'a>(header: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
     (trim(&first[..eq]) == name).then(|| trim(&first[eq + 1..]))
 }
 
-/// A partition ID is all digits (WebSphere prints it as a long, possibly negative).
-pub fn is_partition(id: &[u8]) -> bool {
-    let digits = id.strip_prefix(b"-").unwrap_or(id);
-    !digits.is_empty() && digits.len() <= 20 && digits.iter().all(u8::is_ascii_digit)
-}
+pub use crate::config::is_partition;
 
 #[cfg(test)]
 mod app_session_tests {

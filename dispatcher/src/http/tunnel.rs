@@ -8,7 +8,8 @@ use std::{
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use super::{body::Inbound, io::WriteSide, pool::Upstream, proxy::write_client};
+use super::{body::Inbound, pool::Upstream, proxy::write_client};
+use crate::conn::WriteSide;
 
 /// After `101 Switching Protocols`: bytes both ways until either side closes. Returns
 /// how many bytes it read from the client (those it had buffered were read already).

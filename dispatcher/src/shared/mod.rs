@@ -35,24 +35,12 @@ use dispatcher_common::Operator;
 use tokio::sync::mpsc;
 
 use crate::{
-    admin::contract::{ClusterStatus, MemberStatus},
+    api::{ClusterStatus, MemberStatus},
     config::{ClusterSettings, Config},
     state::Cluster,
 };
 
-/// What this dispatcher tells the others.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Publish {
-    /// It learned a clone or partition ID from a backend's `Set-Cookie`.
-    Learned { id: String, backend: String },
-    /// Its own checks' verdicts changed (the member key is rewritten from the cluster).
-    Verdicts,
-    /// An operator's command given here.
-    Operator { backend: String, op: Operator },
-    /// A reload swapped the configuration and the cluster: the shared state is applied to
-    /// the new cluster, and read again if the peers or the backends changed.
-    Reloaded,
-}
+pub use crate::state::Publish;
 
 /// The configuration and the cluster state a reload may replace.
 pub type Current = Arc<RwLock<(Arc<Config>, Arc<Cluster>)>>;
@@ -388,7 +376,7 @@ fn member_value(inner: &Inner) -> String {
         pid: std::process::id(),
         version: env!("CARGO_PKG_VERSION").into(),
         down,
-        mac: inner.mac.map(|m| crate::steering::table::format_mac(&m)),
+        mac: inner.mac.map(|m| crate::mac::format_mac(&m)),
         joined: inner.joined.load(Ordering::Relaxed),
     };
     serde_json::to_string(&m).unwrap_or_default()

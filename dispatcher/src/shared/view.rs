@@ -183,12 +183,6 @@ pub fn operator_value(op: Operator) -> Option<&'static str> {
     }
 }
 
-/// A MAC a dispatcher may steer connections to: unicast and not all zero (a broadcast or
-/// multicast MAC would send VIP traffic to every host on the segment).
-pub fn steerable_mac(mac: &[u8; 6]) -> bool {
-    mac[0] & 1 == 0 && mac.iter().any(|&b| b != 0)
-}
-
 impl View {
     /// The dispatchers that take HTTP connections: joined, with a MAC.
     pub fn steering_peers(&self) -> Vec<crate::steering::Peer> {
@@ -196,7 +190,7 @@ impl View {
             .values()
             .filter(|m| m.joined)
             .filter_map(|m| {
-                let mac = crate::steering::table::parse_mac(m.mac.as_deref()?)?;
+                let mac = crate::mac::parse_mac(m.mac.as_deref()?).ok()?;
                 Some(crate::steering::Peer { name: m.name.clone(), mac })
             })
             .collect()
@@ -258,7 +252,7 @@ impl View {
                 }
                 let mac = match &m.mac {
                     Some(mac) => {
-                        Some(crate::steering::table::parse_mac(mac).filter(steerable_mac).ok_or(Refusal::BadMac)?)
+                        Some(crate::mac::parse_mac(mac).ok().filter(crate::mac::is_unicast).ok_or(Refusal::BadMac)?)
                     }
                     None => None,
                 };

@@ -25,7 +25,7 @@ use std::{
 use dispatcher_common::{steer_sel3, SteerConf, STEER_FALLBACK, STEER_HAS_PREV, STEER_HAS_PREV2, STEER_LEFT, STEER_ON};
 use tokio::sync::watch;
 
-use crate::{admin::contract::SteeringStatus, dataplane::tables::Tables};
+use crate::{api::SteeringStatus, dataplane::tables::Tables};
 pub use table::{Peer, Table};
 
 /// What the HTTP path reads: the current table and who this dispatcher is.

@@ -35,7 +35,7 @@ use tokio_rustls::LazyConfigAcceptor;
 use super::certs::{self, CertInfo};
 use crate::{
     config::{HttpSettings, TlsVersion, VipTls},
-    http::io::TlsConn,
+    conn::TlsConn,
 };
 
 /// Why a handshake did not complete.

@@ -14,7 +14,7 @@ mod scale_out;
 #[path = "demo/sip.rs"]
 mod sip;
 
-use dispatcher::admin::contract::{AgentStatus, BackendStatus};
+use dispatcher::api::{AgentStatus, BackendStatus};
 use std::{
     collections::BTreeMap,
     io::{BufRead, BufReader, IsTerminal, Write},

@@ -125,7 +125,7 @@ fn scenario(system: &'static str, fault: Fault, secs: u64) -> Outcome {
     std::thread::sleep(Duration::from_secs(secs));
     let stopped_got = cluster.received_frozen[0].load(Ordering::SeqCst);
     let counters = (system == "dispatcher").then(|| {
-        let st: dispatcher::admin::contract::AgentStatus =
+        let st: dispatcher::api::AgentStatus =
             tb.admin("GET", "/status").and_then(|(_, body)| serde_json::from_str(&body).ok()).unwrap_or_default();
         (st.counters.holds, st.counters.retries)
     });

@@ -6,6 +6,8 @@
 //! Suspect means "ownership unknown": its sessions are held, not sent elsewhere, until a
 //! check confirms it down (then its replica serves them) or clears it.
 
+mod sip;
+
 use std::net::SocketAddr;
 
 use dispatcher_common::Health;
@@ -125,7 +127,7 @@ pub enum Verdict {
 /// learned).
 pub async fn check(p: &Probe, s: &HealthSettings) -> (Verdict, Option<String>) {
     if p.kind == ProbeKind::Sip {
-        return tokio::time::timeout(s.timeout, crate::sip::options(p.addr)).await.unwrap_or((Verdict::Fail, None));
+        return tokio::time::timeout(s.timeout, sip::options(p.addr)).await.unwrap_or((Verdict::Fail, None));
     }
     let attempt = async {
         let stream = match TcpStream::connect(p.addr).await {

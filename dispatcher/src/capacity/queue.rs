@@ -22,7 +22,7 @@ use std::{
 
 use tokio::sync::oneshot;
 
-use crate::state::Histogram;
+use crate::metrics::Histogram;
 
 /// Why a request got no slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,6 +1,8 @@
 //! The admin endpoint's answers as types: one definition for the agent that writes them
 //! and for the CLI, the demo and the benchmarks that read them (`GET /status` and the
 //! replies to commands). The JSON they serialise to is the endpoint's documented form.
+//! A leaf: the modules that fill a part of the status (`shared`, `steering`) depend on it,
+//! not on the admin endpoint.
 
 use serde::{Deserialize, Serialize};
 
@@ -226,6 +228,12 @@ pub struct CommandReply {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ReloadReply {
     pub reloaded: String,
+}
+
+/// `POST /join` or `POST /leave` that took effect: what it did.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MembershipReply {
+    pub membership: String,
 }
 
 /// `POST /stop`: the agent is on its way out.
