@@ -162,18 +162,25 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
         tables.set_steer_conf(&Default::default()).context("clearing STEER_CONF")?;
     }
     let tables = Arc::new(std::sync::Mutex::new(tables));
+    // Whether a connection stays after its response: the ownership table, and leaving.
+    let ownership = Arc::new(crate::steering::Ownership::default());
     let steering = match (&shared, &cfg.cluster, steer_mac) {
         (Some(sh), Some(c), Some(mac)) => {
-            let st =
-                crate::steering::Steering::new(tables.clone(), c.name.clone(), mac, c.second_chance, joined.clone());
+            let st = crate::steering::Steering::new(
+                tables.clone(),
+                c.name.clone(),
+                mac,
+                c.second_chance,
+                joined.clone(),
+                ownership.clone(),
+            );
             rt.spawn(crate::steering::run(st.clone(), sh.peers()));
             Some(st)
         }
         _ => None,
     };
-    crate::steering::set_leaving(false);
     let access_log = cfg.access_log.as_ref().map(|s| AccessLog::start(s, cluster.counters.clone())).transpose()?;
-    let mut live = Running::start(Arc::new(cfg.clone()), cluster, &tables, &rt, None, access_log)?;
+    let mut live = Running::start(Arc::new(cfg.clone()), cluster, &tables, &rt, None, access_log, ownership.clone())?;
     // Announced once the VIPs are served.
     let mut announcer = match &cfg.announce {
         Some(a) => Some(crate::announce::Announcer::start(a).context("creating the announcement interfaces")?),
@@ -196,7 +203,7 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
     let ready_to_join =
         |steering: &Option<Arc<crate::steering::Steering>>| steering.as_ref().is_none_or(|s| s.installed());
     if join_pending && ready_to_join(&steering) {
-        membership(true, &joined, announcer.as_mut(), shared.as_ref(), steering.as_deref())
+        membership(true, &joined, &ownership, announcer.as_mut(), shared.as_ref(), steering.as_deref())
             .map_err(|e| anyhow::anyhow!("joining: {e}"))?;
         join_pending = false;
     } else if join_pending {
@@ -261,7 +268,7 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
                     let missing = keep_pins(&pins, &mut ebpf, &mut link, &prog_path, &link_path);
                     *admin.pins_missing.lock().unwrap() = missing;
                     if join_pending && ready_to_join(&steering) {
-                        match membership(true, &joined, announcer.as_mut(), shared.as_ref(), steering.as_deref()) {
+                        match membership(true, &joined, &ownership, announcer.as_mut(), shared.as_ref(), steering.as_deref()) {
                             Ok(_) => join_pending = false,
                             Err(e) => crate::ratelimit::warn("joining", &e),
                         }
@@ -294,7 +301,7 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
                     AgentRequest::Membership(join, reply) => {
                         join_pending = false;
                         let was_in = joined.load(std::sync::atomic::Ordering::Relaxed);
-                        let r = membership(join, &joined, announcer.as_mut(), shared.as_ref(), steering.as_deref());
+                        let r = membership(join, &joined, &ownership, announcer.as_mut(), shared.as_ref(), steering.as_deref());
                         if r.is_ok() && was_in && !join {
                             left_at = Some(std::time::Instant::now());
                         } else if r.is_ok() && join {
@@ -313,7 +320,7 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
     // Out of the group first: routes withdrawn, this dispatcher's slots to the others,
     // connections closed after their next response while in-flight requests finish.
     let was_in = joined.load(std::sync::atomic::Ordering::Relaxed);
-    let _ = membership(false, &joined, announcer.as_mut(), shared.as_ref(), steering.as_deref());
+    let _ = membership(false, &joined, &ownership, announcer.as_mut(), shared.as_ref(), steering.as_deref());
     if let Some(a) = announcer.take() {
         a.stop();
     }
@@ -357,6 +364,7 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
 fn membership(
     join: bool,
     joined: &std::sync::atomic::AtomicBool,
+    ownership: &crate::steering::Ownership,
     announcer: Option<&mut crate::announce::Announcer>,
     shared: Option<&crate::shared::Shared>,
     steering: Option<&crate::steering::Steering>,
@@ -365,7 +373,7 @@ fn membership(
         return Err("neither [announce] nor [cluster] is configured: there is no group to leave or join".into());
     }
     joined.store(join, std::sync::atomic::Ordering::Relaxed);
-    crate::steering::set_leaving(!join);
+    ownership.set_leaving(!join);
     let mut done = Vec::new();
     if let Some(a) = announcer {
         a.set_joined(join).map_err(|e| format!("{e:#}"))?;
@@ -394,6 +402,8 @@ struct Running {
     commands: tokio::sync::mpsc::UnboundedSender<AdminCommand>,
     /// `[access_log]`'s writer (kept across reloads, its file reopened by each).
     access_log: Option<Arc<AccessLog>>,
+    /// What the HTTP path asks before keeping a connection (the same across reloads).
+    ownership: Arc<crate::steering::Ownership>,
 }
 
 impl Running {
@@ -406,10 +416,11 @@ impl Running {
         rt: &tokio::runtime::Runtime,
         predecessor: Option<&HttpServer>,
         access_log: Option<Arc<AccessLog>>,
+        ownership: Arc<crate::steering::Ownership>,
     ) -> anyhow::Result<Running> {
         let server = if cfg.vips.iter().any(|v| v.serves_http()) {
             Some(
-                HttpServer::start(&cfg, cluster.clone(), predecessor, access_log.as_ref())
+                HttpServer::start(&cfg, cluster.clone(), predecessor, access_log.as_ref(), ownership.clone())
                     .context("starting the HTTP VIPs")?,
             )
         } else {
@@ -418,7 +429,7 @@ impl Running {
         // Health checks, failed requests and operator commands decide the backends' states.
         let (commands, commands_rx) = tokio::sync::mpsc::unbounded_channel();
         let control = rt.spawn(crate::control::run((*cfg).clone(), cluster.clone(), tables.clone(), commands_rx));
-        Ok(Running { cfg, cluster, server, control, commands, access_log })
+        Ok(Running { cfg, cluster, server, control, commands, access_log, ownership })
     }
 
     fn view(&self) -> Live {
@@ -491,8 +502,16 @@ impl Running {
         };
         let cluster = Cluster::successor_of(&merged, &health, &admin, &self.cluster);
         let merged = Arc::new(merged);
-        let next = Running::start(merged.clone(), cluster.clone(), tables, rt, self.server.as_ref(), access_log)
-            .map_err(|e| format!("{e:#}"))?;
+        let next = Running::start(
+            merged.clone(),
+            cluster.clone(),
+            tables,
+            rt,
+            self.server.as_ref(),
+            access_log,
+            self.ownership.clone(),
+        )
+        .map_err(|e| format!("{e:#}"))?;
         if let Err(e) = tables.lock().unwrap().apply(&merged, &states, &ops) {
             // Refused: the new loops stop (the old ones never did), and the old cluster
             // passes nothing on to the one that will not serve.

@@ -53,6 +53,7 @@ use crate::{
     },
     config::{Config, Vip},
     state::Cluster,
+    steering::Ownership,
     tls::{server::ServerTls, upstream::BackendTls},
 };
 
@@ -138,6 +139,8 @@ struct VipShared {
     backend_tls: Vec<Option<Arc<BackendTls>>>,
     /// Where its requests are logged (`[access_log]`).
     log: Option<super::proxy::LogTo>,
+    /// Whether this dispatcher keeps a connection after its response (steering, leave).
+    ownership: Arc<Ownership>,
 }
 
 /// Reads the TLS files of every HTTP VIP (once, before any worker starts): an error
@@ -146,6 +149,7 @@ fn vip_shared(
     cfg: &Config,
     cluster: &Arc<Cluster>,
     access_log: Option<&Arc<AccessLog>>,
+    ownership: &Arc<Ownership>,
 ) -> std::io::Result<Vec<VipShared>> {
     let backend_names: Arc<[Arc<str>]> = cfg.backends.iter().map(|b| Arc::from(b.name.as_str())).collect();
     let handshakes = cluster.tls_handshakes.1.clone();
@@ -183,6 +187,7 @@ fn vip_shared(
                 vip: Arc::from(v.name.as_str()),
                 backends: backend_names.clone(),
             }),
+            ownership: ownership.clone(),
         });
     }
     Ok(out)
@@ -222,6 +227,7 @@ fn worker_vips(
             forwarded: super::rewrite::forwarded_fields(v.tls.is_some(), v.port),
             redirect: v.redirect_to.clone(),
             log: sh.log.clone(),
+            ownership: sh.ownership.clone(),
             persist: v.insert_cookie.as_ref().map(|name| {
                 let members = v.backends.iter().map(|&b| (b, cfg.backends[b].name.clone()));
                 super::persist::Persist::new(name, members, v.tls.is_some())
@@ -416,13 +422,14 @@ impl HttpServer {
         cluster: Arc<Cluster>,
         predecessor: Option<&HttpServer>,
         access_log: Option<&Arc<AccessLog>>,
+        ownership: Arc<Ownership>,
     ) -> std::io::Result<HttpServer> {
         let (stop, _) = watch::channel(false);
         // The cluster's count, which a reload's successor shares: the caps count the
         // connections still draining on the previous listeners.
         let active = cluster.client_connections.clone();
         // One route (balancing state) per VIP, shared by the workers: weights stay exact.
-        let shared = vip_shared(cfg, &cluster, access_log)?;
+        let shared = vip_shared(cfg, &cluster, access_log, &ownership)?;
         let tls: Vec<Arc<ServerTls>> = shared.iter().filter_map(|s| s.tls.clone()).collect();
         let addrs = cfg.vips.iter().filter(|v| v.serves_http()).map(|v| SocketAddr::new(v.address, v.port)).collect();
         let nofile = descriptor_limit();

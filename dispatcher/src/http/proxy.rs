@@ -67,6 +67,8 @@ pub struct VipCtx {
     pub log: Option<LogTo>,
     /// `insert_cookie`: clients without a session kept on one backend.
     pub persist: Option<super::persist::Persist>,
+    /// Whether this dispatcher keeps a connection after its response (steering, leave).
+    pub ownership: Arc<crate::steering::Ownership>,
 }
 
 /// After the listener stops: how long an idle keep-alive client has to send its next
@@ -1106,7 +1108,7 @@ impl ClientConn {
             || dechunk
             || body_skipped
             || closing
-            || !crate::steering::keeps(*steer_slot);
+            || !ctx.ownership.keeps(*steer_slot);
         build_response(out, &res, &res_buf, close, dechunk, head.minor == 0);
         if let (Some(p), None) = (&ctx.persist, &sess) {
             // A client without the cookie, or whose cookie names another backend (it

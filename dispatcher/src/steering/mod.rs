@@ -7,9 +7,10 @@
 //!   `STEER_CONF` in one word: the new table becomes current, the old ones previous.
 //! - The two newest previous tables serve second chances for `[cluster] second_chance`.
 //! - A beacon in `STEER_CONF` tells the XDP program the agent is there.
-//! - The HTTP path asks `keeps` before answering: a connection this dispatcher no longer
-//!   owns (or every connection, once it leaves) is told `Connection: close` with its next
-//!   response, so keep-alive clients move to the owner between requests, not by a reset.
+//! - The HTTP path asks `Ownership::keeps` (a handle the agent gives the listener) before
+//!   answering: a connection this dispatcher no longer owns (or every connection, once it
+//!   leaves) is told `Connection: close` with its next response, so keep-alive clients
+//!   move to the owner between requests, not by a reset.
 
 pub mod table;
 
@@ -28,37 +29,39 @@ use tokio::sync::watch;
 use crate::{api::SteeringStatus, dataplane::tables::Tables};
 pub use table::{Peer, Table};
 
-/// What the HTTP path reads: the current table and who this dispatcher is.
-struct Ownership {
-    table: Arc<Table>,
-    me: String,
+/// What the HTTP path asks before answering: does this dispatcher keep the connection?
+/// One handle, made by the agent, written by `Steering` (the current table) and by the
+/// agent (`dispatcher leave`, and at stop), read by the listener's connections.
+#[derive(Default)]
+pub struct Ownership {
+    /// The current table and who this dispatcher is (none: steering is off, or no table
+    /// yet; every connection is kept).
+    current: RwLock<Option<(Arc<Table>, String)>>,
+    /// Every connection is closed after its next response.
+    leaving: AtomicBool,
 }
 
-static OWNERSHIP: RwLock<Option<Ownership>> = RwLock::new(None);
-/// Set by `dispatcher leave` (and at stop): every connection is closed after its next
-/// response.
-static LEAVING: AtomicBool = AtomicBool::new(false);
+impl Ownership {
+    /// Should the connection in table slot `slot` stay open after this response?
+    pub fn keeps(&self, slot: usize) -> bool {
+        if self.leaving.load(Ordering::Relaxed) {
+            return false;
+        }
+        match &*self.current.read().unwrap() {
+            None => true,
+            Some((table, me)) => table.owner_of_slot(slot).is_none_or(|p| p.name == *me),
+        }
+    }
+
+    pub fn set_leaving(&self, leaving: bool) {
+        self.leaving.store(leaving, Ordering::Relaxed);
+    }
+}
 
 /// The ownership-table slot of the connection from `client` to `local` (its flow hash,
 /// as XDP computes it): once per connection.
 pub fn slot_of(client: SocketAddr, local: SocketAddr) -> usize {
     (dispatcher_common::hash::flow_hash(&table::tcp_key(client, local)) % dispatcher_common::STEER_SIZE) as usize
-}
-
-/// Should the connection in table slot `slot` stay open after this response?
-pub fn keeps(slot: usize) -> bool {
-    if LEAVING.load(Ordering::Relaxed) {
-        return false;
-    }
-    let g = OWNERSHIP.read().unwrap();
-    match &*g {
-        None => true,
-        Some(o) => o.table.owner_of_slot(slot).is_none_or(|p| p.name == o.me),
-    }
-}
-
-pub fn set_leaving(leaving: bool) {
-    LEAVING.store(leaving, Ordering::Relaxed);
 }
 
 #[derive(Clone)]
@@ -92,6 +95,8 @@ pub struct Steering {
     conf: Mutex<SteerConf>,
     /// Wakes `run` after an install from elsewhere (join, leave): a new deadline.
     wake: tokio::sync::Notify,
+    /// Where the HTTP path reads the current table.
+    ownership: Arc<Ownership>,
 }
 
 /// How often the agent's beacon is written (the XDP program takes the agent for gone
@@ -115,6 +120,7 @@ impl Steering {
         mac: [u8; 6],
         second_chance: Duration,
         joined: Arc<AtomicBool>,
+        ownership: Arc<Ownership>,
     ) -> Arc<Steering> {
         let generation = tables.lock().unwrap().steer_conf().generation;
         let s = Steering {
@@ -127,6 +133,7 @@ impl Steering {
             last: Mutex::new(None),
             conf: Mutex::new(SteerConf::default()),
             wake: tokio::sync::Notify::new(),
+            ownership,
         };
         if let Err(e) = s.write_sel(0, generation) {
             tracing::warn!(error = %e, "clearing STEER_CONF");
@@ -231,7 +238,7 @@ impl Steering {
             "ownership table installed"
         );
         *st = next;
-        *OWNERSHIP.write().unwrap() = Some(Ownership { table, me: self.me.clone() });
+        *self.ownership.current.write().unwrap() = Some((table, self.me.clone()));
         self.wake.notify_one();
     }
 
