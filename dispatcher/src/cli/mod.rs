@@ -1,11 +1,11 @@
 //! The command line: one module per subcommand.
 
-mod agent;
 pub mod args;
 mod check;
-mod control;
 mod decap;
 mod docs;
+mod endpoint;
+mod operator;
 mod run;
 mod status;
 
@@ -20,15 +20,15 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Check { file } => check::check(&file),
         Command::Decap { iface, generic } => decap::decap(&iface, generic),
         Command::Status { config, json, watch, count } => status::status(&config, json, watch, count),
-        Command::Drain { config, backend } => control::control(&config, &backend, control::Action::Drain),
-        Command::Disable { config, backend } => control::control(&config, &backend, control::Action::Disable),
-        Command::Enable { config, backend } => control::control(&config, &backend, control::Action::Enable),
-        Command::Stop { config, detach } => agent::stop(&config, detach),
-        Command::Metrics { config } => agent::metrics(&config),
-        Command::Reload { config } => agent::reload(&config),
+        Command::Drain { config, backend } => operator::control(&config, &backend, operator::Action::Drain),
+        Command::Disable { config, backend } => operator::control(&config, &backend, operator::Action::Disable),
+        Command::Enable { config, backend } => operator::control(&config, &backend, operator::Action::Enable),
+        Command::Stop { config, detach } => endpoint::stop(&config, detach),
+        Command::Metrics { config } => endpoint::metrics(&config),
+        Command::Reload { config } => endpoint::reload(&config),
         Command::GenerateDocs { out } => docs::generate(&out),
-        Command::Leave { config, wait } => agent::membership(&config, false, wait),
-        Command::Join { config } => agent::membership(&config, true, None),
+        Command::Leave { config, wait } => endpoint::membership(&config, false, wait),
+        Command::Join { config } => endpoint::membership(&config, true, None),
         Command::BirdConfig { config } => {
             print!("{}", dispatcher::announce::bird_config(&dispatcher::config::Config::load(&config)?)?);
             Ok(ExitCode::SUCCESS)

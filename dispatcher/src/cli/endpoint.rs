@@ -1,5 +1,5 @@
 //! Commands that ask the running agent (through its admin socket): `metrics`, `reload`,
-//! `stop`.
+//! `stop`, `join`, `leave`.
 
 use std::{path::Path, process::ExitCode, time::Duration};
 
