@@ -10,26 +10,26 @@
 //! Running under systemd: `notify` (readiness, watchdog) and `logging` (journal format).
 //! What happened to each request: `access_log` (written off the request path).
 
-pub mod access_log;
+pub(crate) mod access_log;
 pub mod admin;
 pub mod agent;
 pub mod announce;
 pub mod api;
-pub mod capacity;
+pub(crate) mod capacity;
 pub mod config;
-pub mod conn;
-pub mod control;
+pub(crate) mod conn;
+pub(crate) mod control;
 pub mod dataplane;
-pub mod health;
-pub mod http;
+pub(crate) mod health;
+pub(crate) mod http;
 pub mod instance;
 pub mod logging;
-pub mod mac;
-pub mod maglev;
-pub mod metrics;
-pub mod netif;
-pub mod notify;
-pub mod ratelimit;
+pub(crate) mod mac;
+pub(crate) mod maglev;
+pub(crate) mod metrics;
+pub(crate) mod netif;
+pub(crate) mod notify;
+pub(crate) mod ratelimit;
 pub mod shared;
 pub mod state;
 pub mod steering;

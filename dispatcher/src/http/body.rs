@@ -192,6 +192,7 @@ pub struct Timeouts {
 }
 
 impl Timeouts {
+    #[cfg(test)]
     pub fn both(t: Duration) -> Timeouts {
         Timeouts { read: t, write: t }
     }

@@ -61,7 +61,6 @@ pub struct ResponseHead {
     pub len: usize,
     pub status: u16,
     pub reason: Range<usize>,
-    pub minor: u8,
     pub headers: Vec<Header>,
     pub framing: Framing,
     /// The server will close (or requires closing) after this response.
@@ -397,18 +396,18 @@ pub fn parse_response(
     };
     // RFC 9112 6.1: an HTTP/1.0 message with Transfer-Encoding ends with its connection.
     let close = f.conn_close || (minor == 0 && (!f.conn_keep_alive || f.chunked)) || framing == Framing::UntilClose;
-    Ok(Some(ResponseHead { len, status, reason, minor, headers: std::mem::take(scratch), framing, close }))
+    Ok(Some(ResponseHead { len, status, reason, headers: std::mem::take(scratch), framing, close }))
 }
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     /// `http.max_headers` never asks for more fields than the parse array holds.
     #[test]
     fn the_setting_fits_the_parse_array() {
-        const { assert!(crate::config::MAX_HEADERS <= super::MAX_HEADERS) };
+        const { assert!(crate::config::MAX_HEADERS <= MAX_HEADERS) };
     }
-
-    use super::*;
 
     fn req(s: &str) -> Result<Option<RequestHead>, Reject> {
         parse_request(s.as_bytes(), &HeadLimits::default(), &mut Vec::new())

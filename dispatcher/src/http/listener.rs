@@ -60,8 +60,6 @@ use crate::{
 pub struct HttpServer {
     stop: watch::Sender<bool>,
     workers: Vec<JoinHandle<usize>>,
-    active: Arc<AtomicUsize>,
-    pub addrs: Vec<SocketAddr>,
     /// Each worker's listening sockets (duplicates), for a successor to take over.
     listeners: Vec<Vec<(SocketAddr, std::net::TcpListener)>>,
 }
@@ -209,7 +207,7 @@ fn worker_vips(
                     let be = &cluster.backends[b];
                     let budget = cluster.idle_budget.clone();
                     let tls = sh.backend_tls[b].clone();
-                    Pool::new(b, addr, &cfg.http, be.connections.clone(), be.conn_limit.clone(), budget, tls)
+                    Pool::new(addr, &cfg.http, be.connections.clone(), be.conn_limit.clone(), budget, tls)
                 })
             })
             .collect();
@@ -431,7 +429,8 @@ impl HttpServer {
         // One route (balancing state) per VIP, shared by the workers: weights stay exact.
         let shared = vip_shared(cfg, &cluster, access_log, &ownership)?;
         let tls: Vec<Arc<ServerTls>> = shared.iter().filter_map(|s| s.tls.clone()).collect();
-        let addrs = cfg.vips.iter().filter(|v| v.serves_http()).map(|v| SocketAddr::new(v.address, v.port)).collect();
+        let addrs: Vec<SocketAddr> =
+            cfg.vips.iter().filter(|v| v.serves_http()).map(|v| SocketAddr::new(v.address, v.port)).collect();
         let nofile = descriptor_limit();
         let global = cfg.http.max_client_connections.unwrap_or_else(|| default_client_cap(nofile));
         if global > default_client_cap(nofile) {
@@ -548,11 +547,7 @@ impl HttpServer {
         for t in &tls {
             t.publish();
         }
-        Ok(HttpServer { stop, workers, active, addrs, listeners })
-    }
-
-    pub fn active_connections(&self) -> usize {
-        self.active.load(Ordering::SeqCst)
+        Ok(HttpServer { stop, workers, listeners })
     }
 
     /// Stops accepting and waits for the workers; returns the connections still open

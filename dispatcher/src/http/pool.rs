@@ -29,7 +29,6 @@ use crate::{
 };
 
 pub struct Upstream {
-    pub backend: usize,
     pub r: Inbound<ReadSide>,
     pub w: WriteSide,
     /// The socket under both halves (TLS or not).
@@ -122,7 +121,6 @@ mod libc_errno {
 }
 
 pub struct Pool {
-    pub backend: usize,
     pub addr: SocketAddr,
     idle: Mutex<Vec<(Upstream, Instant, IdleSlot)>>,
     budget: Arc<IdleBudget>,
@@ -139,7 +137,6 @@ impl Pool {
     /// `open`: the backend's gauge of open connections, and `limit` its connection limit
     /// (both shared by all workers' pools).
     pub fn new(
-        backend: usize,
         addr: SocketAddr,
         s: &HttpSettings,
         open: Arc<AtomicU64>,
@@ -148,7 +145,6 @@ impl Pool {
         tls: Option<Arc<BackendTls>>,
     ) -> Pool {
         Pool {
-            backend,
             tls,
             open,
             addr,
@@ -226,15 +222,7 @@ impl Pool {
                 Err(_) => return Err(PoolError::ConnectTimeout { addr }),
             },
         };
-        Ok(Upstream {
-            backend: self.backend,
-            r: Inbound::new(r),
-            w,
-            fd,
-            reused: false,
-            _permit: Some(permit),
-            _open: open,
-        })
+        Ok(Upstream { r: Inbound::new(r), w, fd, reused: false, _permit: Some(permit), _open: open })
     }
 
     /// Returns a connection after a complete exchange; dropped if the pool is full or it
@@ -277,6 +265,7 @@ impl Pool {
         n
     }
 
+    #[cfg(test)]
     pub fn idle_count(&self) -> usize {
         self.idle.lock().unwrap().len()
     }
@@ -315,7 +304,7 @@ mod tests {
         let (addr, accepted) = sink().await;
         let s = HttpSettings::default();
         let open = Arc::new(AtomicU64::new(0));
-        let pool = Arc::new(Pool::new(0, addr, &s, open.clone(), Arc::new(Semaphore::new(1)), budget(), None));
+        let pool = Arc::new(Pool::new(addr, &s, open.clone(), Arc::new(Semaphore::new(1)), budget(), None));
         let first = pool.get(true, soon(500)).await.unwrap();
         assert_eq!(open.load(Ordering::Relaxed), 1);
         let waiter = {
@@ -344,8 +333,8 @@ mod tests {
         let (addr, accepted) = sink().await;
         let s = HttpSettings::default();
         let (open, limit) = (Arc::new(AtomicU64::new(0)), Arc::new(Semaphore::new(1)));
-        let a = Pool::new(0, addr, &s, open.clone(), limit.clone(), budget(), None);
-        let b = Pool::new(0, addr, &s, open.clone(), limit.clone(), budget(), None);
+        let a = Pool::new(addr, &s, open.clone(), limit.clone(), budget(), None);
+        let b = Pool::new(addr, &s, open.clone(), limit.clone(), budget(), None);
         let held = a.get(true, soon(200)).await.unwrap();
         assert!(
             b.get(true, soon(200)).await.is_err_and(|e| e.is_busy()),
@@ -382,7 +371,7 @@ mod tests {
             (c, second)
         });
         let s = HttpSettings::default();
-        let pool = Pool::new(0, addr, &s, Arc::new(AtomicU64::new(0)), Arc::new(Semaphore::new(4)), budget(), None);
+        let pool = Pool::new(addr, &s, Arc::new(AtomicU64::new(0)), Arc::new(Semaphore::new(4)), budget(), None);
         let up = pool.get(true, soon(500)).await.unwrap();
         // Back in the pool before the late bytes are read.
         pool.put(up);
@@ -399,7 +388,7 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let server = tokio::spawn(async move { listener.accept().await.map(|(c, _)| c) });
         let s = HttpSettings::default();
-        let pool = Pool::new(0, addr, &s, Arc::new(AtomicU64::new(0)), Arc::new(Semaphore::new(4)), budget(), None);
+        let pool = Pool::new(addr, &s, Arc::new(AtomicU64::new(0)), Arc::new(Semaphore::new(4)), budget(), None);
         pool.put(pool.get(true, soon(500)).await.unwrap());
         assert_eq!(pool.reap(), 0, "an open, quiet connection stays");
         drop(server.await.unwrap().unwrap());
@@ -416,7 +405,7 @@ mod tests {
         let s = HttpSettings::default();
         let budget = Arc::new(IdleBudget::new(2));
         let pool = |b: &Arc<IdleBudget>| {
-            Pool::new(0, addr, &s, Arc::new(AtomicU64::new(0)), Arc::new(Semaphore::new(8)), b.clone(), None)
+            Pool::new(addr, &s, Arc::new(AtomicU64::new(0)), Arc::new(Semaphore::new(8)), b.clone(), None)
         };
         let (a, b) = (pool(&budget), pool(&budget));
         let conns = [
