@@ -272,6 +272,8 @@ pub fn step(what: &str) {
 pub fn cargo() -> Command {
     let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     cmd.current_dir(workspace_root());
+    // The agent's build script must build the XDP programs, never stub them.
+    cmd.env("DISPATCHER_EBPF", "required");
     cmd
 }
 

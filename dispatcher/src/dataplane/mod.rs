@@ -27,6 +27,8 @@ pub enum DataplaneError {
     MissingMap(&'static str),
     #[error("{what}: {source}")]
     Io { what: String, source: std::io::Error },
+    #[error("this binary was built without its XDP programs (bpf-linker was missing at build time): build it with `cargo xtask build`")]
+    Stub,
 }
 
 /// The map names, as the design brief fixed them (docs/design.md, "Who owns what").
@@ -193,7 +195,11 @@ pub fn load_dispatcher(opts: &LoadOptions) -> Result<Ebpf, DataplaneError> {
         check_pinned(name, path)?;
         loader.map_pin_path(name, path.as_path());
     }
-    let mut ebpf = loader.load(opts.object.unwrap_or(object::DISPATCHER))?;
+    let object = opts.object.unwrap_or(object::DISPATCHER);
+    if object.is_empty() {
+        return Err(DataplaneError::Stub);
+    }
+    let mut ebpf = loader.load(object)?;
     program(&mut ebpf, "dispatcher")?
         .load()
         .map_err(|source| DataplaneError::Program { what: "verifying the dispatcher program".into(), source })?;
@@ -262,6 +268,9 @@ pub fn load_pass() -> Result<Ebpf, DataplaneError> {
 }
 
 fn load_simple(object: &[u8], name: &str) -> Result<Ebpf, DataplaneError> {
+    if object.is_empty() {
+        return Err(DataplaneError::Stub);
+    }
     let mut ebpf = Ebpf::load(object)?;
     program(&mut ebpf, name)?
         .load()
@@ -326,5 +335,19 @@ pub fn unpin_all(dir: &Path) -> Result<(), DataplaneError> {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(source) => Err(DataplaneError::Io { what: format!("removing {}", dir.display()), source }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An agent built without bpf-linker (stub programs) says so instead of failing in
+    /// the object parser.
+    #[test]
+    fn a_stub_program_is_refused_with_the_way_out() {
+        let e = load_simple(&[], "pass").err().expect("refused");
+        assert!(matches!(e, DataplaneError::Stub), "{e}");
+        assert!(e.to_string().contains("cargo xtask build"));
     }
 }
