@@ -346,7 +346,7 @@ mod tests {
     /// the object parser.
     #[test]
     fn a_stub_program_is_refused_with_the_way_out() {
-        let e = load_simple(&[], "pass").err().expect("refused");
+        let Err(e) = load_simple(&[], "pass") else { panic!("a stub program was loaded") };
         assert!(matches!(e, DataplaneError::Stub), "{e}");
         assert!(e.to_string().contains("cargo xtask build"));
     }
