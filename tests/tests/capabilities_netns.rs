@@ -44,6 +44,24 @@ fn config(tb: &Testbed) -> std::path::PathBuf {
     tb.write_config(&text)
 }
 
+/// `n` connections to the L4 VIP from the client: each one's answer (the backend's name).
+fn l4_answers(tb: &Testbed, n: usize) -> Vec<String> {
+    let addr: SocketAddr = format!("{VIP}:80").parse().unwrap();
+    tb.client.run(move || {
+        (0..n)
+            .map(|_| {
+                let s = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).expect("connect to the L4 VIP");
+                s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+                let mut w = s.try_clone().unwrap();
+                w.write_all(b"who\n").unwrap();
+                let mut line = String::new();
+                BufReader::new(s).read_line(&mut line).expect("an answer");
+                line.trim().to_string()
+            })
+            .collect()
+    })
+}
+
 /// The effective capability mask of a process.
 fn cap_eff(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -73,20 +91,7 @@ fn the_agent_serves_with_only_the_capabilities_its_unit_grants() {
     let (bpf, perfmon, net_admin, net_bind) = (1u64 << 39, 1u64 << 38, 1u64 << 12, 1u64 << 10);
     assert_eq!(cap_eff(pid), bpf | perfmon | net_admin | net_bind, "CapEff of the agent");
     // L4 through XDP: connections answered by the backends.
-    let addr: SocketAddr = format!("{VIP}:80").parse().unwrap();
-    let answers: Vec<String> = tb.client.run(move || {
-        (0..20)
-            .map(|_| {
-                let s = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).expect("connect to the L4 VIP");
-                s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
-                let mut w = s.try_clone().unwrap();
-                w.write_all(b"who\n").unwrap();
-                let mut line = String::new();
-                BufReader::new(s).read_line(&mut line).expect("an answer");
-                line.trim().to_string()
-            })
-            .collect()
-    });
+    let answers = l4_answers(&tb, 20);
     assert!(answers.iter().all(|a| a.starts_with('b')), "{answers:?}");
     // HTTP through the agent: one session, kept.
     let mut c = Client::new(&tb.client, format!("{HTTP_VIP}:80").parse().unwrap());
@@ -189,17 +194,7 @@ fn the_agent_makes_only_the_system_calls_its_unit_allows() {
     let mut cmd = tb.lb.command("strace");
     cmd.args(["-f", "-c", "-o"]).arg(&summary).arg("--").arg(inner.get_program()).args(inner.get_args());
     tb.start_dispatcher_command(cmd);
-    let addr: SocketAddr = format!("{VIP}:80").parse().unwrap();
-    tb.client.run(move || {
-        for _ in 0..5 {
-            let s = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).expect("connect to the L4 VIP");
-            s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
-            let mut w = s.try_clone().unwrap();
-            w.write_all(b"who\n").unwrap();
-            let mut line = String::new();
-            BufReader::new(s).read_line(&mut line).expect("an answer");
-        }
-    });
+    assert!(l4_answers(&tb, 5).iter().all(|a| a.starts_with('b')));
     let mut c = Client::new(&tb.client, format!("{HTTP_VIP}:80").parse().unwrap());
     for _ in 0..5 {
         assert_eq!(c.get("/app/cart").expect("an HTTP answer").status, 200);

@@ -73,6 +73,9 @@ pub fn check_endpoint(e: &str) -> Result<bool, String> {
     Ok(tls)
 }
 
+/// What a client certificate without its key, and a key without its certificate, lack.
+const CERT_AND_KEY: (&str, &str) = ("a client certificate needs its key", "a client key needs its certificate");
+
 /// The most dispatchers one `[cluster]` may list.
 pub const MAX_PEERS: usize = 64;
 
@@ -536,6 +539,29 @@ impl Ctx<'_> {
         }
     }
 
+    /// Two settings that go together (a certificate and its key, a user and its
+    /// password file): both, or neither; one alone is reported at the missing one's field
+    /// (`why`: what the first needs, what the second needs).
+    fn pair<'a>(
+        &self,
+        (a, a_field): (&'a Option<Spanned<String>>, &str),
+        (b, b_field): (&'a Option<Spanned<String>>, &str),
+        (a_needs, b_needs): (&str, &str),
+    ) -> Option<(&'a Spanned<String>, &'a Spanned<String>)> {
+        match (a, b) {
+            (Some(a), Some(b)) => Some((a, b)),
+            (Some(a), None) => {
+                self.report(a.span(), b_field, a_needs);
+                None
+            }
+            (None, Some(b)) => {
+                self.report(b.span(), a_field, b_needs);
+                None
+            }
+            (None, None) => None,
+        }
+    }
+
     /// `[cluster]`'s TLS files and credentials; `plaintext`: the endpoints are `http://`.
     fn store_security(&self, c: &RawCluster, plaintext: bool) -> StoreSecurity {
         let insecure = c.insecure_plaintext.as_ref().is_some_and(|v| *v.get_ref());
@@ -566,36 +592,22 @@ impl Ctx<'_> {
         if let Some(v) = c.insecure_plaintext.as_ref().filter(|v| *v.get_ref()) {
             self.report(v.span(), "cluster.insecure_plaintext", "the endpoints are https://: remove it");
         }
-        let client_cert = match (&c.cert, &c.key) {
-            (Some(cert), Some(key)) => Some((self.path(cert, "cluster.cert"), self.path(key, "cluster.key"))),
-            (Some(cert), None) => {
-                self.report(cert.span(), "cluster.key", "a client certificate needs its key");
-                None
-            }
-            (None, Some(key)) => {
-                self.report(key.span(), "cluster.cert", "a client key needs its certificate");
-                None
-            }
-            (None, None) => None,
-        };
-        let user = match (&c.username, &c.password_file) {
-            (Some(u), Some(p)) => {
+        let client_cert = self
+            .pair((&c.cert, "cluster.cert"), (&c.key, "cluster.key"), CERT_AND_KEY)
+            .map(|(cert, key)| (self.path(cert, "cluster.cert"), self.path(key, "cluster.key")));
+        let user = self
+            .pair(
+                (&c.username, "cluster.username"),
+                (&c.password_file, "cluster.password_file"),
+                ("an etcd user needs its password file", "a password file needs its etcd user"),
+            )
+            .map(|(u, p)| {
                 let name = u.get_ref();
                 if name.is_empty() || name.len() > 128 || !name.bytes().all(|b| b.is_ascii_graphic()) {
                     self.report(u.span(), "cluster.username", "1 to 128 printable characters without spaces");
                 }
-                Some((name.clone(), self.path(p, "cluster.password_file")))
-            }
-            (Some(u), None) => {
-                self.report(u.span(), "cluster.password_file", "an etcd user needs its password file");
-                None
-            }
-            (None, Some(p)) => {
-                self.report(p.span(), "cluster.username", "a password file needs its etcd user");
-                None
-            }
-            (None, None) => None,
-        };
+                (name.clone(), self.path(p, "cluster.password_file"))
+            });
         StoreSecurity::Tls { ca_file: c.ca_file.as_ref().map(|f| self.path(f, "cluster.ca_file")), client_cert, user }
     }
 
@@ -1282,18 +1294,9 @@ impl Ctx<'_> {
     /// `[vip.backend_tls]`.
     fn backend_tls(&self, t: &RawBackendTls, field: &str) -> BackendTlsFiles {
         let f = |x: &str| format!("{field}.{x}");
-        let client_cert = match (&t.cert, &t.key) {
-            (Some(c), Some(k)) => Some((self.path(c, &f("cert")), self.path(k, &f("key")))),
-            (Some(c), None) => {
-                self.report(c.span(), &f("key"), "a client certificate needs its key");
-                None
-            }
-            (None, Some(k)) => {
-                self.report(k.span(), &f("cert"), "a client key needs its certificate");
-                None
-            }
-            (None, None) => None,
-        };
+        let client_cert = self
+            .pair((&t.cert, &f("cert")), (&t.key, &f("key")), CERT_AND_KEY)
+            .map(|(c, k)| (self.path(c, &f("cert")), self.path(k, &f("key"))));
         let server_name =
             t.server_name.as_ref().and_then(|n| match rustls::pki_types::ServerName::try_from(n.get_ref().as_str()) {
                 Ok(_) => Some(n.get_ref().clone()),

@@ -99,8 +99,7 @@ async fn session(
     inner.counters.writes.fetch_add(1, Ordering::Relaxed);
 
     let dir = format!("{prefix}/");
-    let mut policy_of = inner.current.read().unwrap().0.clone();
-    let mut policy = Policy::for_config(&policy_of);
+    let mut policy = Policy::for_config(&inner.current.read().unwrap().0);
     let (v, revision) = snapshot(inner, &mut client, &policy, &dir).await?;
     // Events at or below it are in the view already (a snapshot read again mid-session).
     let mut seen_upto = revision;
@@ -147,12 +146,6 @@ async fn session(
                     bail!("the store cancelled the watch ({})", resp.cancel_reason());
                 }
                 let current = inner.current.read().unwrap().clone();
-                if !Arc::ptr_eq(&current.0, &policy_of) {
-                    policy_of = current.0.clone();
-                    if let Some(rev) = refresh(inner, &mut client, &mut policy, &policy_of, &dir).await? {
-                        seen_upto = rev;
-                    }
-                }
                 // Each event applied to the view in place (a flood costs what each key
                 // costs, never a copy of everything per message).
                 let mut verdicts = false;
@@ -227,9 +220,8 @@ async fn session(
                 let Some(p) = p else { bail!("the agent is stopping") };
                 let p = match p {
                     Publish::Reloaded => {
-                        let current = inner.current.read().unwrap().clone();
-                        policy_of = current.0.clone();
-                        match refresh(inner, &mut client, &mut policy, &policy_of, &dir).await? {
+                        let cfg = inner.current.read().unwrap().0.clone();
+                        match refresh(inner, &mut client, &mut policy, &cfg, &dir).await? {
                             Some(rev) => seen_upto = rev,
                             None => {
                                 // Same peers and backends: the new cluster takes the shared
