@@ -46,7 +46,7 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
     // rebind the admin socket and share the HTTP ports.
     let _lock = crate::instance::acquire(&cfg.instance)?;
     // Its name in the Via of forwarded requests (loop detection), before any request.
-    crate::http::rewrite::init_marker(&cfg.instance);
+    crate::http1::rewrite::init_marker(&cfg.instance);
     // The admin socket's path: never another agent's live socket, nor a file that is not
     // a socket (refused before the data plane is touched; bound below).
     admin::claim_socket_path(&cfg.admin_socket)

@@ -40,7 +40,6 @@ use tokio::{
 };
 
 use super::{
-    head::HeadLimits,
     pool::Pool,
     proxy::{serve, VipCtx},
     route::VipRoute,
@@ -52,6 +51,7 @@ use crate::{
         sources::{default_per_source, Refused},
     },
     config::{Config, Vip},
+    http1::head::HeadLimits,
     state::Cluster,
     steering::Ownership,
     tls::{server::ServerTls, upstream::BackendTls},
@@ -212,7 +212,7 @@ fn worker_vips(
             })
             .collect();
         let ctx = Arc::new(VipCtx {
-            host: super::rewrite::vip_authority(SocketAddr::new(v.address, v.port)),
+            host: crate::http1::rewrite::vip_authority(SocketAddr::new(v.address, v.port)),
             vip_index,
             route: sh.route.clone(),
             pools,
@@ -222,7 +222,7 @@ fn worker_vips(
             suspect_on_status: cfg.health.suspect_on_status.clone(),
             tls: sh.tls.clone(),
             session_format: v.session_format,
-            forwarded: super::rewrite::forwarded_fields(v.tls.is_some(), v.port),
+            forwarded: crate::http1::rewrite::forwarded_fields(v.tls.is_some(), v.port),
             redirect: v.redirect_to.clone(),
             log: sh.log.clone(),
             ownership: sh.ownership.clone(),
@@ -288,7 +288,7 @@ async fn accept_loop(
                 Err(e) => {
                     // Out of descriptors and the like: back off, keep serving, log once
                     // per interval with a count.
-                    if e.raw_os_error().is_some_and(super::pool::is_local_errno) {
+                    if e.raw_os_error().is_some_and(crate::http1::io::is_local_errno) {
                         counters.local_errors.fetch_add(1, Ordering::Relaxed);
                     }
                     crate::ratelimit::warn("accept", &e);
