@@ -59,12 +59,18 @@ impl Admin {
         let l = self.live.read().unwrap();
         (l.cfg.clone(), l.cluster.clone(), l.commands.clone())
     }
+
+    fn capacity(&self) -> Arc<crate::capacity::Capacity> {
+        self.live.read().unwrap().capacity.clone()
+    }
 }
 
 /// What a reload replaces.
 pub struct Live {
     pub cfg: Arc<Config>,
     pub cluster: Arc<Cluster>,
+    /// The request path's capacity and per-VIP counts (`capacity::Capacity`).
+    pub capacity: Arc<crate::capacity::Capacity>,
     pub commands: mpsc::UnboundedSender<AdminCommand>,
 }
 

@@ -50,6 +50,8 @@ pub struct VipCtx {
     /// Indexed by backend id; `Some` for the VIP's members.
     pub pools: Vec<Option<Pool>>,
     pub cluster: Arc<Cluster>,
+    /// The server generation's capacity and per-VIP counts.
+    pub capacity: Arc<crate::capacity::Capacity>,
     pub settings: HttpSettings,
     pub limits: HeadLimits,
     /// Statuses that make the answering backend suspect (`health.suspect_on_status`).
@@ -269,7 +271,7 @@ pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut st
             }
         };
         let head_bytes = conn.client.buf.split_to(head.len);
-        conn.ctx.cluster.vips[conn.ctx.vip_index].requests.fetch_add(1, Ordering::Relaxed);
+        conn.ctx.capacity.vips[conn.ctx.vip_index].requests.fetch_add(1, Ordering::Relaxed);
         if let Some(to) = &conn.ctx.redirect {
             let answer = redirect_answer(&head, &head_bytes, to);
             let written0 = conn.w.written;
@@ -968,7 +970,7 @@ impl ClientConn {
         trace.response = Some(Instant::now());
         trace.status = res.status;
         be.latency.record(took);
-        if let Some(v) = c.vips.get(ctx.vip_index) {
+        if let Some(v) = ctx.capacity.vips.get(ctx.vip_index) {
             v.latency.record(took);
         }
         if ctx.suspect_on_status.contains(&res.status) {
