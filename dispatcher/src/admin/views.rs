@@ -8,9 +8,10 @@ use dispatcher_common::stats;
 use super::Admin;
 use crate::api::{AgentStatus, BackendStatus, CertificateStatus, QueueStatus, TlsStatus, VipStatus};
 use crate::{
+    capacity::{Capacity, VipStats},
     config::{Config, Vip, VipMode},
     metrics::{Exposition, Family},
-    state::{Backend, Cluster, VipStats},
+    state::{Backend, Cluster},
 };
 
 fn tls_status(t: &crate::tls::server::TlsStats) -> TlsStatus {
@@ -36,6 +37,7 @@ fn tls_status(t: &crate::tls::server::TlsStats) -> TlsStatus {
 
 pub fn status(a: &Admin) -> AgentStatus {
     let (cfg, c, _) = a.current();
+    let cap = a.capacity();
     let load = |x: &std::sync::atomic::AtomicU64| x.load(Ordering::Relaxed);
     let backends = c
         .backends
@@ -69,7 +71,7 @@ pub fn status(a: &Admin) -> AgentStatus {
     let vips = cfg
         .vips
         .iter()
-        .zip(&c.vips)
+        .zip(&cap.vips)
         .filter(|(v, _)| v.serves_http())
         .map(|(v, s)| VipStatus {
             name: v.name.clone(),
@@ -102,13 +104,14 @@ fn steer_counters(a: &Admin) -> [u64; 4] {
 /// `GET /metrics`: the Prometheus text exposition, one section at a time.
 pub fn metrics(a: &Admin) -> String {
     let (cfg, c, _) = a.current();
+    let cap = a.capacity();
     let mut o = Exposition::default();
     c.counters.expose(&mut o);
-    clients_and_clones(&mut o, &c);
+    clients_and_clones(&mut o, &c, &cap);
     backends(&mut o, &c);
     queues(&mut o, &c);
     o.family(&HOLD_SECONDS).histogram(&[("scope", "all")], &c.hold_time);
-    let http_vips: Vec<_> = cfg.vips.iter().zip(&c.vips).filter(|(v, _)| v.serves_http()).collect();
+    let http_vips: Vec<_> = cfg.vips.iter().zip(&cap.vips).filter(|(v, _)| v.serves_http()).collect();
     http_vips_section(&mut o, &http_vips);
     tls_section(&mut o, &http_vips);
     xdp_section(&mut o, a, &cfg);
@@ -135,9 +138,9 @@ const SOURCES_UNTRACKED: Family = Family::counter(
 const CLONE_TABLE_ENTRIES: Family = Family::gauge("dispatcher_clone_table_entries", "Entries in the clone table.");
 
 /// The per-source connection table and the clone table.
-fn clients_and_clones(o: &mut Exposition, c: &Cluster) {
-    o.single(&SOURCES_TRACKED, c.sources.tracked());
-    o.single(&SOURCES_UNTRACKED, c.sources.untracked.load(Ordering::Relaxed));
+fn clients_and_clones(o: &mut Exposition, c: &Cluster, cap: &Capacity) {
+    o.single(&SOURCES_TRACKED, cap.sources.tracked());
+    o.single(&SOURCES_UNTRACKED, cap.sources.untracked.load(Ordering::Relaxed));
     o.single(&CLONE_TABLE_ENTRIES, c.clone_count());
 }
 
@@ -477,11 +480,12 @@ mod tests {
         c.counters.affinity_hits.store(3, Ordering::Relaxed);
         let mut o = Exposition::default();
         c.counters.expose(&mut o);
-        clients_and_clones(&mut o, &c);
+        let cap = Capacity::new(&cfg);
+        clients_and_clones(&mut o, &c, &cap);
         backends(&mut o, &c);
         queues(&mut o, &c);
         o.family(&HOLD_SECONDS).histogram(&[("scope", "all")], &c.hold_time);
-        let http_vips: Vec<_> = cfg.vips.iter().zip(&c.vips).collect();
+        let http_vips: Vec<_> = cfg.vips.iter().zip(&cap.vips).collect();
         http_vips_section(&mut o, &http_vips);
         tls_section(&mut o, &http_vips);
         let cluster = crate::api::ClusterStatus {
