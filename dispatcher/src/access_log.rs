@@ -26,7 +26,7 @@ use anyhow::Context as _;
 
 use crate::{
     config::{AccessLogFormat, AccessLogSettings},
-    state::Counters,
+    metrics::Counters,
 };
 
 /// The longest request line kept (method, space, target); longer ones end in `...`.

@@ -192,29 +192,9 @@ pub struct CertificateStatus {
     pub expires_in_s: i64,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct CounterStatus {
-    pub holds: u64,
-    pub held_now: u64,
-    pub hold_timeouts: u64,
-    pub retries: u64,
-    pub retry_budget_refusals: u64,
-    pub failovers: u64,
-    pub flow_rewrites: u64,
-    pub clone_rewrites: u64,
-    pub misroutes: u64,
-    pub learned_clones: u64,
-    pub learn_conflicts: u64,
-    /// New clone IDs not kept: the table was full.
-    #[serde(default)]
-    pub clones_full: u64,
-    /// Clone IDs not kept: malformed.
-    #[serde(default)]
-    pub clone_ids_refused: u64,
-    pub queue_timeouts: u64,
-    pub local_errors: u64,
-    pub connections_refused: u64,
-}
+/// The agent's own counters, by status key: made from their one declaration
+/// (`metrics::Counters`), as the `/metrics` exposition is.
+pub use crate::metrics::CounterStatus;
 
 /// `POST /backends/NAME/drain|disable|enable`: the backend's state before and after.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -57,7 +57,7 @@ impl Control {
     /// came back are rebuilt with its grown share; a ramp that is complete everywhere
     /// ends (after a last rebuild at its full weight).
     fn ramp_step(&self) {
-        let now = crate::state::mono_ns();
+        let now = crate::metrics::mono_ns();
         for (b, be) in self.cluster.backends.iter().enumerate() {
             let since = be.ramp_since.load(Ordering::SeqCst);
             if since == 0 {
@@ -199,7 +199,7 @@ async fn probe_loop(
 fn rebuild_rings_of(cfg: &Config, cluster: &Cluster, tables: &Mutex<Tables>, b: usize) {
     let mut t = tables.lock().unwrap();
     let states: Vec<u8> = cluster.backends.iter().map(|x| x.state() as u8).collect();
-    let now = crate::state::mono_ns();
+    let now = crate::metrics::mono_ns();
     for (i, v) in cfg.vips.iter().enumerate().filter(|(_, v)| v.backends.contains(&b)) {
         let weight = |m: usize| {
             let w = cluster.backends[m].ramped_weight(cfg.backends[m].weight, v.slow_start_of(cfg, m), now);

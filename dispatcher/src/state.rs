@@ -18,7 +18,10 @@ use dispatcher_common::{
     NO_BACKEND,
 };
 
-use crate::{config::Config, metrics::Histogram};
+use crate::{
+    config::Config,
+    metrics::{mono_ns, Counters, Histogram},
+};
 
 pub struct Backend {
     pub name: String,
@@ -57,12 +60,6 @@ pub struct Backend {
     /// It went out of service (down, disabled, drained) and has not been up since: its
     /// return ramps up, even by way of suspect.
     pub left: std::sync::atomic::AtomicBool,
-}
-
-/// Nanoseconds on the process's monotonic clock, plus one (0 stands for "never").
-pub fn mono_ns() -> u64 {
-    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    START.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64 + 1
 }
 
 /// The smallest share of its weight a backend that just came back gets (HAProxy starts
@@ -187,59 +184,6 @@ pub enum News {
     Operator { backend: String, op: Operator },
 }
 
-#[derive(Default)]
-pub struct Counters {
-    // Shared by a cluster and the one a reload replaces it with: totals go on, and the
-    // gauges (held_now, in_flight, retries_in_flight) count the requests of both.
-    pub learned: AtomicU64,
-    pub learn_conflicts: AtomicU64,
-    /// Clone IDs not kept: the table was full (`MAX_CLONES`, the size of `CLONES`).
-    pub clones_full: AtomicU64,
-    /// Clone IDs not kept: empty, longer than `MAX_CLONE_ID_LEN` or not printable.
-    pub clone_ids_refused: AtomicU64,
-    /// The conflict warning, per claiming backend (shared like the counters: a reload
-    /// does not start it over).
-    pub conflict_log: crate::ratelimit::PerKey,
-    pub affinity_hits: AtomicU64,
-    pub balanced: AtomicU64,
-    pub no_backend: AtomicU64,
-    pub passive_failures: AtomicU64,
-    pub holds: AtomicU64,
-    pub hold_timeouts: AtomicU64,
-    /// Requests whose clone IDs no one here knew, that waited for the shared table.
-    pub learn_waits: AtomicU64,
-    pub held_now: AtomicU64,
-    pub hold_refused: AtomicU64,
-    pub retries: AtomicU64,
-    pub retry_budget_refusals: AtomicU64,
-    pub failovers: AtomicU64,
-    pub clone_rewrites: AtomicU64,
-    pub flow_rewrites: AtomicU64,
-    pub transitions: AtomicU64,
-    /// Session requests sent to a server that is neither the session's owner nor its
-    /// replica. Must stay zero.
-    pub misroutes: AtomicU64,
-    /// Requests answered 503 "busy": their backend stayed at its connection limit for the
-    /// whole queue timeout.
-    pub queue_timeouts: AtomicU64,
-    /// Shortages on this host (descriptors, ports, buffers) met while connecting upstream
-    /// or accepting; never counted against a backend.
-    pub local_errors: AtomicU64,
-    /// Client connections closed at once because a connection cap was reached...
-    pub conn_refused: AtomicU64,
-    /// ...by cap, indexed by `http::listener::Cap`: global, VIP, per-source count, rate.
-    pub conn_refused_by: [AtomicU64; 4],
-    /// Requests that came back carrying this dispatcher's own `Via` marker (a loop),
-    /// answered 508 and not forwarded.
-    pub loops: AtomicU64,
-    /// Requests in flight to any backend, and retries among them (the retry budget).
-    pub in_flight: AtomicU64,
-    pub retries_in_flight: AtomicU64,
-    /// Access log lines written, and dropped because the writer was behind.
-    pub access_log_lines: AtomicU64,
-    pub access_log_dropped: AtomicU64,
-}
-
 pub struct Cluster {
     pub backends: Vec<Backend>,
     /// The in-memory mirror the request path reads (no syscall per request).
@@ -253,6 +197,9 @@ pub struct Cluster {
     /// requests waiting for an unknown clone ID look again.
     pub clones_changed: tokio::sync::Notify,
     pub counters: Arc<Counters>,
+    /// The conflict warning, per claiming backend (shared like the counters: a reload
+    /// does not start it over).
+    conflict_log: Arc<crate::ratelimit::PerKey>,
     /// `http.max_connections_per_backend` the `conn_limit`s were made with.
     conn_limit: usize,
     /// The cluster a reload replaced this one with: what this one still learns while its
@@ -331,6 +278,7 @@ impl Cluster {
             news: Mutex::new(None),
             clones_changed: tokio::sync::Notify::new(),
             counters: Arc::new(Counters::default()),
+            conflict_log: Default::default(),
             conn_limit: cfg.http.max_connections_per_backend,
             successor: Mutex::new(None),
             epoch: std::time::Instant::now(),
@@ -573,6 +521,7 @@ impl Cluster {
     pub fn successor_of(cfg: &Config, health: &[Health], admin: &[Operator], old: &Arc<Cluster>) -> Arc<Cluster> {
         let mut c = Cluster::new(cfg, health, admin, None);
         c.counters = old.counters.clone();
+        c.conflict_log = old.conflict_log.clone();
         *c.news.lock().unwrap() = old.news.lock().unwrap().clone();
         for (i, prev) in old.backends.iter().enumerate().take(c.backends.len()) {
             if prev.peers_out() {
@@ -753,7 +702,7 @@ impl Cluster {
         // at every OPTIONS check): logged once per 10 s per claiming backend, with how
         // many were left unlogged; the counter counts every one.
         let now = std::time::Instant::now();
-        if let Some(more) = self.counters.conflict_log.admit(backend as u64, now) {
+        if let Some(more) = self.conflict_log.admit(backend as u64, now) {
             tracing::warn!(
                 clone = %String::from_utf8_lossy(id),
                 claimed_by = %self.backends[backend].name,

@@ -1,13 +1,18 @@
 //! What the admin endpoint shows: the agent's view as JSON (`GET /status`) and the
 //! Prometheus text exposition (`GET /metrics`).
 
-use std::{fmt::Write as _, sync::atomic::Ordering};
+use std::sync::atomic::Ordering;
 
 use dispatcher_common::stats;
 
 use super::Admin;
-use crate::api::{AgentStatus, BackendStatus, CertificateStatus, CounterStatus, QueueStatus, TlsStatus, VipStatus};
-use crate::{metrics::Histogram, state::Backend};
+use crate::api::{AgentStatus, BackendStatus, CertificateStatus, QueueStatus, TlsStatus, VipStatus};
+use crate::{
+    capacity::{Capacity, VipStats},
+    config::{Config, Vip, VipMode},
+    metrics::{Exposition, Family},
+    state::{Backend, Cluster},
+};
 
 fn tls_status(t: &crate::tls::server::TlsStats) -> TlsStatus {
     TlsStatus {
@@ -75,7 +80,6 @@ pub fn status(a: &Admin) -> AgentStatus {
             tls: v.tls.as_ref().map(|_| tls_status(&s.tls)),
         })
         .collect();
-    let k = &c.counters;
     AgentStatus {
         pid: std::process::id(),
         uptime_s: a.started.elapsed().as_secs(),
@@ -83,24 +87,7 @@ pub fn status(a: &Admin) -> AgentStatus {
         pins_missing: a.pins_missing.lock().unwrap().iter().map(|p| p.to_string()).collect(),
         backends,
         vips,
-        counters: CounterStatus {
-            holds: load(&k.holds),
-            held_now: load(&k.held_now),
-            hold_timeouts: load(&k.hold_timeouts),
-            retries: load(&k.retries),
-            retry_budget_refusals: load(&k.retry_budget_refusals),
-            failovers: load(&k.failovers),
-            flow_rewrites: load(&k.flow_rewrites),
-            clone_rewrites: load(&k.clone_rewrites),
-            misroutes: load(&k.misroutes),
-            learned_clones: load(&k.learned),
-            learn_conflicts: load(&k.learn_conflicts),
-            clones_full: load(&k.clones_full),
-            clone_ids_refused: load(&k.clone_ids_refused),
-            queue_timeouts: load(&k.queue_timeouts),
-            local_errors: load(&k.local_errors),
-            connections_refused: load(&k.conn_refused),
-        },
+        counters: c.counters.status(),
         cluster: a.shared.as_ref().map(|s| s.status()),
         steering: a.steering.as_ref().map(|st| st.status(steer_counters(a))),
         announced: *a.announced.lock().unwrap(),
@@ -114,508 +101,413 @@ fn steer_counters(a: &Admin) -> [u64; 4] {
         .map(|slot| t.counter(slot).map(|c| c.packets).unwrap_or(0))
 }
 
-/// A label value as the exposition format wants it: backslash, double quote and newline
-/// escaped.
-fn esc(v: &str) -> String {
-    let mut o = String::with_capacity(v.len());
-    for ch in v.chars() {
-        match ch {
-            '\\' => o.push_str("\\\\"),
-            '"' => o.push_str("\\\""),
-            '\n' => o.push_str("\\n"),
-            c => o.push(c),
-        }
-    }
-    o
-}
-
-/// One metric with a series per backend of `backends`.
-fn backend_series(
-    o: &mut String,
-    backends: &[&Backend],
-    name: &str,
-    kind: &str,
-    help: &str,
-    value: &dyn Fn(&Backend) -> u64,
-) {
-    let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
-    for b in backends {
-        let _ = writeln!(o, "{name}{{backend=\"{}\"}} {}", esc(&b.name), value(b));
-    }
-}
-
-fn histogram(out: &mut String, name: &str, labels: &str, h: &Histogram) {
-    let mut cumulative = 0;
-    for (i, le) in Histogram::BOUNDS_US.iter().enumerate() {
-        cumulative += h.buckets[i].load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{}\"}} {cumulative}", *le as f64 / 1e6);
-    }
-    let count = h.count.load(Ordering::Relaxed);
-    let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {count}");
-    let _ = writeln!(out, "{name}_sum{{{labels}}} {}", h.sum_us.load(Ordering::Relaxed) as f64 / 1e6);
-    let _ = writeln!(out, "{name}_count{{{labels}}} {count}");
-}
-
+/// `GET /metrics`: the Prometheus text exposition, one section at a time.
 pub fn metrics(a: &Admin) -> String {
     let (cfg, c, _) = a.current();
     let cap = a.capacity();
-    let k = &c.counters;
-    let mut o = String::new();
-    let counter = |o: &mut String, name: &str, help: &str, v: u64| {
-        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
-    };
-    let gauge = |o: &mut String, name: &str, help: &str, v: u64| {
-        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
-    };
-    counter(
-        &mut o,
-        "dispatcher_misroutes_total",
-        "Session requests sent to neither the owner nor its replica (must stay 0).",
-        k.misroutes.load(Ordering::Relaxed),
-    );
-    counter(
-        &mut o,
-        "dispatcher_holds_total",
-        "Requests held while their session's owner was suspect.",
-        k.holds.load(Ordering::Relaxed),
-    );
-    counter(
-        &mut o,
-        "dispatcher_hold_timeouts_total",
-        "Holds that ended at the hold time.",
-        k.hold_timeouts.load(Ordering::Relaxed),
-    );
-    counter(
-        &mut o,
-        "dispatcher_learn_waits_total",
-        "Requests whose clone IDs no one here knew that waited for the shared table ([cluster] learn_wait).",
-        k.learn_waits.load(Ordering::Relaxed),
-    );
-    counter(
-        &mut o,
-        "dispatcher_hold_refused_total",
-        "Requests refused because max_held were held.",
-        k.hold_refused.load(Ordering::Relaxed),
-    );
-    gauge(&mut o, "dispatcher_held_requests", "Requests held now.", k.held_now.load(Ordering::Relaxed));
-    counter(
-        &mut o,
-        "dispatcher_retries_total",
-        "Extra attempts after a failure before any response byte.",
-        k.retries.load(Ordering::Relaxed),
-    );
-    counter(
-        &mut o,
-        "dispatcher_retry_budget_refusals_total",
-        "Retries refused by the cluster-wide budget.",
-        k.retry_budget_refusals.load(Ordering::Relaxed),
-    );
-    counter(
-        &mut o,
-        "dispatcher_failovers_total",
-        "Backends that went out of service.",
-        k.failovers.load(Ordering::Relaxed),
-    );
-    counter(
-        &mut o,
-        "dispatcher_clone_rewrites_total",
-        "CLONES entries rewritten on failover and return.",
-        k.clone_rewrites.load(Ordering::Relaxed),
-    );
-    counter(
-        &mut o,
-        "dispatcher_flow_rewrites_total",
-        "FLOWS entries moved off a failed backend.",
-        k.flow_rewrites.load(Ordering::Relaxed),
-    );
-    counter(
-        &mut o,
-        "dispatcher_state_transitions_total",
-        "Backend state changes.",
-        k.transitions.load(Ordering::Relaxed),
-    );
-    counter(
-        &mut o,
-        "dispatcher_passive_failures_total",
-        "Backends made suspect by a failed request.",
-        k.passive_failures.load(Ordering::Relaxed),
-    );
-    counter(
-        &mut o,
-        "dispatcher_learned_clones_total",
-        "Clone IDs learned from Set-Cookie.",
-        k.learned.load(Ordering::Relaxed),
-    );
-    counter(
-        &mut o,
-        "dispatcher_learn_conflicts_total",
-        "Clone IDs claimed by a second backend.",
-        k.learn_conflicts.load(Ordering::Relaxed),
-    );
-    counter(
-        &mut o,
-        "dispatcher_clones_table_full_total",
-        "New clone IDs not kept because the clone table was full (its sessions are balanced).",
-        k.clones_full.load(Ordering::Relaxed),
-    );
-    counter(
-        &mut o,
-        "dispatcher_clone_ids_refused_total",
-        "Clone IDs not kept: empty, too long or not printable.",
-        k.clone_ids_refused.load(Ordering::Relaxed),
-    );
-    counter(
-        &mut o,
-        "dispatcher_access_log_lines_total",
-        "Access log lines written.",
-        k.access_log_lines.load(Ordering::Relaxed),
-    );
-    counter(
-        &mut o,
-        "dispatcher_access_log_dropped_total",
-        "Access log lines dropped because the writer was behind (requests are never delayed for the log).",
-        k.access_log_dropped.load(Ordering::Relaxed),
-    );
-    counter(
-        &mut o,
-        "dispatcher_queue_timeouts_total",
-        "Requests answered 503 busy: no connection or maxconn slot came free in time, or the backend's queue was full.",
-        k.queue_timeouts.load(Ordering::Relaxed),
-    );
-    counter(
-        &mut o,
-        "dispatcher_local_errors_total",
-        "Shortages on this host (descriptors, ports, buffers) met accepting or connecting; never a backend failure.",
-        k.local_errors.load(Ordering::Relaxed),
-    );
-    let _ = writeln!(
-        o,
-        "# HELP dispatcher_client_connections_refused_total Client connections refused at once (503, or closed on HTTPS VIPs), by the cap they met.\n# TYPE dispatcher_client_connections_refused_total counter"
-    );
-    for cap in crate::http::listener::Cap::ALL {
-        let v = k.conn_refused_by[cap as usize].load(Ordering::Relaxed);
-        let _ = writeln!(o, "dispatcher_client_connections_refused_total{{reason=\"{}\"}} {v}", cap.label());
-    }
-    gauge(
-        &mut o,
-        "dispatcher_client_sources_tracked",
-        "Source addresses (IPv6: /64) in the per-source connection table.",
-        cap.sources.tracked() as u64,
-    );
-    counter(
-        &mut o,
-        "dispatcher_client_sources_untracked_total",
-        "Client connections let through without a per-source count because the source table was full.",
-        cap.sources.untracked.load(Ordering::Relaxed),
-    );
-    counter(
-        &mut o,
-        "dispatcher_http_loops_total",
-        "Requests that came back carrying this dispatcher's own Via marker (a forwarding loop), answered 508.",
-        k.loops.load(Ordering::Relaxed),
-    );
-    gauge(&mut o, "dispatcher_clone_table_entries", "Entries in the clone table.", c.clone_count() as u64);
-
-    let _ = writeln!(o, "# HELP dispatcher_backend_state Backend state: 1=up 2=suspect 3=down 4=drain 5=disabled.\n# TYPE dispatcher_backend_state gauge");
-    for b in &c.backends {
-        let _ = writeln!(o, "dispatcher_backend_state{{backend=\"{}\"}} {}", esc(&b.name), b.state() as u8);
-    }
-    let all: Vec<_> = c.backends.iter().collect();
-    let per_backend = |o: &mut String, name: &str, kind: &str, help: &str, value: &dyn Fn(&Backend) -> u64| {
-        backend_series(o, &all, name, kind, help, value)
-    };
-    per_backend(&mut o, "dispatcher_backend_requests_total", "counter", "Requests sent to the backend.", &|b| {
-        b.requests.load(Ordering::Relaxed)
-    });
-    per_backend(&mut o, "dispatcher_backend_errors_total", "counter", "Failed requests to the backend.", &|b| {
-        b.errors.load(Ordering::Relaxed)
-    });
-    per_backend(&mut o, "dispatcher_backend_active_requests", "gauge", "Requests in flight to the backend.", &|b| {
-        b.outstanding.load(Ordering::Relaxed)
-    });
-    per_backend(&mut o, "dispatcher_backend_connections", "gauge", "Open upstream connections to the backend.", &|b| {
-        b.connections.load(Ordering::Relaxed)
-    });
-    // `maxconn` and its queue (backends without a limit have no such series).
-    let limited: Vec<_> = c.backends.iter().filter(|b| b.slots.max().is_some()).collect();
-    if !limited.is_empty() {
-        let each = |o: &mut String, name: &str, kind: &str, help: &str, value: &dyn Fn(&Backend) -> u64| {
-            backend_series(o, &limited, name, kind, help, value)
-        };
-        each(&mut o, "dispatcher_backend_maxconn", "gauge", "Requests the backend may have in flight at once.", &|b| {
-            b.slots.max().unwrap_or(0)
-        });
-        each(&mut o, "dispatcher_backend_queue_length", "gauge", "Requests waiting for a slot on the backend.", &|b| {
-            b.slots.queued()
-        });
-        each(
-            &mut o,
-            "dispatcher_backend_queued_total",
-            "counter",
-            "Requests that waited for a slot on the backend.",
-            &|b| b.slots.queued_total.load(Ordering::Relaxed),
-        );
-        let _ = writeln!(o, "# HELP dispatcher_backend_queue_refused_total Requests answered 503 for want of a slot: queue full, or none in time.\n# TYPE dispatcher_backend_queue_refused_total counter");
-        for b in &limited {
-            let reasons = [
-                ("full", &b.slots.refused_full),
-                ("timeout", &b.slots.refused_timeout),
-                ("left", &b.slots.refused_left),
-            ];
-            for (reason, n) in reasons {
-                let _ = writeln!(
-                    o,
-                    "dispatcher_backend_queue_refused_total{{backend=\"{}\",reason=\"{reason}\"}} {}",
-                    esc(&b.name),
-                    n.load(Ordering::Relaxed)
-                );
-            }
-        }
-        let _ = writeln!(o, "# HELP dispatcher_backend_queue_seconds How long queued requests waited for a slot.\n# TYPE dispatcher_backend_queue_seconds histogram");
-        for b in &limited {
-            histogram(
-                &mut o,
-                "dispatcher_backend_queue_seconds",
-                &format!("backend=\"{}\"", esc(&b.name)),
-                &b.slots.waits,
-            );
-        }
-    }
-    let _ = writeln!(o, "# HELP dispatcher_backend_response_seconds Time to the response head, per backend.\n# TYPE dispatcher_backend_response_seconds histogram");
-    for b in &c.backends {
-        histogram(&mut o, "dispatcher_backend_response_seconds", &format!("backend=\"{}\"", esc(&b.name)), &b.latency);
-    }
-    let _ = writeln!(
-        o,
-        "# HELP dispatcher_hold_seconds How long held requests waited.\n# TYPE dispatcher_hold_seconds histogram"
-    );
-    histogram(&mut o, "dispatcher_hold_seconds", "scope=\"all\"", &c.hold_time);
+    let mut o = Exposition::default();
+    c.counters.expose(&mut o);
+    clients_and_clones(&mut o, &c, &cap);
+    backends(&mut o, &c);
+    queues(&mut o, &c);
+    o.family(&HOLD_SECONDS).histogram(&[("scope", "all")], &c.hold_time);
     let http_vips: Vec<_> = cfg.vips.iter().zip(&cap.vips).filter(|(v, _)| v.serves_http()).collect();
-    let _ = writeln!(o, "# HELP dispatcher_vip_requests_total Request heads received, per HTTP VIP.\n# TYPE dispatcher_vip_requests_total counter");
-    for (v, s) in &http_vips {
-        let _ = writeln!(
-            o,
-            "dispatcher_vip_requests_total{{vip=\"{}\"}} {}",
-            esc(&v.name),
-            s.requests.load(Ordering::Relaxed)
-        );
+    http_vips_section(&mut o, &http_vips);
+    tls_section(&mut o, &http_vips);
+    xdp_section(&mut o, a, &cfg);
+    if let Some(sh) = &a.shared {
+        cluster_section(&mut o, &sh.status(), &c);
     }
-    let _ = writeln!(o, "# HELP dispatcher_vip_connections Open client connections, per HTTP VIP.\n# TYPE dispatcher_vip_connections gauge");
-    for (v, s) in &http_vips {
-        let _ = writeln!(
-            o,
-            "dispatcher_vip_connections{{vip=\"{}\"}} {}",
-            esc(&v.name),
-            s.connections.load(Ordering::Relaxed)
-        );
+    if let Some(st) = &a.steering {
+        steering_section(&mut o, &st.status(steer_counters(a)));
     }
-    let _ = writeln!(o, "# HELP dispatcher_vip_response_seconds Time to the response head, per HTTP VIP.\n# TYPE dispatcher_vip_response_seconds histogram");
-    for (v, s) in &http_vips {
-        histogram(&mut o, "dispatcher_vip_response_seconds", &format!("vip=\"{}\"", esc(&v.name)), &s.latency);
+    if let Some(up) = *a.announced.lock().unwrap() {
+        o.single(&ANNOUNCED, up as u64);
     }
+    o.finish()
+}
 
+const SOURCES_TRACKED: Family = Family::gauge(
+    "dispatcher_client_sources_tracked",
+    "Source addresses (IPv6: /64) in the per-source connection table.",
+);
+const SOURCES_UNTRACKED: Family = Family::counter(
+    "dispatcher_client_sources_untracked_total",
+    "Client connections let through without a per-source count because the source table was full.",
+);
+const CLONE_TABLE_ENTRIES: Family = Family::gauge("dispatcher_clone_table_entries", "Entries in the clone table.");
+
+/// The per-source connection table and the clone table.
+fn clients_and_clones(o: &mut Exposition, c: &Cluster, cap: &Capacity) {
+    o.single(&SOURCES_TRACKED, cap.sources.tracked());
+    o.single(&SOURCES_UNTRACKED, cap.sources.untracked.load(Ordering::Relaxed));
+    o.single(&CLONE_TABLE_ENTRIES, c.clone_count());
+}
+
+/// Families with one series per backend, and where each one's value comes from.
+type PerBackend = (Family, fn(&Backend) -> u64);
+
+const BACKEND_SERIES: [PerBackend; 5] = [
+    (Family::gauge("dispatcher_backend_state", "Backend state: 1=up 2=suspect 3=down 4=drain 5=disabled."), |b| {
+        b.state() as u64
+    }),
+    (Family::counter("dispatcher_backend_requests_total", "Requests sent to the backend."), |b| {
+        b.requests.load(Ordering::Relaxed)
+    }),
+    (Family::counter("dispatcher_backend_errors_total", "Failed requests to the backend."), |b| {
+        b.errors.load(Ordering::Relaxed)
+    }),
+    (Family::gauge("dispatcher_backend_active_requests", "Requests in flight to the backend."), |b| {
+        b.outstanding.load(Ordering::Relaxed)
+    }),
+    (Family::gauge("dispatcher_backend_connections", "Open upstream connections to the backend."), |b| {
+        b.connections.load(Ordering::Relaxed)
+    }),
+];
+const BACKEND_RESPONSE_SECONDS: Family =
+    Family::histogram("dispatcher_backend_response_seconds", "Time to the response head, per backend.");
+
+/// Each backend's state, requests, errors, connections and latency.
+fn backends(o: &mut Exposition, c: &Cluster) {
+    for (family, value) in &BACKEND_SERIES {
+        o.family(family);
+        for b in &c.backends {
+            o.sample(&[("backend", &b.name)], value(b));
+        }
+    }
+    o.family(&BACKEND_RESPONSE_SECONDS);
+    for b in &c.backends {
+        o.histogram(&[("backend", &b.name)], &b.latency);
+    }
+}
+
+const QUEUE_SERIES: [PerBackend; 3] = [
+    (Family::gauge("dispatcher_backend_maxconn", "Requests the backend may have in flight at once."), |b| {
+        b.slots.max().unwrap_or(0)
+    }),
+    (Family::gauge("dispatcher_backend_queue_length", "Requests waiting for a slot on the backend."), |b| {
+        b.slots.queued()
+    }),
+    (Family::counter("dispatcher_backend_queued_total", "Requests that waited for a slot on the backend."), |b| {
+        b.slots.queued_total.load(Ordering::Relaxed)
+    }),
+];
+const QUEUE_REFUSED: Family = Family::counter(
+    "dispatcher_backend_queue_refused_total",
+    "Requests answered 503 for want of a slot: queue full, or none in time.",
+);
+const QUEUE_SECONDS: Family =
+    Family::histogram("dispatcher_backend_queue_seconds", "How long queued requests waited for a slot.");
+
+/// `maxconn` and its queue (backends without a limit have no such series).
+fn queues(o: &mut Exposition, c: &Cluster) {
+    let limited: Vec<_> = c.backends.iter().filter(|b| b.slots.max().is_some()).collect();
+    if limited.is_empty() {
+        return;
+    }
+    for (family, value) in &QUEUE_SERIES {
+        o.family(family);
+        for b in &limited {
+            o.sample(&[("backend", &b.name)], value(b));
+        }
+    }
+    o.family(&QUEUE_REFUSED);
+    for b in &limited {
+        let q = &b.slots;
+        for (reason, n) in [("full", &q.refused_full), ("timeout", &q.refused_timeout), ("left", &q.refused_left)] {
+            o.sample(&[("backend", &b.name), ("reason", reason)], n.load(Ordering::Relaxed));
+        }
+    }
+    o.family(&QUEUE_SECONDS);
+    for b in &limited {
+        o.histogram(&[("backend", &b.name)], &b.slots.waits);
+    }
+}
+
+const HOLD_SECONDS: Family = Family::histogram("dispatcher_hold_seconds", "How long held requests waited.");
+const VIP_REQUESTS: Family = Family::counter("dispatcher_vip_requests_total", "Request heads received, per HTTP VIP.");
+const VIP_CONNECTIONS: Family = Family::gauge("dispatcher_vip_connections", "Open client connections, per HTTP VIP.");
+const VIP_RESPONSE_SECONDS: Family =
+    Family::histogram("dispatcher_vip_response_seconds", "Time to the response head, per HTTP VIP.");
+
+/// Per HTTP VIP: requests, client connections, latency.
+fn http_vips_section(o: &mut Exposition, vips: &[(&Vip, &VipStats)]) {
+    o.family(&VIP_REQUESTS);
+    for (v, s) in vips {
+        o.sample(&[("vip", &v.name)], s.requests.load(Ordering::Relaxed));
+    }
+    o.family(&VIP_CONNECTIONS);
+    for (v, s) in vips {
+        o.sample(&[("vip", &v.name)], s.connections.load(Ordering::Relaxed));
+    }
+    o.family(&VIP_RESPONSE_SECONDS);
+    for (v, s) in vips {
+        o.histogram(&[("vip", &v.name)], &s.latency);
+    }
+}
+
+const TLS_HANDSHAKES: Family =
+    Family::counter("dispatcher_tls_handshakes_total", "Completed TLS handshakes, per HTTPS VIP, full or resumed.");
+const TLS_FAILURES: Family =
+    Family::counter("dispatcher_tls_handshake_failures_total", "Failed TLS handshakes, per HTTPS VIP, by reason.");
+const TLS_NOT_AFTER: Family = Family::gauge(
+    "dispatcher_tls_certificate_not_after_seconds",
+    "End of a served certificate's validity (Unix time), per HTTPS VIP.",
+);
+
+/// HTTPS VIPs: handshakes, failures, certificates (none without an HTTPS VIP).
+fn tls_section(o: &mut Exposition, http_vips: &[(&Vip, &VipStats)]) {
     let tls_vips: Vec<_> = http_vips.iter().filter(|(v, _)| v.tls.is_some()).collect();
-    if !tls_vips.is_empty() {
-        let _ = writeln!(o, "# HELP dispatcher_tls_handshakes_total Completed TLS handshakes, per HTTPS VIP, full or resumed.\n# TYPE dispatcher_tls_handshakes_total counter");
-        for (v, s) in &tls_vips {
-            for (kind, n) in [("full", &s.tls.full), ("resumed", &s.tls.resumed)] {
-                let _ = writeln!(
-                    o,
-                    "dispatcher_tls_handshakes_total{{vip=\"{}\",kind=\"{kind}\"}} {}",
-                    esc(&v.name),
-                    n.load(Ordering::Relaxed)
-                );
-            }
-        }
-        let _ = writeln!(o, "# HELP dispatcher_tls_handshake_failures_total Failed TLS handshakes, per HTTPS VIP, by reason.\n# TYPE dispatcher_tls_handshake_failures_total counter");
-        for (v, s) in &tls_vips {
-            for (reason, n) in s.tls.failures() {
-                let _ = writeln!(
-                    o,
-                    "dispatcher_tls_handshake_failures_total{{vip=\"{}\",reason=\"{reason}\"}} {n}",
-                    esc(&v.name)
-                );
-            }
-        }
-        let _ = writeln!(o, "# HELP dispatcher_tls_certificate_not_after_seconds End of a served certificate's validity (Unix time), per HTTPS VIP.\n# TYPE dispatcher_tls_certificate_not_after_seconds gauge");
-        for (v, s) in &tls_vips {
-            for c in s.tls.certs.read().unwrap().iter() {
-                let _ = writeln!(
-                    o,
-                    "dispatcher_tls_certificate_not_after_seconds{{vip=\"{}\",file=\"{}\",subject=\"{}\"}} {}",
-                    esc(&v.name),
-                    esc(&c.file),
-                    esc(&c.subject),
-                    c.not_after
-                );
-            }
+    if tls_vips.is_empty() {
+        return;
+    }
+    o.family(&TLS_HANDSHAKES);
+    for (v, s) in &tls_vips {
+        for (kind, n) in [("full", &s.tls.full), ("resumed", &s.tls.resumed)] {
+            o.sample(&[("vip", &v.name), ("kind", kind)], n.load(Ordering::Relaxed));
         }
     }
+    o.family(&TLS_FAILURES);
+    for (v, s) in &tls_vips {
+        for (reason, n) in s.tls.failures() {
+            o.sample(&[("vip", &v.name), ("reason", reason)], n);
+        }
+    }
+    o.family(&TLS_NOT_AFTER);
+    for (v, s) in &tls_vips {
+        for c in s.tls.certs.read().unwrap().iter() {
+            o.sample(&[("vip", &v.name), ("file", &c.file), ("subject", &c.subject)], c.not_after);
+        }
+    }
+}
 
-    // The data plane's counters, summed over CPUs.
+const XDP_EVENTS: Family = Family::counter("dispatcher_xdp_events_total", "XDP verdicts by reason.");
+/// Per VIP, from XDP's counters: the family, the slot (`None`: forwarded, both pin
+/// paths added), bytes rather than packets.
+const XDP_PER_VIP: [(Family, Option<u32>, bool); 3] = [
+    (Family::counter("dispatcher_xdp_vip_packets_total", "Packets to the VIP XDP forwarded."), None, false),
+    (Family::counter("dispatcher_xdp_vip_bytes_total", "Bytes to the VIP XDP forwarded."), None, true),
+    (
+        Family::counter("dispatcher_xdp_vip_new_flows_total", "New flows pinned by XDP."),
+        Some(stats::VIP_NEW_FLOWS),
+        false,
+    ),
+];
+const SIP_MESSAGES: Family = Family::counter(
+    "dispatcher_sip_messages_total",
+    "SIP messages on a SIP VIP by outcome: forwarded by where their affinity came from (route, via, to_tag, from_tag, call_id), or dropped (held: owner suspect; unknown_ln; invalid).",
+);
+const XDP_BACKEND_PACKETS: Family =
+    Family::counter("dispatcher_xdp_backend_packets_total", "Packets XDP forwarded to the backend.");
+
+/// The data plane's counters, summed over CPUs.
+fn xdp_section(o: &mut Exposition, a: &Admin, cfg: &Config) {
     let t = a.tables.lock().unwrap();
-    let _ = writeln!(
-        o,
-        "# HELP dispatcher_xdp_events_total XDP verdicts by reason.\n# TYPE dispatcher_xdp_events_total counter"
-    );
+    o.family(&XDP_EVENTS);
     if let Ok(g) = t.global_counters() {
         for (name, v) in g {
-            let _ = writeln!(o, "dispatcher_xdp_events_total{{reason=\"{name}\"}} {}", v.packets);
+            o.sample(&[("reason", name)], v.packets);
         }
     }
-    // One family at a time: the exposition format wants each family's samples together.
-    let per_vip = [
-        ("dispatcher_xdp_vip_packets_total", "Packets to the VIP XDP forwarded.", None, false),
-        ("dispatcher_xdp_vip_bytes_total", "Bytes to the VIP XDP forwarded.", None, true),
-        ("dispatcher_xdp_vip_new_flows_total", "New flows pinned by XDP.", Some(stats::VIP_NEW_FLOWS), false),
-    ];
-    for (name, help, slot, bytes) in per_vip {
-        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
+    for (family, slot, bytes) in &XDP_PER_VIP {
+        o.family(family);
         for (i, v) in cfg.vips.iter().enumerate() {
             let read = match slot {
-                Some(slot) => t.counter(stats::vip_slot(i as u32, slot)),
+                Some(slot) => t.counter(stats::vip_slot(i as u32, *slot)),
                 None => t.vip_forwarded(i as u32),
             };
             if let Ok(p) = read {
-                let _ = writeln!(o, "{name}{{vip=\"{}\"}} {}", esc(&v.name), if bytes { p.bytes } else { p.packets });
+                o.sample(&[("vip", &v.name)], if *bytes { p.bytes } else { p.packets });
             }
         }
     }
-    let sip: Vec<(usize, &crate::config::Vip)> =
-        cfg.vips.iter().enumerate().filter(|(_, v)| v.mode == crate::config::VipMode::Sip).collect();
+    let sip: Vec<_> = cfg.vips.iter().enumerate().filter(|(_, v)| v.mode == VipMode::Sip).collect();
     if !sip.is_empty() {
-        let _ = writeln!(o, "# HELP dispatcher_sip_messages_total SIP messages on a SIP VIP by outcome: forwarded by where their affinity came from (route, via, to_tag, from_tag, call_id), or dropped (held: owner suspect; unknown_ln; invalid).\n# TYPE dispatcher_sip_messages_total counter");
+        o.family(&SIP_MESSAGES);
         for (i, v) in &sip {
             for (what, n) in t.sip_counters(*i as u32).unwrap_or_default() {
-                let _ = writeln!(o, "dispatcher_sip_messages_total{{vip=\"{}\",outcome=\"{what}\"}} {n}", esc(&v.name));
+                o.sample(&[("vip", &v.name), ("outcome", what)], n);
             }
         }
     }
-    let _ = writeln!(o, "# HELP dispatcher_xdp_backend_packets_total Packets XDP forwarded to the backend.\n# TYPE dispatcher_xdp_backend_packets_total counter");
+    o.family(&XDP_BACKEND_PACKETS);
     for (i, b) in cfg.backends.iter().enumerate() {
         if let Ok(p) = t.counter(stats::backend_slot(i as u32, stats::BACKEND_PACKETS)) {
-            let _ = writeln!(o, "dispatcher_xdp_backend_packets_total{{backend=\"{}\"}} {}", esc(&b.name), p.packets);
+            o.sample(&[("backend", &b.name)], p.packets);
         }
     }
-    drop(t);
-    if let Some(sh) = &a.shared {
-        cluster_metrics(&mut o, &sh.status(), &c);
-    }
-    if let Some(st) = &a.steering {
-        let s = st.status(steer_counters(a));
-        let mut one = |name: &str, kind: &str, help: &str, v: u64| {
-            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
-        };
-        one(
-            "dispatcher_steering_generation",
-            "gauge",
-            "Generation of the installed ownership table (one more per membership change seen here).",
-            s.generation as u64,
-        );
-        one(
-            "dispatcher_steering_dispatchers",
-            "gauge",
-            "Dispatchers in the current ownership table.",
-            s.dispatchers.len() as u64,
-        );
-        one(
-            "dispatcher_steering_joined",
-            "gauge",
-            "1 while this dispatcher takes connections (0 after dispatcher leave).",
-            s.joined as u64,
-        );
-        one(
-            "dispatcher_steering_second_chance_active",
-            "gauge",
-            "1 while the previous ownership table serves second chances.",
-            !s.previous.is_empty() as u64,
-        );
-        one(
-            "dispatcher_steered_packets_total",
-            "counter",
-            "HTTP VIP packets XDP sent on to the dispatcher that owns their connection.",
-            s.steered,
-        );
-        one(
-            "dispatcher_steer_second_chance_packets_total",
-            "counter",
-            "Packets sent to their owner under the previous ownership table.",
-            s.second_chances,
-        );
-        one(
-            "dispatcher_steer_kept_local_packets_total",
-            "counter",
-            "Packets kept here against the current table (a connection from before a change).",
-            s.kept_local,
-        );
-    }
-    if let Some(up) = *a.announced.lock().unwrap() {
-        let _ = writeln!(o, "# HELP dispatcher_announced 1 while this dispatcher announces its VIPs (BIRD, [announce]).\n# TYPE dispatcher_announced gauge\ndispatcher_announced {}", up as u64);
-    }
-    o
 }
 
-/// `[cluster]`: the shared store and the shared rule.
-fn cluster_metrics(o: &mut String, s: &crate::api::ClusterStatus, c: &crate::state::Cluster) {
-    let one = |o: &mut String, name: &str, kind: &str, help: &str, v: u64| {
-        let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
-    };
-    one(
-        o,
-        "dispatcher_cluster_store_up",
-        "gauge",
-        "1 while the shared store (etcd) answers, 0 while it does not.",
-        (s.store == "connected") as u64,
-    );
-    one(
-        o,
-        "dispatcher_cluster_members",
-        "gauge",
-        "Live dispatchers (holding a lease), this one included.",
-        s.members.len() as u64,
-    );
-    one(
-        o,
-        "dispatcher_cluster_store_writes_total",
-        "counter",
-        "Writes sent to the shared store (puts, deletes, transactions, lease grants).",
-        s.writes,
-    );
-    one(o, "dispatcher_cluster_lease_renewals_total", "counter", "Membership lease renewals sent.", s.renewals);
-    one(
-        o,
-        "dispatcher_cluster_sessions_total",
-        "counter",
-        "Sessions begun with the store (one more after every loss of it).",
-        s.sessions,
-    );
-    one(
-        o,
-        "dispatcher_cluster_pending_writes",
-        "gauge",
-        "Writes waiting for the store to answer again.",
-        s.pending_writes as u64,
-    );
-    one(
-        o,
-        "dispatcher_cluster_dropped_writes_total",
-        "counter",
-        "Writes dropped because too many waited for an unreachable store.",
-        s.dropped_writes,
-    );
-    one(
-        o,
-        "dispatcher_cluster_store_insecure",
-        "gauge",
-        "1 when anyone who can reach the store can write to it (plaintext, or TLS without credentials).",
-        s.insecure as u64,
-    );
-    let _ = writeln!(o, "# HELP dispatcher_cluster_refused_keys_total Keys read from the shared store and not taken, by reason.\n# TYPE dispatcher_cluster_refused_keys_total counter");
-    for (reason, n) in &s.refused_keys {
-        let _ = writeln!(o, "dispatcher_cluster_refused_keys_total{{reason=\"{}\"}} {n}", esc(reason));
+/// Families with one unlabelled sample, and where its value comes from.
+type Single<T> = (Family, fn(&T) -> u64);
+
+const STEERING_SERIES: [Single<crate::api::SteeringStatus>; 7] = [
+    (
+        Family::gauge(
+            "dispatcher_steering_generation",
+            "Generation of the installed ownership table (one more per membership change seen here).",
+        ),
+        |s| s.generation as u64,
+    ),
+    (Family::gauge("dispatcher_steering_dispatchers", "Dispatchers in the current ownership table."), |s| {
+        s.dispatchers.len() as u64
+    }),
+    (
+        Family::gauge(
+            "dispatcher_steering_joined",
+            "1 while this dispatcher takes connections (0 after dispatcher leave).",
+        ),
+        |s| s.joined as u64,
+    ),
+    (
+        Family::gauge(
+            "dispatcher_steering_second_chance_active",
+            "1 while the previous ownership table serves second chances.",
+        ),
+        |s| !s.previous.is_empty() as u64,
+    ),
+    (
+        Family::counter(
+            "dispatcher_steered_packets_total",
+            "HTTP VIP packets XDP sent on to the dispatcher that owns their connection.",
+        ),
+        |s| s.steered,
+    ),
+    (
+        Family::counter(
+            "dispatcher_steer_second_chance_packets_total",
+            "Packets sent to their owner under the previous ownership table.",
+        ),
+        |s| s.second_chances,
+    ),
+    (
+        Family::counter(
+            "dispatcher_steer_kept_local_packets_total",
+            "Packets kept here against the current table (a connection from before a change).",
+        ),
+        |s| s.kept_local,
+    ),
+];
+const ANNOUNCED: Family =
+    Family::gauge("dispatcher_announced", "1 while this dispatcher announces its VIPs (BIRD, [announce]).");
+
+/// Connection steering behind ECMP.
+fn steering_section(o: &mut Exposition, s: &crate::api::SteeringStatus) {
+    for (family, value) in &STEERING_SERIES {
+        o.single(family, value(s));
     }
-    let _ = writeln!(o, "# HELP dispatcher_cluster_backend_out Backends out by the shared rule (most live dispatchers see them down).\n# TYPE dispatcher_cluster_backend_out gauge");
+}
+
+const CLUSTER_SERIES: [Single<crate::api::ClusterStatus>; 8] = [
+    (
+        Family::gauge("dispatcher_cluster_store_up", "1 while the shared store (etcd) answers, 0 while it does not."),
+        |s| (s.store == "connected") as u64,
+    ),
+    (Family::gauge("dispatcher_cluster_members", "Live dispatchers (holding a lease), this one included."), |s| {
+        s.members.len() as u64
+    }),
+    (
+        Family::counter(
+            "dispatcher_cluster_store_writes_total",
+            "Writes sent to the shared store (puts, deletes, transactions, lease grants).",
+        ),
+        |s| s.writes,
+    ),
+    (Family::counter("dispatcher_cluster_lease_renewals_total", "Membership lease renewals sent."), |s| s.renewals),
+    (
+        Family::counter(
+            "dispatcher_cluster_sessions_total",
+            "Sessions begun with the store (one more after every loss of it).",
+        ),
+        |s| s.sessions,
+    ),
+    (Family::gauge("dispatcher_cluster_pending_writes", "Writes waiting for the store to answer again."), |s| {
+        s.pending_writes as u64
+    }),
+    (
+        Family::counter(
+            "dispatcher_cluster_dropped_writes_total",
+            "Writes dropped because too many waited for an unreachable store.",
+        ),
+        |s| s.dropped_writes,
+    ),
+    (
+        Family::gauge(
+            "dispatcher_cluster_store_insecure",
+            "1 when anyone who can reach the store can write to it (plaintext, or TLS without credentials).",
+        ),
+        |s| s.insecure as u64,
+    ),
+];
+const CLUSTER_REFUSED_KEYS: Family = Family::counter(
+    "dispatcher_cluster_refused_keys_total",
+    "Keys read from the shared store and not taken, by reason.",
+);
+const CLUSTER_BACKEND_OUT: Family = Family::gauge(
+    "dispatcher_cluster_backend_out",
+    "Backends out by the shared rule (most live dispatchers see them down).",
+);
+
+/// `[cluster]`: the shared store and the shared rule.
+fn cluster_section(o: &mut Exposition, s: &crate::api::ClusterStatus, c: &Cluster) {
+    for (family, value) in &CLUSTER_SERIES {
+        o.single(family, value(s));
+    }
+    o.family(&CLUSTER_REFUSED_KEYS);
+    for (reason, n) in &s.refused_keys {
+        o.sample(&[("reason", reason)], n);
+    }
+    o.family(&CLUSTER_BACKEND_OUT);
     for b in &c.backends {
-        let _ = writeln!(o, "dispatcher_cluster_backend_out{{backend=\"{}\"}} {}", esc(&b.name), b.peers_out() as u64);
+        o.sample(&[("backend", &b.name)], b.peers_out() as u64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::tests::check_format;
+
+    const CFG: &str = "[dispatcher]\ninterface = \"lo\"\n\n[[backend]]\nname = \"a\"\naddress = \"10.0.0.1\"\nmaxconn = 2\n\n[[backend]]\nname = \"b\"\naddress = \"10.0.0.2\"\n\n[[vip]]\nname = \"app\"\naddress = \"10.0.100.1\"\nport = 80\nmode = \"http\"\n";
+
+    /// Every section the agent writes without the data plane is valid exposition as a
+    /// whole (each family once, its samples under it), with the series it should have.
+    #[test]
+    fn the_sections_make_one_valid_exposition() {
+        let cfg = Config::parse(CFG, "t").unwrap();
+        let c = Cluster::new(&cfg, &[], &[], None);
+        c.backends[0].requests.store(7, Ordering::Relaxed);
+        c.counters.affinity_hits.store(3, Ordering::Relaxed);
+        let mut o = Exposition::default();
+        c.counters.expose(&mut o);
+        let cap = Capacity::new(&cfg);
+        clients_and_clones(&mut o, &c, &cap);
+        backends(&mut o, &c);
+        queues(&mut o, &c);
+        o.family(&HOLD_SECONDS).histogram(&[("scope", "all")], &c.hold_time);
+        let http_vips: Vec<_> = cfg.vips.iter().zip(&cap.vips).collect();
+        http_vips_section(&mut o, &http_vips);
+        tls_section(&mut o, &http_vips);
+        let cluster = crate::api::ClusterStatus {
+            store: "connected".into(),
+            refused_keys: vec![("bad\"key".into(), 2)],
+            ..Default::default()
+        };
+        cluster_section(&mut o, &cluster, &c);
+        steering_section(&mut o, &Default::default());
+        o.single(&ANNOUNCED, 1);
+        let text = o.finish();
+        let s = check_format(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let get = |name: &str, labels: &str| s.get(&(name.to_string(), labels.to_string())).copied();
+        assert_eq!(get("dispatcher_affinity_hits_total", ""), Some(3.0));
+        assert_eq!(get("dispatcher_backend_requests_total", "backend=\"a\""), Some(7.0));
+        assert_eq!(get("dispatcher_backend_maxconn", "backend=\"a\""), Some(2.0));
+        assert_eq!(get("dispatcher_backend_maxconn", "backend=\"b\""), None, "b has no maxconn");
+        assert_eq!(get("dispatcher_backend_queue_refused_total", "backend=\"a\",reason=\"left\""), Some(0.0));
+        assert_eq!(get("dispatcher_vip_requests_total", "vip=\"app\""), Some(0.0));
+        assert_eq!(get("dispatcher_cluster_store_up", ""), Some(1.0));
+        assert_eq!(get("dispatcher_cluster_refused_keys_total", "reason=\"bad\\\"key\""), Some(2.0));
+        assert_eq!(get("dispatcher_client_connections_refused_total", "reason=\"source_rate\""), Some(0.0));
+        assert!(!text.contains("dispatcher_tls_"), "no HTTPS VIP, no TLS families");
     }
 }

@@ -30,8 +30,11 @@ use std::{
 };
 
 use anyhow::Context as _;
-use dispatcher::{config::Config, dataplane::tables::Tables};
-use dispatcher_common::stats;
+use dispatcher::{
+    config::{Config, Vip, VipMode},
+    dataplane::tables::Tables,
+};
+use dispatcher_common::{stats, BackendInfo, Counter};
 
 /// The name of a `BACKENDS` state byte.
 fn state_name(v: u8) -> &'static str {
@@ -76,73 +79,123 @@ fn utc_clock() -> String {
     format!("{:02}:{:02}:{:02} UTC", secs / 3600 % 24, secs / 60 % 60, secs % 60)
 }
 
+/// One VIP's XDP figures: forwarded packets and bytes, new flows, flow hits, drops.
+type VipRow<'c> = (&'c Vip, Counter, u64, u64, u64);
+/// One backend's map entry and XDP figures: packets and bytes, new flows.
+type BackendRow<'c> = (&'c dispatcher::config::Backend, BackendInfo, Counter, u64);
+
+/// What one frame shows: the pinned maps' figures and the agent's view, or why none.
+struct Frame<'c> {
+    cfg: &'c Config,
+    tables: Tables,
+    /// Entries in `FLOWS`.
+    flows: usize,
+    vips: Vec<VipRow<'c>>,
+    backends: Vec<BackendRow<'c>>,
+    /// The XDP verdict counters (packets).
+    globals: Vec<(&'static str, u64)>,
+    agent: Option<AgentStatus>,
+    /// Why the agent did not answer (not running, not allowed, busy).
+    unanswered: Option<String>,
+}
+
 /// One status frame: the aligned tables, or one line of JSON.
 fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
+    let f = Frame::read(cfg)?;
     let mut o = String::new();
-    let dir = cfg.pin_dir();
-    let tables = Tables::from_pinned(&dir).with_context(|| {
-        if dispatcher::dataplane::private_mount_namespace() && !dispatcher::dataplane::is_bpffs(&cfg.bpffs) {
-            format!("opening the maps pinned under {}: {}", dir.display(), dispatcher::dataplane::PRIVATE_BPFFS_HINT)
-        } else {
-            format!(
-                "opening the maps pinned under {}: no data plane is loaded for instance {} (`dispatcher run` loads it)",
-                dir.display(),
-                cfg.instance
-            )
-        }
-    })?;
-    let flow_count = tables.flow_count();
-
-    let mut vip_rows = Vec::new();
-    for (i, v) in cfg.vips.iter().enumerate() {
-        let id = i as u32;
-        let c = |what| tables.counter(stats::vip_slot(id, what));
-        vip_rows.push((
-            v,
-            tables.vip_forwarded(id)?,
-            c(stats::VIP_NEW_FLOWS)?.packets,
-            c(stats::VIP_FLOW_HITS)?.packets,
-            c(stats::VIP_DROPS)?.packets,
-        ));
-    }
-    let mut be_rows = Vec::new();
-    for (i, b) in cfg.backends.iter().enumerate() {
-        let id = i as u32;
-        let info = tables.backend(id)?;
-        let pk = tables.counter(stats::backend_slot(id, stats::BACKEND_PACKETS))?;
-        let nf = tables.counter(stats::backend_slot(id, stats::BACKEND_NEW_FLOWS))?;
-        be_rows.push((b, info, pk, nf.packets));
-    }
-    let globals: Vec<(&str, u64)> = tables.global_counters()?.into_iter().map(|(n, c)| (n, c.packets)).collect();
-
-    // The agent's view if it answers; otherwise why not (not running, not allowed, busy).
-    let (agent, unanswered) = match dispatcher::admin::client::request(&cfg.admin_socket, "GET", "/status") {
-        Ok((200, body)) => match serde_json::from_str::<AgentStatus>(&body) {
-            Ok(a) => (Some(a), None),
-            Err(e) => (None, Some(format!("the agent's status is unreadable: {e}"))),
-        },
-        Ok((code, body)) => (None, Some(format!("the agent answered {code}: {}", body.trim()))),
-        Err(e) => (None, Some(dispatcher::admin::client::explain(&e, &cfg.instance))),
-    };
-    // Per-backend figures only the agent has (requests, errors, active, health).
-    let agent_backend =
-        |name: &str| -> Option<&BackendStatus> { agent.as_ref()?.backends.iter().find(|b| b.name == name) };
     if json {
-        let vips: Vec<_> = vip_rows
+        f.json(&mut o);
+        return Ok(o);
+    }
+    f.header(&mut o);
+    f.vip_table(&mut o)?;
+    f.backend_table(&mut o);
+    let nonzero: Vec<String> = f.globals.iter().filter(|(_, v)| *v > 0).map(|(n, v)| format!("{n}={v}")).collect();
+    let _ =
+        writeln!(o, "xdp: {}", if nonzero.is_empty() { "no pass/drop events".to_string() } else { nonzero.join(" ") });
+    if let Some(c) = f.agent.as_ref().map(|a| &a.counters) {
+        let _ = writeln!(o,
+            "http: holds={} held_now={} hold_timeouts={} retries={} retry_budget_refusals={} failovers={} misroutes={} learned_clones={}",
+            c.holds, c.held_now, c.hold_timeouts, c.retries, c.retry_budget_refusals, c.failovers, c.misroutes, c.learned_clones
+        );
+    }
+    if let Some(c) = f.agent.as_ref().and_then(|a| a.cluster.as_ref()) {
+        cluster_section(&mut o, c);
+    }
+    if let Some(a) = f.agent.as_ref() {
+        steering_section(&mut o, a.steering.as_ref(), a.announced);
+    }
+    Ok(o)
+}
+
+impl<'c> Frame<'c> {
+    /// The pinned maps (an error says why there are none) and the agent's answer.
+    fn read(cfg: &'c Config) -> anyhow::Result<Frame<'c>> {
+        let dir = cfg.pin_dir();
+        let tables = Tables::from_pinned(&dir).with_context(|| {
+            if dispatcher::dataplane::private_mount_namespace() && !dispatcher::dataplane::is_bpffs(&cfg.bpffs) {
+                format!("opening the maps pinned under {}: {}", dir.display(), dispatcher::dataplane::PRIVATE_BPFFS_HINT)
+            } else {
+                format!(
+                    "opening the maps pinned under {}: no data plane is loaded for instance {} (`dispatcher run` loads it)",
+                    dir.display(),
+                    cfg.instance
+                )
+            }
+        })?;
+        let flows = tables.flow_count();
+        let mut vips = Vec::new();
+        for (i, v) in cfg.vips.iter().enumerate() {
+            let id = i as u32;
+            let c = |what| tables.counter(stats::vip_slot(id, what));
+            vips.push((
+                v,
+                tables.vip_forwarded(id)?,
+                c(stats::VIP_NEW_FLOWS)?.packets,
+                c(stats::VIP_FLOW_HITS)?.packets,
+                c(stats::VIP_DROPS)?.packets,
+            ));
+        }
+        let mut backends = Vec::new();
+        for (i, b) in cfg.backends.iter().enumerate() {
+            let id = i as u32;
+            let info = tables.backend(id)?;
+            let pk = tables.counter(stats::backend_slot(id, stats::BACKEND_PACKETS))?;
+            let nf = tables.counter(stats::backend_slot(id, stats::BACKEND_NEW_FLOWS))?;
+            backends.push((b, info, pk, nf.packets));
+        }
+        let globals = tables.global_counters()?.into_iter().map(|(n, c)| (n, c.packets)).collect();
+        // The agent's view if it answers; otherwise why not (not running, not allowed, busy).
+        let (agent, unanswered) = match dispatcher::admin::client::request(&cfg.admin_socket, "GET", "/status") {
+            Ok((200, body)) => match serde_json::from_str::<AgentStatus>(&body) {
+                Ok(a) => (Some(a), None),
+                Err(e) => (None, Some(format!("the agent's status is unreadable: {e}"))),
+            },
+            Ok((code, body)) => (None, Some(format!("the agent answered {code}: {}", body.trim()))),
+            Err(e) => (None, Some(dispatcher::admin::client::explain(&e, &cfg.instance))),
+        };
+        Ok(Frame { cfg, tables, flows, vips, backends, globals, agent, unanswered })
+    }
+
+    /// `--json`: one line.
+    fn json(&self, o: &mut String) {
+        let vips: Vec<_> = self
+            .vips
             .iter()
             .enumerate()
             .map(|(i, (v, p, nf, hits, drops))| {
                 let mut j = serde_json::json!({"name": v.name, "address": v.address.to_string(), "port": v.port, "packets": p.packets,
                     "bytes": p.bytes, "new_flows": nf, "flow_hits": hits, "drops": drops});
-                if v.mode == dispatcher::config::VipMode::Sip {
+                if v.mode == VipMode::Sip {
                     let sip: serde_json::Map<String, serde_json::Value> =
-                        tables.sip_counters(i as u32).unwrap_or_default().into_iter().map(|(n, c)| (n.to_string(), c.into())).collect();
+                        self.tables.sip_counters(i as u32).unwrap_or_default().into_iter().map(|(n, c)| (n.to_string(), c.into())).collect();
                     j["sip"] = sip.into();
                 }
                 j
             })
             .collect();
-        let bes: Vec<_> = be_rows
+        let bes: Vec<_> = self
+            .backends
             .iter()
             .map(|(b, info, pk, nf)| {
                 serde_json::json!({"name": b.name, "address": b.address.to_string(), "state": state_name(info.state),
@@ -150,156 +203,155 @@ fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
             })
             .collect();
         let xdp: serde_json::Map<String, serde_json::Value> =
-            globals.iter().map(|(n, v)| (n.to_string(), (*v).into())).collect();
-        let out = serde_json::json!({"instance": cfg.instance, "flows": flow_count, "flow_table_size": cfg.flow_table_size, "vips": vips, "backends": bes, "xdp": xdp, "agent": agent});
+            self.globals.iter().map(|(n, v)| (n.to_string(), (*v).into())).collect();
+        let cfg = self.cfg;
+        let out = serde_json::json!({"instance": cfg.instance, "flows": self.flows, "flow_table_size": cfg.flow_table_size, "vips": vips, "backends": bes, "xdp": xdp, "agent": self.agent});
         let _ = writeln!(o, "{out}");
-        return Ok(o);
     }
-    let occupancy = format!(
-        "flow table {flow_count} of {} entries ({:.1}%)",
-        cfg.flow_table_size,
-        flow_count as f64 * 100.0 / cfg.flow_table_size.max(1) as f64
-    );
-    let _ = match &agent {
-        Some(a) => writeln!(
-            o,
-            "instance {}: agent running (pid {}, up {} s), clone table {} of {} entries{}, {occupancy}",
-            cfg.instance,
-            a.pid,
-            a.uptime_s,
-            a.clones,
-            dispatcher_common::MAX_CLONES,
-            if a.counters.clones_full > 0 {
-                format!(" (FULL: {} new IDs not kept)", a.counters.clones_full)
-            } else {
-                String::new()
-            }
-        ),
-        None => writeln!(
-            o,
-            "instance {}: {} - showing the pinned maps under {} only; {occupancy}",
-            cfg.instance,
-            unanswered.as_deref().unwrap_or("agent not answering").replace("agent not running", "agent NOT running"),
-            dir.display()
-        ),
-    };
-    if let Some(missing) = agent.as_ref().map(|a| &a.pins_missing).filter(|m| !m.is_empty()) {
-        let _ = writeln!(
-            o,
-            "WARNING: pins missing under {} and not restored ({}): the data plane will go with the agent",
-            dir.display(),
-            missing.join(", ")
+
+    /// The instance, the agent (or why it does not answer), the tables' fill, missing pins.
+    fn header(&self, o: &mut String) {
+        let (cfg, flow_count) = (self.cfg, self.flows);
+        let dir = cfg.pin_dir();
+        let occupancy = format!(
+            "flow table {flow_count} of {} entries ({:.1}%)",
+            cfg.flow_table_size,
+            flow_count as f64 * 100.0 / cfg.flow_table_size.max(1) as f64
         );
+        let _ = match &self.agent {
+            Some(a) => writeln!(
+                o,
+                "instance {}: agent running (pid {}, up {} s), clone table {} of {} entries{}, {occupancy}",
+                cfg.instance,
+                a.pid,
+                a.uptime_s,
+                a.clones,
+                dispatcher_common::MAX_CLONES,
+                if a.counters.clones_full > 0 {
+                    format!(" (FULL: {} new IDs not kept)", a.counters.clones_full)
+                } else {
+                    String::new()
+                }
+            ),
+            None => writeln!(
+                o,
+                "instance {}: {} - showing the pinned maps under {} only; {occupancy}",
+                cfg.instance,
+                self.unanswered
+                    .as_deref()
+                    .unwrap_or("agent not answering")
+                    .replace("agent not running", "agent NOT running"),
+                dir.display()
+            ),
+        };
+        if let Some(missing) = self.agent.as_ref().map(|a| &a.pins_missing).filter(|m| !m.is_empty()) {
+            let _ = writeln!(
+                o,
+                "WARNING: pins missing under {} and not restored ({}): the data plane will go with the agent",
+                dir.display(),
+                missing.join(", ")
+            );
+        }
+        let _ = writeln!(o);
     }
-    let _ = writeln!(o);
-    // Per-VIP figures only the agent has (HTTP VIPs: requests, client connections).
-    let agent_vip = |name: &str| -> Option<&VipStatus> { agent.as_ref()?.vips.iter().find(|v| v.name == name) };
-    let _ = writeln!(
-        o,
-        "{:<16} {:<28} {:<5} {:>12} {:>14} {:>10} {:>10} {:>8} {:>9} {:>6}",
-        "VIP", "ADDRESS", "MODE", "PACKETS", "BYTES", "NEW FLOWS", "FLOW HITS", "DROPS", "REQUESTS", "CONNS"
-    );
-    for (v, p, nf, hits, drops) in &vip_rows {
-        let addr = format!("{}:{}/{:?}", v.address, v.port, v.protocol).to_lowercase();
-        let a = agent_vip(&v.name);
-        let field = |f: fn(&VipStatus) -> u64| a.map(|x| f(x).to_string()).unwrap_or_else(|| "-".into());
-        let mode = format!("{:?}", v.mode).to_lowercase();
+
+    /// Per VIP: XDP's figures and (HTTP VIPs) the agent's; TLS and SIP lines.
+    fn vip_table(&self, o: &mut String) -> anyhow::Result<()> {
+        // Per-VIP figures only the agent has (HTTP VIPs: requests, client connections).
+        let agent_vip =
+            |name: &str| -> Option<&VipStatus> { self.agent.as_ref()?.vips.iter().find(|v| v.name == name) };
         let _ = writeln!(
             o,
             "{:<16} {:<28} {:<5} {:>12} {:>14} {:>10} {:>10} {:>8} {:>9} {:>6}",
-            v.name,
-            addr,
-            mode,
-            p.packets,
-            p.bytes,
-            nf,
-            hits,
-            drops,
-            field(|x| x.requests),
-            field(|x| x.connections)
+            "VIP", "ADDRESS", "MODE", "PACKETS", "BYTES", "NEW FLOWS", "FLOW HITS", "DROPS", "REQUESTS", "CONNS"
         );
+        for (v, p, nf, hits, drops) in &self.vips {
+            let addr = format!("{}:{}/{:?}", v.address, v.port, v.protocol).to_lowercase();
+            let a = agent_vip(&v.name);
+            let field = |f: fn(&VipStatus) -> u64| a.map(|x| f(x).to_string()).unwrap_or_else(|| "-".into());
+            let mode = format!("{:?}", v.mode).to_lowercase();
+            let _ = writeln!(
+                o,
+                "{:<16} {:<28} {:<5} {:>12} {:>14} {:>10} {:>10} {:>8} {:>9} {:>6}",
+                v.name,
+                addr,
+                mode,
+                p.packets,
+                p.bytes,
+                nf,
+                hits,
+                drops,
+                field(|x| x.requests),
+                field(|x| x.connections)
+            );
+        }
+        for t in self.agent.iter().flat_map(|a| &a.vips).filter_map(|v| Some((&v.name, v.tls.as_ref()?))) {
+            let _ = writeln!(o, "{}", tls_line(t.0, t.1));
+        }
+        for (i, v) in self.cfg.vips.iter().enumerate().filter(|(_, v)| v.mode == VipMode::Sip) {
+            let counts = self.tables.sip_counters(i as u32)?;
+            let line: Vec<String> = counts.iter().map(|(n, c)| format!("{n} {c}")).collect();
+            let _ = writeln!(o, "sip {}: {}", v.name, line.join(", "));
+        }
+        let _ = writeln!(o);
+        Ok(())
     }
-    for t in agent.iter().flat_map(|a| &a.vips).filter_map(|v| Some((&v.name, v.tls.as_ref()?))) {
-        let _ = writeln!(o, "{}", tls_line(t.0, t.1));
-    }
-    for (i, v) in cfg.vips.iter().enumerate().filter(|(_, v)| v.mode == dispatcher::config::VipMode::Sip) {
-        let counts = tables.sip_counters(i as u32)?;
-        let line: Vec<String> = counts.iter().map(|(n, c)| format!("{n} {c}")).collect();
-        let _ = writeln!(o, "sip {}: {}", v.name, line.join(", "));
-    }
-    let _ = writeln!(o);
-    let _ = writeln!(
-        o,
-        "{:<12} {:<15} {:<9} {:<8} {:<9} {:>6} {:<12} {:>10} {:>9} {:>7} {:>6} {:>9} {:>7}",
-        "BACKEND",
-        "ADDRESS",
-        "STATE",
-        "HEALTH",
-        "OPERATOR",
-        "WEIGHT",
-        "REPLICA",
-        "XDP PKTS",
-        "NEW FLOWS",
-        "ACTIVE",
-        "CONNS",
-        "REQUESTS",
-        "ERRORS"
-    );
-    for (b, info, pk, nf) in &be_rows {
-        let replica = b.replica.map(|r| cfg.backends[r].name.as_str()).unwrap_or("-");
-        let a = agent_backend(&b.name);
-        let field = |f: fn(&BackendStatus) -> String| a.map(f).unwrap_or_else(|| "-".into());
+
+    /// Per backend: the maps' state and XDP figures, the agent's health and requests;
+    /// `maxconn` queues.
+    fn backend_table(&self, o: &mut String) {
+        // Per-backend figures only the agent has (requests, errors, active, health).
+        let agent_backend =
+            |name: &str| -> Option<&BackendStatus> { self.agent.as_ref()?.backends.iter().find(|b| b.name == name) };
         let _ = writeln!(
             o,
             "{:<12} {:<15} {:<9} {:<8} {:<9} {:>6} {:<12} {:>10} {:>9} {:>7} {:>6} {:>9} {:>7}",
-            b.name,
-            b.address.to_string(),
-            state_name(info.state),
-            field(|x| x.health.clone()),
-            operator_name(info.admin),
-            info.weight,
-            replica,
-            pk.packets,
-            nf,
-            field(|x| x.active.to_string()),
-            field(|x| x.connections.to_string()),
-            field(|x| x.requests.to_string()),
-            field(|x| x.errors.to_string())
+            "BACKEND",
+            "ADDRESS",
+            "STATE",
+            "HEALTH",
+            "OPERATOR",
+            "WEIGHT",
+            "REPLICA",
+            "XDP PKTS",
+            "NEW FLOWS",
+            "ACTIVE",
+            "CONNS",
+            "REQUESTS",
+            "ERRORS"
         );
+        for (b, info, pk, nf) in &self.backends {
+            let replica = b.replica.map(|r| self.cfg.backends[r].name.as_str()).unwrap_or("-");
+            let a = agent_backend(&b.name);
+            let field = |f: fn(&BackendStatus) -> String| a.map(f).unwrap_or_else(|| "-".into());
+            let _ = writeln!(
+                o,
+                "{:<12} {:<15} {:<9} {:<8} {:<9} {:>6} {:<12} {:>10} {:>9} {:>7} {:>6} {:>9} {:>7}",
+                b.name,
+                b.address.to_string(),
+                state_name(info.state),
+                field(|x| x.health.clone()),
+                operator_name(info.admin),
+                info.weight,
+                replica,
+                pk.packets,
+                nf,
+                field(|x| x.active.to_string()),
+                field(|x| x.connections.to_string()),
+                field(|x| x.requests.to_string()),
+                field(|x| x.errors.to_string())
+            );
+        }
+        for (name, q) in self.agent.iter().flat_map(|a| &a.backends).filter_map(|b| Some((&b.name, b.queue.as_ref()?)))
+        {
+            let _ = writeln!(
+                o,
+                "queue {name}: {} of maxconn {} in flight, {} of {} queued; queued {} (mean wait {:.1} ms), refused: full {} timeout {} left {}",
+                q.in_flight, q.maxconn, q.queued, q.maxqueue, q.queued_total, q.wait_mean_ms, q.refused_full, q.refused_timeout, q.refused_left
+            );
+        }
+        let _ = writeln!(o);
     }
-    for q in agent.iter().flat_map(|a| &a.backends).filter_map(|b| Some((&b.name, b.queue.as_ref()?))) {
-        let (name, q) = q;
-        let _ = writeln!(
-            o,
-            "queue {name}: {} of maxconn {} in flight, {} of {} queued; queued {} (mean wait {:.1} ms), refused: full {} timeout {} left {}",
-            q.in_flight,
-            q.maxconn,
-            q.queued,
-            q.maxqueue,
-            q.queued_total,
-            q.wait_mean_ms,
-            q.refused_full,
-            q.refused_timeout,
-            q.refused_left
-        );
-    }
-    let _ = writeln!(o);
-    let nonzero: Vec<String> = globals.iter().filter(|(_, v)| *v > 0).map(|(n, v)| format!("{n}={v}")).collect();
-    let _ =
-        writeln!(o, "xdp: {}", if nonzero.is_empty() { "no pass/drop events".to_string() } else { nonzero.join(" ") });
-    if let Some(c) = agent.as_ref().map(|a| &a.counters) {
-        let _ = writeln!(o,
-            "http: holds={} held_now={} hold_timeouts={} retries={} retry_budget_refusals={} failovers={} misroutes={} learned_clones={}",
-            c.holds, c.held_now, c.hold_timeouts, c.retries, c.retry_budget_refusals, c.failovers, c.misroutes, c.learned_clones
-        );
-    }
-    if let Some(c) = agent.as_ref().and_then(|a| a.cluster.as_ref()) {
-        cluster_section(&mut o, c);
-    }
-    if let Some(a) = agent.as_ref() {
-        steering_section(&mut o, a.steering.as_ref(), a.announced);
-    }
-    Ok(o)
 }
 
 /// Behind ECMP: the announcements and the ownership table of HTTP connections.

@@ -270,7 +270,6 @@ async fn accept_loop(
                         Ok(held) => held,
                         Err(cap) => {
                             // Over a cap: answered and closed at once (the guards undo the counts).
-                            counters.conn_refused.fetch_add(1, Ordering::Relaxed);
                             counters.conn_refused_by[cap as usize].fetch_add(1, Ordering::Relaxed);
                             cap.log(peer, total, caps.global, on_vip, &ctx.host);
                             if ctx.tls.is_none() {
@@ -303,7 +302,8 @@ async fn accept_loop(
     }
 }
 
-/// The cap a refused client connection met (the index of its refusal counter).
+/// The cap a refused client connection met (the index of its refusal counter and of its
+/// `reason` label, `metrics::CONN_REFUSED_REASONS`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Cap {
     Global = 0,
@@ -314,16 +314,6 @@ pub enum Cap {
 
 impl Cap {
     pub const ALL: [Cap; 4] = [Cap::Global, Cap::Vip, Cap::SourceCount, Cap::SourceRate];
-
-    /// The metric's `reason` label.
-    pub fn label(self) -> &'static str {
-        match self {
-            Cap::Global => "global",
-            Cap::Vip => "vip",
-            Cap::SourceCount => "source_connections",
-            Cap::SourceRate => "source_rate",
-        }
-    }
 
     /// The answer a plain-HTTP client gets: what to wait for before trying again.
     fn response(self) -> &'static [u8] {

@@ -180,7 +180,7 @@ impl VipRoute {
         let any_room = self.members.iter().map(|&b| &cluster.backends[b]).any(|be| be.is_up() && be.slots.has_room());
         let eligible = |be: &crate::state::Backend| be.is_up() && (!any_room || be.slots.has_room());
         // A member ramping up after its return (`slow_start`) weighs a share of its weight.
-        let now = if self.slow.is_some() { crate::state::mono_ns() } else { 0 };
+        let now = if self.slow.is_some() { crate::metrics::mono_ns() } else { 0 };
         let weight = |i: usize, be: &crate::state::Backend| -> u64 {
             match &self.slow {
                 None => be.weight as u64,
