@@ -71,7 +71,7 @@ pub fn status(a: &Admin) -> AgentStatus {
             name: v.name.clone(),
             requests: load(&s.requests),
             connections: load(&s.connections),
-            tls: v.tls.as_ref().map(|_| tls_status(&s.tls)),
+            tls: v.http().and_then(|h| h.tls.as_ref()).map(|_| tls_status(&s.tls)),
         })
         .collect();
     let k = &c.counters;
@@ -412,7 +412,7 @@ pub fn metrics(a: &Admin) -> String {
         histogram(&mut o, "dispatcher_vip_response_seconds", &format!("vip=\"{}\"", esc(&v.name)), &s.latency);
     }
 
-    let tls_vips: Vec<_> = http_vips.iter().filter(|(v, _)| v.tls.is_some()).collect();
+    let tls_vips: Vec<_> = http_vips.iter().filter(|(v, _)| v.http().is_some_and(|h| h.tls.is_some())).collect();
     if !tls_vips.is_empty() {
         let _ = writeln!(o, "# HELP dispatcher_tls_handshakes_total Completed TLS handshakes, per HTTPS VIP, full or resumed.\n# TYPE dispatcher_tls_handshakes_total counter");
         for (v, s) in &tls_vips {
@@ -480,7 +480,7 @@ pub fn metrics(a: &Admin) -> String {
         }
     }
     let sip: Vec<(usize, &crate::config::Vip)> =
-        cfg.vips.iter().enumerate().filter(|(_, v)| v.mode == crate::config::VipMode::Sip).collect();
+        cfg.vips.iter().enumerate().filter(|(_, v)| v.mode() == crate::config::VipMode::Sip).collect();
     if !sip.is_empty() {
         let _ = writeln!(o, "# HELP dispatcher_sip_messages_total SIP messages on a SIP VIP by outcome: forwarded by where their affinity came from (route, via, to_tag, from_tag, call_id), or dropped (held: owner suspect; unknown_ln; invalid).\n# TYPE dispatcher_sip_messages_total counter");
         for (i, v) in &sip {

@@ -134,7 +134,7 @@ fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
             .map(|(i, (v, p, nf, hits, drops))| {
                 let mut j = serde_json::json!({"name": v.name, "address": v.address.to_string(), "port": v.port, "packets": p.packets,
                     "bytes": p.bytes, "new_flows": nf, "flow_hits": hits, "drops": drops});
-                if v.mode == dispatcher::config::VipMode::Sip {
+                if v.mode() == dispatcher::config::VipMode::Sip {
                     let sip: serde_json::Map<String, serde_json::Value> =
                         tables.sip_counters(i as u32).unwrap_or_default().into_iter().map(|(n, c)| (n.to_string(), c.into())).collect();
                     j["sip"] = sip.into();
@@ -203,7 +203,7 @@ fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
         let addr = format!("{}:{}/{:?}", v.address, v.port, v.protocol).to_lowercase();
         let a = agent_vip(&v.name);
         let field = |f: fn(&VipStatus) -> u64| a.map(|x| f(x).to_string()).unwrap_or_else(|| "-".into());
-        let mode = format!("{:?}", v.mode).to_lowercase();
+        let mode = format!("{:?}", v.mode()).to_lowercase();
         let _ = writeln!(
             o,
             "{:<16} {:<28} {:<5} {:>12} {:>14} {:>10} {:>10} {:>8} {:>9} {:>6}",
@@ -222,7 +222,7 @@ fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
     for t in agent.iter().flat_map(|a| &a.vips).filter_map(|v| Some((&v.name, v.tls.as_ref()?))) {
         let _ = writeln!(o, "{}", tls_line(t.0, t.1));
     }
-    for (i, v) in cfg.vips.iter().enumerate().filter(|(_, v)| v.mode == dispatcher::config::VipMode::Sip) {
+    for (i, v) in cfg.vips.iter().enumerate().filter(|(_, v)| v.mode() == dispatcher::config::VipMode::Sip) {
         let counts = tables.sip_counters(i as u32)?;
         let line: Vec<String> = counts.iter().map(|(n, c)| format!("{n} {c}")).collect();
         let _ = writeln!(o, "sip {}: {}", v.name, line.join(", "));
