@@ -748,7 +748,10 @@ port_group = "g"
         let c = Config::parse(&http, "x.toml").unwrap();
         assert_eq!(c.vips[2].http().unwrap().session_format, SessionFormat::WebSphere, "the default");
         let tomcat = format!("{http}session_format = \"jvmroute\"\n");
-        assert_eq!(Config::parse(&tomcat, "x.toml").unwrap().vips[2].http().unwrap().session_format, SessionFormat::JvmRoute);
+        assert_eq!(
+            Config::parse(&tomcat, "x.toml").unwrap().vips[2].http().unwrap().session_format,
+            SessionFormat::JvmRoute
+        );
         // A route is what follows the last '.': a configured clone ID with one never matches.
         let e = err_of(&tomcat.replace("clone_ids = [\"cloneA\"]", "clone_ids = [\"node.A\"]"));
         assert!(e.contains("x.toml:11: backend[0].clone_ids: `node.A` cannot be a jvmRoute of VIP `app`"), "{e}");

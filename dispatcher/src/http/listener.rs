@@ -199,7 +199,9 @@ fn worker_vips(
     mut inherited: Sockets,
 ) -> std::io::Result<Vec<(Arc<VipCtx>, TcpListener)>> {
     let mut out = Vec::new();
-    for ((vip_index, v, h), sh) in cfg.vips.iter().enumerate().filter_map(|(i, v)| Some((i, v, v.served_http()?))).zip(shared) {
+    for ((vip_index, v, h), sh) in
+        cfg.vips.iter().enumerate().filter_map(|(i, v)| Some((i, v, v.served_http()?))).zip(shared)
+    {
         let pools = (0..cfg.backends.len())
             .map(|b| {
                 v.backends.contains(&b).then(|| {
@@ -509,8 +511,11 @@ impl HttpServer {
                     let loops: Vec<_> = vips
                         .into_iter()
                         .map(|(ctx, l)| {
-                            let caps =
-                                Caps { active: active.clone(), global, vip: cfg.vips[ctx.vip_index].http().and_then(|h| h.max_connections) };
+                            let caps = Caps {
+                                active: active.clone(),
+                                global,
+                                vip: cfg.vips[ctx.vip_index].http().and_then(|h| h.max_connections),
+                            };
                             tokio::spawn(accept_loop(ctx, l, stop_rx.clone(), caps, mine.clone()))
                         })
                         .collect();

@@ -11,6 +11,65 @@ impl Ctx<'_> {
         if let Err(e) = check_name(c.name.get_ref()) {
             self.report(c.name.span(), "cluster.name", e);
         }
+        let (endpoints, plaintext) = self.endpoints(c);
+        let security = self.store_security(c, plaintext);
+        let (peers, peer_macs) = self.peers(c);
+        let key_prefix = self.key_prefix(c);
+        let dur = |v: &Option<Spanned<String>>, field: &str, min: Duration, default: Duration| {
+            v.as_ref().map_or(default, |v| self.duration(v, field, min).unwrap_or(default))
+        };
+        let lease_ttl =
+            dur(&c.lease_ttl, "cluster.lease_ttl", Duration::from_secs(2), ClusterSettings::DEFAULT_LEASE_TTL);
+        let request_timeout = dur(
+            &c.request_timeout,
+            "cluster.request_timeout",
+            Duration::from_millis(100),
+            ClusterSettings::DEFAULT_REQUEST_TIMEOUT,
+        );
+        let startup_wait = dur(
+            &c.startup_wait,
+            "cluster.startup_wait",
+            Duration::from_millis(100),
+            ClusterSettings::DEFAULT_STARTUP_WAIT,
+        );
+        if lease_ttl.as_secs() * 1000 != lease_ttl.as_millis() as u64 {
+            if let Some(v) = &c.lease_ttl {
+                self.report(v.span(), "cluster.lease_ttl", "etcd leases are in whole seconds");
+            }
+        }
+        if request_timeout * 2 > lease_ttl {
+            let span = c.request_timeout.as_ref().or(c.lease_ttl.as_ref()).map(|v| v.span()).unwrap_or(c.name.span());
+            self.report(
+                span,
+                "cluster.request_timeout",
+                "must be at most half of cluster.lease_ttl (a renewal must fit in the lease)",
+            );
+        }
+        let second_chance = dur(
+            &c.second_chance,
+            "cluster.second_chance",
+            Duration::from_secs(1),
+            ClusterSettings::DEFAULT_SECOND_CHANCE,
+        );
+        let learn_wait = self.learn_wait(c);
+        ClusterSettings {
+            learn_wait,
+            name: c.name.get_ref().clone(),
+            endpoints,
+            peers,
+            peer_macs,
+            security,
+            key_prefix,
+            lease_ttl,
+            request_timeout,
+            startup_wait,
+            steering: c.steering.as_ref().is_none_or(|v| *v.get_ref()),
+            second_chance,
+        }
+    }
+
+    /// `endpoints`: etcd client URLs, all of one scheme; and whether it is http://.
+    fn endpoints(&self, c: &RawCluster) -> (Vec<String>, bool) {
         let mut endpoints = Vec::new();
         let mut schemes = HashSet::new();
         if c.endpoints.get_ref().is_empty() {
@@ -29,7 +88,11 @@ impl Ctx<'_> {
         if schemes.len() > 1 {
             self.report(c.endpoints.span(), "cluster.endpoints", "all https:// or all http://, not both");
         }
-        let security = self.store_security(c, schemes.contains(&false));
+        (endpoints, schemes.contains(&false))
+    }
+
+    /// `peers`: every dispatcher of the cluster by name, some as `name@MAC`.
+    fn peers(&self, c: &RawCluster) -> (Vec<String>, std::collections::BTreeMap<String, [u8; 6]>) {
         let mut peers: Vec<String> = Vec::new();
         let mut peer_macs = std::collections::BTreeMap::new();
         match &c.peers {
@@ -76,7 +139,12 @@ impl Ctx<'_> {
                 }
             }
         }
-        let key_prefix = match &c.key_prefix {
+        (peers, peer_macs)
+    }
+
+    /// `key_prefix`.
+    fn key_prefix(&self, c: &RawCluster) -> String {
+        match &c.key_prefix {
             None => ClusterSettings::DEFAULT_KEY_PREFIX.to_string(),
             Some(p) => {
                 let v = p.get_ref();
@@ -94,44 +162,12 @@ impl Ctx<'_> {
                 }
                 v.clone()
             }
-        };
-        let dur = |v: &Option<Spanned<String>>, field: &str, min: Duration, default: Duration| {
-            v.as_ref().map_or(default, |v| self.duration(v, field, min).unwrap_or(default))
-        };
-        let lease_ttl =
-            dur(&c.lease_ttl, "cluster.lease_ttl", Duration::from_secs(2), ClusterSettings::DEFAULT_LEASE_TTL);
-        let request_timeout = dur(
-            &c.request_timeout,
-            "cluster.request_timeout",
-            Duration::from_millis(100),
-            ClusterSettings::DEFAULT_REQUEST_TIMEOUT,
-        );
-        let startup_wait = dur(
-            &c.startup_wait,
-            "cluster.startup_wait",
-            Duration::from_millis(100),
-            ClusterSettings::DEFAULT_STARTUP_WAIT,
-        );
-        if lease_ttl.as_secs() * 1000 != lease_ttl.as_millis() as u64 {
-            if let Some(v) = &c.lease_ttl {
-                self.report(v.span(), "cluster.lease_ttl", "etcd leases are in whole seconds");
-            }
         }
-        if request_timeout * 2 > lease_ttl {
-            let span = c.request_timeout.as_ref().or(c.lease_ttl.as_ref()).map(|v| v.span()).unwrap_or(c.name.span());
-            self.report(
-                span,
-                "cluster.request_timeout",
-                "must be at most half of cluster.lease_ttl (a renewal must fit in the lease)",
-            );
-        }
-        let second_chance = dur(
-            &c.second_chance,
-            "cluster.second_chance",
-            Duration::from_secs(1),
-            ClusterSettings::DEFAULT_SECOND_CHANCE,
-        );
-        let learn_wait = match &c.learn_wait {
+    }
+
+    /// `learn_wait`: "0s" is off.
+    fn learn_wait(&self, c: &RawCluster) -> Duration {
+        match &c.learn_wait {
             None => ClusterSettings::DEFAULT_LEARN_WAIT,
             // "0s": off.
             Some(v) if parse_duration(v.get_ref()).is_ok_and(|d| d.is_zero()) => Duration::ZERO,
@@ -148,20 +184,6 @@ impl Ctx<'_> {
                 }
                 d
             }
-        };
-        ClusterSettings {
-            learn_wait,
-            name: c.name.get_ref().clone(),
-            endpoints,
-            peers,
-            peer_macs,
-            security,
-            key_prefix,
-            lease_ttl,
-            request_timeout,
-            startup_wait,
-            steering: c.steering.as_ref().is_none_or(|v| *v.get_ref()),
-            second_chance,
         }
     }
 

@@ -23,29 +23,7 @@ pub(super) struct DispatcherSection {
 impl Ctx<'_> {
     /// `[dispatcher]`.
     pub(super) fn dispatcher(&self, d: &RawDispatcher, section: Range<usize>) -> DispatcherSection {
-        let interface = d.interface.get_ref().clone();
-        if interface.is_empty() || interface.len() > 15 {
-            self.report(d.interface.span(), "dispatcher.interface", "must be an interface name of 1 to 15 bytes");
-        } else if interface == "."
-            || interface == ".."
-            || interface.bytes().any(|b| b == b'/' || b <= b' ' || b == 0x7f)
-        {
-            // What the kernel's dev_valid_name refuses: no interface can have this name.
-            self.report(
-                d.interface.span(),
-                "dispatcher.interface",
-                "is not an interface name (no '/', spaces, . or ..)",
-            );
-        }
-        let instance = d.instance.as_ref().map(|s| s.get_ref().clone()).unwrap_or_else(|| "default".into());
-        if instance.is_empty() || !instance.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
-            let span = d.instance.as_ref().map(|s| s.span()).unwrap_or(section.clone());
-            self.report(span, "dispatcher.instance", "use letters, digits, '-' and '_' only");
-        } else if instance.len() > 64 {
-            // It names files (/run/dispatcher/<instance>.*) and the pin directory.
-            let span = d.instance.as_ref().map(|s| s.span()).unwrap_or(section);
-            self.report(span, "dispatcher.instance", "must be at most 64 characters");
-        }
+        let (interface, instance) = self.names(d, section);
         let xdp_mode = self.choice(
             &d.xdp_mode,
             "dispatcher.xdp_mode",
@@ -77,6 +55,56 @@ impl Ctx<'_> {
             }
             None => "info".into(),
         };
+        let (admin_socket, admin_address) = self.admin(d, &instance);
+        let bpffs = PathBuf::from(d.bpffs.as_ref().map(|s| s.get_ref().as_str()).unwrap_or("/sys/fs/bpf"));
+        if let Some(b) = &d.bpffs {
+            if let Err(e) = check_bpffs_path(&bpffs) {
+                self.report(b.span(), "dispatcher.bpffs", e);
+            }
+        }
+        DispatcherSection {
+            interface,
+            instance,
+            bpffs,
+            xdp_mode,
+            flow_table_size,
+            affinity_table_size,
+            log_level,
+            admin_socket,
+            admin_address,
+        }
+    }
+
+    /// `interface` and `instance`.
+    fn names(&self, d: &RawDispatcher, section: Range<usize>) -> (String, String) {
+        let interface = d.interface.get_ref().clone();
+        if interface.is_empty() || interface.len() > 15 {
+            self.report(d.interface.span(), "dispatcher.interface", "must be an interface name of 1 to 15 bytes");
+        } else if interface == "."
+            || interface == ".."
+            || interface.bytes().any(|b| b == b'/' || b <= b' ' || b == 0x7f)
+        {
+            // What the kernel's dev_valid_name refuses: no interface can have this name.
+            self.report(
+                d.interface.span(),
+                "dispatcher.interface",
+                "is not an interface name (no '/', spaces, . or ..)",
+            );
+        }
+        let instance = d.instance.as_ref().map(|s| s.get_ref().clone()).unwrap_or_else(|| "default".into());
+        if instance.is_empty() || !instance.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+            let span = d.instance.as_ref().map(|s| s.span()).unwrap_or(section.clone());
+            self.report(span, "dispatcher.instance", "use letters, digits, '-' and '_' only");
+        } else if instance.len() > 64 {
+            // It names files (/run/dispatcher/<instance>.*) and the pin directory.
+            let span = d.instance.as_ref().map(|s| s.span()).unwrap_or(section);
+            self.report(span, "dispatcher.instance", "must be at most 64 characters");
+        }
+        (interface, instance)
+    }
+
+    /// `admin_socket` (by default named after the instance) and `admin_address`.
+    fn admin(&self, d: &RawDispatcher, instance: &str) -> (PathBuf, Option<SocketAddr>) {
         let admin_socket = match &d.admin_socket {
             Some(p) => match check_socket_path(std::path::Path::new(p.get_ref())) {
                 Err(e) => {
@@ -101,23 +129,7 @@ impl Ctx<'_> {
             }
             Some(addr)
         });
-        let bpffs = PathBuf::from(d.bpffs.as_ref().map(|s| s.get_ref().as_str()).unwrap_or("/sys/fs/bpf"));
-        if let Some(b) = &d.bpffs {
-            if let Err(e) = check_bpffs_path(&bpffs) {
-                self.report(b.span(), "dispatcher.bpffs", e);
-            }
-        }
-        DispatcherSection {
-            interface,
-            instance,
-            bpffs,
-            xdp_mode,
-            flow_table_size,
-            affinity_table_size,
-            log_level,
-            admin_socket,
-            admin_address,
-        }
+        (admin_socket, admin_address)
     }
 
     /// `[announce]`.

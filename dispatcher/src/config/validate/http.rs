@@ -31,64 +31,7 @@ impl Ctx<'_> {
         dur(&h.body_timeout, "body_timeout", ms(100), &mut s.body_timeout);
         dur(&h.queue_timeout, "queue_timeout", ms(10), &mut s.queue_timeout);
         dur(&h.tunnel_timeout, "tunnel_timeout", ms(100), &mut s.tunnel_timeout);
-        let num = |v: &Option<Spanned<usize>>, field: &str, lo: usize, hi: usize, into: &mut usize| {
-            if let Some(v) = v {
-                let n = *v.get_ref();
-                if n < lo || n > hi {
-                    self.report(v.span(), &format!("http.{field}"), format!("must be {lo}..={hi}"));
-                } else {
-                    *into = n;
-                }
-            }
-        };
-        num(&h.workers, "workers", 1, 256, &mut s.workers);
-        num(&h.max_header_bytes, "max_header_bytes", 1024, 1 << 20, &mut s.max_header_bytes);
-        num(&h.max_headers, "max_headers", 8, MAX_HEADERS, &mut s.max_headers);
-        num(&h.pool_max_idle, "pool_max_idle", 0, 100_000, &mut s.pool_max_idle);
-        num(
-            &h.max_connections_per_backend,
-            "max_connections_per_backend",
-            1,
-            1_000_000,
-            &mut s.max_connections_per_backend,
-        );
-        num(&h.max_held, "max_held", 0, 1_000_000, &mut s.max_held);
-        num(&h.retry_buffer, "retry_buffer", 0, 16 << 20, &mut s.retry_buffer);
-        let mut rate = s.body_min_rate as usize;
-        num(&h.body_min_rate, "body_min_rate", 1, 1 << 30, &mut rate);
-        s.body_min_rate = rate as u64;
-        let mut cap = 0;
-        num(&h.max_client_connections, "max_client_connections", 1, MAX_CLIENT_CONNECTIONS, &mut cap);
-        s.max_client_connections = (cap > 0).then_some(cap);
-        if let Some(v) = &h.max_connections_per_source {
-            let mut n = 0;
-            num(&h.max_connections_per_source, "max_connections_per_source", 0, MAX_CLIENT_CONNECTIONS, &mut n);
-            if let (Some(global), true) = (s.max_client_connections, n > 0) {
-                if n > global {
-                    self.report(
-                        v.span(),
-                        "http.max_connections_per_source",
-                        format!("{n} is more than max_client_connections ({global}): one source could take every slot"),
-                    );
-                }
-            }
-            s.max_connections_per_source = Some(n);
-        }
-        num(
-            &h.max_connection_rate_per_source,
-            "max_connection_rate_per_source",
-            0,
-            1_000_000,
-            &mut s.max_connection_rate_per_source,
-        );
-        num(&h.max_tls_handshakes, "max_tls_handshakes", 1, 1_000_000, &mut s.max_tls_handshakes);
-        num(&h.tls_session_cache, "tls_session_cache", 0, 10_000_000, &mut s.tls_session_cache);
-        let (mut retries, mut pct, mut min) =
-            (s.retries as usize, s.retry_budget_percent as usize, s.retry_budget_min as usize);
-        num(&h.retries, "retries", 0, 10, &mut retries);
-        num(&h.retry_budget_percent, "retry_budget_percent", 0, 100, &mut pct);
-        num(&h.retry_budget_min, "retry_budget_min", 0, 1_000_000, &mut min);
-        (s.retries, s.retry_budget_percent, s.retry_budget_min) = (retries as u32, pct as u64, min as u64);
+        self.http_limits(h, &mut s);
         let token = |v: &Option<Spanned<String>>, field: &str, into: &mut String| {
             if let Some(v) = v {
                 let t = v.get_ref();
@@ -102,6 +45,76 @@ impl Ctx<'_> {
         token(&h.cookie_name, "cookie_name", &mut s.cookie_name);
         token(&h.url_parameter, "url_parameter", &mut s.url_parameter);
         s
+    }
+
+    /// `[http]`'s counts and sizes.
+    fn http_limits(&self, h: &RawHttp, s: &mut HttpSettings) {
+        self.http_num(&h.workers, "workers", 1, 256, &mut s.workers);
+        self.http_num(&h.max_header_bytes, "max_header_bytes", 1024, 1 << 20, &mut s.max_header_bytes);
+        self.http_num(&h.max_headers, "max_headers", 8, MAX_HEADERS, &mut s.max_headers);
+        self.http_num(&h.pool_max_idle, "pool_max_idle", 0, 100_000, &mut s.pool_max_idle);
+        self.http_num(
+            &h.max_connections_per_backend,
+            "max_connections_per_backend",
+            1,
+            1_000_000,
+            &mut s.max_connections_per_backend,
+        );
+        self.http_num(&h.max_held, "max_held", 0, 1_000_000, &mut s.max_held);
+        self.http_num(&h.retry_buffer, "retry_buffer", 0, 16 << 20, &mut s.retry_buffer);
+        let mut rate = s.body_min_rate as usize;
+        self.http_num(&h.body_min_rate, "body_min_rate", 1, 1 << 30, &mut rate);
+        s.body_min_rate = rate as u64;
+        let mut cap = 0;
+        self.http_num(&h.max_client_connections, "max_client_connections", 1, MAX_CLIENT_CONNECTIONS, &mut cap);
+        s.max_client_connections = (cap > 0).then_some(cap);
+        if let Some(v) = &h.max_connections_per_source {
+            let mut n = 0;
+            self.http_num(
+                &h.max_connections_per_source,
+                "max_connections_per_source",
+                0,
+                MAX_CLIENT_CONNECTIONS,
+                &mut n,
+            );
+            if let (Some(global), true) = (s.max_client_connections, n > 0) {
+                if n > global {
+                    self.report(
+                        v.span(),
+                        "http.max_connections_per_source",
+                        format!("{n} is more than max_client_connections ({global}): one source could take every slot"),
+                    );
+                }
+            }
+            s.max_connections_per_source = Some(n);
+        }
+        self.http_num(
+            &h.max_connection_rate_per_source,
+            "max_connection_rate_per_source",
+            0,
+            1_000_000,
+            &mut s.max_connection_rate_per_source,
+        );
+        self.http_num(&h.max_tls_handshakes, "max_tls_handshakes", 1, 1_000_000, &mut s.max_tls_handshakes);
+        self.http_num(&h.tls_session_cache, "tls_session_cache", 0, 10_000_000, &mut s.tls_session_cache);
+        let (mut retries, mut pct, mut min) =
+            (s.retries as usize, s.retry_budget_percent as usize, s.retry_budget_min as usize);
+        self.http_num(&h.retries, "retries", 0, 10, &mut retries);
+        self.http_num(&h.retry_budget_percent, "retry_budget_percent", 0, 100, &mut pct);
+        self.http_num(&h.retry_budget_min, "retry_budget_min", 0, 1_000_000, &mut min);
+        (s.retries, s.retry_budget_percent, s.retry_budget_min) = (retries as u32, pct as u64, min as u64);
+    }
+
+    /// `http.<field>`: a number within `lo..=hi`, into `into` when it is.
+    fn http_num(&self, v: &Option<Spanned<usize>>, field: &str, lo: usize, hi: usize, into: &mut usize) {
+        if let Some(v) = v {
+            let n = *v.get_ref();
+            if n < lo || n > hi {
+                self.report(v.span(), &format!("http.{field}"), format!("must be {lo}..={hi}"));
+            } else {
+                *into = n;
+            }
+        }
     }
 
     /// `[vip.tls]`. The files are read when the VIP starts (and by `dispatcher check`).

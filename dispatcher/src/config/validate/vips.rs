@@ -78,7 +78,10 @@ impl Ctx<'_> {
                 VipMode::Http => VipKind::Http(http),
             },
             backends: members,
-            slow_start: v.slow_start.as_ref().and_then(|s| self.duration(s, &f("slow_start"), Duration::from_millis(100))),
+            slow_start: v
+                .slow_start
+                .as_ref()
+                .and_then(|s| self.duration(s, &f("slow_start"), Duration::from_millis(100))),
             retired: false,
         }
     }
