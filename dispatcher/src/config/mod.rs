@@ -468,8 +468,9 @@ pub enum VipKind {
     /// SIP over UDP, routed in XDP by logical name or Call-ID; a new call takes the ring
     /// as an L4 flow does.
     Sip(L4Settings),
-    /// Served by the HTTP proxy (XDP passes it, or steers it to its owner).
-    Http(HttpVip),
+    /// Served by the HTTP proxy (XDP passes it, or steers it to its owner). Boxed: it
+    /// is several times the size of the others.
+    Http(Box<HttpVip>),
 }
 
 /// What XDP forwards a flow of an L4 or SIP VIP with (`VIPS`, `RINGS`, `AFFINITY`).

@@ -75,7 +75,7 @@ impl Ctx<'_> {
             kind: match mode {
                 VipMode::L4 => VipKind::L4(l4),
                 VipMode::Sip => VipKind::Sip(l4),
-                VipMode::Http => VipKind::Http(http),
+                VipMode::Http => VipKind::Http(Box::new(http)),
             },
             backends: members,
             slow_start: v
