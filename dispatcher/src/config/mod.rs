@@ -763,6 +763,34 @@ port_group = "g"
         assert!(e.contains("vip[0].session_format: applies to HTTP VIPs only"), "{e}");
     }
 
+    /// Each mode's settings are on its kind: an L4 VIP's forwarding, an HTTP VIP's backend
+    /// port, TLS and redirect; the XDP keys of an HTTP VIP are checked, not kept.
+    #[test]
+    fn each_mode_carries_its_own_settings() {
+        let text = format!(
+            "{GOOD}\n[[vip]]\nname = \"app\"\naddress = \"10.0.100.2\"\nport = 80\nmode = \"http\"\nbackend_port = 9080\nring_size = 1009\nbalance = \"least_outstanding\"\n\
+             \n[[vip]]\nname = \"sip\"\naddress = \"10.0.100.3\"\nport = 5060\nmode = \"sip\"\nsticky_time = \"5s\"\n"
+        );
+        let c = Config::parse(&text, "x.toml").unwrap();
+        let (l4, http, sip) = (&c.vips[1], &c.vips[2], &c.vips[3]);
+        assert_eq!(l4.mode(), VipMode::L4);
+        assert_eq!(
+            l4.l4().map(|s| (s.forwarding, s.encap_source)),
+            Some((Forwarding::Ipip, Some("10.0.0.1".parse().unwrap())))
+        );
+        assert!(l4.http().is_none() && !l4.serves_http());
+        assert_eq!(http.mode(), VipMode::Http);
+        assert!(http.l4().is_none(), "an HTTP VIP has no XDP forwarding settings");
+        assert_eq!(http.ring_size(), dispatcher_common::DEFAULT_RING_SIZE, "its ring is never read");
+        let h = http.served_http().expect("served");
+        assert_eq!((h.backend_port, h.balance, h.fail_back), (9080, Balance::LeastOutstanding, true));
+        assert_eq!(sip.mode(), VipMode::Sip);
+        assert_eq!(sip.protocol, Protocol::Udp, "SIP's default protocol");
+        assert_eq!(sip.l4().and_then(|s| s.sticky_time), Some(Duration::from_secs(5)));
+        let e = err_of(&text.replace("ring_size = 1009", "ring_size = 250"));
+        assert!(e.contains("vip[2].ring_size: 250 must be a prime"), "checked on an HTTP VIP too: {e}");
+    }
+
     #[test]
     fn durations() {
         assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));

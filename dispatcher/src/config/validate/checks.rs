@@ -2,6 +2,7 @@
 
 use std::{net::IpAddr, time::Duration};
 
+/// A log filter as `tracing_subscriber::EnvFilter` reads it: a level (`info`), or
 /// directives (`info,dispatcher::http=debug`).
 pub fn check_log_level(s: &str) -> Result<(), String> {
     tracing_subscriber::EnvFilter::try_new(s)
@@ -15,8 +16,6 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .map_err(|e| format!("`{s}` is not a duration (e.g. \"2s\", \"500ms\", \"1m 30s\"): {e}"))
 }
 
-/// Backend and VIP names travel in admin URLs, metric labels, logs and status tables:
-/// 1 to 64 letters, digits, `.`, `_` and `-`, nothing that needs quoting anywhere.
 /// An etcd client URL: `https://host:port`, or `http://host:port` (plaintext: only with
 /// `insecure_plaintext`, which the caller decides). Returns whether it is TLS.
 pub fn check_endpoint(e: &str) -> Result<bool, String> {
@@ -46,6 +45,8 @@ pub fn check_endpoint(e: &str) -> Result<bool, String> {
 /// The most dispatchers one `[cluster]` may list.
 pub const MAX_PEERS: usize = 64;
 
+/// Backend and VIP names travel in admin URLs, metric labels, logs and status tables:
+/// 1 to 64 letters, digits, `.`, `_` and `-`, nothing that needs quoting anywhere.
 pub fn check_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > 64 {
         return Err("must be 1 to 64 characters".into());
