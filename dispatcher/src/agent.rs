@@ -171,7 +171,7 @@ impl Dataplane {
                 tracing::warn!("no id table for the pinned maps (left by an older agent?): backends and VIPs keep the ids of their positions");
             }
             for (i, v) in cfg.vips.iter().enumerate() {
-                tables.adopt_ring(i as u32, v.ring_size)?;
+                tables.adopt_ring(i as u32, v.ring_size())?;
             }
             tracing::info!(dir = %pin_dir.display(), flows = tables.flow_count(), "adopted pinned maps");
         }

@@ -90,14 +90,14 @@ pub fn bird_config(cfg: &Config) -> anyhow::Result<String> {
     let Some(a) = &cfg.announce else { bail!("the configuration has no [announce] section") };
     let mut by_addr: std::collections::BTreeMap<std::net::IpAddr, (&String, Vec<&str>)> = Default::default();
     for v in &cfg.vips {
-        let iface = match v.mode {
+        let iface = match v.mode() {
             VipMode::Http => &a.http_interface,
             // Forwarded by XDP alone: announced as long as the data plane runs.
             VipMode::L4 | VipMode::Sip => &a.l4_interface,
         };
         let Some(iface) = iface else { continue };
         let e = by_addr.entry(v.address).or_insert((iface, Vec::new()));
-        if v.mode == VipMode::Http {
+        if v.mode() == VipMode::Http {
             e.0 = iface;
         }
         e.1.push(&v.name);

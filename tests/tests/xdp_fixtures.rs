@@ -370,7 +370,7 @@ fn expired_affinity_is_ignored() {
     let p = Packet::tcp("10.0.0.8", 42000, "10.0.100.4", 80);
     let ring = fx.ring_choice(STICKY_A, &p);
     let other = (ring + 1) % 4;
-    let group = fx.cfg.vips[STICKY_A].port_group;
+    let group = fx.cfg.vips[STICKY_A].l4().expect("an L4 VIP").port_group;
     let key = AffinityKey { group, family: 2, client: flow_key(&p).src };
     fx.affinity.insert(key, AffinityValue { backend: other as u32, _pad: 0, expires_ns: 1 }, 0).unwrap();
     let o = fx.run(&p);

@@ -77,7 +77,7 @@ pub fn status(a: &Admin) -> AgentStatus {
             name: v.name.clone(),
             requests: load(&s.requests),
             connections: load(&s.connections),
-            tls: v.tls.as_ref().map(|_| tls_status(&s.tls)),
+            tls: v.http().and_then(|h| h.tls.as_ref()).map(|_| tls_status(&s.tls)),
         })
         .collect();
     AgentStatus {
@@ -257,7 +257,7 @@ const TLS_NOT_AFTER: Family = Family::gauge(
 
 /// HTTPS VIPs: handshakes, failures, certificates (none without an HTTPS VIP).
 fn tls_section(o: &mut Exposition, http_vips: &[(&Vip, &VipStats)]) {
-    let tls_vips: Vec<_> = http_vips.iter().filter(|(v, _)| v.tls.is_some()).collect();
+    let tls_vips: Vec<_> = http_vips.iter().filter(|(v, _)| v.http().is_some_and(|h| h.tls.is_some())).collect();
     if tls_vips.is_empty() {
         return;
     }
@@ -321,7 +321,7 @@ fn xdp_section(o: &mut Exposition, a: &Admin, cfg: &Config) {
             }
         }
     }
-    let sip: Vec<_> = cfg.vips.iter().enumerate().filter(|(_, v)| v.mode == VipMode::Sip).collect();
+    let sip: Vec<_> = cfg.vips.iter().enumerate().filter(|(_, v)| v.mode() == VipMode::Sip).collect();
     if !sip.is_empty() {
         o.family(&SIP_MESSAGES);
         for (i, v) in &sip {

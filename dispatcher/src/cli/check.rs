@@ -15,8 +15,8 @@ pub fn check(file: &Path) -> anyhow::Result<ExitCode> {
     };
     // The TLS files: chains that parse, keys that match, expiry.
     let mut errors = 0;
-    for v in cfg.vips.iter().filter(|v| v.serves_http()) {
-        for files in v.tls.iter().flat_map(|t| &t.certificates) {
+    for (v, h) in cfg.vips.iter().filter_map(|v| Some((v, v.served_http()?))) {
+        for files in h.tls.iter().flat_map(|t| &t.certificates) {
             match tls::certs::load(files) {
                 Ok(loaded) => {
                     if let Some(w) = tls::certs::expiry_warning(&loaded.info, EXPIRY_WARNING_DAYS) {
@@ -29,7 +29,7 @@ pub fn check(file: &Path) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        if let Some(f) = &v.backend_tls {
+        if let Some(f) = &h.backend_tls {
             if let Err(e) = tls::upstream::client_config(f) {
                 eprintln!("VIP {}: backend_tls: {e:#}", v.name);
                 errors += 1;

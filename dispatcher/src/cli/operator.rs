@@ -72,7 +72,7 @@ pub fn control(path: &Path, backend: &str, action: Action) -> anyhow::Result<Exi
     }
     for (vi, v) in cfg.vips.iter().enumerate() {
         if v.backends.contains(&id) {
-            tables.adopt_ring(vi as u32, v.ring_size)?;
+            tables.adopt_ring(vi as u32, v.ring_size())?;
             tables.rebuild_ring(vi as u32, v, &cfg, &states)?;
         }
     }

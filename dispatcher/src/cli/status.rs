@@ -186,7 +186,7 @@ impl<'c> Frame<'c> {
             .map(|(i, (v, p, nf, hits, drops))| {
                 let mut j = serde_json::json!({"name": v.name, "address": v.address.to_string(), "port": v.port, "packets": p.packets,
                     "bytes": p.bytes, "new_flows": nf, "flow_hits": hits, "drops": drops});
-                if v.mode == VipMode::Sip {
+                if v.mode() == VipMode::Sip {
                     let sip: serde_json::Map<String, serde_json::Value> =
                         self.tables.sip_counters(i as u32).unwrap_or_default().into_iter().map(|(n, c)| (n.to_string(), c.into())).collect();
                     j["sip"] = sip.into();
@@ -269,7 +269,7 @@ impl<'c> Frame<'c> {
             let addr = format!("{}:{}/{:?}", v.address, v.port, v.protocol).to_lowercase();
             let a = agent_vip(&v.name);
             let field = |f: fn(&VipStatus) -> u64| a.map(|x| f(x).to_string()).unwrap_or_else(|| "-".into());
-            let mode = format!("{:?}", v.mode).to_lowercase();
+            let mode = format!("{:?}", v.mode()).to_lowercase();
             let _ = writeln!(
                 o,
                 "{:<16} {:<28} {:<5} {:>12} {:>14} {:>10} {:>10} {:>8} {:>9} {:>6}",
@@ -288,7 +288,7 @@ impl<'c> Frame<'c> {
         for t in self.agent.iter().flat_map(|a| &a.vips).filter_map(|v| Some((&v.name, v.tls.as_ref()?))) {
             let _ = writeln!(o, "{}", tls_line(t.0, t.1));
         }
-        for (i, v) in self.cfg.vips.iter().enumerate().filter(|(_, v)| v.mode == VipMode::Sip) {
+        for (i, v) in self.cfg.vips.iter().enumerate().filter(|(_, v)| v.mode() == VipMode::Sip) {
             let counts = self.tables.sip_counters(i as u32)?;
             let line: Vec<String> = counts.iter().map(|(n, c)| format!("{n} {c}")).collect();
             let _ = writeln!(o, "sip {}: {}", v.name, line.join(", "));

@@ -441,26 +441,68 @@ pub struct Backend {
     pub retired: bool,
 }
 
+/// A VIP: what every kind has (its address, its backends); what only one kind means is
+/// in `kind`. The file's `[[vip]]` is flat (`raw::RawVip`); validation reports a setting
+/// given to a kind it does not apply to where it always did, and keeps each kind's own.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Vip {
     pub name: String,
     pub address: IpAddr,
     pub port: u16,
     pub protocol: Protocol,
-    pub mode: VipMode,
-    pub forwarding: Forwarding,
-    pub encap_source: Option<IpAddr>,
+    pub kind: VipKind,
     /// Indexes into `Config::backends`.
     pub backends: Vec<usize>,
+    /// `slow_start` for the VIP's backends that set none (new sessions, and new flows on
+    /// the Maglev ring).
+    pub slow_start: Option<Duration>,
+    /// Removed by a reload: its id stays reserved, it is served no more.
+    pub retired: bool,
+}
+
+/// What a VIP is (`vip.mode`), with the settings that mean something for that kind only.
+#[derive(Clone, Debug, PartialEq)]
+pub enum VipKind {
+    /// Forwarded by XDP alone, flow by flow on a Maglev ring.
+    L4(L4Settings),
+    /// SIP over UDP, routed in XDP by logical name or Call-ID; a new call takes the ring
+    /// as an L4 flow does.
+    Sip(L4Settings),
+    /// Served by the HTTP proxy (XDP passes it, or steers it to its owner). Boxed: it
+    /// is several times the size of the others.
+    Http(Box<HttpVip>),
+}
+
+/// What XDP forwards a flow of an L4 or SIP VIP with (`VIPS`, `RINGS`, `AFFINITY`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct L4Settings {
+    pub forwarding: Forwarding,
+    pub encap_source: Option<IpAddr>,
     pub ring_size: u32,
     pub sticky_time: Option<Duration>,
     /// VIPs with the same group share source-IP affinity (cross-port affinity).
     pub port_group: u32,
+}
+
+impl Default for L4Settings {
+    fn default() -> Self {
+        L4Settings {
+            forwarding: Forwarding::Mac,
+            encap_source: None,
+            ring_size: dispatcher_common::DEFAULT_RING_SIZE,
+            sticky_time: None,
+            port_group: 0,
+        }
+    }
+}
+
+/// An HTTP VIP's own settings (the proxy's are `[http]`, `HttpSettings`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct HttpVip {
     pub balance: Balance,
-    /// Port of the backends' HTTP servers (HTTP VIPs); default: the VIP's port.
+    /// Port of the backends' HTTP servers; default: the VIP's port.
     pub backend_port: u16,
-    /// Client connections open at once on this VIP (HTTP VIPs); `None`: only the global
-    /// cap applies.
+    /// Client connections open at once on this VIP; `None`: only the global cap applies.
     pub max_connections: Option<usize>,
     /// TLS termination (an HTTPS VIP).
     pub tls: Option<VipTls>,
@@ -477,10 +519,6 @@ pub struct Vip {
     /// HAProxy's `cookie NAME insert`: requests without a session are kept on one backend
     /// by a cookie of this name the dispatcher sets (its value: the backend's name).
     pub insert_cookie: Option<String>,
-    /// `slow_start` for the VIP's backends that set none.
-    pub slow_start: Option<Duration>,
-    /// Removed by a reload: its id stays reserved, it is served no more.
-    pub retired: bool,
 }
 
 /// `[vip.tls]`: the certificates an HTTPS VIP presents and its handshake rules.
@@ -549,9 +587,44 @@ impl Vip {
         cfg.backends.get(b).and_then(|be| be.slow_start).or(self.slow_start)
     }
 
+    pub fn mode(&self) -> VipMode {
+        match self.kind {
+            VipKind::L4(_) => VipMode::L4,
+            VipKind::Sip(_) => VipMode::Sip,
+            VipKind::Http(_) => VipMode::Http,
+        }
+    }
+
+    /// An L4 or SIP VIP's forwarding settings.
+    pub fn l4(&self) -> Option<&L4Settings> {
+        match &self.kind {
+            VipKind::L4(s) | VipKind::Sip(s) => Some(s),
+            VipKind::Http(_) => None,
+        }
+    }
+
+    /// An HTTP VIP's own settings.
+    pub fn http(&self) -> Option<&HttpVip> {
+        match &self.kind {
+            VipKind::Http(h) => Some(h),
+            _ => None,
+        }
+    }
+
+    /// An HTTP VIP the agent serves (not one a reload removed): its settings.
+    pub fn served_http(&self) -> Option<&HttpVip> {
+        self.http().filter(|_| !self.retired)
+    }
+
     /// An HTTP VIP the agent serves (not one a reload removed).
     pub fn serves_http(&self) -> bool {
-        self.mode == VipMode::Http && !self.retired
+        self.served_http().is_some()
+    }
+
+    /// The size of the VIP's Maglev ring (an HTTP VIP's is never read by XDP, which
+    /// passes or steers its packets: the default).
+    pub fn ring_size(&self) -> u32 {
+        self.l4().map_or(dispatcher_common::DEFAULT_RING_SIZE, |s| s.ring_size)
     }
 }
 
@@ -638,9 +711,9 @@ port_group = "g"
         assert_eq!(c.backends[0].replica, Some(1));
         assert_eq!(c.backends[1].weight, 200);
         assert_eq!(c.vips[0].backends, vec![0, 1]);
-        assert_eq!(c.vips[0].sticky_time, Some(Duration::from_secs(30)));
-        assert_eq!(c.vips[0].port_group, c.vips[1].port_group);
-        assert_eq!(c.vips[1].forwarding, Forwarding::Ipip);
+        assert_eq!(c.vips[0].l4().unwrap().sticky_time, Some(Duration::from_secs(30)));
+        assert_eq!(c.vips[0].l4().unwrap().port_group, c.vips[1].l4().unwrap().port_group);
+        assert_eq!(c.vips[1].l4().unwrap().forwarding, Forwarding::Ipip);
         assert_eq!(c.pin_dir(), PathBuf::from("/sys/fs/bpf/dispatcher/t1"));
     }
 
@@ -674,9 +747,12 @@ port_group = "g"
     fn session_format_per_http_vip() {
         let http = format!("{GOOD}\n[[vip]]\nname = \"app\"\naddress = \"10.0.100.2\"\nport = 80\nmode = \"http\"\n");
         let c = Config::parse(&http, "x.toml").unwrap();
-        assert_eq!(c.vips[2].session_format, SessionFormat::WebSphere, "the default");
+        assert_eq!(c.vips[2].http().unwrap().session_format, SessionFormat::WebSphere, "the default");
         let tomcat = format!("{http}session_format = \"jvmroute\"\n");
-        assert_eq!(Config::parse(&tomcat, "x.toml").unwrap().vips[2].session_format, SessionFormat::JvmRoute);
+        assert_eq!(
+            Config::parse(&tomcat, "x.toml").unwrap().vips[2].http().unwrap().session_format,
+            SessionFormat::JvmRoute
+        );
         // A route is what follows the last '.': a configured clone ID with one never matches.
         let e = err_of(&tomcat.replace("clone_ids = [\"cloneA\"]", "clone_ids = [\"node.A\"]"));
         assert!(e.contains("x.toml:11: backend[0].clone_ids: `node.A` cannot be a jvmRoute of VIP `app`"), "{e}");
@@ -685,6 +761,34 @@ port_group = "g"
         let e =
             err_of(&GOOD.replace("port_group = \"g\"\n\n", "port_group = \"g\"\nsession_format = \"jvmroute\"\n\n"));
         assert!(e.contains("vip[0].session_format: applies to HTTP VIPs only"), "{e}");
+    }
+
+    /// Each mode's settings are on its kind: an L4 VIP's forwarding, an HTTP VIP's backend
+    /// port, TLS and redirect; the XDP keys of an HTTP VIP are checked, not kept.
+    #[test]
+    fn each_mode_carries_its_own_settings() {
+        let text = format!(
+            "{GOOD}\n[[vip]]\nname = \"app\"\naddress = \"10.0.100.2\"\nport = 80\nmode = \"http\"\nbackend_port = 9080\nring_size = 1009\nbalance = \"least_outstanding\"\n\
+             \n[[vip]]\nname = \"sip\"\naddress = \"10.0.100.3\"\nport = 5060\nmode = \"sip\"\nsticky_time = \"5s\"\n"
+        );
+        let c = Config::parse(&text, "x.toml").unwrap();
+        let (l4, http, sip) = (&c.vips[1], &c.vips[2], &c.vips[3]);
+        assert_eq!(l4.mode(), VipMode::L4);
+        assert_eq!(
+            l4.l4().map(|s| (s.forwarding, s.encap_source)),
+            Some((Forwarding::Ipip, Some("10.0.0.1".parse().unwrap())))
+        );
+        assert!(l4.http().is_none() && !l4.serves_http());
+        assert_eq!(http.mode(), VipMode::Http);
+        assert!(http.l4().is_none(), "an HTTP VIP has no XDP forwarding settings");
+        assert_eq!(http.ring_size(), dispatcher_common::DEFAULT_RING_SIZE, "its ring is never read");
+        let h = http.served_http().expect("served");
+        assert_eq!((h.backend_port, h.balance, h.fail_back), (9080, Balance::LeastOutstanding, true));
+        assert_eq!(sip.mode(), VipMode::Sip);
+        assert_eq!(sip.protocol, Protocol::Udp, "SIP's default protocol");
+        assert_eq!(sip.l4().and_then(|s| s.sticky_time), Some(Duration::from_secs(5)));
+        let e = err_of(&text.replace("ring_size = 1009", "ring_size = 250"));
+        assert!(e.contains("vip[2].ring_size: 250 must be a prime"), "checked on an HTTP VIP too: {e}");
     }
 
     #[test]

@@ -6,69 +6,15 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use dispatcher_common::{MAX_BACKENDS, MAX_VIPS};
 
-use super::{Backend, Balance, ClusterSettings, Config, Forwarding, Partition, Protocol, SessionFormat, Vip, VipMode};
+use super::{Backend, ClusterSettings, Config, L4Settings, Partition, Protocol, Vip, VipKind};
 
 impl Config {
     /// `new` re-indexed for a reload of `self`: every backend and VIP keeps the id (the
     /// position) it has now, so that pinned flows, rings and the clone table stay right;
     /// removed ones stay in their slots as `retired`, added ones get new slots.
     pub fn merged_for_reload(&self, new: Config) -> Result<Config, String> {
-        let restart = |what: &str| {
-            Err(format!("{what} changed: this needs a restart (`dispatcher run` adopts the pinned maps; L4 forwarding goes on meanwhile)"))
-        };
-        if new.interface != self.interface {
-            return restart("dispatcher.interface");
-        }
-        if new.instance != self.instance
-            || new.bpffs != self.bpffs
-            || new.admin_socket != self.admin_socket
-            || new.admin_address != self.admin_address
-        {
-            return restart("the instance, bpffs or admin socket/address");
-        }
-        // `peers` may change (a dispatcher added or removed); the rest of `[cluster]` is
-        // the session's, fixed for the agent's life.
-        let but_peers = |c: &Option<ClusterSettings>| {
-            c.clone().map(|c| ClusterSettings { peers: Vec::new(), peer_macs: Default::default(), ..c })
-        };
-        if but_peers(&new.cluster) != but_peers(&self.cluster) {
-            return restart("[cluster] (all but peers)");
-        }
-        if new.announce != self.announce {
-            return restart("[announce]");
-        }
-        if new.flow_table_size != self.flow_table_size || new.affinity_table_size != self.affinity_table_size {
-            return restart("a table size");
-        }
-        // Backends by name.
-        let mut backend_slot = vec![0usize; new.backends.len()];
-        let mut backends: Vec<Backend> = Vec::new();
-        for old in &self.backends {
-            match new.backends.iter().position(|b| b.name == old.name) {
-                Some(j) => {
-                    backend_slot[j] = backends.len();
-                    backends.push(new.backends[j].clone());
-                }
-                // Its sessions go to its replica (same slot id as before) until they end.
-                None => backends.push(Backend { retired: true, ..old.clone() }),
-            }
-        }
-        for (j, b) in new.backends.iter().enumerate() {
-            if !self.backends.iter().any(|o| o.name == b.name) {
-                backend_slot[j] = backends.len();
-                backends.push(b.clone());
-            }
-        }
-        if backends.len() > MAX_BACKENDS as usize {
-            return Err(format!(
-                "more than {MAX_BACKENDS} backend slots (removed backends keep theirs until a restart)"
-            ));
-        }
-        // New definitions name replicas by their position in `new`: map them to slots.
-        // (Retired ones keep the slot ids they had.)
-        for b in backends.iter_mut().filter(|b| !b.retired) {
-            b.replica = b.replica.map(|j| backend_slot[j]);
-        }
+        self.reloadable_to(&new)?;
+        let (backends, backend_slot) = self.backends_placed(&new.backends)?;
         // VIPs by name.
         let remap = |v: &Vip| Vip { backends: v.backends.iter().map(|&j| backend_slot[j]).collect(), ..v.clone() };
         let mut vips: Vec<Vip> = Vec::new();
@@ -96,6 +42,72 @@ impl Config {
             })
             .collect();
         Ok(Config { backends, vips, partitions, ..new })
+    }
+
+    /// What a reload cannot change (the agent's place, its session with the store, the
+    /// tables' sizes): the message that asks for a restart.
+    fn reloadable_to(&self, new: &Config) -> Result<(), String> {
+        let restart = |what: &str| {
+            Err(format!("{what} changed: this needs a restart (`dispatcher run` adopts the pinned maps; L4 forwarding goes on meanwhile)"))
+        };
+        if new.interface != self.interface {
+            return restart("dispatcher.interface");
+        }
+        if new.instance != self.instance
+            || new.bpffs != self.bpffs
+            || new.admin_socket != self.admin_socket
+            || new.admin_address != self.admin_address
+        {
+            return restart("the instance, bpffs or admin socket/address");
+        }
+        // `peers` may change (a dispatcher added or removed); the rest of `[cluster]` is
+        // the session's, fixed for the agent's life.
+        let but_peers = |c: &Option<ClusterSettings>| {
+            c.clone().map(|c| ClusterSettings { peers: Vec::new(), peer_macs: Default::default(), ..c })
+        };
+        if but_peers(&new.cluster) != but_peers(&self.cluster) {
+            return restart("[cluster] (all but peers)");
+        }
+        if new.announce != self.announce {
+            return restart("[announce]");
+        }
+        if new.flow_table_size != self.flow_table_size || new.affinity_table_size != self.affinity_table_size {
+            return restart("a table size");
+        }
+        Ok(())
+    }
+
+    /// `new` backends by name at the slots of `self`'s, and the slot of each of `new`'s.
+    fn backends_placed(&self, new: &[Backend]) -> Result<(Vec<Backend>, Vec<usize>), String> {
+        let mut backend_slot = vec![0usize; new.len()];
+        let mut backends: Vec<Backend> = Vec::new();
+        for old in &self.backends {
+            match new.iter().position(|b| b.name == old.name) {
+                Some(j) => {
+                    backend_slot[j] = backends.len();
+                    backends.push(new[j].clone());
+                }
+                // Its sessions go to its replica (same slot id as before) until they end.
+                None => backends.push(Backend { retired: true, ..old.clone() }),
+            }
+        }
+        for (j, b) in new.iter().enumerate() {
+            if !self.backends.iter().any(|o| o.name == b.name) {
+                backend_slot[j] = backends.len();
+                backends.push(b.clone());
+            }
+        }
+        if backends.len() > MAX_BACKENDS as usize {
+            return Err(format!(
+                "more than {MAX_BACKENDS} backend slots (removed backends keep theirs until a restart)"
+            ));
+        }
+        // New definitions name replicas by their position in `new`: map them to slots.
+        // (Retired ones keep the slot ids they had.)
+        for b in backends.iter_mut().filter(|b| !b.retired) {
+            b.replica = b.replica.map(|j| backend_slot[j]);
+        }
+        Ok((backends, backend_slot))
     }
 
     /// `self` re-indexed so that the backends and VIPs named in `backends` and `vips` (by
@@ -127,22 +139,8 @@ impl Config {
                     address: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
                     port: 0,
                     protocol: Protocol::Tcp,
-                    mode: VipMode::L4,
-                    forwarding: Forwarding::Mac,
-                    encap_source: None,
+                    kind: VipKind::L4(L4Settings::default()),
                     backends: Vec::new(),
-                    ring_size: dispatcher_common::DEFAULT_RING_SIZE,
-                    sticky_time: None,
-                    port_group: 0,
-                    balance: Balance::RoundRobin,
-                    backend_port: 0,
-                    max_connections: None,
-                    tls: None,
-                    backend_tls: None,
-                    redirect_to: None,
-                    fail_back: true,
-                    session_format: SessionFormat::WebSphere,
-                    insert_cookie: None,
                     slow_start: None,
                     retired: false,
                 })

@@ -68,23 +68,25 @@ pub fn vip_key(v: &Vip) -> VipKey {
 }
 
 pub fn vip_info(id: u32, v: &Vip) -> VipInfo {
+    // XDP reads no more than the mode of an HTTP VIP.
+    let l4 = v.l4().copied().unwrap_or_default();
     VipInfo {
         id,
-        mode: match v.mode {
+        mode: match v.mode() {
             VipMode::L4 => MODE_L4,
             VipMode::Http => MODE_HTTP,
             VipMode::Sip => MODE_SIP,
         },
-        forward: match v.forwarding {
+        forward: match l4.forwarding {
             Forwarding::Mac => FWD_MAC,
             Forwarding::Ipip => FWD_IPIP,
         },
-        flags: if v.sticky_time.is_some() { VIP_F_AFFINITY } else { 0 },
-        ring_size: v.ring_size,
-        sticky_secs: v.sticky_time.map(|d| d.as_secs() as u32).unwrap_or(0),
-        port_group: v.port_group,
+        flags: if l4.sticky_time.is_some() { VIP_F_AFFINITY } else { 0 },
+        ring_size: l4.ring_size,
+        sticky_secs: l4.sticky_time.map(|d| d.as_secs() as u32).unwrap_or(0),
+        port_group: l4.port_group,
         _pad: 0,
-        encap_src: v.encap_source.map(|a| addr_key(a).0).unwrap_or([0; 4]),
+        encap_src: l4.encap_source.map(|a| addr_key(a).0).unwrap_or([0; 4]),
     }
 }
 
@@ -344,7 +346,7 @@ pub fn ring_table_weighted(vip: &Vip, cfg: &Config, states: &[u8], weight: impl 
         .filter(|&&b| states.get(b).copied() == Some(STATE_UP))
         .map(|&b| maglev::Member { id: b as u32, key: &cfg.backends[b].name, weight: weight(b) })
         .collect();
-    maglev::build(&members, vip.ring_size)
+    maglev::build(&members, vip.ring_size())
 }
 
 /// The initial state of every backend: up until health checks say otherwise.

@@ -90,8 +90,8 @@ pub fn probes(cfg: &Config) -> Vec<Option<Probe>> {
                 return None;
             }
             let vips: Vec<_> = cfg.vips.iter().filter(|v| !v.retired && v.backends.contains(&b)).collect();
-            let http_vip = vips.iter().find(|v| v.mode == VipMode::Http);
-            let sip_vip = vips.iter().find(|v| v.mode == VipMode::Sip);
+            let http_vip = vips.iter().find_map(|v| v.http());
+            let sip_vip = vips.iter().find(|v| v.mode() == VipMode::Sip);
             let tcp_vip = vips.iter().find(|v| v.protocol == Protocol::Tcp);
             let (port, auto) = match (http_vip, sip_vip, tcp_vip) {
                 (Some(v), _, _) => (v.backend_port, ProbeKind::Http(h.path.clone())),

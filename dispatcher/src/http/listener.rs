@@ -154,15 +154,15 @@ fn vip_shared(
     let handshakes = capacity.tls_handshakes.1.clone();
     let fail = |v: &Vip, e: anyhow::Error| std::io::Error::other(format!("VIP {}: {e:#}", v.name));
     let mut out = Vec::new();
-    for (i, v) in cfg.vips.iter().enumerate().filter(|(_, v)| v.serves_http()) {
-        let tls = match &v.tls {
+    for (i, v, h) in cfg.vips.iter().enumerate().filter_map(|(i, v)| Some((i, v, v.served_http()?))) {
+        let tls = match &h.tls {
             Some(t) => Some(Arc::new(
                 ServerTls::load(t, &cfg.http, handshakes.clone(), capacity.vips[i].tls.clone())
                     .map_err(|e| fail(v, e))?,
             )),
             None => None,
         };
-        let backend_tls = match &v.backend_tls {
+        let backend_tls = match &h.backend_tls {
             Some(f) => {
                 let client = crate::tls::upstream::client_config(f).map_err(|e| fail(v, e))?;
                 (0..cfg.backends.len())
@@ -176,7 +176,7 @@ fn vip_shared(
         };
         out.push(VipShared {
             route: Arc::new(
-                VipRoute::new(v.backends.clone(), v.balance, v.fail_back)
+                VipRoute::new(v.backends.clone(), h.balance, h.fail_back)
                     .with_slow_start(v.backends.iter().map(|&b| v.slow_start_of(cfg, b)).collect()),
             ),
             tls,
@@ -201,11 +201,13 @@ fn worker_vips(
     mut inherited: Sockets,
 ) -> std::io::Result<Vec<(Arc<VipCtx>, TcpListener)>> {
     let mut out = Vec::new();
-    for ((vip_index, v), sh) in cfg.vips.iter().enumerate().filter(|(_, v)| v.serves_http()).zip(shared) {
+    for ((vip_index, v, h), sh) in
+        cfg.vips.iter().enumerate().filter_map(|(i, v)| Some((i, v, v.served_http()?))).zip(shared)
+    {
         let pools = (0..cfg.backends.len())
             .map(|b| {
                 v.backends.contains(&b).then(|| {
-                    let addr = SocketAddr::new(cfg.backends[b].address.into(), v.backend_port);
+                    let addr = SocketAddr::new(cfg.backends[b].address.into(), h.backend_port);
                     let be = &cluster.backends[b];
                     let budget = capacity.idle_budget.clone();
                     let tls = sh.backend_tls[b].clone();
@@ -224,14 +226,14 @@ fn worker_vips(
             limits: HeadLimits { max_bytes: cfg.http.max_header_bytes, max_headers: cfg.http.max_headers },
             suspect_on_status: cfg.health.suspect_on_status.clone(),
             tls: sh.tls.clone(),
-            session_format: v.session_format,
-            forwarded: crate::http1::rewrite::forwarded_fields(v.tls.is_some(), v.port),
-            redirect: v.redirect_to.clone(),
+            session_format: h.session_format,
+            forwarded: crate::http1::rewrite::forwarded_fields(h.tls.is_some(), v.port),
+            redirect: h.redirect_to.clone(),
             log: sh.log.clone(),
             ownership: sh.ownership.clone(),
-            persist: v.insert_cookie.as_ref().map(|name| {
+            persist: h.insert_cookie.as_ref().map(|name| {
                 let members = v.backends.iter().map(|&b| (b, cfg.backends[b].name.clone()));
-                super::persist::Persist::new(name, members, v.tls.is_some())
+                super::persist::Persist::new(name, members, h.tls.is_some())
             }),
         });
         out.push((ctx, listener_for(v, &mut inherited)?));
@@ -500,7 +502,8 @@ impl Worker {
             .into_iter()
             .map(|(ctx, l)| {
                 let active = self.capacity.client_connections.clone();
-                let caps = Caps { active, global: self.global, vip: cfg.vips[ctx.vip_index].max_connections };
+                let vip = cfg.vips[ctx.vip_index].http().and_then(|h| h.max_connections);
+                let caps = Caps { active, global: self.global, vip };
                 tokio::spawn(accept_loop(ctx, l, self.stop.clone(), caps, mine.clone()))
             })
             .collect();

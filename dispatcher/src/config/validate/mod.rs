@@ -1,0 +1,172 @@
+//! Validation: from the raw file to the model, every error with its line and field, all
+//! of them in one run (`Ctx` collects them and goes on with fallback values).
+
+//!
+//! One file per section: `dispatcher` (with `[announce]` and `[access_log]`), `cluster`,
+//! `backends` (with `[[partition]]`), `vips` (every kind's common part and the L4/SIP
+//! settings), `http` (`[http]` and the HTTP VIPs' own settings), `health`; `checks` holds
+//! the checks of single values that the CLI and the agent use as well.
+
+mod backends;
+mod checks;
+mod cluster;
+mod dispatcher;
+mod health;
+mod http;
+mod vips;
+
+use std::{cell::RefCell, ops::Range, path::PathBuf, str::FromStr, time::Duration};
+
+use toml::Spanned;
+
+pub use checks::*;
+
+use super::{raw::*, *};
+
+/// What a client certificate without its key, and a key without its certificate, lack.
+const CERT_AND_KEY: (&str, &str) = ("a client certificate needs its key", "a client key needs its certificate");
+
+pub(super) struct Ctx<'a> {
+    pub(super) text: &'a str,
+    pub(super) file: &'a str,
+    /// Every error found so far: validation goes on after one, so that a single
+    /// `dispatcher check` lists all of them.
+    pub(super) errors: RefCell<Vec<ConfigError>>,
+}
+
+impl Ctx<'_> {
+    pub(super) fn line(&self, offset: usize) -> usize {
+        self.text[..offset.min(self.text.len())].bytes().filter(|&b| b == b'\n').count() + 1
+    }
+
+    fn err(&self, span: Range<usize>, field: &str, message: impl std::fmt::Display) -> ConfigError {
+        ConfigError::Invalid {
+            file: self.file.to_string(),
+            line: self.line(span.start),
+            message: format!("{field}: {message}"),
+        }
+    }
+
+    /// Records an error and goes on.
+    fn report(&self, span: Range<usize>, field: &str, message: impl std::fmt::Display) {
+        let e = self.err(span, field, message);
+        self.errors.borrow_mut().push(e);
+    }
+
+    /// The value, or `fallback` after recording the error.
+    fn or<T>(&self, r: Result<T, ConfigError>, fallback: T) -> T {
+        r.unwrap_or_else(|e| {
+            self.errors.borrow_mut().push(e);
+            fallback
+        })
+    }
+
+    fn parsed<T: FromStr>(&self, v: &Spanned<String>, field: &str, what: &str) -> Result<T, ConfigError> {
+        v.get_ref().parse().map_err(|_| self.err(v.span(), field, format!("`{}` is not {what}", v.get_ref())))
+    }
+
+    fn choice<T: Copy>(&self, v: &Option<Spanned<String>>, field: &str, default: T, options: &[(&str, T)]) -> T {
+        let Some(v) = v else { return default };
+        match options.iter().find(|(name, _)| *name == v.get_ref()) {
+            Some((_, t)) => *t,
+            None => {
+                let names: Vec<&str> = options.iter().map(|(n, _)| *n).collect();
+                self.report(v.span(), field, format!("`{}` is not one of {}", v.get_ref(), names.join(", ")));
+                default
+            }
+        }
+    }
+
+    /// A duration that is more than zero and at least `min`.
+    fn duration(&self, v: &Spanned<String>, field: &str, min: Duration) -> Option<Duration> {
+        match parse_duration(v.get_ref()) {
+            Err(e) => self.report(v.span(), field, e),
+            Ok(d) if d.is_zero() => self.report(v.span(), field, "must be more than zero"),
+            Ok(d) if d < min => self.report(v.span(), field, format!("must be at least {min:?}")),
+            Ok(d) if d > MAX_DURATION => self.report(v.span(), field, "must be at most 1 day (86400s)"),
+            Ok(d) => return Some(d),
+        }
+        None
+    }
+
+    /// Reports an address no single host can hold.
+    fn host_address(&self, ip: IpAddr, v: &Spanned<String>, field: &str) {
+        if let Err(e) = check_host_address(ip) {
+            self.report(v.span(), field, e);
+        }
+    }
+
+    pub(super) fn build(&self, raw: RawConfig) -> Config {
+        let d = self.dispatcher(raw.dispatcher.get_ref(), raw.dispatcher.span());
+        let (backends, by_name, clone_owner) = self.backends(&raw.backends);
+        let vips = self.vips(&raw.vips, &vips::Members { raw: &raw.backends, backends: &backends, by_name: &by_name });
+        let partitions = self.partitions(&raw.partitions, &backends, &by_name, &clone_owner);
+        let mut http = match &raw.http {
+            Some(h) => self.http(h.get_ref()),
+            None => HttpSettings::default(),
+        };
+        let health = match &raw.health {
+            Some(h) => self.health(h.get_ref()),
+            None => HealthSettings::default(),
+        };
+        self.insert_cookies(&raw.vips, &http);
+        let cluster = raw.cluster.as_ref().map(|c| self.cluster(c.get_ref()));
+        http.learn_wait = cluster.as_ref().map(|c| c.learn_wait).unwrap_or_default();
+        let announce = raw.announce.as_ref().map(|a| self.announce(a.get_ref()));
+        let access_log = raw.access_log.as_ref().map(|a| self.access_log(a.get_ref()));
+        Config {
+            interface: d.interface,
+            instance: d.instance,
+            bpffs: d.bpffs,
+            xdp_mode: d.xdp_mode,
+            flow_table_size: d.flow_table_size,
+            affinity_table_size: d.affinity_table_size,
+            log_level: d.log_level,
+            admin_socket: d.admin_socket,
+            admin_address: d.admin_address,
+            backends,
+            vips,
+            partitions,
+            http,
+            health,
+            cluster,
+            announce,
+            access_log,
+        }
+    }
+
+    /// Two settings that go together (a certificate and its key, a user and its
+    /// password file): both, or neither; one alone is reported at the missing one's field
+    /// (`why`: what the first needs, what the second needs).
+    fn pair<'a>(
+        &self,
+        (a, a_field): (&'a Option<Spanned<String>>, &str),
+        (b, b_field): (&'a Option<Spanned<String>>, &str),
+        (a_needs, b_needs): (&str, &str),
+    ) -> Option<(&'a Spanned<String>, &'a Spanned<String>)> {
+        match (a, b) {
+            (Some(a), Some(b)) => Some((a, b)),
+            (Some(a), None) => {
+                self.report(a.span(), b_field, a_needs);
+                None
+            }
+            (None, Some(b)) => {
+                self.report(b.span(), a_field, b_needs);
+                None
+            }
+            (None, None) => None,
+        }
+    }
+
+    /// A path in the file, relative to the file's folder.
+    fn path(&self, v: &Spanned<String>, field: &str) -> PathBuf {
+        if v.get_ref().is_empty() {
+            self.report(v.span(), field, "is empty");
+        }
+        let p = PathBuf::from(v.get_ref());
+        match std::path::Path::new(self.file).parent() {
+            Some(dir) if p.is_relative() => dir.join(p),
+            _ => p,
+        }
+    }
+}
