@@ -8,6 +8,8 @@
 //! owner is suspect, `retry` says what may be replayed, `tunnel` carries upgraded
 //! connections, `io` is a connection's two halves (plain TCP or TLS, see `crate::tls`).
 
+pub mod answer;
+pub mod attempt;
 pub mod body;
 pub mod head;
 pub mod hold;
@@ -15,6 +17,7 @@ pub mod listener;
 pub mod persist;
 pub mod pool;
 pub mod proxy;
+pub mod respond;
 pub mod retry;
 pub mod rewrite;
 pub mod route;
