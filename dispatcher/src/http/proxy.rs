@@ -21,7 +21,7 @@ use super::{
     body::{relay_chunked, relay_length, relay_until_close, ChunkedDecoder, Inbound, RelayError, Timeouts},
     head::{parse_request, Framing, HeadLimits, Header, Reject, RequestHead, ResponseHead},
     hold::{await_shared, hold, HoldEnd},
-    pool::Pool,
+    pool::{Pool, Upstream},
     respond::{closes, deliver, forward_interim, inline_small_body, upgrade, Undelivered},
     retry::{is_idempotent, Retries},
     rewrite::{build_request, build_response, is},
@@ -864,8 +864,7 @@ impl<'c> Rounds<'c> {
 }
 
 /// The response phase: interim responses, the backend's latency and health, the clone
-/// IDs it sets, then the upgrade, or the response delivered to the client (its
-/// backend connection back in the pool as soon as the whole response is in hand).
+/// IDs it sets, then the upgrade, or the response delivered to the client (`deliver_final`).
 async fn respond<R: AsyncRead + Unpin>(
     ctx: &VipCtx,
     req: &Request<'_>,
@@ -877,7 +876,6 @@ async fn respond<R: AsyncRead + Unpin>(
     let (c, s, head) = (&ctx.cluster, &ctx.settings, req.head);
     let Sent { backend, reply: (mut up, res, body_skipped), held: _held } = sent;
     let be = &c.backends[backend];
-    let pool = ctx.pools[backend].as_ref().expect("a pool for the chosen backend");
     let Some(res) = forward_interim(&mut up.r, w, res, head, &ctx.limits, scratch, s).await else {
         return Next::Close;
     };
@@ -903,20 +901,36 @@ async fn respond<R: AsyncRead + Unpin>(
         upgrade(client, w, out, up, (&res, &res_buf), s).await;
         return Next::Close;
     }
-    let (close, dechunk) = closes(head, &res, body_skipped, req.closing, ctx.ownership.keeps(req.steer_slot));
-    build_response(out, &res, &res_buf, close, dechunk, head.minor == 0);
+    deliver_final(ctx, req, backend, up, (&res, &res_buf, body_skipped), w, out).await
+}
+
+/// The final response to the client: its head (the persistence cookie added, a small
+/// body at hand inlined), then the rest of its body relayed. The backend connection (and
+/// its share of the backend's connection limit) goes back to the pool as soon as the
+/// whole response is in hand, so a client that reads slowly holds no backend connection.
+async fn deliver_final(
+    ctx: &VipCtx,
+    req: &Request<'_>,
+    backend: usize,
+    mut up: Upstream,
+    (res, res_buf, body_skipped): (&ResponseHead, &[u8], bool),
+    w: &mut WriteSide,
+    out: &mut Vec<u8>,
+) -> Next {
+    let head = req.head;
+    let be = &ctx.cluster.backends[backend];
+    let pool = ctx.pools[backend].as_ref().expect("a pool for the chosen backend");
+    let (close, dechunk) = closes(head, res, body_skipped, req.closing, ctx.ownership.keeps(req.steer_slot));
+    build_response(out, res, res_buf, close, dechunk, head.minor == 0);
     if let (Some(p), None) = (&ctx.persist, &req.sess) {
         // A client without the cookie, or whose cookie names another backend (it
         // failed over), is told where it is now.
         if req.pinned != Some(backend) {
-            p.insert(out, backend, super::persist::has_cache_control(&res, &res_buf));
+            p.insert(out, backend, super::persist::has_cache_control(res, res_buf));
         }
     }
     let framing = inline_small_body(out, &mut up.r.buf, if dechunk { Framing::Chunked } else { res.framing });
     let keep_upstream = !res.close && !body_skipped;
-    // The whole response is in hand: the backend connection (and its share of the
-    // backend's connection limit) goes back before the client reads it, so a client that
-    // reads slowly holds no backend connection.
     let mut up = match framing {
         Framing::None => {
             if keep_upstream {
@@ -926,7 +940,7 @@ async fn respond<R: AsyncRead + Unpin>(
         }
         _ => Some(up),
     };
-    match deliver(w, out, up.as_mut().map(|up| &mut up.r), (framing, dechunk), s).await {
+    match deliver(w, out, up.as_mut().map(|up| &mut up.r), (framing, dechunk), &ctx.settings).await {
         Ok(()) => {}
         Err(Undelivered::Head) => return Next::Close,
         Err(Undelivered::Body(e)) => {
