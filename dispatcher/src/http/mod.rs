@@ -1,5 +1,7 @@
 //! The L7 path: where a request goes. `listener` accepts on each HTTP VIP, `proxy` runs
-//! one client connection (head -> route -> upstream -> response), `head` and `body` are
+//! one client connection (head -> route -> upstream -> response) in phases: `attempt`
+//! (one attempt on a backend and how it failed), `respond` (the response), `answer` (the
+//! proxy's own answers); `head` and `body` are
 //! the HTTP/1.1 message handling, `rewrite` builds the forwarded heads, `session` reads JSESSIONID, `route` picks the
 //! backend,
 //! `persist` keeps clients without a session on one backend by a cookie of its own,
