@@ -12,6 +12,7 @@ use dispatcher_common::{effective_state, Health, Operator};
 use crate::{
     access_log::AccessLog,
     admin::{self, Admin, AgentRequest, Live},
+    capacity::Capacity,
     config::Config,
     control::AdminCommand,
     dataplane::{self, tables::Tables, Attached, LoadOptions},
@@ -46,197 +47,51 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
     // rebind the admin socket and share the HTTP ports.
     let _lock = crate::instance::acquire(&cfg.instance)?;
     // Its name in the Via of forwarded requests (loop detection), before any request.
-    crate::http::rewrite::init_marker(&cfg.instance);
+    crate::http1::rewrite::init_marker(&cfg.instance);
     // The admin socket's path: never another agent's live socket, nor a file that is not
     // a socket (refused before the data plane is touched; bound below).
     admin::claim_socket_path(&cfg.admin_socket)
         .with_context(|| format!("dispatcher.admin_socket {}", cfg.admin_socket.display()))?;
     raise_fd_limit();
-    let pin_dir = cfg.pin_dir();
-    let adopted = pin_dir.join("VIPS").exists();
-    let mut ebpf = dataplane::load_dispatcher(&LoadOptions {
-        pin_dir: Some(&pin_dir),
-        flow_table_size: cfg.flow_table_size,
-        affinity_table_size: cfg.affinity_table_size,
-        object: None,
-    })
-    .with_context(|| format!("loading the data plane pinned under {}", pin_dir.display()))?;
-    let mut tables = Tables::from_ebpf(&mut ebpf)?;
-    if adopted {
-        // Every backend and VIP at the id the pinned maps know it by (its name), not at
-        // its position in a file that may have changed since.
-        if dataplane::ids::load(&cfg).is_some() {
-            cfg = dataplane::ids::placed(cfg).map_err(|e| anyhow::anyhow!("adopting the pinned maps: {e}"))?;
-        } else {
-            tracing::warn!("no id table for the pinned maps (left by an older agent?): backends and VIPs keep the ids of their positions");
-        }
-        for (i, v) in cfg.vips.iter().enumerate() {
-            tables.adopt_ring(i as u32, v.ring_size)?;
-        }
-        tracing::info!(dir = %pin_dir.display(), flows = tables.flow_count(), "adopted pinned maps");
-    }
-    let n = cfg.backends.len();
-    let (mut health, mut admin) = (vec![Health::Up; n], vec![Operator::None; n]);
-    if adopted {
-        // An operator's drain or disable, and a backend found down, survive an agent
-        // restart.
-        for i in 0..n {
-            if let Ok(info) = tables.backend(i as u32) {
-                (health[i], admin[i]) = adopted_state(&info);
-            }
-        }
-    }
-    // A backend removed from the file keeps its slot, out of service (its flows and
-    // sessions go to its replica, as after a reload).
-    for (i, b) in cfg.backends.iter().enumerate() {
-        if b.retired {
-            admin[i] = Operator::Disabled;
-        }
-    }
+    let mut dp = Dataplane::load(&mut cfg)?;
+    let (health, admin) = dp.initial_states(&cfg);
     // The request path's state (with CLONES written through); with `[cluster]`, the shared
     // state is taken before anything is written or served.
-    let clones = ebpf.take_map("CLONES").ok_or_else(|| anyhow::anyhow!("CLONES map missing"))?;
+    let clones = dp.ebpf.take_map("CLONES").ok_or_else(|| anyhow::anyhow!("CLONES map missing"))?;
     let clones = aya::maps::HashMap::try_from(clones).context("CLONES map")?;
     let cluster = Arc::new(Cluster::new(&cfg, &health, &admin, Some(clones)));
     // The control runtime (signals, state, admin, the shared store); the request path has
     // its own event loops (`http::listener`).
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
     let current: crate::shared::Current = Arc::new(std::sync::RwLock::new((Arc::new(cfg.clone()), cluster.clone())));
-    // Steering: this dispatcher's MAC goes into its member key, for the others' tables.
-    // Joined only once everything here serves (below): the others steer nothing here
-    // before this dispatcher's own table is in place.
-    let joined = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let steer_mac = match &cfg.cluster {
-        Some(c) if c.steering => Some(crate::netif::hardware_address(&cfg.interface)?),
-        _ => None,
-    };
-    if let (Some(c), Some(mac)) = (&cfg.cluster, steer_mac) {
-        Running::own_pin_matches(c, &cfg.interface, mac)?;
-    }
-    let shared = cfg.cluster.clone().map(|s| {
-        let me = crate::shared::Identity { mac: steer_mac, joined: joined.clone() };
-        rt.block_on(crate::shared::Shared::start(s, current.clone(), me))
-    });
-    if shared.is_some() {
+    let store = Store::start(&cfg, &rt, &current)?;
+    if store.shared.is_some() {
         cluster.rewrite_all_clones();
     }
-    let states: Vec<u8> = cluster.backends.iter().map(|b| b.state() as u8).collect();
-    let ops: Vec<u8> = cluster.backends.iter().map(|b| b.operator() as u8).collect();
-    tables.apply(&cfg, &states, &ops).context("writing the configuration into the maps")?;
-    if adopted {
-        let stale = tables.remove_stale_vips(&cfg);
-        if stale > 0 {
-            tracing::info!(entries = stale, "removed VIPS entries of VIPs no longer configured");
-        }
-    }
-    if let Err(e) = dataplane::ids::save(&cfg) {
-        tracing::warn!(error = %e, "recording the id table");
-    }
-
-    // The program too, so that bpftool and a later agent can find it by path.
-    let prog_path = pin_dir.join("prog");
-    let _ = std::fs::remove_file(&prog_path);
-    dataplane::program(&mut ebpf, "dispatcher")?.pin(&prog_path).context("pinning the XDP program")?;
-
-    let link_path = pin_dir.join("link");
-    let pins = dataplane::pins::Pins::record(&pin_dir).context("reading back the pinned maps")?;
-    let (link, how) = if link_path.exists() {
-        // A previous run left the program attached: swap the new program in atomically.
-        let fd: FdLink = PinnedLink::from_pin(&link_path).context("opening the pinned XDP link")?.into();
-        let xdp_link = aya::programs::xdp::XdpLink::try_from(fd).context("pinned link is not an XDP link")?;
-        let xdp = dataplane::program(&mut ebpf, "dispatcher")?;
-        let id = xdp.attach_to_link(xdp_link).context("replacing the attached program")?;
-        let link = FdLink::try_from(xdp.take_link(id)?).context("XDP link")?;
-        (link, "replaced")
-    } else {
-        let (link, how) = dataplane::attach(&mut ebpf, "dispatcher", &cfg.interface, cfg.xdp_mode)
-            .with_context(|| format!("attaching to {}", cfg.interface))?;
-        let link: FdLink = link.pin(&link_path).context("pinning the XDP link")?.into();
-        (link, if how == Attached::Native { "native" } else { "generic" })
-    };
-    // When a listener closes (reload), connections in its accept queue move to the new
-    // one instead of being reset (SO_REUSEPORT group; Linux 5.14+).
-    let _ = std::fs::write("/proc/sys/net/ipv4/tcp_migrate_req", "1");
-    if steer_mac.is_none() {
-        // Standalone (or steering off): whatever an earlier run left, nothing is steered.
-        tables.set_steer_conf(&Default::default()).context("clearing STEER_CONF")?;
-    }
-    let tables = Arc::new(std::sync::Mutex::new(tables));
-    // Whether a connection stays after its response: the ownership table, and leaving.
-    let ownership = Arc::new(crate::steering::Ownership::default());
-    let steering = match (&shared, &cfg.cluster, steer_mac) {
-        (Some(sh), Some(c), Some(mac)) => {
-            let st = crate::steering::Steering::new(
-                tables.clone(),
-                c.name.clone(),
-                mac,
-                c.second_chance,
-                joined.clone(),
-                ownership.clone(),
-            );
-            rt.spawn(crate::steering::run(st.clone(), sh.peers()));
-            Some(st)
-        }
-        _ => None,
-    };
+    dp.write(&cfg, &cluster)?;
+    let attached = dp.attach(&cfg, store.steer_mac.is_some())?;
+    let tables = Arc::new(std::sync::Mutex::new(dp.tables));
+    let mut group = Group::start(&cfg, store, &tables, &rt)?;
     let access_log = cfg.access_log.as_ref().map(|s| AccessLog::start(s, cluster.counters.clone())).transpose()?;
-    let mut live = Running::start(Arc::new(cfg.clone()), cluster, &tables, &rt, None, access_log, ownership.clone())?;
-    // Announced once the VIPs are served.
-    let mut announcer = match &cfg.announce {
-        Some(a) => Some(crate::announce::Announcer::start(a).context("creating the announcement interfaces")?),
-        None => None,
-    };
-    // Join once everything here serves. With steering, only once this dispatcher's own
-    // table is in place (the one without it, what the others use now: it becomes the
-    // previous table when this one joins); until then nothing is announced, since
-    // connections ECMP moved here would find no steering. Checked again every second.
-    let mut join_pending = announcer.is_some() || shared.is_some();
-    let announcer_configured = announcer.is_some();
-    // When this dispatcher last left (`dispatcher leave`), for the grace at stop.
-    let mut left_at: Option<std::time::Instant> = None;
-    if let Some(st) = &steering {
-        let t0 = std::time::Instant::now();
-        while !st.installed() && t0.elapsed() < std::time::Duration::from_secs(2) {
-            rt.block_on(async { tokio::time::sleep(std::time::Duration::from_millis(10)).await });
-        }
-    }
-    let ready_to_join =
-        |steering: &Option<Arc<crate::steering::Steering>>| steering.as_ref().is_none_or(|s| s.installed());
-    if join_pending && ready_to_join(&steering) {
-        membership(true, &joined, &ownership, announcer.as_mut(), shared.as_ref(), steering.as_deref())
-            .map_err(|e| anyhow::anyhow!("joining: {e}"))?;
-        join_pending = false;
-    } else if join_pending {
-        tracing::warn!("not joining yet: no membership from the shared store to build the ownership table from (retried every second)");
-    }
-    let (requests, mut request_rx) = tokio::sync::mpsc::unbounded_channel::<AgentRequest>();
+    let env = Env { tables: tables.clone(), rt: rt.handle().clone(), ownership: group.ownership.clone() };
+    let capacity = Arc::new(Capacity::new(&cfg));
+    let live = Running::start(Arc::new(cfg.clone()), cluster, capacity, None, access_log, env)?;
+    group.first_join(&rt)?;
+    let (requests, request_rx) = tokio::sync::mpsc::unbounded_channel::<AgentRequest>();
     let admin = Arc::new(Admin {
         live: std::sync::RwLock::new(live.view()),
         pins_missing: std::sync::Mutex::new(Vec::new()),
         tables: tables.clone(),
         requests,
         started: std::time::Instant::now(),
-        shared: shared.as_ref().map(|s| s.observer()),
-        steering: steering.clone(),
-        announced: std::sync::Mutex::new(announcer.as_ref().map(|a| a.joined())),
+        shared: group.shared.as_ref().map(|s| s.observer()),
+        steering: group.steering.clone(),
+        announced: std::sync::Mutex::new(group.announced()),
     });
-    let (listener, tcp) = {
-        let _guard = rt.enter();
-        let unix = admin::bind(&cfg.admin_socket)
-            .with_context(|| format!("binding the admin socket {}", cfg.admin_socket.display()))?;
-        let tcp = match cfg.admin_address {
-            Some(a) => Some(
-                rt.block_on(tokio::net::TcpListener::bind(a))
-                    .with_context(|| format!("binding the admin address {a}"))?,
-            ),
-            None => None,
-        };
-        (unix, tcp)
-    };
-    let admin_task = rt.spawn(admin::serve(admin.clone(), listener, tcp));
-    tracing::info!(interface = %cfg.interface, mode = how, vips = cfg.vips.len(), backends = cfg.backends.len(), admin = %cfg.admin_socket.display(), admin_address = ?cfg.admin_address, "dispatcher running");
-    // The service manager (systemd, Type=notify): serving now; the control loop below
-    // pings its watchdog.
+    let admin_task = serve_admin(&cfg, &rt, admin.clone())?;
+    tracing::info!(interface = %cfg.interface, mode = attached.how, vips = cfg.vips.len(), backends = cfg.backends.len(), admin = %cfg.admin_socket.display(), admin_address = ?cfg.admin_address, "dispatcher running");
+    // The service manager (systemd, Type=notify): serving now; the loop below pings its
+    // watchdog.
     let notifier = crate::notify::Notifier::from_env();
     notifier.send(&format!(
         "READY=1\nMAINPID={}\nSTATUS=serving {} VIPs, {} backends",
@@ -244,13 +99,375 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
         cfg.vips.len(),
         cfg.backends.len()
     ));
+    let mut agent = Agent { path, live, admin, current, group, notifier, ebpf: dp.ebpf, attached };
+    let (why, keep_dataplane) = rt.block_on(agent.serve(request_rx, keep_dataplane))?;
+    agent.notifier.send(&format!("STOPPING=1\nSTATUS=stopping ({why})"));
+    admin_task.abort();
+    let _ = std::fs::remove_file(&cfg.admin_socket);
+    agent.group.leave_at_stop(&rt);
+    agent.live.stop(why);
+    if keep_dataplane {
+        tracing::info!(signal = why, dir = %dp.pin_dir.display(), "exiting; program stays attached and maps stay pinned");
+        return Ok(());
+    }
+    let _ = std::fs::remove_file(&agent.attached.link_path);
+    drop(agent);
+    drop(rt);
+    dataplane::unpin_all(&dp.pin_dir)?;
+    dataplane::ids::remove(&cfg.instance);
+    dataplane::release_bpffs(&dp.pin_dir);
+    tracing::info!(signal = why, "detached and unpinned");
+    Ok(())
+}
 
-    let mut link = Some(link);
-    let (why, keep_dataplane) = rt.block_on(async {
+/// Binds the admin socket (and `admin_address`) and serves them.
+fn serve_admin(
+    cfg: &Config,
+    rt: &tokio::runtime::Runtime,
+    admin: Arc<Admin>,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let _guard = rt.enter();
+    let unix = admin::bind(&cfg.admin_socket)
+        .with_context(|| format!("binding the admin socket {}", cfg.admin_socket.display()))?;
+    let tcp = match cfg.admin_address {
+        Some(a) => Some(
+            rt.block_on(tokio::net::TcpListener::bind(a)).with_context(|| format!("binding the admin address {a}"))?,
+        ),
+        None => None,
+    };
+    Ok(rt.spawn(admin::serve(admin, unix, tcp)))
+}
+
+/// The data plane as the agent loads or adopts it.
+struct Dataplane {
+    ebpf: aya::Ebpf,
+    tables: Tables,
+    /// Its maps were pinned by an earlier agent.
+    adopted: bool,
+    pin_dir: std::path::PathBuf,
+}
+
+impl Dataplane {
+    /// Loads the program with its maps, adopting the pinned ones; on adoption, `cfg` is
+    /// placed at the ids the pinned maps know its backends and VIPs by.
+    fn load(cfg: &mut Config) -> anyhow::Result<Dataplane> {
+        let pin_dir = cfg.pin_dir();
+        let adopted = pin_dir.join("VIPS").exists();
+        let mut ebpf = dataplane::load_dispatcher(&LoadOptions {
+            pin_dir: Some(&pin_dir),
+            flow_table_size: cfg.flow_table_size,
+            affinity_table_size: cfg.affinity_table_size,
+            object: None,
+        })
+        .with_context(|| format!("loading the data plane pinned under {}", pin_dir.display()))?;
+        let mut tables = Tables::from_ebpf(&mut ebpf)?;
+        if adopted {
+            // Every backend and VIP at the id the pinned maps know it by (its name), not at
+            // its position in a file that may have changed since.
+            if dataplane::ids::load(cfg).is_some() {
+                *cfg = dataplane::ids::placed(cfg.clone())
+                    .map_err(|e| anyhow::anyhow!("adopting the pinned maps: {e}"))?;
+            } else {
+                tracing::warn!("no id table for the pinned maps (left by an older agent?): backends and VIPs keep the ids of their positions");
+            }
+            for (i, v) in cfg.vips.iter().enumerate() {
+                tables.adopt_ring(i as u32, v.ring_size)?;
+            }
+            tracing::info!(dir = %pin_dir.display(), flows = tables.flow_count(), "adopted pinned maps");
+        }
+        Ok(Dataplane { ebpf, tables, adopted, pin_dir })
+    }
+
+    /// Health and operator state per backend to start with: an operator's drain or
+    /// disable, and a backend found down, survive an agent restart; a backend removed
+    /// from the file keeps its slot, out of service (its flows and sessions go to its
+    /// replica, as after a reload).
+    fn initial_states(&self, cfg: &Config) -> (Vec<Health>, Vec<Operator>) {
+        let n = cfg.backends.len();
+        let (mut health, mut admin) = (vec![Health::Up; n], vec![Operator::None; n]);
+        for i in (0..n).filter(|_| self.adopted) {
+            if let Ok(info) = self.tables.backend(i as u32) {
+                (health[i], admin[i]) = adopted_state(&info);
+            }
+        }
+        for (i, _) in cfg.backends.iter().enumerate().filter(|(_, b)| b.retired) {
+            admin[i] = Operator::Disabled;
+        }
+        (health, admin)
+    }
+
+    /// Writes the configuration and the backends' states into the maps.
+    fn write(&mut self, cfg: &Config, cluster: &Cluster) -> anyhow::Result<()> {
+        let states: Vec<u8> = cluster.backends.iter().map(|b| b.state() as u8).collect();
+        let ops: Vec<u8> = cluster.backends.iter().map(|b| b.operator() as u8).collect();
+        self.tables.apply(cfg, &states, &ops).context("writing the configuration into the maps")?;
+        if self.adopted {
+            let stale = self.tables.remove_stale_vips(cfg);
+            if stale > 0 {
+                tracing::info!(entries = stale, "removed VIPS entries of VIPs no longer configured");
+            }
+        }
+        if let Err(e) = dataplane::ids::save(cfg) {
+            tracing::warn!(error = %e, "recording the id table");
+        }
+        Ok(())
+    }
+
+    /// Pins the program and attaches it (or swaps it into the link a previous run left).
+    /// `steering`: this dispatcher steers; otherwise whatever an earlier run left, nothing
+    /// is steered.
+    fn attach(&mut self, cfg: &Config, steering: bool) -> anyhow::Result<Attachment> {
+        // The program too, so that bpftool and a later agent can find it by path.
+        let prog_path = self.pin_dir.join("prog");
+        let _ = std::fs::remove_file(&prog_path);
+        dataplane::program(&mut self.ebpf, "dispatcher")?.pin(&prog_path).context("pinning the XDP program")?;
+        let link_path = self.pin_dir.join("link");
+        let pins = dataplane::pins::Pins::record(&self.pin_dir).context("reading back the pinned maps")?;
+        let (link, how) = if link_path.exists() {
+            // A previous run left the program attached: swap the new program in atomically.
+            let fd: FdLink = PinnedLink::from_pin(&link_path).context("opening the pinned XDP link")?.into();
+            let xdp_link = aya::programs::xdp::XdpLink::try_from(fd).context("pinned link is not an XDP link")?;
+            let xdp = dataplane::program(&mut self.ebpf, "dispatcher")?;
+            let id = xdp.attach_to_link(xdp_link).context("replacing the attached program")?;
+            let link = FdLink::try_from(xdp.take_link(id)?).context("XDP link")?;
+            (link, "replaced")
+        } else {
+            let (link, how) = dataplane::attach(&mut self.ebpf, "dispatcher", &cfg.interface, cfg.xdp_mode)
+                .with_context(|| format!("attaching to {}", cfg.interface))?;
+            let link: FdLink = link.pin(&link_path).context("pinning the XDP link")?.into();
+            (link, if how == Attached::Native { "native" } else { "generic" })
+        };
+        // When a listener closes (reload), connections in its accept queue move to the new
+        // one instead of being reset (SO_REUSEPORT group; Linux 5.14+).
+        let _ = std::fs::write("/proc/sys/net/ipv4/tcp_migrate_req", "1");
+        if !steering {
+            self.tables.set_steer_conf(&Default::default()).context("clearing STEER_CONF")?;
+        }
+        Ok(Attachment { link: Some(link), how, prog_path, link_path, pins })
+    }
+}
+
+/// The attached program and what keeps it pinned.
+struct Attachment {
+    link: Option<FdLink>,
+    how: &'static str,
+    prog_path: std::path::PathBuf,
+    link_path: std::path::PathBuf,
+    pins: dataplane::pins::Pins,
+}
+
+/// `[cluster]`: the link to the shared store, and this dispatcher's steering MAC.
+struct Store {
+    shared: Option<crate::shared::Shared>,
+    steer_mac: Option<[u8; 6]>,
+    /// It takes connections (published in its member key; `dispatcher leave` clears it).
+    joined: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Store {
+    fn start(cfg: &Config, rt: &tokio::runtime::Runtime, current: &crate::shared::Current) -> anyhow::Result<Store> {
+        // Steering: this dispatcher's MAC goes into its member key, for the others' tables.
+        // Joined only once everything here serves (`Group::first_join`): the others steer
+        // nothing here before this dispatcher's own table is in place.
+        let joined = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let steer_mac = match &cfg.cluster {
+            Some(c) if c.steering => Some(crate::netif::hardware_address(&cfg.interface)?),
+            _ => None,
+        };
+        if let (Some(c), Some(mac)) = (&cfg.cluster, steer_mac) {
+            Running::own_pin_matches(c, &cfg.interface, mac)?;
+        }
+        let shared = cfg.cluster.clone().map(|s| {
+            let me = crate::shared::Identity { mac: steer_mac, joined: joined.clone() };
+            rt.block_on(crate::shared::Shared::start(s, current.clone(), me))
+        });
+        Ok(Store { shared, steer_mac, joined })
+    }
+}
+
+/// This dispatcher in its group: announcements, the member key, steering, and whether a
+/// connection stays after its response.
+struct Group {
+    joined: Arc<std::sync::atomic::AtomicBool>,
+    ownership: Arc<crate::steering::Ownership>,
+    announcer: Option<crate::announce::Announcer>,
+    shared: Option<crate::shared::Shared>,
+    steering: Option<Arc<crate::steering::Steering>>,
+    /// To join as soon as this dispatcher's own steering table is in place.
+    join_pending: bool,
+    /// When this dispatcher last left (`dispatcher leave`), for the grace at stop.
+    left_at: Option<std::time::Instant>,
+}
+
+impl Group {
+    fn start(
+        cfg: &Config,
+        store: Store,
+        tables: &Arc<std::sync::Mutex<Tables>>,
+        rt: &tokio::runtime::Runtime,
+    ) -> anyhow::Result<Group> {
+        let ownership = Arc::new(crate::steering::Ownership::default());
+        let steering = match (&store.shared, &cfg.cluster, store.steer_mac) {
+            (Some(sh), Some(c), Some(mac)) => {
+                let st = crate::steering::Steering::new(
+                    tables.clone(),
+                    c.name.clone(),
+                    mac,
+                    c.second_chance,
+                    store.joined.clone(),
+                    ownership.clone(),
+                );
+                rt.spawn(crate::steering::run(st.clone(), sh.peers()));
+                Some(st)
+            }
+            _ => None,
+        };
+        // Announced once the VIPs are served (`first_join`).
+        let announcer = match &cfg.announce {
+            Some(a) => Some(crate::announce::Announcer::start(a).context("creating the announcement interfaces")?),
+            None => None,
+        };
+        let join_pending = announcer.is_some() || store.shared.is_some();
+        let joined = store.joined;
+        Ok(Group { joined, ownership, announcer, shared: store.shared, steering, join_pending, left_at: None })
+    }
+
+    /// Steering off, or this dispatcher's own table in place.
+    fn ready_to_join(&self) -> bool {
+        self.steering.as_ref().is_none_or(|s| s.installed())
+    }
+
+    /// Joins once everything here serves. With steering, only once this dispatcher's own
+    /// table is in place (the one without it, what the others use now: it becomes the
+    /// previous table when this one joins); until then nothing is announced, since
+    /// connections ECMP moved here would find no steering (`retry_join`, every second).
+    fn first_join(&mut self, rt: &tokio::runtime::Runtime) -> anyhow::Result<()> {
+        if let Some(st) = &self.steering {
+            let t0 = std::time::Instant::now();
+            while !st.installed() && t0.elapsed() < std::time::Duration::from_secs(2) {
+                rt.block_on(async { tokio::time::sleep(std::time::Duration::from_millis(10)).await });
+            }
+        }
+        if self.join_pending && self.ready_to_join() {
+            self.membership(true).map_err(|e| anyhow::anyhow!("joining: {e}"))?;
+            self.join_pending = false;
+        } else if self.join_pending {
+            tracing::warn!("not joining yet: no membership from the shared store to build the ownership table from (retried every second)");
+        }
+        Ok(())
+    }
+
+    fn retry_join(&mut self) {
+        if self.join_pending && self.ready_to_join() {
+            match self.membership(true) {
+                Ok(_) => self.join_pending = false,
+                Err(e) => crate::ratelimit::warn("joining", &e),
+            }
+        }
+    }
+
+    /// `[announce]`: announced now.
+    fn announced(&self) -> Option<bool> {
+        self.announcer.as_ref().map(|a| a.joined())
+    }
+
+    /// An operator's `join` or `leave`.
+    fn operator(&mut self, join: bool) -> Result<String, String> {
+        self.join_pending = false;
+        let was_in = self.joined.load(std::sync::atomic::Ordering::Relaxed);
+        let r = self.membership(join);
+        if r.is_ok() && was_in && !join {
+            self.left_at = Some(std::time::Instant::now());
+        } else if r.is_ok() && join {
+            self.left_at = None;
+        }
+        r
+    }
+
+    /// `dispatcher join` / `leave` (and stop): announcements, the member key, the local
+    /// ownership table, the fate of keep-alive connections.
+    fn membership(&mut self, join: bool) -> Result<String, String> {
+        if self.announcer.is_none() && self.shared.is_none() {
+            return Err("neither [announce] nor [cluster] is configured: there is no group to leave or join".into());
+        }
+        self.joined.store(join, std::sync::atomic::Ordering::Relaxed);
+        self.ownership.set_leaving(!join);
+        let mut done = Vec::new();
+        if let Some(a) = &mut self.announcer {
+            a.set_joined(join).map_err(|e| format!("{e:#}"))?;
+            done.push(if join { "VIPs announced" } else { "VIPs withdrawn" });
+        }
+        if let Some(sh) = &self.shared {
+            sh.publish_member();
+        }
+        if let Some(st) = &self.steering {
+            st.refresh();
+            done.push(if join { "in the ownership table" } else { "out of the ownership table" });
+        }
+        if !join {
+            done.push("client connections close after their next response");
+        }
+        tracing::info!(joined = join, "{}", done.join("; "));
+        Ok(format!("{}: {}", if join { "joined" } else { "left" }, done.join("; ")))
+    }
+
+    /// Out of the group first at stop: routes withdrawn, this dispatcher's slots to the
+    /// others, connections closed after their next response while in-flight requests
+    /// finish. The router follows a withdrawal within BGP's propagation, the others'
+    /// tables within a watch event: until then packets may still come here, and this host
+    /// must still steer them (its XDP program may be detached on exit). Counted from the
+    /// leave.
+    fn leave_at_stop(&mut self, rt: &tokio::runtime::Runtime) {
+        let was_in = self.joined.load(std::sync::atomic::Ordering::Relaxed);
+        let announcer_configured = self.announcer.is_some();
+        if self.announcer.is_some() || self.shared.is_some() {
+            let _ = self.membership(false);
+        }
+        if let Some(a) = self.announcer.take() {
+            a.stop();
+        }
+        if announcer_configured || self.steering.is_some() {
+            let since = if was_in { None } else { self.left_at };
+            let wait = LEAVE_GRACE.saturating_sub(since.map(|t| t.elapsed()).unwrap_or_default());
+            if !wait.is_zero() {
+                tracing::info!(
+                    wait_ms = wait.as_millis() as u64,
+                    "withdrawn; waiting for the router and the others to follow"
+                );
+                std::thread::sleep(wait);
+            }
+        }
+        if let Some(shared) = self.shared.take() {
+            // The others stop counting this dispatcher now, not when its lease runs out.
+            rt.block_on(shared.leave());
+        }
+    }
+}
+
+/// The running agent between start and stop: what its main loop works on.
+struct Agent<'a> {
+    path: &'a Path,
+    live: Running,
+    admin: Arc<Admin>,
+    current: crate::shared::Current,
+    group: Group,
+    notifier: crate::notify::Notifier,
+    ebpf: aya::Ebpf,
+    attached: Attachment,
+}
+
+impl Agent<'_> {
+    /// Serves until a signal or `dispatcher stop`; returns why, and whether the data plane
+    /// stays.
+    async fn serve(
+        &mut self,
+        mut requests: tokio::sync::mpsc::UnboundedReceiver<AgentRequest>,
+        keep_dataplane: bool,
+    ) -> anyhow::Result<(&'static str, bool)> {
         let signal = shutdown_signal();
         tokio::pin!(signal);
         let mut pin_check = tokio::time::interval(PIN_CHECK);
-        let watchdog_every = notifier.watchdog_every();
+        let watchdog_every = self.notifier.watchdog_every();
         let mut watchdog = tokio::time::interval(watchdog_every.unwrap_or(std::time::Duration::from_secs(3600)));
         // SIGHUP reloads, as for HAProxy and nginx (`systemctl kill -s HUP`, or a
         // terminal closing on an agent run by hand, which must not end it).
@@ -258,152 +475,87 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
         loop {
             tokio::select! {
                 s = &mut signal => return s.map(|s| (s, keep_dataplane)),
-                _ = watchdog.tick(), if watchdog_every.is_some() => notifier.send("WATCHDOG=1"),
+                _ = watchdog.tick(), if watchdog_every.is_some() => self.notifier.send("WATCHDOG=1"),
                 _ = hangup.recv() => {
                     tracing::info!("SIGHUP: reloading");
                     let (reply, _) = tokio::sync::oneshot::channel();
-                    let _ = admin.requests.send(AgentRequest::Reload(reply));
+                    let _ = self.admin.requests.send(AgentRequest::Reload(reply));
                 }
-                _ = pin_check.tick() => {
-                    let missing = keep_pins(&pins, &mut ebpf, &mut link, &prog_path, &link_path);
-                    *admin.pins_missing.lock().unwrap() = missing;
-                    if join_pending && ready_to_join(&steering) {
-                        match membership(true, &joined, &ownership, announcer.as_mut(), shared.as_ref(), steering.as_deref()) {
-                            Ok(_) => join_pending = false,
-                            Err(e) => crate::ratelimit::warn("joining", &e),
-                        }
-                        *admin.announced.lock().unwrap() = announcer.as_ref().map(|a| a.joined());
-                    }
-                }
-                Some(request) = request_rx.recv() => match request {
+                _ = pin_check.tick() => self.every_second(),
+                Some(request) = requests.recv() => match request {
                     AgentRequest::Reload(reply) => {
-                        notifier.send("RELOADING=1");
-                        let r = live.reload(path, &tables, &rt);
-                        match &r {
-                            Ok(what) => {
-                                *admin.live.write().unwrap() = live.view();
-                                *current.write().unwrap() = (live.cfg.clone(), live.cluster.clone());
-                                // The shared state, on the new cluster (and read again if
-                                // the peers or backends changed).
-                                live.cluster.publish(crate::shared::Publish::Reloaded);
-                                tracing::info!(changes = %what, "configuration reloaded");
-                                notifier.send(&format!("READY=1\nSTATUS=reloaded: {what}"));
-                            }
-                            Err(why) => {
-                                tracing::warn!(error = %why, "reload refused; the running configuration stays");
-                                let first = why.lines().next().unwrap_or_default();
-                                notifier.send(&format!("READY=1\nSTATUS=reload refused: {first}"));
-                            }
-                        }
-                        let _ = reply.send(r);
+                        let _ = reply.send(self.reload());
                     }
                     AgentRequest::Stop { detach } => return Ok(("dispatcher stop", !detach)),
                     AgentRequest::Membership(join, reply) => {
-                        join_pending = false;
-                        let was_in = joined.load(std::sync::atomic::Ordering::Relaxed);
-                        let r = membership(join, &joined, &ownership, announcer.as_mut(), shared.as_ref(), steering.as_deref());
-                        if r.is_ok() && was_in && !join {
-                            left_at = Some(std::time::Instant::now());
-                        } else if r.is_ok() && join {
-                            left_at = None;
-                        }
-                        *admin.announced.lock().unwrap() = announcer.as_ref().map(|a| a.joined());
+                        let r = self.group.operator(join);
+                        *self.admin.announced.lock().unwrap() = self.group.announced();
                         let _ = reply.send(r);
                     }
                 },
             }
         }
-    })?;
-    notifier.send(&format!("STOPPING=1\nSTATUS=stopping ({why})"));
-    admin_task.abort();
-    let _ = std::fs::remove_file(&cfg.admin_socket);
-    // Out of the group first: routes withdrawn, this dispatcher's slots to the others,
-    // connections closed after their next response while in-flight requests finish.
-    let was_in = joined.load(std::sync::atomic::Ordering::Relaxed);
-    let _ = membership(false, &joined, &ownership, announcer.as_mut(), shared.as_ref(), steering.as_deref());
-    if let Some(a) = announcer.take() {
-        a.stop();
     }
-    // The router follows a withdrawal within BGP's propagation, the others' tables within a
-    // watch event: until then packets may still come here, and this host must still
-    // steer them (its XDP program may be detached on exit). Counted from the leave.
-    if announcer_configured || steering.is_some() {
-        let since = if was_in { None } else { left_at };
-        let wait = LEAVE_GRACE.saturating_sub(since.map(|t| t.elapsed()).unwrap_or_default());
-        if !wait.is_zero() {
-            tracing::info!(
-                wait_ms = wait.as_millis() as u64,
-                "withdrawn; waiting for the router and the others to follow"
-            );
-            std::thread::sleep(wait);
+
+    /// The pins kept, and a pending join tried again.
+    fn every_second(&mut self) {
+        let a = &mut self.attached;
+        let missing = keep_pins(&a.pins, &mut self.ebpf, &mut a.link, &a.prog_path, &a.link_path);
+        *self.admin.pins_missing.lock().unwrap() = missing;
+        if self.group.join_pending {
+            self.group.retry_join();
+            *self.admin.announced.lock().unwrap() = self.group.announced();
         }
     }
-    if let Some(shared) = shared {
-        // The others stop counting this dispatcher now, not when its lease runs out.
-        rt.block_on(shared.leave());
+
+    /// `dispatcher reload` or SIGHUP.
+    fn reload(&mut self) -> Result<String, String> {
+        self.notifier.send("RELOADING=1");
+        let r = self.live.reload(self.path);
+        match &r {
+            Ok(what) => {
+                *self.admin.live.write().unwrap() = self.live.view();
+                *self.current.write().unwrap() = (self.live.cfg.clone(), self.live.cluster.clone());
+                // The shared state, on the new cluster (and read again if the peers or
+                // backends changed).
+                if let Some(shared) = &self.group.shared {
+                    shared.reloaded();
+                }
+                tracing::info!(changes = %what, "configuration reloaded");
+                self.notifier.send(&format!("READY=1\nSTATUS=reloaded: {what}"));
+            }
+            Err(why) => {
+                tracing::warn!(error = %why, "reload refused; the running configuration stays");
+                let first = why.lines().next().unwrap_or_default();
+                self.notifier.send(&format!("READY=1\nSTATUS=reload refused: {first}"));
+            }
+        }
+        r
     }
-    live.stop(why);
-    if keep_dataplane {
-        tracing::info!(signal = why, dir = %pin_dir.display(), "exiting; program stays attached and maps stay pinned");
-    } else {
-        let _ = std::fs::remove_file(&link_path);
-        drop(link);
-        drop(rt);
-        drop(admin);
-        drop(tables);
-        dataplane::unpin_all(&pin_dir)?;
-        dataplane::ids::remove(&cfg.instance);
-        dataplane::release_bpffs(&pin_dir);
-        tracing::info!(signal = why, "detached and unpinned");
-    }
-    Ok(())
 }
 
-/// `dispatcher join` / `leave` (and stop): announcements, the member key, the local
-/// ownership table, the fate of keep-alive connections.
-fn membership(
-    join: bool,
-    joined: &std::sync::atomic::AtomicBool,
-    ownership: &crate::steering::Ownership,
-    announcer: Option<&mut crate::announce::Announcer>,
-    shared: Option<&crate::shared::Shared>,
-    steering: Option<&crate::steering::Steering>,
-) -> Result<String, String> {
-    if announcer.is_none() && shared.is_none() {
-        return Err("neither [announce] nor [cluster] is configured: there is no group to leave or join".into());
-    }
-    joined.store(join, std::sync::atomic::Ordering::Relaxed);
-    ownership.set_leaving(!join);
-    let mut done = Vec::new();
-    if let Some(a) = announcer {
-        a.set_joined(join).map_err(|e| format!("{e:#}"))?;
-        done.push(if join { "VIPs announced" } else { "VIPs withdrawn" });
-    }
-    if let Some(sh) = shared {
-        sh.publish_member();
-    }
-    if let Some(st) = steering {
-        st.refresh();
-        done.push(if join { "in the ownership table" } else { "out of the ownership table" });
-    }
-    if !join {
-        done.push("client connections close after their next response");
-    }
-    tracing::info!(joined = join, "{}", done.join("; "));
-    Ok(format!("{}: {}", if join { "joined" } else { "left" }, done.join("; ")))
+/// What every configuration's `Running` is given: the maps, the control runtime, and
+/// what the HTTP path asks before keeping a connection (the same across reloads).
+#[derive(Clone)]
+struct Env {
+    tables: Arc<std::sync::Mutex<Tables>>,
+    rt: tokio::runtime::Handle,
+    ownership: Arc<crate::steering::Ownership>,
 }
 
-/// What runs for one configuration: the cluster state, the HTTP VIPs, the control loop.
+/// What runs for one configuration: the cluster state, the request path's capacity, the
+/// HTTP VIPs, the control loop.
 struct Running {
     cfg: Arc<Config>,
     cluster: Arc<Cluster>,
+    /// Handed to the next generation by a reload.
+    capacity: Arc<Capacity>,
     server: Option<HttpServer>,
     control: tokio::task::JoinHandle<()>,
     commands: tokio::sync::mpsc::UnboundedSender<AdminCommand>,
     /// `[access_log]`'s writer (kept across reloads, its file reopened by each).
     access_log: Option<Arc<AccessLog>>,
-    /// What the HTTP path asks before keeping a connection (the same across reloads).
-    ownership: Arc<crate::steering::Ownership>,
+    env: Env,
 }
 
 impl Running {
@@ -412,15 +564,15 @@ impl Running {
     fn start(
         cfg: Arc<Config>,
         cluster: Arc<Cluster>,
-        tables: &Arc<std::sync::Mutex<Tables>>,
-        rt: &tokio::runtime::Runtime,
+        capacity: Arc<Capacity>,
         predecessor: Option<&HttpServer>,
         access_log: Option<Arc<AccessLog>>,
-        ownership: Arc<crate::steering::Ownership>,
+        env: Env,
     ) -> anyhow::Result<Running> {
         let server = if cfg.vips.iter().any(|v| v.serves_http()) {
+            let (c, own) = (cluster.clone(), env.ownership.clone());
             Some(
-                HttpServer::start(&cfg, cluster.clone(), predecessor, access_log.as_ref(), ownership.clone())
+                HttpServer::start(&cfg, c, capacity.clone(), predecessor, access_log.as_ref(), own)
                     .context("starting the HTTP VIPs")?,
             )
         } else {
@@ -428,12 +580,18 @@ impl Running {
         };
         // Health checks, failed requests and operator commands decide the backends' states.
         let (commands, commands_rx) = tokio::sync::mpsc::unbounded_channel();
-        let control = rt.spawn(crate::control::run((*cfg).clone(), cluster.clone(), tables.clone(), commands_rx));
-        Ok(Running { cfg, cluster, server, control, commands, access_log, ownership })
+        let control =
+            env.rt.spawn(crate::control::run((*cfg).clone(), cluster.clone(), env.tables.clone(), commands_rx));
+        Ok(Running { cfg, cluster, capacity, server, control, commands, access_log, env })
     }
 
     fn view(&self) -> Live {
-        Live { cfg: self.cfg.clone(), cluster: self.cluster.clone(), commands: self.commands.clone() }
+        Live {
+            cfg: self.cfg.clone(),
+            cluster: self.cluster.clone(),
+            capacity: self.capacity.clone(),
+            commands: self.commands.clone(),
+        }
     }
 
     /// This dispatcher's MAC pinned in `[cluster] peers` (`name@MAC`) is the one `interface`
@@ -452,14 +610,9 @@ impl Running {
 
     /// Re-reads the file and swaps in what it says: ids kept by name, the listening
     /// sockets taken over by the new loops (no SYN or queued connection meets a closed
-    /// listener), in-flight requests
-    /// finish on the old loops, backend states and learned clone IDs carried over.
-    fn reload(
-        &mut self,
-        path: &Path,
-        tables: &Arc<std::sync::Mutex<Tables>>,
-        rt: &tokio::runtime::Runtime,
-    ) -> Result<String, String> {
+    /// listener), in-flight requests finish on the old loops, backend states and learned
+    /// clone IDs carried over.
+    fn reload(&mut self, path: &Path) -> Result<String, String> {
         let new = Config::load(path).map_err(|e| e.to_string())?;
         let merged = self.cfg.merged_for_reload(new)?;
         // `peers` may change by reload: this dispatcher's own pin is checked as at start.
@@ -467,8 +620,62 @@ impl Running {
             let mac = crate::netif::hardware_address(&merged.interface).map_err(|e| format!("{e:#}"))?;
             Self::own_pin_matches(c, &merged.interface, mac).map_err(|e| format!("{e:#}"))?;
         }
-        // Health and the operator's state go on; a removed backend is disabled.
-        let (health, admin): (Vec<Health>, Vec<Operator>) = merged
+        let (health, admin) = self.carried_states(&merged);
+        let (states, ops) = map_bytes(&health, &admin);
+        let (access_log, reopened) = self.access_log_for(&merged)?;
+        // The learned clone table first: the new listeners route learned IDs from their
+        // first request.
+        let cluster = Cluster::successor_of(&merged, &health, &admin, &self.cluster);
+        let capacity = Arc::new(self.capacity.successor(&merged));
+        let merged = Arc::new(merged);
+        let next = Running::start(
+            merged.clone(),
+            cluster.clone(),
+            capacity.clone(),
+            self.server.as_ref(),
+            access_log,
+            self.env.clone(),
+        )
+        .map_err(|e| format!("{e:#}"))?;
+        let tables = &self.env.tables;
+        if let Err(e) = tables.lock().unwrap().apply(&merged, &states, &ops) {
+            // Refused: the new loops stop (the old ones never did), and the old cluster
+            // passes nothing on to the one that will not serve.
+            self.cluster.forget_successor();
+            let mut next = next;
+            next.stop("reload refused");
+            return Err(format!("writing the maps: {e}"));
+        }
+        // Nothing can refuse it from here on.
+        crate::control::rebuild_ramping_rings(&merged, &cluster, tables);
+        if let Err(e) = dataplane::ids::save(&merged) {
+            tracing::warn!(error = %e, "recording the id table");
+        }
+        cluster.adopt_map(&self.cluster);
+        cluster.apply_limits(&merged);
+        let (per_source, rate) = crate::http::listener::source_limits(&merged);
+        capacity.sources.configure(per_source, rate);
+        if let (Some(log), Some(r)) = (&next.access_log, reopened) {
+            log.switch(r);
+        }
+        let summary = self.summary(&merged);
+        let mut old = std::mem::replace(self, next);
+        old.control.abort();
+        if let Some(server) = old.server.take() {
+            // The old loops finish their requests in the background.
+            std::thread::spawn(move || {
+                let left = server.shutdown();
+                tracing::info!(unfinished = left, "previous HTTP listeners stopped");
+            });
+        }
+        Ok(summary)
+    }
+
+    /// Health and the operator's state per backend of `merged`: they go on; a removed
+    /// backend is disabled, one configured again is back in service (ramping up, with
+    /// `slow_start`).
+    fn carried_states(&self, merged: &Config) -> (Vec<Health>, Vec<Operator>) {
+        merged
             .backends
             .iter()
             .enumerate()
@@ -478,58 +685,38 @@ impl Running {
                 if b.retired {
                     (h, Operator::Disabled)
                 } else if was_retired {
-                    // Configured again: back in service (ramping up, with `slow_start`).
                     (h, Operator::None)
                 } else {
                     (h, a)
                 }
             })
-            .unzip();
-        let (states, ops) = map_bytes(&health, &admin);
-        // The learned clone table first: the new listeners route learned IDs from their
-        // first request.
-        // The access log's file is opened again (log rotation): one that cannot be opened
-        // refuses the reload, and the old one stays in use. It is switched to once the
-        // reload has succeeded, like the backends' limits: a refused reload changes nothing.
-        let mut reopened = None;
-        let access_log = match (&merged.access_log, &self.access_log) {
+            .unzip()
+    }
+
+    /// The access log for `merged`, and its file opened again (log rotation): one that
+    /// cannot be opened refuses the reload, and the old one stays in use. It is switched
+    /// to once the reload has succeeded, like the backends' limits: a refused reload
+    /// changes nothing.
+    #[allow(clippy::type_complexity)]
+    fn access_log_for(
+        &self,
+        merged: &Config,
+    ) -> Result<(Option<Arc<AccessLog>>, Option<crate::access_log::Reopened>), String> {
+        match (&merged.access_log, &self.access_log) {
             (Some(s), Some(log)) if s.buffer == log.settings().buffer => {
-                reopened = Some(AccessLog::reopen(s).map_err(|e| format!("{e:#}"))?);
-                Some(log.clone())
+                let reopened = AccessLog::reopen(s).map_err(|e| format!("{e:#}"))?;
+                Ok((Some(log.clone()), Some(reopened)))
             }
-            (Some(s), _) => Some(AccessLog::start(s, self.cluster.counters.clone()).map_err(|e| format!("{e:#}"))?),
-            (None, _) => None,
-        };
-        let cluster = Cluster::successor_of(&merged, &health, &admin, &self.cluster);
-        let merged = Arc::new(merged);
-        let next = Running::start(
-            merged.clone(),
-            cluster.clone(),
-            tables,
-            rt,
-            self.server.as_ref(),
-            access_log,
-            self.ownership.clone(),
-        )
-        .map_err(|e| format!("{e:#}"))?;
-        if let Err(e) = tables.lock().unwrap().apply(&merged, &states, &ops) {
-            // Refused: the new loops stop (the old ones never did), and the old cluster
-            // passes nothing on to the one that will not serve.
-            self.cluster.forget_successor();
-            next.stop("reload refused");
-            return Err(format!("writing the maps: {e}"));
+            (Some(s), _) => {
+                let log = AccessLog::start(s, self.cluster.counters.clone()).map_err(|e| format!("{e:#}"))?;
+                Ok((Some(log), None))
+            }
+            (None, _) => Ok((None, None)),
         }
-        crate::control::rebuild_ramping_rings(&merged, &cluster, tables);
-        if let Err(e) = dataplane::ids::save(&merged) {
-            tracing::warn!(error = %e, "recording the id table");
-        }
-        cluster.adopt_map(&self.cluster);
-        cluster.apply_limits(&merged);
-        let (per_source, rate) = crate::http::listener::source_limits(&merged);
-        cluster.sources.configure(per_source, rate);
-        if let (Some(log), Some(r)) = (&next.access_log, reopened) {
-            log.switch(r);
-        }
+    }
+
+    /// What a reload says it did.
+    fn summary(&self, merged: &Config) -> String {
         let mut summary = format!(
             "{} backends ({} retired), {} VIPs ({} retired)",
             merged.backends.len(),
@@ -544,21 +731,12 @@ impl Running {
                 summary += ", log level unchanged (RUST_LOG decides)";
             }
         }
-        let old = std::mem::replace(self, next);
-        old.control.abort();
-        if let Some(server) = old.server {
-            // The old loops finish their requests in the background.
-            std::thread::spawn(move || {
-                let left = server.shutdown();
-                tracing::info!(unfinished = left, "previous HTTP listeners stopped");
-            });
-        }
-        Ok(summary)
+        summary
     }
 
-    fn stop(self, why: &str) {
+    fn stop(&mut self, why: &str) {
         self.control.abort();
-        if let Some(server) = self.server {
+        if let Some(server) = self.server.take() {
             let left = server.shutdown();
             tracing::info!(signal = why, unfinished = left, "HTTP VIPs stopped");
         }

@@ -5,14 +5,13 @@
 
 use std::sync::{atomic::Ordering, Arc, Mutex};
 
-use dispatcher_common::{BackendState, FlowValue, Health, Operator};
+use dispatcher_common::{BackendState, FlowValue, Operator};
 use tokio::sync::mpsc;
 
 use crate::{
     config::Config,
     dataplane::tables::{backend_info, Tables},
     health::{self, Probe, Streak},
-    shared::Publish,
     state::{ramp_share, Cluster, Event},
 };
 
@@ -266,12 +265,10 @@ pub async fn run(
                 }
                 let before = cluster.backends[b].health();
                 let h = health::next(before, ok, &mut streaks[b], rise, fall);
+                // To or from down, this dispatcher's verdict is news for the shared rule
+                // (`[cluster]`).
                 if let Some((old, new)) = cluster.set_health(b, h) {
                     ctl.apply(b, old, new);
-                }
-                if (before == Health::Down) != (h == Health::Down) {
-                    // This dispatcher's verdict, for the shared rule (`[cluster]`).
-                    cluster.publish(Publish::Verdicts);
                 }
             }
             Some(event) = events.recv() => {
@@ -294,11 +291,10 @@ pub async fn run(
             Some(cmd) = commands.recv() => {
                 let before = cluster.backends[cmd.backend].state();
                 tracing::info!(backend = %cluster.backends[cmd.backend].name, operator = cmd.op.name(), "operator command");
-                if let Some((old, new)) = cluster.set_admin(cmd.backend, cmd.op) {
+                // Every dispatcher of a cluster takes the operator's word (news).
+                if let Some((old, new)) = cluster.operator_command(cmd.backend, cmd.op) {
                     ctl.apply(cmd.backend, old, new);
                 }
-                // Every dispatcher of a cluster takes the operator's word.
-                cluster.publish(Publish::Operator { backend: cluster.backends[cmd.backend].name.clone(), op: cmd.op });
                 let _ = cmd.reply.send((before, cluster.backends[cmd.backend].state()));
             }
         }

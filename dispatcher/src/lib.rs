@@ -4,9 +4,11 @@
 //! Where a packet goes: `dispatcher-ebpf` (the XDP program), fed by `dataplane`, which
 //! writes the shared maps from `config`, with Maglev tables from `maglev`.
 //! Where a request goes: `http` (listener -> proxy -> route -> pool), reading the
-//! cluster's state (backends, clone table) from `state`. What decides that state:
+//! cluster's state (backends, clone table) from `state`; the HTTP/1.1 it speaks is
+//! `http1` (heads, bodies, forwarded heads, our own answers, connection halves), which
+//! the health checks, TLS and the admin endpoint use too. What decides that state:
 //! `control` (health checks from `health`, failed requests, operator commands).
-//! HTTPS: `tls` (termination on HTTP VIPs, TLS to backends), under `http`'s `io` halves.
+//! HTTPS: `tls` (termination on HTTP VIPs, TLS to backends), under `http1`'s `io` halves.
 //! Running under systemd: `notify` (readiness, watchdog) and `logging` (journal format).
 //! What happened to each request: `access_log` (written off the request path).
 
@@ -17,11 +19,11 @@ pub mod announce;
 pub mod api;
 pub(crate) mod capacity;
 pub mod config;
-pub(crate) mod conn;
 pub(crate) mod control;
 pub mod dataplane;
 pub(crate) mod health;
 pub(crate) mod http;
+pub(crate) mod http1;
 pub mod instance;
 pub mod logging;
 pub(crate) mod mac;

@@ -174,19 +174,17 @@ pub fn clone_id_ok(id: &[u8]) -> bool {
     !id.is_empty() && id.len() <= MAX_CLONE_ID_LEN && id.iter().all(|b| b.is_ascii_graphic())
 }
 
-/// What this dispatcher tells the others (`[cluster]`): the cluster sends these on the
-/// channel `set_publisher` gives it; the shared store's link (`shared`) listens.
+/// What the cluster decided here that others may want to know: whoever listens
+/// (`subscribe_news`; with `[cluster]`, the shared store's link, which tells the other
+/// dispatchers) hears it. The cluster knows nothing of who that is.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Publish {
+pub enum News {
     /// It learned a clone or partition ID from a backend's `Set-Cookie`.
     Learned { id: String, backend: String },
-    /// Its own checks' verdicts changed (the member key is rewritten from the cluster).
+    /// A backend's health verdict went to or from down here.
     Verdicts,
-    /// An operator's command given here.
+    /// An operator's command given here (`operator_command`).
     Operator { backend: String, op: Operator },
-    /// A reload swapped the configuration and the cluster: the shared state is applied to
-    /// the new cluster, and read again if the peers or the backends changed.
-    Reloaded,
 }
 
 #[derive(Default)]
@@ -249,8 +247,8 @@ pub struct Cluster {
     /// Write-through target; `None` when running without the data plane (unit tests).
     clones_map: Mutex<Option<BpfHashMap<MapData, u64, CloneValue>>>,
     events: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Event>>>,
-    /// Where what this dispatcher learns goes to be shared (`[cluster]`; `None`: standalone).
-    publisher: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Publish>>>,
+    /// Who hears its news (`subscribe_news`; `None`: nobody, standalone).
+    news: Mutex<Option<tokio::sync::mpsc::UnboundedSender<News>>>,
     /// Woken when the clone table gains an entry (learned here or taken from the store):
     /// requests waiting for an unknown clone ID look again.
     pub clones_changed: tokio::sync::Notify,
@@ -262,37 +260,10 @@ pub struct Cluster {
     /// (Held strongly: a successor that finished draining first must still receive; a
     /// successor never points back, so the chain goes with its oldest cluster.)
     successor: Mutex<Option<Arc<Cluster>>>,
-    /// Per VIP, indexed like `Config::vips`.
-    pub vips: Vec<VipStats>,
-    /// Open client connections over all HTTP VIPs (shared with a reload's successor, for
-    /// the global cap).
-    pub client_connections: Arc<std::sync::atomic::AtomicUsize>,
-    /// Idle upstream connections all pools may keep (shared with a reload's successor).
-    pub idle_budget: Arc<crate::capacity::IdleBudget>,
-    /// TLS handshakes in progress over all HTTPS VIPs (`http.max_tls_handshakes`; shared
-    /// with a reload's successor when the cap is the same, so a reload does not double it
-    /// while the previous listeners drain).
-    pub tls_handshakes: (usize, Arc<tokio::sync::Semaphore>),
-    /// Client connections per source address (shared with a reload's successor).
-    pub sources: Arc<crate::capacity::sources::SourceLimiter>,
     /// The origin of the backends' `failed_at`.
     epoch: std::time::Instant,
     /// How long held requests waited, whatever the outcome.
     pub hold_time: Histogram,
-}
-
-/// What the request path counts per HTTP VIP.
-#[derive(Default)]
-pub struct VipStats {
-    /// Time to the response head.
-    pub latency: Histogram,
-    /// Request heads received (answered by a backend or by the dispatcher itself).
-    pub requests: AtomicU64,
-    /// Open client connections (shared with a reload's successor: the per-VIP cap counts
-    /// the draining connections too).
-    pub connections: Arc<AtomicU64>,
-    /// TLS handshakes (HTTPS VIPs), shared with a reload's successor.
-    pub tls: Arc<crate::tls::server::TlsStats>,
 }
 
 impl Cluster {
@@ -357,21 +328,13 @@ impl Cluster {
             clones: RwLock::new(table),
             clones_map: Mutex::new(clones_map),
             events: Mutex::new(None),
-            publisher: Mutex::new(None),
+            news: Mutex::new(None),
             clones_changed: tokio::sync::Notify::new(),
             counters: Arc::new(Counters::default()),
             conn_limit: cfg.http.max_connections_per_backend,
             successor: Mutex::new(None),
-            vips: cfg.vips.iter().map(|_| VipStats::default()).collect(),
-            client_connections: Default::default(),
-            sources: Default::default(),
             epoch: std::time::Instant::now(),
-            idle_budget: Arc::new(crate::capacity::IdleBudget::for_descriptors(crate::capacity::descriptor_limit())),
             hold_time: Histogram::default(),
-            tls_handshakes: (
-                cfg.http.max_tls_handshakes,
-                Arc::new(tokio::sync::Semaphore::new(cfg.http.max_tls_handshakes)),
-            ),
         };
         cluster.adopt_learned();
         cluster.rewrite_all_clones();
@@ -431,10 +394,20 @@ impl Cluster {
         Some((old, new))
     }
 
-    /// A health verdict (active check or passive signal).
+    /// A health verdict (active check or passive signal). One to or from down is news.
     pub fn set_health(&self, backend: usize, health: Health) -> Option<(BackendState, BackendState)> {
-        self.backends[backend].health.store(health as u8, Ordering::SeqCst);
+        let before = Health::from_u8(self.backends[backend].health.swap(health as u8, Ordering::SeqCst));
+        if (before == Health::Down) != (health == Health::Down) {
+            self.tell(News::Verdicts);
+        }
         self.settle(backend)
+    }
+
+    /// The operator's command given here (`Operator::None` clears it): applied, and news.
+    pub fn operator_command(&self, backend: usize, op: Operator) -> Option<(BackendState, BackendState)> {
+        let changed = self.set_admin(backend, op);
+        self.tell(News::Operator { backend: self.backends[backend].name.clone(), op });
+        changed
     }
 
     /// The operator's state (`Operator::None` clears it).
@@ -479,20 +452,24 @@ impl Cluster {
         }
     }
 
-    /// Sends what this dispatcher decided to the shared store (`[cluster]`).
-    pub fn publish(&self, p: Publish) {
-        if let Some(tx) = self.publisher.lock().unwrap().as_ref() {
-            let _ = tx.send(p);
+    fn tell(&self, news: News) {
+        if let Some(tx) = self.news.lock().unwrap().as_ref() {
+            let _ = tx.send(news);
         }
     }
 
-    /// Shares its state with other dispatchers (`[cluster]`).
+    /// Someone listens to its news, so clone IDs may also be learned elsewhere
+    /// (`[cluster]`: the shared store).
     pub fn shared(&self) -> bool {
-        self.publisher.lock().unwrap().is_some()
+        self.news.lock().unwrap().is_some()
     }
 
-    pub fn set_publisher(&self, tx: tokio::sync::mpsc::UnboundedSender<Publish>) {
-        *self.publisher.lock().unwrap() = Some(tx);
+    /// Where its news goes from now on, and its successors' (a reload's cluster keeps the
+    /// listener).
+    pub fn subscribe_news(&self) -> tokio::sync::mpsc::UnboundedReceiver<News> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        *self.news.lock().unwrap() = Some(tx);
+        rx
     }
 
     /// A clone or partition ID as the shared store has it: the first learning anywhere
@@ -596,17 +573,7 @@ impl Cluster {
     pub fn successor_of(cfg: &Config, health: &[Health], admin: &[Operator], old: &Arc<Cluster>) -> Arc<Cluster> {
         let mut c = Cluster::new(cfg, health, admin, None);
         c.counters = old.counters.clone();
-        c.client_connections = old.client_connections.clone();
-        c.sources = old.sources.clone();
-        c.idle_budget = old.idle_budget.clone();
-        if c.tls_handshakes.0 == old.tls_handshakes.0 {
-            c.tls_handshakes = old.tls_handshakes.clone();
-        }
-        for (new, prev) in c.vips.iter_mut().zip(&old.vips) {
-            new.connections = prev.connections.clone();
-            new.tls = prev.tls.clone();
-        }
-        *c.publisher.lock().unwrap() = old.publisher.lock().unwrap().clone();
+        *c.news.lock().unwrap() = old.news.lock().unwrap().clone();
         for (i, prev) in old.backends.iter().enumerate().take(c.backends.len()) {
             if prev.peers_out() {
                 c.backends[i].peers_out.store(true, Ordering::SeqCst);
@@ -650,15 +617,12 @@ impl Cluster {
                 }
             }
         }
-        // Ids are kept by name across a reload: per-backend and per-VIP totals go on
-        // (added: whatever this cluster counted already stays counted).
+        // Ids are kept by name across a reload: per-backend totals go on (added: whatever
+        // this cluster counted already stays counted).
         for (new, old) in self.backends.iter().zip(&old.backends) {
             for (to, from) in [(&new.requests, &old.requests), (&new.errors, &old.errors)] {
                 to.fetch_add(from.load(Ordering::Relaxed), Ordering::Relaxed);
             }
-        }
-        for (new, old) in self.vips.iter().zip(&old.vips) {
-            new.requests.fetch_add(old.requests.load(Ordering::Relaxed), Ordering::Relaxed);
         }
     }
 
@@ -745,7 +709,7 @@ impl Cluster {
             self.counters.learned.fetch_add(1, Ordering::Relaxed);
             tracing::info!(clone = %String::from_utf8_lossy(id), backend = %self.backends[backend].name, "learned clone ID");
             // Once: a predecessor passing it on published it already.
-            self.publish(Publish::Learned {
+            self.tell(News::Learned {
                 id: String::from_utf8_lossy(id).into_owned(),
                 backend: self.backends[backend].name.clone(),
             });
@@ -889,6 +853,49 @@ mod tests {
         let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
         let warned = text.lines().filter(|l| l.contains("claimed by a second backend")).count();
         assert_eq!(warned, 1, "40 claims within 10 s, one warning:\n{text}");
+    }
+
+    /// Its news reaches whoever listens, and a reload's cluster keeps the listener: a
+    /// clone ID learned (once: not again when passed on to the successor), a verdict to or
+    /// from down (not suspect), an operator's command given here (not the store's word).
+    #[test]
+    fn news_goes_to_the_listener_and_follows_a_reload() {
+        let cfg = Config::parse(CFG, "t").unwrap();
+        let c = Arc::new(Cluster::new(&cfg, &[], &[], None));
+        assert!(!c.shared());
+        let mut news = c.subscribe_news();
+        assert!(c.shared());
+        let mut heard = || std::iter::from_fn(|| news.try_recv().ok()).collect::<Vec<_>>();
+        c.set_health(0, Health::Suspect);
+        c.set_admin_shared(1, Operator::Drain);
+        c.learn(b"bad id", 0);
+        assert_eq!(heard(), vec![], "suspect, the store's word and a refused ID are not news");
+        c.learn(b"cA", 0);
+        c.set_health(0, Health::Down);
+        c.operator_command(1, Operator::Disabled);
+        c.set_health(0, Health::Up);
+        assert_eq!(
+            heard(),
+            vec![
+                News::Learned { id: "cA".into(), backend: "a".into() },
+                News::Verdicts,
+                News::Operator { backend: "b".into(), op: Operator::Disabled },
+                News::Verdicts,
+            ]
+        );
+        let next = Cluster::successor_of(&cfg, &[], &[], &c);
+        c.learn(b"cB", 1);
+        assert_eq!(next.owner(b"cB"), Some((1, Some(0))), "passed on");
+        next.learn(b"cC", 0);
+        let learned: Vec<_> = heard().into_iter().filter(|n| matches!(n, News::Learned { .. })).collect();
+        assert_eq!(
+            learned,
+            vec![
+                News::Learned { id: "cB".into(), backend: "b".into() },
+                News::Learned { id: "cC".into(), backend: "a".into() },
+            ],
+            "each once, the successor's too"
+        );
     }
 
     /// A check begun before a request saw the backend fail cannot clear that failure.

@@ -24,12 +24,17 @@ use std::{
 };
 
 use tokio::{
-    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
+    io::{AsyncRead, AsyncWrite, AsyncWriteExt},
     net::{TcpListener, UnixListener, UnixStream},
     sync::{mpsc, oneshot},
 };
 
 use crate::api::{to_json, CommandReply, ErrorReply, MembershipReply, ReloadReply, StopReply};
+use crate::http1::{
+    body::{HeadError, Inbound, RelayError},
+    closing_answer,
+    head::{parse_request, HeadLimits},
+};
 use crate::{config::Config, control::AdminCommand, dataplane::tables::Tables, state::Cluster};
 use dispatcher_common::Operator;
 
@@ -54,12 +59,18 @@ impl Admin {
         let l = self.live.read().unwrap();
         (l.cfg.clone(), l.cluster.clone(), l.commands.clone())
     }
+
+    fn capacity(&self) -> Arc<crate::capacity::Capacity> {
+        self.live.read().unwrap().capacity.clone()
+    }
 }
 
 /// What a reload replaces.
 pub struct Live {
     pub cfg: Arc<Config>,
     pub cluster: Arc<Cluster>,
+    /// The request path's capacity and per-VIP counts (`capacity::Capacity`).
+    pub capacity: Arc<crate::capacity::Capacity>,
     pub commands: mpsc::UnboundedSender<AdminCommand>,
 }
 
@@ -311,36 +322,38 @@ fn spawn_handler<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     });
 }
 
-/// One request head (at most 8 KiB), as far as the endpoint cares.
+/// The request heads the endpoint reads: at most 8 KiB and 32 header fields.
+const ADMIN_LIMITS: HeadLimits = HeadLimits { max_bytes: 8 * 1024, max_headers: 32 };
+
+/// One request head, as far as the endpoint cares.
+#[derive(Debug, PartialEq)]
 enum Request {
     Head {
         method: String,
         target: String,
     },
+    /// Refused by the codec's head parser (within `ADMIN_LIMITS`): answered 400.
     Malformed,
     /// The client closed before sending a whole head.
     Gone,
 }
 
+/// Reads one request head by the codec's parser; each read waits at most `HEAD_TIME`
+/// (the caller bounds the whole head by it too).
 async fn read_request<S: AsyncRead + Unpin>(s: &mut S) -> std::io::Result<Request> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    loop {
-        let n = s.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok(Request::Gone);
+    let mut from = Inbound::with_chunk(s, 1024);
+    match from.read_head(HEAD_TIME, |buf| parse_request(buf, &ADMIN_LIMITS, &mut Vec::new())).await {
+        Ok(head) => {
+            let text = |r: std::ops::Range<usize>| String::from_utf8_lossy(&from.buf[r]).into_owned();
+            Ok(Request::Head { method: text(head.method), target: text(head.target) })
         }
-        buf.extend_from_slice(&chunk[..n]);
-        let mut headers = [httparse::EMPTY_HEADER; 32];
-        let mut req = httparse::Request::new(&mut headers);
-        match req.parse(&buf) {
-            Ok(httparse::Status::Complete(_)) => {
-                let (method, target) = (req.method.unwrap_or("").to_string(), req.path.unwrap_or("").to_string());
-                return Ok(Request::Head { method, target });
-            }
-            Ok(httparse::Status::Partial) if buf.len() < 8192 => continue,
-            _ => return Ok(Request::Malformed),
+        Err(HeadError::Reject(r)) => {
+            tracing::debug!(why = r.reason, "admin request head refused");
+            Ok(Request::Malformed)
         }
+        Err(HeadError::Closed) => Ok(Request::Gone),
+        Err(HeadError::Read(RelayError::Read(e))) => Err(e),
+        Err(HeadError::Read(e)) => Err(std::io::Error::other(e)),
     }
 }
 
@@ -444,20 +457,7 @@ fn err(why: impl Into<String>) -> String {
 }
 
 async fn respond<S: AsyncWrite + Unpin>(s: &mut S, status: u16, ctype: &str, body: &str) -> std::io::Result<()> {
-    let reason = match status {
-        200 => "OK",
-        202 => "Accepted",
-        400 => "Bad Request",
-        403 => "Forbidden",
-        404 => "Not Found",
-        _ => "Service Unavailable",
-    };
-    let head = format!(
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes()).await?;
-    s.write_all(body.as_bytes()).await?;
+    s.write_all(closing_answer(status, ctype, "", body).as_bytes()).await?;
     s.shutdown().await
 }
 
@@ -483,5 +483,50 @@ mod tests {
             assert!(!allowed(local, m, p), "{m} {p} over loopback TCP");
             assert!(allowed(Peer::Operator, m, p), "{m} {p}");
         }
+    }
+
+    /// What a client sends, read by the codec's head parser over a pipe.
+    async fn read(parts: &[&[u8]]) -> std::io::Result<Request> {
+        let (mut client, mut server) = tokio::io::duplex(64 * 1024);
+        for p in parts {
+            client.write_all(p).await.unwrap();
+        }
+        drop(client);
+        read_request(&mut server).await
+    }
+
+    #[tokio::test]
+    async fn a_head_is_read_whole_across_reads() {
+        let head = |m: &str, t: &str| Request::Head { method: m.into(), target: t.into() };
+        let got = read(&[b"GET /metr", b"ics HTTP/1.1\r\nHost: admin\r\n", b"\r\n"]).await.unwrap();
+        assert_eq!(got, head("GET", "/metrics"));
+        let got = read(&[b"POST /stop?detach=true HTTP/1.1\r\nHost: admin\r\nContent-Length: 0\r\n\r\n"]).await;
+        assert_eq!(got.unwrap(), head("POST", "/stop?detach=true"), "the query stays in the target");
+    }
+
+    #[tokio::test]
+    async fn bad_or_oversized_heads_are_malformed_and_a_close_is_gone() {
+        assert_eq!(read(&[b"GET /metrics HTTP/1.1\r\nHost: admin\r\n"]).await.unwrap(), Request::Gone);
+        assert_eq!(read(&[]).await.unwrap(), Request::Gone);
+        assert_eq!(read(&[b"NOT A REQUEST\r\n\r\n"]).await.unwrap(), Request::Malformed);
+        assert_eq!(read(&[b"GET / HTTP/1.1\nHost: a\n\n"]).await.unwrap(), Request::Malformed, "bare LF");
+        let big = format!("GET / HTTP/1.1\r\nHost: a\r\nX: {}\r\n\r\n", "x".repeat(9000));
+        assert_eq!(read(&[big.as_bytes()]).await.unwrap(), Request::Malformed, "over 8 KiB");
+        let many: String = (0..40).map(|i| format!("X-{i}: y\r\n")).collect();
+        let many = format!("GET / HTTP/1.1\r\nHost: a\r\n{many}\r\n");
+        assert_eq!(read(&[many.as_bytes()]).await.unwrap(), Request::Malformed, "over 32 fields");
+    }
+
+    /// The answer is framed, says its reason and closes.
+    #[tokio::test]
+    async fn an_answer_is_framed_and_closes() {
+        let (mut server, mut client) = tokio::io::duplex(4096);
+        respond(&mut server, 202, "application/json", "{}").await.unwrap();
+        let mut got = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut client, &mut got).await.unwrap();
+        assert_eq!(
+            got,
+            "HTTP/1.1 202 Accepted\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
+        );
     }
 }

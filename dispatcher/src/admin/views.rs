@@ -32,6 +32,7 @@ fn tls_status(t: &crate::tls::server::TlsStats) -> TlsStatus {
 
 pub fn status(a: &Admin) -> AgentStatus {
     let (cfg, c, _) = a.current();
+    let cap = a.capacity();
     let load = |x: &std::sync::atomic::AtomicU64| x.load(Ordering::Relaxed);
     let backends = c
         .backends
@@ -65,7 +66,7 @@ pub fn status(a: &Admin) -> AgentStatus {
     let vips = cfg
         .vips
         .iter()
-        .zip(&c.vips)
+        .zip(&cap.vips)
         .filter(|(v, _)| v.serves_http())
         .map(|(v, s)| VipStatus {
             name: v.name.clone(),
@@ -157,6 +158,7 @@ fn histogram(out: &mut String, name: &str, labels: &str, h: &Histogram) {
 
 pub fn metrics(a: &Admin) -> String {
     let (cfg, c, _) = a.current();
+    let cap = a.capacity();
     let k = &c.counters;
     let mut o = String::new();
     let counter = |o: &mut String, name: &str, help: &str, v: u64| {
@@ -298,13 +300,13 @@ pub fn metrics(a: &Admin) -> String {
         &mut o,
         "dispatcher_client_sources_tracked",
         "Source addresses (IPv6: /64) in the per-source connection table.",
-        c.sources.tracked() as u64,
+        cap.sources.tracked() as u64,
     );
     counter(
         &mut o,
         "dispatcher_client_sources_untracked_total",
         "Client connections let through without a per-source count because the source table was full.",
-        c.sources.untracked.load(Ordering::Relaxed),
+        cap.sources.untracked.load(Ordering::Relaxed),
     );
     counter(
         &mut o,
@@ -388,7 +390,7 @@ pub fn metrics(a: &Admin) -> String {
         "# HELP dispatcher_hold_seconds How long held requests waited.\n# TYPE dispatcher_hold_seconds histogram"
     );
     histogram(&mut o, "dispatcher_hold_seconds", "scope=\"all\"", &c.hold_time);
-    let http_vips: Vec<_> = cfg.vips.iter().zip(&c.vips).filter(|(v, _)| v.serves_http()).collect();
+    let http_vips: Vec<_> = cfg.vips.iter().zip(&cap.vips).filter(|(v, _)| v.serves_http()).collect();
     let _ = writeln!(o, "# HELP dispatcher_vip_requests_total Request heads received, per HTTP VIP.\n# TYPE dispatcher_vip_requests_total counter");
     for (v, s) in &http_vips {
         let _ = writeln!(

@@ -1,15 +1,86 @@
 //! What the request path may take of this host and of each backend, shared by every
-//! worker and handed to a reload's successor: the descriptor budget of idle upstream
-//! connections, `maxconn` slots with their queue per backend (`queue`), and per-source
-//! client connection limits (`sources`). Depends on the configuration and the metrics only.
+//! worker and handed to a reload's successor: the client connections open, the TLS
+//! handshakes in progress, the descriptor budget of idle upstream connections
+//! (`Capacity`, owned by the HTTP server's generation), `maxconn` slots with their queue
+//! per backend (`queue`), and per-source client connection limits (`sources`). Depends on
+//! the configuration, the metrics and the TLS statistics only.
 
 pub mod queue;
 pub mod sources;
 
 use std::sync::{
-    atomic::{AtomicU64, Ordering},
+    atomic::{AtomicU64, AtomicUsize, Ordering},
     Arc,
 };
+
+use crate::{config::Config, metrics::Histogram, tls::server::TlsStats};
+
+/// The request path's capacity over all HTTP VIPs: made with the first configuration,
+/// handed by each HTTP server generation to the one a reload replaces it with
+/// (`successor`), so that no cap is doubled while the previous listeners drain and the
+/// per-VIP totals go on.
+pub struct Capacity {
+    /// Open client connections over all HTTP VIPs (the global cap).
+    pub client_connections: Arc<AtomicUsize>,
+    /// Idle upstream connections all pools may keep.
+    pub idle_budget: Arc<IdleBudget>,
+    /// TLS handshakes in progress over all HTTPS VIPs (`http.max_tls_handshakes`, and the
+    /// semaphore that enforces it).
+    pub tls_handshakes: (usize, Arc<tokio::sync::Semaphore>),
+    /// Client connections per source address.
+    pub sources: Arc<sources::SourceLimiter>,
+    /// Per VIP, indexed like `Config::vips`.
+    pub vips: Vec<VipStats>,
+}
+
+/// What the request path counts per HTTP VIP.
+#[derive(Default)]
+pub struct VipStats {
+    /// Time to the response head.
+    pub latency: Histogram,
+    /// Request heads received (answered by a backend or by the dispatcher itself).
+    pub requests: AtomicU64,
+    /// Open client connections (shared with a reload's successor: the per-VIP cap counts
+    /// the draining connections too).
+    pub connections: Arc<AtomicU64>,
+    /// TLS handshakes (HTTPS VIPs), shared with a reload's successor.
+    pub tls: Arc<TlsStats>,
+}
+
+impl Capacity {
+    /// For a first configuration.
+    pub fn new(cfg: &Config) -> Capacity {
+        Capacity {
+            client_connections: Default::default(),
+            idle_budget: Arc::new(IdleBudget::for_descriptors(descriptor_limit())),
+            tls_handshakes: (
+                cfg.http.max_tls_handshakes,
+                Arc::new(tokio::sync::Semaphore::new(cfg.http.max_tls_handshakes)),
+            ),
+            sources: Default::default(),
+            vips: cfg.vips.iter().map(|_| VipStats::default()).collect(),
+        }
+    }
+
+    /// For `cfg`, replacing this one on a reload (VIP ids kept by name): the same counts,
+    /// budget and per-source table; the same handshake semaphore when the cap is the same;
+    /// per VIP the same connection gauge and TLS statistics, and the request totals go on.
+    pub fn successor(&self, cfg: &Config) -> Capacity {
+        let mut c = Capacity::new(cfg);
+        c.client_connections = self.client_connections.clone();
+        c.sources = self.sources.clone();
+        c.idle_budget = self.idle_budget.clone();
+        if c.tls_handshakes.0 == self.tls_handshakes.0 {
+            c.tls_handshakes = self.tls_handshakes.clone();
+        }
+        for (new, prev) in c.vips.iter_mut().zip(&self.vips) {
+            new.connections = prev.connections.clone();
+            new.tls = prev.tls.clone();
+            new.requests.store(prev.requests.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        c
+    }
+}
 
 /// The descriptor limit this process runs with.
 pub fn descriptor_limit() -> u64 {

@@ -28,9 +28,9 @@ pub fn is_partition(id: &[u8]) -> bool {
     !digits.is_empty() && digits.len() <= 20 && digits.iter().all(u8::is_ascii_digit)
 }
 
-/// The most header fields `http.max_headers` may allow (the request path parses into an
-/// array of `http::head::MAX_HEADERS`; a test keeps this within it).
-pub const MAX_HEADERS: usize = 256;
+/// The most header fields `http.max_headers` may allow: the codec's parse array
+/// (`http1::head::MAX_HEADERS`).
+pub const MAX_HEADERS: usize = crate::http1::head::MAX_HEADERS;
 
 /// The longest duration any setting takes: every deadline computed from one stays far
 /// from the clock's range.

@@ -8,15 +8,21 @@
 
 mod sip;
 
-use std::net::SocketAddr;
+use std::{net::SocketAddr, time::Duration};
 
+use bytes::Buf;
 use dispatcher_common::Health;
 use tokio::{
-    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
+    io::{AsyncRead, AsyncWrite, AsyncWriteExt},
     net::TcpStream,
 };
 
 use crate::config::{CheckKind, Config, HealthSettings, Protocol, VipMode};
+use crate::http1::{
+    body::{relay_body, Inbound, Timeouts},
+    head::{parse_request, parse_response, HeadLimits},
+    io::is_local_errno,
+};
 
 /// What to check for one backend.
 #[derive(Clone, Debug, PartialEq)]
@@ -132,7 +138,7 @@ pub async fn check(p: &Probe, s: &HealthSettings) -> (Verdict, Option<String>) {
     let attempt = async {
         let stream = match TcpStream::connect(p.addr).await {
             Ok(st) => st,
-            Err(e) if e.raw_os_error().is_some_and(crate::http::pool::is_local_errno) => {
+            Err(e) if e.raw_os_error().is_some_and(is_local_errno) => {
                 crate::ratelimit::warn("health check connect", &e);
                 return Verdict::Local;
             }
@@ -144,9 +150,9 @@ pub async fn check(p: &Probe, s: &HealthSettings) -> (Verdict, Option<String>) {
             p.addr
         );
         let status = match &p.tls {
-            None => http_check(stream, req.as_bytes()).await,
+            None => http_check(stream, req.as_bytes(), s.timeout).await,
             Some(tls) => match tls.conn.connect(stream).await {
-                Ok(conn) => http_check(conn, req.as_bytes()).await,
+                Ok(conn) => http_check(conn, req.as_bytes(), s.timeout).await,
                 // A certificate we do not trust fails the check, as it fails requests.
                 Err(_) => None,
             },
@@ -160,69 +166,28 @@ pub async fn check(p: &Probe, s: &HealthSettings) -> (Verdict, Option<String>) {
 }
 
 /// Sends `request` and reads the whole response; its status.
-async fn http_check<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, request: &[u8]) -> Option<u16> {
+async fn http_check<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    request: &[u8],
+    timeout: Duration,
+) -> Option<u16> {
     stream.write_all(request).await.ok()?;
-    read_response(&mut stream, request).await
+    read_response(stream, request, timeout).await
 }
 
-/// Reads the whole response to `request` (head by the proxy's own parser, then the body as
+/// Reads the whole response to `request` (head by the codec's parser, then the body as
 /// it is framed: a length, chunks, or until the server closes) and returns its status.
 /// The server thus never sees its response cut off (a reset), and a server that keeps the
 /// connection open despite `Connection: close` does not make the check wait for its
-/// timeout.
-async fn read_response<S: AsyncRead + Unpin>(stream: &mut S, request: &[u8]) -> Option<u16> {
-    use crate::http::{
-        body::ChunkedDecoder,
-        head::{parse_request, parse_response, Framing, HeadLimits},
-    };
+/// timeout. A body that ends early or is badly chunked ends the reading, not the check.
+async fn read_response<S: AsyncRead + Unpin>(stream: S, request: &[u8], timeout: Duration) -> Option<u16> {
     let limits = HeadLimits::default();
     let req = parse_request(request, &limits, &mut Vec::new()).ok()??;
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 4096];
-    let mut fill = async |buf: &mut Vec<u8>, stream: &mut S| -> bool {
-        match stream.read(&mut chunk).await {
-            Ok(n) if n > 0 => {
-                buf.extend_from_slice(&chunk[..n]);
-                true
-            }
-            _ => false,
-        }
-    };
-    let res = loop {
-        match parse_response(&buf, &req, &limits, &mut Vec::new()) {
-            Ok(Some(r)) => break r,
-            Ok(None) if fill(&mut buf, stream).await => {}
-            _ => return None,
-        }
-    };
-    buf.drain(..res.len);
-    match res.framing {
-        Framing::None => {}
-        Framing::Length(n) => {
-            let mut have = buf.len() as u64;
-            while have < n {
-                buf.clear();
-                if !fill(&mut buf, stream).await {
-                    break;
-                }
-                have += buf.len() as u64;
-            }
-        }
-        Framing::Chunked => {
-            let mut dec = ChunkedDecoder::default();
-            while let Ok(used) = dec.feed(&buf, None, false) {
-                buf.drain(..used);
-                if dec.is_done() || !fill(&mut buf, stream).await {
-                    break;
-                }
-            }
-        }
-        Framing::UntilClose => {
-            while fill(&mut buf, stream).await {
-                buf.clear();
-            }
-        }
-    }
+    let mut from = Inbound::with_chunk(stream, 4096);
+    let res = from.read_head(timeout, |buf| parse_response(buf, &req, &limits, &mut Vec::new())).await.ok()?;
+    from.buf.advance(res.len);
+    let t = Timeouts { read: timeout, write: timeout };
+    let _ = relay_body(res.framing, &mut from, &mut tokio::io::sink(), t, false).await;
     Some(res.status)
 }
 
@@ -262,6 +227,8 @@ pub fn next(health: Health, passed: bool, streak: &mut Streak, rise: u32, fall: 
 
 #[cfg(test)]
 mod tests {
+    use tokio::io::AsyncReadExt;
+
     use super::*;
 
     /// A server that answers with a framed response and keeps the connection open (it

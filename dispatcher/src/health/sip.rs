@@ -23,11 +23,7 @@ pub async fn options(to: SocketAddr) -> (Verdict, Option<String>) {
     };
     if let Err(e) = sock.connect(to).await {
         return (
-            if e.raw_os_error().is_some_and(crate::http::pool::is_local_errno) {
-                Verdict::Local
-            } else {
-                Verdict::Fail
-            },
+            if e.raw_os_error().is_some_and(crate::http1::io::is_local_errno) { Verdict::Local } else { Verdict::Fail },
             None,
         );
     }

@@ -2,10 +2,10 @@
 //! forwarded, or when its attempt failed before any response byte reached the client.
 //! Each carries its status, the short reason its plain-text body gives, and when to come
 //! back (`Retry-After`); every one closes the connection. They are written in one place,
-//! `proxy::send_error`.
+//! `http1::send_error`.
 
-use super::body::RelayError;
 use crate::capacity::queue::Refused;
+use crate::http1::body::RelayError;
 
 /// An answer of the proxy's own; the connection is closed after it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,7 +29,7 @@ impl Answer {
 
     /// Writes it (bounded in time, `Connection: close`).
     pub async fn send<W: tokio::io::AsyncWrite + Unpin>(&self, w: &mut W) {
-        super::proxy::send_error(w, self.status, self.why, self.retry_after).await;
+        crate::http1::send_error(w, self.status, self.why, self.retry_after).await;
     }
 
     /// A request that came back through a backend that leads here.

@@ -10,12 +10,16 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::{
     answer::Answer,
-    body::{within_rate, Inbound, RelayError, Timeouts},
-    head::{parse_response, Framing, HeadLimits, Header, Reject, RequestHead, ResponseHead},
     pool::{PoolError, Upstream},
-    proxy::{precheck_chunked, read_body, relay_body, write_client, VipCtx},
+    proxy::VipCtx,
 };
-use crate::{config::HttpSettings, conn::WriteSide};
+use crate::config::HttpSettings;
+use crate::http1::{
+    body::{precheck_chunked, read_body, relay_body, within_rate, Inbound, RelayError, Timeouts},
+    head::{parse_response, Framing, HeadLimits, Header, Reject, RequestHead, ResponseHead},
+    io::WriteSide,
+    write_client,
+};
 use dispatcher_common::BackendState;
 
 /// How long to wait for a backend's `100 Continue` before sending the body anyway.
@@ -359,7 +363,7 @@ async fn await_continue<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
-    use crate::http::head::parse_request;
+    use crate::http1::head::parse_request;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// A request head parsed from `text`.

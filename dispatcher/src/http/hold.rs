@@ -6,11 +6,8 @@ use std::{sync::atomic::Ordering, time::Instant};
 
 use tokio::io::AsyncRead;
 
-use super::{
-    body::{Inbound, RelayError},
-    proxy::VipCtx,
-    Counted,
-};
+use super::{proxy::VipCtx, Counted};
+use crate::http1::body::{Inbound, RelayError};
 
 /// Bytes buffered from a client whose request is held.
 const HOLD_READ_LIMIT: usize = 64 * 1024;

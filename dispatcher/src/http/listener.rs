@@ -40,7 +40,6 @@ use tokio::{
 };
 
 use super::{
-    head::HeadLimits,
     pool::Pool,
     proxy::{serve, VipCtx},
     route::VipRoute,
@@ -50,8 +49,10 @@ use crate::{
     capacity::{
         descriptor_limit,
         sources::{default_per_source, Refused},
+        Capacity,
     },
     config::{Config, Vip},
+    http1::head::HeadLimits,
     state::Cluster,
     steering::Ownership,
     tls::{server::ServerTls, upstream::BackendTls},
@@ -99,7 +100,7 @@ struct Caps {
     /// Open client connections of this server (all workers, all VIPs) and their cap.
     active: Arc<AtomicUsize>,
     global: usize,
-    /// This VIP's cap (its count is `cluster.vips[i].connections`).
+    /// This VIP's cap (its count is `capacity.vips[i].connections`).
     vip: Option<usize>,
 }
 
@@ -145,18 +146,18 @@ struct VipShared {
 /// names the VIP and the file, and nothing starts.
 fn vip_shared(
     cfg: &Config,
-    cluster: &Arc<Cluster>,
+    capacity: &Capacity,
     access_log: Option<&Arc<AccessLog>>,
     ownership: &Arc<Ownership>,
 ) -> std::io::Result<Vec<VipShared>> {
     let backend_names: Arc<[Arc<str>]> = cfg.backends.iter().map(|b| Arc::from(b.name.as_str())).collect();
-    let handshakes = cluster.tls_handshakes.1.clone();
+    let handshakes = capacity.tls_handshakes.1.clone();
     let fail = |v: &Vip, e: anyhow::Error| std::io::Error::other(format!("VIP {}: {e:#}", v.name));
     let mut out = Vec::new();
     for (i, v) in cfg.vips.iter().enumerate().filter(|(_, v)| v.serves_http()) {
         let tls = match &v.tls {
             Some(t) => Some(Arc::new(
-                ServerTls::load(t, &cfg.http, handshakes.clone(), cluster.vips[i].tls.clone())
+                ServerTls::load(t, &cfg.http, handshakes.clone(), capacity.vips[i].tls.clone())
                     .map_err(|e| fail(v, e))?,
             )),
             None => None,
@@ -195,6 +196,7 @@ fn vip_shared(
 fn worker_vips(
     cfg: &Config,
     cluster: &Arc<Cluster>,
+    capacity: &Arc<Capacity>,
     shared: &[VipShared],
     mut inherited: Sockets,
 ) -> std::io::Result<Vec<(Arc<VipCtx>, TcpListener)>> {
@@ -205,24 +207,25 @@ fn worker_vips(
                 v.backends.contains(&b).then(|| {
                     let addr = SocketAddr::new(cfg.backends[b].address.into(), v.backend_port);
                     let be = &cluster.backends[b];
-                    let budget = cluster.idle_budget.clone();
+                    let budget = capacity.idle_budget.clone();
                     let tls = sh.backend_tls[b].clone();
                     Pool::new(addr, &cfg.http, be.connections.clone(), be.conn_limit.clone(), budget, tls)
                 })
             })
             .collect();
         let ctx = Arc::new(VipCtx {
-            host: super::rewrite::vip_authority(SocketAddr::new(v.address, v.port)),
+            host: crate::http1::rewrite::vip_authority(SocketAddr::new(v.address, v.port)),
             vip_index,
             route: sh.route.clone(),
             pools,
             cluster: cluster.clone(),
+            capacity: capacity.clone(),
             settings: cfg.http.clone(),
             limits: HeadLimits { max_bytes: cfg.http.max_header_bytes, max_headers: cfg.http.max_headers },
             suspect_on_status: cfg.health.suspect_on_status.clone(),
             tls: sh.tls.clone(),
             session_format: v.session_format,
-            forwarded: super::rewrite::forwarded_fields(v.tls.is_some(), v.port),
+            forwarded: crate::http1::rewrite::forwarded_fields(v.tls.is_some(), v.port),
             redirect: v.redirect_to.clone(),
             log: sh.log.clone(),
             ownership: sh.ownership.clone(),
@@ -245,7 +248,7 @@ async fn accept_loop(
     mine: Arc<AtomicUsize>,
 ) {
     let counters = &ctx.cluster.counters;
-    let vip_conns = &ctx.cluster.vips[ctx.vip_index].connections;
+    let vip_conns = &ctx.capacity.vips[ctx.vip_index].connections;
     loop {
         tokio::select! {
             r = listener.accept() => match r {
@@ -258,7 +261,7 @@ async fn accept_loop(
                     } else if caps.vip.is_some_and(|cap| on_vip as usize > cap) {
                         Err(Cap::Vip)
                     } else {
-                        ctx.cluster.sources.admit(peer).map_err(|r| match r {
+                        ctx.capacity.sources.admit(peer).map_err(|r| match r {
                             Refused::Count => Cap::SourceCount,
                             Refused::Rate => Cap::SourceRate,
                         })
@@ -288,7 +291,7 @@ async fn accept_loop(
                 Err(e) => {
                     // Out of descriptors and the like: back off, keep serving, log once
                     // per interval with a count.
-                    if e.raw_os_error().is_some_and(super::pool::is_local_errno) {
+                    if e.raw_os_error().is_some_and(crate::http1::io::is_local_errno) {
                         counters.local_errors.fetch_add(1, Ordering::Relaxed);
                     }
                     crate::ratelimit::warn("accept", &e);
@@ -397,7 +400,7 @@ struct VipOpen(Arc<VipCtx>);
 
 impl Drop for VipOpen {
     fn drop(&mut self) {
-        self.0.cluster.vips[self.0.vip_index].connections.fetch_sub(1, Ordering::SeqCst);
+        self.0.capacity.vips[self.0.vip_index].connections.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -410,141 +413,183 @@ pub fn source_limits(cfg: &Config) -> (usize, usize) {
     )
 }
 
+/// The client connection caps `cfg` sets, said in the log; returns the global one. The
+/// per-source table is the capacity's (shared with the generation this one replaces):
+/// its new limits apply once a reload has succeeded (the agent sets them then: a refused
+/// reload changes nothing); a first start sets them here.
+fn client_caps(cfg: &Config, capacity: &Capacity, first: bool) -> usize {
+    let nofile = descriptor_limit();
+    let global = cfg.http.max_client_connections.unwrap_or_else(|| default_client_cap(nofile));
+    if global > default_client_cap(nofile) {
+        tracing::warn!(
+            max_client_connections = global,
+            descriptor_limit = nofile,
+            "the client connection cap leaves too few descriptors for upstream connections, health checks and the admin socket (at most {} advised)",
+            default_client_cap(nofile)
+        );
+    }
+    let (per_source, rate) = source_limits(cfg);
+    if first {
+        capacity.sources.configure(per_source, rate);
+    }
+    tracing::info!(
+        max_client_connections = global,
+        max_connections_per_source = per_source,
+        max_connection_rate_per_source = rate,
+        descriptor_limit = nofile,
+        "client connection caps (0: off)"
+    );
+    global
+}
+
+/// Worker `index`'s copies of the predecessor's listening sockets.
+fn inherited(predecessor: Option<&HttpServer>, index: usize) -> std::io::Result<Sockets> {
+    match predecessor.and_then(|p| p.listeners.get(index)) {
+        Some(socks) => socks.iter().map(|(a, l)| Ok((*a, l.try_clone()?))).collect(),
+        None => Ok(Vec::new()),
+    }
+}
+
+/// Waits for every worker to listen; returns their sockets by worker.
+fn all_listening(
+    ready: &mpsc::Receiver<std::io::Result<(usize, Sockets)>>,
+    workers: usize,
+) -> std::io::Result<Vec<Sockets>> {
+    let mut listeners: Vec<Sockets> = (0..workers).map(|_| Vec::new()).collect();
+    for _ in 0..workers {
+        match ready.recv() {
+            Ok(Ok((w, socks))) => listeners[w] = socks,
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(std::io::Error::other("an HTTP worker died while starting")),
+        }
+    }
+    Ok(listeners)
+}
+
+/// One worker thread: its own event loop, pools and listeners.
+struct Worker {
+    index: usize,
+    cfg: Config,
+    cluster: Arc<Cluster>,
+    capacity: Arc<Capacity>,
+    shared: Vec<VipShared>,
+    stop: watch::Receiver<bool>,
+    /// The global client connection cap.
+    global: usize,
+    ready: mpsc::Sender<std::io::Result<(usize, Sockets)>>,
+    inherited: Sockets,
+}
+
+impl Worker {
+    /// Runs until the listeners close and the connections drained (or the drain timeout
+    /// ended); returns the connections still open.
+    fn run(self) -> usize {
+        match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            Ok(rt) => rt.block_on(self.serve()),
+            Err(e) => {
+                let _ = self.ready.send(Err(e));
+                0
+            }
+        }
+    }
+
+    async fn serve(mut self) -> usize {
+        let inherited = std::mem::take(&mut self.inherited);
+        let vips = match self.listening(inherited) {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = self.ready.send(Err(e));
+                return 0;
+            }
+        };
+        let cfg = &self.cfg;
+        let reaper =
+            tokio::spawn(reap_idle(vips.iter().map(|(ctx, _)| ctx.clone()).collect(), cfg.http.pool_idle_timeout));
+        let mine = Arc::new(AtomicUsize::new(0));
+        let loops: Vec<_> = vips
+            .into_iter()
+            .map(|(ctx, l)| {
+                let active = self.capacity.client_connections.clone();
+                let caps = Caps { active, global: self.global, vip: cfg.vips[ctx.vip_index].max_connections };
+                tokio::spawn(accept_loop(ctx, l, self.stop.clone(), caps, mine.clone()))
+            })
+            .collect();
+        for l in loops {
+            let _ = l.await;
+        }
+        // Listeners closed: let this loop's connections finish.
+        let deadline = Instant::now() + cfg.http.drain_timeout;
+        while mine.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        reaper.abort();
+        mine.load(Ordering::SeqCst)
+    }
+
+    /// Its contexts and listeners, and a duplicate of each listener sent to the starter
+    /// (for a successor to take over).
+    fn listening(&self, inherited: Sockets) -> std::io::Result<Vec<(Arc<VipCtx>, TcpListener)>> {
+        let vips = worker_vips(&self.cfg, &self.cluster, &self.capacity, &self.shared, inherited)?;
+        let copies = vips
+            .iter()
+            .map(|(ctx, l)| {
+                let v = &self.cfg.vips[ctx.vip_index];
+                Ok((SocketAddr::new(v.address, v.port), duplicate(l)?))
+            })
+            .collect::<std::io::Result<Sockets>>()?;
+        let _ = self.ready.send(Ok((self.index, copies)));
+        Ok(vips)
+    }
+}
+
 impl HttpServer {
     /// Starts `http.workers` event loops, each accepting on every HTTP VIP (the VIP
     /// address must be local, e.g. on `lo`), taking over `predecessor`'s listening
     /// sockets where worker and address match. Returns once all are listening.
+    /// `capacity`: this generation's, handed on from the predecessor's by a reload (the
+    /// caps count the connections still draining on the previous listeners).
     /// `access_log`: where requests are logged (`None`: not logged).
     pub fn start(
         cfg: &Config,
         cluster: Arc<Cluster>,
+        capacity: Arc<Capacity>,
         predecessor: Option<&HttpServer>,
         access_log: Option<&Arc<AccessLog>>,
         ownership: Arc<Ownership>,
     ) -> std::io::Result<HttpServer> {
         let (stop, _) = watch::channel(false);
-        // The cluster's count, which a reload's successor shares: the caps count the
-        // connections still draining on the previous listeners.
-        let active = cluster.client_connections.clone();
         // One route (balancing state) per VIP, shared by the workers: weights stay exact.
-        let shared = vip_shared(cfg, &cluster, access_log, &ownership)?;
-        let tls: Vec<Arc<ServerTls>> = shared.iter().filter_map(|s| s.tls.clone()).collect();
-        let addrs: Vec<SocketAddr> =
-            cfg.vips.iter().filter(|v| v.serves_http()).map(|v| SocketAddr::new(v.address, v.port)).collect();
-        let nofile = descriptor_limit();
-        let global = cfg.http.max_client_connections.unwrap_or_else(|| default_client_cap(nofile));
-        if global > default_client_cap(nofile) {
-            tracing::warn!(
-                max_client_connections = global,
-                descriptor_limit = nofile,
-                "the client connection cap leaves too few descriptors for upstream connections, health checks and the admin socket (at most {} advised)",
-                default_client_cap(nofile)
-            );
-        }
-        let (per_source, rate) = source_limits(cfg);
-        // The table is the cluster's (shared with the generation this one replaces): the
-        // new limits apply to every connection once a reload has succeeded (the agent
-        // sets them then: a refused reload changes nothing); the counts stay.
-        if predecessor.is_none() {
-            cluster.sources.configure(per_source, rate);
-        }
-        tracing::info!(
-            max_client_connections = global,
-            max_connections_per_source = per_source,
-            max_connection_rate_per_source = rate,
-            descriptor_limit = nofile,
-            "client connection caps (0: off)"
-        );
+        let shared = vip_shared(cfg, &capacity, access_log, &ownership)?;
+        let global = client_caps(cfg, &capacity, predecessor.is_none());
         let (ready_tx, ready_rx) = mpsc::channel::<std::io::Result<(usize, Sockets)>>();
         let mut workers = Vec::new();
-        for w in 0..cfg.http.workers {
-            let inherited = match predecessor.and_then(|p| p.listeners.get(w)) {
-                Some(socks) => {
-                    socks.iter().map(|(a, l)| Ok((*a, l.try_clone()?))).collect::<std::io::Result<Sockets>>()?
-                }
-                None => Vec::new(),
+        for index in 0..cfg.http.workers {
+            let worker = Worker {
+                index,
+                cfg: cfg.clone(),
+                cluster: cluster.clone(),
+                capacity: capacity.clone(),
+                shared: shared.clone(),
+                stop: stop.subscribe(),
+                global,
+                ready: ready_tx.clone(),
+                inherited: inherited(predecessor, index)?,
             };
-            let (cfg, cluster, shared, stop_rx, active, ready) =
-                (cfg.clone(), cluster.clone(), shared.clone(), stop.subscribe(), active.clone(), ready_tx.clone());
-            let drain = cfg.http.drain_timeout;
-            let handle = std::thread::Builder::new().name(format!("http-{w}")).spawn(move || -> usize {
-                let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        let _ = ready.send(Err(e));
-                        return 0;
-                    }
-                };
-                rt.block_on(async move {
-                    let vips = match worker_vips(&cfg, &cluster, &shared, inherited) {
-                        Ok(v) => v,
-                        Err(e) => {
-                            let _ = ready.send(Err(e));
-                            return 0;
-                        }
-                    };
-                    let copies = vips
-                        .iter()
-                        .map(|(ctx, l)| {
-                            Ok((
-                                SocketAddr::new(cfg.vips[ctx.vip_index].address, cfg.vips[ctx.vip_index].port),
-                                duplicate(l)?,
-                            ))
-                        })
-                        .collect::<std::io::Result<Sockets>>();
-                    match copies {
-                        Ok(c) => {
-                            let _ = ready.send(Ok((w, c)));
-                        }
-                        Err(e) => {
-                            let _ = ready.send(Err(e));
-                            return 0;
-                        }
-                    }
-                    let reaper = tokio::spawn(reap_idle(
-                        vips.iter().map(|(ctx, _)| ctx.clone()).collect(),
-                        cfg.http.pool_idle_timeout,
-                    ));
-                    let mine = Arc::new(AtomicUsize::new(0));
-                    let loops: Vec<_> = vips
-                        .into_iter()
-                        .map(|(ctx, l)| {
-                            let caps =
-                                Caps { active: active.clone(), global, vip: cfg.vips[ctx.vip_index].max_connections };
-                            tokio::spawn(accept_loop(ctx, l, stop_rx.clone(), caps, mine.clone()))
-                        })
-                        .collect();
-                    for l in loops {
-                        let _ = l.await;
-                    }
-                    // Listeners closed: let this loop's connections finish.
-                    let deadline = Instant::now() + drain;
-                    while mine.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                    reaper.abort();
-                    mine.load(Ordering::SeqCst)
-                })
-            })?;
-            workers.push(handle);
+            workers.push(std::thread::Builder::new().name(format!("http-{index}")).spawn(move || worker.run())?);
         }
         drop(ready_tx);
-        let mut listeners: Vec<Sockets> = (0..cfg.http.workers).map(|_| Vec::new()).collect();
-        for _ in 0..cfg.http.workers {
-            match ready_rx.recv() {
-                Ok(Ok((w, socks))) => listeners[w] = socks,
-                Ok(Err(e)) => {
-                    let _ = stop.send(true);
-                    return Err(e);
-                }
-                Err(_) => return Err(std::io::Error::other("an HTTP worker died while starting")),
+        let listeners = match all_listening(&ready_rx, cfg.http.workers) {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = stop.send(true);
+                return Err(e);
             }
-        }
-        for a in &addrs {
-            tracing::info!(addr = %a, workers = cfg.http.workers, "HTTP VIP listening");
+        };
+        for v in cfg.vips.iter().filter(|v| v.serves_http()) {
+            tracing::info!(addr = %SocketAddr::new(v.address, v.port), workers = cfg.http.workers, "HTTP VIP listening");
         }
         // Served from now on: status and metrics show these certificates.
-        for t in &tls {
+        for t in shared.iter().filter_map(|s| s.tls.as_ref()) {
             t.publish();
         }
         Ok(HttpServer { stop, workers, listeners })

@@ -6,7 +6,7 @@
 //! names the new one (HAProxy's redispatch). A request that carries a JSESSIONID is
 //! routed by it instead.
 
-use super::rewrite::is;
+use crate::http1::rewrite::is;
 
 pub struct Persist {
     name: Box<[u8]>,
@@ -54,7 +54,7 @@ impl Persist {
 }
 
 /// Whether a response head has a `Cache-Control` field.
-pub fn has_cache_control(res: &super::head::ResponseHead, buf: &[u8]) -> bool {
+pub fn has_cache_control(res: &crate::http1::head::ResponseHead, buf: &[u8]) -> bool {
     res.headers.iter().any(|h| is(&buf[h.name.clone()], "cache-control"))
 }
 

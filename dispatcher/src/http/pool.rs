@@ -20,8 +20,10 @@ use tokio::{
     sync::{OwnedSemaphorePermit, Semaphore},
 };
 
-use super::body::Inbound;
-use crate::conn::{ReadSide, WriteSide};
+use crate::http1::{
+    body::Inbound,
+    io::{is_local_errno, ReadSide, WriteSide},
+};
 use crate::{
     capacity::{IdleBudget, IdleSlot},
     config::HttpSettings,
@@ -44,7 +46,7 @@ impl Upstream {
     /// Resets the connection when it is dropped (SO_LINGER 0): the server sees an abort,
     /// never a request that looks complete.
     pub fn abort(&self) {
-        crate::conn::reset_on_close(self.fd);
+        crate::http1::io::reset_on_close(self.fd);
     }
 }
 
@@ -103,21 +105,6 @@ impl PoolError {
             _ => false,
         }
     }
-}
-
-/// Errors that say this host ran out of something, whoever the peer is.
-pub fn is_local_errno(e: i32) -> bool {
-    [libc_errno::EMFILE, libc_errno::ENFILE, libc_errno::ENOBUFS, libc_errno::ENOMEM, libc_errno::EADDRNOTAVAIL]
-        .contains(&e)
-}
-
-mod libc_errno {
-    use nix::errno::Errno;
-    pub const EMFILE: i32 = Errno::EMFILE as i32;
-    pub const ENFILE: i32 = Errno::ENFILE as i32;
-    pub const ENOBUFS: i32 = Errno::ENOBUFS as i32;
-    pub const ENOMEM: i32 = Errno::ENOMEM as i32;
-    pub const EADDRNOTAVAIL: i32 = Errno::EADDRNOTAVAIL as i32;
 }
 
 pub struct Pool {
@@ -215,9 +202,9 @@ impl Pool {
         self.open.fetch_add(1, Ordering::Relaxed);
         let open = Open(self.open.clone());
         let (r, w, fd) = match &self.tls {
-            None => crate::conn::split_plain(stream),
+            None => crate::http1::io::split_plain(stream),
             Some(tls) => match tokio::time::timeout_at(deadline, tls.connect(stream)).await {
-                Ok(Ok(s)) => crate::conn::split_tls(s),
+                Ok(Ok(s)) => crate::http1::io::split_tls(s),
                 Ok(Err(source)) => return Err(PoolError::Tls { addr, source }),
                 Err(_) => return Err(PoolError::ConnectTimeout { addr }),
             },

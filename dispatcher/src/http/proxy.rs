@@ -18,25 +18,26 @@ use tokio::{
 use super::{
     answer::Answer,
     attempt::{read_ahead, send, Attempt, Downstream, Reply},
-    body::{relay_chunked, relay_length, relay_until_close, ChunkedDecoder, Inbound, RelayError, Timeouts},
-    head::{parse_request, Framing, HeadLimits, Header, Reject, RequestHead, ResponseHead},
     hold::{await_shared, hold, HoldEnd},
     pool::{Pool, Upstream},
     respond::{closes, deliver, forward_interim, inline_small_body, upgrade, Undelivered},
     retry::{is_idempotent, Retries},
-    rewrite::{build_request, build_response, is},
     route::{Decision, VipRoute},
     session, Counted,
+};
+use crate::capacity::queue::{Refused, Slot};
+use crate::http1::{
+    body::{Inbound, RelayError},
+    head::{parse_request, Framing, HeadLimits, Header, Reject, RequestHead, ResponseHead},
+    io::{ReadSide, WriteSide},
+    rewrite::{build_request, build_response, is},
+    send_error, write_client, ERROR_WRITE_DEADLINE,
 };
 use crate::{
     access_log::{AccessLog, Decision as LogDecision, Entry, MAX_REQUEST_LINE},
     config::{HttpSettings, Redirect, SessionFormat},
     state::{Backend, Cluster},
     tls::server::ServerTls,
-};
-use crate::{
-    capacity::queue::{Refused, Slot},
-    conn::{ReadSide, WriteSide},
 };
 use dispatcher_common::BackendState;
 
@@ -50,6 +51,8 @@ pub struct VipCtx {
     /// Indexed by backend id; `Some` for the VIP's members.
     pub pools: Vec<Option<Pool>>,
     pub cluster: Arc<Cluster>,
+    /// The server generation's capacity and per-VIP counts.
+    pub capacity: Arc<crate::capacity::Capacity>,
     pub settings: HttpSettings,
     pub limits: HeadLimits,
     /// Statuses that make the answering backend suspect (`health.suspect_on_status`).
@@ -73,8 +76,6 @@ pub struct VipCtx {
 /// After the listener stops: how long an idle keep-alive client has to send its next
 /// request (answered, with `Connection: close`) before its connection is closed.
 const STOP_GRACE: Duration = Duration::from_secs(1);
-/// How long an answer of the proxy's own may take to leave (the client must read it).
-const ERROR_WRITE_DEADLINE: Duration = Duration::from_secs(5);
 
 enum Next {
     KeepAlive,
@@ -88,47 +89,6 @@ enum HeadRead {
     Closed,
     /// A bad or late head, and when its first byte was at hand.
     Reject(Reject, Instant),
-}
-
-pub fn reason(status: u16) -> &'static str {
-    match status {
-        400 => "Bad Request",
-        405 => "Method Not Allowed",
-        408 => "Request Timeout",
-        413 => "Content Too Large",
-        417 => "Expectation Failed",
-        431 => "Request Header Fields Too Large",
-        501 => "Not Implemented",
-        502 => "Bad Gateway",
-        503 => "Service Unavailable",
-        508 => "Loop Detected",
-        504 => "Gateway Timeout",
-        _ => "Error",
-    }
-}
-
-/// Writes to the client within `timeout`; `false` when it failed or the client did not
-/// take the bytes in time (a client that never reads cannot hold a request forever).
-/// Flushed: over TLS a write may leave encrypted bytes inside the TLS layer when the
-/// socket is full (a no-op on plain TCP).
-pub(super) async fn write_client<W: AsyncWrite + Unpin + ?Sized>(w: &mut W, bytes: &[u8], timeout: Duration) -> bool {
-    let write = async {
-        w.write_all(bytes).await?;
-        w.flush().await
-    };
-    matches!(tokio::time::timeout(timeout, write).await, Ok(Ok(())))
-}
-
-/// An answer of the proxy's own, bounded in time; the connection is closed after it.
-pub(super) async fn send_error<W: AsyncWrite + Unpin>(w: &mut W, status: u16, why: &str, retry_after: Option<u32>) {
-    let body = format!("{status} {}: {why}\n", reason(status));
-    let retry = retry_after.map(|s| format!("Retry-After: {s}\r\n")).unwrap_or_default();
-    let head = format!(
-        "HTTP/1.1 {status} {}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n{retry}Connection: close\r\n\r\n{body}",
-        reason(status),
-        body.len()
-    );
-    write_client(w, head.as_bytes(), ERROR_WRITE_DEADLINE).await;
 }
 
 /// The dispatcher's own answer to a request, as the access log records it.
@@ -277,11 +237,11 @@ pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut st
     let _ = stream.set_nodelay(true);
     let steer_slot = crate::steering::slot_of(peer, stream.local_addr().unwrap_or(peer));
     let (r, w, _) = match &ctx.tls {
-        None => crate::conn::split_plain(stream),
+        None => crate::http1::io::split_plain(stream),
         // Boxed: the handshake's state exists only during the handshake, not in every
         // idle connection's task.
         Some(tls) => match Box::pin(tls.accept(stream)).await {
-            Some(conn) => crate::conn::split_tls(conn),
+            Some(conn) => crate::http1::io::split_tls(conn),
             None => return,
         },
     };
@@ -303,7 +263,7 @@ pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut st
             }
         };
         let head_bytes = conn.client.buf.split_to(head.len);
-        conn.ctx.cluster.vips[conn.ctx.vip_index].requests.fetch_add(1, Ordering::Relaxed);
+        conn.ctx.capacity.vips[conn.ctx.vip_index].requests.fetch_add(1, Ordering::Relaxed);
         if let Some(to) = &conn.ctx.redirect {
             let answer = redirect_answer(&head, &head_bytes, to);
             let written0 = conn.w.written;
@@ -464,59 +424,6 @@ fn head_started(deadline: Option<Instant>, ctx: &VipCtx) -> Instant {
     deadline.map_or_else(Instant::now, |d| d - ctx.settings.header_timeout)
 }
 
-pub(super) async fn relay_body<R, W>(
-    framing: Framing,
-    src: &mut Inbound<R>,
-    dst: &mut W,
-    t: Timeouts,
-    dechunk: bool,
-) -> Result<(), RelayError>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    match framing {
-        Framing::None => Ok(()),
-        Framing::Length(n) => relay_length(src, dst, n, t).await,
-        Framing::Chunked => relay_chunked(src, dst, t, dechunk).await,
-        Framing::UntilClose => relay_until_close(src, dst, t).await,
-    }
-}
-
-/// Reads exactly `n` body bytes from the client into memory (the retry buffer).
-pub(super) async fn read_body<R: AsyncRead + Unpin>(
-    client: &mut Inbound<R>,
-    n: usize,
-    timeout: Duration,
-) -> Result<Vec<u8>, RelayError> {
-    while client.buf.len() < n {
-        if client.fill(timeout).await? == 0 {
-            return Err(RelayError::Eof);
-        }
-    }
-    Ok(client.buf.split_to(n).to_vec())
-}
-
-/// Checks the part of a chunked request body already read, and waits (bounded) for its
-/// first chunk-size line unless the client waits for `100 Continue` before sending it:
-/// a body that is already known to be bad never reaches a backend.
-pub(super) async fn precheck_chunked<R: AsyncRead + Unpin>(
-    client: &mut Inbound<R>,
-    expect_continue: bool,
-    timeout: Duration,
-) -> Result<(), RelayError> {
-    loop {
-        let mut dec = ChunkedDecoder::default();
-        dec.feed(&client.buf, None, false)?;
-        if dec.past_first_line() || expect_continue {
-            return Ok(());
-        }
-        if client.fill(timeout).await? == 0 {
-            return Err(RelayError::Eof);
-        }
-    }
-}
-
 /// Whether the backend a request waited for still serves it as `decision` chose it: an
 /// owner or replica that still keeps its sessions (not suspect), or, balanced, one still
 /// taking new work.
@@ -586,7 +493,7 @@ impl ClientConn {
         let ClientConn { ctx, peer, steer_slot, client, w, out, scratch } = self;
         let ctx: &VipCtx = ctx;
         let s = &ctx.settings;
-        if super::rewrite::looped(head, buf) {
+        if crate::http1::rewrite::looped(head, buf) {
             // Forwarded by this very process before: it came back through a backend that
             // leads here. Answered, never forwarded again (each round would take two more
             // descriptors until they run out).
@@ -883,7 +790,7 @@ async fn respond<R: AsyncRead + Unpin>(
     trace.response = Some(Instant::now());
     trace.status = res.status;
     be.latency.record(took);
-    if let Some(v) = c.vips.get(ctx.vip_index) {
+    if let Some(v) = ctx.capacity.vips.get(ctx.vip_index) {
         v.latency.record(took);
     }
     if ctx.suspect_on_status.contains(&res.status) {

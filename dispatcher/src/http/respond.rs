@@ -7,14 +7,17 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::{
     attempt::read_response,
-    body::{Inbound, RelayError, Timeouts},
-    head::{Framing, HeadLimits, Header, RequestHead, ResponseHead},
     pool::Upstream,
-    proxy::{relay_body, write_client},
-    rewrite::build_response,
     tunnel::{tunnel, TunnelTimeouts},
 };
-use crate::{config::HttpSettings, conn::WriteSide};
+use crate::config::HttpSettings;
+use crate::http1::{
+    body::{relay_body, Inbound, RelayError, Timeouts},
+    head::{Framing, HeadLimits, Header, RequestHead, ResponseHead},
+    io::WriteSide,
+    rewrite::build_response,
+    write_client,
+};
 
 /// Interim responses (other than 101) go to the client as they are; the final one (or
 /// a 101) is returned. `None`: the client could not be written to, or no further head
@@ -116,10 +119,8 @@ pub async fn deliver<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::{
-        attempt::tests::{drain, request},
-        head::parse_response,
-    };
+    use crate::http::attempt::tests::{drain, request};
+    use crate::http1::head::parse_response;
     use std::time::Duration;
     use tokio::io::AsyncWriteExt;
 

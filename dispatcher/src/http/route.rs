@@ -319,8 +319,7 @@ mode = "http"
         let s = session::parse(b"0000x:cNew");
         // Standalone: balanced at once, as the plug-in does.
         assert!(matches!(r.route(&c, s.as_ref(), false, false), Decision::Balanced(_)));
-        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-        c.set_publisher(tx);
+        let _news = c.subscribe_news();
         assert_eq!(r.route(&c, s.as_ref(), false, false), Decision::AwaitShared);
         assert!(matches!(r.route(&c, s.as_ref(), false, true), Decision::Balanced(_)), "after the wait");
         // A known ID among them: no wait; no session at all: no wait.

@@ -8,8 +8,8 @@ use std::{
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use super::{body::Inbound, pool::Upstream, proxy::write_client};
-use crate::conn::WriteSide;
+use super::pool::Upstream;
+use crate::http1::{body::Inbound, io::WriteSide, write_client};
 
 /// After `101 Switching Protocols`: bytes both ways until either side closes. Returns
 /// how many bytes it read from the client (those it had buffered were read already).

@@ -40,7 +40,33 @@ use crate::{
     state::Cluster,
 };
 
-pub use crate::state::Publish;
+/// What this dispatcher tells the others (`[cluster]`): the cluster's news
+/// (`state::News`, which this link listens to), and what the link itself or the agent
+/// asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Publish {
+    /// It learned a clone or partition ID from a backend's `Set-Cookie`.
+    Learned { id: String, backend: String },
+    /// Its own checks' verdicts changed, or it joined or left (the member key is
+    /// rewritten from the cluster).
+    Verdicts,
+    /// An operator's command given here.
+    Operator { backend: String, op: Operator },
+    /// A reload swapped the configuration and the cluster: the shared state is applied to
+    /// the new cluster, and read again if the peers or the backends changed.
+    Reloaded,
+}
+
+impl From<crate::state::News> for Publish {
+    fn from(n: crate::state::News) -> Publish {
+        use crate::state::News;
+        match n {
+            News::Learned { id, backend } => Publish::Learned { id, backend },
+            News::Verdicts => Publish::Verdicts,
+            News::Operator { backend, op } => Publish::Operator { backend, op },
+        }
+    }
+}
 
 /// The configuration and the cluster state a reload may replace.
 pub type Current = Arc<RwLock<(Arc<Config>, Arc<Cluster>)>>;
@@ -103,6 +129,10 @@ pub(crate) struct StoreState {
 pub struct Shared {
     inner: Arc<Inner>,
     task: tokio::task::JoinHandle<()>,
+    /// Passes the cluster's news on to `task`.
+    listener: tokio::task::JoinHandle<()>,
+    /// `task`'s inbox, for what the link and the agent ask for themselves.
+    inbox: mpsc::UnboundedSender<Publish>,
     lease: Arc<Mutex<Option<(etcd_client::Client, i64)>>>,
 }
 
@@ -112,7 +142,15 @@ impl Shared {
     /// `startup_wait` without it (the agent then serves with its own state and says so).
     pub async fn start(settings: ClusterSettings, current: Current, me: Identity) -> Shared {
         let (tx, rx) = mpsc::unbounded_channel();
-        current.read().unwrap().1.set_publisher(tx.clone());
+        let mut news = current.read().unwrap().1.subscribe_news();
+        let to_task = tx.clone();
+        let listener = tokio::spawn(async move {
+            while let Some(n) = news.recv().await {
+                if to_task.send(n.into()).is_err() {
+                    return;
+                }
+            }
+        });
         let inner = Arc::new(Inner {
             settings,
             current,
@@ -148,13 +186,14 @@ impl Shared {
                 "the shared store did not answer: serving with this dispatcher's own state until it does"
             ),
         }
-        Shared { inner, task, lease }
+        Shared { inner, task, listener, inbox: tx, lease }
     }
 
     /// Leaves the cluster: the lease is revoked, so that the others stop counting this
     /// dispatcher at once (not after the lease's time).
     pub async fn leave(self) {
         self.task.abort();
+        self.listener.abort();
         let held = self.lease.lock().unwrap().take();
         if let Some((mut client, id)) = held {
             let t = self.inner.settings.request_timeout;
@@ -173,7 +212,13 @@ impl Shared {
     /// This dispatcher joined or left: its member key says so (now, or when the store is
     /// back).
     pub fn publish_member(&self) {
-        self.inner.current.read().unwrap().1.publish(Publish::Verdicts);
+        let _ = self.inbox.send(Publish::Verdicts);
+    }
+
+    /// A reload swapped the cluster: the shared state is applied to the new one (and read
+    /// again if the peers or the backends changed).
+    pub fn reloaded(&self) {
+        let _ = self.inbox.send(Publish::Reloaded);
     }
 
     /// A read-only handle for `status` and the metrics.

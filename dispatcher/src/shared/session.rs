@@ -49,30 +49,29 @@ pub(super) async fn run(
     }
 }
 
+/// What one session works with once its lease is granted.
+struct Session<'a> {
+    inner: &'a Arc<Inner>,
+    client: Client,
+    lease: i64,
+    prefix: String,
+    /// `prefix/`: everything shared.
+    dir: String,
+    /// This dispatcher's member key.
+    my_key: String,
+    policy: Policy,
+    /// Events at or below it are in the view already (a snapshot read again mid-session).
+    seen_upto: i64,
+}
+
 async fn session(
     inner: &Arc<Inner>,
     rx: &mut mpsc::UnboundedReceiver<Publish>,
     ready: &mut Option<tokio::sync::oneshot::Sender<()>>,
     lease_out: &Arc<Mutex<Option<(Client, i64)>>>,
 ) -> anyhow::Result<std::convert::Infallible> {
+    let mut client = connect(inner).await?;
     let s = &inner.settings;
-    let opts = super::credentials::apply(
-        s,
-        ConnectOptions::new()
-            .with_connect_timeout(s.request_timeout)
-            .with_timeout(s.request_timeout)
-            .with_keep_alive(s.request_timeout, s.request_timeout),
-    )?;
-    // One member per session, the next one after a failure: a client balanced over all of
-    // them keeps sending to a dead member now and then, and every such request would end
-    // the session.
-    let k = inner.endpoint.load(Ordering::Relaxed) % s.endpoints.len();
-    let endpoint = s.endpoints[k].clone();
-    inner.state.lock().unwrap().via = endpoint.clone();
-    let mut client = timed(inner, "connecting to the store", Client::connect([endpoint.as_str()], Some(opts)))
-        .await
-        .with_context(|| format!("via {endpoint}"))?;
-    let prefix = s.key_prefix.clone();
     let ttl = s.lease_ttl.as_secs() as i64;
     let lease = timed(inner, "granting the membership lease", client.lease_grant(ttl, None)).await?.id();
     inner.counters.writes.fetch_add(1, Ordering::Relaxed);
@@ -81,62 +80,22 @@ async fn session(
     // Renewals run on their own from here on: a long replay or snapshot (a store holding
     // many keys) never lets the lease lapse. Their failure ends the session.
     let (lost_tx, mut lost) = tokio::sync::oneshot::channel();
-    let renewing = AbortOnDrop(tokio::spawn(renew(inner.clone(), client.clone(), keeper, renewed, lost_tx)));
-
-    // What this dispatcher decided while the store was away, first: in etcd's order it
-    // comes before anything the snapshot below does not hold yet.
-    loop {
-        let next = inner.pending.lock().unwrap().pop_front();
-        let Some(p) = next else { break };
-        if let Err(e) = write(inner, &mut client, &p).await {
-            inner.pending.lock().unwrap().push_front(p);
-            return Err(e);
-        }
-    }
-    let member = member_value(inner);
-    let my_key = view::member_key(&prefix, &s.name);
-    timed(inner, "registering", client.put(my_key.clone(), member, Some(PutOptions::new().with_lease(lease)))).await?;
-    inner.counters.writes.fetch_add(1, Ordering::Relaxed);
-
-    let dir = format!("{prefix}/");
-    let mut policy = Policy::for_config(&inner.current.read().unwrap().0);
-    let (v, revision) = snapshot(inner, &mut client, &policy, &dir).await?;
-    // Events at or below it are in the view already (a snapshot read again mid-session).
-    let mut seen_upto = revision;
-    let mut watch = timed(
+    let _renewing = AbortOnDrop(tokio::spawn(renew(inner.clone(), client.clone(), keeper, renewed, lost_tx)));
+    let prefix = s.key_prefix.clone();
+    let mut se = Session {
         inner,
-        "watching the shared state",
-        client.watch(dir.clone(), Some(WatchOptions::new().with_prefix().with_start_revision(revision + 1))),
-    )
-    .await?;
-    store_health(inner, &mut client).await;
-    apply_all(inner, &v);
-    publish_peers(inner, &v);
-    {
-        let mut st = inner.state.lock().unwrap();
-        st.view = v;
-        st.revision = revision;
-        if !st.connected {
-            st.since = Instant::now();
-        }
-        st.connected = true;
-        st.last_error = None;
-    }
-    {
-        let st = inner.state.lock().unwrap();
-        tracing::info!(
-            revision,
-            members = st.view.members.len(),
-            clones = st.view.clones.len(),
-            security = %s.security.describe(),
-            "shared store connected"
-        );
-    }
+        client,
+        lease,
+        dir: format!("{prefix}/"),
+        my_key: view::member_key(&prefix, &s.name),
+        prefix,
+        policy: Policy::for_config(&inner.current.read().unwrap().0),
+        seen_upto: 0,
+    };
+    let mut watch = se.begin().await?;
     if let Some(r) = ready.take() {
         let _ = r.send(());
     }
-
-    let _renewing = renewing;
     loop {
         tokio::select! {
             e = &mut lost => return Err(e.unwrap_or_else(|_| anyhow!("the lease renewals stopped"))),
@@ -145,106 +104,193 @@ async fn session(
                 if resp.canceled() {
                     bail!("the store cancelled the watch ({})", resp.cancel_reason());
                 }
-                let current = inner.current.read().unwrap().clone();
-                // Each event applied to the view in place (a flood costs what each key
-                // costs, never a copy of everything per message).
-                let mut verdicts = false;
-                let mut ops = Vec::new();
-                let mut clones = Vec::new();
-                let mut gone = Vec::new();
-                let mut mine_overwritten = false;
-                {
-                    let mut st = inner.state.lock().unwrap();
-                    for ev in resp.events() {
-                        let Some(kv) = ev.kv() else { continue };
-                        if kv.mod_revision() <= seen_upto {
-                            continue;
-                        }
-                        let put = ev.event_type() == EventType::Put;
-                        let value = put.then(|| kv.value());
-                        // This dispatcher's own member key, written by someone else or
-                        // deleted: written again below.
-                        if kv.key() == my_key.as_bytes() && (!put || kv.lease() != lease) {
-                            mine_overwritten = true;
-                        }
-                        let change = st.view.apply(&policy, &prefix, kv.key(), value, kv.lease());
-                        note_refused(inner, &change, kv.key());
-                        match change {
-                            Change::Verdicts => verdicts = true,
-                            Change::Operator { backend, .. } => ops.push(backend),
-                            Change::Clone { id, backend } => clones.push((id, backend)),
-                            Change::CloneGone { id } => gone.push(id),
-                            Change::None | Change::Refused(_) => {}
-                        }
-                    }
-                    if let Some(h) = resp.header() {
-                        st.revision = h.revision();
-                    }
-                }
-                let (cfg, cluster) = current;
-                let by_name = backend_index(&cluster);
-                for (id, b) in clones {
-                    if let Some(&i) = by_name.get(b.as_str()) {
-                        cluster.adopt_shared_clone(id.as_bytes(), i);
-                    }
-                }
-                for id in gone {
-                    cluster.forget_shared_clone(id.as_bytes());
-                }
-                {
-                    let st = inner.state.lock().unwrap();
-                    for b in ops {
-                        if let Some(&i) = by_name.get(b.as_str()) {
-                            apply_backend(&cfg, &cluster, &st.view, i, true);
-                        }
-                    }
-                    if verdicts {
-                        for i in 0..cluster.backends.len() {
-                            apply_backend(&cfg, &cluster, &st.view, i, false);
-                        }
-                        publish_peers(inner, &st.view);
-                    }
-                }
-                if mine_overwritten {
-                    // Another writer put this dispatcher's member key: it is written again,
-                    // with this dispatcher's lease and verdicts.
-                    crate::ratelimit::warn_that(
-                        "member key overwritten",
-                        &format_args!("this dispatcher's member key {my_key} was written by someone else: writing it again"),
-                    );
-                    timed(inner, "registering", client.put(my_key.clone(), member_value(inner), Some(PutOptions::new().with_lease(lease)))).await?;
-                    inner.counters.writes.fetch_add(1, Ordering::Relaxed);
-                }
+                se.watched(&resp).await?;
             }
             p = rx.recv() => {
                 let Some(p) = p else { bail!("the agent is stopping") };
-                let p = match p {
-                    Publish::Reloaded => {
-                        let cfg = inner.current.read().unwrap().0.clone();
-                        match refresh(inner, &mut client, &mut policy, &cfg, &dir).await? {
-                            Some(rev) => seen_upto = rev,
-                            None => {
-                                // Same peers and backends: the new cluster takes the shared
-                                // state as it stands.
-                                let st = inner.state.lock().unwrap();
-                                apply_all(inner, &st.view);
-                            }
-                        }
-                        continue;
+                se.publish(p).await?;
+            }
+        }
+    }
+}
+
+/// A client of one member: one per session, the next one after a failure (a client
+/// balanced over all of them keeps sending to a dead member now and then, and every such
+/// request would end the session).
+async fn connect(inner: &Inner) -> anyhow::Result<Client> {
+    let s = &inner.settings;
+    let opts = super::credentials::apply(
+        s,
+        ConnectOptions::new()
+            .with_connect_timeout(s.request_timeout)
+            .with_timeout(s.request_timeout)
+            .with_keep_alive(s.request_timeout, s.request_timeout),
+    )?;
+    let k = inner.endpoint.load(Ordering::Relaxed) % s.endpoints.len();
+    let endpoint = s.endpoints[k].clone();
+    inner.state.lock().unwrap().via = endpoint.clone();
+    timed(inner, "connecting to the store", Client::connect([endpoint.as_str()], Some(opts)))
+        .await
+        .with_context(|| format!("via {endpoint}"))
+}
+
+/// What one watch message changed.
+#[derive(Default)]
+struct Watched {
+    verdicts: bool,
+    ops: Vec<String>,
+    clones: Vec<(String, String)>,
+    gone: Vec<String>,
+    mine_overwritten: bool,
+}
+
+impl Session<'_> {
+    /// What waited, the member key, the snapshot applied, and the watch from there on.
+    async fn begin(&mut self) -> anyhow::Result<etcd_client::WatchStream> {
+        let inner = self.inner;
+        // What this dispatcher decided while the store was away, first: in etcd's order it
+        // comes before anything the snapshot below does not hold yet.
+        loop {
+            let next = inner.pending.lock().unwrap().pop_front();
+            let Some(p) = next else { break };
+            if let Err(e) = write(inner, &mut self.client, &p).await {
+                inner.pending.lock().unwrap().push_front(p);
+                return Err(e);
+            }
+        }
+        self.register("registering").await?;
+        let (v, revision) = snapshot(inner, &mut self.client, &self.policy, &self.dir).await?;
+        self.seen_upto = revision;
+        let options = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
+        let watch =
+            timed(inner, "watching the shared state", self.client.watch(self.dir.clone(), Some(options))).await?;
+        store_health(inner, &mut self.client).await;
+        apply_all(inner, &v);
+        publish_peers(inner, &v);
+        let mut st = inner.state.lock().unwrap();
+        tracing::info!(
+            revision,
+            members = v.members.len(),
+            clones = v.clones.len(),
+            security = %inner.settings.security.describe(),
+            "shared store connected"
+        );
+        st.view = v;
+        st.revision = revision;
+        if !st.connected {
+            st.since = Instant::now();
+        }
+        st.connected = true;
+        st.last_error = None;
+        Ok(watch)
+    }
+
+    /// Writes this dispatcher's member key (its verdicts), with the lease.
+    async fn register(&mut self, what: &str) -> anyhow::Result<()> {
+        let put = PutOptions::new().with_lease(self.lease);
+        timed(self.inner, what, self.client.put(self.my_key.clone(), member_value(self.inner), Some(put))).await?;
+        self.inner.counters.writes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// A watch message: each event applied to the view in place (a flood costs what each
+    /// key costs, never a copy of everything per message), then to the cluster.
+    async fn watched(&mut self, resp: &etcd_client::WatchResponse) -> anyhow::Result<()> {
+        let w = self.apply_events(resp);
+        let (cfg, cluster) = self.inner.current.read().unwrap().clone();
+        let by_name = backend_index(&cluster);
+        for (id, b) in w.clones {
+            if let Some(&i) = by_name.get(b.as_str()) {
+                cluster.adopt_shared_clone(id.as_bytes(), i);
+            }
+        }
+        for id in w.gone {
+            cluster.forget_shared_clone(id.as_bytes());
+        }
+        {
+            let st = self.inner.state.lock().unwrap();
+            for b in w.ops {
+                if let Some(&i) = by_name.get(b.as_str()) {
+                    apply_backend(&cfg, &cluster, &st.view, i, true);
+                }
+            }
+            if w.verdicts {
+                for i in 0..cluster.backends.len() {
+                    apply_backend(&cfg, &cluster, &st.view, i, false);
+                }
+                publish_peers(self.inner, &st.view);
+            }
+        }
+        if w.mine_overwritten {
+            // Another writer put this dispatcher's member key: it is written again, with
+            // this dispatcher's lease and verdicts.
+            crate::ratelimit::warn_that(
+                "member key overwritten",
+                &format_args!(
+                    "this dispatcher's member key {} was written by someone else: writing it again",
+                    self.my_key
+                ),
+            );
+            self.register("registering").await?;
+        }
+        Ok(())
+    }
+
+    fn apply_events(&self, resp: &etcd_client::WatchResponse) -> Watched {
+        let mut w = Watched::default();
+        let mut st = self.inner.state.lock().unwrap();
+        for ev in resp.events() {
+            let Some(kv) = ev.kv() else { continue };
+            if kv.mod_revision() <= self.seen_upto {
+                continue;
+            }
+            let put = ev.event_type() == EventType::Put;
+            // This dispatcher's own member key, written by someone else or deleted:
+            // written again.
+            if kv.key() == self.my_key.as_bytes() && (!put || kv.lease() != self.lease) {
+                w.mine_overwritten = true;
+            }
+            let change = st.view.apply(&self.policy, &self.prefix, kv.key(), put.then(|| kv.value()), kv.lease());
+            note_refused(self.inner, &change, kv.key());
+            match change {
+                Change::Verdicts => w.verdicts = true,
+                Change::Operator { backend, .. } => w.ops.push(backend),
+                Change::Clone { id, backend } => w.clones.push((id, backend)),
+                Change::CloneGone { id } => w.gone.push(id),
+                Change::None | Change::Refused(_) => {}
+            }
+        }
+        if let Some(h) = resp.header() {
+            st.revision = h.revision();
+        }
+        w
+    }
+
+    /// What the agent or the cluster asks to be told.
+    async fn publish(&mut self, p: Publish) -> anyhow::Result<()> {
+        let inner = self.inner;
+        match p {
+            Publish::Reloaded => {
+                let cfg = inner.current.read().unwrap().0.clone();
+                match refresh(inner, &mut self.client, &mut self.policy, &cfg, &self.dir).await? {
+                    Some(rev) => self.seen_upto = rev,
+                    None => {
+                        // Same peers and backends: the new cluster takes the shared state
+                        // as it stands.
+                        let st = inner.state.lock().unwrap();
+                        apply_all(inner, &st.view);
                     }
-                    // The member key carries the verdicts, with the lease.
-                    Publish::Verdicts => {
-                        let key = view::member_key(&prefix, &s.name);
-                        timed(inner, "publishing verdicts", client.put(key, member_value(inner), Some(PutOptions::new().with_lease(lease)))).await?;
-                        inner.counters.writes.fetch_add(1, Ordering::Relaxed);
-                        continue;
-                    }
-                    p => p,
-                };
-                if let Err(e) = write(inner, &mut client, &p).await {
+                }
+                Ok(())
+            }
+            // The member key carries the verdicts, with the lease.
+            Publish::Verdicts => self.register("publishing verdicts").await,
+            p => {
+                if let Err(e) = write(inner, &mut self.client, &p).await {
                     keep_pending(inner, p);
                     return Err(e);
                 }
+                Ok(())
             }
         }
     }

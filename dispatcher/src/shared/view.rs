@@ -239,66 +239,9 @@ impl View {
             (["members", name], None) => {
                 Ok(if self.members.remove(*name).is_some() { Change::Verdicts } else { Change::None })
             }
-            (["members", name], Some(v)) => {
-                if lease == 0 {
-                    return Err(Refusal::NoLease);
-                }
-                if !policy.peers.contains(*name) {
-                    return Err(Refusal::UnknownMember);
-                }
-                let mut m = serde_json::from_str::<Member>(v).map_err(|_| Refusal::Malformed)?;
-                if m.name != *name {
-                    return Err(Refusal::Malformed);
-                }
-                let mac = match &m.mac {
-                    Some(mac) => {
-                        Some(crate::mac::parse_mac(mac).ok().filter(crate::mac::is_unicast).ok_or(Refusal::BadMac)?)
-                    }
-                    None => None,
-                };
-                // A peer pinned to its MAC on the segment publishes that one or none.
-                if let (Some(pinned), Some(mac)) = (policy.peer_macs.get(*name), mac) {
-                    if *pinned != mac {
-                        return Err(Refusal::BadMac);
-                    }
-                }
-                // Verdicts on backends this configuration does not have decide nothing.
-                m.down.retain(|b| policy.backends.contains(b));
-                m.down.sort();
-                m.down.dedup();
-                self.members.insert(name.to_string(), m);
-                Ok(Change::Verdicts)
-            }
-            (["operator", backend], v) => {
-                if !policy.backends.contains(*backend) {
-                    return Err(Refusal::UnknownBackend);
-                }
-                let op = match v {
-                    None => Operator::None,
-                    Some("drain") => Operator::Drain,
-                    Some("disabled") => Operator::Disabled,
-                    _ => return Err(Refusal::Malformed),
-                };
-                if op == Operator::None {
-                    self.operators.remove(*backend);
-                } else {
-                    self.operators.insert(backend.to_string(), op);
-                }
-                Ok(Change::Operator { backend: backend.to_string(), op })
-            }
-            (["clones", id], Some(backend)) => {
-                if !clone_id_ok(id.as_bytes()) {
-                    return Err(Refusal::BadId);
-                }
-                if !policy.backends.contains(backend) {
-                    return Err(Refusal::UnknownBackend);
-                }
-                if !self.clones.contains_key(*id) && self.clones.len() >= policy.max_clones {
-                    return Err(Refusal::TableFull);
-                }
-                self.clones.insert(id.to_string(), backend.to_string());
-                Ok(Change::Clone { id: id.to_string(), backend: backend.to_string() })
-            }
+            (["members", name], Some(v)) => self.take_member(policy, name, v, lease),
+            (["operator", backend], v) => self.take_operator(policy, backend, v),
+            (["clones", id], Some(backend)) => self.take_clone(policy, id, backend),
             (["clones", id], None) => Ok(if self.clones.remove(*id).is_some() {
                 Change::CloneGone { id: id.to_string() }
             } else {
@@ -306,6 +249,71 @@ impl View {
             }),
             _ => Err(Refusal::UnknownKey),
         }
+    }
+
+    /// A member key put: a known peer's, under its lease, with its own name and a unicast
+    /// MAC (its pinned one, if any).
+    fn take_member(&mut self, policy: &Policy, name: &str, v: &str, lease: i64) -> Result<Change, Refusal> {
+        if lease == 0 {
+            return Err(Refusal::NoLease);
+        }
+        if !policy.peers.contains(name) {
+            return Err(Refusal::UnknownMember);
+        }
+        let mut m = serde_json::from_str::<Member>(v).map_err(|_| Refusal::Malformed)?;
+        if m.name != name {
+            return Err(Refusal::Malformed);
+        }
+        let mac = match &m.mac {
+            Some(mac) => Some(crate::mac::parse_mac(mac).ok().filter(crate::mac::is_unicast).ok_or(Refusal::BadMac)?),
+            None => None,
+        };
+        // A peer pinned to its MAC on the segment publishes that one or none.
+        if let (Some(pinned), Some(mac)) = (policy.peer_macs.get(name), mac) {
+            if *pinned != mac {
+                return Err(Refusal::BadMac);
+            }
+        }
+        // Verdicts on backends this configuration does not have decide nothing.
+        m.down.retain(|b| policy.backends.contains(b));
+        m.down.sort();
+        m.down.dedup();
+        self.members.insert(name.to_string(), m);
+        Ok(Change::Verdicts)
+    }
+
+    /// An operator key put (`drain`, `disabled`) or deleted, for a known backend.
+    fn take_operator(&mut self, policy: &Policy, backend: &str, v: Option<&str>) -> Result<Change, Refusal> {
+        if !policy.backends.contains(backend) {
+            return Err(Refusal::UnknownBackend);
+        }
+        let op = match v {
+            None => Operator::None,
+            Some("drain") => Operator::Drain,
+            Some("disabled") => Operator::Disabled,
+            _ => return Err(Refusal::Malformed),
+        };
+        if op == Operator::None {
+            self.operators.remove(backend);
+        } else {
+            self.operators.insert(backend.to_string(), op);
+        }
+        Ok(Change::Operator { backend: backend.to_string(), op })
+    }
+
+    /// A clone key put: a well-formed ID, a known backend, room in the table (or known).
+    fn take_clone(&mut self, policy: &Policy, id: &str, backend: &str) -> Result<Change, Refusal> {
+        if !clone_id_ok(id.as_bytes()) {
+            return Err(Refusal::BadId);
+        }
+        if !policy.backends.contains(backend) {
+            return Err(Refusal::UnknownBackend);
+        }
+        if !self.clones.contains_key(id) && self.clones.len() >= policy.max_clones {
+            return Err(Refusal::TableFull);
+        }
+        self.clones.insert(id.to_string(), backend.to_string());
+        Ok(Change::Clone { id: id.to_string(), backend: backend.to_string() })
     }
 
     /// The cluster-wide health rule: a backend is out when more than half of the live

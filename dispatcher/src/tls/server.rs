@@ -35,7 +35,7 @@ use tokio_rustls::LazyConfigAcceptor;
 use super::certs::{self, CertInfo};
 use crate::{
     config::{HttpSettings, TlsVersion, VipTls},
-    conn::TlsConn,
+    http1::io::TlsConn,
 };
 
 /// Why a handshake did not complete.
@@ -170,10 +170,7 @@ pub struct ServerTls {
 const PLAIN_HTTP_BODY: &str = "This port speaks HTTPS: the request was sent as plain HTTP\n";
 
 fn plain_http_answer() -> String {
-    format!(
-        "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{PLAIN_HTTP_BODY}",
-        PLAIN_HTTP_BODY.len()
-    )
+    crate::http1::closing_answer(400, "text/plain", "", PLAIN_HTTP_BODY)
 }
 
 /// Closes after an answer without resetting it away: the write side first, then what
@@ -299,5 +296,23 @@ fn classify(e: &std::io::Error) -> Failure {
     match e.kind() {
         UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe => Failure::Closed,
         _ => Failure::Protocol,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Plain HTTP on the TLS port gets this 400, byte for byte (the codec's closing
+    /// answer).
+    #[test]
+    fn plain_http_gets_a_plain_400() {
+        assert_eq!(
+            plain_http_answer(),
+            format!(
+                "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{PLAIN_HTTP_BODY}",
+                PLAIN_HTTP_BODY.len()
+            )
+        );
     }
 }

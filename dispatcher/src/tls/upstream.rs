@@ -11,7 +11,7 @@ use rustls::{pki_types::ServerName, ClientConfig, RootCertStore};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
-use crate::{config::BackendTlsFiles, conn::TlsConn};
+use crate::{config::BackendTlsFiles, http1::io::TlsConn};
 
 /// The client configuration a VIP's backends share.
 pub fn client_config(f: &BackendTlsFiles) -> anyhow::Result<Arc<ClientConfig>> {

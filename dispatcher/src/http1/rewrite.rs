@@ -201,7 +201,7 @@ pub fn vip_authority(addr: std::net::SocketAddr) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::head::{parse_request, HeadLimits};
+    use crate::http1::head::{parse_request, HeadLimits};
 
     fn forwarded(text: &str, vip: &str) -> String {
         let h = parse_request(text.as_bytes(), &HeadLimits::default(), &mut Vec::new()).unwrap().unwrap();

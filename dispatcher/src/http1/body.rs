@@ -6,6 +6,8 @@ use std::time::Duration;
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use super::head::{Framing, Reject};
+
 /// Where a relay failed: the reading side, the writing side, or the message itself.
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
@@ -19,6 +21,17 @@ pub enum RelayError {
     Eof,
     #[error("bad chunked encoding: {0}")]
     Chunk(&'static str),
+}
+
+/// Why `Inbound::read_head` returned no head.
+#[derive(Debug)]
+pub enum HeadError {
+    /// The peer closed before the end of a head (or before its first byte).
+    Closed,
+    /// The head is refused: the status to answer with, and why.
+    Reject(Reject),
+    /// A read failed or timed out.
+    Read(RelayError),
 }
 
 /// A connection's read side with its buffer: bytes read past one message stay here for
@@ -71,6 +84,28 @@ impl<R: AsyncRead + Unpin> Inbound<R> {
             }
             Ok(Err(e)) => Err(RelayError::Read(e)),
             Err(_) => Err(RelayError::Timeout),
+        }
+    }
+
+    /// Reads until `parse` finds a whole head at the start of the buffer (`parse_request`
+    /// or `parse_response` with the caller's limits); each read waits at most `timeout`.
+    /// The head's bytes stay in the buffer (`len` of the head returned).
+    pub async fn read_head<H>(
+        &mut self,
+        timeout: Duration,
+        mut parse: impl FnMut(&[u8]) -> Result<Option<H>, Reject>,
+    ) -> Result<H, HeadError> {
+        loop {
+            if !self.buf.is_empty() {
+                if let Some(head) = parse(&self.buf).map_err(HeadError::Reject)? {
+                    return Ok(head);
+                }
+            }
+            match self.fill(timeout).await {
+                Ok(0) => return Err(HeadError::Closed),
+                Ok(_) => {}
+                Err(e) => return Err(HeadError::Read(e)),
+            }
         }
     }
 
@@ -171,7 +206,7 @@ pub async fn within_rate<T>(
 
 /// Writes with a deadline: a peer that stops reading cannot hold the relay (and the
 /// connection on the other side) forever.
-/// Flushed, as `proxy::write_client` is (TLS may hold bytes back otherwise).
+/// Flushed, as `answer::write_client` is (TLS may hold bytes back otherwise).
 async fn write<W: AsyncWrite + Unpin>(dst: &mut W, bytes: &[u8], timeout: Duration) -> Result<(), RelayError> {
     let write = async {
         dst.write_all(bytes).await?;
@@ -452,6 +487,60 @@ where
     Ok(())
 }
 
+/// Relays one body as `framing` delimits it (`dechunk`: a chunked body's data only).
+pub async fn relay_body<R, W>(
+    framing: Framing,
+    src: &mut Inbound<R>,
+    dst: &mut W,
+    t: Timeouts,
+    dechunk: bool,
+) -> Result<(), RelayError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    match framing {
+        Framing::None => Ok(()),
+        Framing::Length(n) => relay_length(src, dst, n, t).await,
+        Framing::Chunked => relay_chunked(src, dst, t, dechunk).await,
+        Framing::UntilClose => relay_until_close(src, dst, t).await,
+    }
+}
+
+/// Reads exactly `n` body bytes from the client into memory (the retry buffer).
+pub async fn read_body<R: AsyncRead + Unpin>(
+    client: &mut Inbound<R>,
+    n: usize,
+    timeout: Duration,
+) -> Result<Vec<u8>, RelayError> {
+    while client.buf.len() < n {
+        if client.fill(timeout).await? == 0 {
+            return Err(RelayError::Eof);
+        }
+    }
+    Ok(client.buf.split_to(n).to_vec())
+}
+
+/// Checks the part of a chunked request body already read, and waits (bounded) for its
+/// first chunk-size line unless the client waits for `100 Continue` before sending it:
+/// a body that is already known to be bad never reaches a backend.
+pub async fn precheck_chunked<R: AsyncRead + Unpin>(
+    client: &mut Inbound<R>,
+    expect_continue: bool,
+    timeout: Duration,
+) -> Result<(), RelayError> {
+    loop {
+        let mut dec = ChunkedDecoder::default();
+        dec.feed(&client.buf, None, false)?;
+        if dec.past_first_line() || expect_continue {
+            return Ok(());
+        }
+        if client.fill(timeout).await? == 0 {
+            return Err(RelayError::Eof);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -618,7 +707,7 @@ mod tests {
             b"ffffffffffffffff\r\n",
             b"Content-Length: 3\r\n",
         ];
-        let mut next = crate::http::xorshift(0x2545_f491_4f6c_dd1du64);
+        let mut next = crate::http1::xorshift(0x2545_f491_4f6c_dd1du64);
         let whole = |input: &[u8]| {
             let mut d = ChunkedDecoder::default();
             let mut out = Vec::new();

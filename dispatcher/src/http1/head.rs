@@ -67,7 +67,8 @@ pub struct ResponseHead {
     pub close: bool,
 }
 
-/// Hard cap on header fields per head (the parse array lives on the stack).
+/// Hard cap on header fields per head (the parse array lives on the stack); the most
+/// `http.max_headers` may allow (`config::MAX_HEADERS` is this).
 pub const MAX_HEADERS: usize = 256;
 
 /// Limits on what a client may send as a head.
@@ -248,24 +249,7 @@ pub fn parse_request(
     let method = req.method.ok_or(reject(400, "no method"))?;
     let target = req.path.ok_or(reject(400, "no request target"))?;
     let minor = req.version.ok_or(reject(400, "no version"))?;
-    if method == "CONNECT" {
-        return Err(reject(405, "CONNECT is not supported"));
-    }
-    if target == "*" && method != "OPTIONS" {
-        return Err(reject(400, "asterisk-form target outside OPTIONS"));
-    }
-    if target.contains('#') {
-        // A fragment is never part of a request target (RFC 9112 3.2).
-        return Err(reject(400, "fragment in the request target"));
-    }
-    let target_range = range_of(buf, target.as_bytes());
-    let (authority, path) = if target.starts_with('/') || target == "*" {
-        (None, target_range.clone())
-    } else {
-        let (a, p) = absolute_form(target.as_bytes()).ok_or(reject(400, "bad request target"))?;
-        let base = target_range.start;
-        (Some(base + a.start..base + a.end), base + p.start..base + p.end)
-    };
+    let (authority, path) = request_target(buf, method, target)?;
     collect_headers(buf, req.headers, scratch);
     let f = scan(buf, scratch, true)?;
     if f.hosts > 1 {
@@ -300,6 +284,29 @@ pub fn parse_request(
         authority,
         path,
     }))
+}
+
+/// The request target's forms (RFC 9112 3.2): origin-form, `*` for OPTIONS only, or
+/// absolute-form (`absolute_form`); no CONNECT (authority-form), no fragment. The
+/// absolute-form authority's range, if any, and the range of the part that is sent.
+fn request_target(buf: &[u8], method: &str, target: &str) -> Result<(Option<Range<usize>>, Range<usize>), Reject> {
+    if method == "CONNECT" {
+        return Err(reject(405, "CONNECT is not supported"));
+    }
+    if target == "*" && method != "OPTIONS" {
+        return Err(reject(400, "asterisk-form target outside OPTIONS"));
+    }
+    if target.contains('#') {
+        // A fragment is never part of a request target (RFC 9112 3.2).
+        return Err(reject(400, "fragment in the request target"));
+    }
+    let target_range = range_of(buf, target.as_bytes());
+    if target.starts_with('/') || target == "*" {
+        return Ok((None, target_range));
+    }
+    let (a, p) = absolute_form(target.as_bytes()).ok_or(reject(400, "bad request target"))?;
+    let base = target_range.start;
+    Ok((Some(base + a.start..base + a.end), base + p.start..base + p.end))
 }
 
 /// An absolute-form target `http://authority[/path][?query]`: the authority's and the
@@ -402,12 +409,6 @@ pub fn parse_response(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// `http.max_headers` never asks for more fields than the parse array holds.
-    #[test]
-    fn the_setting_fits_the_parse_array() {
-        const { assert!(crate::config::MAX_HEADERS <= MAX_HEADERS) };
-    }
 
     fn req(s: &str) -> Result<Option<RequestHead>, Reject> {
         parse_request(s.as_bytes(), &HeadLimits::default(), &mut Vec::new())
@@ -625,7 +626,7 @@ mod tests {
             " folded\r\n",
             "\r\n",
         ];
-        let mut next = crate::http::xorshift(0x9e37_79b9_7f4a_7c15u64);
+        let mut next = crate::http1::xorshift(0x9e37_79b9_7f4a_7c15u64);
         for _ in 0..3000 {
             let n = (next() % 6 + 1) as usize;
             let mut text: String = (0..n).map(|_| pieces[(next() % pieces.len() as u64) as usize]).collect();

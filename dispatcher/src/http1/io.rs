@@ -1,6 +1,8 @@
 //! The two halves of a connection, plain TCP or TLS, as the proxy reads and writes them:
 //! one enum per direction (no boxing, no dynamic dispatch on the request path). A TLS
 //! connection is split with `tokio::io::split`; a plain one with the socket's own halves.
+//! Also the socket-level rules every connection shares: reset on close, and which errors
+//! are this host's shortage rather than the peer's failure.
 
 use std::{
     io,
@@ -141,4 +143,19 @@ pub fn reset_on_close(fd: RawFd) {
             std::mem::size_of::<libc::linger>() as libc::socklen_t,
         );
     }
+}
+
+/// Errors that say this host ran out of something, whoever the peer is.
+pub fn is_local_errno(e: i32) -> bool {
+    [libc_errno::EMFILE, libc_errno::ENFILE, libc_errno::ENOBUFS, libc_errno::ENOMEM, libc_errno::EADDRNOTAVAIL]
+        .contains(&e)
+}
+
+mod libc_errno {
+    use nix::errno::Errno;
+    pub const EMFILE: i32 = Errno::EMFILE as i32;
+    pub const ENFILE: i32 = Errno::ENFILE as i32;
+    pub const ENOBUFS: i32 = Errno::ENOBUFS as i32;
+    pub const ENOMEM: i32 = Errno::ENOMEM as i32;
+    pub const EADDRNOTAVAIL: i32 = Errno::EADDRNOTAVAIL as i32;
 }
