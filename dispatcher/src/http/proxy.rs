@@ -264,31 +264,8 @@ pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut st
         };
         let head_bytes = conn.client.buf.split_to(head.len);
         conn.ctx.capacity.vips[conn.ctx.vip_index].requests.fetch_add(1, Ordering::Relaxed);
-        if let Some(to) = &conn.ctx.redirect {
-            let answer = redirect_answer(&head, &head_bytes, to);
-            let written0 = conn.w.written;
-            let sent = write_client(&mut conn.w, answer.as_bytes(), ERROR_WRITE_DEADLINE).await;
-            let line = request_line(&head, &head_bytes);
-            conn.log_answer(head_started, 308, line, head.len as u64, written0);
-            if sent {
-                let _ = conn.w.shutdown().await;
-                // What the client still sends (a body) is read and dropped for a moment,
-                // so that the close does not turn into a reset that loses the answer.
-                let drain = async {
-                    let mut left = 64 * 1024usize;
-                    conn.client.buf.clear();
-                    while left > 0 {
-                        match conn.client.fill(Duration::from_secs(1)).await {
-                            Ok(n) if n > 0 => {
-                                left = left.saturating_sub(n);
-                                conn.client.buf.clear();
-                            }
-                            _ => break,
-                        }
-                    }
-                };
-                let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
-            }
+        if conn.ctx.redirect.is_some() {
+            conn.redirect(&head, &head_bytes, head_started).await;
             return;
         }
         let closing = *stop.borrow();
@@ -468,6 +445,35 @@ impl ClientConn {
             let mut t = Trace::new(started);
             t.status = status;
             log.entry(&t, request, self.peer, bytes_in, self.w.written - written0);
+        }
+    }
+
+    /// A redirecting VIP's answer (`redirect_answer`), logged; then the connection closes.
+    async fn redirect(&mut self, head: &RequestHead, head_bytes: &[u8], started: Instant) {
+        let Some(to) = &self.ctx.redirect else { return };
+        let answer = redirect_answer(head, head_bytes, to);
+        let written0 = self.w.written;
+        let sent = write_client(&mut self.w, answer.as_bytes(), ERROR_WRITE_DEADLINE).await;
+        let line = request_line(head, head_bytes);
+        self.log_answer(started, 308, line, head.len as u64, written0);
+        if sent {
+            let _ = self.w.shutdown().await;
+            // What the client still sends (a body) is read and dropped for a moment,
+            // so that the close does not turn into a reset that loses the answer.
+            let drain = async {
+                let mut left = 64 * 1024usize;
+                self.client.buf.clear();
+                while left > 0 {
+                    match self.client.fill(Duration::from_secs(1)).await {
+                        Ok(n) if n > 0 => {
+                            left = left.saturating_sub(n);
+                            self.client.buf.clear();
+                        }
+                        _ => break,
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
         }
     }
 
