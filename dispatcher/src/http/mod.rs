@@ -1,17 +1,22 @@
 //! The L7 path: where a request goes. `listener` accepts on each HTTP VIP, `proxy` runs
-//! one client connection (head -> route -> upstream -> response), `session` reads
-//! JSESSIONID, `route` picks the backend, `persist` keeps clients without a session on
-//! one backend by a cookie of its own, `pool` keeps upstream connections, `hold` makes a
-//! request wait while its session's owner is suspect, `retry` says what may be replayed,
-//! `tunnel` carries upgraded connections. The HTTP/1.1 messages themselves (heads,
-//! bodies, the forwarded heads, the proxy's own answers, a connection's plain or TLS
-//! halves) are the codec's (`http1`).
+//! one client connection (head -> route -> upstream -> response) in phases: `attempt`
+//! (one attempt on a backend, and how it failed), `respond` (the response), `answer`
+//! (the proxy's own answers as a type); `session` reads JSESSIONID, `route` picks the
+//! backend, `persist` keeps clients without a session on one backend by a cookie of its
+//! own, `pool` keeps upstream connections, `hold` makes a request wait while its
+//! session's owner is suspect, `retry` says what may be replayed, `tunnel` carries
+//! upgraded connections. The HTTP/1.1 messages themselves (heads, bodies, the forwarded
+//! heads, the bytes of an answer of our own, a connection's plain or TLS halves) are the
+//! codec's (`http1`).
 
+pub mod answer;
+pub mod attempt;
 pub mod hold;
 pub mod listener;
 pub mod persist;
 pub mod pool;
 pub mod proxy;
+pub mod respond;
 pub mod retry;
 pub mod route;
 pub mod session;

@@ -16,18 +16,19 @@ use tokio::{
 };
 
 use super::{
+    answer::Answer,
+    attempt::{read_ahead, send, Attempt, Downstream, Reply},
     hold::{await_shared, hold, HoldEnd},
     pool::{Pool, Upstream},
-    retry::{is_idempotent, retry_allowed},
+    respond::{closes, deliver, forward_interim, inline_small_body, upgrade, Undelivered},
+    retry::{is_idempotent, Retries},
     route::{Decision, VipRoute},
-    session,
-    tunnel::{tunnel, TunnelTimeouts},
-    Counted,
+    session, Counted,
 };
-use crate::capacity::queue::Refused;
+use crate::capacity::queue::{Refused, Slot};
 use crate::http1::{
-    body::{precheck_chunked, read_body, relay_body, within_rate, Inbound, RelayError, Timeouts},
-    head::{parse_request, parse_response, Framing, HeadLimits, Header, Reject, RequestHead, ResponseHead},
+    body::{Inbound, RelayError},
+    head::{parse_request, Framing, HeadLimits, Header, Reject, RequestHead, ResponseHead},
     io::{ReadSide, WriteSide},
     rewrite::{build_request, build_response, is},
     send_error, write_client, ERROR_WRITE_DEADLINE,
@@ -35,7 +36,7 @@ use crate::http1::{
 use crate::{
     access_log::{AccessLog, Decision as LogDecision, Entry, MAX_REQUEST_LINE},
     config::{HttpSettings, Redirect, SessionFormat},
-    state::Cluster,
+    state::{Backend, Cluster},
     tls::server::ServerTls,
 };
 use dispatcher_common::BackendState;
@@ -75,8 +76,6 @@ pub struct VipCtx {
 /// After the listener stops: how long an idle keep-alive client has to send its next
 /// request (answered, with `Connection: close`) before its connection is closed.
 const STOP_GRACE: Duration = Duration::from_secs(1);
-/// How long to wait for a backend's `100 Continue` before sending the body anyway.
-const CONTINUE_WAIT: Duration = Duration::from_secs(1);
 
 enum Next {
     KeepAlive,
@@ -93,9 +92,9 @@ enum HeadRead {
 }
 
 /// The dispatcher's own answer to a request, as the access log records it.
-async fn refuse<W: AsyncWrite + Unpin>(w: &mut W, t: &mut Trace, status: u16, why: &str, retry_after: Option<u32>) {
-    t.status = status;
-    send_error(w, status, why, retry_after).await;
+async fn refuse<W: AsyncWrite + Unpin>(w: &mut W, t: &mut Trace, answer: Answer) {
+    t.status = answer.status;
+    answer.send(w).await;
 }
 
 /// An HTTP VIP's access log: the writer, and the names its entries carry.
@@ -234,13 +233,6 @@ struct ClientConn {
     scratch: Vec<Header>,
 }
 
-/// The client side as one attempt on a backend uses it.
-struct Downstream<'a, R> {
-    client: &'a mut Inbound<R>,
-    w: &'a mut WriteSide,
-    scratch: &'a mut Vec<Header>,
-}
-
 pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut stop: watch::Receiver<bool>) {
     let _ = stream.set_nodelay(true);
     let steer_slot = crate::steering::slot_of(peer, stream.local_addr().unwrap_or(peer));
@@ -272,31 +264,8 @@ pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut st
         };
         let head_bytes = conn.client.buf.split_to(head.len);
         conn.ctx.capacity.vips[conn.ctx.vip_index].requests.fetch_add(1, Ordering::Relaxed);
-        if let Some(to) = &conn.ctx.redirect {
-            let answer = redirect_answer(&head, &head_bytes, to);
-            let written0 = conn.w.written;
-            let sent = write_client(&mut conn.w, answer.as_bytes(), ERROR_WRITE_DEADLINE).await;
-            let line = request_line(&head, &head_bytes);
-            conn.log_answer(head_started, 308, line, head.len as u64, written0);
-            if sent {
-                let _ = conn.w.shutdown().await;
-                // What the client still sends (a body) is read and dropped for a moment,
-                // so that the close does not turn into a reset that loses the answer.
-                let drain = async {
-                    let mut left = 64 * 1024usize;
-                    conn.client.buf.clear();
-                    while left > 0 {
-                        match conn.client.fill(Duration::from_secs(1)).await {
-                            Ok(n) if n > 0 => {
-                                left = left.saturating_sub(n);
-                                conn.client.buf.clear();
-                            }
-                            _ => break,
-                        }
-                    }
-                };
-                let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
-            }
+        if conn.ctx.redirect.is_some() {
+            conn.redirect(&head, &head_bytes, head_started).await;
             return;
         }
         let closing = *stop.borrow();
@@ -432,72 +401,10 @@ fn head_started(deadline: Option<Instant>, ctx: &VipCtx) -> Instant {
     deadline.map_or_else(Instant::now, |d| d - ctx.settings.header_timeout)
 }
 
-/// Why no response head came from a backend.
-enum UpstreamFail {
-    /// Closed or reset before any byte of a response: on a reused connection, the
-    /// server had closed it while idle.
-    Stale,
-    Timeout,
-    Bad(Reject),
-}
-
-async fn read_response(
-    up: &mut Upstream,
-    req: &RequestHead,
-    limits: &HeadLimits,
-    scratch: &mut Vec<Header>,
-    timeout: Duration,
-) -> Result<ResponseHead, UpstreamFail> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if !up.r.buf.is_empty() {
-            match parse_response(&up.r.buf, req, limits, scratch) {
-                Ok(Some(h)) => return Ok(h),
-                Ok(None) => {}
-                Err(r) => return Err(UpstreamFail::Bad(r)),
-            }
-        }
-        let wait = deadline.saturating_duration_since(Instant::now());
-        match up.r.fill(wait).await {
-            Ok(0) | Err(RelayError::Read(_)) if up.r.buf.is_empty() => return Err(UpstreamFail::Stale),
-            Ok(0) | Err(RelayError::Read(_)) => {
-                return Err(UpstreamFail::Bad(Reject {
-                    status: 502,
-                    reason: "backend closed inside the response head",
-                }))
-            }
-            Ok(_) => {}
-            Err(RelayError::Timeout) => return Err(UpstreamFail::Timeout),
-            Err(_) => return Err(UpstreamFail::Stale),
-        }
-    }
-}
-
-/// How an attempt on one backend failed, before any response byte reached the client.
-enum SendFail {
-    /// Could not connect (refused, timed out, connection limit).
-    Unreachable(super::pool::PoolError),
-    /// Reset or closed before any response byte (on a fresh connection).
-    Closed,
-    /// No response within the server timeout.
-    Timeout,
-    /// A malformed response head.
-    Bad(Reject),
-    /// The client has been answered already (400, 408...) or is gone.
-    Answered,
-}
-
-/// One attempt's clock: the end of its queueing (the backend's `maxconn` queue and its
-/// connection limit's together), and when it got its connection.
-struct Attempt {
-    queue_deadline: Instant,
-    connected: Option<Instant>,
-}
-
 /// Whether the backend a request waited for still serves it as `decision` chose it: an
 /// owner or replica that still keeps its sessions (not suspect), or, balanced, one still
 /// taking new work.
-fn still_fits(be: &crate::state::Backend, decision: &Decision) -> bool {
+fn still_fits(be: &Backend, decision: &Decision) -> bool {
     match decision {
         Decision::Affinity(_) => matches!(be.state(), BackendState::Up | BackendState::Drain),
         _ => be.is_up(),
@@ -505,7 +412,7 @@ fn still_fits(be: &crate::state::Backend, decision: &Decision) -> bool {
 }
 
 /// Resolves once `be` no longer serves a request routed by `decision` (`still_fits`).
-async fn until_unfit(be: &crate::state::Backend, decision: &Decision) {
+async fn until_unfit(be: &Backend, decision: &Decision) {
     loop {
         let changed = be.changed.notified();
         tokio::pin!(changed);
@@ -521,128 +428,8 @@ async fn until_unfit(be: &crate::state::Backend, decision: &Decision) {
 /// changed meanwhile.
 const MAX_REQUEUES: u32 = 2;
 
-/// Sends the request (head in `out`, body from the client) to `backend` and reads the
-/// response head. A pooled connection found closed is replaced once by a fresh one, only
-/// when nothing of the request could have been consumed (no body).
-async fn send<R: AsyncRead + Unpin>(
-    ctx: &VipCtx,
-    head: &RequestHead,
-    backend: usize,
-    down: Downstream<'_, R>,
-    out: &[u8],
-    buffered_body: Option<&[u8]>,
-    attempt: &mut Attempt,
-) -> Result<(Upstream, ResponseHead, bool), SendFail> {
-    let Downstream { client, w, scratch } = down;
-    let s = &ctx.settings;
-    let be = &ctx.cluster.backends[backend];
-    let pool = ctx.pools[backend].as_ref().ok_or(SendFail::Answered)?;
-    // A body read ahead into the retry buffer is sent like part of the head: nothing of
-    // the client's stream is consumed by an attempt, so it can be replayed.
-    let has_body = head.framing != Framing::None && buffered_body.is_none();
-    let trusted = matches!(be.state(), BackendState::Up | BackendState::Drain);
-    let mut up = pool.get(trusted, attempt.queue_deadline).await.map_err(SendFail::Unreachable)?;
-    attempt.connected = Some(Instant::now());
-    let mut fresh_tried = false;
-    loop {
-        let replaceable = up.reused && !has_body && !fresh_tried;
-        let written = write_client(&mut up.w, out, s.server_timeout).await
-            && match buffered_body {
-                Some(b) => write_client(&mut up.w, b, s.server_timeout).await,
-                None => true,
-            };
-        if !written {
-            if replaceable {
-                fresh_tried = true;
-                // Its share of the connection limit goes to the new one.
-                drop(up);
-                up = pool.connect(attempt.queue_deadline).await.map_err(SendFail::Unreachable)?;
-                continue;
-            }
-            return Err(SendFail::Closed);
-        }
-        let mut early = None;
-        if has_body {
-            if head.expect_continue {
-                // Wait briefly for the server's verdict on the body: 100 (send it), a final
-                // answer (the body stays unread), or nothing (send it anyway). Other interim
-                // responses (103 Early Hints) go to the client while the wait goes on.
-                let until = tokio::time::Instant::now() + CONTINUE_WAIT;
-                loop {
-                    let verdict = read_response(&mut up, head, &ctx.limits, scratch, s.server_timeout);
-                    match tokio::time::timeout_at(until, verdict).await {
-                        Ok(Ok(r)) if r.status == 100 => {
-                            bytes::Buf::advance(&mut up.r.buf, r.len);
-                            if !write_client(w, b"HTTP/1.1 100 Continue\r\n\r\n", s.client_timeout).await {
-                                up.abort();
-                                return Err(SendFail::Answered);
-                            }
-                        }
-                        Ok(Ok(r)) if (102..200).contains(&r.status) => {
-                            let interim = up.r.buf.split_to(r.len);
-                            if !write_client(w, &interim, s.client_timeout).await {
-                                up.abort();
-                                return Err(SendFail::Answered);
-                            }
-                            continue;
-                        }
-                        Ok(Ok(r)) => early = Some(r),
-                        Ok(Err(UpstreamFail::Timeout)) => return Err(SendFail::Timeout),
-                        Ok(Err(UpstreamFail::Bad(r))) => return Err(SendFail::Bad(r)),
-                        Ok(Err(UpstreamFail::Stale)) => return Err(SendFail::Closed),
-                        Err(_) => {}
-                    }
-                    break;
-                }
-            }
-            if early.is_none() {
-                // Per read the client timeout; after body_timeout, a minimum average rate
-                // (a body trickling one byte at a time cannot keep a request and its server
-                // connection, a large upload goes on).
-                let t = Timeouts { read: s.client_timeout, write: s.server_timeout };
-                let meter = client.meter();
-                let relay = relay_body(head.framing, client, &mut up.w, t, false);
-                let relayed = within_rate(relay, &meter, s.body_timeout, s.body_min_rate).await;
-                match relayed {
-                    Ok(()) => {}
-                    Err(RelayError::Write(_)) => return Err(SendFail::Closed),
-                    Err(e) => {
-                        // The request is refused or gone: the server must not take what it
-                        // received for a whole request. The connection is reset.
-                        up.abort();
-                        drop(up);
-                        match e {
-                            RelayError::Chunk(why) => send_error(w, 400, why, None).await,
-                            RelayError::Timeout => send_error(w, 408, "request body not received in time", None).await,
-                            _ => {}
-                        }
-                        return Err(SendFail::Answered);
-                    }
-                }
-            }
-        }
-        let skipped = early.is_some();
-        let res = match early {
-            Some(r) => Ok(r),
-            None => read_response(&mut up, head, &ctx.limits, scratch, s.server_timeout).await,
-        };
-        return match res {
-            Ok(r) => Ok((up, r, skipped)),
-            Err(UpstreamFail::Stale) if replaceable => {
-                fresh_tried = true;
-                drop(up);
-                up = pool.connect(attempt.queue_deadline).await.map_err(SendFail::Unreachable)?;
-                continue;
-            }
-            Err(UpstreamFail::Stale) => Err(SendFail::Closed),
-            Err(UpstreamFail::Timeout) => Err(SendFail::Timeout),
-            Err(UpstreamFail::Bad(r)) => Err(SendFail::Bad(r)),
-        };
-    }
-}
-
 /// Counts a request in flight on a backend for as long as it lives.
-struct InFlight<'a>(&'a crate::state::Backend);
+struct InFlight<'a>(&'a Backend);
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
@@ -658,6 +445,35 @@ impl ClientConn {
             let mut t = Trace::new(started);
             t.status = status;
             log.entry(&t, request, self.peer, bytes_in, self.w.written - written0);
+        }
+    }
+
+    /// A redirecting VIP's answer (`redirect_answer`), logged; then the connection closes.
+    async fn redirect(&mut self, head: &RequestHead, head_bytes: &[u8], started: Instant) {
+        let Some(to) = &self.ctx.redirect else { return };
+        let answer = redirect_answer(head, head_bytes, to);
+        let written0 = self.w.written;
+        let sent = write_client(&mut self.w, answer.as_bytes(), ERROR_WRITE_DEADLINE).await;
+        let line = request_line(head, head_bytes);
+        self.log_answer(started, 308, line, head.len as u64, written0);
+        if sent {
+            let _ = self.w.shutdown().await;
+            // What the client still sends (a body) is read and dropped for a moment,
+            // so that the close does not turn into a reset that loses the answer.
+            let drain = async {
+                let mut left = 64 * 1024usize;
+                self.client.buf.clear();
+                while left > 0 {
+                    match self.client.fill(Duration::from_secs(1)).await {
+                        Ok(n) if n > 0 => {
+                            left = left.saturating_sub(n);
+                            self.client.buf.clear();
+                        }
+                        _ => break,
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
         }
     }
 
@@ -677,7 +493,8 @@ impl ClientConn {
         next
     }
 
-    /// Routes and forwards one request (`buf` holds the head `head` was parsed from).
+    /// Routes and forwards one request (`buf` holds the head `head` was parsed from):
+    /// the body read ahead, the routing rounds (`Rounds::forward`), then the response.
     async fn routed(&mut self, head: &RequestHead, buf: &BytesMut, closing: bool, trace: &mut Trace) -> Next {
         let ClientConn { ctx, peer, steer_slot, client, w, out, scratch } = self;
         let ctx: &VipCtx = ctx;
@@ -691,378 +508,367 @@ impl ClientConn {
                 "forwarding loop: a request came back with this dispatcher's own Via marker (answered 508); forwarding",
                 &format_args!("VIP {}, from {peer}", ctx.host),
             );
-            refuse(w, trace, 508, "this request has already passed through this dispatcher (a forwarding loop)", None)
-                .await;
-            return Next::Close;
+            return answered(w, trace, Some(Answer::LOOP)).await;
         }
-        let cookies =
-            || head.headers.iter().filter(|h| is(&buf[h.name.clone()], "cookie")).map(|h| &buf[h.value.clone()]);
-        let target = &buf[head.target.clone()];
-        let sess =
-            session::find(cookies(), target, s.cookie_name.as_bytes(), s.url_parameter.as_bytes(), ctx.session_format)
-                .or_else(|| session::app_session(target));
-        // Without a session: the VIP's persistence cookie, if it names a member.
-        let pinned = match (&sess, &ctx.persist) {
-            (None, Some(p)) => p.pinned(cookies()),
-            _ => None,
-        };
+        let (sess, pinned) = session_of(ctx, head, buf);
         let started = Instant::now();
         let c = &ctx.cluster;
         c.counters.in_flight.fetch_add(1, Ordering::Relaxed);
         let _request = Counted(&c.counters.in_flight);
-        let mut retry_guard = None;
-        let has_body = head.framing != Framing::None;
         let idempotent = is_idempotent(&buf[head.method.clone()]);
-        // An idempotent request with a small body (Content-Length within the retry buffer) is
-        // read ahead, so that a retry can replay it; larger or chunked bodies are streamed
-        // and such requests are not retried.
-        let buffered_body = match head.framing {
-            Framing::Length(n) if idempotent && !head.expect_continue && n <= s.retry_buffer as u64 => {
-                let meter = client.meter();
-                let read = read_body(client, n as usize, s.client_timeout);
-                match within_rate(read, &meter, s.body_timeout, s.body_min_rate).await {
-                    Ok(b) => Some(b),
-                    Err(RelayError::Timeout) => {
-                        refuse(w, trace, 408, "request body not received in time", None).await;
-                        return Next::Close;
-                    }
-                    Err(_) => return Next::Close,
-                }
-            }
-            Framing::Chunked => {
-                // Refused before anything goes upstream when the part already at hand shows it.
-                let checked = tokio::time::timeout(
-                    s.body_timeout,
-                    precheck_chunked(client, head.expect_continue, s.client_timeout),
-                );
-                if let Err(e) = checked.await.unwrap_or(Err(RelayError::Timeout)) {
-                    match e {
-                        RelayError::Chunk(why) => refuse(w, trace, 400, why, None).await,
-                        RelayError::Timeout => refuse(w, trace, 408, "request body not received in time", None).await,
-                        _ => {}
-                    }
-                    return Next::Close;
-                }
-                None
-            }
-            _ => None,
+        let buffered_body = match read_ahead(client, head, idempotent, s).await {
+            Ok(body) => body,
+            Err(answer) => return answered(w, trace, answer).await,
         };
-        let mut hold_deadline: Option<Instant> = None;
-        let mut hold_expired = false;
-        let mut learn_deadline: Option<Instant> = None;
-        let mut learn_waited = s.learn_wait.is_zero();
-        let mut extra_attempts = 0u32;
-        let mut requeues = 0u32;
-        // The queueing deadline a request routed again after its server left keeps: its
-        // waits together stay within one queue timeout.
-        let mut requeued_deadline: Option<Instant> = None;
-        // Choose a backend, hold while the session's owner is suspect, send; a failure before
-        // any response byte is retried after re-routing (bounded, budgeted, idempotent and
-        // bodiless requests only). A server that timed out is never retried: no replays.
-        let (backend, mut up, mut res, body_skipped, _in_flight) = loop {
-            let decision = match pinned {
-                Some(b) => ctx.route.route_pinned(c, b, hold_expired),
-                None => ctx.route.route(c, sess.as_ref(), hold_expired, learn_waited),
+        let (peer, steer_slot) = (*peer, *steer_slot);
+        let req = Request { head, buf, sess, pinned, idempotent, buffered_body, peer, steer_slot, closing, started };
+        let mut down = Downstream { client, w, scratch, out };
+        // Its retries in flight are counted until the response is relayed.
+        let mut rounds = Rounds::new(s);
+        match rounds.forward(ctx, &req, down.reborrow(), trace).await {
+            Ok(sent) => respond(ctx, &req, sent, down, trace).await,
+            Err(answer) => answered(down.w, trace, answer).await,
+        }
+    }
+}
+
+/// Ends a request early: with the proxy's own answer (recorded for the access log), or
+/// without one (the client is gone, or was answered already). The connection closes.
+async fn answered<W: AsyncWrite + Unpin>(w: &mut W, trace: &mut Trace, answer: Option<Answer>) -> Next {
+    if let Some(a) = answer {
+        refuse(w, trace, a).await;
+    }
+    Next::Close
+}
+
+/// The request's session (JSESSIONID cookie or URL parameter, else an application
+/// session); without one, the member the VIP's persistence cookie names, if any.
+fn session_of<'a>(
+    ctx: &'a VipCtx,
+    head: &RequestHead,
+    buf: &'a [u8],
+) -> (Option<session::SessionId<'a>>, Option<usize>) {
+    let s = &ctx.settings;
+    let cookies = || head.headers.iter().filter(|h| is(&buf[h.name.clone()], "cookie")).map(|h| &buf[h.value.clone()]);
+    let target = &buf[head.target.clone()];
+    let sess =
+        session::find(cookies(), target, s.cookie_name.as_bytes(), s.url_parameter.as_bytes(), ctx.session_format)
+            .or_else(|| session::app_session(target));
+    let pinned = match (&sess, &ctx.persist) {
+        (None, Some(p)) => p.pinned(cookies()),
+        _ => None,
+    };
+    (sess, pinned)
+}
+
+/// One request as its phases see it.
+struct Request<'a> {
+    head: &'a RequestHead,
+    /// The bytes `head` was parsed from.
+    buf: &'a [u8],
+    sess: Option<session::SessionId<'a>>,
+    /// The backend the persistence cookie names (a request without a session).
+    pinned: Option<usize>,
+    idempotent: bool,
+    /// The body, when it was read ahead (`read_ahead`): replayable.
+    buffered_body: Option<Vec<u8>>,
+    peer: SocketAddr,
+    /// The connection's slot in the dispatchers' ownership table (`steering::keeps`).
+    steer_slot: usize,
+    /// The listener is stopping.
+    closing: bool,
+    /// When routing began: the response latency runs from here.
+    started: Instant,
+}
+
+/// What the routing rounds hand to the response phase: the backend that answered, its
+/// connection and response head, and, until the response is relayed, the request
+/// counted in flight on that backend and its `maxconn` slot.
+struct Sent<'c> {
+    backend: usize,
+    reply: Reply,
+    held: (InFlight<'c>, Slot<'c>),
+}
+
+/// The routing rounds of one request (route, hold or await, queue, send; routed again
+/// after a failure that may be retried, or when its server left while it queued), and
+/// what they keep from one round to the next.
+struct Rounds<'c> {
+    hold_deadline: Option<Instant>,
+    hold_expired: bool,
+    learn_deadline: Option<Instant>,
+    learn_waited: bool,
+    requeues: u32,
+    /// The queueing deadline a request routed again after its server left keeps: its
+    /// waits together stay within one queue timeout.
+    requeued_deadline: Option<Instant>,
+    retries: Retries<'c>,
+}
+
+impl<'c> Rounds<'c> {
+    fn new(s: &HttpSettings) -> Self {
+        Rounds {
+            hold_deadline: None,
+            hold_expired: false,
+            learn_deadline: None,
+            learn_waited: s.learn_wait.is_zero(),
+            requeues: 0,
+            requeued_deadline: None,
+            retries: Retries::default(),
+        }
+    }
+
+    /// Choose a backend, hold while the session's owner is suspect, queue, send; a failure
+    /// before any response byte is retried after re-routing (bounded, budgeted, idempotent
+    /// requests whose body, if any, was read ahead). A server that timed out is never
+    /// retried: no replays. `Err`: the request ends, with the answer it is owed, if any.
+    async fn forward<R: AsyncRead + Unpin>(
+        &mut self,
+        ctx: &'c VipCtx,
+        req: &Request<'_>,
+        mut down: Downstream<'_, R>,
+        trace: &mut Trace,
+    ) -> Result<Sent<'c>, Option<Answer>> {
+        let c = &ctx.cluster;
+        loop {
+            let Some((backend, decision)) = self.choose(ctx, req, down.client, trace).await? else {
+                continue;
             };
-            let backend = match decision {
-                Decision::Affinity(b) | Decision::Balanced(b) => b,
-                Decision::AwaitShared => {
-                    trace.held = true;
-                    let waiting = Instant::now();
-                    let deadline = *learn_deadline.get_or_insert_with(|| {
-                        c.counters.learn_waits.fetch_add(1, Ordering::Relaxed);
-                        Instant::now() + s.learn_wait
-                    });
-                    let end = await_shared(ctx, client, deadline).await;
-                    trace.wait += waiting.elapsed();
-                    match end {
-                        HoldEnd::Changed => {}
-                        // Not shared in time (an ID no dispatcher knows), or too many
-                        // waiting: balanced, as an unknown clone ID is.
-                        HoldEnd::Expired | HoldEnd::Full => learn_waited = true,
-                        HoldEnd::ClientGone => return Next::Close,
-                    }
-                    continue;
-                }
-                Decision::Hold(b) => {
-                    trace.held = true;
-                    let waiting = Instant::now();
-                    let deadline = *hold_deadline.get_or_insert_with(|| {
-                        c.counters.holds.fetch_add(1, Ordering::Relaxed);
-                        Instant::now() + s.hold_time
-                    });
-                    let end = hold(ctx, b, client, deadline).await;
-                    trace.wait += waiting.elapsed();
-                    match end {
-                        HoldEnd::Changed => {}
-                        HoldEnd::Expired => {
-                            c.counters.hold_timeouts.fetch_add(1, Ordering::Relaxed);
-                            hold_expired = true;
-                        }
-                        HoldEnd::Full => {
-                            refuse(w, trace, 503, "too many requests waiting for their server", Some(2)).await;
-                            return Next::Close;
-                        }
-                        HoldEnd::ClientGone => return Next::Close,
-                    }
-                    continue;
-                }
-                Decision::SessionUnavailable => {
-                    refuse(w, trace, 503, "the session's server and its replica are unavailable", Some(5)).await;
-                    return Next::Close;
-                }
-                Decision::NoBackend => {
-                    refuse(w, trace, 503, "no server available", Some(5)).await;
-                    return Next::Close;
-                }
-            };
-            if let Some(sess) = &sess {
+            if let Some(sess) = &req.sess {
                 if !VipRoute::may_serve(c, sess, backend) {
                     c.counters.misroutes.fetch_add(1, Ordering::Relaxed);
                     tracing::error!(backend = %c.backends[backend].name, "misroute: a session request to a server that neither owns it nor replicates it");
                 }
             }
             let be = &c.backends[backend];
-            trace.routed(ctx, backend, &decision, sess.as_ref(), pinned);
-            // `maxconn`: a slot now, or a bounded wait in this backend's queue (a session's
-            // request never goes elsewhere for want of room). One deadline covers this queue
-            // and the connection limit's.
-            let waiting = Instant::now();
-            let queue_deadline = requeued_deadline.take().unwrap_or(waiting + s.queue_timeout);
-            // A waiter whose server leaves (down, suspect, disabled; drained for a balanced
-            // request) stops waiting for it.
-            let slot = tokio::select! {
-                biased;
-                slot = be.slots.take(queue_deadline) => Some(slot),
-                _ = until_unfit(be, &decision) => None,
-            };
-            if slot.as_ref().is_none_or(|s| s.as_ref().map_or(true, |s| s.waited)) {
-                trace.held = true;
-                trace.wait += waiting.elapsed();
-            }
-            let slot = match slot {
-                // Its server changed while it waited: routed again (a bounded number of
-                // times), or refused, never sent to a server that left.
-                None => Err(Refused::Left),
-                Some(Ok(slot)) if slot.waited && !still_fits(be, &decision) => {
-                    drop(slot);
-                    Err(Refused::Left)
-                }
-                Some(slot) => slot,
-            };
-            let slot = match slot {
-                Err(Refused::Left) if requeues < MAX_REQUEUES => {
-                    requeues += 1;
-                    requeued_deadline = Some(queue_deadline);
-                    continue;
-                }
-                Ok(slot) => slot,
-                Err(why) => {
-                    if why == Refused::Left {
-                        be.slots.refused_left.fetch_add(1, Ordering::Relaxed);
-                    } else {
-                        c.counters.queue_timeouts.fetch_add(1, Ordering::Relaxed);
-                    }
-                    let msg = match why {
-                        Refused::QueueFull => "the server's queue is full",
-                        Refused::Timeout => "the server is busy",
-                        Refused::Left => "the server left while the request waited",
-                    };
-                    refuse(w, trace, 503, msg, Some(1)).await;
-                    return Next::Close;
-                }
+            trace.routed(ctx, backend, &decision, req.sess.as_ref(), req.pinned);
+            let Some((slot, queue_deadline)) = self.slot(ctx, be, decision, trace).await? else {
+                continue;
             };
             be.outstanding.fetch_add(1, Ordering::Relaxed);
-            let in_flight = (InFlight(be), slot);
+            let held = (InFlight(be), slot);
             be.requests.fetch_add(1, Ordering::Relaxed);
-            build_request(out, head, buf, peer.ip(), &ctx.host, &ctx.forwarded);
-            let down = Downstream { client: &mut *client, w: &mut *w, scratch: &mut *scratch };
+            build_request(down.out, req.head, req.buf, req.peer.ip(), &ctx.host, &ctx.forwarded);
             let mut attempt = Attempt { queue_deadline, connected: None };
-            let sent = send(ctx, head, backend, down, out, buffered_body.as_deref(), &mut attempt).await;
+            let sent = send(ctx, req.head, backend, down.reborrow(), req.buffered_body.as_deref(), &mut attempt).await;
             trace.connected = attempt.connected;
             let failure = match sent {
-                Ok((up, res, skipped)) => {
-                    break (backend, up, res, skipped, in_flight);
-                }
+                Ok(reply) => return Ok(Sent { backend, reply, held }),
                 Err(f) => f,
             };
-            drop(in_flight);
+            drop(held);
             be.errors.fetch_add(1, Ordering::Relaxed);
-            let retry = match &failure {
-                SendFail::Unreachable(e) => !e.is_busy() && !e.is_local(),
-                SendFail::Closed => true,
-                _ => false,
-            };
-            let (status, why, retry_after) = match failure {
-                SendFail::Answered => return Next::Close,
-                SendFail::Unreachable(e) if e.is_busy() => {
-                    // A full queue is not a failed server: its health is left alone.
-                    c.counters.queue_timeouts.fetch_add(1, Ordering::Relaxed);
-                    refuse(w, trace, 503, "the server is busy", Some(1)).await;
-                    return Next::Close;
-                }
-                SendFail::Unreachable(e) if e.is_local() => {
-                    // Out of descriptors, ports or buffers here: the dispatcher's trouble, never
-                    // the backend's.
-                    c.counters.local_errors.fetch_add(1, Ordering::Relaxed);
-                    crate::ratelimit::warn("upstream connect", &e);
-                    refuse(w, trace, 503, "the dispatcher is out of resources", Some(1)).await;
-                    return Next::Close;
-                }
-                SendFail::Unreachable(e) if e.is_tls() => {
-                    // It answered, but not as the server it must be (certificate, name,
-                    // protocol): a bad gateway, and a failing backend.
-                    c.passive_failure(backend);
-                    crate::ratelimit::warn("TLS to a backend failed", &e);
-                    (502, "the server's TLS handshake failed", None)
-                }
-                SendFail::Unreachable(e) => {
-                    c.passive_failure(backend);
-                    tracing::debug!(backend = %be.name, error = %e, "upstream connect failed");
-                    (503, "the server could not be reached", Some(2))
-                }
-                SendFail::Closed => {
-                    c.passive_failure(backend);
-                    (502, "the server closed the connection", None)
-                }
-                SendFail::Timeout => {
-                    // Half-dead: suspect (no more requests for it until a check passes), its idle
-                    // connections closed, and this request not replayed anywhere.
-                    c.passive_failure(backend);
-                    if let Some(pool) = ctx.pools[backend].as_ref() {
-                        pool.clear();
-                    }
-                    refuse(w, trace, 504, "the server did not answer in time", None).await;
-                    return Next::Close;
-                }
-                SendFail::Bad(r) => (502, r.reason, None),
-            };
-            if retry && idempotent && (!has_body || buffered_body.is_some()) && extra_attempts < s.retries {
-                if retry_allowed(c, s) {
-                    extra_attempts += 1;
-                    trace.retries = extra_attempts;
-                    c.counters.retries.fetch_add(1, Ordering::Relaxed);
-                    if retry_guard.is_none() {
-                        c.counters.retries_in_flight.fetch_add(1, Ordering::Relaxed);
-                        retry_guard = Some(Counted(&c.counters.retries_in_flight));
-                    }
-                    continue;
-                }
-                c.counters.retry_budget_refusals.fetch_add(1, Ordering::Relaxed);
+            failure.blame(ctx, backend);
+            // Nothing of the client's stream is consumed by an attempt: no body, or one
+            // read ahead.
+            let replayable = req.idempotent && (req.head.framing == Framing::None || req.buffered_body.is_some());
+            if failure.retryable() && replayable && self.retries.again(c, &ctx.settings) {
+                trace.retries = self.retries.extra;
+                continue;
             }
-            refuse(w, trace, status, why, retry_after).await;
-            return Next::Close;
-        };
-        let be = &c.backends[backend];
-        let pool = ctx.pools[backend].as_ref().expect("a pool for the chosen backend");
-        // Interim responses (other than 101) go to the client as they are; then the final one.
-        while (100..200).contains(&res.status) && res.status != 101 {
-            let interim = up.r.buf.split_to(res.len);
-            if !write_client(w, &interim, s.client_timeout).await {
-                return Next::Close;
-            }
-            res = match read_response(&mut up, head, &ctx.limits, scratch, s.server_timeout).await {
-                Ok(r) => r,
-                Err(_) => return Next::Close,
-            };
+            return Err(failure.answer());
         }
-        let took = started.elapsed();
-        trace.response = Some(Instant::now());
-        trace.status = res.status;
-        be.latency.record(took);
-        if let Some(v) = ctx.capacity.vips.get(ctx.vip_index) {
-            v.latency.record(took);
-        }
-        if ctx.suspect_on_status.contains(&res.status) {
-            // The configured passive 5xx policy: the answer is relayed, the backend is suspect.
-            c.passive_failure(backend);
-        }
-        let res_buf = up.r.buf.split_to(res.len);
-        learn(ctx, &res, &res_buf, backend);
+    }
 
-        if res.status == 101 && !head.upgrade {
+    /// Routes the request. While its session's owner is suspect (hold), or its clone IDs
+    /// may be on their way from another dispatcher (await), waits, then `None`: route
+    /// again.
+    async fn choose<R: AsyncRead + Unpin>(
+        &mut self,
+        ctx: &VipCtx,
+        req: &Request<'_>,
+        client: &mut Inbound<R>,
+        trace: &mut Trace,
+    ) -> Result<Option<(usize, Decision)>, Option<Answer>> {
+        let (c, s) = (&ctx.cluster, &ctx.settings);
+        let decision = match req.pinned {
+            Some(b) => ctx.route.route_pinned(c, b, self.hold_expired),
+            None => ctx.route.route(c, req.sess.as_ref(), self.hold_expired, self.learn_waited),
+        };
+        let waiting = Instant::now();
+        let end = match decision {
+            Decision::Affinity(b) | Decision::Balanced(b) => return Ok(Some((b, decision))),
+            Decision::SessionUnavailable => return Err(Some(Answer::SESSION_UNAVAILABLE)),
+            Decision::NoBackend => return Err(Some(Answer::NO_BACKEND)),
+            Decision::AwaitShared => {
+                trace.held = true;
+                let deadline = *self.learn_deadline.get_or_insert_with(|| {
+                    c.counters.learn_waits.fetch_add(1, Ordering::Relaxed);
+                    Instant::now() + s.learn_wait
+                });
+                await_shared(ctx, client, deadline).await
+            }
+            Decision::Hold(b) => {
+                trace.held = true;
+                let deadline = *self.hold_deadline.get_or_insert_with(|| {
+                    c.counters.holds.fetch_add(1, Ordering::Relaxed);
+                    Instant::now() + s.hold_time
+                });
+                hold(ctx, b, client, deadline).await
+            }
+        };
+        trace.wait += waiting.elapsed();
+        match (end, decision) {
+            (HoldEnd::Changed, _) => {}
+            (HoldEnd::ClientGone, _) => return Err(None),
+            // Not shared in time (an ID no dispatcher knows), or too many waiting:
+            // balanced, as an unknown clone ID is.
+            (HoldEnd::Expired | HoldEnd::Full, Decision::AwaitShared) => self.learn_waited = true,
+            (HoldEnd::Expired, _) => {
+                c.counters.hold_timeouts.fetch_add(1, Ordering::Relaxed);
+                self.hold_expired = true;
+            }
+            (HoldEnd::Full, _) => return Err(Some(Answer::HOLD_FULL)),
+        }
+        Ok(None)
+    }
+
+    /// `maxconn`: a slot now, or a bounded wait in this backend's queue (a session's
+    /// request never goes elsewhere for want of room). One deadline covers this queue and
+    /// the connection limit's; it comes back with the slot. `None`: its server left while
+    /// it waited, route again.
+    async fn slot<'b>(
+        &mut self,
+        ctx: &VipCtx,
+        be: &'b Backend,
+        decision: Decision,
+        trace: &mut Trace,
+    ) -> Result<Option<(Slot<'b>, Instant)>, Option<Answer>> {
+        let waiting = Instant::now();
+        let queue_deadline = self.requeued_deadline.take().unwrap_or(waiting + ctx.settings.queue_timeout);
+        // A waiter whose server leaves (down, suspect, disabled; drained for a balanced
+        // request) stops waiting for it.
+        let slot = tokio::select! {
+            biased;
+            slot = be.slots.take(queue_deadline) => Some(slot),
+            _ = until_unfit(be, &decision) => None,
+        };
+        if slot.as_ref().is_none_or(|s| s.as_ref().map_or(true, |s| s.waited)) {
+            trace.held = true;
+            trace.wait += waiting.elapsed();
+        }
+        let slot = match slot {
+            // Its server changed while it waited: routed again (a bounded number of
+            // times), or refused, never sent to a server that left.
+            None => Err(Refused::Left),
+            Some(Ok(slot)) if slot.waited && !still_fits(be, &decision) => {
+                drop(slot);
+                Err(Refused::Left)
+            }
+            Some(slot) => slot,
+        };
+        match slot {
+            Err(Refused::Left) if self.requeues < MAX_REQUEUES => {
+                self.requeues += 1;
+                self.requeued_deadline = Some(queue_deadline);
+                Ok(None)
+            }
+            Ok(slot) => Ok(Some((slot, queue_deadline))),
+            Err(why) => {
+                if why == Refused::Left {
+                    be.slots.refused_left.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    ctx.cluster.counters.queue_timeouts.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(Some(Answer::queue_refused(why)))
+            }
+        }
+    }
+}
+
+/// The response phase: interim responses, the backend's latency and health, the clone
+/// IDs it sets, then the upgrade, or the response delivered to the client (`deliver_final`).
+async fn respond<R: AsyncRead + Unpin>(
+    ctx: &VipCtx,
+    req: &Request<'_>,
+    sent: Sent<'_>,
+    down: Downstream<'_, R>,
+    trace: &mut Trace,
+) -> Next {
+    let Downstream { client, w, scratch, out } = down;
+    let (c, s, head) = (&ctx.cluster, &ctx.settings, req.head);
+    let Sent { backend, reply: (mut up, res, body_skipped), held: _held } = sent;
+    let be = &c.backends[backend];
+    let Some(res) = forward_interim(&mut up.r, w, res, head, &ctx.limits, scratch, s).await else {
+        return Next::Close;
+    };
+    let took = req.started.elapsed();
+    trace.response = Some(Instant::now());
+    trace.status = res.status;
+    be.latency.record(took);
+    if let Some(v) = ctx.capacity.vips.get(ctx.vip_index) {
+        v.latency.record(took);
+    }
+    if ctx.suspect_on_status.contains(&res.status) {
+        // The configured passive 5xx policy: the answer is relayed, the backend is suspect.
+        c.passive_failure(backend);
+    }
+    let res_buf = up.r.buf.split_to(res.len);
+    learn(ctx, &res, &res_buf, backend);
+    if res.status == 101 {
+        if !head.upgrade {
             // Switching protocols nobody asked for: the stream can no longer be trusted.
             be.errors.fetch_add(1, Ordering::Relaxed);
-            refuse(w, trace, 502, "unsolicited 101 from the server", None).await;
-            return Next::Close;
+            return answered(w, trace, Some(Answer::UNSOLICITED_101)).await;
         }
-        if res.status == 101 {
-            build_response(out, &res, &res_buf, false, false, false);
-            if !write_client(w, out, s.client_timeout).await {
-                return Next::Close;
-            }
-            let t = TunnelTimeouts {
-                idle: s.tunnel_timeout,
-                client_write: s.client_timeout,
-                server_write: s.server_timeout,
-            };
-            // The client's bytes through the tunnel count as the request's.
-            client.total_read += tunnel(client, w, up, t).await;
-            return Next::Close;
+        upgrade(client, w, out, up, (&res, &res_buf), s).await;
+        return Next::Close;
+    }
+    deliver_final(ctx, req, backend, up, (&res, &res_buf, body_skipped), w, out).await
+}
+
+/// The final response to the client: its head (the persistence cookie added, a small
+/// body at hand inlined), then the rest of its body relayed. The backend connection (and
+/// its share of the backend's connection limit) goes back to the pool as soon as the
+/// whole response is in hand, so a client that reads slowly holds no backend connection.
+async fn deliver_final(
+    ctx: &VipCtx,
+    req: &Request<'_>,
+    backend: usize,
+    mut up: Upstream,
+    (res, res_buf, body_skipped): (&ResponseHead, &[u8], bool),
+    w: &mut WriteSide,
+    out: &mut Vec<u8>,
+) -> Next {
+    let head = req.head;
+    let be = &ctx.cluster.backends[backend];
+    let pool = ctx.pools[backend].as_ref().expect("a pool for the chosen backend");
+    let (close, dechunk) = closes(head, res, body_skipped, req.closing, ctx.ownership.keeps(req.steer_slot));
+    build_response(out, res, res_buf, close, dechunk, head.minor == 0);
+    if let (Some(p), None) = (&ctx.persist, &req.sess) {
+        // A client without the cookie, or whose cookie names another backend (it
+        // failed over), is told where it is now.
+        if req.pinned != Some(backend) {
+            p.insert(out, backend, super::persist::has_cache_control(res, res_buf));
         }
-        // An HTTP/1.0 client cannot read chunked: it gets the bare body, delimited by close.
-        let dechunk = head.minor == 0 && res.framing == Framing::Chunked;
-        // A server that answered before `100 Continue` leaves the request body unread: the
-        // connection cannot carry another request.
-        // `closing`: this listener is stopping (shutdown or reload): the client is told to
-        // reconnect, which reaches the new listeners.
-        // `keeps`: after a membership change, a connection another dispatcher owns now
-        // (or any, once this one leaves) moves there between two requests.
-        let close = !head.keep_alive
-            || res.framing == Framing::UntilClose
-            || dechunk
-            || body_skipped
-            || closing
-            || !ctx.ownership.keeps(*steer_slot);
-        build_response(out, &res, &res_buf, close, dechunk, head.minor == 0);
-        if let (Some(p), None) = (&ctx.persist, &sess) {
-            // A client without the cookie, or whose cookie names another backend (it
-            // failed over), is told where it is now.
-            if pinned != Some(backend) {
-                p.insert(out, backend, super::persist::has_cache_control(&res, &res_buf));
-            }
-        }
-        // A small body already read goes out with the head: one write per response.
-        let mut framing = if dechunk { Framing::Chunked } else { res.framing };
-        if let Framing::Length(n) = framing {
-            if up.r.buf.len() as u64 >= n && n <= 64 * 1024 {
-                out.extend_from_slice(&up.r.buf.split_to(n as usize));
-                framing = Framing::None;
-            }
-        }
-        let keep_upstream = !res.close && !body_skipped;
-        // The whole response is in hand: the backend connection (and its share of the
-        // backend's connection limit) goes back before the client reads it, so a client that
-        // reads slowly holds no backend connection.
-        let mut up = if framing == Framing::None {
+    }
+    let framing = inline_small_body(out, &mut up.r.buf, if dechunk { Framing::Chunked } else { res.framing });
+    let keep_upstream = !res.close && !body_skipped;
+    let mut up = match framing {
+        Framing::None => {
             if keep_upstream {
                 pool.put(up);
             }
             None
-        } else {
-            Some(up)
-        };
-        if !write_client(w, out, s.client_timeout).await {
+        }
+        _ => Some(up),
+    };
+    match deliver(w, out, up.as_mut().map(|up| &mut up.r), (framing, dechunk), &ctx.settings).await {
+        Ok(()) => {}
+        Err(Undelivered::Head) => return Next::Close,
+        Err(Undelivered::Body(e)) => {
+            be.errors.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(backend = %be.name, error = %e, "response body relay failed");
             return Next::Close;
         }
-        if let Some(mut up) = up.take() {
-            let t = Timeouts { read: s.server_timeout, write: s.client_timeout };
-            if let Err(e) = relay_body(framing, &mut up.r, w, t, dechunk).await {
-                // Part of the response is out: the client must see the connection abort, never
-                // a response that looks complete.
-                be.errors.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(backend = %be.name, error = %e, "response body relay failed");
-                return Next::Close;
-            }
-            if keep_upstream {
-                pool.put(up);
-            }
-        }
-        if close {
-            Next::Close
-        } else {
-            Next::KeepAlive
-        }
+    }
+    if let Some(up) = up.filter(|_| keep_upstream) {
+        pool.put(up);
+    }
+    if close {
+        Next::Close
+    } else {
+        Next::KeepAlive
     }
 }
 

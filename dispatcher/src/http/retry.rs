@@ -3,6 +3,7 @@
 
 use std::sync::atomic::Ordering;
 
+use super::Counted;
 use crate::{config::HttpSettings, state::Cluster};
 
 /// RFC 9110 9.2.2: methods whose repetition has the effect of one request.
@@ -17,4 +18,33 @@ pub fn retry_allowed(c: &Cluster, s: &HttpSettings) -> bool {
     let retrying = c.counters.retries_in_flight.load(Ordering::Relaxed);
     let budget = (in_flight * s.retry_budget_percent / 100).max(s.retry_budget_min);
     retrying < budget
+}
+
+/// One request's retries: how many so far, and its place among the retries in flight
+/// (taken at its first retry, kept until the request ends).
+#[derive(Default)]
+pub struct Retries<'c> {
+    pub extra: u32,
+    in_flight: Option<Counted<'c>>,
+}
+
+impl<'c> Retries<'c> {
+    /// Whether a failed attempt that may be replayed is made again: within the VIP's
+    /// `retries` and the cluster-wide budget (a refusal by the budget is counted).
+    pub fn again(&mut self, c: &'c Cluster, s: &HttpSettings) -> bool {
+        if self.extra >= s.retries {
+            return false;
+        }
+        if !retry_allowed(c, s) {
+            c.counters.retry_budget_refusals.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        self.extra += 1;
+        c.counters.retries.fetch_add(1, Ordering::Relaxed);
+        if self.in_flight.is_none() {
+            c.counters.retries_in_flight.fetch_add(1, Ordering::Relaxed);
+            self.in_flight = Some(Counted(&c.counters.retries_in_flight));
+        }
+        true
+    }
 }
