@@ -6,9 +6,9 @@ use std::process::Command;
 /// Runs the demo with `args`: its output (it must succeed), and a finder of the first line
 /// containing a needle.
 fn run_demo(args: &[&str]) -> (String, impl Fn(&str) -> String) {
-    let out = Command::new(dispatcher_tests::netns::built_bin(
+    let out = Command::new(dispatcher_testbed::netns::built_bin(
         "demo",
-        &["tests/src", "tools/src/bin/demo.rs", "tools/src/bin/demo"],
+        &["testbed/src", "tools/src/bin/demo"],
     ))
     .args(args)
     .output()

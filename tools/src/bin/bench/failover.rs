@@ -13,7 +13,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dispatcher_tests::{
+use crate::peers;
+use dispatcher_testbed::{
     netns::Testbed,
     websphere::{self, Client},
 };
@@ -51,23 +52,6 @@ fn config(tb: &Testbed) -> String {
     )
 }
 
-fn haproxy_conf(dir: &std::path::Path) -> String {
-    let mut s = format!(
-        "global\n nbthread 1\n maxconn 4000\n pidfile {d}/haproxy.pid\ndefaults\n mode http\n timeout connect 1s\n timeout client 30s\n timeout server 1s\n retries 1\n option redispatch\n option http-keep-alive\nfrontend fe\n bind {VIP}:81\n default_backend be\nbackend be\n balance roundrobin\n option httpchk GET /health\n",
-        d = dir.display()
-    );
-    for i in 0..4 {
-        s += &format!(" use-server clone{i}x if {{ req.cook(JSESSIONID),field(2,:) -m str clone{i}x }}\n");
-    }
-    for i in 0..4 {
-        s += &format!(
-            " server clone{i}x {}:{PORT} check inter 200ms fall 2 rise 2\n",
-            dispatcher_tests::netns::backend_ip(i)
-        );
-    }
-    s
-}
-
 /// Runs one scenario on a fresh testbed against `system` ("dispatcher" or "haproxy").
 fn scenario(system: &'static str, fault: Fault, secs: u64) -> Outcome {
     let mut tb = Testbed::new(4, &[VIP]);
@@ -79,8 +63,18 @@ fn scenario(system: &'static str, fault: Fault, secs: u64) -> Outcome {
         tb.start_dispatcher(&path);
         80
     } else {
-        let conf = tb.workdir.join("haproxy.cfg");
-        std::fs::write(&conf, haproxy_conf(&tb.workdir)).unwrap();
+        let (use_servers, servers) = peers::haproxy_clone_servers(PORT, " check inter 200ms fall 2 rise 2");
+        let conf = peers::write(
+            &tb.workdir,
+            "haproxy.cfg",
+            peers::HAPROXY_FAILOVER,
+            &[
+                ("DIR", &tb.workdir.display()),
+                ("BIND", &format!("{VIP}:81")),
+                ("USE_SERVERS", &use_servers),
+                ("SERVERS", &servers),
+            ],
+        );
         let mut cmd = tb.lb.command("haproxy");
         cmd.arg("-db").arg("-f").arg(&conf);
         tb.start("haproxy", cmd);

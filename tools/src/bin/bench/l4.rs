@@ -13,20 +13,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dispatcher_tests::netns::{backend_ip, Testbed, CLIENT_IP, LB_IP};
+use crate::peers;
+use dispatcher_testbed::netns::{backend_ip, Testbed, CLIENT_IP, LB_IP};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const VIP: &str = "10.99.100.60";
 const TCP_PORT: u16 = 80;
 const UDP_PORT: u16 = 9000;
 const CONCURRENCY: usize = 32;
-
-fn nginx_conf(i: usize, dir: &std::path::Path) -> String {
-    format!(
-        "daemon off;\nworker_processes 1;\npid {d}/l4b{i}.pid;\nerror_log {d}/l4b{i}.err;\nevents {{ worker_connections 4096; }}\nhttp {{\n access_log off;\n client_body_temp_path {d}/l4b{i}-body;\n proxy_temp_path {d}/l4b{i}-proxy;\n fastcgi_temp_path {d}/l4b{i}-fcgi;\n uwsgi_temp_path {d}/l4b{i}-uwsgi;\n scgi_temp_path {d}/l4b{i}-scgi;\n server {{ listen {TCP_PORT}; location / {{ return 200 \"b{i}\\n\"; }} }}\n}}\n",
-        d = dir.display()
-    )
-}
 
 /// Short TCP exchanges as fast as `CONCURRENCY` clients can: connections per second.
 fn connections_per_second(tb: &Testbed, secs: u64) -> (f64, u64) {
@@ -108,7 +102,7 @@ fn start_sinks(tb: &Testbed, bind_vip: bool) -> Sinks {
 fn generate(tb: &Testbed, secs: u64) -> f64 {
     tb.client.run(move || {
         use aya::programs::{TestRun, TestRunAttrs, TestRunOptions};
-        let frame = dispatcher_tests::packet::Packet::udp(CLIENT_IP, 40000, VIP, UDP_PORT)
+        let frame = dispatcher_testbed::packet::Packet::udp(CLIENT_IP, 40000, VIP, UDP_PORT)
             .with(|p| {
                 p.eth_dst = [0x02, 0x99, 0, 0, 0, 0x01];
                 p.eth_src = [0x02, 0x99, 0, 0, 0, 0x02];
@@ -248,8 +242,12 @@ pub fn run(quick: bool) -> (String, String) {
     tb.enable_xdp_tx_from_client();
     let dir = tb.workdir.clone();
     for i in 0..4 {
-        let conf = dir.join(format!("l4backend{i}.conf"));
-        std::fs::write(&conf, nginx_conf(i, &dir)).unwrap();
+        let conf = peers::write(
+            &dir,
+            &format!("l4backend{i}.conf"),
+            peers::NGINX_L4_BACKEND,
+            &[("DIR", &dir.display()), ("I", &i), ("PORT", &TCP_PORT)],
+        );
         let mut cmd = tb.backends[i].command("nginx");
         cmd.arg("-p").arg(&dir).arg("-c").arg(&conf);
         tb.start(&format!("nginx-l4-b{i}"), cmd);
@@ -276,12 +274,12 @@ pub fn run(quick: bool) -> (String, String) {
     // 2. HAProxy, mode tcp (a full proxy: TCP only).
     tb.add_local_vip(VIP);
     let servers: String = (0..4).map(|i| format!(" server b{i} {}:{TCP_PORT}\n", backend_ip(i))).collect();
-    let hconf = dir.join("haproxy-l4.cfg");
-    std::fs::write(
-        &hconf,
-        format!("global\n nbthread 1\n maxconn 4000\ndefaults\n mode tcp\n timeout connect 2s\n timeout client 10s\n timeout server 10s\nfrontend fe\n bind {VIP}:{TCP_PORT}\n default_backend be\nbackend be\n balance source\n{servers}"),
-    )
-    .unwrap();
+    let hconf = peers::write(
+        &dir,
+        "haproxy-l4.cfg",
+        peers::HAPROXY_L4,
+        &[("BIND", &format!("{VIP}:{TCP_PORT}")), ("SERVERS", &servers)],
+    );
     let mut cmd = tb.lb.command("haproxy");
     cmd.arg("-db").arg("-f").arg(&hconf);
     tb.start("haproxy-l4", cmd);

@@ -11,7 +11,7 @@
 use std::{net::SocketAddr, time::Duration};
 
 use crate::{
-    http::{agent_config, bench_bed, haproxy_conf, haproxy_maxconn, raise_nofile, wait_ready, wrk, LUA, VIP},
+    http::{agent_config, bench_bed, cookies_script, haproxy_maxconn, raise_nofile, start_haproxy, wait_ready, wrk, VIP},
     load, stall,
 };
 
@@ -192,18 +192,12 @@ pub fn run(quick: bool) -> (String, String) {
     let maxconn = haproxy_maxconn(raise_nofile());
     eprintln!("==> HTTP p99: the dispatcher and HAProxy, {rounds} rounds of {secs}s per level, taking turns");
     let mut tb = bench_bed();
-    let dir = tb.workdir.clone();
     let cfg = agent_config(&tb, "");
     let path = tb.write_config(&cfg);
     tb.start_dispatcher(&path);
-    let hconf = dir.join("haproxy.cfg");
-    std::fs::write(&hconf, haproxy_conf(&dir, maxconn, "", &format!("{VIP}:81"))).unwrap();
-    let mut cmd = tb.lb.command("haproxy");
-    cmd.arg("-db").arg("-f").arg(&hconf);
-    tb.start("haproxy", cmd);
+    start_haproxy(&mut tb, maxconn, "", &format!("{VIP}:81"));
     let pids = [tb.pid_of("dispatcher").expect("agent pid"), tb.pid_of("haproxy").expect("haproxy pid")];
-    let script = dir.join("cookies.lua");
-    std::fs::write(&script, LUA).unwrap();
+    let script = cookies_script(&tb);
     for (_, port, log) in SYSTEMS {
         wait_ready(&tb, port, log);
         let _ = wrk(&tb, port, 2, &script, CONNECTIONS); // warm-up
@@ -212,8 +206,8 @@ pub fn run(quick: bool) -> (String, String) {
     let steal_limit_ms = (secs * 2).max(10);
     // Full load, closed loop: requests/s and p99 per round.
     let full = pairs("full load ", rounds, secs as f64, steal_limit_ms, pids, |i| {
-        let (rps, _, p99, errors) = wrk(&tb, SYSTEMS[i].1, secs, &script, CONNECTIONS);
-        Measured { p99, rps, errors, detail: String::new(), worst: String::new() }
+        let r = wrk(&tb, SYSTEMS[i].1, secs, &script, CONNECTIONS);
+        Measured { p99: r.p99_ms, rps: r.rps, errors: r.errors, detail: String::new(), worst: String::new() }
     });
     let haproxy_max = summary(&full.rps[1]).0;
     // Open loop at shares of HAProxy's maximum.

@@ -6,8 +6,9 @@
 
 use std::time::Duration;
 
+use crate::wrk;
 use dispatcher_common::{steer_sel, STEER_HAS_PREV, STEER_ON};
-use dispatcher_tests::{
+use dispatcher_testbed::{
     cluster::VIP,
     ecmp::{Ecmp, Load, Snapshot},
     fixture::{test_run, Fixture, CONFIG, XDP_PASS, XDP_TX},
@@ -133,16 +134,8 @@ fn throughput(quick: bool) -> Vec<(usize, f64, u64)> {
         for i in 0..n {
             e.wait_table(i, &names, Duration::from_secs(10));
         }
-        let o = e.clients.exec(&[
-            "wrk",
-            "-t1",
-            "-c64",
-            "--timeout",
-            "10s",
-            &format!("-d{secs}s"),
-            &format!("http://{VIP}/app"),
-        ]);
-        let (rps, _, _, errors) = crate::http::parse_wrk(&o);
+        let wrk::Wrk { rps, errors, .. } =
+            wrk::run(e.clients.command("wrk"), &format!("http://{VIP}/app"), 64, secs, None);
         eprintln!("    {n} dispatcher(s): {rps:.0} requests/s, {errors} errors");
         out.push((n, rps, errors));
     }

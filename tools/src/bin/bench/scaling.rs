@@ -2,7 +2,7 @@
 //! backends; the agent's memory with more idle client connections.
 
 use dispatcher_common::{FlowKey, FlowValue};
-use dispatcher_tests::{
+use dispatcher_testbed::{
     fixture::{test_run, Fixture, XDP_TX},
     packet::{Packet, TCP_ACK},
 };

@@ -16,12 +16,12 @@
 
 use std::{
     collections::HashMap,
-    path::Path,
     sync::atomic::Ordering,
     time::{Duration, Instant},
 };
 
-use dispatcher_tests::{
+use crate::peers;
+use dispatcher_testbed::{
     netns::{backend_ip, Testbed, CLIENT_IP, LB_IP},
     sipcontainer::SipCluster,
     sipp,
@@ -216,73 +216,11 @@ fn dispatcher_config(tb: &Testbed) -> String {
     )
 }
 
-/// Kamailio as a Call-ID-hashing load balancer, the way its dispatcher module's
-/// documentation sets one up: OPTIONS probing every second (its minimum), a
-/// destination inactive after 2 failed probes, a transaction that times out after 1 s
-/// tried on the next destination.
-fn kamailio_config(dir: &Path) -> String {
-    format!(
-        r#"#!KAMAILIO
-debug=0
-log_stderror=yes
-memdbg=5
-memlog=5
-children=2
-auto_aliases=no
-listen=udp:{LB_IP}:5060
-mpath="/usr/lib/x86_64-linux-gnu/kamailio/modules/"
-loadmodule "tm.so"
-loadmodule "sl.so"
-loadmodule "pv.so"
-loadmodule "maxfwd.so"
-loadmodule "dispatcher.so"
-modparam("tm", "fr_timer", 1000)
-modparam("tm", "fr_inv_timer", 3000)
-modparam("dispatcher", "list_file", "{list}")
-modparam("dispatcher", "flags", 2)
-modparam("dispatcher", "ds_ping_interval", 1)
-modparam("dispatcher", "ds_probing_threshold", 2)
-modparam("dispatcher", "ds_inactive_threshold", 2)
-modparam("dispatcher", "ds_probing_mode", 1)
-modparam("dispatcher", "ds_ping_from", "sip:kamailio@{LB_IP}")
-
-request_route {{
-    if (!mf_process_maxfwd_header("10")) {{
-        sl_send_reply("483", "Too Many Hops");
-        exit;
-    }}
-    if (!ds_select_dst("1", "0")) {{
-        sl_send_reply("503", "No Destination");
-        exit;
-    }}
-    t_on_failure("NEXT");
-    if (!t_relay()) {{
-        sl_reply_error();
-    }}
-    exit;
-}}
-
-failure_route[NEXT] {{
-    if (t_is_canceled()) exit;
-    if (t_branch_timeout() || t_check_status("5[0-9][0-9]")) {{
-        ds_mark_dst("ip");
-        if (ds_next_dst()) {{
-            t_on_failure("NEXT");
-            t_relay();
-        }}
-    }}
-}}
-"#,
-        list = dir.join("dispatcher.list").display()
-    )
-}
-
 fn start_kamailio(tb: &mut Testbed) {
     let dir = tb.workdir.clone();
-    let list: String = (0..BACKENDS).map(|i| format!("1 sip:{}:5060\n", backend_ip(i))).collect();
-    std::fs::write(dir.join("dispatcher.list"), list).unwrap();
-    let cfg = dir.join("kamailio.cfg");
-    std::fs::write(&cfg, kamailio_config(&dir)).unwrap();
+    let list = dir.join("dispatcher.list");
+    std::fs::write(&list, (0..BACKENDS).map(|i| format!("1 sip:{}:5060\n", backend_ip(i))).collect::<String>()).unwrap();
+    let cfg = peers::write(&dir, "kamailio.cfg", peers::KAMAILIO, &[("LB_IP", &LB_IP), ("LIST", &list.display())]);
     let mut cmd = tb.lb.command("kamailio");
     cmd.arg("-DD").arg("-E").arg("-f").arg(&cfg).arg("-Y").arg(&dir).arg("-w").arg(&dir).args(["-m", "128"]);
     tb.start("kamailio", cmd);

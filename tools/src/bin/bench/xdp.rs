@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use dispatcher_tests::{
+use dispatcher_testbed::{
     fixture::{test_run, Fixture, CONFIG, XDP_DROP, XDP_PASS, XDP_TX},
     packet::{Packet, TCP_ACK},
 };
