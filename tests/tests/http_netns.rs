@@ -718,7 +718,10 @@ fn the_access_log_records_every_request_and_follows_rotation() {
     assert_eq!(lines.len(), 4, "{text}");
     for (i, l) in lines.iter().enumerate() {
         assert_eq!(l["vip"], "app");
-        assert!(l["client"].as_str().unwrap().starts_with(&format!("{}:", dispatcher_testbed::netns::CLIENT_IP)), "{l}");
+        assert!(
+            l["client"].as_str().unwrap().starts_with(&format!("{}:", dispatcher_testbed::netns::CLIENT_IP)),
+            "{l}"
+        );
         assert_eq!(l["request"], format!("GET /app/{i}?x=\"q\""));
         assert_eq!(l["status"], 200);
         assert_eq!(l["backend"], format!("b{owner}"));
@@ -813,7 +816,11 @@ fn cookie_bed(
 
 /// One request with the `SRV` cookie `cookie` (if any) on a new connection; it must be
 /// answered 200: (clone index, the SRV value set).
-fn cookie_get(client: &dispatcher_testbed::netns::Ns, addr: SocketAddr, cookie: Option<&str>) -> (usize, Option<String>) {
+fn cookie_get(
+    client: &dispatcher_testbed::netns::Ns,
+    addr: SocketAddr,
+    cookie: Option<&str>,
+) -> (usize, Option<String>) {
     let mut s = client.run(move || TcpStream::connect(addr)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let c = cookie.map(|c| format!("Cookie: SRV={c}\r\n")).unwrap_or_default();

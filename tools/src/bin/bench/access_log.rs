@@ -36,7 +36,12 @@ pub fn run(quick: bool) -> (String, String) {
             if logging {
                 logged_requests += r.rps * secs as f64;
             }
-            eprintln!("    access log {:<3} {:>8.0} req/s  p99 {:.3} ms", if logging { "on" } else { "off" }, r.rps, r.p99_ms);
+            eprintln!(
+                "    access log {:<3} {:>8.0} req/s  p99 {:.3} ms",
+                if logging { "on" } else { "off" },
+                r.rps,
+                r.p99_ms
+            );
             runs.push(r);
         }
     }

@@ -11,6 +11,7 @@ use std::{
 
 use crate::{
     load, peers,
+    report::{self, Row},
     wrk::{self, Wrk},
 };
 use dispatcher_testbed::{
@@ -363,42 +364,40 @@ pub fn run(quick: bool) -> (String, String) {
     }
 
     let base = &results[1];
-    let mut table = String::from(
-        "| system | requests/s | p50 ms | p99 ms | errors | routed to the cookie's clone | req/s vs HAProxy | p99 vs HAProxy |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
-    );
-    let mut json = Vec::new();
-    for (s, m) in SYSTEMS.iter().zip(&results) {
-        table += &format!(
-            "| {} | {:.0} | {:.3} | {:.3} | {} | {:.0}% | {:.2} | {:.2} |\n",
-            s.name,
-            m.rps,
-            m.p50_ms,
-            m.p99_ms,
-            m.errors,
-            m.affinity * 100.0,
-            m.rps / base.rps,
-            m.p99_ms / base.p99_ms
-        );
-        json.push(format!(
-            r#"{{"system":"{}","rps":{:.1},"p50_ms":{:.3},"p99_ms":{:.3},"errors":{},"affinity":{:.3}}}"#,
-            s.name, m.rps, m.p50_ms, m.p99_ms, m.errors, m.affinity
-        ));
-    }
-    table += "\nAt fixed offered loads (open loop, latency from each request's scheduled time), 25/50/75/90% of each system's own maximum:\n\n| share | system | offered req/s | achieved req/s | p50 ms | p99 ms | p99.9 ms | errors |\n|---:|---|---:|---:|---:|---:|---:|---:|\n";
-    for l in fixed.iter().filter(|l| l.basis == Basis::Own) {
+    let systems: Vec<Row> = SYSTEMS
+        .iter()
+        .zip(&results)
+        .map(|(s, m)| {
+            Row::new()
+                .text("system", "system", s.name)
+                .num("requests/s", "rps", m.rps, 0, 1)
+                .num("p50 ms", "p50_ms", m.p50_ms, 3, 3)
+                .num("p99 ms", "p99_ms", m.p99_ms, 3, 3)
+                .int("errors", "errors", m.errors)
+                .md("routed to the cookie's clone", format!("{:.0}%", m.affinity * 100.0))
+                .json("affinity", format!("{:.3}", m.affinity))
+                .md("req/s vs HAProxy", format!("{:.2}", m.rps / base.rps))
+                .md("p99 vs HAProxy", format!("{:.2}", m.p99_ms / base.p99_ms))
+        })
+        .collect();
+    let fixed_row = |l: &Level| {
         let m = &l.lat;
-        table += &format!(
-            "| {:.0}% | {} | {:.0} | {:.0} | {:.3} | {:.3} | {:.3} | {} |\n",
-            l.pct,
-            l.system,
-            m.offered_rps,
-            m.achieved_rps,
-            m.pct_ms(50.0),
-            m.pct_ms(99.0),
-            m.pct_ms(99.9),
-            m.errors
-        );
-    }
+        Row::new()
+            .md("share", format!("{:.0}%", l.pct))
+            .json("share", l.pct)
+            .json("basis", if l.basis == Basis::Own { r#""own_max""# } else { r#""haproxy_max""# })
+            .text("system", "system", l.system)
+            .num("offered req/s", "offered_rps", m.offered_rps, 0, 1)
+            .num("achieved req/s", "achieved_rps", m.achieved_rps, 0, 1)
+            .num("p50 ms", "p50_ms", m.pct_ms(50.0), 3, 3)
+            .num("p99 ms", "p99_ms", m.pct_ms(99.0), 3, 3)
+            .num("p99.9 ms", "p999_ms", m.pct_ms(99.9), 3, 3)
+            .int("errors", "errors", m.errors)
+    };
+    let own: Vec<Row> = fixed.iter().filter(|l| l.basis == Basis::Own).map(fixed_row).collect();
+    let mut table = report::markdown(&systems);
+    table += "\nAt fixed offered loads (open loop, latency from each request's scheduled time), 25/50/75/90% of each system's own maximum:\n\n";
+    table += &report::markdown(&own);
     table += "\nThe same offered load for the dispatcher and HAProxy (HAProxy's levels above):\n\n| offered req/s | dispatcher p99 ms | HAProxy p99 ms | p99 vs HAProxy | dispatcher p99.9 ms | HAProxy p99.9 ms |\n|---:|---:|---:|---:|---:|---:|\n";
     for pct in SHARES {
         let find =
@@ -415,46 +414,35 @@ pub fn run(quick: bool) -> (String, String) {
             );
         }
     }
-    let fixed_json: Vec<String> = fixed
-        .iter()
-        .map(|l| {
-            let m = &l.lat;
-            format!(
-                r#"{{"share":{},"basis":"{}","system":"{}","offered_rps":{:.1},"achieved_rps":{:.1},"p50_ms":{:.3},"p99_ms":{:.3},"p999_ms":{:.3},"errors":{}}}"#,
-                l.pct,
-                if l.basis == Basis::Own { "own_max" } else { "haproxy_max" },
-                l.system,
-                m.offered_rps,
-                m.achieved_rps,
-                m.pct_ms(50.0),
-                m.pct_ms(99.0),
-                m.pct_ms(99.9),
-                m.errors
-            )
-        })
-        .collect();
     table += &format!("\nConcurrent client connections (wrk, 1 thread; peak RSS sampled every 100 ms during the run; descriptor limit {nofile}, so HAProxy runs with maxconn {maxconn}):");
-    table += "\n\n| connections | system | requests/s | p99 ms | errors | peak RSS KiB | req/s vs HAProxy |\n|---:|---|---:|---:|---:|---:|---:|\n";
-    let mut conc_json = Vec::new();
+    table += "\n\n";
+    let mut conc_rows = Vec::new();
     for pair in concurrency.chunks(2) {
         let base = pair[1].2;
         for &(n, name, rps, p99, errors, rss) in pair {
-            table += &format!("| {n} | {name} | {rps:.0} | {p99:.3} | {errors} | {rss} | {:.2} |\n", rps / base);
-            conc_json.push(format!(
-                r#"{{"connections":{n},"system":"{name}","rps":{rps:.1},"p99_ms":{p99:.3},"errors":{errors},"peak_rss_kib":{rss}}}"#
-            ));
+            conc_rows.push(
+                Row::new()
+                    .int("connections", "connections", n)
+                    .text("system", "system", name)
+                    .num("requests/s", "rps", rps, 0, 1)
+                    .num("p99 ms", "p99_ms", p99, 3, 3)
+                    .int("errors", "errors", errors)
+                    .int("peak RSS KiB", "peak_rss_kib", rss)
+                    .md("req/s vs HAProxy", format!("{:.2}", rps / base)),
+            );
         }
     }
+    table += &report::markdown(&conc_rows);
     table += &format!(
         "\nworkers: {WORKERS} each; wrk: 1 thread, {CONNECTIONS} connections, {secs} s, cookies naming the 4 clones in turn.\nDispatcher RSS: {rss_before} KiB idle, {rss_after} KiB with 1,000 idle keep-alive client connections (target < 65,536 KiB); {}.\n",
         curve.join(", ")
     );
     println!("\n{table}");
     let json = format!(
-        r#"{{"workers":{WORKERS},"connections":{CONNECTIONS},"seconds":{secs},"systems":[{}],"fixed_rate":[{}],"concurrency":[{}],"rss_idle_kib":{rss_before},"rss_1000_idle_conns_kib":{rss_after}}}"#,
-        json.join(","),
-        fixed_json.join(","),
-        conc_json.join(",")
+        r#"{{"workers":{WORKERS},"connections":{CONNECTIONS},"seconds":{secs},"systems":{},"fixed_rate":{},"concurrency":{},"rss_idle_kib":{rss_before},"rss_1000_idle_conns_kib":{rss_after}}}"#,
+        report::json(&systems),
+        report::json(&fixed.iter().map(fixed_row).collect::<Vec<_>>()),
+        report::json(&conc_rows)
     );
     (json, table)
 }

@@ -13,7 +13,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::peers;
+use crate::{
+    peers,
+    report::{self, Row},
+};
 use dispatcher_testbed::netns::{backend_ip, Testbed, CLIENT_IP, LB_IP};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -320,52 +323,41 @@ pub fn run(quick: bool) -> (String, String) {
     let nft_cpu = results[2].pps.map(|p| p.2).unwrap_or(f64::NAN);
     let nft_cps = results[2].cps;
     let nft_sat = results[2].saturated.map(|p| p.1).unwrap_or(f64::NAN);
-    let mut table = String::from(
-        "| system | connections/s | connection errors | UDP pps delivered (userspace sender) | offered | CPU ns per delivered packet | pps vs nftables | CPU/packet vs nftables | conn/s vs nftables | pps delivered at saturation (in-kernel generator) | offered | saturated pps vs nftables |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
-    );
-    let mut json = Vec::new();
+    let mut rows = Vec::new();
     for m in &results {
-        let cells = match m.pps {
-            Some((p, o, c)) => [
-                format!("{p:.0}"),
-                format!("{o:.0}"),
-                format!("{c:.0}"),
-                format!("{:.2}", p / nft_pps),
-                format!("{:.2}", c / nft_cpu),
-            ],
-            None => std::array::from_fn(|_| "-".to_string()),
-        };
+        let pps = |i: usize| m.pps.map(|p| [p.0, p.1, p.2][i]);
+        let vs = |v: Option<f64>, base: f64| v.map(|v| format!("{:.2}", v / base)).unwrap_or("-".into());
+        let cells = [pps(0), pps(1), pps(2)].map(|v| v.map(|v| format!("{v:.0}")).unwrap_or("-".into()));
         eprintln!(
             "    {:<18} {:>8.0} conn/s ({} errors)  {} pps delivered of {} offered, {} CPU ns/packet",
             m.system, m.cps, m.cps_errors, cells[0], cells[1], cells[2]
         );
-        let sat = match m.saturated {
+        let sat = |f: fn((f64, f64)) -> f64| m.saturated.map(f);
+        let sat_text = match m.saturated {
             Some((o, d)) => format!("{d:.0} | {o:.0} | {:.2}", d / nft_sat),
             None => "- | - | -".into(),
         };
-        eprintln!("    {:<18} at saturation: delivered | offered | vs nftables = {sat}", m.system);
-        table += &format!(
-            "| {} | {:.0} | {} | {} | {:.2} | {sat} |\n",
-            m.system,
-            m.cps,
-            m.cps_errors,
-            cells.join(" | "),
-            m.cps / nft_cps
+        eprintln!("    {:<18} at saturation: delivered | offered | vs nftables = {sat_text}", m.system);
+        rows.push(
+            Row::new()
+                .text("system", "system", m.system)
+                .num("connections/s", "connections_per_s", m.cps, 0, 1)
+                .int("connection errors", "connection_errors", m.cps_errors)
+                .opt("UDP pps delivered (userspace sender)", "udp_pps_delivered", pps(0), 0, 1)
+                .opt("offered", "udp_pps_offered", pps(1), 0, 1)
+                .opt("CPU ns per delivered packet", "cpu_ns_per_packet", pps(2), 0, 1)
+                .md("pps vs nftables", vs(pps(0), nft_pps))
+                .md("CPU/packet vs nftables", vs(pps(2), nft_cpu))
+                .md("conn/s vs nftables", format!("{:.2}", m.cps / nft_cps))
+                .opt("pps delivered at saturation (in-kernel generator)", "", sat(|p| p.1), 0, 0)
+                .opt("offered", "", sat(|p| p.0), 0, 0)
+                .md("saturated pps vs nftables", vs(sat(|p| p.1), nft_sat)),
         );
-        let num = |i: usize| m.pps.map(|p| format!("{:.1}", [p.0, p.1, p.2][i])).unwrap_or("null".into());
-        json.push(format!(
-            r#"{{"system":"{}","connections_per_s":{:.1},"connection_errors":{},"udp_pps_delivered":{},"udp_pps_offered":{},"cpu_ns_per_packet":{}}}"#,
-            m.system,
-            m.cps,
-            m.cps_errors,
-            num(0),
-            num(1),
-            num(2)
-        ));
     }
+    let mut table = report::markdown(&rows);
     table += &format!(
         "\n{CONCURRENCY} concurrent HTTP/1.0 exchanges with nginx backends for connections/s; one sender, 64-byte frames from 16 source ports, for packets/s; {secs} s each. The sender shares the 2 vCPUs with the data path: \"offered\" is what it managed to send; while everything offered is delivered, packets/s measures the sender, and the CPU time per delivered packet (whole machine, the same sender for every system) compares the forwarding paths.\n"
     );
     println!("\n{table}");
-    (format!("[{}]", json.join(",")), table)
+    (report::json(&rows), table)
 }

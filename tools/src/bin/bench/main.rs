@@ -10,6 +10,7 @@ mod l4;
 mod load;
 mod p99;
 mod peers;
+mod report;
 mod scale_out;
 mod scaling;
 mod sip;

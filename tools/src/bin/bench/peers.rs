@@ -54,8 +54,9 @@ pub fn write(dir: &Path, name: &str, template: &str, values: &[(&str, &dyn Displ
 /// HAProxy's lines routing by the clone ID in JSESSIONID to the four backends (`clone0x`
 /// ... on `port`), each server line ending in `server_options`.
 pub fn haproxy_clone_servers(port: u16, server_options: &str) -> (String, String) {
-    let use_servers =
-        (0..4).map(|i| format!(" use-server clone{i}x if {{ req.cook(JSESSIONID),field(2,:) -m str clone{i}x }}\n")).collect();
+    let use_servers = (0..4)
+        .map(|i| format!(" use-server clone{i}x if {{ req.cook(JSESSIONID),field(2,:) -m str clone{i}x }}\n"))
+        .collect();
     let servers = (0..4).map(|i| format!(" server clone{i}x {}:{port}{server_options}\n", backend_ip(i))).collect();
     (use_servers, servers)
 }

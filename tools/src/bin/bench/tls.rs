@@ -21,6 +21,7 @@ use std::{
 use crate::{
     http::{self, System, WORKERS},
     peers,
+    report::{self, Row},
     wrk::{self, Wrk},
 };
 use dispatcher_testbed::{netns::Testbed, tls::Pki};
@@ -170,7 +171,7 @@ fn nginx_worker(master: u32) -> u32 {
     children.split_whitespace().next().and_then(|p| p.parse().ok()).expect("an nginx worker")
 }
 
-struct Row {
+struct Measured {
     /// The median keep-alive run (by requests/s) and the range of requests/s over runs.
     keepalive: Wrk,
     spread: (f64, f64),
@@ -280,60 +281,47 @@ pub fn run(quick: bool) -> (String, String) {
             "    {:<11} [{negotiated}] keep-alive {:>7.0} req/s p99 {:.3} ms errors {} | new connections {:>6.0}/s (wrk) | s_time full {:>6.0}/s resumed {:>6.0}/s | {:.1} KiB per idle TLS connection ({before} -> {with} KiB)",
             s.name, keepalive.rps, keepalive.p99_ms, keepalive.errors, full_wrk.rps, full_stime, resumed_stime, kib_per_conn
         );
-        rows.push(Row { keepalive, spread, full_wrk, full_stime, resumed_stime, kib_per_conn, negotiated });
+        rows.push(Measured { keepalive, spread, full_wrk, full_stime, resumed_stime, kib_per_conn, negotiated });
     }
     let (full, resumed) = handshakes(&tb);
     eprintln!("    the dispatcher counted: {}", phases.join("; "));
 
     let base = &rows[1];
-    let mut table = String::from(
-        "| system | negotiated | keep-alive req/s (median) | range | p99 ms | errors | vs HAProxy | full handshakes/s (s_time -new) | vs HAProxy | resumed/s (s_time -reuse) | vs HAProxy | new conns/s (wrk, close) | vs HAProxy | KiB per idle TLS conn | vs HAProxy |\n|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
-    );
-    let mut json = Vec::new();
-    for (s, r) in SYSTEMS.iter().zip(&rows) {
-        table += &format!(
-            "| {} | {} | {:.0} | {:.0}-{:.0} | {:.3} | {} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:.1} | {:.2} |\n",
-            s.name,
-            r.negotiated,
-            r.keepalive.rps,
-            r.spread.0,
-            r.spread.1,
-            r.keepalive.p99_ms,
-            r.keepalive.errors + r.full_wrk.errors,
-            r.keepalive.rps / base.keepalive.rps,
-            r.full_stime,
-            r.full_stime / base.full_stime,
-            r.resumed_stime,
-            r.resumed_stime / base.resumed_stime,
-            r.full_wrk.rps,
-            r.full_wrk.rps / base.full_wrk.rps,
-            r.kib_per_conn,
-            r.kib_per_conn / base.kib_per_conn
-        );
-        json.push(format!(
-            r#"{{"system":"{}","negotiated":"{}","keepalive_rps":{:.1},"keepalive_rps_min":{:.1},"keepalive_rps_max":{:.1},"keepalive_p99_ms":{:.3},"errors":{},"new_conns_per_s":{:.1},"new_conns_p99_ms":{:.3},"stime_full_per_s":{:.1},"stime_resumed_per_s":{:.1},"kib_per_idle_conn":{:.2}}}"#,
-            s.name,
-            r.negotiated,
-            r.keepalive.rps,
-            r.spread.0,
-            r.spread.1,
-            r.keepalive.p99_ms,
-            r.keepalive.errors + r.full_wrk.errors,
-            r.full_wrk.rps,
-            r.full_wrk.p99_ms,
-            r.full_stime,
-            r.resumed_stime,
-            r.kib_per_conn
-        ));
-    }
+    let ratio = |v: f64, base: f64| format!("{:.2}", v / base);
+    let table_rows: Vec<Row> = SYSTEMS
+        .iter()
+        .zip(&rows)
+        .map(|(s, r)| {
+            Row::new()
+                .text("system", "system", s.name)
+                .text("negotiated", "negotiated", &r.negotiated)
+                .num("keep-alive req/s (median)", "keepalive_rps", r.keepalive.rps, 0, 1)
+                .json("keepalive_rps_min", format!("{:.1}", r.spread.0))
+                .json("keepalive_rps_max", format!("{:.1}", r.spread.1))
+                .md("range", format!("{:.0}-{:.0}", r.spread.0, r.spread.1))
+                .num("p99 ms", "keepalive_p99_ms", r.keepalive.p99_ms, 3, 3)
+                .int("errors", "errors", r.keepalive.errors + r.full_wrk.errors)
+                .md("vs HAProxy", ratio(r.keepalive.rps, base.keepalive.rps))
+                .num("full handshakes/s (s_time -new)", "stime_full_per_s", r.full_stime, 0, 1)
+                .md("vs HAProxy", ratio(r.full_stime, base.full_stime))
+                .num("resumed/s (s_time -reuse)", "stime_resumed_per_s", r.resumed_stime, 0, 1)
+                .md("vs HAProxy", ratio(r.resumed_stime, base.resumed_stime))
+                .num("new conns/s (wrk, close)", "new_conns_per_s", r.full_wrk.rps, 0, 1)
+                .json("new_conns_p99_ms", format!("{:.3}", r.full_wrk.p99_ms))
+                .md("vs HAProxy", ratio(r.full_wrk.rps, base.full_wrk.rps))
+                .num("KiB per idle TLS conn", "kib_per_idle_conn", r.kib_per_conn, 1, 2)
+                .md("vs HAProxy", ratio(r.kib_per_conn, base.kib_per_conn))
+        })
+        .collect();
+    let mut table = report::markdown(&table_rows);
     table += &format!(
         "\nworkers: {WORKERS} each; ECDSA P-256 certificate, {SUITE} offered by the clients and configured in HAProxy and nginx; wrk: 1 thread, {CONNECTIONS} connections, {secs} s, keep-alive: after a 2 s warm-up each, the median of {rounds} rounds (each system once per round, in a rotating order) with the range over the rounds (new connections: `Connection: close` on every request; wrk keeps each connection's TLS session, so these resume); s_time: 4 processes, a GET per connection; idle memory: {IDLE} TLS 1.3 connections after one request each. Handshakes as the dispatcher counted them: {}.\n",
         phases.join("; ")
     );
     println!("\n{table}");
     let json = format!(
-        r#"{{"workers":{WORKERS},"connections":{CONNECTIONS},"seconds":{secs},"suite":"{SUITE}","idle_connections":{IDLE},"dispatcher_full_handshakes":{full},"dispatcher_resumed_handshakes":{resumed},"systems":[{}]}}"#,
-        json.join(",")
+        r#"{{"workers":{WORKERS},"connections":{CONNECTIONS},"seconds":{secs},"suite":"{SUITE}","idle_connections":{IDLE},"dispatcher_full_handshakes":{full},"dispatcher_resumed_handshakes":{resumed},"systems":{}}}"#,
+        report::json(&table_rows)
     );
     (json, table)
 }
