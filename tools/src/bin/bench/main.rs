@@ -19,11 +19,12 @@ mod tls;
 mod wrk;
 mod xdp;
 
-/// A benchmark: its flag, its key in report.json, its section title in report.md, the
-/// Debian packages it needs beyond `cargo xtask setup`'s, and what runs it (`quick`: fewer
-/// runs) into (JSON, Markdown).
+/// A benchmark: its flag, what it measures (`--list`), its key in report.json, its section
+/// title in report.md, the Debian packages it needs beyond `cargo xtask setup`'s, and what
+/// runs it (`quick`: fewer runs) into (JSON, Markdown).
 struct Bench {
     flag: &'static str,
+    about: &'static str,
     key: &'static str,
     title: &'static str,
     packages: &'static [&'static str],
@@ -35,9 +36,17 @@ const HTTP_PEERS: &[&str] = &["haproxy", "nginx", "wrk", "nftables"];
 
 /// Every benchmark, in the order a run without flags runs them.
 const BENCHES: &[Bench] = &[
-    Bench { flag: "--xdp", key: "xdp", title: "XDP (ns/packet, BPF_PROG_TEST_RUN)", packages: &[], run: xdp::run },
+    Bench {
+        flag: "--xdp",
+        about: "ns/packet through BPF_PROG_TEST_RUN, beside a trivial XDP program measured in the same run.",
+        key: "xdp",
+        title: "XDP (ns/packet, BPF_PROG_TEST_RUN)",
+        packages: &[],
+        run: xdp::run,
+    },
     Bench {
         flag: "--scaling",
+        about: "XDP cost vs flow-table fill and backend count.",
         key: "scaling",
         title: "Scaling (XDP cost vs flow-table fill and backend count)",
         packages: &[],
@@ -45,6 +54,7 @@ const BENCHES: &[Bench] = &[
     },
     Bench {
         flag: "--l4",
+        about: "L4 forwarding: XDP vs nftables DNAT vs HAProxy mode tcp.",
         key: "l4",
         title: "L4 forwarding (connections/s, packets/s)",
         packages: HTTP_PEERS,
@@ -52,6 +62,7 @@ const BENCHES: &[Bench] = &[
     },
     Bench {
         flag: "--http",
+        about: "Requests/s and latency against HAProxy and nginx.",
         key: "http",
         title: "HTTP (wrk, same backends, same worker count)",
         packages: HTTP_PEERS,
@@ -59,6 +70,7 @@ const BENCHES: &[Bench] = &[
     },
     Bench {
         flag: "--failover",
+        about: "A clone killed or stopped under load, against HAProxy.",
         key: "failover",
         title: "Failover (a clone killed or stopped under load)",
         packages: HTTP_PEERS,
@@ -66,6 +78,7 @@ const BENCHES: &[Bench] = &[
     },
     Bench {
         flag: "--cluster",
+        about: "Three dispatchers sharing etcd: convergence, etcd writes under load, req/s with and without `[cluster]`.",
         key: "cluster",
         title: "Several dispatchers (etcd, 3 dispatchers)",
         packages: HTTP_PEERS,
@@ -73,6 +86,7 @@ const BENCHES: &[Bench] = &[
     },
     Bench {
         flag: "--scale-out",
+        about: "Behind a BIRD router with ECMP: connections broken per membership change with steering on and off, the XDP cost of steering, requests/s through 1-3 dispatchers.",
         key: "scale_out",
         title: "Behind a router (BGP, ECMP, connection steering)",
         packages: HTTP_PEERS,
@@ -80,6 +94,7 @@ const BENCHES: &[Bench] = &[
     },
     Bench {
         flag: "--sip",
+        about: "SIPp calls through the XDP SIP VIP and through Kamailio (Call-ID hashing): calls/s, CPU per message, a container's death.",
         key: "sip",
         title: "SIP (SIPp through the XDP SIP VIP and through Kamailio)",
         // SIPp itself comes with setup.
@@ -88,6 +103,7 @@ const BENCHES: &[Bench] = &[
     },
     Bench {
         flag: "--tls",
+        about: "HTTPS termination against HAProxy and nginx: keep-alive requests/s, new connections/s (full and resumed handshakes), memory per idle TLS connection.",
         key: "tls",
         title: "TLS (HTTPS termination: wrk, openssl s_time, idle connections)",
         packages: HTTP_PEERS,
@@ -95,6 +111,7 @@ const BENCHES: &[Bench] = &[
     },
     Bench {
         flag: "--p99",
+        about: "HTTP p99 against HAProxy at full load and at 50/75/90% of its maximum, in repeated rounds.",
         key: "p99",
         title: "HTTP p99 against HAProxy (repeated rounds)",
         packages: HTTP_PEERS,
@@ -102,6 +119,7 @@ const BENCHES: &[Bench] = &[
     },
     Bench {
         flag: "--access-log",
+        about: "The access log's cost: requests/s with `[access_log]` off and on.",
         key: "access_log",
         title: "Access log (the same agent and load, logging off and on)",
         packages: HTTP_PEERS,
@@ -117,7 +135,7 @@ fn usage() -> String {
         "usage: bench [--quick] [BENCHMARK...]   (none: all of them)\n       bench --packages [BENCHMARK...]   (the Debian packages they need, one a line)\n\nbenchmarks:\n",
     );
     for b in BENCHES {
-        s += &format!("  {:<14} {}\n", b.flag, b.title);
+        s += &format!("  {:<14} {}\n", b.flag, b.about);
     }
     s + "  --quick        fewer runs per case\n"
 }
@@ -125,15 +143,13 @@ fn usage() -> String {
 fn main() {
     let mut quick = false;
     let mut packages = false;
+    let mut help = false;
     let mut chosen: Vec<&Bench> = Vec::new();
     for arg in std::env::args().skip(1) {
         match arg.as_str() {
             "--quick" => quick = true,
             "--packages" => packages = true,
-            "--help" | "-h" | "--list" => {
-                print!("{}", usage());
-                return;
-            }
+            "--help" | "-h" | "--list" => help = true,
             flag => match BENCHES.iter().find(|b| b.flag == flag) {
                 Some(b) => chosen.push(b),
                 None => {
@@ -142,6 +158,13 @@ fn main() {
                 }
             },
         }
+    }
+    if help {
+        // With --packages (xtask asking): none to install for a listing.
+        if !packages {
+            print!("{}", usage());
+        }
+        return;
     }
     if chosen.is_empty() {
         chosen = BENCHES.iter().collect();

@@ -35,9 +35,11 @@ impl Row {
         self.cell(title, key, false, v, json)
     }
 
-    /// A number with `md` decimals in the table and `json` decimals in the JSON.
+    /// A number with `md` decimals in the table and `json` decimals in the JSON (`null`
+    /// when it is not finite: a run that measured nothing leaves the report readable).
     pub fn num(self, title: &'static str, key: &'static str, v: f64, md: usize, json: usize) -> Row {
-        self.cell(title, key, true, format!("{v:.md$}"), format!("{v:.json$}"))
+        let j = if v.is_finite() { format!("{v:.json$}") } else { "null".into() };
+        self.cell(title, key, true, format!("{v:.md$}"), j)
     }
 
     /// A count (any integer).
@@ -115,5 +117,6 @@ mod tests {
         assert_eq!(json(&rows), r#"[{"system":"a\"b","rps":1234.6,"raw":7},{"system":"c","rps":null,"raw":8}]"#);
         let v: serde_json::Value = serde_json::from_str(&json(&rows)).unwrap();
         assert_eq!(v[0]["rps"], 1234.6);
+        assert_eq!(json(&[Row::new().num("x", "x", f64::NAN, 0, 1)]), r#"[{"x":null}]"#);
     }
 }
