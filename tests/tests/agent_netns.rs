@@ -8,7 +8,7 @@ use std::{
     time::Duration,
 };
 
-use dispatcher_tests::netns::{dispatcher_bin, Testbed};
+use dispatcher_testbed::netns::{dispatcher_bin, Testbed};
 
 const VIP: &str = "10.99.100.1";
 
@@ -153,7 +153,7 @@ fn a_restart_matches_backends_by_name_not_position() {
     const APP: &str = "10.99.100.9";
     let mut tb = Testbed::new(4, &[VIP, APP]);
     tb.add_local_vip(APP);
-    let clones = dispatcher_tests::websphere::Cluster::new(4);
+    let clones = dispatcher_testbed::websphere::Cluster::new(4);
     tb.start_websphere(&clones, 9080);
     tb.start_servers(&[80], &[]);
     let vips = format!(
@@ -170,7 +170,7 @@ fn a_restart_matches_backends_by_name_not_position() {
 
     let mut conns = open_conns(&tb, 8);
     let app: SocketAddr = format!("{APP}:80").parse().unwrap();
-    let mut session = dispatcher_tests::websphere::Client::new(&tb.client, app);
+    let mut session = dispatcher_testbed::websphere::Client::new(&tb.client, app);
     let first = session.get("/app/restart").unwrap();
     let clone = first.field("clone").unwrap().to_string();
     let out = tb.dispatcher_cmd(&["drain", "--config", &cfg, "b1"]);

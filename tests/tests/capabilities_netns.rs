@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dispatcher_tests::{
+use dispatcher_testbed::{
     netns::{dispatcher_bin, Testbed},
     websphere::{self, Client},
 };

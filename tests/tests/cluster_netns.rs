@@ -14,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dispatcher_tests::cluster::Multi;
+use dispatcher_testbed::cluster::Multi;
 
 /// What a dispatcher learns is used by the others within this bound.
 const SHARE_BOUND: Duration = Duration::from_secs(2);
@@ -274,7 +274,7 @@ fn the_store_failing_changes_no_routing() {
             "route",
             "add",
             "blackhole",
-            &format!("{}/32", dispatcher_tests::cluster::etcd_ip(e)),
+            &format!("{}/32", dispatcher_testbed::cluster::etcd_ip(e)),
         ]);
     }
     m.wait_for("d2 sees the store unreachable", Duration::from_secs(10), || {
@@ -304,7 +304,7 @@ fn the_majority_decides_a_backend_out_everywhere() {
         m.start_dispatcher(i);
     }
     m.wait_for("three members", Duration::from_secs(5), || m.status(0).cluster.unwrap().members.len() == 3);
-    let b2 = dispatcher_tests::netns::backend_ip(2).to_string();
+    let b2 = dispatcher_testbed::netns::backend_ip(2).to_string();
     let state = |m: &Multi, i: usize| backend_field(m, i, "b2", |b| b.state.clone());
     let health = |m: &Multi, i: usize| backend_field(m, i, "b2", |b| b.health.clone());
     // Only d0 loses its path to b2: a minority.

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use dispatcher_tests::cluster::{etcd_ip, Multi};
+use dispatcher_testbed::cluster::{etcd_ip, Multi};
 
 fn refused(m: &Multi, i: usize, reason: &str) -> u64 {
     m.status(i).cluster.unwrap().refused_keys.iter().find(|(r, _)| r == reason).map(|(_, n)| *n).unwrap_or(0)
@@ -53,7 +53,7 @@ fn writes_without_credentials_fail_and_forged_members_change_nothing() {
     let ca = m.pki.path("ca.pem").display().to_string();
     let ep = format!("https://{}:2379", etcd_ip(0));
     let evil = member_json("evil", &[], "02:66:66:66:66:66");
-    let anon = dispatcher_tests::tls::run(
+    let anon = dispatcher_testbed::tls::run(
         &m.etcd[0],
         "etcdctl",
         &["--endpoints", &ep, "--cacert", &ca, "--dial-timeout", "2s", "put", &key("members/evil"), &evil],
@@ -69,7 +69,7 @@ fn writes_without_credentials_fail_and_forged_members_change_nothing() {
     );
     // The dispatchers' user may write its prefix only.
     let pw = std::fs::read_to_string(&m.password_file).unwrap().trim().to_string();
-    let user = format!("{}:{pw}", dispatcher_tests::cluster::ETCD_USER);
+    let user = format!("{}:{pw}", dispatcher_testbed::cluster::ETCD_USER);
     let outside = m.etcdctl_as(Some(("client-dispatcher", Some(&user))), &["put", "/elsewhere/x", "1"]);
     assert!(!outside.ok && outside.stderr.contains("permission denied"), "{}{}", outside.stdout, outside.stderr);
 
@@ -134,13 +134,13 @@ fn writes_without_credentials_fail_and_forged_members_change_nothing() {
     // write needed), and counts it again when it is listed again.
     let config = m.dispatchers[0].config.clone();
     let listed = std::fs::read_to_string(&config).unwrap();
-    let pin = format!("\"d1@{}\", ", dispatcher_tests::cluster::dispatcher_mac(1));
+    let pin = format!("\"d1@{}\", ", dispatcher_testbed::cluster::dispatcher_mac(1));
     assert!(listed.contains(&pin), "{listed}");
     std::fs::write(&config, listed.replace(&pin, "")).unwrap();
     let out = m.cmd(0, &["reload"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     m.wait_for("d0 no longer counts d1", Duration::from_secs(3), || members(&m, 0) == ["d0"]);
-    assert_eq!(m.status(0).cluster.unwrap().peers.len(), dispatcher_tests::cluster::PEER_NAMES - 1);
+    assert_eq!(m.status(0).cluster.unwrap().peers.len(), dispatcher_testbed::cluster::PEER_NAMES - 1);
     std::fs::write(&config, &listed).unwrap();
     let out = m.cmd(0, &["reload"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -163,7 +163,7 @@ fn put_clones(m: &Multi, n: usize, id: impl Fn(usize) -> String, backend: &str) 
         let cert = m.pki.path("client-root.pem").display().to_string();
         let key = m.pki.path("client-root.key").display().to_string();
         let ep = format!("https://{}:2379", etcd_ip(0));
-        let r = dispatcher_tests::tls::run(
+        let r = dispatcher_testbed::tls::run(
             &m.etcd[0],
             "etcdctl",
             &["--endpoints", &ep, "--cacert", &ca, "--cert", &cert, "--key", &key, &format!("--user={root}"), "txn"],

@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use dispatcher_tests::{netns::dispatcher_bin, tls::Pki};
+use dispatcher_testbed::{netns::dispatcher_bin, tls::Pki};
 
 /// A file that uses every field once.
 const FULL: &str = r#"[dispatcher]
@@ -167,7 +167,7 @@ fn the_store_credentials_are_checked() {
     let dir = std::env::temp_dir().join(format!("dsp-check-store-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let pki = dispatcher_tests::tls::Pki::new(&dir);
+    let pki = dispatcher_testbed::tls::Pki::new(&dir);
     pki.leaf("ca", "client", "dispatcher", &["dispatcher"], 30);
     let pw = dir.join("pw");
     std::fs::write(&pw, "secret\n").unwrap();

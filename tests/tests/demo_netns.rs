@@ -6,13 +6,10 @@ use std::process::Command;
 /// Runs the demo with `args`: its output (it must succeed), and a finder of the first line
 /// containing a needle.
 fn run_demo(args: &[&str]) -> (String, impl Fn(&str) -> String) {
-    let out = Command::new(dispatcher_tests::netns::built_bin(
-        "demo",
-        &["tests/src", "tools/src/bin/demo.rs", "tools/src/bin/demo"],
-    ))
-    .args(args)
-    .output()
-    .expect("run the demo");
+    let out = Command::new(dispatcher_testbed::netns::built_bin("demo", &["testbed/src", "tools/src/bin/demo"]))
+        .args(args)
+        .output()
+        .expect("run the demo");
     let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{text}");
     let all = text.clone();

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use dispatcher_tests::{
+use dispatcher_testbed::{
     cluster::dispatcher_ip,
     ecmp::{ms, Ecmp, Load},
 };
@@ -57,7 +57,7 @@ fn steering_keeps_connections_through_joins_leaves_and_deaths() {
     // The steering metrics are valid exposition (promtool).
     let metrics = String::from_utf8_lossy(&e.m.cmd(0, &["metrics"]).stdout).into_owned();
     assert!(metrics.contains("dispatcher_steering_dispatchers 4") && metrics.contains("dispatcher_announced 1"));
-    if let Err(said) = dispatcher_tests::promtool_check(&metrics) {
+    if let Err(said) = dispatcher_testbed::promtool_check(&metrics) {
         panic!("promtool check metrics: {said}");
     }
 

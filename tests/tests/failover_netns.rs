@@ -15,7 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dispatcher_tests::{
+use dispatcher_testbed::{
     netns::Testbed,
     websphere::{self, Client},
 };

@@ -14,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dispatcher_tests::{
+use dispatcher_testbed::{
     scripted::{Bed, VIP},
     websphere::read_response,
 };
@@ -211,7 +211,7 @@ fn metrics_pass_promtool() {
     let cfg = b.tb.workdir.join("dispatcher.toml");
     let text = b.tb.dispatcher_cmd(&["metrics", "--config", cfg.to_str().unwrap()]);
     assert!(text.contains("dispatcher_xdp_vip_packets_total{vip=\"app\"}"), "{text}");
-    if let Err(said) = dispatcher_tests::promtool_check(&text) {
+    if let Err(said) = dispatcher_testbed::promtool_check(&text) {
         panic!("promtool check metrics: {said}");
     }
 }
@@ -403,19 +403,19 @@ fn a_reload_does_not_reset_the_connection_cap() {
 
 /// A second client host on the switch (10.99.0.3), routed to the VIPs through the
 /// dispatcher as the first one is.
-fn second_client(b: &mut Bed) -> dispatcher_tests::netns::Ns {
+fn second_client(b: &mut Bed) -> dispatcher_testbed::netns::Ns {
     let ns = b.tb.add_host("c2", "10.99.0.3", "02:99:00:00:00:03");
-    ns.ip(&["route", "add", &format!("{VIP}/32"), "via", dispatcher_tests::netns::LB_IP]);
+    ns.ip(&["route", "add", &format!("{VIP}/32"), "via", dispatcher_testbed::netns::LB_IP]);
     ns
 }
 
 /// `n` connections opened from `ns` one after the other, then a request on each: what
 /// each one answered (a status, or the error), and the connections (kept open).
 fn open_and_ask(
-    ns: &dispatcher_tests::netns::Ns,
+    ns: &dispatcher_testbed::netns::Ns,
     addr: std::net::SocketAddr,
     n: usize,
-) -> (Vec<Result<dispatcher_tests::websphere::Response, String>>, Vec<TcpStream>) {
+) -> (Vec<Result<dispatcher_testbed::websphere::Response, String>>, Vec<TcpStream>) {
     ns.run(move || {
         let conns: Vec<TcpStream> = (0..n)
             .map(|_| {
@@ -439,7 +439,7 @@ fn open_and_ask(
 
 /// A refusal as the brief wants it: 503, Connection: close, Retry-After, Content-Length
 /// matching a short body, then the end of the connection.
-fn assert_refusal(r: &dispatcher_tests::websphere::Response, says: &str) {
+fn assert_refusal(r: &dispatcher_testbed::websphere::Response, says: &str) {
     assert_eq!(r.status, 503, "{r:?}");
     assert_eq!(r.header("connection"), Some("close"), "{r:?}");
     assert!(r.header("retry-after").is_some_and(|v| v.parse::<u32>().is_ok()), "{r:?}");
@@ -495,7 +495,7 @@ fn one_source_cannot_take_every_connection_slot() {
         assert!(Instant::now() < deadline, "the first source is still refused 5 s after closing: {answers:?}");
         std::thread::sleep(Duration::from_millis(100));
     }
-    if let Err(said) = dispatcher_tests::promtool_check(&metrics(&b)) {
+    if let Err(said) = dispatcher_testbed::promtool_check(&metrics(&b)) {
         panic!("promtool check metrics: {said}");
     }
 }
@@ -552,13 +552,13 @@ fn at_the_global_cap_a_connection_gets_503() {
 /// that leads back to the dispatcher, which `dispatcher check` cannot see. Counts the
 /// connections it relayed; takes at most 2,000; stops with `stop`.
 fn relay_to_vip(
-    ns: &dispatcher_tests::netns::Ns,
+    ns: &dispatcher_testbed::netns::Ns,
     stop: Arc<AtomicBool>,
 ) -> (Arc<AtomicUsize>, std::thread::JoinHandle<()>) {
     let count = Arc::new(AtomicUsize::new(0));
     let (c, (ready, listening)) = (count.clone(), std::sync::mpsc::channel());
     let handle = ns.spawn(move || {
-        let l = std::net::TcpListener::bind((dispatcher_tests::netns::CLIENT_IP, 8081)).expect("bind the relay");
+        let l = std::net::TcpListener::bind((dispatcher_testbed::netns::CLIENT_IP, 8081)).expect("bind the relay");
         l.set_nonblocking(true).unwrap();
         let _ = ready.send(());
         let vip: std::net::SocketAddr = format!("{VIP}:80").parse().unwrap();
@@ -592,19 +592,19 @@ fn relay_to_vip(
 /// request — not hundreds until the head outgrows `max_header_bytes`.
 #[test]
 fn a_forwarding_loop_check_cannot_see_is_cut_at_the_first_return() {
-    let mut tb = dispatcher_tests::netns::Testbed::new(0, &[VIP]);
+    let mut tb = dispatcher_testbed::netns::Testbed::new(0, &[VIP]);
     tb.add_local_vip(VIP);
     let text = format!(
         "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nserver_timeout = \"2s\"\nclient_timeout = \"2s\"\n\n[health]\nenabled = false\n\n[[backend]]\nname = \"relay\"\naddress = \"{}\"\n\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = 8081\n",
         tb.instance(),
-        dispatcher_tests::netns::CLIENT_IP
+        dispatcher_testbed::netns::CLIENT_IP
     );
     let path = tb.write_config(&text);
     let stop = Arc::new(AtomicBool::new(false));
     let (relayed, relay) = relay_to_vip(&tb.client, stop.clone());
     tb.start_dispatcher(&path);
     let addr: std::net::SocketAddr = format!("{VIP}:80").parse().unwrap();
-    let answer = tb.client.run(move || -> std::io::Result<dispatcher_tests::websphere::Response> {
+    let answer = tb.client.run(move || -> std::io::Result<dispatcher_testbed::websphere::Response> {
         let s = TcpStream::connect_timeout(&addr, Duration::from_secs(3))?;
         s.set_read_timeout(Some(Duration::from_secs(10)))?;
         (&s).write_all(b"GET /loop HTTP/1.1\r\nHost: a\r\n\r\n")?;

@@ -8,7 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dispatcher_tests::{
+use dispatcher_testbed::{
     netns::Testbed,
     websphere::{self, read_response, Client},
 };
@@ -395,7 +395,7 @@ fn admin_endpoint_refuses_clients_that_are_not_local() {
     let cfg = cfg.to_str().unwrap();
     assert_eq!(Client::new(&tb.client, addr).get("/").unwrap().status, 200);
     let admin: SocketAddr = format!("{VIP}:9901").parse().unwrap();
-    let ask = |ns: &dispatcher_tests::netns::Ns, to: SocketAddr, method: &'static str, path: &'static str| {
+    let ask = |ns: &dispatcher_testbed::netns::Ns, to: SocketAddr, method: &'static str, path: &'static str| {
         ns.run(move || {
             let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(2)).expect("admin port");
             s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -465,7 +465,7 @@ fn admin_endpoint_refuses_clients_that_are_not_local() {
     let sock = format!("/run/dispatcher/{}.sock", tb.instance());
     let as_nobody = |args: &[&str]| {
         use std::os::unix::process::CommandExt;
-        let out = std::process::Command::new(dispatcher_tests::netns::dispatcher_bin())
+        let out = std::process::Command::new(dispatcher_testbed::netns::dispatcher_bin())
             .args(args)
             .uid(65534)
             .gid(65534)
@@ -718,7 +718,10 @@ fn the_access_log_records_every_request_and_follows_rotation() {
     assert_eq!(lines.len(), 4, "{text}");
     for (i, l) in lines.iter().enumerate() {
         assert_eq!(l["vip"], "app");
-        assert!(l["client"].as_str().unwrap().starts_with(&format!("{}:", dispatcher_tests::netns::CLIENT_IP)), "{l}");
+        assert!(
+            l["client"].as_str().unwrap().starts_with(&format!("{}:", dispatcher_testbed::netns::CLIENT_IP)),
+            "{l}"
+        );
         assert_eq!(l["request"], format!("GET /app/{i}?x=\"q\""));
         assert_eq!(l["status"], 200);
         assert_eq!(l["backend"], format!("b{owner}"));
@@ -764,7 +767,7 @@ fn the_access_log_records_every_request_and_follows_rotation() {
     let text = wait_lines(&log, 1);
     assert_eq!(std::fs::read_to_string(&rotated).unwrap().lines().count(), 5);
     let line = text.lines().next().unwrap();
-    let client = format!("{}:", dispatcher_tests::netns::CLIENT_IP);
+    let client = format!("{}:", dispatcher_testbed::netns::CLIENT_IP);
     assert!(
         line.starts_with(&client) && line.contains("] app b") && line.ends_with(" balanced \"GET /new\""),
         "{line}"
@@ -775,7 +778,7 @@ fn the_access_log_records_every_request_and_follows_rotation() {
     // A path that cannot be opened refuses the reload, and logging goes on in the old file.
     std::fs::write(&path, config("json").replace(&log.display().to_string(), "/nonexistent/dir/access.log")).unwrap();
     let out =
-        tb.lb.command(dispatcher_tests::netns::dispatcher_bin()).args(["reload", "--config", &cfg]).output().unwrap();
+        tb.lb.command(dispatcher_testbed::netns::dispatcher_bin()).args(["reload", "--config", &cfg]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("opening the access log /nonexistent/dir/access.log"), "{err}");
     assert_eq!(fresh.get("/still").unwrap().status, 200);
@@ -813,7 +816,11 @@ fn cookie_bed(
 
 /// One request with the `SRV` cookie `cookie` (if any) on a new connection; it must be
 /// answered 200: (clone index, the SRV value set).
-fn cookie_get(client: &dispatcher_tests::netns::Ns, addr: SocketAddr, cookie: Option<&str>) -> (usize, Option<String>) {
+fn cookie_get(
+    client: &dispatcher_testbed::netns::Ns,
+    addr: SocketAddr,
+    cookie: Option<&str>,
+) -> (usize, Option<String>) {
     let mut s = client.run(move || TcpStream::connect(addr)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let c = cookie.map(|c| format!("Cookie: SRV={c}\r\n")).unwrap_or_default();

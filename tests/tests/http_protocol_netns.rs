@@ -8,7 +8,7 @@ use std::{
     time::Duration,
 };
 
-use dispatcher_tests::{scripted::Bed, websphere::read_response};
+use dispatcher_testbed::{scripted::Bed, websphere::read_response};
 
 fn bed() -> Bed {
     bed_with(1, "")

@@ -13,7 +13,7 @@ use dispatcher::{
     dataplane::tables::{addr_key, initial_states, ring_table, Tables},
 };
 use dispatcher_common::{hash::flow_hash, FlowKey, STATE_DISABLED, STATE_DRAIN};
-use dispatcher_tests::netns::{Testbed, CLIENT_IP};
+use dispatcher_testbed::netns::{Testbed, CLIENT_IP};
 
 const VIP_MAC: &str = "10.99.100.1";
 const VIP_IPIP: &str = "10.99.100.2";

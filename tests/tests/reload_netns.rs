@@ -12,7 +12,7 @@ use std::{
     time::Duration,
 };
 
-use dispatcher_tests::{
+use dispatcher_testbed::{
     netns::{backend_ip, backend_mac, Testbed},
     websphere::{self, Client},
 };
@@ -174,7 +174,7 @@ fn reload_under_load_refuses_nothing_and_keeps_sessions() {
     // 3: a broken file is refused; the agent keeps serving the last good configuration.
     tb.write_config("[dispatcher]\ninterface = \"eth0\"\n[[vip]]\nname = 3\n");
     let out =
-        tb.lb.command(dispatcher_tests::netns::dispatcher_bin()).args(["reload", "--config", &cfg]).output().unwrap();
+        tb.lb.command(dispatcher_testbed::netns::dispatcher_bin()).args(["reload", "--config", &cfg]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("reload refused"),

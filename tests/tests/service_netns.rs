@@ -8,7 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dispatcher_tests::netns::{dispatcher_bin, Testbed};
+use dispatcher_testbed::netns::{dispatcher_bin, Testbed};
 
 const VIP: &str = "10.99.100.8";
 

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use dispatcher_tests::{
+use dispatcher_testbed::{
     netns::{Testbed, CLIENT_IP},
     sipcontainer::SipCluster,
     sipp,
@@ -91,7 +91,7 @@ fn dialogs_survive_their_containers_death_and_never_reach_a_stranger() {
     assert_eq!(sip_counts["unknown_ln"], 0, "{sip_counts}");
     let (_, metrics) = tb.admin("GET", "/metrics").expect("metrics");
     assert!(metrics.contains("dispatcher_sip_messages_total{vip=\"sip\",outcome=\"to_tag\"}"), "{metrics}");
-    dispatcher_tests::promtool_check(&metrics).expect("the metrics pass promtool");
+    dispatcher_testbed::promtool_check(&metrics).expect("the metrics pass promtool");
 }
 
 #[test]

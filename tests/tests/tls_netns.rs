@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dispatcher_tests::{
+use dispatcher_testbed::{
     netns::Testbed,
     tls::{certificate_entry, run, s_client, Pki},
     websphere,
@@ -192,7 +192,7 @@ fn sni_chooses_the_certificate_and_strict_sni_refuses_unknown_names() {
         "{metrics}"
     );
     assert!(metrics.contains("dispatcher_tls_certificate_not_after_seconds{vip=\"shop\""));
-    dispatcher_tests::promtool_check(&metrics).unwrap();
+    dispatcher_testbed::promtool_check(&metrics).unwrap();
 }
 
 #[test]
@@ -290,7 +290,7 @@ fn certificates_are_reloaded_under_load_without_a_failed_request() {
     let out = bed
         .tb
         .lb
-        .command(dispatcher_tests::netns::dispatcher_bin())
+        .command(dispatcher_testbed::netns::dispatcher_bin())
         .args(["reload", "--config", &bed.cfg])
         .output()
         .unwrap();
@@ -689,7 +689,7 @@ fn python_ssl_clients_keep_their_session_and_resume() {
 fn large_responses_over_https_arrive_whole_on_keep_alive() {
     let mut tb = Testbed::new(2, &[VIP]);
     tb.add_local_vip(VIP);
-    let record = Arc::new(dispatcher_tests::scripted::Record::default());
+    let record = Arc::new(dispatcher_testbed::scripted::Record::default());
     tb.start_scripted(&record, BACKEND_PORT);
     let pki = Pki::new(&tb.workdir);
     let (cert, key) = pki.leaf("ca", "shop", "shop.example", &["shop.example"], 20);

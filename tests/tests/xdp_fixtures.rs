@@ -5,7 +5,7 @@ use dispatcher_common::{
     stats::{self, backend_slot, vip_slot},
     steer_sel, AffinityKey, AffinityValue, STATE_DOWN, STATE_DRAIN, STATE_UP, STEER_HAS_PREV, STEER_ON,
 };
-use dispatcher_tests::{
+use dispatcher_testbed::{
     fixture::{flow_key, test_run, Fixture, CONFIG, XDP_DROP, XDP_PASS, XDP_TX},
     packet::{eth, ipv4_header, ipv6_header, Packet, LB_MAC, TCP_ACK},
 };
@@ -550,7 +550,7 @@ fn steered(input: &[u8], to: [u8; 6]) -> Vec<u8> {
     out[6..12].copy_from_slice(&LB_MAC);
     out[14 + 8] -= 1;
     out[24..26].copy_from_slice(&[0, 0]);
-    let c = dispatcher_tests::packet::csum(&out[14..34]);
+    let c = dispatcher_testbed::packet::csum(&out[14..34]);
     out[24..26].copy_from_slice(&c.to_be_bytes());
     out
 }
@@ -569,7 +569,7 @@ fn steering_sends_a_connection_to_its_owner_and_keeps_its_own() {
     let o = fx.run_bytes(&input);
     assert_eq!(o.verdict, XDP_TX, "another dispatcher owns it");
     assert_eq!(o.out, steered(&input, PEER_A));
-    assert_eq!(dispatcher_tests::packet::csum(&o.out[14..34]), 0, "a valid IPv4 header checksum");
+    assert_eq!(dispatcher_testbed::packet::csum(&o.out[14..34]), 0, "a valid IPv4 header checksum");
     assert_eq!(deltas(&fx, &before), [1, 0]);
 
     // The owner itself sent it here (its second chance, or tables that differ a moment):
@@ -621,7 +621,7 @@ fn a_packet_with_no_ttl_left_is_not_steered() {
     let mut input = Packet::tcp("10.0.0.2", 40300, "10.0.100.3", 80).build();
     input[14 + 8] = 1;
     input[24..26].copy_from_slice(&[0, 0]);
-    let c = dispatcher_tests::packet::csum(&input[14..34]);
+    let c = dispatcher_testbed::packet::csum(&input[14..34]);
     input[24..26].copy_from_slice(&c.to_be_bytes());
     let before = snapshot(&fx, &[stats::STEER_TTL_EXPIRED]);
     let o = fx.run_bytes(&input);

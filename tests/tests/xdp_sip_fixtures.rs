@@ -8,7 +8,7 @@ use dispatcher_common::{
     stats::{self, vip_sip_source, vip_slot},
     STATE_DOWN, STATE_SUSPECT, STATE_UP,
 };
-use dispatcher_tests::{
+use dispatcher_testbed::{
     fixture::{Fixture, CONFIG, XDP_DROP, XDP_PASS, XDP_TX},
     packet::{Packet, LB_MAC},
 };

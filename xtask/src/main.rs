@@ -54,49 +54,14 @@ enum Cmd {
         #[arg(long)]
         tls: bool,
     },
-    /// Benchmarks against a trivial XDP program measured in the same run.
+    /// Benchmarks, each against its peers measured in the same run (a trivial XDP program,
+    /// HAProxy, nginx, nftables, Kamailio). Flags: one per benchmark (`--xdp`, `--http`,
+    /// `--tls`...; none: all of them) and `--quick` (fewer runs per case); `--list` names
+    /// them all. The bench program holds their list (tools/src/bin/bench/main.rs).
     Bench {
-        /// ns/packet through BPF_PROG_TEST_RUN.
-        #[arg(long)]
-        xdp: bool,
-        /// Requests/s and latency against HAProxy and nginx.
-        #[arg(long)]
-        http: bool,
-        /// A clone killed or stopped under load, against HAProxy.
-        #[arg(long)]
-        failover: bool,
-        /// L4 forwarding: XDP vs nftables DNAT vs HAProxy mode tcp.
-        #[arg(long)]
-        l4: bool,
-        /// XDP cost vs flow-table fill and backend count.
-        #[arg(long)]
-        scaling: bool,
-        /// Three dispatchers sharing etcd: convergence, etcd writes under load, req/s with
-        /// and without `[cluster]`.
-        #[arg(long)]
-        cluster: bool,
-        /// Behind a BIRD router with ECMP: connections broken per membership change with
-        /// steering on and off, the XDP cost of steering, requests/s through 1-3 dispatchers.
-        #[arg(long)]
-        scale_out: bool,
-        /// SIPp calls through the XDP SIP VIP and through Kamailio (Call-ID hashing):
-        /// calls/s, CPU per message, a container's death.
-        #[arg(long)]
-        sip: bool,
-        /// HTTPS termination against HAProxy and nginx: keep-alive requests/s, new
-        /// connections/s (full and resumed handshakes), memory per idle TLS connection.
-        #[arg(long)]
-        tls: bool,
-        /// The access log's cost: requests/s with `[access_log]` off and on.
-        #[arg(long)]
-        access_log: bool,
-        /// HTTP p99 against HAProxy at full load and at 50/75/90% of its maximum, in
-        /// repeated rounds.
-        #[arg(long)]
-        p99: bool,
-        /// Fewer runs per case.
-        #[arg(long)]
-        quick: bool,
+        /// Flags for the bench program.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
     /// Copy target/bench/report.md (from the last `cargo xtask bench`) into README.md's
     /// performance section.
@@ -173,50 +138,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             exec_built("demo", &args)
         }
-        Cmd::Bench { xdp, http, failover, l4, scaling, cluster, scale_out, sip, tls, access_log, p99, quick } => {
+        Cmd::Bench { args } => {
             require_root("the benchmarks load BPF programs and create network namespaces")?;
             setup::setup()?;
-            let all = !xdp
-                && !http
-                && !failover
-                && !l4
-                && !scaling
-                && !cluster
-                && !scale_out
-                && !sip
-                && !tls
-                && !access_log
-                && !p99;
-            if all || http || failover || l4 || cluster || scale_out || tls || access_log || p99 {
-                // The peers measured beside the dispatcher, and the load generator.
-                setup::ensure_packages(&["haproxy", "nginx", "wrk", "nftables"])?;
-            }
-            if all || sip {
-                // The SIP peer (SIPp itself comes with setup).
-                setup::ensure_packages(&["kamailio"])?;
-            }
-            // Charts: SVG drawn by the bench, turned into PNG by rsvg-convert.
-            setup::ensure_packages(&["librsvg2-bin"])?;
             build(true)?;
-            let mut args = Vec::new();
-            for (on, flag) in [
-                (xdp, "--xdp"),
-                (http, "--http"),
-                (failover, "--failover"),
-                (l4, "--l4"),
-                (scaling, "--scaling"),
-                (cluster, "--cluster"),
-                (scale_out, "--scale-out"),
-                (sip, "--sip"),
-                (tls, "--tls"),
-                (access_log, "--access-log"),
-                (p99, "--p99"),
-                (quick, "--quick"),
-            ] {
-                if on {
-                    args.push(flag.to_string());
-                }
+            // The peers the chosen benchmarks measure, as the bench program lists them.
+            let out = Command::new(built_exe("bench", "release"))
+                .arg("--packages")
+                .args(&args)
+                .output()
+                .context("running the bench program")?;
+            if !out.status.success() {
+                bail!("{}", String::from_utf8_lossy(&out.stderr));
             }
+            let packages = String::from_utf8(out.stdout)?;
+            setup::ensure_packages(&packages.lines().collect::<Vec<_>>())?;
             exec_built_profile("bench", &args, "release")
         }
         Cmd::BenchReadme => bench_readme(),
@@ -254,15 +190,19 @@ fn exec_built(program: &str, args: &[String]) -> anyhow::Result<()> {
 }
 
 fn exec_built_profile(program: &str, args: &[String], profile: &str) -> anyhow::Result<()> {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"));
-    let exe = target.join(profile).join(program);
-    let mut cmd = Command::new(&exe);
+    let mut cmd = Command::new(built_exe(program, profile));
     cmd.args(args);
     let result = run_cmd(&mut cmd);
     remove_empty_shared_dirs();
     result
+}
+
+/// A program of the build just made (`profile`: debug or release).
+fn built_exe(program: &str, profile: &str) -> std::path::PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
+    target.join(profile).join(program)
 }
 
 pub fn step(what: &str) {

@@ -1,7 +1,7 @@
 //! `cargo xtask testbed up|down`: a standing testbed to explore by hand; with
 //! `--dispatchers N`, N dispatchers sharing a 3-member etcd cluster.
 
-use dispatcher_tests::{
+use dispatcher_testbed::{
     cluster::{client_ip, dispatcher_ip, etcd_ip, Multi, ETCD_MEMBERS, VIP as CLUSTER_VIP},
     netns::{backend_ip, Testbed, LB_IP},
 };

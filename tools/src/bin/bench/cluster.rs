@@ -5,8 +5,9 @@
 
 use std::time::{Duration, Instant};
 
+use crate::wrk;
 use dispatcher_common::{STATE_DOWN, STATE_DRAIN};
-use dispatcher_tests::cluster::{Multi, VIP};
+use dispatcher_testbed::cluster::{Multi, VIP};
 
 fn wait(limit: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
     let t = Instant::now();
@@ -34,17 +35,8 @@ fn median_max(v: &[f64]) -> (f64, f64) {
 
 /// wrk from dispatcher 0's client namespace: (requests/s, errors).
 fn wrk(m: &Multi, secs: u64) -> (f64, u64) {
-    let out = m.dispatchers[0].client.exec(&[
-        "wrk",
-        "-t1",
-        "-c32",
-        "--timeout",
-        "10s",
-        &format!("-d{secs}s"),
-        &format!("http://{VIP}/app"),
-    ]);
-    let (rps, _, _, errors) = crate::http::parse_wrk(&out);
-    (rps, errors)
+    let r = wrk::run(m.dispatchers[0].client.command("wrk"), &format!("http://{VIP}/app"), 32, secs, None);
+    (r.rps, r.errors)
 }
 
 /// Writes all dispatchers sent to etcd so far, and dispatcher 0's view of the revision.

@@ -13,7 +13,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dispatcher_tests::{
+use crate::{
+    peers,
+    report::{self, Row},
+};
+use dispatcher_testbed::{
     netns::Testbed,
     websphere::{self, Client},
 };
@@ -51,23 +55,6 @@ fn config(tb: &Testbed) -> String {
     )
 }
 
-fn haproxy_conf(dir: &std::path::Path) -> String {
-    let mut s = format!(
-        "global\n nbthread 1\n maxconn 4000\n pidfile {d}/haproxy.pid\ndefaults\n mode http\n timeout connect 1s\n timeout client 30s\n timeout server 1s\n retries 1\n option redispatch\n option http-keep-alive\nfrontend fe\n bind {VIP}:81\n default_backend be\nbackend be\n balance roundrobin\n option httpchk GET /health\n",
-        d = dir.display()
-    );
-    for i in 0..4 {
-        s += &format!(" use-server clone{i}x if {{ req.cook(JSESSIONID),field(2,:) -m str clone{i}x }}\n");
-    }
-    for i in 0..4 {
-        s += &format!(
-            " server clone{i}x {}:{PORT} check inter 200ms fall 2 rise 2\n",
-            dispatcher_tests::netns::backend_ip(i)
-        );
-    }
-    s
-}
-
 /// Runs one scenario on a fresh testbed against `system` ("dispatcher" or "haproxy").
 fn scenario(system: &'static str, fault: Fault, secs: u64) -> Outcome {
     let mut tb = Testbed::new(4, &[VIP]);
@@ -79,8 +66,18 @@ fn scenario(system: &'static str, fault: Fault, secs: u64) -> Outcome {
         tb.start_dispatcher(&path);
         80
     } else {
-        let conf = tb.workdir.join("haproxy.cfg");
-        std::fs::write(&conf, haproxy_conf(&tb.workdir)).unwrap();
+        let (use_servers, servers) = peers::haproxy_clone_servers(PORT, " check inter 200ms fall 2 rise 2");
+        let conf = peers::write(
+            &tb.workdir,
+            "haproxy.cfg",
+            peers::HAPROXY_FAILOVER,
+            &[
+                ("DIR", &tb.workdir.display()),
+                ("BIND", &format!("{VIP}:81")),
+                ("USE_SERVERS", &use_servers),
+                ("SERVERS", &servers),
+            ],
+        );
         let mut cmd = tb.lb.command("haproxy");
         cmd.arg("-db").arg("-f").arg(&conf);
         tb.start("haproxy", cmd);
@@ -207,37 +204,35 @@ pub fn run(quick: bool) -> (String, String) {
             rows.push(o);
         }
     }
-    let mut table = String::from("| fault | system | requests | failed (5xx or error) | sessions lost | misroutes | replica serves a moved session after | longest request | requests held | retries | requests the stopped clone received |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-    let mut json = Vec::new();
-    for o in &rows {
-        let moved = o.first_moved_ms.map(|m| format!("{m:.0} ms")).unwrap_or_else(|| "-".into());
-        let stopped = if o.fault == "SIGSTOP" { o.stopped_clone_got.to_string() } else { "-".into() };
-        table += &format!(
-            "| {} | {} | {} | {} | {} | {} | {moved} | {:.0} ms | {} | {} | {stopped} |\n",
-            o.fault,
-            o.system,
-            o.requests,
-            o.failed,
-            o.lost_sessions,
-            o.misroutes,
-            o.longest_ms,
-            o.held.map(|v| v.to_string()).unwrap_or("-".into()),
-            o.retries.map(|v| v.to_string()).unwrap_or("-".into())
-        );
-        json.push(format!(
-            r#"{{"fault":"{}","system":"{}","requests":{},"failed":{},"lost_sessions":{},"misroutes":{},"first_moved_ms":{},"longest_ms":{:.1},"stopped_clone_received":{}}}"#,
-            o.fault,
-            o.system,
-            o.requests,
-            o.failed,
-            o.lost_sessions,
-            o.misroutes,
-            o.first_moved_ms.map(|m| format!("{m:.1}")).unwrap_or("null".into()),
-            o.longest_ms,
-            o.stopped_clone_got
-        ));
-    }
+    let table_rows: Vec<Row> = rows
+        .iter()
+        .map(|o| {
+            let count = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or("-".into());
+            Row::new()
+                .text("fault", "fault", o.fault)
+                .text("system", "system", o.system)
+                .int("requests", "requests", o.requests)
+                .int("failed (5xx or error)", "failed", o.failed)
+                .int("sessions lost", "lost_sessions", o.lost_sessions)
+                .int("misroutes", "misroutes", o.misroutes)
+                .md(
+                    "replica serves a moved session after",
+                    o.first_moved_ms.map(|m| format!("{m:.0} ms")).unwrap_or_else(|| "-".into()),
+                )
+                .json("first_moved_ms", o.first_moved_ms.map(|m| format!("{m:.1}")).unwrap_or("null".into()))
+                .md("longest request", format!("{:.0} ms", o.longest_ms))
+                .json("longest_ms", format!("{:.1}", o.longest_ms))
+                .md("requests held", count(o.held))
+                .md("retries", count(o.retries))
+                .md(
+                    "requests the stopped clone received",
+                    if o.fault == "SIGSTOP" { o.stopped_clone_got.to_string() } else { "-".into() },
+                )
+                .json("stopped_clone_received", o.stopped_clone_got)
+        })
+        .collect();
+    let mut table = report::markdown(&table_rows);
     table += &format!("\n{CLIENTS} clients, one request every ~20 ms each; clone b0 (replica b1) fails 2 s in; {secs} s measured after. Health checks every 200 ms, fall 2, rise 2, server timeout 1 s, for both. Misroutes and lost sessions are counted from the clones' own logs.\n");
     println!("\n{table}");
-    (format!("[{}]", json.join(",")), table)
+    (report::json(&table_rows), table)
 }

@@ -5,11 +5,16 @@
 use std::{
     io::{BufReader, Write},
     net::{SocketAddr, TcpStream},
+    path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
-use crate::load;
-use dispatcher_tests::{
+use crate::{
+    load, peers,
+    report::{self, Row},
+    wrk::{self, Wrk},
+};
+use dispatcher_testbed::{
     netns::{backend_ip, Testbed},
     websphere::read_response,
 };
@@ -67,109 +72,69 @@ pub fn agent_config(tb: &Testbed, http_extra: &str) -> String {
 pub fn start_backends(tb: &mut Testbed) {
     let dir = tb.workdir.clone();
     for i in 0..4 {
-        let conf = dir.join(format!("backend{i}.conf"));
-        std::fs::write(&conf, backend_conf(i, &dir)).unwrap();
+        let conf = peers::write(
+            &dir,
+            &format!("backend{i}.conf"),
+            peers::NGINX_BACKEND,
+            &[("DIR", &dir.display()), ("I", &i), ("PORT", &BACKEND_PORT)],
+        );
         let mut cmd = tb.backends[i].command("nginx");
         cmd.arg("-p").arg(&dir).arg("-c").arg(&conf);
         tb.start(&format!("nginx-b{i}"), cmd);
     }
 }
 
-fn backend_conf(i: usize, dir: &std::path::Path) -> String {
-    format!(
-        "daemon off;\nworker_processes 1;\npid {d}/b{i}.pid;\nerror_log {d}/b{i}.err;\nevents {{ worker_connections 4096; }}\nhttp {{\n access_log off;\n client_body_temp_path {d}/b{i}-body;\n proxy_temp_path {d}/b{i}-proxy;\n fastcgi_temp_path {d}/b{i}-fcgi;\n uwsgi_temp_path {d}/b{i}-uwsgi;\n scgi_temp_path {d}/b{i}-scgi;\n keepalive_requests 1000000;\n server {{\n  listen {BACKEND_PORT};\n  location / {{ add_header Set-Cookie \"JSESSIONID=0000benchsession{i}:clone{i}x; Path=/\"; return 200 \"clone{i}x\\n\"; }}\n }}\n}}\n",
-        d = dir.display()
-    )
-}
-
-/// HAProxy routing by the clone ID in JSESSIONID to the four backends; `global` and
-/// `bind`: the global section's extra lines and the frontend's bind line.
-pub fn haproxy_conf(dir: &std::path::Path, maxconn: u64, global: &str, bind: &str) -> String {
-    let mut s = format!(
-        "global\n nbthread {WORKERS}\n maxconn {maxconn}\n pidfile {d}/haproxy.pid\n{global}defaults\n mode http\n timeout connect 3s\n timeout client 30s\n timeout server 30s\n option http-keep-alive\nfrontend fe\n bind {bind}\n default_backend be\nbackend be\n balance roundrobin\n http-reuse safe\n",
-        d = dir.display()
+/// Starts HAProxy (`haproxy.cfg`) routing by the clone ID in JSESSIONID to the four
+/// backends; `global` and `bind`: the global section's extra lines and the frontend's bind
+/// line.
+pub fn start_haproxy(tb: &mut Testbed, maxconn: u64, global: &str, bind: &str) {
+    let dir = tb.workdir.clone();
+    let (use_servers, servers) = peers::haproxy_clone_servers(BACKEND_PORT, "");
+    let conf = peers::write(
+        &dir,
+        "haproxy.cfg",
+        peers::HAPROXY_HTTP,
+        &[
+            ("WORKERS", &WORKERS),
+            ("MAXCONN", &maxconn),
+            ("DIR", &dir.display()),
+            ("GLOBAL", &global),
+            ("BIND", &bind),
+            ("USE_SERVERS", &use_servers),
+            ("SERVERS", &servers),
+        ],
     );
-    for i in 0..4 {
-        s += &format!(" use-server clone{i}x if {{ req.cook(JSESSIONID),field(2,:) -m str clone{i}x }}\n");
-    }
-    for i in 0..4 {
-        s += &format!(" server clone{i}x {}:{BACKEND_PORT}\n", backend_ip(i));
-    }
-    s
+    let mut cmd = tb.lb.command("haproxy");
+    cmd.arg("-db").arg("-f").arg(&conf);
+    tb.start("haproxy", cmd);
 }
 
-/// nginx hashing JSESSIONID over the four backends; `listen`: the server's listen line
-/// and any lines after it (TLS).
-pub fn nginx_proxy_conf(dir: &std::path::Path, listen: &str) -> String {
+/// Starts nginx (`nginx-proxy.conf`, process `nginx-proxy`) hashing JSESSIONID over the
+/// four backends; `listen`: the server's listen line and any lines after it (TLS).
+pub fn start_nginx_proxy(tb: &mut Testbed, listen: &str) {
+    let dir = tb.workdir.clone();
     let servers: String = (0..4).map(|i| format!("  server {}:{BACKEND_PORT};\n", backend_ip(i))).collect();
-    format!(
-        "daemon off;\nworker_processes {WORKERS};\npid {d}/proxy.pid;\nerror_log {d}/proxy.err;\nevents {{ worker_connections 20000; }}\nhttp {{\n access_log off;\n client_body_temp_path {d}/p-body;\n proxy_temp_path {d}/p-proxy;\n fastcgi_temp_path {d}/p-fcgi;\n uwsgi_temp_path {d}/p-uwsgi;\n scgi_temp_path {d}/p-scgi;\n keepalive_requests 1000000;\n upstream clones {{\n  hash $cookie_JSESSIONID consistent;\n{servers}  keepalive 64;\n }}\n server {{\n  listen {listen}\n  location / {{ proxy_pass http://clones; proxy_http_version 1.1; proxy_set_header Connection \"\"; }}\n }}\n}}\n",
-        d = dir.display()
-    )
+    let conf = peers::write(
+        &dir,
+        "nginx-proxy.conf",
+        peers::NGINX_PROXY,
+        &[("WORKERS", &WORKERS), ("DIR", &dir.display()), ("SERVERS", &servers), ("LISTEN", &listen)],
+    );
+    let mut cmd = tb.lb.command("nginx");
+    cmd.arg("-p").arg(&dir).arg("-c").arg(&conf);
+    tb.start("nginx-proxy", cmd);
 }
 
-pub const LUA: &str = r#"
-local i = 0
-request = function()
-  i = i + 1
-  return wrk.format("GET", "/", {["Cookie"] = "JSESSIONID=0000benchsession" .. (i % 64) .. ":clone" .. (i % 4) .. "x"})
-end
-"#;
-
-/// `1.23ms`, `456.00us`, `1.2s` -> milliseconds.
-fn ms(v: &str) -> f64 {
-    let (num, unit) = v.split_at(v.find(|c: char| c.is_alphabetic()).unwrap_or(v.len()));
-    let n: f64 = num.parse().unwrap_or(f64::NAN);
-    match unit {
-        "us" => n / 1000.0,
-        "ms" => n,
-        "s" => n * 1000.0,
-        "m" => n * 60_000.0,
-        _ => f64::NAN,
-    }
+/// Writes the wrk script `cookies.lua` into the testbed's directory: its path.
+pub fn cookies_script(tb: &Testbed) -> PathBuf {
+    let path = tb.workdir.join("cookies.lua");
+    std::fs::write(&path, peers::COOKIES_LUA).unwrap();
+    path
 }
 
-pub fn wrk(tb: &Testbed, port: u16, secs: u64, script: &std::path::Path, connections: usize) -> (f64, f64, f64, u64) {
-    let url = format!("http://{VIP}:{port}/");
-    let out = tb.client.exec(&[
-        "wrk",
-        "-t1",
-        &format!("-c{connections}"),
-        "--timeout",
-        "10s",
-        &format!("-d{secs}s"),
-        "--latency",
-        "-s",
-        script.to_str().unwrap(),
-        &url,
-    ]);
-    let (rps, p50, p99, errors) = parse_wrk(&out);
-    if rps.is_nan() || rps <= 0.0 {
-        eprintln!("    wrk -c{connections} against port {port} served nothing:\n{out}");
-    }
-    (rps, p50, p99, errors)
-}
-
-/// wrk's output: (requests/s, p50 ms, p99 ms, errors: non-2xx/3xx and socket errors).
-pub fn parse_wrk(out: &str) -> (f64, f64, f64, u64) {
-    let mut rps = f64::NAN;
-    let (mut p50, mut p99) = (f64::NAN, f64::NAN);
-    let mut errors = 0;
-    for line in out.lines() {
-        let t = line.trim();
-        if let Some(v) = t.strip_prefix("Requests/sec:") {
-            rps = v.trim().parse().unwrap_or(f64::NAN);
-        } else if let Some(v) = t.strip_prefix("50%") {
-            p50 = ms(v.trim());
-        } else if let Some(v) = t.strip_prefix("99%") {
-            p99 = ms(v.trim());
-        } else if let Some(v) = t.strip_prefix("Non-2xx or 3xx responses:") {
-            errors += v.trim().parse::<u64>().unwrap_or(0);
-        } else if t.starts_with("Socket errors:") {
-            errors += t.split(|c: char| !c.is_ascii_digit()).filter_map(|n| n.parse::<u64>().ok()).sum::<u64>();
-        }
-    }
-    (rps, p50, p99, errors)
+/// wrk from the client namespace against the HTTP VIP's `port`.
+pub fn wrk(tb: &Testbed, port: u16, secs: u64, script: &Path, connections: usize) -> Wrk {
+    wrk::run(tb.client.command("wrk"), &format!("http://{VIP}:{port}/"), connections, secs, Some(script))
 }
 
 /// Sends requests naming each clone and counts those that reached it.
@@ -336,7 +301,6 @@ pub fn run(quick: bool) -> (String, String) {
     // The idle-memory curve closes 10,000 client connections; without reuse of their
     // TIME_WAIT ports, wrk's next 10,000 connects crawl (the kernel scans past them).
     tb.client.sysctl("net.ipv4.tcp_tw_reuse=1");
-    let dir = tb.workdir.clone();
     // 10,000 client connections are measured: above the default cap the agent derives from
     // this machine's 20,000 descriptors (which reserves one upstream connection per client);
     // here upstream connections are bounded by max_connections_per_backend instead.
@@ -344,24 +308,15 @@ pub fn run(quick: bool) -> (String, String) {
     let path = tb.write_config(&cfg);
     tb.start_dispatcher(&path);
     let agent_pid = tb.pid_of("dispatcher").expect("agent pid");
-    let hconf = dir.join("haproxy.cfg");
-    std::fs::write(&hconf, haproxy_conf(&dir, maxconn, "", &format!("{VIP}:81"))).unwrap();
-    let mut cmd = tb.lb.command("haproxy");
-    cmd.arg("-db").arg("-f").arg(&hconf);
-    tb.start("haproxy", cmd);
-    let nconf = dir.join("nginx-proxy.conf");
-    std::fs::write(&nconf, nginx_proxy_conf(&dir, &format!("{VIP}:82;"))).unwrap();
-    let mut cmd = tb.lb.command("nginx");
-    cmd.arg("-p").arg(&dir).arg("-c").arg(&nconf);
-    tb.start("nginx-proxy", cmd);
-    let script = dir.join("cookies.lua");
-    std::fs::write(&script, LUA).unwrap();
+    start_haproxy(&mut tb, maxconn, "", &format!("{VIP}:81"));
+    start_nginx_proxy(&mut tb, &format!("{VIP}:82;"));
+    let script = cookies_script(&tb);
 
     let mut results = Vec::new();
     for s in &SYSTEMS {
         wait_ready(&tb, s.port, s.log);
         let aff = affinity(&tb, s.port);
-        let (rps, p50, p99, errors) = wrk(&tb, s.port, secs, &script, CONNECTIONS);
+        let Wrk { rps, p50_ms: p50, p99_ms: p99, errors } = wrk(&tb, s.port, secs, &script, CONNECTIONS);
         eprintln!(
             "    {:<11} {rps:>10.0} req/s  p50 {p50:.3} ms  p99 {p99:.3} ms  errors {errors}  affinity {:.0}%",
             s.name,
@@ -398,7 +353,7 @@ pub fn run(quick: bool) -> (String, String) {
     for n in [10usize, 1_000, 10_000] {
         for (s, pid) in [(&SYSTEMS[0], agent_pid), (&SYSTEMS[1], haproxy_pid)] {
             let peak = PeakRss::start(pid);
-            let (rps, _, p99, errors) = wrk(&tb, s.port, conc_secs, &script, n);
+            let Wrk { rps, p99_ms: p99, errors, .. } = wrk(&tb, s.port, conc_secs, &script, n);
             let rss = peak.stop();
             eprintln!(
                 "    {n:>6} connections {:<11} {rps:>8.0} req/s  p99 {p99:.3} ms  errors {errors}  peak RSS {rss} KiB",
@@ -409,42 +364,40 @@ pub fn run(quick: bool) -> (String, String) {
     }
 
     let base = &results[1];
-    let mut table = String::from(
-        "| system | requests/s | p50 ms | p99 ms | errors | routed to the cookie's clone | req/s vs HAProxy | p99 vs HAProxy |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
-    );
-    let mut json = Vec::new();
-    for (s, m) in SYSTEMS.iter().zip(&results) {
-        table += &format!(
-            "| {} | {:.0} | {:.3} | {:.3} | {} | {:.0}% | {:.2} | {:.2} |\n",
-            s.name,
-            m.rps,
-            m.p50_ms,
-            m.p99_ms,
-            m.errors,
-            m.affinity * 100.0,
-            m.rps / base.rps,
-            m.p99_ms / base.p99_ms
-        );
-        json.push(format!(
-            r#"{{"system":"{}","rps":{:.1},"p50_ms":{:.3},"p99_ms":{:.3},"errors":{},"affinity":{:.3}}}"#,
-            s.name, m.rps, m.p50_ms, m.p99_ms, m.errors, m.affinity
-        ));
-    }
-    table += "\nAt fixed offered loads (open loop, latency from each request's scheduled time), 25/50/75/90% of each system's own maximum:\n\n| share | system | offered req/s | achieved req/s | p50 ms | p99 ms | p99.9 ms | errors |\n|---:|---|---:|---:|---:|---:|---:|---:|\n";
-    for l in fixed.iter().filter(|l| l.basis == Basis::Own) {
+    let systems: Vec<Row> = SYSTEMS
+        .iter()
+        .zip(&results)
+        .map(|(s, m)| {
+            Row::new()
+                .text("system", "system", s.name)
+                .num("requests/s", "rps", m.rps, 0, 1)
+                .num("p50 ms", "p50_ms", m.p50_ms, 3, 3)
+                .num("p99 ms", "p99_ms", m.p99_ms, 3, 3)
+                .int("errors", "errors", m.errors)
+                .md("routed to the cookie's clone", format!("{:.0}%", m.affinity * 100.0))
+                .json("affinity", format!("{:.3}", m.affinity))
+                .md("req/s vs HAProxy", format!("{:.2}", m.rps / base.rps))
+                .md("p99 vs HAProxy", format!("{:.2}", m.p99_ms / base.p99_ms))
+        })
+        .collect();
+    let fixed_row = |l: &Level| {
         let m = &l.lat;
-        table += &format!(
-            "| {:.0}% | {} | {:.0} | {:.0} | {:.3} | {:.3} | {:.3} | {} |\n",
-            l.pct,
-            l.system,
-            m.offered_rps,
-            m.achieved_rps,
-            m.pct_ms(50.0),
-            m.pct_ms(99.0),
-            m.pct_ms(99.9),
-            m.errors
-        );
-    }
+        Row::new()
+            .md("share", format!("{:.0}%", l.pct))
+            .json("share", l.pct)
+            .json("basis", if l.basis == Basis::Own { r#""own_max""# } else { r#""haproxy_max""# })
+            .text("system", "system", l.system)
+            .num("offered req/s", "offered_rps", m.offered_rps, 0, 1)
+            .num("achieved req/s", "achieved_rps", m.achieved_rps, 0, 1)
+            .num("p50 ms", "p50_ms", m.pct_ms(50.0), 3, 3)
+            .num("p99 ms", "p99_ms", m.pct_ms(99.0), 3, 3)
+            .num("p99.9 ms", "p999_ms", m.pct_ms(99.9), 3, 3)
+            .int("errors", "errors", m.errors)
+    };
+    let own: Vec<Row> = fixed.iter().filter(|l| l.basis == Basis::Own).map(fixed_row).collect();
+    let mut table = report::markdown(&systems);
+    table += "\nAt fixed offered loads (open loop, latency from each request's scheduled time), 25/50/75/90% of each system's own maximum:\n\n";
+    table += &report::markdown(&own);
     table += "\nThe same offered load for the dispatcher and HAProxy (HAProxy's levels above):\n\n| offered req/s | dispatcher p99 ms | HAProxy p99 ms | p99 vs HAProxy | dispatcher p99.9 ms | HAProxy p99.9 ms |\n|---:|---:|---:|---:|---:|---:|\n";
     for pct in SHARES {
         let find =
@@ -461,46 +414,35 @@ pub fn run(quick: bool) -> (String, String) {
             );
         }
     }
-    let fixed_json: Vec<String> = fixed
-        .iter()
-        .map(|l| {
-            let m = &l.lat;
-            format!(
-                r#"{{"share":{},"basis":"{}","system":"{}","offered_rps":{:.1},"achieved_rps":{:.1},"p50_ms":{:.3},"p99_ms":{:.3},"p999_ms":{:.3},"errors":{}}}"#,
-                l.pct,
-                if l.basis == Basis::Own { "own_max" } else { "haproxy_max" },
-                l.system,
-                m.offered_rps,
-                m.achieved_rps,
-                m.pct_ms(50.0),
-                m.pct_ms(99.0),
-                m.pct_ms(99.9),
-                m.errors
-            )
-        })
-        .collect();
     table += &format!("\nConcurrent client connections (wrk, 1 thread; peak RSS sampled every 100 ms during the run; descriptor limit {nofile}, so HAProxy runs with maxconn {maxconn}):");
-    table += "\n\n| connections | system | requests/s | p99 ms | errors | peak RSS KiB | req/s vs HAProxy |\n|---:|---|---:|---:|---:|---:|---:|\n";
-    let mut conc_json = Vec::new();
+    table += "\n\n";
+    let mut conc_rows = Vec::new();
     for pair in concurrency.chunks(2) {
         let base = pair[1].2;
         for &(n, name, rps, p99, errors, rss) in pair {
-            table += &format!("| {n} | {name} | {rps:.0} | {p99:.3} | {errors} | {rss} | {:.2} |\n", rps / base);
-            conc_json.push(format!(
-                r#"{{"connections":{n},"system":"{name}","rps":{rps:.1},"p99_ms":{p99:.3},"errors":{errors},"peak_rss_kib":{rss}}}"#
-            ));
+            conc_rows.push(
+                Row::new()
+                    .int("connections", "connections", n)
+                    .text("system", "system", name)
+                    .num("requests/s", "rps", rps, 0, 1)
+                    .num("p99 ms", "p99_ms", p99, 3, 3)
+                    .int("errors", "errors", errors)
+                    .int("peak RSS KiB", "peak_rss_kib", rss)
+                    .md("req/s vs HAProxy", format!("{:.2}", rps / base)),
+            );
         }
     }
+    table += &report::markdown(&conc_rows);
     table += &format!(
         "\nworkers: {WORKERS} each; wrk: 1 thread, {CONNECTIONS} connections, {secs} s, cookies naming the 4 clones in turn.\nDispatcher RSS: {rss_before} KiB idle, {rss_after} KiB with 1,000 idle keep-alive client connections (target < 65,536 KiB); {}.\n",
         curve.join(", ")
     );
     println!("\n{table}");
     let json = format!(
-        r#"{{"workers":{WORKERS},"connections":{CONNECTIONS},"seconds":{secs},"systems":[{}],"fixed_rate":[{}],"concurrency":[{}],"rss_idle_kib":{rss_before},"rss_1000_idle_conns_kib":{rss_after}}}"#,
-        json.join(","),
-        fixed_json.join(","),
-        conc_json.join(",")
+        r#"{{"workers":{WORKERS},"connections":{CONNECTIONS},"seconds":{secs},"systems":{},"fixed_rate":{},"concurrency":{},"rss_idle_kib":{rss_before},"rss_1000_idle_conns_kib":{rss_after}}}"#,
+        report::json(&systems),
+        report::json(&fixed.iter().map(fixed_row).collect::<Vec<_>>()),
+        report::json(&conc_rows)
     );
     (json, table)
 }

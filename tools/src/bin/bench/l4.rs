@@ -13,20 +13,17 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dispatcher_tests::netns::{backend_ip, Testbed, CLIENT_IP, LB_IP};
+use crate::{
+    peers,
+    report::{self, Row},
+};
+use dispatcher_testbed::netns::{backend_ip, Testbed, CLIENT_IP, LB_IP};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const VIP: &str = "10.99.100.60";
 const TCP_PORT: u16 = 80;
 const UDP_PORT: u16 = 9000;
 const CONCURRENCY: usize = 32;
-
-fn nginx_conf(i: usize, dir: &std::path::Path) -> String {
-    format!(
-        "daemon off;\nworker_processes 1;\npid {d}/l4b{i}.pid;\nerror_log {d}/l4b{i}.err;\nevents {{ worker_connections 4096; }}\nhttp {{\n access_log off;\n client_body_temp_path {d}/l4b{i}-body;\n proxy_temp_path {d}/l4b{i}-proxy;\n fastcgi_temp_path {d}/l4b{i}-fcgi;\n uwsgi_temp_path {d}/l4b{i}-uwsgi;\n scgi_temp_path {d}/l4b{i}-scgi;\n server {{ listen {TCP_PORT}; location / {{ return 200 \"b{i}\\n\"; }} }}\n}}\n",
-        d = dir.display()
-    )
-}
 
 /// Short TCP exchanges as fast as `CONCURRENCY` clients can: connections per second.
 fn connections_per_second(tb: &Testbed, secs: u64) -> (f64, u64) {
@@ -108,7 +105,7 @@ fn start_sinks(tb: &Testbed, bind_vip: bool) -> Sinks {
 fn generate(tb: &Testbed, secs: u64) -> f64 {
     tb.client.run(move || {
         use aya::programs::{TestRun, TestRunAttrs, TestRunOptions};
-        let frame = dispatcher_tests::packet::Packet::udp(CLIENT_IP, 40000, VIP, UDP_PORT)
+        let frame = dispatcher_testbed::packet::Packet::udp(CLIENT_IP, 40000, VIP, UDP_PORT)
             .with(|p| {
                 p.eth_dst = [0x02, 0x99, 0, 0, 0, 0x01];
                 p.eth_src = [0x02, 0x99, 0, 0, 0, 0x02];
@@ -248,8 +245,12 @@ pub fn run(quick: bool) -> (String, String) {
     tb.enable_xdp_tx_from_client();
     let dir = tb.workdir.clone();
     for i in 0..4 {
-        let conf = dir.join(format!("l4backend{i}.conf"));
-        std::fs::write(&conf, nginx_conf(i, &dir)).unwrap();
+        let conf = peers::write(
+            &dir,
+            &format!("l4backend{i}.conf"),
+            peers::NGINX_L4_BACKEND,
+            &[("DIR", &dir.display()), ("I", &i), ("PORT", &TCP_PORT)],
+        );
         let mut cmd = tb.backends[i].command("nginx");
         cmd.arg("-p").arg(&dir).arg("-c").arg(&conf);
         tb.start(&format!("nginx-l4-b{i}"), cmd);
@@ -276,12 +277,12 @@ pub fn run(quick: bool) -> (String, String) {
     // 2. HAProxy, mode tcp (a full proxy: TCP only).
     tb.add_local_vip(VIP);
     let servers: String = (0..4).map(|i| format!(" server b{i} {}:{TCP_PORT}\n", backend_ip(i))).collect();
-    let hconf = dir.join("haproxy-l4.cfg");
-    std::fs::write(
-        &hconf,
-        format!("global\n nbthread 1\n maxconn 4000\ndefaults\n mode tcp\n timeout connect 2s\n timeout client 10s\n timeout server 10s\nfrontend fe\n bind {VIP}:{TCP_PORT}\n default_backend be\nbackend be\n balance source\n{servers}"),
-    )
-    .unwrap();
+    let hconf = peers::write(
+        &dir,
+        "haproxy-l4.cfg",
+        peers::HAPROXY_L4,
+        &[("BIND", &format!("{VIP}:{TCP_PORT}")), ("SERVERS", &servers)],
+    );
     let mut cmd = tb.lb.command("haproxy");
     cmd.arg("-db").arg("-f").arg(&hconf);
     tb.start("haproxy-l4", cmd);
@@ -322,52 +323,41 @@ pub fn run(quick: bool) -> (String, String) {
     let nft_cpu = results[2].pps.map(|p| p.2).unwrap_or(f64::NAN);
     let nft_cps = results[2].cps;
     let nft_sat = results[2].saturated.map(|p| p.1).unwrap_or(f64::NAN);
-    let mut table = String::from(
-        "| system | connections/s | connection errors | UDP pps delivered (userspace sender) | offered | CPU ns per delivered packet | pps vs nftables | CPU/packet vs nftables | conn/s vs nftables | pps delivered at saturation (in-kernel generator) | offered | saturated pps vs nftables |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
-    );
-    let mut json = Vec::new();
+    let mut rows = Vec::new();
     for m in &results {
-        let cells = match m.pps {
-            Some((p, o, c)) => [
-                format!("{p:.0}"),
-                format!("{o:.0}"),
-                format!("{c:.0}"),
-                format!("{:.2}", p / nft_pps),
-                format!("{:.2}", c / nft_cpu),
-            ],
-            None => std::array::from_fn(|_| "-".to_string()),
-        };
+        let pps = |i: usize| m.pps.map(|p| [p.0, p.1, p.2][i]);
+        let vs = |v: Option<f64>, base: f64| v.map(|v| format!("{:.2}", v / base)).unwrap_or("-".into());
+        let cells = [pps(0), pps(1), pps(2)].map(|v| v.map(|v| format!("{v:.0}")).unwrap_or("-".into()));
         eprintln!(
             "    {:<18} {:>8.0} conn/s ({} errors)  {} pps delivered of {} offered, {} CPU ns/packet",
             m.system, m.cps, m.cps_errors, cells[0], cells[1], cells[2]
         );
-        let sat = match m.saturated {
+        let sat = |f: fn((f64, f64)) -> f64| m.saturated.map(f);
+        let sat_text = match m.saturated {
             Some((o, d)) => format!("{d:.0} | {o:.0} | {:.2}", d / nft_sat),
             None => "- | - | -".into(),
         };
-        eprintln!("    {:<18} at saturation: delivered | offered | vs nftables = {sat}", m.system);
-        table += &format!(
-            "| {} | {:.0} | {} | {} | {:.2} | {sat} |\n",
-            m.system,
-            m.cps,
-            m.cps_errors,
-            cells.join(" | "),
-            m.cps / nft_cps
+        eprintln!("    {:<18} at saturation: delivered | offered | vs nftables = {sat_text}", m.system);
+        rows.push(
+            Row::new()
+                .text("system", "system", m.system)
+                .num("connections/s", "connections_per_s", m.cps, 0, 1)
+                .int("connection errors", "connection_errors", m.cps_errors)
+                .opt("UDP pps delivered (userspace sender)", "udp_pps_delivered", pps(0), 0, 1)
+                .opt("offered", "udp_pps_offered", pps(1), 0, 1)
+                .opt("CPU ns per delivered packet", "cpu_ns_per_packet", pps(2), 0, 1)
+                .md("pps vs nftables", vs(pps(0), nft_pps))
+                .md("CPU/packet vs nftables", vs(pps(2), nft_cpu))
+                .md("conn/s vs nftables", format!("{:.2}", m.cps / nft_cps))
+                .opt("pps delivered at saturation (in-kernel generator)", "", sat(|p| p.1), 0, 0)
+                .opt("offered", "", sat(|p| p.0), 0, 0)
+                .md("saturated pps vs nftables", vs(sat(|p| p.1), nft_sat)),
         );
-        let num = |i: usize| m.pps.map(|p| format!("{:.1}", [p.0, p.1, p.2][i])).unwrap_or("null".into());
-        json.push(format!(
-            r#"{{"system":"{}","connections_per_s":{:.1},"connection_errors":{},"udp_pps_delivered":{},"udp_pps_offered":{},"cpu_ns_per_packet":{}}}"#,
-            m.system,
-            m.cps,
-            m.cps_errors,
-            num(0),
-            num(1),
-            num(2)
-        ));
     }
+    let mut table = report::markdown(&rows);
     table += &format!(
         "\n{CONCURRENCY} concurrent HTTP/1.0 exchanges with nginx backends for connections/s; one sender, 64-byte frames from 16 source ports, for packets/s; {secs} s each. The sender shares the 2 vCPUs with the data path: \"offered\" is what it managed to send; while everything offered is delivered, packets/s measures the sender, and the CPU time per delivered packet (whole machine, the same sender for every system) compares the forwarding paths.\n"
     );
     println!("\n{table}");
-    (format!("[{}]", json.join(",")), table)
+    (report::json(&rows), table)
 }

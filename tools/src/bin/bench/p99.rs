@@ -11,8 +11,12 @@
 use std::{net::SocketAddr, time::Duration};
 
 use crate::{
-    http::{agent_config, bench_bed, haproxy_conf, haproxy_maxconn, raise_nofile, wait_ready, wrk, LUA, VIP},
-    load, stall,
+    http::{
+        agent_config, bench_bed, cookies_script, haproxy_maxconn, raise_nofile, start_haproxy, wait_ready, wrk, VIP,
+    },
+    load,
+    report::{self, Row},
+    stall,
 };
 
 const CONNECTIONS: usize = 50;
@@ -192,18 +196,12 @@ pub fn run(quick: bool) -> (String, String) {
     let maxconn = haproxy_maxconn(raise_nofile());
     eprintln!("==> HTTP p99: the dispatcher and HAProxy, {rounds} rounds of {secs}s per level, taking turns");
     let mut tb = bench_bed();
-    let dir = tb.workdir.clone();
     let cfg = agent_config(&tb, "");
     let path = tb.write_config(&cfg);
     tb.start_dispatcher(&path);
-    let hconf = dir.join("haproxy.cfg");
-    std::fs::write(&hconf, haproxy_conf(&dir, maxconn, "", &format!("{VIP}:81"))).unwrap();
-    let mut cmd = tb.lb.command("haproxy");
-    cmd.arg("-db").arg("-f").arg(&hconf);
-    tb.start("haproxy", cmd);
+    start_haproxy(&mut tb, maxconn, "", &format!("{VIP}:81"));
     let pids = [tb.pid_of("dispatcher").expect("agent pid"), tb.pid_of("haproxy").expect("haproxy pid")];
-    let script = dir.join("cookies.lua");
-    std::fs::write(&script, LUA).unwrap();
+    let script = cookies_script(&tb);
     for (_, port, log) in SYSTEMS {
         wait_ready(&tb, port, log);
         let _ = wrk(&tb, port, 2, &script, CONNECTIONS); // warm-up
@@ -212,8 +210,8 @@ pub fn run(quick: bool) -> (String, String) {
     let steal_limit_ms = (secs * 2).max(10);
     // Full load, closed loop: requests/s and p99 per round.
     let full = pairs("full load ", rounds, secs as f64, steal_limit_ms, pids, |i| {
-        let (rps, _, p99, errors) = wrk(&tb, SYSTEMS[i].1, secs, &script, CONNECTIONS);
-        Measured { p99, rps, errors, detail: String::new(), worst: String::new() }
+        let r = wrk(&tb, SYSTEMS[i].1, secs, &script, CONNECTIONS);
+        Measured { p99: r.p99_ms, rps: r.rps, errors: r.errors, detail: String::new(), worst: String::new() }
     });
     let haproxy_max = summary(&full.rps[1]).0;
     // Open loop at shares of HAProxy's maximum.
@@ -233,8 +231,8 @@ pub fn run(quick: bool) -> (String, String) {
         levels.push((pct, r));
     }
 
-    let mut table = format!("Each level measured in {rounds} clean pairs of rounds of {secs} s, the two systems strictly alternating: the median p99 of the rounds, their range, the rounds in which the dispatcher's p99 was at or below HAProxy's, and the CPU each proxy used per request (all its threads, user and system, over the kept rounds). Only clean pairs of rounds count: a pair in which the hypervisor took more than {steal_limit_ms} ms of the vCPUs' time during either round (steal, /proc/stat) is set aside and another measured, at most {} pairs per level; the last column says how many were kept. Errors count every round measured.\n\n| load | dispatcher p99 ms | range | HAProxy p99 ms | range | p99 vs HAProxy (medians) | rounds at or below HAProxy | errors (dispatcher / HAProxy) | CPU µs per request (dispatcher / HAProxy) | clean pairs kept of measured |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n", 3 * rounds);
-    let mut json = Vec::new();
+    let mut table = format!("Each level measured in {rounds} clean pairs of rounds of {secs} s, the two systems strictly alternating: the median p99 of the rounds, their range, the rounds in which the dispatcher's p99 was at or below HAProxy's, and the CPU each proxy used per request (all its threads, user and system, over the kept rounds). Only clean pairs of rounds count: a pair in which the hypervisor took more than {steal_limit_ms} ms of the vCPUs' time during either round (steal, /proc/stat) is set aside and another measured, at most {} pairs per level; the last column says how many were kept. Errors count every round measured.\n\n", 3 * rounds);
+    let mut rows = Vec::new();
     let d_rps = summary(&full.rps[0]).0;
     let all = std::iter::once((
         format!("full load (wrk, {CONNECTIONS} connections; {d_rps:.0} vs {haproxy_max:.0} req/s)"),
@@ -252,15 +250,29 @@ pub fn run(quick: bool) -> (String, String) {
         let (kept, attempted) = (r.kept(), r.attempted);
         let pairs_note =
             if r.clean { format!("{kept} of {attempted}") } else { format!("none of {attempted}: all kept") };
-        table += &format!(
-            "| {name} | {dm:.3} | {dl:.3}–{dh:.3} | {hm:.3} | {hl:.3}–{hh:.3} | {:.2} | {won} of {kept} | {de} / {he} | {dc:.1} / {hc:.1} | {pairs_note} |\n",
-            dm / hm
+        rows.push(
+            Row::new()
+                .md("load", name)
+                .text("", "load", key)
+                .num("dispatcher p99 ms", "dispatcher_p99_ms", dm, 3, 3)
+                .md("range", format!("{dl:.3}–{dh:.3}"))
+                .json("dispatcher_range", format!("[{dl:.3},{dh:.3}]"))
+                .num("HAProxy p99 ms", "haproxy_p99_ms", hm, 3, 3)
+                .md("range", format!("{hl:.3}–{hh:.3}"))
+                .json("haproxy_range", format!("[{hl:.3},{hh:.3}]"))
+                .md("p99 vs HAProxy (medians)", format!("{:.2}", dm / hm))
+                .md("rounds at or below HAProxy", format!("{won} of {kept}"))
+                .md("errors (dispatcher / HAProxy)", format!("{de} / {he}"))
+                .md("CPU µs per request (dispatcher / HAProxy)", format!("{dc:.1} / {hc:.1}"))
+                .json("dispatcher_cpu_us_per_request", format!("{dc:.1}"))
+                .json("haproxy_cpu_us_per_request", format!("{hc:.1}"))
+                .md("clean pairs kept of measured", pairs_note)
+                .json("pairs_kept", kept)
+                .json("pairs_measured", attempted)
+                .json("clean", r.clean),
         );
-        json.push(format!(
-            r#"{{"load":"{key}","dispatcher_p99_ms":{dm:.3},"dispatcher_range":[{dl:.3},{dh:.3}],"haproxy_p99_ms":{hm:.3},"haproxy_range":[{hl:.3},{hh:.3}],"dispatcher_cpu_us_per_request":{dc:.1},"haproxy_cpu_us_per_request":{hc:.1},"pairs_kept":{kept},"pairs_measured":{attempted},"clean":{}}}"#,
-            r.clean
-        ));
     }
+    table += &report::markdown(&rows);
     println!("\n{table}");
-    (format!("[{}]", json.join(",")), table)
+    (report::json(&rows), table)
 }

@@ -6,8 +6,12 @@
 
 use std::time::Duration;
 
+use crate::{
+    report::{self, Row},
+    wrk,
+};
 use dispatcher_common::{steer_sel, STEER_HAS_PREV, STEER_ON};
-use dispatcher_tests::{
+use dispatcher_testbed::{
     cluster::VIP,
     ecmp::{Ecmp, Load, Snapshot},
     fixture::{test_run, Fixture, CONFIG, XDP_PASS, XDP_TX},
@@ -133,16 +137,8 @@ fn throughput(quick: bool) -> Vec<(usize, f64, u64)> {
         for i in 0..n {
             e.wait_table(i, &names, Duration::from_secs(10));
         }
-        let o = e.clients.exec(&[
-            "wrk",
-            "-t1",
-            "-c64",
-            "--timeout",
-            "10s",
-            &format!("-d{secs}s"),
-            &format!("http://{VIP}/app"),
-        ]);
-        let (rps, _, _, errors) = crate::http::parse_wrk(&o);
+        let wrk::Wrk { rps, errors, .. } =
+            wrk::run(e.clients.command("wrk"), &format!("http://{VIP}/app"), 64, secs, None);
         eprintln!("    {n} dispatcher(s): {rps:.0} requests/s, {errors} errors");
         out.push((n, rps, errors));
     }
@@ -156,45 +152,60 @@ pub fn run(quick: bool) -> (String, String) {
     let rps = throughput(quick);
     let names = ["a 4th dispatcher joins", "a dispatcher leaves gracefully", "a dispatcher's host dies"];
     let mut md = format!(
-        "{HTTP_CONNS} keep-alive HTTP clients with sessions ({} requests/s each) and {L4_FLOWS} long-lived L4 TCP flows through a BIRD router (ECMP, L4 hash) to 3-4 dispatchers; BIRD on each dispatcher.\n\n| change | HTTP connections broken, steering on | plain ECMP | failed requests, on / off | closed for moving (on) | L4 flows broken (on / off) |\n| --- | --- | --- | --- | --- | --- |\n",
+        "{HTTP_CONNS} keep-alive HTTP clients with sessions ({} requests/s each) and {L4_FLOWS} long-lived L4 TCP flows through a BIRD router (ECMP, L4 hash) to 3-4 dispatchers; BIRD on each dispatcher.\n\n",
         1000 / PACE.as_millis()
     );
-    let mut json = Vec::new();
-    for i in 0..3 {
-        let ((a, held_a), (b, held_b)) = (on[i], off[i]);
-        let of = |held: u64| if i == 0 { String::new() } else { format!(" (of {held} it held)") };
-        md += &format!(
-            "| {} | {}{} | {}{} | {} / {} | {} | {} / {} |\n",
-            names[i],
-            a.broken,
-            of(held_a),
-            b.broken,
-            of(held_b),
-            a.failed,
-            b.failed,
-            a.moved,
-            a.l4_broken,
-            b.l4_broken
-        );
-        json.push(format!(
-            r#"{{"change":"{}","broken_on":{},"broken_off":{},"failed_on":{},"failed_off":{},"held_on":{held_a},"held_off":{held_b},"l4_broken_on":{},"l4_broken_off":{}}}"#,
-            names[i], a.broken, b.broken, a.failed, b.failed, a.l4_broken, b.l4_broken
-        ));
-    }
-    md += "\n| XDP, HTTP VIP packet | ns/packet | above floor |\n| --- | ---: | ---: |\n";
-    let mut cj = Vec::new();
-    for (name, ns, floor) in &cost {
-        md += &format!("| {name} | {ns} | {} |\n", ns.saturating_sub(*floor));
-        cj.push(format!(r#"{{"case":"{name}","ns":{ns},"floor":{floor}}}"#));
-    }
-    md += "\n| dispatchers | requests/s (wrk, 64 connections, through the router) | errors |\n| ---: | ---: | ---: |\n";
-    let mut tj = Vec::new();
-    for (n, r, err) in &rps {
-        md += &format!("| {n} | {r:.0} | {err} |\n");
-        tj.push(format!(r#"{{"dispatchers":{n},"rps":{r:.0},"errors":{err}}}"#));
-    }
+    let changes: Vec<Row> = (0..3)
+        .map(|i| {
+            let ((a, held_a), (b, held_b)) = (on[i], off[i]);
+            let of = |held: u64| if i == 0 { String::new() } else { format!(" (of {held} it held)") };
+            Row::new()
+                .text("change", "change", names[i])
+                .md("HTTP connections broken, steering on", format!("{}{}", a.broken, of(held_a)))
+                .md("plain ECMP", format!("{}{}", b.broken, of(held_b)))
+                .json("broken_on", a.broken)
+                .json("broken_off", b.broken)
+                .md("failed requests, on / off", format!("{} / {}", a.failed, b.failed))
+                .json("failed_on", a.failed)
+                .json("failed_off", b.failed)
+                .json("held_on", held_a)
+                .json("held_off", held_b)
+                .md("closed for moving (on)", a.moved)
+                .md("L4 flows broken (on / off)", format!("{} / {}", a.l4_broken, b.l4_broken))
+                .json("l4_broken_on", a.l4_broken)
+                .json("l4_broken_off", b.l4_broken)
+        })
+        .collect();
+    md += &report::markdown(&changes);
+    let cost: Vec<Row> = cost
+        .iter()
+        .map(|(name, ns, floor)| {
+            Row::new()
+                .text("XDP, HTTP VIP packet", "case", name)
+                .int("ns/packet", "ns", ns)
+                .md("above floor", ns.saturating_sub(*floor))
+                .json("floor", floor)
+        })
+        .collect();
+    md += "\n";
+    md += &report::markdown(&cost);
+    let rps: Vec<Row> = rps
+        .iter()
+        .map(|(n, r, err)| {
+            Row::new()
+                .int("dispatchers", "dispatchers", n)
+                .num("requests/s (wrk, 64 connections, through the router)", "rps", *r, 0, 0)
+                .int("errors", "errors", err)
+        })
+        .collect();
+    md += "\n";
+    md += &report::markdown(&rps);
     md += "\nAll dispatchers, the router, the clients and the clones share this machine's CPUs: more dispatchers add no CPU, so requests/s cannot grow with them here; what the last table shows is the cost of the extra hop (steering) and of more processes on the same cores.\n";
-    let json =
-        format!(r#"{{"changes":[{}],"steer_ns":[{}],"throughput":[{}]}}"#, json.join(","), cj.join(","), tj.join(","));
+    let json = format!(
+        r#"{{"changes":{},"steer_ns":{},"throughput":{}}}"#,
+        report::json(&changes),
+        report::json(&cost),
+        report::json(&rps)
+    );
     (json, md)
 }

@@ -1,8 +1,9 @@
 //! How cost grows with work: XDP ns/packet as the flow table fills and with more
 //! backends; the agent's memory with more idle client connections.
 
+use crate::report::{self, Row};
 use dispatcher_common::{FlowKey, FlowValue};
-use dispatcher_tests::{
+use dispatcher_testbed::{
     fixture::{test_run, Fixture, XDP_TX},
     packet::{Packet, TCP_ACK},
 };
@@ -60,9 +61,16 @@ pub fn run(quick: bool) -> (String, String) {
     let runs = if quick { 2_000 } else { 10_000 };
     eprintln!("==> scaling: XDP cost vs flow-table fill and backend count ({runs} single-shot runs each)");
     let mut pass = dispatcher::dataplane::load_pass().expect("load pass");
-    let mut table =
-        String::from("| XDP, single-shot ns/packet | new flow | established | floor |\n|---|---:|---:|---:|\n");
-    let mut json = Vec::new();
+    let mut rows = Vec::new();
+    let row = |case: String, flows: u32, backends: usize, (n, e, f): (u64, u64, u64)| {
+        Row::new()
+            .text("XDP, single-shot ns/packet", "", case)
+            .json("flows", flows)
+            .json("backends", backends)
+            .int("new flow", "new_ns", n)
+            .int("established", "established_ns", e)
+            .int("floor", "floor_ns", f)
+    };
     // Flow-table fill, 4 backends.
     for fill in [1_000u32, 100_000, 1_000_000] {
         let mut fx = Fixture::with_flow_table(&config(4), dispatcher_common::DEFAULT_MAX_FLOWS);
@@ -80,16 +88,15 @@ pub fn run(quick: bool) -> (String, String) {
         }
         let (n, e, f) = measure(&mut fx, &mut pass, runs);
         eprintln!("    {fill:>9} flows in the table: new {n} ns, established {e} ns (floor {f})");
-        table += &format!("| {fill} flows in FLOWS, 4 backends | {n} | {e} | {f} |\n");
-        json.push(format!(r#"{{"flows":{fill},"backends":4,"new_ns":{n},"established_ns":{e},"floor_ns":{f}}}"#));
+        rows.push(row(format!("{fill} flows in FLOWS, 4 backends"), fill, 4, (n, e, f)));
     }
     for backends in [16usize, 256, 4096] {
         let mut fx = Fixture::with_flow_table(&config(backends), dispatcher_common::DEFAULT_MAX_FLOWS);
         let (n, e, f) = measure(&mut fx, &mut pass, runs);
         eprintln!("    {backends:>9} backends: new {n} ns, established {e} ns (floor {f})");
-        table += &format!("| {backends} backends | {n} | {e} | {f} |\n");
-        json.push(format!(r#"{{"flows":0,"backends":{backends},"new_ns":{n},"established_ns":{e},"floor_ns":{f}}}"#));
+        rows.push(row(format!("{backends} backends"), 0, backends, (n, e, f)));
     }
+    let table = report::markdown(&rows);
     println!("\n{table}");
-    (format!("[{}]", json.join(",")), table)
+    (report::json(&rows), table)
 }

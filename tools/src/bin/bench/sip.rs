@@ -16,12 +16,15 @@
 
 use std::{
     collections::HashMap,
-    path::Path,
     sync::atomic::Ordering,
     time::{Duration, Instant},
 };
 
-use dispatcher_tests::{
+use crate::{
+    peers,
+    report::{self, Row},
+};
+use dispatcher_testbed::{
     netns::{backend_ip, Testbed, CLIENT_IP, LB_IP},
     sipcontainer::SipCluster,
     sipp,
@@ -216,73 +219,12 @@ fn dispatcher_config(tb: &Testbed) -> String {
     )
 }
 
-/// Kamailio as a Call-ID-hashing load balancer, the way its dispatcher module's
-/// documentation sets one up: OPTIONS probing every second (its minimum), a
-/// destination inactive after 2 failed probes, a transaction that times out after 1 s
-/// tried on the next destination.
-fn kamailio_config(dir: &Path) -> String {
-    format!(
-        r#"#!KAMAILIO
-debug=0
-log_stderror=yes
-memdbg=5
-memlog=5
-children=2
-auto_aliases=no
-listen=udp:{LB_IP}:5060
-mpath="/usr/lib/x86_64-linux-gnu/kamailio/modules/"
-loadmodule "tm.so"
-loadmodule "sl.so"
-loadmodule "pv.so"
-loadmodule "maxfwd.so"
-loadmodule "dispatcher.so"
-modparam("tm", "fr_timer", 1000)
-modparam("tm", "fr_inv_timer", 3000)
-modparam("dispatcher", "list_file", "{list}")
-modparam("dispatcher", "flags", 2)
-modparam("dispatcher", "ds_ping_interval", 1)
-modparam("dispatcher", "ds_probing_threshold", 2)
-modparam("dispatcher", "ds_inactive_threshold", 2)
-modparam("dispatcher", "ds_probing_mode", 1)
-modparam("dispatcher", "ds_ping_from", "sip:kamailio@{LB_IP}")
-
-request_route {{
-    if (!mf_process_maxfwd_header("10")) {{
-        sl_send_reply("483", "Too Many Hops");
-        exit;
-    }}
-    if (!ds_select_dst("1", "0")) {{
-        sl_send_reply("503", "No Destination");
-        exit;
-    }}
-    t_on_failure("NEXT");
-    if (!t_relay()) {{
-        sl_reply_error();
-    }}
-    exit;
-}}
-
-failure_route[NEXT] {{
-    if (t_is_canceled()) exit;
-    if (t_branch_timeout() || t_check_status("5[0-9][0-9]")) {{
-        ds_mark_dst("ip");
-        if (ds_next_dst()) {{
-            t_on_failure("NEXT");
-            t_relay();
-        }}
-    }}
-}}
-"#,
-        list = dir.join("dispatcher.list").display()
-    )
-}
-
 fn start_kamailio(tb: &mut Testbed) {
     let dir = tb.workdir.clone();
-    let list: String = (0..BACKENDS).map(|i| format!("1 sip:{}:5060\n", backend_ip(i))).collect();
-    std::fs::write(dir.join("dispatcher.list"), list).unwrap();
-    let cfg = dir.join("kamailio.cfg");
-    std::fs::write(&cfg, kamailio_config(&dir)).unwrap();
+    let list = dir.join("dispatcher.list");
+    std::fs::write(&list, (0..BACKENDS).map(|i| format!("1 sip:{}:5060\n", backend_ip(i))).collect::<String>())
+        .unwrap();
+    let cfg = peers::write(&dir, "kamailio.cfg", peers::KAMAILIO, &[("LB_IP", &LB_IP), ("LIST", &list.display())]);
     let mut cmd = tb.lb.command("kamailio");
     cmd.arg("-DD").arg("-E").arg("-f").arg(&cfg).arg("-Y").arg(&dir).arg("-w").arg(&dir).args(["-m", "128"]);
     tb.start("kamailio", cmd);
@@ -346,68 +288,49 @@ pub fn run(quick: bool) -> (String, String) {
     drop(_stats);
 
     let kam = &results[1].1 .0;
-    let mut table = String::from(
-        "| system | calls/s offered | calls completed/s | failed calls | retransmissions | requests delivered/s | machine CPU µs per request | balancer CPU µs per request | balancer CPU vs Kamailio |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
-    );
-    let mut json = Vec::new();
-    for (name, (l, fs)) in &results {
-        table += &format!(
-            "| {name} | {:.0} | {:.0} | {} | {} | {:.0} | {:.1} | {:.2} | {:.3} |\n",
-            l.offered,
-            l.completed as f64 / l.secs,
-            l.failed,
-            l.retransmissions,
-            l.requests as f64 / l.secs,
-            l.machine_us,
-            l.balancer_us,
-            l.balancer_us / kam.balancer_us
-        );
-        let failovers: Vec<String> = fs
-            .iter()
-            .map(|f| {
-                let went: Vec<String> = f.went_to.iter().map(|(c, n)| format!("\"b{c}\":{n}")).collect();
-                format!(
-                    r#"{{"victim":"b{}","calls":{},"completed":{},"failed":{},"not_found_481":{},"non_owner_requests":{},"victim_dialogs_went_to":{{{}}}}}"#,
-                    f.victim,
-                    f.calls,
-                    f.completed,
-                    f.failed,
-                    f.not_found,
-                    f.misroutes,
-                    went.join(",")
-                )
-            })
-            .collect();
-        json.push(format!(
-            r#"{{"system":"{name}","calls_per_s_offered":{:.0},"calls_completed":{},"calls_failed":{},"retransmissions":{},"requests_per_s":{:.1},"machine_cpu_us_per_request":{:.2},"balancer_cpu_us_per_request":{:.3},"failover":[{}]}}"#,
-            l.offered,
-            l.completed,
-            l.failed,
-            l.retransmissions,
-            l.requests as f64 / l.secs,
-            l.machine_us,
-            l.balancer_us,
-            failovers.join(",")
-        ));
-    }
-    table += "\n| system | container killed (its replica) | calls (3 s, 25/s) | completed | failed | why (SIPp) | 481 answers | requests to a container without the dialog | the dead container's dialogs went to |\n|---|---|---:|---:|---:|---|---:|---:|---|\n";
-    for (name, f) in results.iter().flat_map(|(n, (_, fs))| fs.iter().map(move |f| (n, f))) {
+    let failover_row = |name: &str, f: &Failover| {
         let mut went: Vec<String> = f.went_to.iter().map(|(c, n)| format!("b{c}: {n}")).collect();
         went.sort();
-        table += &format!(
-            "| {name} | b{} (b{}) | {} | {} | {} | {} | {} | {} | {} |\n",
-            f.victim,
-            f.victim ^ 1,
-            f.calls,
-            f.completed,
-            f.failed,
-            if f.why.is_empty() { "-".to_string() } else { f.why.join(", ") },
-            f.not_found,
-            f.misroutes,
-            went.join(", ")
-        );
-    }
+        let went_json: Vec<String> = f.went_to.iter().map(|(c, n)| format!("\"b{c}\":{n}")).collect();
+        Row::new()
+            .text("system", "", name)
+            .text("container killed (its replica)", "", format!("b{} (b{})", f.victim, f.victim ^ 1))
+            .json("victim", format!("\"b{}\"", f.victim))
+            .int("calls (3 s, 25/s)", "calls", f.calls)
+            .int("completed", "completed", f.completed)
+            .int("failed", "failed", f.failed)
+            .text("why (SIPp)", "", if f.why.is_empty() { "-".to_string() } else { f.why.join(", ") })
+            .int("481 answers", "not_found_481", f.not_found)
+            .int("requests to a container without the dialog", "non_owner_requests", f.misroutes)
+            .text("the dead container's dialogs went to", "", went.join(", "))
+            .json("victim_dialogs_went_to", format!("{{{}}}", went_json.join(",")))
+    };
+    let systems: Vec<Row> = results
+        .iter()
+        .map(|(name, (l, fs))| {
+            Row::new()
+                .text("system", "system", name)
+                .num("calls/s offered", "calls_per_s_offered", l.offered, 0, 0)
+                .md("calls completed/s", format!("{:.0}", l.completed as f64 / l.secs))
+                .json("calls_completed", l.completed)
+                .int("failed calls", "calls_failed", l.failed)
+                .int("retransmissions", "retransmissions", l.retransmissions)
+                .num("requests delivered/s", "requests_per_s", l.requests as f64 / l.secs, 0, 1)
+                .num("machine CPU µs per request", "machine_cpu_us_per_request", l.machine_us, 1, 2)
+                .num("balancer CPU µs per request", "balancer_cpu_us_per_request", l.balancer_us, 2, 3)
+                .md("balancer CPU vs Kamailio", format!("{:.3}", l.balancer_us / kam.balancer_us))
+                .json("failover", report::json(&fs.iter().map(|f| failover_row(name, f)).collect::<Vec<_>>()))
+        })
+        .collect();
+    let mut table = report::markdown(&systems);
+    let failovers: Vec<Row> = results
+        .iter()
+        .flat_map(|(n, (_, fs))| fs.iter().map(move |f| (n, f)))
+        .map(|(n, f)| failover_row(n, f))
+        .collect();
+    table += "\n";
+    table += &report::markdown(&failovers);
     table += "\nSIPp's built-in UAC scenario; containers are the test harness's WebSphere-like SIP containers (b0/b1 and b2/b3 replica pairs, dialogs replicated at once, 481 for a dialog not held). Through the dispatcher the requests go by XDP alone and the answers straight back (direct server return); through Kamailio both pass its processes. Balancer CPU: the XDP program's run time (kernel BPF statistics) plus the agent's process time, against Kamailio's processes' time; machine CPU includes SIPp and the containers (the same for both). The dispatcher checks health every 200 ms (fall 2); Kamailio probes every 1 s (its minimum), 2 failures, and retries a transaction that timed out (1 s) on its next destination. Kamailio knows no replicas: a dead container's dialogs go to the next active destination of its list.\n";
     println!("\n{table}");
-    (format!("[{}]", json.join(",")), table)
+    (report::json(&systems), table)
 }

@@ -18,8 +18,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::http::{self, System, WORKERS};
-use dispatcher_tests::{netns::Testbed, tls::Pki};
+use crate::{
+    http::{self, System, WORKERS},
+    peers,
+    report::{self, Row},
+    wrk::{self, Wrk},
+};
+use dispatcher_testbed::{netns::Testbed, tls::Pki};
 
 const VIP: &str = "10.99.100.21";
 const CONNECTIONS: usize = 50;
@@ -32,14 +37,6 @@ const SYSTEMS: [System; 3] = [
     System { name: "haproxy", port: 444, log: "haproxy" },
     System { name: "nginx", port: 445, log: "nginx-proxy" },
 ];
-
-const CLOSE_LUA: &str = r#"
-local i = 0
-request = function()
-  i = i + 1
-  return wrk.format("GET", "/", {["Connection"] = "close", ["Cookie"] = "JSESSIONID=0000benchsession" .. (i % 64) .. ":clone" .. (i % 4) .. "x"})
-end
-"#;
 
 /// Holds `n` TLS connections open, each after one request; prints `ready`, then waits
 /// for its standard input to close.
@@ -74,20 +71,8 @@ fn client(tb: &Testbed, program: &str) -> Command {
     cmd
 }
 
-fn wrk(tb: &Testbed, port: u16, secs: u64, script: &Path) -> (f64, f64, f64, u64) {
-    let url = format!("https://{VIP}:{port}/");
-    let run = client(tb, "wrk")
-        .args(["-t1", &format!("-c{CONNECTIONS}"), "--timeout", "10s", &format!("-d{secs}s"), "--latency", "-s"])
-        .arg(script)
-        .arg(&url)
-        .output()
-        .expect("wrk");
-    let out = String::from_utf8_lossy(&run.stdout).into_owned();
-    let r = http::parse_wrk(&out);
-    if r.0.is_nan() || r.0 <= 0.0 {
-        eprintln!("    wrk against port {port} served nothing:\n{out}");
-    }
-    r
+fn wrk(tb: &Testbed, port: u16, secs: u64, script: &Path) -> Wrk {
+    wrk::run(client(tb, "wrk"), &format!("https://{VIP}:{port}/"), CONNECTIONS, secs, Some(script))
 }
 
 /// Waits until the port completes a TLS handshake and answers a request.
@@ -172,18 +157,6 @@ fn idle_memory(tb: &Testbed, port: u16, pid: u32) -> (u64, u64) {
     (before, with)
 }
 
-/// The run with the median requests/s.
-pub fn median_run(runs: &[(f64, f64, f64, u64)]) -> (f64, f64, f64, u64) {
-    let mut sorted = runs.to_vec();
-    sorted.sort_by(|a, b| a.0.total_cmp(&b.0));
-    sorted[sorted.len() / 2]
-}
-
-/// The lowest and highest requests/s over the runs.
-pub fn spread(runs: &[(f64, f64, f64, u64)]) -> (f64, f64) {
-    runs.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), r| (lo.min(r.0), hi.max(r.0)))
-}
-
 /// The dispatcher's count of (full, resumed) handshakes.
 fn handshakes(tb: &Testbed) -> (u64, u64) {
     let status = tb.admin("GET", "/status").map(|(_, b)| b).unwrap_or_default();
@@ -198,11 +171,11 @@ fn nginx_worker(master: u32) -> u32 {
     children.split_whitespace().next().and_then(|p| p.parse().ok()).expect("an nginx worker")
 }
 
-struct Row {
+struct Measured {
     /// The median keep-alive run (by requests/s) and the range of requests/s over runs.
-    keepalive: (f64, f64, f64, u64),
+    keepalive: Wrk,
     spread: (f64, f64),
-    full_wrk: (f64, f64, f64, u64),
+    full_wrk: Wrk,
     full_stime: f64,
     resumed_stime: f64,
     kib_per_conn: f64,
@@ -235,36 +208,20 @@ pub fn run(quick: bool) -> (String, String) {
     );
     let path = tb.write_config(&cfg);
     tb.start_dispatcher(&path);
-    let hconf = dir.join("haproxy.cfg");
     let global = format!(" ssl-default-bind-ciphersuites {SUITE}\n ssl-default-bind-options ssl-min-ver TLSv1.2\n");
     let bind = format!("{VIP}:444 ssl crt {} alpn http/1.1", combined.display());
-    std::fs::write(&hconf, http::haproxy_conf(&dir, maxconn, &global, &bind)).unwrap();
-    let mut cmd = tb.lb.command("haproxy");
-    cmd.arg("-db").arg("-f").arg(&hconf);
-    tb.start("haproxy", cmd);
-    let nconf = dir.join("nginx-proxy.conf");
+    http::start_haproxy(&mut tb, maxconn, &global, &bind);
     let listen = format!(
         "{VIP}:445 ssl;\n  ssl_certificate {};\n  ssl_certificate_key {};\n  ssl_protocols TLSv1.2 TLSv1.3;\n  ssl_conf_command Ciphersuites {SUITE};\n  ssl_session_cache shared:SSL:10m;\n  ssl_session_tickets on;",
         cert.display(),
         key.display()
     );
-    std::fs::write(&nconf, http::nginx_proxy_conf(&dir, &listen)).unwrap();
-    let mut cmd = tb.lb.command("nginx");
-    cmd.arg("-p").arg(&dir).arg("-c").arg(&nconf);
-    tb.start("nginx-proxy", cmd);
-    let keepalive_script = dir.join("cookies.lua");
-    std::fs::write(&keepalive_script, http::LUA).unwrap();
+    http::start_nginx_proxy(&mut tb, &listen);
+    let keepalive_script = http::cookies_script(&tb);
     let close_script = dir.join("close.lua");
-    std::fs::write(&close_script, CLOSE_LUA).unwrap();
+    std::fs::write(&close_script, peers::CLOSE_LUA).unwrap();
     // The clients offer the one suite too (wrk and s_time read OpenSSL's configuration).
-    let openssl_conf = dir.join("openssl-client.cnf");
-    std::fs::write(
-        &openssl_conf,
-        format!(
-            "openssl_conf = init\n[init]\nssl_conf = ssl\n[ssl]\nsystem_default = sys\n[sys]\nCiphersuites = {SUITE}\n"
-        ),
-    )
-    .unwrap();
+    peers::write(&dir, "openssl-client.cnf", peers::OPENSSL_CLIENT, &[("SUITE", &SUITE)]);
 
     for s in &SYSTEMS {
         wait_ready(&tb, s.port, s.log);
@@ -275,7 +232,7 @@ pub fn run(quick: bool) -> (String, String) {
     // Keep-alive throughput: rounds, each system once per round in a rotating order, the
     // median per system (single runs on two shared cores vary by 10% and more).
     let rounds = if quick { 2 } else { 3 };
-    let mut keepalive_runs: Vec<Vec<(f64, f64, f64, u64)>> = vec![Vec::new(); SYSTEMS.len()];
+    let mut keepalive_runs: Vec<Vec<Wrk>> = vec![Vec::new(); SYSTEMS.len()];
     for round in 0..rounds {
         for k in 0..SYSTEMS.len() {
             let i = (k + round) % SYSTEMS.len();
@@ -284,8 +241,8 @@ pub fn run(quick: bool) -> (String, String) {
                 "    round {} {:<11} keep-alive {:>7.0} req/s p99 {:.3} ms",
                 round + 1,
                 SYSTEMS[i].name,
-                r.0,
-                r.2
+                r.rps,
+                r.p99_ms
             );
             keepalive_runs[i].push(r);
         }
@@ -294,8 +251,8 @@ pub fn run(quick: bool) -> (String, String) {
     let mut phases = Vec::new();
     for (i, s) in SYSTEMS.iter().enumerate() {
         let negotiated = negotiated(&tb, s.port);
-        let keepalive = median_run(&keepalive_runs[i]);
-        let spread = spread(&keepalive_runs[i]);
+        let keepalive = wrk::median(&keepalive_runs[i]);
+        let spread = wrk::spread(&keepalive_runs[i]);
         let before = handshakes(&tb);
         let full_wrk = wrk(&tb, s.port, secs, &close_script);
         let after_wrk = handshakes(&tb);
@@ -322,62 +279,49 @@ pub fn run(quick: bool) -> (String, String) {
         let kib_per_conn = with.saturating_sub(before) as f64 / IDLE as f64;
         eprintln!(
             "    {:<11} [{negotiated}] keep-alive {:>7.0} req/s p99 {:.3} ms errors {} | new connections {:>6.0}/s (wrk) | s_time full {:>6.0}/s resumed {:>6.0}/s | {:.1} KiB per idle TLS connection ({before} -> {with} KiB)",
-            s.name, keepalive.0, keepalive.2, keepalive.3, full_wrk.0, full_stime, resumed_stime, kib_per_conn
+            s.name, keepalive.rps, keepalive.p99_ms, keepalive.errors, full_wrk.rps, full_stime, resumed_stime, kib_per_conn
         );
-        rows.push(Row { keepalive, spread, full_wrk, full_stime, resumed_stime, kib_per_conn, negotiated });
+        rows.push(Measured { keepalive, spread, full_wrk, full_stime, resumed_stime, kib_per_conn, negotiated });
     }
     let (full, resumed) = handshakes(&tb);
     eprintln!("    the dispatcher counted: {}", phases.join("; "));
 
     let base = &rows[1];
-    let mut table = String::from(
-        "| system | negotiated | keep-alive req/s (median) | range | p99 ms | errors | vs HAProxy | full handshakes/s (s_time -new) | vs HAProxy | resumed/s (s_time -reuse) | vs HAProxy | new conns/s (wrk, close) | vs HAProxy | KiB per idle TLS conn | vs HAProxy |\n|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
-    );
-    let mut json = Vec::new();
-    for (s, r) in SYSTEMS.iter().zip(&rows) {
-        table += &format!(
-            "| {} | {} | {:.0} | {:.0}-{:.0} | {:.3} | {} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:.1} | {:.2} |\n",
-            s.name,
-            r.negotiated,
-            r.keepalive.0,
-            r.spread.0,
-            r.spread.1,
-            r.keepalive.2,
-            r.keepalive.3 + r.full_wrk.3,
-            r.keepalive.0 / base.keepalive.0,
-            r.full_stime,
-            r.full_stime / base.full_stime,
-            r.resumed_stime,
-            r.resumed_stime / base.resumed_stime,
-            r.full_wrk.0,
-            r.full_wrk.0 / base.full_wrk.0,
-            r.kib_per_conn,
-            r.kib_per_conn / base.kib_per_conn
-        );
-        json.push(format!(
-            r#"{{"system":"{}","negotiated":"{}","keepalive_rps":{:.1},"keepalive_rps_min":{:.1},"keepalive_rps_max":{:.1},"keepalive_p99_ms":{:.3},"errors":{},"new_conns_per_s":{:.1},"new_conns_p99_ms":{:.3},"stime_full_per_s":{:.1},"stime_resumed_per_s":{:.1},"kib_per_idle_conn":{:.2}}}"#,
-            s.name,
-            r.negotiated,
-            r.keepalive.0,
-            r.spread.0,
-            r.spread.1,
-            r.keepalive.2,
-            r.keepalive.3 + r.full_wrk.3,
-            r.full_wrk.0,
-            r.full_wrk.2,
-            r.full_stime,
-            r.resumed_stime,
-            r.kib_per_conn
-        ));
-    }
+    let ratio = |v: f64, base: f64| format!("{:.2}", v / base);
+    let table_rows: Vec<Row> = SYSTEMS
+        .iter()
+        .zip(&rows)
+        .map(|(s, r)| {
+            Row::new()
+                .text("system", "system", s.name)
+                .text("negotiated", "negotiated", &r.negotiated)
+                .num("keep-alive req/s (median)", "keepalive_rps", r.keepalive.rps, 0, 1)
+                .json("keepalive_rps_min", format!("{:.1}", r.spread.0))
+                .json("keepalive_rps_max", format!("{:.1}", r.spread.1))
+                .md("range", format!("{:.0}-{:.0}", r.spread.0, r.spread.1))
+                .num("p99 ms", "keepalive_p99_ms", r.keepalive.p99_ms, 3, 3)
+                .int("errors", "errors", r.keepalive.errors + r.full_wrk.errors)
+                .md("vs HAProxy", ratio(r.keepalive.rps, base.keepalive.rps))
+                .num("full handshakes/s (s_time -new)", "stime_full_per_s", r.full_stime, 0, 1)
+                .md("vs HAProxy", ratio(r.full_stime, base.full_stime))
+                .num("resumed/s (s_time -reuse)", "stime_resumed_per_s", r.resumed_stime, 0, 1)
+                .md("vs HAProxy", ratio(r.resumed_stime, base.resumed_stime))
+                .num("new conns/s (wrk, close)", "new_conns_per_s", r.full_wrk.rps, 0, 1)
+                .json("new_conns_p99_ms", format!("{:.3}", r.full_wrk.p99_ms))
+                .md("vs HAProxy", ratio(r.full_wrk.rps, base.full_wrk.rps))
+                .num("KiB per idle TLS conn", "kib_per_idle_conn", r.kib_per_conn, 1, 2)
+                .md("vs HAProxy", ratio(r.kib_per_conn, base.kib_per_conn))
+        })
+        .collect();
+    let mut table = report::markdown(&table_rows);
     table += &format!(
         "\nworkers: {WORKERS} each; ECDSA P-256 certificate, {SUITE} offered by the clients and configured in HAProxy and nginx; wrk: 1 thread, {CONNECTIONS} connections, {secs} s, keep-alive: after a 2 s warm-up each, the median of {rounds} rounds (each system once per round, in a rotating order) with the range over the rounds (new connections: `Connection: close` on every request; wrk keeps each connection's TLS session, so these resume); s_time: 4 processes, a GET per connection; idle memory: {IDLE} TLS 1.3 connections after one request each. Handshakes as the dispatcher counted them: {}.\n",
         phases.join("; ")
     );
     println!("\n{table}");
     let json = format!(
-        r#"{{"workers":{WORKERS},"connections":{CONNECTIONS},"seconds":{secs},"suite":"{SUITE}","idle_connections":{IDLE},"dispatcher_full_handshakes":{full},"dispatcher_resumed_handshakes":{resumed},"systems":[{}]}}"#,
-        json.join(",")
+        r#"{{"workers":{WORKERS},"connections":{CONNECTIONS},"seconds":{secs},"suite":"{SUITE}","idle_connections":{IDLE},"dispatcher_full_handshakes":{full},"dispatcher_resumed_handshakes":{resumed},"systems":{}}}"#,
+        report::json(&table_rows)
     );
     (json, table)
 }

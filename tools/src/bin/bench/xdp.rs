@@ -3,9 +3,10 @@
 //! same run. Single-shot runs (the kernel reuses the rewritten buffer under `repeat`);
 //! the median of many.
 
+use crate::report::{self, Row};
 use std::time::Duration;
 
-use dispatcher_tests::{
+use dispatcher_testbed::{
     fixture::{test_run, Fixture, CONFIG, XDP_DROP, XDP_PASS, XDP_TX},
     packet::{Packet, TCP_ACK},
 };
@@ -296,8 +297,7 @@ pub fn run(quick: bool) -> (String, String) {
         eprintln!("    {:<28} single-shot {:>4} ns (floor {}){base_s}, warm {warm_s}", c.name, cold.0, cold.1);
         rows.push((c.name, cold, warm, c.target, baseline, versus));
     }
-    let mut table = String::from("| case | single-shot ns | floor | above floor | warm ns | warm floor | warm above floor | target above floor | met (single-shot) |\n|---|---:|---:|---:|---:|---:|---:|---:|---|\n");
-    let mut json = Vec::new();
+    let mut table_rows = Vec::new();
     let mut versus = String::new();
     if base_obj.is_some() {
         versus = format!("\nBefore and after in this run: the same cases through the program of commit {BASELINE}, interleaved single-shot runs, ns above the floor: medians, and means of the middle half (the run times come in ~10 ns steps, which medians cannot split):\n\n| case | before (median) | after (median) | before (mid-half mean) | after (mid-half mean) | after / before (mid-half mean) |\n|---|---:|---:|---:|---:|---:|\n");
@@ -315,22 +315,31 @@ pub fn run(quick: bool) -> (String, String) {
             Some(t) => (format!("<= {t}"), if above <= *t { "yes" } else { "no" }),
             None => ("-".into(), "-"),
         };
-        let (wn, wf, wa) = match warm {
-            Some((w, f)) => (w.to_string(), f.to_string(), w.saturating_sub(*f).to_string()),
-            None => ("-".into(), "-".into(), "-".into()),
-        };
-        table += &format!("| {name} | {m} | {f} | {above} | {wn} | {wf} | {wa} | {t} | {met} |\n");
-        let warm_json = warm.map(|(w, f)| format!(r#"{{"ns":{w},"floor_ns":{f}}}"#)).unwrap_or("null".into());
-        json.push(format!(
-            r#"{{"case":"{name}","ns":{m},"floor_ns":{f},"above_floor_ns":{above},"warm":{warm_json},"target_above_floor_ns":{},"baseline_ns":{},"mid_half_mean_above_floor":{}}}"#,
-            target.map(|t| t.to_string()).unwrap_or("null".into()),
-            baseline.map(|b| b.to_string()).unwrap_or("null".into()),
-            means.map(|(b, a)| format!(r#"{{"before":{b:.1},"after":{a:.1}}}"#)).unwrap_or("null".into())
-        ));
+        let warm_ns = |v: fn((u64, u64)) -> u64| warm.map(|w| v(w) as f64);
+        table_rows.push(
+            Row::new()
+                .text("case", "case", name)
+                .int("single-shot ns", "ns", m)
+                .int("floor", "floor_ns", f)
+                .int("above floor", "above_floor_ns", above)
+                .opt("warm ns", "", warm_ns(|(w, _)| w), 0, 0)
+                .opt("warm floor", "", warm_ns(|(_, f)| f), 0, 0)
+                .opt("warm above floor", "", warm_ns(|(w, f)| w.saturating_sub(f)), 0, 0)
+                .json("warm", warm.map(|(w, f)| format!(r#"{{"ns":{w},"floor_ns":{f}}}"#)).unwrap_or("null".into()))
+                .md("target above floor", t)
+                .json("target_above_floor_ns", target.map(|t| t.to_string()).unwrap_or("null".into()))
+                .text("met (single-shot)", "", met)
+                .json("baseline_ns", baseline.map(|b| b.to_string()).unwrap_or("null".into()))
+                .json(
+                    "mid_half_mean_above_floor",
+                    means.map(|(b, a)| format!(r#"{{"before":{b:.1},"after":{a:.1}}}"#)).unwrap_or("null".into()),
+                ),
+        );
     }
+    let mut table = report::markdown(&table_rows);
     table += &versus;
     println!("\n{table}");
-    (format!(r#"{{"runs_per_case":{runs},"cases":[{}]}}"#, json.join(",")), table)
+    (format!(r#"{{"runs_per_case":{runs},"cases":{}}}"#, report::json(&table_rows)), table)
 }
 
 fn dispatcher_ebpf(fx: &mut Fixture) -> &mut aya::Ebpf {

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use dispatcher_tests::{
+use dispatcher_testbed::{
     cluster::dispatcher_ip,
     ecmp::{Ecmp, Load, Snapshot},
 };

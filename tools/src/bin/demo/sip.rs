@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use dispatcher::dataplane::tables::Tables;
-use dispatcher_tests::{
+use dispatcher_testbed::{
     netns::{Testbed, CLIENT_IP},
     sipcontainer::SipCluster,
     sipp,

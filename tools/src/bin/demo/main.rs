@@ -9,9 +9,7 @@
 //! `--dispatchers N`: the tour behind a router instead (`scale_out`). `--tls`: the HTTP
 //! VIP is an HTTPS VIP (the agent terminates TLS) and the HTTP clients speak HTTPS.
 
-#[path = "demo/scale_out.rs"]
 mod scale_out;
-#[path = "demo/sip.rs"]
 mod sip;
 
 use dispatcher::api::{AgentStatus, BackendStatus};
@@ -28,7 +26,7 @@ use std::{
 
 use dispatcher::dataplane::tables::Tables;
 use dispatcher_common::stats;
-use dispatcher_tests::{
+use dispatcher_testbed::{
     netns::{Ns, Testbed},
     websphere::{self, Client},
 };
@@ -90,9 +88,9 @@ fn main() {
     tb.add_local_vip(HTTP_VIP);
     // HTTPS: a CA and a certificate for shop.example, made with openssl.
     let tls_section = if tls {
-        let pki = dispatcher_tests::tls::Pki::new(&tb.workdir);
+        let pki = dispatcher_testbed::tls::Pki::new(&tb.workdir);
         let (cert, key) = pki.leaf("ca", "shop", "shop.example", &["shop.example"], 30);
-        format!("[vip.tls]\n{}", dispatcher_tests::tls::certificate_entry(&cert, &key, &[]))
+        format!("[vip.tls]\n{}", dispatcher_testbed::tls::certificate_entry(&cert, &key, &[]))
     } else {
         String::new()
     };
@@ -461,7 +459,7 @@ impl View {
 fn http_client(
     ns: &Ns,
     port: u16,
-    tls: Option<Arc<dispatcher_tests::rustls::ClientConfig>>,
+    tls: Option<Arc<dispatcher_testbed::rustls::ClientConfig>>,
     stats: &HttpStats,
     stop: &AtomicBool,
 ) {

@@ -717,11 +717,14 @@ pub fn built_bin(name: &str, also: &[&str]) -> PathBuf {
     // `cargo test` alone does not rebuild another package's binary: refuse to test a
     // stale agent rather than pass or fail on old code.
     let built = std::fs::metadata(&bin).and_then(|m| m.modified()).unwrap();
+    // The workspace root: this crate (testbed/) is one level below it.
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     // The agent's command line (cli/, main.rs) is in the agent binary only: a tool that
     // uses the library is not relinked when it changes.
     for src in ["dispatcher/src", "dispatcher-ebpf/src", "dispatcher-common/src"].iter().chain(also) {
         let skip: &[&str] = if name != "dispatcher" && *src == "dispatcher/src" { &["cli", "main.rs"] } else { &[] };
+        // A path that moved would make the check pass on anything: refuse it.
+        assert!(root.join(src).exists(), "{}: no such source path to compare {name} with", root.join(src).display());
         if let Some((_, newer)) = newest(&root.join(src), skip).filter(|(t, _)| *t > built) {
             panic!(
                 "{} is older than {}: run `cargo build --bins` (or `cargo xtask test`)",
