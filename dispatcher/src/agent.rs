@@ -17,7 +17,7 @@ use crate::{
     control::AdminCommand,
     dataplane::{self, tables::Tables, Attached, LoadOptions},
     http::listener::HttpServer,
-    state::Cluster,
+    state::Servers,
 };
 
 /// Blocks until SIGTERM or SIGINT.
@@ -59,23 +59,23 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
     // state is taken before anything is written or served.
     let clones = dp.ebpf.take_map("CLONES").ok_or_else(|| anyhow::anyhow!("CLONES map missing"))?;
     let clones = aya::maps::HashMap::try_from(clones).context("CLONES map")?;
-    let cluster = Arc::new(Cluster::new(&cfg, &health, &admin, Some(clones)));
+    let servers = Arc::new(Servers::new(&cfg, &health, &admin, Some(clones)));
     // The control runtime (signals, state, admin, the shared store); the request path has
     // its own event loops (`http::listener`).
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
-    let current: crate::shared::Current = Arc::new(std::sync::RwLock::new((Arc::new(cfg.clone()), cluster.clone())));
+    let current: crate::shared::Current = Arc::new(std::sync::RwLock::new((Arc::new(cfg.clone()), servers.clone())));
     let store = Store::start(&cfg, &rt, &current)?;
     if store.shared.is_some() {
-        cluster.rewrite_all_clones();
+        servers.rewrite_all_clones();
     }
-    dp.write(&cfg, &cluster)?;
+    dp.write(&cfg, &servers)?;
     let attached = dp.attach(&cfg, store.steer_mac.is_some())?;
     let tables = Arc::new(std::sync::Mutex::new(dp.tables));
     let mut group = Group::start(&cfg, store, &tables, &rt)?;
-    let access_log = cfg.access_log.as_ref().map(|s| AccessLog::start(s, cluster.counters.clone())).transpose()?;
+    let access_log = cfg.access_log.as_ref().map(|s| AccessLog::start(s, servers.counters.clone())).transpose()?;
     let env = Env { tables: tables.clone(), rt: rt.handle().clone(), ownership: group.ownership.clone() };
     let capacity = Arc::new(Capacity::new(&cfg));
-    let live = Running::start(Arc::new(cfg.clone()), cluster, capacity, None, access_log, env)?;
+    let live = Running::start(Arc::new(cfg.clone()), servers, capacity, None, access_log, env)?;
     group.first_join(&rt)?;
     let (requests, request_rx) = tokio::sync::mpsc::unbounded_channel::<AgentRequest>();
     let admin = Arc::new(Admin {
@@ -197,9 +197,9 @@ impl Dataplane {
     }
 
     /// Writes the configuration and the backends' states into the maps.
-    fn write(&mut self, cfg: &Config, cluster: &Cluster) -> anyhow::Result<()> {
-        let states: Vec<u8> = cluster.backends.iter().map(|b| b.state() as u8).collect();
-        let ops: Vec<u8> = cluster.backends.iter().map(|b| b.operator() as u8).collect();
+    fn write(&mut self, cfg: &Config, servers: &Servers) -> anyhow::Result<()> {
+        let states: Vec<u8> = servers.backends.iter().map(|b| b.state() as u8).collect();
+        let ops: Vec<u8> = servers.backends.iter().map(|b| b.operator() as u8).collect();
         self.tables.apply(cfg, &states, &ops).context("writing the configuration into the maps")?;
         if self.adopted {
             let stale = self.tables.remove_stale_vips(cfg);
@@ -515,8 +515,8 @@ impl Agent<'_> {
         match &r {
             Ok(what) => {
                 *self.admin.live.write().unwrap() = self.live.view();
-                *self.current.write().unwrap() = (self.live.cfg.clone(), self.live.cluster.clone());
-                // The shared state, on the new cluster (and read again if the peers or
+                *self.current.write().unwrap() = (self.live.cfg.clone(), self.live.servers.clone());
+                // The shared state, on the new servers (and read again if the peers or
                 // backends changed).
                 if let Some(shared) = &self.group.shared {
                     shared.reloaded();
@@ -543,11 +543,11 @@ struct Env {
     ownership: Arc<crate::steering::Ownership>,
 }
 
-/// What runs for one configuration: the cluster state, the request path's capacity, the
+/// What runs for one configuration: the servers state, the request path's capacity, the
 /// HTTP VIPs, the control loop.
 struct Running {
     cfg: Arc<Config>,
-    cluster: Arc<Cluster>,
+    servers: Arc<Servers>,
     /// Handed to the next generation by a reload.
     capacity: Arc<Capacity>,
     server: Option<HttpServer>,
@@ -563,14 +563,14 @@ impl Running {
     /// listening sockets are taken over.
     fn start(
         cfg: Arc<Config>,
-        cluster: Arc<Cluster>,
+        servers: Arc<Servers>,
         capacity: Arc<Capacity>,
         predecessor: Option<&HttpServer>,
         access_log: Option<Arc<AccessLog>>,
         env: Env,
     ) -> anyhow::Result<Running> {
         let server = if cfg.vips.iter().any(|v| v.serves_http()) {
-            let (c, own) = (cluster.clone(), env.ownership.clone());
+            let (c, own) = (servers.clone(), env.ownership.clone());
             Some(
                 HttpServer::start(&cfg, c, capacity.clone(), predecessor, access_log.as_ref(), own)
                     .context("starting the HTTP VIPs")?,
@@ -581,14 +581,14 @@ impl Running {
         // Health checks, failed requests and operator commands decide the backends' states.
         let (commands, commands_rx) = tokio::sync::mpsc::unbounded_channel();
         let control =
-            env.rt.spawn(crate::control::run((*cfg).clone(), cluster.clone(), env.tables.clone(), commands_rx));
-        Ok(Running { cfg, cluster, capacity, server, control, commands, access_log, env })
+            env.rt.spawn(crate::control::run((*cfg).clone(), servers.clone(), env.tables.clone(), commands_rx));
+        Ok(Running { cfg, servers, capacity, server, control, commands, access_log, env })
     }
 
     fn view(&self) -> Live {
         Live {
             cfg: self.cfg.clone(),
-            cluster: self.cluster.clone(),
+            servers: self.servers.clone(),
             capacity: self.capacity.clone(),
             commands: self.commands.clone(),
         }
@@ -625,12 +625,12 @@ impl Running {
         let (access_log, reopened) = self.access_log_for(&merged)?;
         // The learned clone table first: the new listeners route learned IDs from their
         // first request.
-        let cluster = Cluster::successor_of(&merged, &health, &admin, &self.cluster);
+        let servers = Servers::successor_of(&merged, &health, &admin, &self.servers);
         let capacity = Arc::new(self.capacity.successor(&merged));
         let merged = Arc::new(merged);
         let next = Running::start(
             merged.clone(),
-            cluster.clone(),
+            servers.clone(),
             capacity.clone(),
             self.server.as_ref(),
             access_log,
@@ -639,20 +639,20 @@ impl Running {
         .map_err(|e| format!("{e:#}"))?;
         let tables = &self.env.tables;
         if let Err(e) = tables.lock().unwrap().apply(&merged, &states, &ops) {
-            // Refused: the new loops stop (the old ones never did), and the old cluster
+            // Refused: the new loops stop (the old ones never did), and the old servers
             // passes nothing on to the one that will not serve.
-            self.cluster.forget_successor();
+            self.servers.forget_successor();
             let mut next = next;
             next.stop("reload refused");
             return Err(format!("writing the maps: {e}"));
         }
         // Nothing can refuse it from here on.
-        crate::control::rebuild_ramping_rings(&merged, &cluster, tables);
+        crate::control::rebuild_ramping_rings(&merged, &servers, tables);
         if let Err(e) = dataplane::ids::save(&merged) {
             tracing::warn!(error = %e, "recording the id table");
         }
-        cluster.adopt_map(&self.cluster);
-        cluster.apply_limits(&merged);
+        servers.adopt_map(&self.servers);
+        servers.apply_limits(&merged);
         let (per_source, rate) = crate::http::listener::source_limits(&merged);
         capacity.sources.configure(per_source, rate);
         if let (Some(log), Some(r)) = (&next.access_log, reopened) {
@@ -680,7 +680,7 @@ impl Running {
             .iter()
             .enumerate()
             .map(|(i, b)| {
-                let (h, a) = self.cluster.health_and_admin(i).unwrap_or((Health::Up, Operator::None));
+                let (h, a) = self.servers.health_and_admin(i).unwrap_or((Health::Up, Operator::None));
                 let was_retired = self.cfg.backends.get(i).is_some_and(|o| o.retired);
                 if b.retired {
                     (h, Operator::Disabled)
@@ -708,7 +708,7 @@ impl Running {
                 Ok((Some(log.clone()), Some(reopened)))
             }
             (Some(s), _) => {
-                let log = AccessLog::start(s, self.cluster.counters.clone()).map_err(|e| format!("{e:#}"))?;
+                let log = AccessLog::start(s, self.servers.counters.clone()).map_err(|e| format!("{e:#}"))?;
                 Ok((Some(log), None))
             }
             (None, _) => Ok((None, None)),

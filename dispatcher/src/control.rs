@@ -12,7 +12,7 @@ use crate::{
     config::Config,
     dataplane::tables::{backend_info, Tables},
     health::{self, Probe, Streak},
-    state::{ramp_share, Cluster, Event},
+    state::{ramp_share, Event, Servers},
 };
 
 const RAMP_STEP_MIN: std::time::Duration = std::time::Duration::from_millis(100);
@@ -20,7 +20,7 @@ const RAMP_STEP_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 
 struct Control {
     cfg: Config,
-    cluster: Arc<Cluster>,
+    servers: Arc<Servers>,
     tables: Arc<Mutex<Tables>>,
     /// What this loop last wrote to BACKENDS for each backend (the request path may have
     /// moved the mirror since: a passive failure).
@@ -30,11 +30,11 @@ struct Control {
 impl Control {
     /// Applies a change of effective state to the maps.
     fn apply(&mut self, b: usize, old: BackendState, new: BackendState) {
-        let name = &self.cluster.backends[b].name;
+        let name = &self.servers.backends[b].name;
         tracing::info!(backend = %name, from = old.name(), to = new.name(), "backend state changed");
-        self.cluster.counters.transitions.fetch_add(1, Ordering::Relaxed);
+        self.servers.counters.transitions.fetch_add(1, Ordering::Relaxed);
         let mut t = self.tables.lock().unwrap();
-        let op = self.cluster.backends[b].operator();
+        let op = self.servers.backends[b].operator();
         let info = backend_info(&self.cfg.backends[b], new as u8, op as u8);
         if let Err(e) = t.set_backend(b as u32, &info) {
             tracing::warn!(error = %e, "writing BACKENDS");
@@ -50,7 +50,7 @@ impl Control {
     }
 
     fn rebuild_rings_of(&self, b: usize) {
-        rebuild_rings_of(&self.cfg, &self.cluster, &self.tables, b);
+        rebuild_rings_of(&self.cfg, &self.servers, &self.tables, b);
     }
 
     /// One step of every ramp-up in progress: the rings of the VIPs of a backend that
@@ -58,7 +58,7 @@ impl Control {
     /// ends (after a last rebuild at its full weight).
     fn ramp_step(&self) {
         let now = crate::metrics::mono_ns();
-        for (b, be) in self.cluster.backends.iter().enumerate() {
+        for (b, be) in self.servers.backends.iter().enumerate() {
             let since = be.ramp_since.load(Ordering::SeqCst);
             if since == 0 {
                 continue;
@@ -85,7 +85,7 @@ impl Control {
 
     /// `b` is out: its clone IDs and pinned flows go to its replica when that one serves.
     fn fail_over(&self, b: usize) {
-        let c = &self.cluster;
+        let c = &self.servers;
         let replica = c.backends[b].replica.filter(|&r| c.backends[r].serves_sessions());
         c.counters.failovers.fetch_add(1, Ordering::Relaxed);
         let clones = if replica.is_some() { c.rewrite_clones_of(b) } else { 0 };
@@ -102,7 +102,7 @@ impl Control {
     /// `b` is back: the CLONES entries name it again (new sessions reach it; sessions its
     /// replica took over carry the replica's ID too and go by the cookie's order).
     fn give_back(&self, b: usize) {
-        let c = &self.cluster;
+        let c = &self.servers;
         let n = c.rewrite_clones_of(b);
         c.counters.clone_rewrites.fetch_add(n, Ordering::Relaxed);
     }
@@ -120,11 +120,11 @@ impl Control {
                 return;
             }
         };
-        let cluster = self.cluster.clone();
+        let servers = self.servers.clone();
         let spawned = std::thread::Builder::new().name("flow-rewrite".into()).spawn(move || {
             let started = std::time::Instant::now();
-            let n = move_flows(flows, b as u32, to.map(|r| r as u32), &cluster.counters.flow_rewrites);
-            tracing::info!(backend = %cluster.backends[b].name, flows = n, took_ms = started.elapsed().as_millis() as u64, "pinned flows moved off the failed backend");
+            let n = move_flows(flows, b as u32, to.map(|r| r as u32), &servers.counters.flow_rewrites);
+            tracing::info!(backend = %servers.backends[b].name, flows = n, took_ms = started.elapsed().as_millis() as u64, "pinned flows moved off the failed backend");
         });
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "starting the failover walk");
@@ -169,7 +169,7 @@ fn move_flows(
 async fn probe_loop(
     b: usize,
     probe: Probe,
-    cluster: Arc<Cluster>,
+    servers: Arc<Servers>,
     s: crate::config::HealthSettings,
     tx: mpsc::UnboundedSender<(usize, bool, std::time::Instant)>,
 ) {
@@ -182,7 +182,7 @@ async fn probe_loop(
         if let Some(ln) = logical_name {
             // The container says which logical name it serves: its own answer, the one
             // place this is known for sure.
-            cluster.learn(ln.as_bytes(), b);
+            servers.learn(ln.as_bytes(), b);
         }
         if verdict == health::Verdict::Local {
             // Says nothing about the backend: no streak, no state change.
@@ -196,13 +196,13 @@ async fn probe_loop(
 
 /// Rebuilds the rings of the VIPs `b` serves, each backend weighing what its ramp-up
 /// (`slow_start`) allows now.
-fn rebuild_rings_of(cfg: &Config, cluster: &Cluster, tables: &Mutex<Tables>, b: usize) {
+fn rebuild_rings_of(cfg: &Config, servers: &Servers, tables: &Mutex<Tables>, b: usize) {
     let mut t = tables.lock().unwrap();
-    let states: Vec<u8> = cluster.backends.iter().map(|x| x.state() as u8).collect();
+    let states: Vec<u8> = servers.backends.iter().map(|x| x.state() as u8).collect();
     let now = crate::metrics::mono_ns();
     for (i, v) in cfg.vips.iter().enumerate().filter(|(_, v)| v.backends.contains(&b)) {
         let weight = |m: usize| {
-            let w = cluster.backends[m].ramped_weight(cfg.backends[m].weight, v.slow_start_of(cfg, m), now);
+            let w = servers.backends[m].ramped_weight(cfg.backends[m].weight, v.slow_start_of(cfg, m), now);
             w.min(u32::MAX as u64) as u32
         };
         if let Err(e) = t.rebuild_ring_weighted(i as u32, v, cfg, &states, weight) {
@@ -213,10 +213,10 @@ fn rebuild_rings_of(cfg: &Config, cluster: &Cluster, tables: &Mutex<Tables>, b: 
 
 /// After a reload wrote the rings at full weights: those of the backends ramping up get
 /// their current shares back at once.
-pub fn rebuild_ramping_rings(cfg: &Config, cluster: &Cluster, tables: &Mutex<Tables>) {
-    for (b, be) in cluster.backends.iter().enumerate() {
+pub fn rebuild_ramping_rings(cfg: &Config, servers: &Servers, tables: &Mutex<Tables>) {
+    for (b, be) in servers.backends.iter().enumerate() {
         if be.ramp_since.load(Ordering::SeqCst) != 0 {
-            rebuild_rings_of(cfg, cluster, tables, b);
+            rebuild_rings_of(cfg, servers, tables, b);
         }
     }
 }
@@ -232,42 +232,42 @@ pub struct AdminCommand {
 /// Runs until the task is aborted.
 pub async fn run(
     cfg: Config,
-    cluster: Arc<Cluster>,
+    servers: Arc<Servers>,
     tables: Arc<Mutex<Tables>>,
     mut commands: mpsc::UnboundedReceiver<AdminCommand>,
 ) {
-    let mut events = cluster.subscribe_events();
+    let mut events = servers.subscribe_events();
     let (tx, mut checks) = mpsc::unbounded_channel();
     for (b, p) in health::probes(&cfg).into_iter().enumerate() {
         if let Some(p) = p {
-            tokio::spawn(probe_loop(b, p, cluster.clone(), cfg.health.clone(), tx.clone()));
+            tokio::spawn(probe_loop(b, p, servers.clone(), cfg.health.clone(), tx.clone()));
         }
     }
     drop(tx);
-    let written = cluster.backends.iter().map(|b| b.state()).collect();
+    let written = servers.backends.iter().map(|b| b.state()).collect();
     let (rise, fall) = (cfg.health.rise, cfg.health.fall);
-    let mut streaks = vec![Streak::default(); cluster.backends.len()];
+    let mut streaks = vec![Streak::default(); servers.backends.len()];
     // Ramp-ups move in steps of a tenth of the shortest `slow_start`, 100 ms to 1 s each
     // (ten steps for a slow start of 1 to 10 s, one a second for longer ones).
     let shortest = cfg.vips.iter().flat_map(|v| v.backends.iter().filter_map(|&b| v.slow_start_of(&cfg, b))).min();
     let step = shortest.map_or(std::time::Duration::from_secs(3600), |s| (s / 10).clamp(RAMP_STEP_MIN, RAMP_STEP_MAX));
     let mut ramp = tokio::time::interval(step);
     ramp.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut ctl = Control { cfg, cluster: cluster.clone(), tables, written };
+    let mut ctl = Control { cfg, servers: servers.clone(), tables, written };
     loop {
         tokio::select! {
             _ = ramp.tick() => ctl.ramp_step(),
             Some((b, ok, started)) = checks.recv() => {
-                if ok && cluster.failed_since(b, started) {
+                if ok && servers.failed_since(b, started) {
                     // A check that began before a request saw the backend fail says
                     // nothing of it since: suspicion stands until a later one passes.
                     continue;
                 }
-                let before = cluster.backends[b].health();
+                let before = servers.backends[b].health();
                 let h = health::next(before, ok, &mut streaks[b], rise, fall);
                 // To or from down, this dispatcher's verdict is news for the shared rule
                 // (`[cluster]`).
-                if let Some((old, new)) = cluster.set_health(b, h) {
+                if let Some((old, new)) = servers.set_health(b, h) {
                     ctl.apply(b, old, new);
                 }
             }
@@ -282,20 +282,20 @@ pub async fn run(
                     // The shared store changed its operator's state or the majority's verdict.
                     Event::Shared(b) => b,
                 };
-                let now = cluster.backends[b].state();
+                let now = servers.backends[b].state();
                 if now != ctl.written[b] {
                     let old = ctl.written[b];
                     ctl.apply(b, old, now);
                 }
             }
             Some(cmd) = commands.recv() => {
-                let before = cluster.backends[cmd.backend].state();
-                tracing::info!(backend = %cluster.backends[cmd.backend].name, operator = cmd.op.name(), "operator command");
+                let before = servers.backends[cmd.backend].state();
+                tracing::info!(backend = %servers.backends[cmd.backend].name, operator = cmd.op.name(), "operator command");
                 // Every dispatcher of a cluster takes the operator's word (news).
-                if let Some((old, new)) = cluster.operator_command(cmd.backend, cmd.op) {
+                if let Some((old, new)) = servers.operator_command(cmd.backend, cmd.op) {
                     ctl.apply(cmd.backend, old, new);
                 }
-                let _ = cmd.reply.send((before, cluster.backends[cmd.backend].state()));
+                let _ = cmd.reply.send((before, servers.backends[cmd.backend].state()));
             }
         }
     }

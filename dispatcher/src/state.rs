@@ -1,7 +1,12 @@
-//! The cluster as the agent's request path sees it: backends and their states, the clone
-//! table (clone or partition ID -> owner and replica) with its write-through to the
-//! `CLONES` map, and the counters. The shared store (`shared`, docs/design.md "Several
-//! dispatchers") feeds it what the other dispatchers learn.
+//! The servers as the agent's request path sees them (`Servers`): backends and their
+//! states, the clone table (clone or partition ID -> owner and replica) with its
+//! write-through to the `CLONES` map, and the counters. It tells its news to whoever
+//! listens; the shared store (`shared`, docs/design.md "Several dispatchers") listens and
+//! feeds it what the other dispatchers learn.
+//!
+//! Words: `Servers` is this set of backends; "cluster" is only `[cluster]`, the group of
+//! dispatchers sharing state (`shared`); the tests' WebSphere-like backends are `Clones`
+//! (`dispatcher_testbed::websphere`).
 
 use std::{
     collections::HashMap,
@@ -38,7 +43,7 @@ pub struct Backend {
     /// Out by the shared rule: most live dispatchers see it down (`shared`; false when
     /// standalone or while the store is unreachable).
     peers_out: std::sync::atomic::AtomicBool,
-    /// When a request last saw it fail (nanoseconds after the cluster's epoch, plus one;
+    /// When a request last saw it fail (nanoseconds after the servers's epoch, plus one;
     /// 0: never).
     failed_at: AtomicU64,
     /// Woken on every state change (held requests wait here).
@@ -171,7 +176,7 @@ pub fn clone_id_ok(id: &[u8]) -> bool {
     !id.is_empty() && id.len() <= MAX_CLONE_ID_LEN && id.iter().all(|b| b.is_ascii_graphic())
 }
 
-/// What the cluster decided here that others may want to know: whoever listens
+/// What the servers decided here that others may want to know: whoever listens
 /// (`subscribe_news`; with `[cluster]`, the shared store's link, which tells the other
 /// dispatchers) hears it. The cluster knows nothing of who that is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -184,7 +189,7 @@ pub enum News {
     Operator { backend: String, op: Operator },
 }
 
-pub struct Cluster {
+pub struct Servers {
     pub backends: Vec<Backend>,
     /// The in-memory mirror the request path reads (no syscall per request).
     clones: RwLock<HashMap<u64, CloneEntry>>,
@@ -202,18 +207,18 @@ pub struct Cluster {
     conflict_log: Arc<crate::ratelimit::PerKey>,
     /// `http.max_connections_per_backend` the `conn_limit`s were made with.
     conn_limit: usize,
-    /// The cluster a reload replaced this one with: what this one still learns while its
+    /// The servers a reload replaced this one with: what this one still learns while its
     /// connections drain is passed on.
     /// (Held strongly: a successor that finished draining first must still receive; a
-    /// successor never points back, so the chain goes with its oldest cluster.)
-    successor: Mutex<Option<Arc<Cluster>>>,
+    /// successor never points back, so the chain goes with its oldest servers.)
+    successor: Mutex<Option<Arc<Servers>>>,
     /// The origin of the backends' `failed_at`.
     epoch: std::time::Instant,
     /// How long held requests waited, whatever the outcome.
     pub hold_time: Histogram,
 }
 
-impl Cluster {
+impl Servers {
     /// `health` (up, suspect, down) and `admin` (0, drain, disabled) per backend; missing
     /// entries are up and without an operator's state.
     pub fn new(
@@ -221,7 +226,7 @@ impl Cluster {
         health: &[Health],
         admin: &[Operator],
         clones_map: Option<BpfHashMap<MapData, u64, CloneValue>>,
-    ) -> Cluster {
+    ) -> Servers {
         let backends = cfg
             .backends
             .iter()
@@ -270,7 +275,7 @@ impl Cluster {
                 CloneEntry { owner: p.primary, replica: p.replica, configured: true },
             );
         }
-        let cluster = Cluster {
+        let servers = Servers {
             backends,
             clones: RwLock::new(table),
             clones_map: Mutex::new(clones_map),
@@ -284,9 +289,9 @@ impl Cluster {
             epoch: std::time::Instant::now(),
             hold_time: Histogram::default(),
         };
-        cluster.adopt_learned();
-        cluster.rewrite_all_clones();
-        cluster
+        servers.adopt_learned();
+        servers.rewrite_all_clones();
+        servers
     }
 
     /// Entries an earlier agent learned and left in the pinned CLONES map: a restarted
@@ -412,7 +417,7 @@ impl Cluster {
         self.news.lock().unwrap().is_some()
     }
 
-    /// Where its news goes from now on, and its successors' (a reload's cluster keeps the
+    /// Where its news goes from now on, and its successors' (a reload's servers keeps the
     /// listener).
     pub fn subscribe_news(&self) -> tokio::sync::mpsc::UnboundedReceiver<News> {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
@@ -493,7 +498,7 @@ impl Cluster {
         at != 0 && at > t.saturating_duration_since(self.epoch).as_nanos() as u64 + 1
     }
 
-    /// Hands the CLONES map over (to the cluster that replaces this one on reload).
+    /// Hands the CLONES map over (to the servers that replaces this one on reload).
     pub fn take_clones_map(&self) -> Option<BpfHashMap<MapData, u64, CloneValue>> {
         self.clones_map.lock().unwrap().take()
     }
@@ -511,15 +516,15 @@ impl Cluster {
         }
     }
 
-    /// The cluster that replaces `old` on a reload (ids kept by name): built before it
+    /// The servers that replace `old` on a reload (ids kept by name): built before it
     /// serves a request, with `old`'s learned (not configured) clone table, so that no
     /// request with a learned clone ID is balanced for want of its entry; the same counters
     /// and, per backend, the same connection gauge and limit and the same `maxconn`
     /// slots (no limit is doubled while `old` drains; the new limits come with
     /// `apply_limits`). What `old` learns meanwhile is passed on. The CLONES map follows
-    /// with `adopt_map` once this cluster takes over.
-    pub fn successor_of(cfg: &Config, health: &[Health], admin: &[Operator], old: &Arc<Cluster>) -> Arc<Cluster> {
-        let mut c = Cluster::new(cfg, health, admin, None);
+    /// with `adopt_map` once this servers takes over.
+    pub fn successor_of(cfg: &Config, health: &[Health], admin: &[Operator], old: &Arc<Servers>) -> Arc<Servers> {
+        let mut c = Servers::new(cfg, health, admin, None);
         c.counters = old.counters.clone();
         c.conflict_log = old.conflict_log.clone();
         *c.news.lock().unwrap() = old.news.lock().unwrap().clone();
@@ -555,7 +560,7 @@ impl Cluster {
         c
     }
 
-    fn inherit(&self, old: &Cluster) {
+    fn inherit(&self, old: &Servers) {
         let learned: Vec<(u64, CloneEntry)> =
             old.clones.read().unwrap().iter().filter(|(_, e)| !e.configured).map(|(k, e)| (*k, *e)).collect();
         {
@@ -567,7 +572,7 @@ impl Cluster {
             }
         }
         // Ids are kept by name across a reload: per-backend totals go on (added: whatever
-        // this cluster counted already stays counted).
+        // this servers counted already stays counted).
         for (new, old) in self.backends.iter().zip(&old.backends) {
             for (to, from) in [(&new.requests, &old.requests), (&new.errors, &old.errors)] {
                 to.fetch_add(from.load(Ordering::Relaxed), Ordering::Relaxed);
@@ -575,9 +580,9 @@ impl Cluster {
         }
     }
 
-    /// Takes the CLONES map over from `old` and writes this cluster's table into it
+    /// Takes the CLONES map over from `old` and writes this servers's table into it
     /// (the configured entries a reload added, the replicas it changed).
-    pub fn adopt_map(&self, old: &Cluster) {
+    pub fn adopt_map(&self, old: &Servers) {
         *self.clones_map.lock().unwrap() = old.take_clones_map();
         self.rewrite_all_clones();
     }
@@ -748,7 +753,7 @@ mod tests {
     #[test]
     fn the_clone_table_is_bounded_by_the_map() {
         let cfg = Config::parse(CFG, "t").unwrap();
-        let c = Cluster::new(&cfg, &[], &[], None);
+        let c = Servers::new(&cfg, &[], &[], None);
         for k in 0..MAX_CLONES {
             assert_eq!(c.learn(format!("c{k}").as_bytes(), (k % 2) as usize), Learned::New);
         }
@@ -758,7 +763,7 @@ mod tests {
         assert_eq!(c.counters.clones_full.load(Ordering::Relaxed), 2);
         assert_eq!(c.owner(b"one-more"), None);
         assert_eq!(c.learn(b"c7", 1), Learned::Known, "a known ID still routes");
-        let c = Cluster::new(&cfg, &[], &[], None);
+        let c = Servers::new(&cfg, &[], &[], None);
         assert_eq!(c.learn(&[b'x'; MAX_CLONE_ID_LEN + 1], 0), Learned::Refused);
         assert_eq!(c.learn(b"bad id", 0), Learned::Refused);
         assert!(!c.adopt_shared_clone(b"", 0));
@@ -790,7 +795,7 @@ mod tests {
             .with_max_level(tracing::Level::WARN)
             .finish();
         let cfg = Config::parse(CFG, "t").unwrap();
-        let c = Cluster::new(&cfg, &[], &[], None);
+        let c = Servers::new(&cfg, &[], &[], None);
         assert_eq!(c.learn(b"LN-a", 0), Learned::New);
         tracing::subscriber::with_default(subscriber, || {
             for _ in 0..40 {
@@ -804,13 +809,13 @@ mod tests {
         assert_eq!(warned, 1, "40 claims within 10 s, one warning:\n{text}");
     }
 
-    /// Its news reaches whoever listens, and a reload's cluster keeps the listener: a
+    /// Its news reaches whoever listens, and a reload's servers keeps the listener: a
     /// clone ID learned (once: not again when passed on to the successor), a verdict to or
     /// from down (not suspect), an operator's command given here (not the store's word).
     #[test]
     fn news_goes_to_the_listener_and_follows_a_reload() {
         let cfg = Config::parse(CFG, "t").unwrap();
-        let c = Arc::new(Cluster::new(&cfg, &[], &[], None));
+        let c = Arc::new(Servers::new(&cfg, &[], &[], None));
         assert!(!c.shared());
         let mut news = c.subscribe_news();
         assert!(c.shared());
@@ -832,7 +837,7 @@ mod tests {
                 News::Verdicts,
             ]
         );
-        let next = Cluster::successor_of(&cfg, &[], &[], &c);
+        let next = Servers::successor_of(&cfg, &[], &[], &c);
         c.learn(b"cB", 1);
         assert_eq!(next.owner(b"cB"), Some((1, Some(0))), "passed on");
         next.learn(b"cC", 0);
@@ -851,7 +856,7 @@ mod tests {
     #[test]
     fn a_failure_outdates_the_checks_begun_before_it() {
         let cfg = Config::parse(CFG, "t").unwrap();
-        let c = Cluster::new(&cfg, &[], &[], None);
+        let c = Servers::new(&cfg, &[], &[], None);
         let before = std::time::Instant::now();
         assert!(!c.failed_since(0, before), "no failure yet");
         std::thread::sleep(std::time::Duration::from_millis(2));
@@ -866,16 +871,16 @@ mod tests {
     #[test]
     fn a_successor_learns_what_its_predecessor_still_learns() {
         let cfg = Config::parse(CFG, "t").unwrap();
-        let old = Arc::new(Cluster::new(&cfg, &[], &[], None));
+        let old = Arc::new(Servers::new(&cfg, &[], &[], None));
         old.learn(b"early", 0);
-        let new = Cluster::successor_of(&cfg, &[], &[], &old);
+        let new = Servers::successor_of(&cfg, &[], &[], &old);
         assert_eq!(new.owner(b"early"), Some((0, Some(1))));
         old.learn(b"late", 1);
         assert_eq!(new.owner(b"late"), Some((1, Some(0))), "learned by the draining cluster, passed on");
         assert_eq!(new.counters.learned.load(Ordering::Relaxed), 2, "shared counters, each learning once");
         assert!(Arc::ptr_eq(&new.backends[0].conn_limit, &old.backends[0].conn_limit), "one limit while draining");
-        // A second reload: the first successor may be gone before the oldest cluster is.
-        let newer = Cluster::successor_of(&cfg, &[], &[], &new);
+        // A second reload: the first successor may be gone before the oldest servers is.
+        let newer = Servers::successor_of(&cfg, &[], &[], &new);
         drop(new);
         old.learn(b"later", 0);
         assert_eq!(newer.owner(b"later"), Some((0, Some(1))), "passed along the chain");
@@ -888,8 +893,8 @@ mod tests {
     #[test]
     fn every_return_ramps_up_and_a_suspicion_alone_does_not() {
         let cfg = Config::parse(CFG, "t").unwrap();
-        let ramping = |c: &Cluster| c.backends[0].ramp_since.load(Ordering::SeqCst) != 0;
-        let c = Cluster::new(&cfg, &[], &[], None);
+        let ramping = |c: &Servers| c.backends[0].ramp_since.load(Ordering::SeqCst) != 0;
+        let c = Servers::new(&cfg, &[], &[], None);
         c.set_health(0, Health::Suspect);
         c.set_health(0, Health::Up);
         assert!(!ramping(&c), "never left");
@@ -899,9 +904,9 @@ mod tests {
         c.set_health(0, Health::Up);
         assert!(ramping(&c), "down, suspect, up: back");
         // Retired by a reload (disabled), then configured again by the next.
-        let old = Arc::new(Cluster::new(&cfg, &[Health::Up; 2], &[Operator::Disabled, Operator::None], None));
+        let old = Arc::new(Servers::new(&cfg, &[Health::Up; 2], &[Operator::Disabled, Operator::None], None));
         assert!(!ramping(&old));
-        let back = Cluster::successor_of(&cfg, &[Health::Up; 2], &[Operator::None; 2], &old);
+        let back = Servers::successor_of(&cfg, &[Health::Up; 2], &[Operator::None; 2], &old);
         assert!(ramping(&back), "re-added by a reload: ramps up");
         assert_eq!(back.backends[1].ramp_since.load(Ordering::SeqCst), 0, "the other one never left");
     }

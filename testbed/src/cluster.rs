@@ -58,7 +58,7 @@ pub struct Multi {
     pub tb: Testbed,
     pub etcd: Vec<Ns>,
     pub dispatchers: Vec<Dispatcher>,
-    pub clones: Arc<crate::websphere::Cluster>,
+    pub clones: Arc<crate::websphere::Clones>,
     pub key_prefix: String,
     /// Lines added to every dispatcher's `[cluster]` section, and sections after the VIPs
     /// (set before `add_dispatcher`).
@@ -117,7 +117,7 @@ impl Multi {
             tb,
             etcd,
             dispatchers: Vec::new(),
-            clones: crate::websphere::Cluster::new(clones),
+            clones: crate::websphere::Clones::new(clones),
             key_prefix,
             // Each client reaches its own dispatcher (no router here): nothing to steer.
             // `ecmp::Ecmp` puts them behind a router and turns steering on.

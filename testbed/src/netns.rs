@@ -564,14 +564,14 @@ impl Testbed {
     }
 
     /// Every backend runs a WebSphere-like clone (`websphere::serve`) on `port`.
-    pub fn start_websphere(&mut self, cluster: &Arc<crate::websphere::Cluster>, port: u16) {
+    pub fn start_websphere(&mut self, cluster: &Arc<crate::websphere::Clones>, port: u16) {
         for i in 0..self.backends.len() {
             self.start_websphere_on(cluster, i, port);
         }
     }
 
     /// Backend `i` runs its clone (again, after `kill_servers_of`).
-    pub fn start_websphere_on(&mut self, cluster: &Arc<crate::websphere::Cluster>, i: usize, port: u16) {
+    pub fn start_websphere_on(&mut self, cluster: &Arc<crate::websphere::Clones>, i: usize, port: u16) {
         let c = cluster.clone();
         self.spawn_task(i, move |stop| crate::websphere::serve(c, i, port, stop));
         std::thread::sleep(Duration::from_millis(50));

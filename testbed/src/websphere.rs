@@ -50,7 +50,7 @@ pub enum IdStyle {
     JvmRoute,
 }
 
-pub struct Cluster {
+pub struct Clones {
     pub clone_ids: Vec<String>,
     style: IdStyle,
     peers: Vec<Option<usize>>,
@@ -71,16 +71,16 @@ pub struct Cluster {
     pub plain: Mutex<Vec<usize>>,
 }
 
-impl Cluster {
+impl Clones {
     /// `n` clones, paired 0-1, 2-3, ... as peer replicas.
-    pub fn new(n: usize) -> Arc<Cluster> {
-        Cluster::with_ids((0..n).map(|i| format!("clone{i}x")).collect(), IdStyle::WebSphere)
+    pub fn new(n: usize) -> Arc<Clones> {
+        Clones::with_ids((0..n).map(|i| format!("clone{i}x")).collect(), IdStyle::WebSphere)
     }
 
     /// One clone per ID (its clone ID or jvmRoute), paired as `new`'s.
-    pub fn with_ids(clone_ids: Vec<String>, style: IdStyle) -> Arc<Cluster> {
+    pub fn with_ids(clone_ids: Vec<String>, style: IdStyle) -> Arc<Clones> {
         let n = clone_ids.len();
-        Arc::new(Cluster {
+        Arc::new(Clones {
             clone_ids,
             style,
             peers: (0..n).map(|i| if i ^ 1 < n { Some(i ^ 1) } else { None }).collect(),
@@ -245,7 +245,7 @@ impl Cluster {
 }
 
 /// Serves HTTP/1.1 with keep-alive on `port` as clone `me` until `stop`.
-pub fn serve(cluster: Arc<Cluster>, me: usize, port: u16, stop: Arc<AtomicBool>) {
+pub fn serve(cluster: Arc<Clones>, me: usize, port: u16, stop: Arc<AtomicBool>) {
     let listener = TcpListener::bind(("0.0.0.0", port)).expect("bind the clone's port");
     listener.set_nonblocking(true).unwrap();
     let mut conns: Vec<JoinHandle<()>> = Vec::new();
@@ -265,7 +265,7 @@ pub fn serve(cluster: Arc<Cluster>, me: usize, port: u16, stop: Arc<AtomicBool>)
     }
 }
 
-fn connection(cluster: &Cluster, me: usize, s: TcpStream, stop: &AtomicBool) {
+fn connection(cluster: &Clones, me: usize, s: TcpStream, stop: &AtomicBool) {
     s.set_nonblocking(false).unwrap();
     s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
     let _ = s.set_nodelay(true);

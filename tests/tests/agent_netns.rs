@@ -153,7 +153,7 @@ fn a_restart_matches_backends_by_name_not_position() {
     const APP: &str = "10.99.100.9";
     let mut tb = Testbed::new(4, &[VIP, APP]);
     tb.add_local_vip(APP);
-    let clones = dispatcher_testbed::websphere::Cluster::new(4);
+    let clones = dispatcher_testbed::websphere::Clones::new(4);
     tb.start_websphere(&clones, 9080);
     tb.start_servers(&[80], &[]);
     let vips = format!(

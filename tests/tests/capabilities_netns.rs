@@ -71,11 +71,11 @@ fn cap_eff(pid: u32) -> u64 {
 
 /// A testbed with `n` backends serving both VIPs (L4 line servers on 80, clones on 8080)
 /// and the agent's configuration.
-fn served_bed(n: usize) -> (Testbed, std::sync::Arc<websphere::Cluster>, std::path::PathBuf) {
+fn served_bed(n: usize) -> (Testbed, std::sync::Arc<websphere::Clones>, std::path::PathBuf) {
     let mut tb = Testbed::new(n, &[VIP, HTTP_VIP]);
     tb.add_local_vip(HTTP_VIP);
     tb.start_servers(&[80], &[]);
-    let app = websphere::Cluster::new(n);
+    let app = websphere::Clones::new(n);
     tb.start_websphere(&app, 8080);
     let path = config(&tb);
     (tb, app, path)

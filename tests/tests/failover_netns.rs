@@ -101,20 +101,20 @@ impl Load {
     }
 }
 
-fn bed(n: usize) -> (Testbed, Arc<websphere::Cluster>, SocketAddr, String) {
+fn bed(n: usize) -> (Testbed, Arc<websphere::Clones>, SocketAddr, String) {
     bed_with(n, "")
 }
 
 /// `vip`: more lines for the VIP.
-fn bed_with(n: usize, vip: &str) -> (Testbed, Arc<websphere::Cluster>, SocketAddr, String) {
-    let cluster = websphere::Cluster::new(n);
+fn bed_with(n: usize, vip: &str) -> (Testbed, Arc<websphere::Clones>, SocketAddr, String) {
+    let cluster = websphere::Clones::new(n);
     let (tb, addr, cfg) = bed_for(&cluster, vip, false);
     (tb, cluster, addr, cfg)
 }
 
 /// A testbed serving `cluster`; `configured`: each backend's clone ID is in the
 /// configuration (else the agent learns them from `Set-Cookie`).
-fn bed_for(cluster: &Arc<websphere::Cluster>, vip: &str, configured: bool) -> (Testbed, SocketAddr, String) {
+fn bed_for(cluster: &Arc<websphere::Clones>, vip: &str, configured: bool) -> (Testbed, SocketAddr, String) {
     let n = cluster.clone_ids.len();
     let mut tb = Testbed::new(n, &[VIP]);
     tb.add_local_vip(VIP);
@@ -135,7 +135,7 @@ fn bed_for(cluster: &Arc<websphere::Cluster>, vip: &str, configured: bool) -> (T
 }
 
 /// No session was served by a clone other than its first owner or that owner's peer.
-fn assert_no_misroute(cluster: &websphere::Cluster) {
+fn assert_no_misroute(cluster: &websphere::Clones) {
     let m = cluster.misroutes();
     assert!(m.is_empty(), "{m:?}");
 }
@@ -245,7 +245,7 @@ fn a_killed_clone_hands_its_sessions_to_its_replica() {
 
 /// Load, clone 0 killed: its sessions must continue on clone 1 (its replica) with their
 /// data, and no session may reach a third clone.
-fn first_clone_killed_under_load(tb: &mut Testbed, cluster: &Arc<websphere::Cluster>, addr: SocketAddr) {
+fn first_clone_killed_under_load(tb: &mut Testbed, cluster: &Arc<websphere::Clones>, addr: SocketAddr) {
     let load = start_load(tb, addr, 8);
     std::thread::sleep(Duration::from_millis(1500));
     tb.kill_servers_of(0);
@@ -274,7 +274,7 @@ fn first_clone_killed_under_load(tb: &mut Testbed, cluster: &Arc<websphere::Clus
 #[test]
 fn jvm_route_sessions_stick_and_fail_over_to_the_replica() {
     let routes = (0..4).map(|i| format!("tomcat{i}")).collect();
-    let cluster = websphere::Cluster::with_ids(routes, websphere::IdStyle::JvmRoute);
+    let cluster = websphere::Clones::with_ids(routes, websphere::IdStyle::JvmRoute);
     let (mut tb, addr, _) = bed_for(&cluster, "session_format = \"jvmroute\"\n", false);
     first_clone_killed_under_load(&mut tb, &cluster, addr);
 }
@@ -284,7 +284,7 @@ fn jvm_route_sessions_stick_and_fail_over_to_the_replica() {
 #[test]
 fn liberty_clone_ids_in_websphere_form_stick_and_fail_over() {
     let ids = (0..4).map(|i| format!("lib-{i}7f3e_Q9zK")).collect();
-    let cluster = websphere::Cluster::with_ids(ids, websphere::IdStyle::WebSphere);
+    let cluster = websphere::Clones::with_ids(ids, websphere::IdStyle::WebSphere);
     let (mut tb, addr, _) = bed_for(&cluster, "", true);
     first_clone_killed_under_load(&mut tb, &cluster, addr);
 }
@@ -395,7 +395,7 @@ fn a_flapping_clone_does_not_make_ownership_oscillate() {
 
 /// Under load from 8 clients, clone0x dies, then restarts: it takes its sessions' copies
 /// back from its peer and the checks see it up again (rise 2). What the clients saw.
-fn clone0_dies_and_returns(tb: &mut Testbed, cluster: &Arc<websphere::Cluster>, addr: SocketAddr) -> Vec<Vec<Seen>> {
+fn clone0_dies_and_returns(tb: &mut Testbed, cluster: &Arc<websphere::Clones>, addr: SocketAddr) -> Vec<Vec<Seen>> {
     let load = start_load(tb, addr, 8);
     std::thread::sleep(Duration::from_millis(1000));
     tb.kill_servers_of(0);
@@ -513,7 +513,7 @@ fn a_returning_backend_ramps_up_in_both_planes_and_gets_its_sessions_at_once() {
     const L4_VIP: &str = "10.99.100.31";
     let mut tb = Testbed::new(2, &[VIP, L4_VIP]);
     tb.add_local_vip(VIP);
-    let cluster = websphere::Cluster::new(2);
+    let cluster = websphere::Clones::new(2);
     tb.start_websphere(&cluster, PORT);
     let backends = tb.backend_config_with(&[], |i| if i == 0 { "slow_start = \"3s\"\n".into() } else { String::new() });
     let text = format!(

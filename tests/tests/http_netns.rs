@@ -21,7 +21,7 @@ fn http_testbed(
     n: usize,
     configured_clones: bool,
     http: &str,
-) -> (Testbed, std::sync::Arc<websphere::Cluster>, SocketAddr) {
+) -> (Testbed, std::sync::Arc<websphere::Clones>, SocketAddr) {
     http_testbed_with(n, configured_clones, "", http)
 }
 
@@ -31,10 +31,10 @@ fn http_testbed_with(
     configured_clones: bool,
     dispatcher: &str,
     http: &str,
-) -> (Testbed, std::sync::Arc<websphere::Cluster>, SocketAddr) {
+) -> (Testbed, std::sync::Arc<websphere::Clones>, SocketAddr) {
     let mut tb = Testbed::new(n, &[VIP]);
     tb.add_local_vip(VIP);
-    let cluster = websphere::Cluster::new(n);
+    let cluster = websphere::Clones::new(n);
     let clones = if configured_clones { cluster.clone_ids.clone() } else { Vec::new() };
     tb.start_websphere(&cluster, BACKEND_PORT);
     let text = format!(
@@ -542,7 +542,7 @@ fn an_agent_killed_hard_is_replaced_without_losing_learned_clones() {
 fn maxconn_queues_a_sessions_requests_at_its_owner_and_balances_the_rest_elsewhere() {
     let mut tb = Testbed::new(2, &[VIP]);
     tb.add_local_vip(VIP);
-    let cluster = websphere::Cluster::new(2);
+    let cluster = websphere::Clones::new(2);
     tb.start_websphere(&cluster, BACKEND_PORT);
     let backends = tb.backend_config_with(&[], |i| {
         let limits = if i == 0 { "maxconn = 2\nmaxqueue = 2\n" } else { "" };
@@ -676,7 +676,7 @@ fn maxconn_queues_a_sessions_requests_at_its_owner_and_balances_the_rest_elsewhe
 fn the_access_log_records_every_request_and_follows_rotation() {
     let mut tb = Testbed::new(2, &[VIP]);
     tb.add_local_vip(VIP);
-    let cluster = websphere::Cluster::new(2);
+    let cluster = websphere::Clones::new(2);
     tb.start_websphere(&cluster, BACKEND_PORT);
     let log = tb.workdir.join("access.log");
     let (instance, backends) = (tb.instance().to_string(), tb.backend_config_with_clones(&[], &cluster.clone_ids));
@@ -799,10 +799,10 @@ fn the_access_log_records_every_request_and_follows_rotation() {
 fn cookie_bed(
     n: usize,
     backends: impl Fn(String) -> String,
-) -> (Testbed, std::sync::Arc<websphere::Cluster>, SocketAddr) {
+) -> (Testbed, std::sync::Arc<websphere::Clones>, SocketAddr) {
     let mut tb = Testbed::new(n, &[VIP]);
     tb.add_local_vip(VIP);
-    let cluster = websphere::Cluster::new(n);
+    let cluster = websphere::Clones::new(n);
     tb.start_websphere(&cluster, BACKEND_PORT);
     let text = format!(
         "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[health]\npath = \"/health\"\ninterval = \"200ms\"\n\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = {PORT}\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\ninsert_cookie = \"SRV\"\n",

@@ -51,7 +51,7 @@ fn config(tb: &Testbed, backends: &[(usize, Option<usize>, u32)], members: &[usi
 fn reload_under_load_refuses_nothing_and_keeps_sessions() {
     let mut tb = Testbed::new(4, &[VIP]);
     tb.add_local_vip(VIP);
-    let cluster = websphere::Cluster::new(4);
+    let cluster = websphere::Clones::new(4);
     tb.start_websphere(&cluster, PORT);
     let path = tb.write_config(&config(&tb, &[(0, Some(1), 100), (1, Some(0), 100)], &[0, 1]));
     let cfg = path.to_str().unwrap().to_string();

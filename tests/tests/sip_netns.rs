@@ -137,7 +137,7 @@ fn a_converged_applications_sip_and_http_fail_over_together() {
     tb.add_local_vip(HTTP_VIP);
     let sip = SipCluster::new(4);
     tb.start_sip(&sip, VIP, 5060);
-    let http = websphere::Cluster::new(4);
+    let http = websphere::Clones::new(4);
     tb.start_websphere(&http, 8080);
     // Logical names configured (the health checks are HTTP's here).
     let backends = tb.backend_config_with(&[], |i| {

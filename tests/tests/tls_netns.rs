@@ -23,7 +23,7 @@ const BACKEND_PORT: u16 = 8080;
 
 struct Bed {
     tb: Testbed,
-    cluster: Arc<websphere::Cluster>,
+    cluster: Arc<websphere::Clones>,
     pki: Pki,
     /// The configuration file.
     cfg: String,
@@ -34,7 +34,7 @@ struct Bed {
 fn https_testbed(n: usize, pki_setup: impl FnOnce(&Pki) -> (String, String), http: &str) -> Bed {
     let mut tb = Testbed::new(n, &[VIP]);
     tb.add_local_vip(VIP);
-    let cluster = websphere::Cluster::new(n);
+    let cluster = websphere::Clones::new(n);
     tb.start_websphere(&cluster, BACKEND_PORT);
     let pki = Pki::new(&tb.workdir);
     let (tls, more) = pki_setup(&pki);

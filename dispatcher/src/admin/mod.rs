@@ -35,7 +35,7 @@ use crate::http1::{
     closing_answer,
     head::{parse_request, HeadLimits},
 };
-use crate::{config::Config, control::AdminCommand, dataplane::tables::Tables, state::Cluster};
+use crate::{config::Config, control::AdminCommand, dataplane::tables::Tables, state::Servers};
 use dispatcher_common::Operator;
 
 pub struct Admin {
@@ -55,9 +55,9 @@ pub struct Admin {
 }
 
 impl Admin {
-    fn current(&self) -> (Arc<Config>, Arc<Cluster>, mpsc::UnboundedSender<AdminCommand>) {
+    fn current(&self) -> (Arc<Config>, Arc<Servers>, mpsc::UnboundedSender<AdminCommand>) {
         let l = self.live.read().unwrap();
-        (l.cfg.clone(), l.cluster.clone(), l.commands.clone())
+        (l.cfg.clone(), l.servers.clone(), l.commands.clone())
     }
 
     fn capacity(&self) -> Arc<crate::capacity::Capacity> {
@@ -68,7 +68,7 @@ impl Admin {
 /// What a reload replaces.
 pub struct Live {
     pub cfg: Arc<Config>,
-    pub cluster: Arc<Cluster>,
+    pub servers: Arc<Servers>,
     /// The request path's capacity and per-VIP counts (`capacity::Capacity`).
     pub capacity: Arc<crate::capacity::Capacity>,
     pub commands: mpsc::UnboundedSender<AdminCommand>,
@@ -428,8 +428,8 @@ async fn backend_command<S: AsyncWrite + Unpin>(
     name: &str,
     action: &str,
 ) -> std::io::Result<()> {
-    let (_, cluster, commands) = admin.current();
-    let Some(b) = cluster.backends.iter().position(|x| x.name == name) else {
+    let (_, servers, commands) = admin.current();
+    let Some(b) = servers.backends.iter().position(|x| x.name == name) else {
         return respond(s, 404, "application/json", &err(format!("no backend named {name}"))).await;
     };
     let op = match action {

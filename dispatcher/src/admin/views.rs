@@ -11,7 +11,7 @@ use crate::{
     capacity::{Capacity, VipStats},
     config::{Config, Vip, VipMode},
     metrics::{Exposition, Family},
-    state::{Backend, Cluster},
+    state::{Backend, Servers},
 };
 
 fn tls_status(t: &crate::tls::server::TlsStats) -> TlsStatus {
@@ -138,7 +138,7 @@ const SOURCES_UNTRACKED: Family = Family::counter(
 const CLONE_TABLE_ENTRIES: Family = Family::gauge("dispatcher_clone_table_entries", "Entries in the clone table.");
 
 /// The per-source connection table and the clone table.
-fn clients_and_clones(o: &mut Exposition, c: &Cluster, cap: &Capacity) {
+fn clients_and_clones(o: &mut Exposition, c: &Servers, cap: &Capacity) {
     o.single(&SOURCES_TRACKED, cap.sources.tracked());
     o.single(&SOURCES_UNTRACKED, cap.sources.untracked.load(Ordering::Relaxed));
     o.single(&CLONE_TABLE_ENTRIES, c.clone_count());
@@ -168,7 +168,7 @@ const BACKEND_RESPONSE_SECONDS: Family =
     Family::histogram("dispatcher_backend_response_seconds", "Time to the response head, per backend.");
 
 /// Each backend's state, requests, errors, connections and latency.
-fn backends(o: &mut Exposition, c: &Cluster) {
+fn backends(o: &mut Exposition, c: &Servers) {
     for (family, value) in &BACKEND_SERIES {
         o.family(family);
         for b in &c.backends {
@@ -200,7 +200,7 @@ const QUEUE_SECONDS: Family =
     Family::histogram("dispatcher_backend_queue_seconds", "How long queued requests waited for a slot.");
 
 /// `maxconn` and its queue (backends without a limit have no such series).
-fn queues(o: &mut Exposition, c: &Cluster) {
+fn queues(o: &mut Exposition, c: &Servers) {
     let limited: Vec<_> = c.backends.iter().filter(|b| b.slots.max().is_some()).collect();
     if limited.is_empty() {
         return;
@@ -449,7 +449,7 @@ const CLUSTER_BACKEND_OUT: Family = Family::gauge(
 );
 
 /// `[cluster]`: the shared store and the shared rule.
-fn cluster_section(o: &mut Exposition, s: &crate::api::ClusterStatus, c: &Cluster) {
+fn cluster_section(o: &mut Exposition, s: &crate::api::ClusterStatus, c: &Servers) {
     for (family, value) in &CLUSTER_SERIES {
         o.single(family, value(s));
     }
@@ -475,7 +475,7 @@ mod tests {
     #[test]
     fn the_sections_make_one_valid_exposition() {
         let cfg = Config::parse(CFG, "t").unwrap();
-        let c = Cluster::new(&cfg, &[], &[], None);
+        let c = Servers::new(&cfg, &[], &[], None);
         c.backends[0].requests.store(7, Ordering::Relaxed);
         c.counters.affinity_hits.store(3, Ordering::Relaxed);
         let mut o = Exposition::default();

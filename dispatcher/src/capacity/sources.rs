@@ -10,7 +10,7 @@
 //! its source holds no connection and its rate bucket is full again (within a second of
 //! its last connection), and a full shard takes no new source (the connection is let
 //! through untracked, counted: the global cap still holds). One table serves every worker
-//! and a reload's successor (`Cluster::successor_of`), so the counts include the
+//! and a reload's successor (`Servers::successor_of`), so the counts include the
 //! connections still draining.
 
 use std::{

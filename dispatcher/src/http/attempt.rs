@@ -92,7 +92,7 @@ impl SendFail {
     /// What the failure says of `backend` (its health, its idle connections) and of this
     /// host (the counters, the log).
     pub fn blame(&self, ctx: &VipCtx, backend: usize) {
-        let c = &ctx.cluster;
+        let c = &ctx.servers;
         match self {
             SendFail::Answered | SendFail::Bad(_) => {}
             SendFail::Unreachable(e) if e.is_busy() => {
@@ -233,7 +233,7 @@ pub async fn send<R: AsyncRead + Unpin>(
 ) -> Result<Reply, SendFail> {
     let Downstream { client, w, scratch, out } = down;
     let s = &ctx.settings;
-    let be = &ctx.cluster.backends[backend];
+    let be = &ctx.servers.backends[backend];
     let pool = ctx.pools[backend].as_ref().ok_or(SendFail::Answered)?;
     // A body read ahead into the retry buffer is sent like part of the head: nothing of
     // the client's stream is consumed by an attempt, so it can be replayed.

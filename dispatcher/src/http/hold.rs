@@ -34,7 +34,7 @@ pub enum HoldEnd {
 /// Waits (no polling, no backend connection held) until backend `b` changes state, the
 /// deadline passes, or the client goes away.
 pub async fn hold<R: AsyncRead + Unpin>(ctx: &VipCtx, b: usize, client: &mut Inbound<R>, deadline: Instant) -> HoldEnd {
-    let be = &ctx.cluster.backends[b];
+    let be = &ctx.servers.backends[b];
     wait_for(ctx, &be.changed, || be.state() != dispatcher_common::BackendState::Suspect, client, deadline).await
 }
 
@@ -44,7 +44,7 @@ pub async fn hold<R: AsyncRead + Unpin>(ctx: &VipCtx, b: usize, client: &mut Inb
 pub async fn await_shared<R: AsyncRead + Unpin>(ctx: &VipCtx, client: &mut Inbound<R>, deadline: Instant) -> HoldEnd {
     let mut first = true;
     // Ready on the first wake-up: the caller routes again and comes back if still unknown.
-    wait_for(ctx, &ctx.cluster.clones_changed, || !std::mem::replace(&mut first, false), client, deadline).await
+    wait_for(ctx, &ctx.servers.clones_changed, || !std::mem::replace(&mut first, false), client, deadline).await
 }
 
 /// The wait both share: `ready` is asked before every sleep (the notification is armed
@@ -56,7 +56,7 @@ async fn wait_for<R: AsyncRead + Unpin>(
     client: &mut Inbound<R>,
     deadline: Instant,
 ) -> HoldEnd {
-    let c = &ctx.cluster;
+    let c = &ctx.servers;
     if c.counters.held_now.fetch_add(1, Ordering::SeqCst) >= ctx.settings.max_held as u64 {
         c.counters.held_now.fetch_sub(1, Ordering::SeqCst);
         c.counters.hold_refused.fetch_add(1, Ordering::Relaxed);

@@ -53,7 +53,7 @@ use crate::{
     },
     config::{Config, Vip},
     http1::head::HeadLimits,
-    state::Cluster,
+    state::Servers,
     steering::Ownership,
     tls::{server::ServerTls, upstream::BackendTls},
 };
@@ -195,7 +195,7 @@ fn vip_shared(
 /// What one worker serves: a context (own pools) and a listener per HTTP VIP.
 fn worker_vips(
     cfg: &Config,
-    cluster: &Arc<Cluster>,
+    servers: &Arc<Servers>,
     capacity: &Arc<Capacity>,
     shared: &[VipShared],
     mut inherited: Sockets,
@@ -208,7 +208,7 @@ fn worker_vips(
             .map(|b| {
                 v.backends.contains(&b).then(|| {
                     let addr = SocketAddr::new(cfg.backends[b].address.into(), h.backend_port);
-                    let be = &cluster.backends[b];
+                    let be = &servers.backends[b];
                     let budget = capacity.idle_budget.clone();
                     let tls = sh.backend_tls[b].clone();
                     Pool::new(addr, &cfg.http, be.connections.clone(), be.conn_limit.clone(), budget, tls)
@@ -220,7 +220,7 @@ fn worker_vips(
             vip_index,
             route: sh.route.clone(),
             pools,
-            cluster: cluster.clone(),
+            servers: servers.clone(),
             capacity: capacity.clone(),
             settings: cfg.http.clone(),
             limits: HeadLimits { max_bytes: cfg.http.max_header_bytes, max_headers: cfg.http.max_headers },
@@ -249,7 +249,7 @@ async fn accept_loop(
     caps: Caps,
     mine: Arc<AtomicUsize>,
 ) {
-    let counters = &ctx.cluster.counters;
+    let counters = &ctx.servers.counters;
     let vip_conns = &ctx.capacity.vips[ctx.vip_index].connections;
     loop {
         tokio::select! {
@@ -462,7 +462,7 @@ fn all_listening(
 struct Worker {
     index: usize,
     cfg: Config,
-    cluster: Arc<Cluster>,
+    servers: Arc<Servers>,
     capacity: Arc<Capacity>,
     shared: Vec<VipShared>,
     stop: watch::Receiver<bool>,
@@ -522,7 +522,7 @@ impl Worker {
     /// Its contexts and listeners, and a duplicate of each listener sent to the starter
     /// (for a successor to take over).
     fn listening(&self, inherited: Sockets) -> std::io::Result<Vec<(Arc<VipCtx>, TcpListener)>> {
-        let vips = worker_vips(&self.cfg, &self.cluster, &self.capacity, &self.shared, inherited)?;
+        let vips = worker_vips(&self.cfg, &self.servers, &self.capacity, &self.shared, inherited)?;
         let copies = vips
             .iter()
             .map(|(ctx, l)| {
@@ -544,7 +544,7 @@ impl HttpServer {
     /// `access_log`: where requests are logged (`None`: not logged).
     pub fn start(
         cfg: &Config,
-        cluster: Arc<Cluster>,
+        servers: Arc<Servers>,
         capacity: Arc<Capacity>,
         predecessor: Option<&HttpServer>,
         access_log: Option<&Arc<AccessLog>>,
@@ -560,7 +560,7 @@ impl HttpServer {
             let worker = Worker {
                 index,
                 cfg: cfg.clone(),
-                cluster: cluster.clone(),
+                servers: servers.clone(),
                 capacity: capacity.clone(),
                 shared: shared.clone(),
                 stop: stop.subscribe(),

@@ -36,7 +36,7 @@ use crate::http1::{
 use crate::{
     access_log::{AccessLog, Decision as LogDecision, Entry, MAX_REQUEST_LINE},
     config::{HttpSettings, Redirect, SessionFormat},
-    state::{Backend, Cluster},
+    state::{Backend, Servers},
     tls::server::ServerTls,
 };
 use dispatcher_common::BackendState;
@@ -50,7 +50,7 @@ pub struct VipCtx {
     pub route: Arc<VipRoute>,
     /// Indexed by backend id; `Some` for the VIP's members.
     pub pools: Vec<Option<Pool>>,
-    pub cluster: Arc<Cluster>,
+    pub servers: Arc<Servers>,
     /// The server generation's capacity and per-VIP counts.
     pub capacity: Arc<crate::capacity::Capacity>,
     pub settings: HttpSettings,
@@ -154,14 +154,14 @@ impl Trace {
             return;
         }
         self.backend = Some(backend);
-        let owned = |s: &session::SessionId| owned_by(&ctx.cluster, s, backend).is_some();
+        let owned = |s: &session::SessionId| owned_by(&ctx.servers, s, backend).is_some();
         self.decision = match (d, sess) {
             (Decision::Affinity(_), Some(s)) if !owned(s) => LogDecision::FailedOver,
             (Decision::Affinity(_), None) if pinned.is_some_and(|p| p != backend) => LogDecision::FailedOver,
             (Decision::Affinity(_), _) => LogDecision::Affinity,
             _ => LogDecision::Balanced,
         };
-        let c = &ctx.cluster;
+        let c = &ctx.servers;
         let by = sess.and_then(|s| {
             owned_by(c, s, backend)
                 .or_else(|| s.clones.iter().find(|id| c.owner(id).is_some_and(|(_, r)| r == Some(backend))).copied())
@@ -187,7 +187,7 @@ fn request_line(head: &RequestHead, buf: &[u8]) -> Box<[u8]> {
 }
 
 /// The session's clone ID that `backend` owns.
-fn owned_by<'a>(c: &Cluster, s: &session::SessionId<'a>, backend: usize) -> Option<&'a [u8]> {
+fn owned_by<'a>(c: &Servers, s: &session::SessionId<'a>, backend: usize) -> Option<&'a [u8]> {
     s.clones.iter().find(|id| c.owner(id).is_some_and(|(o, _)| o == backend)).copied()
 }
 
@@ -503,7 +503,7 @@ impl ClientConn {
             // Forwarded by this very process before: it came back through a backend that
             // leads here. Answered, never forwarded again (each round would take two more
             // descriptors until they run out).
-            ctx.cluster.counters.loops.fetch_add(1, Ordering::Relaxed);
+            ctx.servers.counters.loops.fetch_add(1, Ordering::Relaxed);
             crate::ratelimit::warn(
                 "forwarding loop: a request came back with this dispatcher's own Via marker (answered 508); forwarding",
                 &format_args!("VIP {}, from {peer}", ctx.host),
@@ -512,7 +512,7 @@ impl ClientConn {
         }
         let (sess, pinned) = session_of(ctx, head, buf);
         let started = Instant::now();
-        let c = &ctx.cluster;
+        let c = &ctx.servers;
         c.counters.in_flight.fetch_add(1, Ordering::Relaxed);
         let _request = Counted(&c.counters.in_flight);
         let idempotent = is_idempotent(&buf[head.method.clone()]);
@@ -629,7 +629,7 @@ impl<'c> Rounds<'c> {
         mut down: Downstream<'_, R>,
         trace: &mut Trace,
     ) -> Result<Sent<'c>, Option<Answer>> {
-        let c = &ctx.cluster;
+        let c = &ctx.servers;
         loop {
             let Some((backend, decision)) = self.choose(ctx, req, down.client, trace).await? else {
                 continue;
@@ -680,7 +680,7 @@ impl<'c> Rounds<'c> {
         client: &mut Inbound<R>,
         trace: &mut Trace,
     ) -> Result<Option<(usize, Decision)>, Option<Answer>> {
-        let (c, s) = (&ctx.cluster, &ctx.settings);
+        let (c, s) = (&ctx.servers, &ctx.settings);
         let decision = match req.pinned {
             Some(b) => ctx.route.route_pinned(c, b, self.hold_expired),
             None => ctx.route.route(c, req.sess.as_ref(), self.hold_expired, self.learn_waited),
@@ -768,7 +768,7 @@ impl<'c> Rounds<'c> {
                 if why == Refused::Left {
                     be.slots.refused_left.fetch_add(1, Ordering::Relaxed);
                 } else {
-                    ctx.cluster.counters.queue_timeouts.fetch_add(1, Ordering::Relaxed);
+                    ctx.servers.counters.queue_timeouts.fetch_add(1, Ordering::Relaxed);
                 }
                 Err(Some(Answer::queue_refused(why)))
             }
@@ -786,7 +786,7 @@ async fn respond<R: AsyncRead + Unpin>(
     trace: &mut Trace,
 ) -> Next {
     let Downstream { client, w, scratch, out } = down;
-    let (c, s, head) = (&ctx.cluster, &ctx.settings, req.head);
+    let (c, s, head) = (&ctx.servers, &ctx.settings, req.head);
     let Sent { backend, reply: (mut up, res, body_skipped), held: _held } = sent;
     let be = &c.backends[backend];
     let Some(res) = forward_interim(&mut up.r, w, res, head, &ctx.limits, scratch, s).await else {
@@ -831,7 +831,7 @@ async fn deliver_final(
     out: &mut Vec<u8>,
 ) -> Next {
     let head = req.head;
-    let be = &ctx.cluster.backends[backend];
+    let be = &ctx.servers.backends[backend];
     let pool = ctx.pools[backend].as_ref().expect("a pool for the chosen backend");
     let (close, dechunk) = closes(head, res, body_skipped, req.closing, ctx.ownership.keeps(req.steer_slot));
     build_response(out, res, res_buf, close, dechunk, head.minor == 0);
@@ -886,7 +886,7 @@ fn learn(ctx: &VipCtx, res: &ResponseHead, buf: &[u8], backend: usize) {
             if let Some(own) = id.clones.last() {
                 // Partition IDs are WebSphere's; a numeric jvmRoute is a route.
                 if format == SessionFormat::JvmRoute || !session::is_partition(own) {
-                    ctx.cluster.learn(own, backend);
+                    ctx.servers.learn(own, backend);
                 }
             }
         }

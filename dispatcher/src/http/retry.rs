@@ -1,19 +1,19 @@
-//! Retries: which requests may be replayed, and the cluster-wide budget that keeps a mass
+//! Retries: which requests may be replayed, and the dispatcher-wide budget that keeps a mass
 //! failure from doubling the survivors' load.
 
 use std::sync::atomic::Ordering;
 
 use super::Counted;
-use crate::{config::HttpSettings, state::Cluster};
+use crate::{config::HttpSettings, state::Servers};
 
 /// RFC 9110 9.2.2: methods whose repetition has the effect of one request.
 pub fn is_idempotent(method: &[u8]) -> bool {
     matches!(method, b"GET" | b"HEAD" | b"OPTIONS" | b"TRACE" | b"PUT" | b"DELETE")
 }
 
-/// The cluster-wide retry budget: retries in flight stay under a share of the requests
+/// The dispatcher-wide retry budget: retries in flight stay under a share of the requests
 /// in flight (with a floor), so a mass failure cannot double the survivors' load.
-pub fn retry_allowed(c: &Cluster, s: &HttpSettings) -> bool {
+pub fn retry_allowed(c: &Servers, s: &HttpSettings) -> bool {
     let in_flight = c.counters.in_flight.load(Ordering::Relaxed);
     let retrying = c.counters.retries_in_flight.load(Ordering::Relaxed);
     let budget = (in_flight * s.retry_budget_percent / 100).max(s.retry_budget_min);
@@ -30,8 +30,8 @@ pub struct Retries<'c> {
 
 impl<'c> Retries<'c> {
     /// Whether a failed attempt that may be replayed is made again: within the VIP's
-    /// `retries` and the cluster-wide budget (a refusal by the budget is counted).
-    pub fn again(&mut self, c: &'c Cluster, s: &HttpSettings) -> bool {
+    /// `retries` and the dispatcher-wide budget (a refusal by the budget is counted).
+    pub fn again(&mut self, c: &'c Servers, s: &HttpSettings) -> bool {
         if self.extra >= s.retries {
             return false;
         }

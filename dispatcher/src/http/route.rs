@@ -12,7 +12,7 @@ use std::{
 use dispatcher_common::BackendState;
 
 use super::session::SessionId;
-use crate::{config::Balance, state::Cluster};
+use crate::{config::Balance, state::Servers};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decision {
@@ -48,13 +48,13 @@ pub struct VipRoute {
 
 /// The owner's own answer: held while it is suspect (ownership unknown: wait, never
 /// guess), served while it keeps its sessions; `None` when it is out.
-fn owner_decision(cluster: &Cluster, owner: usize, hold_expired: bool) -> Option<Decision> {
-    let state = cluster.backends[owner].state();
+fn owner_decision(servers: &Servers, owner: usize, hold_expired: bool) -> Option<Decision> {
+    let state = servers.backends[owner].state();
     if state == BackendState::Suspect && !hold_expired {
         return Some(Decision::Hold(owner));
     }
     if state.keeps() && state != BackendState::Suspect {
-        cluster.counters.affinity_hits.fetch_add(1, Ordering::Relaxed);
+        servers.counters.affinity_hits.fetch_add(1, Ordering::Relaxed);
         return Some(Decision::Affinity(owner));
     }
     None
@@ -62,8 +62,8 @@ fn owner_decision(cluster: &Cluster, owner: usize, hold_expired: bool) -> Option
 
 /// The owner being out, its replica: held while suspect, served while up or draining,
 /// else nobody (never a third server).
-fn replica_decision(cluster: &Cluster, replica: usize, hold_expired: bool) -> Decision {
-    match cluster.backends[replica].state() {
+fn replica_decision(servers: &Servers, replica: usize, hold_expired: bool) -> Decision {
+    match servers.backends[replica].state() {
         BackendState::Suspect if !hold_expired => Decision::Hold(replica),
         BackendState::Up | BackendState::Drain => Decision::Affinity(replica),
         _ => Decision::SessionUnavailable,
@@ -95,7 +95,7 @@ impl VipRoute {
     /// waited for the shared table already (or need not): unknown clone IDs are balanced.
     pub fn route(
         &self,
-        cluster: &Cluster,
+        servers: &Servers,
         session: Option<&SessionId>,
         hold_expired: bool,
         learn_waited: bool,
@@ -107,34 +107,34 @@ impl VipRoute {
             let n = s.clones.len();
             for k in 0..n {
                 let id = &s.clones[if self.fail_back { k } else { n - 1 - k }];
-                let Some((owner, replica)) = cluster.owner(id) else { continue };
+                let Some((owner, replica)) = servers.owner(id) else { continue };
                 if !self.members.contains(&owner) {
                     continue;
                 }
-                if let Some(d) = owner_decision(cluster, owner, hold_expired) {
+                if let Some(d) = owner_decision(servers, owner, hold_expired) {
                     return d;
                 }
                 first_known.get_or_insert(replica);
             }
-            let unknown = first_known.is_none() && s.clones.iter().all(|id| cluster.owner(id).is_none());
-            if unknown && !s.clones.is_empty() && !learn_waited && cluster.shared() {
+            let unknown = first_known.is_none() && s.clones.iter().all(|id| servers.owner(id).is_none());
+            if unknown && !s.clones.is_empty() && !learn_waited && servers.shared() {
                 return Decision::AwaitShared;
             }
             if let Some(replica) = first_known {
                 // The owner is out: only its replica holds the session's data.
                 return match replica.filter(|r| self.members.contains(r)) {
-                    Some(r) => replica_decision(cluster, r, hold_expired),
+                    Some(r) => replica_decision(servers, r, hold_expired),
                     None => Decision::SessionUnavailable,
                 };
             }
         }
-        match self.balanced(cluster) {
+        match self.balanced(servers) {
             Some(b) => {
-                cluster.counters.balanced.fetch_add(1, Ordering::Relaxed);
+                servers.counters.balanced.fetch_add(1, Ordering::Relaxed);
                 Decision::Balanced(b)
             }
             None => {
-                cluster.counters.no_backend.fetch_add(1, Ordering::Relaxed);
+                servers.counters.no_backend.fetch_add(1, Ordering::Relaxed);
                 Decision::NoBackend
             }
         }
@@ -144,27 +144,27 @@ impl VipRoute {
     /// session's owner (held while suspect, its replica while it is out, never a third
     /// server while it has one); a backend without a replica in the VIP, or no longer in
     /// the VIP, gives way to balancing.
-    pub fn route_pinned(&self, cluster: &Cluster, backend: usize, hold_expired: bool) -> Decision {
+    pub fn route_pinned(&self, servers: &Servers, backend: usize, hold_expired: bool) -> Decision {
         if !self.members.contains(&backend) {
-            return self.route(cluster, None, hold_expired, true);
+            return self.route(servers, None, hold_expired, true);
         }
-        if let Some(d) = owner_decision(cluster, backend, hold_expired) {
+        if let Some(d) = owner_decision(servers, backend, hold_expired) {
             return d;
         }
-        match cluster.backends[backend].replica.filter(|r| self.members.contains(r)) {
-            Some(r) => replica_decision(cluster, r, hold_expired),
+        match servers.backends[backend].replica.filter(|r| self.members.contains(r)) {
+            Some(r) => replica_decision(servers, r, hold_expired),
             // No replica to keep its state: balanced, as HAProxy redispatches a cookie
             // whose server is down (the response's cookie names the new server).
-            None => self.route(cluster, None, hold_expired, true),
+            None => self.route(servers, None, hold_expired, true),
         }
     }
 
     /// Whether `backend` may serve a request of `session`: one of its clones' owners or
     /// their replicas (the misroute check).
-    pub fn may_serve(cluster: &Cluster, session: &SessionId, backend: usize) -> bool {
+    pub fn may_serve(servers: &Servers, session: &SessionId, backend: usize) -> bool {
         let mut known = false;
         for id in &session.clones {
-            if let Some((owner, replica)) = cluster.owner(id) {
+            if let Some((owner, replica)) = servers.owner(id) {
                 known = true;
                 if owner == backend || replica == Some(backend) {
                     return true;
@@ -174,10 +174,10 @@ impl VipRoute {
         !known
     }
 
-    fn balanced(&self, cluster: &Cluster) -> Option<usize> {
+    fn balanced(&self, servers: &Servers) -> Option<usize> {
         // Servers at their `maxconn` are passed over while another has room; when all are
         // full, the pick queues on its server as usual.
-        let any_room = self.members.iter().map(|&b| &cluster.backends[b]).any(|be| be.is_up() && be.slots.has_room());
+        let any_room = self.members.iter().map(|&b| &servers.backends[b]).any(|be| be.is_up() && be.slots.has_room());
         let eligible = |be: &crate::state::Backend| be.is_up() && (!any_room || be.slots.has_room());
         // A member ramping up after its return (`slow_start`) weighs a share of its weight.
         let now = if self.slow.is_some() { crate::metrics::mono_ns() } else { 0 };
@@ -195,7 +195,7 @@ impl VipRoute {
                 let mut total = 0i64;
                 let mut best: Option<usize> = None;
                 for (i, &b) in self.members.iter().enumerate() {
-                    let be = &cluster.backends[b];
+                    let be = &servers.backends[b];
                     if !eligible(be) {
                         continue;
                     }
@@ -217,7 +217,7 @@ impl VipRoute {
                 let mut best: Option<(usize, u64, u64)> = None;
                 for k in 0..n {
                     let i = (start + k) % n;
-                    let be = &cluster.backends[self.members[i]];
+                    let be = &servers.backends[self.members[i]];
                     let b = self.members[i];
                     if !eligible(be) {
                         continue;
@@ -269,13 +269,13 @@ port = 80
 mode = "http"
 "#;
 
-    fn setup(balance: Balance) -> (Cluster, VipRoute) {
+    fn setup(balance: Balance) -> (Servers, VipRoute) {
         let cfg = Config::parse(CFG, "t").unwrap();
-        let cluster = Cluster::new(&cfg, &[Health::Up; 3], &[Operator::None; 3], None);
-        (cluster, VipRoute::new(vec![0, 1, 2], balance, true))
+        let servers = Servers::new(&cfg, &[Health::Up; 3], &[Operator::None; 3], None);
+        (servers, VipRoute::new(vec![0, 1, 2], balance, true))
     }
 
-    fn route(c: &Cluster, r: &VipRoute, cookie: &str) -> Decision {
+    fn route(c: &Servers, r: &VipRoute, cookie: &str) -> Decision {
         r.route(c, session::parse(cookie.as_bytes()).as_ref(), false, true)
     }
 
@@ -382,7 +382,7 @@ mode = "http"
     #[tokio::test]
     async fn servers_at_maxconn_are_passed_over_until_all_are_full_but_sessions_stay() {
         let cfg = Config::parse(&CFG.replace("weight = 300", "weight = 300\nmaxconn = 1\nmaxqueue = 5"), "t").unwrap();
-        let c = Cluster::new(&cfg, &[Health::Up; 3], &[Operator::None; 3], None);
+        let c = Servers::new(&cfg, &[Health::Up; 3], &[Operator::None; 3], None);
         for balance in [Balance::RoundRobin, Balance::LeastOutstanding] {
             let r = VipRoute::new(vec![0, 1], balance, true);
             let full = c.backends[1].slots.take(std::time::Instant::now()).await.unwrap();
@@ -397,7 +397,7 @@ mode = "http"
         }
         // Every server full: the pick is made as without limits (and queues).
         let cfg = Config::parse(&CFG.replace("address = \"10.0.0.", "maxconn = 1\naddress = \"10.0.0."), "t").unwrap();
-        let c = Cluster::new(&cfg, &[Health::Up; 3], &[Operator::None; 3], None);
+        let c = Servers::new(&cfg, &[Health::Up; 3], &[Operator::None; 3], None);
         let mut _slots = Vec::new();
         for b in &c.backends {
             _slots.push(b.slots.take(std::time::Instant::now()).await.unwrap());
@@ -428,7 +428,7 @@ mode = "http"
     #[test]
     fn a_member_back_from_down_ramps_up_over_slow_start_and_its_sessions_return_at_once() {
         let cfg = Config::parse(CFG, "t").unwrap();
-        let c = Cluster::new(&cfg, &[Health::Up; 3], &[Operator::None; 3], None);
+        let c = Servers::new(&cfg, &[Health::Up; 3], &[Operator::None; 3], None);
         let slow = Duration::from_millis(400);
         let r = VipRoute::new(vec![0, 2], Balance::RoundRobin, true).with_slow_start(vec![Some(slow), Some(slow)]);
         let share = |r: &VipRoute| (0..200).filter(|_| r.route(&c, None, false, true) == Decision::Balanced(0)).count();

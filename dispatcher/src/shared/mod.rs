@@ -37,7 +37,7 @@ use tokio::sync::mpsc;
 use crate::{
     api::{ClusterStatus, MemberStatus},
     config::{ClusterSettings, Config},
-    state::Cluster,
+    state::Servers,
 };
 
 /// What this dispatcher tells the others (`[cluster]`): the cluster's news
@@ -69,7 +69,7 @@ impl From<crate::state::News> for Publish {
 }
 
 /// The configuration and the cluster state a reload may replace.
-pub type Current = Arc<RwLock<(Arc<Config>, Arc<Cluster>)>>;
+pub type Current = Arc<RwLock<(Arc<Config>, Arc<Servers>)>>;
 
 /// Writes waiting for the store that can be kept: the most learned IDs kept while the
 /// store is unreachable (the oldest are dropped beyond it, and counted).
@@ -336,10 +336,10 @@ async fn run(
 }
 
 fn set_aside_majority(inner: &Inner) {
-    let cluster = inner.current.read().unwrap().1.clone();
-    for i in 0..cluster.backends.len() {
-        if cluster.backends[i].peers_out() {
-            cluster.set_peers_out(i, false);
+    let servers = inner.current.read().unwrap().1.clone();
+    for i in 0..servers.backends.len() {
+        if servers.backends[i].peers_out() {
+            servers.set_peers_out(i, false);
         }
     }
 }
@@ -373,43 +373,43 @@ pub(crate) fn publish_peers(inner: &Inner, v: &view::View) {
 /// Applies the whole view: every backend's operator state and majority verdict, every
 /// shared clone ID (a session's start).
 fn apply_all(inner: &Inner, v: &view::View) {
-    let (cfg, cluster) = inner.current.read().unwrap().clone();
-    for i in 0..cluster.backends.len() {
-        apply_backend(&cfg, &cluster, v, i, true);
+    let (cfg, servers) = inner.current.read().unwrap().clone();
+    for i in 0..servers.backends.len() {
+        apply_backend(&cfg, &servers, v, i, true);
     }
-    let by_name = backend_index(&cluster);
+    let by_name = backend_index(&servers);
     for (id, b) in &v.clones {
         if let Some(&i) = by_name.get(b.as_str()) {
-            cluster.adopt_shared_clone(id.as_bytes(), i);
+            servers.adopt_shared_clone(id.as_bytes(), i);
         }
     }
 }
 
 /// One backend's operator state (`operator`: also that) and majority verdict.
-fn apply_backend(cfg: &Config, cluster: &Cluster, v: &view::View, i: usize, operator: bool) {
-    let name = &cluster.backends[i].name;
+fn apply_backend(cfg: &Config, servers: &Servers, v: &view::View, i: usize, operator: bool) {
+    let name = &servers.backends[i].name;
     if operator && !cfg.backends.get(i).is_some_and(|b| b.retired) {
         let op = v.operators.get(name).copied().unwrap_or(Operator::None);
-        if cluster.backends[i].operator() != op {
+        if servers.backends[i].operator() != op {
             tracing::info!(backend = %name, operator = op.name(), "operator state from the shared store");
-            cluster.set_admin_shared(i, op);
+            servers.set_admin_shared(i, op);
         }
     }
     let out = v.out_by_majority(name);
-    if cluster.backends[i].peers_out() != out {
+    if servers.backends[i].peers_out() != out {
         tracing::info!(backend = %name, out, seen_down_by = ?v.seen_down_by(name), "shared health verdict");
-        cluster.set_peers_out(i, out);
+        servers.set_peers_out(i, out);
     }
 }
 
-fn backend_index(cluster: &Cluster) -> std::collections::HashMap<&str, usize> {
-    cluster.backends.iter().enumerate().map(|(i, b)| (b.name.as_str(), i)).collect()
+fn backend_index(servers: &Servers) -> std::collections::HashMap<&str, usize> {
+    servers.backends.iter().enumerate().map(|(i, b)| (b.name.as_str(), i)).collect()
 }
 
 /// This dispatcher's member key: who it is and what its own checks see down.
 fn member_value(inner: &Inner) -> String {
-    let cluster = inner.current.read().unwrap().1.clone();
-    let down = cluster
+    let servers = inner.current.read().unwrap().1.clone();
+    let down = servers
         .backends
         .iter()
         .filter(|b| b.health() == dispatcher_common::Health::Down)

@@ -197,26 +197,26 @@ impl Session<'_> {
     /// key costs, never a copy of everything per message), then to the cluster.
     async fn watched(&mut self, resp: &etcd_client::WatchResponse) -> anyhow::Result<()> {
         let w = self.apply_events(resp);
-        let (cfg, cluster) = self.inner.current.read().unwrap().clone();
-        let by_name = backend_index(&cluster);
+        let (cfg, servers) = self.inner.current.read().unwrap().clone();
+        let by_name = backend_index(&servers);
         for (id, b) in w.clones {
             if let Some(&i) = by_name.get(b.as_str()) {
-                cluster.adopt_shared_clone(id.as_bytes(), i);
+                servers.adopt_shared_clone(id.as_bytes(), i);
             }
         }
         for id in w.gone {
-            cluster.forget_shared_clone(id.as_bytes());
+            servers.forget_shared_clone(id.as_bytes());
         }
         {
             let st = self.inner.state.lock().unwrap();
             for b in w.ops {
                 if let Some(&i) = by_name.get(b.as_str()) {
-                    apply_backend(&cfg, &cluster, &st.view, i, true);
+                    apply_backend(&cfg, &servers, &st.view, i, true);
                 }
             }
             if w.verdicts {
-                for i in 0..cluster.backends.len() {
-                    apply_backend(&cfg, &cluster, &st.view, i, false);
+                for i in 0..servers.backends.len() {
+                    apply_backend(&cfg, &servers, &st.view, i, false);
                 }
                 publish_peers(self.inner, &st.view);
             }
@@ -438,9 +438,9 @@ async fn write(inner: &Inner, client: &mut Client, p: &Publish) -> anyhow::Resul
                                     "shared clone owner",
                                     &format_args!("clone ID {id} learned for {backend} here and for {owner} elsewhere first: taking the shared owner"),
                                 );
-                                let cluster = inner.current.read().unwrap().1.clone();
-                                if let Some(&i) = backend_index(&cluster).get(owner.as_ref()) {
-                                    cluster.adopt_shared_clone(id.as_bytes(), i);
+                                let servers = inner.current.read().unwrap().1.clone();
+                                if let Some(&i) = backend_index(&servers).get(owner.as_ref()) {
+                                    servers.adopt_shared_clone(id.as_bytes(), i);
                                 }
                             }
                         }

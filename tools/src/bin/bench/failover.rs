@@ -59,7 +59,7 @@ fn config(tb: &Testbed) -> String {
 fn scenario(system: &'static str, fault: Fault, secs: u64) -> Outcome {
     let mut tb = Testbed::new(4, &[VIP]);
     tb.add_local_vip(VIP);
-    let cluster = websphere::Cluster::new(4);
+    let cluster = websphere::Clones::new(4);
     tb.start_websphere(&cluster, PORT);
     let port = if system == "dispatcher" {
         let path = tb.write_config(&config(&tb));

@@ -107,7 +107,7 @@ fn main() {
         "[2/4] backends: a line/datagram echo server (L4), a WebSphere-like clone (HTTP) and a SIP container on each"
     );
     tb.start_servers(&[80], &[(VIP, 5060)]);
-    let app = websphere::Cluster::new(BACKENDS);
+    let app = websphere::Clones::new(BACKENDS);
     tb.start_websphere(&app, 8080);
     println!("[3/4] dispatcher run --config {cfg_arg}");
     tb.start_dispatcher(&cfg_path);
@@ -510,7 +510,7 @@ fn http_client(
 
 /// From the clones' own logs: sessions served by a second clone, and requests served by
 /// a clone that was neither the session's first owner nor that owner's replica.
-fn session_moves(app: &websphere::Cluster) -> (usize, usize) {
+fn session_moves(app: &websphere::Clones) -> (usize, usize) {
     let mut first: std::collections::HashMap<String, usize> = Default::default();
     let mut moved = std::collections::HashSet::new();
     let mut misroutes = 0;
@@ -528,7 +528,7 @@ fn session_moves(app: &websphere::Cluster) -> (usize, usize) {
 }
 
 /// Sessions first served by b2 that b2 served again after its restart.
-fn returned_to_b2(app: &websphere::Cluster, since: usize) -> usize {
+fn returned_to_b2(app: &websphere::Clones, since: usize) -> usize {
     let hits = app.hits();
     let mut first: std::collections::HashMap<&str, usize> = Default::default();
     for h in &hits {
