@@ -586,3 +586,25 @@ fn a_returning_backend_ramps_up_in_both_planes_and_gets_its_sessions_at_once() {
     eprintln!("slow start: ring slots {early_slots} -> {mid_slots} -> {late_slots} of 1009; new sessions {early_sessions} then {late_sessions} of 40");
     assert_no_misroute(&cluster);
 }
+
+/// Every log line of the request path says whose it is: the VIP and the client (the
+/// connection's span) and which of the connection's requests (the request's span).
+#[test]
+fn request_path_log_lines_name_their_connection_and_request() {
+    let (mut tb, cluster, addr, _) = bed(2);
+    let mut c = Client::new(&tb.client, addr);
+    let owner = c.get("/").unwrap().field("clone").map(str::to_string);
+    let i = if owner.as_deref() == Some("clone0x") { 0 } else { 1 };
+    tb.kill_servers_of(i);
+    cluster.kill(i);
+    // The session's owner refuses: suspect at once (a warning), the replica answers.
+    assert_eq!(c.get("/").unwrap().status, 200);
+    let log = tb.log("dispatcher");
+    let line = log
+        .lines()
+        .find(|l| l.contains("backend suspect after a failed request"))
+        .unwrap_or_else(|| panic!("no suspect warning:\n{log}"));
+    assert!(line.contains("conn{vip=app client="), "no connection span: {line}");
+    assert!(line.contains("}:request{n="), "no request span: {line}");
+    assert_no_misroute(&cluster);
+}

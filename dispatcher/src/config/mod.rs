@@ -77,6 +77,69 @@ pub enum VipMode {
     Sip,
 }
 
+/// `[[farm]]`: a named group of backends that serves applications together, with its own
+/// clone IDs, replica pairs, balancing and timeouts — WebSphere's `ServerCluster` (the
+/// word "cluster" belongs to `[cluster]`, the group of dispatchers). Requests reach a farm
+/// by a `Route`; the session rules (affinity, learning, hold, replica, retry budget,
+/// misroutes) hold within it: a session cookie naming a server of another farm is
+/// balanced within the route's farm.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Farm {
+    pub name: String,
+    /// Primary servers (indexes into `Config::backends`).
+    pub servers: Vec<usize>,
+    /// Backup servers: balanced to only while none of `servers` is up (the plug-in's
+    /// `BackupServers`). A session owned by a backup stays with it while it serves.
+    pub backup_servers: Vec<usize>,
+    pub balance: Balance,
+    /// Its servers' HTTP port (a backend's own `port` comes first; `None`: the VIP's
+    /// `backend_port`).
+    pub port: Option<u16>,
+    pub fail_back: bool,
+    pub session_format: SessionFormat,
+    /// `slow_start` for its servers that set none.
+    pub slow_start: Option<Duration>,
+    /// `http.connect_timeout` for its servers (the plug-in's `ConnectTimeout`).
+    pub connect_timeout: Option<Duration>,
+    /// `http.server_timeout` for its servers (the plug-in's `ServerIOTimeout`).
+    pub io_timeout: Option<Duration>,
+    /// Made from an HTTP VIP that no route applies to, from the VIP's own `backends` and
+    /// settings (its name is the VIP's): not in the file, not shown as a farm of its own.
+    pub implicit: bool,
+}
+
+impl Farm {
+    /// Every server of the farm, primaries first.
+    pub fn members(&self) -> impl Iterator<Item = usize> + '_ {
+        self.servers.iter().chain(&self.backup_servers).copied()
+    }
+}
+
+/// `[[route]]`: requests to these virtual hosts and URIs go to `farm` (the plug-in's
+/// `Route` of a `VirtualHostGroup` and a `UriGroup` to a `ServerCluster`). Which route
+/// wins among several: `routes` (the most specific URI, then host, then file order).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Route {
+    /// The HTTP VIPs it applies to (indexes into `Config::vips`; every HTTP VIP when the
+    /// file names none).
+    pub vips: Vec<usize>,
+    /// `host[:port]` patterns (`routes::HostPattern`).
+    pub hosts: Vec<String>,
+    /// URI patterns (`routes::UriPattern`).
+    pub uris: Vec<String>,
+    /// Index into `Config::farms`.
+    pub farm: usize,
+    /// The session cookie's name (the plug-in's `AffinityCookie`; default `JSESSIONID`).
+    pub cookie: String,
+    /// The URL's session parameter (`;jsessionid=...`; the plug-in's
+    /// `AffinityURLIdentifier`; default `jsessionid`).
+    pub url_parameter: String,
+}
+
+/// The session cookie's and URL parameter's names when a route says none.
+pub const DEFAULT_SESSION_COOKIE: &str = "JSESSIONID";
+pub const DEFAULT_URL_PARAMETER: &str = "jsessionid";
+
 /// How requests without a usable session are spread.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Balance {
@@ -84,6 +147,8 @@ pub enum Balance {
     RoundRobin,
     /// Fewest requests in flight, weighted.
     LeastOutstanding,
+    /// Weighted random (the plug-in's `LoadBalance="Random"`).
+    Random,
 }
 
 /// How the application servers write the server's name into JSESSIONID (`vip.session_format`).
@@ -119,6 +184,12 @@ pub struct Config {
     pub admin_address: Option<SocketAddr>,
     pub backends: Vec<Backend>,
     pub vips: Vec<Vip>,
+    /// `[[farm]]`, then one made for each HTTP VIP that no `[[route]]` applies to (from
+    /// its own `backends` and settings: `Farm::implicit`).
+    pub farms: Vec<Farm>,
+    /// `[[route]]`, then a catch-all for each implicit farm's VIP. Every HTTP VIP has at
+    /// least one.
+    pub routes: Vec<Route>,
     pub partitions: Vec<Partition>,
     pub http: HttpSettings,
     pub health: HealthSettings,
@@ -421,6 +492,9 @@ pub struct Backend {
     pub address6: Option<Ipv6Addr>,
     pub mac: Option<[u8; 6]>,
     pub weight: u32,
+    /// Its HTTP port when it differs from its farm's (several cluster members on one
+    /// host: 9080, 9081).
+    pub port: Option<u16>,
     /// Index into `Config::backends`.
     pub replica: Option<usize>,
     pub clone_ids: Vec<String>,
@@ -715,6 +789,39 @@ port_group = "g"
         assert_eq!(c.vips[0].l4().unwrap().port_group, c.vips[1].l4().unwrap().port_group);
         assert_eq!(c.vips[1].l4().unwrap().forwarding, Forwarding::Ipip);
         assert_eq!(c.pin_dir(), PathBuf::from("/sys/fs/bpf/dispatcher/t1"));
+    }
+
+    /// An HTTP VIP that no route applies to is served as before routes existed: a farm
+    /// of its own backends and settings, and a catch-all route; a reload that moves the
+    /// backends in the file keeps the farm naming them at their slots.
+    #[test]
+    fn an_http_vip_without_routes_gets_its_own_farm_and_a_catch_all_route() {
+        let text = GOOD.replace(
+            "ring_size = 251\nsticky_time = \"30s\"\nport_group = \"g\"",
+            "mode = \"http\"\nbackends = [\"b\"]\nbalance = \"least_outstanding\"\nbackend_port = 9080",
+        );
+        let c = Config::parse(&text, "x.toml").unwrap();
+        assert_eq!(c.farms.len(), 1);
+        let f = &c.farms[0];
+        assert!(f.implicit);
+        assert_eq!(
+            (f.name.as_str(), f.servers.clone(), f.balance, f.port),
+            ("web", vec![1], Balance::LeastOutstanding, Some(9080))
+        );
+        assert_eq!(c.routes.len(), 1);
+        let r = &c.routes[0];
+        assert_eq!(
+            (r.vips.clone(), r.farm, r.hosts.clone(), r.uris.clone()),
+            (vec![0], 0, vec!["*:*".to_string()], vec!["/*".to_string()])
+        );
+        assert_eq!((r.cookie.as_str(), r.url_parameter.as_str()), (DEFAULT_SESSION_COOKIE, DEFAULT_URL_PARAMETER));
+        // A backend added first in the file: the farm names b at the slot the running
+        // configuration gave it, not at its new position.
+        let moved = text.replacen("[[backend]]\nname = \"a\"", "[[backend]]\nname = \"zz\"\naddress = \"10.0.0.19\"\nmac = \"02:00:00:00:00:19\"\n\n[[backend]]\nname = \"a\"", 1);
+        let merged = c.merged_for_reload(Config::parse(&moved, "x.toml").unwrap()).unwrap();
+        assert_eq!(merged.backends[1].name, "b");
+        assert_eq!(merged.farms[0].servers, vec![1], "b keeps its slot");
+        assert_eq!(merged.routes[0].vips, vec![0]);
     }
 
     #[test]

@@ -137,6 +137,7 @@ pub(super) struct RawBackend {
     pub(super) address6: Option<Spanned<String>>,
     pub(super) mac: Option<Spanned<String>>,
     pub(super) weight: Option<Spanned<u32>>,
+    pub(super) port: Option<Spanned<u16>>,
     pub(super) replica: Option<Spanned<String>>,
     #[serde(default)]
     pub(super) clone_ids: Vec<Spanned<String>>,

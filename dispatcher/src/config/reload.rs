@@ -18,14 +18,19 @@ impl Config {
         // VIPs by name.
         let remap = |v: &Vip| Vip { backends: v.backends.iter().map(|&j| backend_slot[j]).collect(), ..v.clone() };
         let mut vips: Vec<Vip> = Vec::new();
+        let mut vip_slot = vec![0usize; new.vips.len()];
         for old in &self.vips {
-            match new.vips.iter().find(|v| v.name == old.name) {
-                Some(v) => vips.push(remap(v)),
+            match new.vips.iter().position(|v| v.name == old.name) {
+                Some(j) => {
+                    vip_slot[j] = vips.len();
+                    vips.push(remap(&new.vips[j]));
+                }
                 None => vips.push(Vip { retired: true, backends: Vec::new(), ..old.clone() }),
             }
         }
-        for v in &new.vips {
+        for (j, v) in new.vips.iter().enumerate() {
             if !self.vips.iter().any(|o| o.name == v.name) {
+                vip_slot[j] = vips.len();
                 vips.push(remap(v));
             }
         }
@@ -41,7 +46,19 @@ impl Config {
                 ..p.clone()
             })
             .collect();
-        Ok(Config { backends, vips, partitions, ..new })
+        // Farms and routes are not ids of the maps: they keep their order, and name the
+        // backends and VIPs at their slots.
+        let slots = |list: &[usize], slot: &[usize]| list.iter().map(|&j| slot[j]).collect::<Vec<_>>();
+        let farms = (new.farms.iter())
+            .map(|f| super::Farm {
+                servers: slots(&f.servers, &backend_slot),
+                backup_servers: slots(&f.backup_servers, &backend_slot),
+                ..f.clone()
+            })
+            .collect();
+        let routes =
+            (new.routes.iter()).map(|r| super::Route { vips: slots(&r.vips, &vip_slot), ..r.clone() }).collect();
+        Ok(Config { backends, vips, farms, routes, partitions, ..new })
     }
 
     /// What a reload cannot change (the agent's place, its session with the store, the
@@ -122,6 +139,7 @@ impl Config {
                     address: Ipv4Addr::UNSPECIFIED,
                     address6: None,
                     mac: None,
+                    port: None,
                     weight: 1,
                     replica: None,
                     clone_ids: Vec::new(),
@@ -146,6 +164,8 @@ impl Config {
                 })
                 .collect(),
             partitions: Vec::new(),
+            farms: Vec::new(),
+            routes: Vec::new(),
             ..self.clone()
         };
         skeleton.merged_for_reload(self)

@@ -38,6 +38,7 @@ use tokio::{
     net::{TcpListener, TcpSocket},
     sync::watch,
 };
+use tracing::Instrument as _;
 
 use super::{
     pool::Pool,
@@ -216,6 +217,7 @@ fn worker_vips(
             })
             .collect();
         let ctx = Arc::new(VipCtx {
+            name: Arc::from(v.name.as_str()),
             host: crate::http1::rewrite::vip_authority(SocketAddr::new(v.address, v.port)),
             vip_index,
             route: sh.route.clone(),
@@ -284,10 +286,15 @@ async fn accept_loop(
                     mine.fetch_add(1, Ordering::SeqCst);
                     let guards = (guards, Active(mine.clone()), held);
                     let (ctx, stop) = (ctx.clone(), stop.clone());
-                    tokio::spawn(async move {
-                        let _guards = guards;
-                        serve(ctx, stream, peer, stop).await;
-                    });
+                    // Every log line of the connection says whose it is.
+                    let span = tracing::info_span!("conn", vip = %ctx.name, client = %peer);
+                    tokio::spawn(
+                        async move {
+                            let _guards = guards;
+                            serve(ctx, stream, peer, stop).await;
+                        }
+                        .instrument(span),
+                    );
                 }
                 Err(e) => {
                     // Out of descriptors and the like: back off, keep serving, log once

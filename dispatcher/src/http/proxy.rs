@@ -14,6 +14,7 @@ use tokio::{
     net::TcpStream,
     sync::watch,
 };
+use tracing::Instrument as _;
 
 use super::{
     answer::Answer,
@@ -43,6 +44,8 @@ use dispatcher_common::BackendState;
 
 /// Everything a connection on one HTTP VIP needs.
 pub struct VipCtx {
+    /// The VIP's name (in its connections' log span).
+    pub name: Arc<str>,
     /// The VIP's authority (`address[:port]`), the Host of a request that has none.
     pub host: String,
     /// Index in `Config::vips` (for the per-VIP counters).
@@ -249,6 +252,9 @@ pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut st
     // read, keep many idle keep-alive clients cheap.
     let client = Inbound::with_chunk(r, 4096);
     let mut conn = ClientConn { ctx, peer, steer_slot, client, w, out: Vec::new(), scratch: Vec::new() };
+    // Each request's log lines say which of the connection's requests they are about
+    // (inside the connection's span, which says the VIP and the client).
+    let mut requests = 0u64;
     loop {
         let (head, head_started) = match read_head(&conn.ctx, &mut conn.client, &mut conn.scratch, &mut stop).await {
             HeadRead::Head(h, t) => (h, t),
@@ -271,7 +277,9 @@ pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut st
         let closing = *stop.borrow();
         // Boxed: the exchange's (large) state exists only while a request is in flight,
         // so an idle keep-alive connection's task stays small.
-        let next = Box::pin(conn.exchange(&head, &head_bytes, closing, head_started)).await;
+        requests += 1;
+        let span = tracing::info_span!("request", n = requests);
+        let next = Box::pin(conn.exchange(&head, &head_bytes, closing, head_started).instrument(span)).await;
         // Keep the header index's allocation for the next request.
         conn.scratch = head.headers;
         match next {

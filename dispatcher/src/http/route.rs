@@ -229,8 +229,36 @@ impl VipRoute {
                 }
                 best.map(|(b, _, _)| b)
             }
+            Balance::Random => {
+                // Weighted random (the plug-in's `Random`): a draw over the eligible
+                // members' total weight.
+                let eligible: Vec<(usize, u64)> = (self.members.iter().enumerate())
+                    .map(|(i, &b)| (b, &servers.backends[b], i))
+                    .filter(|(_, be, _)| eligible(be))
+                    .map(|(b, be, i)| (b, weight(i, be)))
+                    .collect();
+                let total: u64 = eligible.iter().map(|(_, w)| w).sum();
+                let mut draw = random(&self.rotate) % total.max(1);
+                for (b, w) in eligible {
+                    if draw < w {
+                        return Some(b);
+                    }
+                    draw -= w;
+                }
+                None
+            }
         }
     }
+}
+
+/// A random number from a shared counter (splitmix64: a counter stepped by the golden
+/// ratio, then mixed): good enough to spread requests, and lock-free.
+fn random(state: &AtomicUsize) -> u64 {
+    let mut z = (state.fetch_add(0x9E37_79B9_7F4A_7C15_u64 as usize, Ordering::Relaxed) as u64)
+        .wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 #[cfg(test)]

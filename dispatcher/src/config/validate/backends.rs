@@ -85,6 +85,13 @@ impl Ctx<'_> {
             address6,
             mac,
             weight,
+            port: b.port.as_ref().and_then(|p| match *p.get_ref() {
+                0 => {
+                    self.report(p.span(), &f("port"), "must be 1..=65535");
+                    None
+                }
+                port => Some(port),
+            }),
             replica,
             clone_ids: b.clone_ids.iter().map(|c| c.get_ref().clone()).collect(),
             logical_names: b.logical_names.iter().map(|c| c.get_ref().clone()).collect(),

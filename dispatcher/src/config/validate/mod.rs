@@ -114,6 +114,7 @@ impl Ctx<'_> {
         http.learn_wait = cluster.as_ref().map(|c| c.learn_wait).unwrap_or_default();
         let announce = raw.announce.as_ref().map(|a| self.announce(a.get_ref()));
         let access_log = raw.access_log.as_ref().map(|a| self.access_log(a.get_ref()));
+        let (farms, routes) = implicit_farms(&vips, &backends);
         Config {
             interface: d.interface,
             instance: d.instance,
@@ -126,6 +127,8 @@ impl Ctx<'_> {
             admin_address: d.admin_address,
             backends,
             vips,
+            farms,
+            routes,
             partitions,
             http,
             health,
@@ -169,4 +172,40 @@ impl Ctx<'_> {
             _ => p,
         }
     }
+}
+
+/// A farm and a catch-all route for each HTTP VIP that forwards (not a redirecting one)
+/// and that no route applies to: its own `backends` and settings, as before routes
+/// existed.
+fn implicit_farms(vips: &[Vip], backends: &[Backend]) -> (Vec<Farm>, Vec<Route>) {
+    let mut farms = Vec::new();
+    let mut routes = Vec::new();
+    for (i, v) in vips.iter().enumerate() {
+        let Some(h) = v.http() else { continue };
+        if h.redirect_to.is_some() || v.backends.is_empty() {
+            continue;
+        }
+        routes.push(Route {
+            vips: vec![i],
+            hosts: vec!["*:*".into()],
+            uris: vec!["/*".into()],
+            farm: farms.len(),
+            cookie: DEFAULT_SESSION_COOKIE.into(),
+            url_parameter: DEFAULT_URL_PARAMETER.into(),
+        });
+        farms.push(Farm {
+            name: v.name.clone(),
+            servers: v.backends.iter().copied().filter(|&b| b < backends.len()).collect(),
+            backup_servers: Vec::new(),
+            balance: h.balance,
+            port: Some(h.backend_port),
+            fail_back: h.fail_back,
+            session_format: h.session_format,
+            slow_start: v.slow_start,
+            connect_timeout: None,
+            io_timeout: None,
+            implicit: true,
+        });
+    }
+    (farms, routes)
 }
