@@ -36,7 +36,10 @@
 
 use std::{collections::BTreeSet, fmt::Write};
 
-use super::plugin_cfg::{LoadBalance, PluginConfig, Protocol, Server, ServerCluster};
+use super::{
+    plugin_cfg::{LoadBalance, PluginConfig, Protocol, Server, ServerCluster},
+    HostPattern,
+};
 
 fn q(s: &str) -> String {
     toml::Value::String(s.to_string()).to_string()
@@ -66,6 +69,18 @@ fn farm_port(c: &ServerCluster) -> (u16, bool) {
     (best.0, best.1)
 }
 
+/// The first server's value, and the servers whose value differs from it.
+fn server_value(c: &ServerCluster, get: impl Fn(&Server) -> Option<u64>) -> Option<(u64, Vec<String>)> {
+    let first = c.servers.iter().find_map(&get)?;
+    let others = c
+        .servers
+        .iter()
+        .filter(|s| get(s) != Some(first))
+        .map(|s| format!("{} ({})", s.name, get(s).map_or("unset".into(), |v| format!("{v}s"))))
+        .collect();
+    Some((first, others))
+}
+
 pub fn to_toml(cfg: &PluginConfig, source: &str) -> String {
     let mut out = String::new();
     let w = &mut out;
@@ -74,12 +89,15 @@ pub fn to_toml(cfg: &PluginConfig, source: &str) -> String {
     let _ = writeln!(w, "#");
     let _ = writeln!(w, "# plugin-cfg.xml does not know the addresses clients connect to: add one [[vip]]");
     let _ = writeln!(w, "# with mode = \"http\" per address and port the web server listened on, e.g.:");
-    let ports: BTreeSet<String> = cfg
+    // The distinct ports of the virtual hosts (`*` says nothing; no port is 80).
+    let ports: BTreeSet<u16> = cfg
         .virtual_host_groups
         .iter()
         .flat_map(|g| &g.hosts)
-        .filter_map(|h| h.rsplit_once(':').map(|(_, p)| p.to_string()).or(Some("80".into())))
-        .filter(|p| p != "*")
+        .filter_map(|h| match HostPattern::parse(h) {
+            Ok(p) => p.port,
+            Err(_) => None,
+        })
         .collect();
     for p in &ports {
         let _ = writeln!(w, "#");
@@ -99,13 +117,20 @@ pub fn to_toml(cfg: &PluginConfig, source: &str) -> String {
         for s in &c.servers {
             let (host, sport, _) = transport(s);
             if !printed.insert(s.name.as_str()) {
-                let _ = writeln!(w, "\n# Server {:?} of farm {:?}: also in an earlier farm, printed once above.", s.name, c.name);
+                let _ = writeln!(
+                    w,
+                    "\n# Server {:?} of farm {:?}: also in an earlier farm, printed once above.",
+                    s.name, c.name
+                );
                 continue;
             }
             let _ = writeln!(w, "\n[[backend]]");
             let _ = writeln!(w, "name = {}", q(&s.name));
             if host.parse::<std::net::Ipv4Addr>().is_err() {
-                let _ = writeln!(w, "# {host:?} is a host name: an IPv4 address is needed here.");
+                let _ = writeln!(
+                    w,
+                    "# {host:?} is a host name, printed as the file has it: resolve it, an IPv4 address is needed."
+                );
             }
             let _ = writeln!(w, "address = {}", q(host));
             if sport != port {
@@ -120,7 +145,8 @@ pub fn to_toml(cfg: &PluginConfig, source: &str) -> String {
             if let Some(m) = s.max_connections {
                 let _ = writeln!(w, "maxconn = {m}");
             }
-            let _ = writeln!(w, "# replica = \"...\"    # the server holding this one's sessions: not in plugin-cfg.xml");
+            let _ =
+                writeln!(w, "# replica = \"...\"    # the server holding this one's sessions: not in plugin-cfg.xml");
         }
     }
 
@@ -146,12 +172,16 @@ pub fn to_toml(cfg: &PluginConfig, source: &str) -> String {
         if tls {
             let _ = writeln!(w, "tls = true    # the servers have only an https Transport");
         }
-        // One value per farm: the first server's that has one.
-        if let Some(t) = c.servers.iter().find_map(|s| s.connect_timeout) {
-            let _ = writeln!(w, "connect_timeout = \"{t}s\"");
-        }
-        if let Some(t) = c.servers.iter().find_map(|s| s.server_io_timeout) {
-            let _ = writeln!(w, "io_timeout = \"{t}s\"");
+        // One value per farm: the first server's that has one; servers that differ are named.
+        for (key, value) in [
+            ("connect_timeout", server_value(c, |s| s.connect_timeout)),
+            ("io_timeout", server_value(c, |s| s.server_io_timeout)),
+        ] {
+            let Some((t, others)) = value else { continue };
+            let _ = writeln!(w, "{key} = \"{t}s\"");
+            if !others.is_empty() {
+                let _ = writeln!(w, "# not the value of {}", others.join(", "));
+            }
         }
     }
 
@@ -171,7 +201,11 @@ pub fn to_toml(cfg: &PluginConfig, source: &str) -> String {
                 .iter()
                 .filter(|u| u.affinity_cookie == cookie && u.affinity_url_identifier == param)
                 .map(|u| u.name.as_str());
-            let _ = writeln!(w, "\n[[route]]    # line {}: UriGroup {:?}, VirtualHostGroup {:?}", r.line, group.name, hosts.name);
+            let _ = writeln!(
+                w,
+                "\n[[route]]    # line {}: UriGroup {:?}, VirtualHostGroup {:?}",
+                r.line, group.name, hosts.name
+            );
             let _ = writeln!(w, "hosts = {}", list(hosts.hosts.iter().map(String::as_str)));
             let _ = writeln!(w, "uris = {}", list(uris));
             let _ = writeln!(w, "farm = {}", q(&r.server_cluster));

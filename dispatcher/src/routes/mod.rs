@@ -304,8 +304,11 @@ impl Table {
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             for u in &r.uris {
-                let pattern = UriPattern::parse(u)
-                    .map_err(|reason| PatternError::Uri { route: i, pattern: u.clone(), reason })?;
+                let pattern = UriPattern::parse(u).map_err(|reason| PatternError::Uri {
+                    route: i,
+                    pattern: u.clone(),
+                    reason,
+                })?;
                 let list = t.list_mut(pattern);
                 list.extend(hosts.iter().map(|h| Entry { host: h.clone(), route: i }));
             }

@@ -182,7 +182,11 @@ pub fn decode(bytes: &[u8]) -> Result<String, Error> {
     if bytes.len() > MAX_FILE_BYTES {
         return err(1, format!("the file has {} bytes; at most {MAX_FILE_BYTES} are read", bytes.len()));
     }
-    if bytes.starts_with(&[0xFE, 0xFF]) || bytes.starts_with(&[0xFF, 0xFE]) || bytes.starts_with(b"<\0") || bytes.starts_with(b"\0<") {
+    if bytes.starts_with(&[0xFE, 0xFF])
+        || bytes.starts_with(&[0xFF, 0xFE])
+        || bytes.starts_with(b"<\0")
+        || bytes.starts_with(b"\0<")
+    {
         return err(1, "UTF-16 is not supported: save the file as UTF-8 or ISO-8859-1".into());
     }
     let bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
@@ -192,7 +196,11 @@ pub fn decode(bytes: &[u8]) -> Result<String, Error> {
             Ok(s) => Ok(s.to_string()),
             Err(e) => {
                 let line = line_at(bytes, e.valid_up_to());
-                let hint = if encoding.is_none() { " (no encoding declared: UTF-8; WebSphere declares encoding=\"ISO-8859-1\")" } else { "" };
+                let hint = if encoding.is_none() {
+                    " (no encoding declared: UTF-8; WebSphere declares encoding=\"ISO-8859-1\")"
+                } else {
+                    ""
+                };
                 err(line, format!("not UTF-8{hint}"))
             }
         },
@@ -233,9 +241,7 @@ pub fn parse_str(text: &str) -> Result<PluginConfig, Error> {
             line: text.find("<!DOCTYPE").map_or(1, line_of),
             message: "a DTD (<!DOCTYPE>) is refused: plugin-cfg.xml has none, and entities are never expanded".into(),
         },
-        roxmltree::Error::NodesLimitReached => {
-            Error { line: 1, message: format!("more than {MAX_NODES} XML nodes") }
-        }
+        roxmltree::Error::NodesLimitReached => Error { line: 1, message: format!("more than {MAX_NODES} XML nodes") },
         e => Error { line: e.pos().row, message: format!("not well-formed XML: {e}") },
     })?;
     // Depth by node id (pre-order: a parent before its children), no recursion.
@@ -250,7 +256,10 @@ pub fn parse_str(text: &str) -> Result<PluginConfig, Error> {
             continue;
         }
         if usize::from(depth) > MAX_DEPTH {
-            return Err(Error { line: line_of(n.range().start), message: format!("elements nested deeper than {MAX_DEPTH}") });
+            return Err(Error {
+                line: line_of(n.range().start),
+                message: format!("elements nested deeper than {MAX_DEPTH}"),
+            });
         }
         if n.attributes().len() > MAX_ATTRIBUTES {
             return Err(Error {
@@ -409,7 +418,10 @@ impl Reader<'_> {
                         self.attributes(s, &["Name"]);
                         let name = self.required(s, "Name")?;
                         if !n.children().any(|x| x.has_tag_name("Server") && x.attribute("Name") == Some(name)) {
-                            return self.error(s, format!("<{list}> names server {name:?}, which is not in cluster {:?}", cluster.name));
+                            return self.error(
+                                s,
+                                format!("<{list}> names server {name:?}, which is not in cluster {:?}", cluster.name),
+                            );
                         }
                         names.push(name.to_string());
                     }
@@ -427,7 +439,10 @@ impl Reader<'_> {
         let mut seen = HashMap::new();
         for s in &cluster.servers {
             if let Some(first) = seen.insert(s.name.as_str(), s.line) {
-                return Err(Error { line: s.line, message: format!("server {:?} already defined at line {first}", s.name) });
+                return Err(Error {
+                    line: s.line,
+                    message: format!("server {:?} already defined at line {first}", s.name),
+                });
             }
         }
         Ok(cluster)
@@ -511,7 +526,10 @@ fn check_references(cfg: &PluginConfig) -> Result<(), Error> {
             ("VirtualHostGroup", &r.virtual_host_group, &vhosts),
         ] {
             if !names.contains_key(name.as_str()) {
-                return Err(Error { line: r.line, message: format!("Route names {kind} {name:?}, which is not defined") });
+                return Err(Error {
+                    line: r.line,
+                    message: format!("Route names {kind} {name:?}, which is not defined"),
+                });
             }
         }
     }

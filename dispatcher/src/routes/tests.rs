@@ -114,14 +114,14 @@ fn at_the_same_uri_the_most_specific_host_wins_then_the_first_route() {
 fn shadowed_reports_only_routes_that_can_never_win() {
     let t = Table::new(&[
         route(&["*:*"], &["/*"], 1),
-        route(&["*:*"], &["*"], 2),                  // `*` is `/*`: identical to route 0's
+        route(&["*:*"], &["*"], 2), // `*` is `/*`: identical to route 0's
         route(&["*:80"], &["/a/*", "/b/*"], 3),
-        route(&["shop:80"], &["/a/*"], 4),           // a more specific host: wins there
-        route(&["*:80", "x:*"], &["/a/*"], 5),       // x:* is not covered by route 2's *:80
-        route(&["*:*"], &["/b/*"], 6),               // more general than route 2's: wins on other ports
-        route(&["*:80"], &["/b/*"], 7),              // identical to route 2's
+        route(&["shop:80"], &["/a/*"], 4),     // a more specific host: wins there
+        route(&["*:80", "x:*"], &["/a/*"], 5), // x:* is not covered by route 2's *:80
+        route(&["*:*"], &["/b/*"], 6),         // more general than route 2's: wins on other ports
+        route(&["*:80"], &["/b/*"], 7),        // identical to route 2's
         route(&["*.example:*"], &["*.jsp"], 8),
-        route(&["*.EXAMPLE:*"], &["*.jsp"], 9),      // identical to route 7's
+        route(&["*.EXAMPLE:*"], &["*.jsp"], 9),       // identical to route 7's
         route(&["a.shop.example:*"], &["*.jsp"], 10), // more specific than route 7's
     ])
     .unwrap();
@@ -133,8 +133,12 @@ fn shadowed_reports_only_routes_that_can_never_win() {
 
 #[test]
 fn the_path_is_normalised_before_matching() {
-    let t = Table::new(&[route(&["*:*"], &["/admin/*"], 1), route(&["*:*"], &["/shop/cart"], 2), route(&["*:*"], &["/*"], 3)])
-        .unwrap();
+    let t = Table::new(&[
+        route(&["*:*"], &["/admin/*"], 1),
+        route(&["*:*"], &["/shop/cart"], 2),
+        route(&["*:*"], &["/*"], 3),
+    ])
+    .unwrap();
     let at = |p: &str| target(&t, None, p);
     assert_eq!(at("/admin/x?y=/shop/cart"), Some(1), "query ignored");
     assert_eq!(at("/shop/cart;jsessionid=0001abc:clone1"), Some(2), "path parameter dropped");
@@ -189,7 +193,13 @@ fn patterns_outside_the_plugins_forms_are_refused() {
 fn many_routes_over_many_targets() {
     // 500 routes over 50 targets, each request finds its own.
     let routes: Vec<Route> = (0..500)
-        .map(|i| route(&[&format!("app{}.example:*", i % 7), "*:8080"], &[&format!("/ctx{i}/*"), &format!("/ctx{i}/x/*.jsp")], i % 50))
+        .map(|i| {
+            route(
+                &[&format!("app{}.example:*", i % 7), "*:8080"],
+                &[&format!("/ctx{i}/*"), &format!("/ctx{i}/x/*.jsp")],
+                i % 50,
+            )
+        })
         .collect();
     let t = Table::new(&routes).unwrap();
     for i in 0..500 {

@@ -21,16 +21,25 @@ fn the_realistic_file_is_read_whole() {
     assert!(cfg.warnings.is_empty(), "{:?}", cfg.warnings);
     assert_eq!(cfg.refresh_interval, 60);
     let names = |v: Vec<&str>| v.into_iter().map(str::to_string).collect::<Vec<_>>();
-    assert_eq!(cfg.virtual_host_groups.iter().map(|g| g.name.clone()).collect::<Vec<_>>(), names(vec!["default_host", "shop_host", "admin_host"]));
+    assert_eq!(
+        cfg.virtual_host_groups.iter().map(|g| g.name.clone()).collect::<Vec<_>>(),
+        names(vec!["default_host", "shop_host", "admin_host"])
+    );
     assert_eq!(cfg.virtual_host_groups[1].hosts, names(vec!["shop.example:*", "*:443"]));
     assert_eq!(cfg.server_clusters.len(), 3);
     let shop = &cfg.server_clusters[0];
-    assert_eq!((shop.name.as_str(), shop.load_balance, shop.retry_interval), ("shop_cluster", LoadBalance::RoundRobin, 60));
+    assert_eq!(
+        (shop.name.as_str(), shop.load_balance, shop.retry_interval),
+        ("shop_cluster", LoadBalance::RoundRobin, 60)
+    );
     assert_eq!(shop.servers.len(), 4);
     let s1 = &shop.servers[0];
     assert_eq!(s1.name, "shopNode1_shop1");
     assert_eq!(s1.clone_id.as_deref(), Some("1a2b3c4d"));
-    assert_eq!((s1.weight, s1.connect_timeout, s1.server_io_timeout, s1.max_connections), (Some(2), Some(5), Some(900), Some(100)));
+    assert_eq!(
+        (s1.weight, s1.connect_timeout, s1.server_io_timeout, s1.max_connections),
+        (Some(2), Some(5), Some(900), Some(100))
+    );
     assert_eq!(s1.transports.len(), 2);
     assert_eq!(s1.transports[1], Transport { hostname: "10.0.1.11".into(), port: 9443, protocol: Protocol::Https });
     assert_eq!(shop.servers[3].connect_timeout, None, "ConnectTimeout 0: none");
@@ -42,7 +51,11 @@ fn the_realistic_file_is_read_whole() {
     let uris = &cfg.uri_groups[0].uris;
     assert_eq!(uris[2].affinity_cookie, "SHOPSESSION");
     assert_eq!(uris[2].affinity_url_identifier, "shopsession");
-    assert_eq!((uris[3].affinity_cookie.as_str(), uris[3].affinity_url_identifier.as_str()), ("JSESSIONID", "jsessionid"), "defaults");
+    assert_eq!(
+        (uris[3].affinity_cookie.as_str(), uris[3].affinity_url_identifier.as_str()),
+        ("JSESSIONID", "jsessionid"),
+        "defaults"
+    );
     assert_eq!(uris[3].line, 72);
     assert_eq!(cfg.routes.len(), 3);
     assert_eq!(cfg.routes[2].server_cluster, "portal_cluster");
@@ -58,7 +71,15 @@ fn the_realistic_file_routes_each_request_to_its_cluster() {
         .iter()
         .map(|r| TableRoute {
             hosts: cfg.virtual_host_groups.iter().find(|g| g.name == r.virtual_host_group).unwrap().hosts.clone(),
-            uris: cfg.uri_groups.iter().find(|g| g.name == r.uri_group).unwrap().uris.iter().map(|u| u.name.clone()).collect(),
+            uris: cfg
+                .uri_groups
+                .iter()
+                .find(|g| g.name == r.uri_group)
+                .unwrap()
+                .uris
+                .iter()
+                .map(|u| u.name.clone())
+                .collect(),
             target: cfg.server_clusters.iter().position(|c| c.name == r.server_cluster).unwrap(),
         })
         .collect();
