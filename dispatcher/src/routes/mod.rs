@@ -99,6 +99,10 @@ pub enum UriPattern {
     CatchAll,
 }
 
+/// A request path is normalised before matching (see the module's doc): a pattern that
+/// is not could never match.
+const NOT_NORMAL: &str =
+    "the path is not in normal form (no //, . or .. segment, ;parameter or escaped unreserved character)";
 const URI_FORMS: &str = "the forms are /exact/path, /prefix/*, /prefix/*.ext, *.ext and /*";
 
 impl UriPattern {
@@ -119,7 +123,7 @@ impl UriPattern {
             return Err("a pattern starts with / or *.");
         }
         let Some(star) = s.find('*') else {
-            return Ok(UriPattern::Exact(s.to_string()));
+            return if normalize_path(s) == s { Ok(UriPattern::Exact(s.to_string())) } else { Err(NOT_NORMAL) };
         };
         let (prefix, rest) = (&s[..star], &s[star + 1..]);
         let Some(prefix) = prefix.strip_suffix('/') else { return Err(URI_FORMS) };
@@ -128,8 +132,11 @@ impl UriPattern {
             e if e.starts_with('.') && e.len() > 1 && !e.contains(['*', '/']) => Some(e.to_string()),
             _ => return Err(URI_FORMS),
         };
-        if prefix.contains('*') || prefix.contains("//") {
+        if prefix.contains('*') {
             return Err(URI_FORMS);
+        }
+        if prefix.ends_with('/') || (!prefix.is_empty() && normalize_path(prefix) != prefix) {
+            return Err(NOT_NORMAL);
         }
         if prefix.is_empty() {
             // `/*.jsp` is `*.jsp`.
