@@ -35,10 +35,13 @@
 //! # Virtual hosts
 //!
 //! `host[:port]`, case-insensitive: `*`, `*:80`, `shop.example:*`, `*.example.com:443`,
-//! `[::1]:8080`. Without a port, port 80 (the plug-in's rule for a `VirtualHost` without
-//! one). The request's port is the one in its Host header, or the VIP's port when Host
-//! has none (the plug-in's default, `VHostMatchingCompat="false"`, also uses the Host
-//! header's port). A trailing dot on the request's host is ignored.
+//! `[::1]:8080`. Without a port (`*` alone too), port 80 (IBM's reference says a
+//! `VirtualHost` without a port means the default HTTP port; generated files always write
+//! one). The plug-in's own wildcards are `*` for the whole host, the port, or both;
+//! `*.domain` is ours. The request's port is the one in its Host header, or the VIP's port
+//! when Host has none (the plug-in's default, `VHostMatchingCompat="false"`, also takes
+//! the Host header's).
+//! A trailing dot on the request's host is ignored.
 //!
 //! # Paths
 //!

@@ -204,9 +204,13 @@ pub fn decode(bytes: &[u8]) -> Result<String, Error> {
                 err(line, format!("not UTF-8{hint}"))
             }
         },
-        Some("ISO-8859-1" | "ISO8859-1" | "ISO_8859-1" | "LATIN1" | "LATIN-1" | "US-ASCII" | "ASCII") => {
+        Some("ISO-8859-1" | "ISO8859-1" | "ISO_8859-1" | "LATIN1" | "LATIN-1") => {
             Ok(bytes.iter().map(|&b| char::from(b)).collect())
         }
+        Some("US-ASCII" | "ASCII") => match bytes.iter().position(|b| !b.is_ascii()) {
+            None => Ok(bytes.iter().map(|&b| char::from(b)).collect()),
+            Some(at) => err(line_at(bytes, at), "a byte above 127 in a file declared US-ASCII".into()),
+        },
         Some(other) => err(1, format!("encoding {other:?} is not supported (UTF-8 and ISO-8859-1 are)")),
     }
 }

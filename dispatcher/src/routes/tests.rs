@@ -88,6 +88,10 @@ fn virtual_hosts_are_case_insensitive_and_take_the_port_from_host_or_the_vip() {
     assert_eq!(t.find(Some("badexample.com:443"), 80, "/"), None);
     assert_eq!(t.find(Some("[::1]:9"), 80, "/").map(|m| m.target), Some(4));
     assert_eq!(t.find(None, 80, "/"), None, "no Host: only * hosts match");
+    assert_eq!(t.find(Some("shop.example:x"), 8080, "/").map(|m| m.target), Some(1), "a bad port counts as none");
+    let any = Table::new(&[route(&["*"], &["/*"], 7)]).unwrap();
+    assert_eq!(any.find(None, 80, "/x"), Some(Match { route: 0, target: 7 }), "`*` is `*:80`");
+    assert_eq!(any.find(None, 81, "/x"), None);
 }
 
 #[test]

@@ -111,6 +111,8 @@ fn latin1_is_decoded_and_other_encodings_are_refused_by_name() {
     let e = parse(b"\xff\xfe<\0C\0").unwrap_err();
     assert!(e.message.contains("UTF-16"), "{e}");
     assert!(parse(b"\xEF\xBB\xBF<Config/>").is_ok(), "a UTF-8 BOM is fine");
+    let e = parse(b"<?xml version=\"1.0\" encoding=\"US-ASCII\"?>\n<Config>\xe9</Config>").unwrap_err();
+    assert_eq!(e.line, 2, "{e}");
 }
 
 #[test]
