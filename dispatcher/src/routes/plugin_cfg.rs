@@ -16,6 +16,11 @@
 //! attributes in [`IGNORED_ATTRIBUTES`]. Attributes that change routing and are not
 //! implemented are warned about when set to anything but their default
 //! ([`DEFAULTED_ATTRIBUTES`]); anything else unknown is warned about by name.
+//!
+//! Refused, with the line: a Route naming an undefined ServerCluster, UriGroup or
+//! VirtualHostGroup; a PrimaryServers/BackupServers entry naming no Server of its cluster;
+//! a name defined twice; a CloneID shared by two servers; a URI or virtual host pattern
+//! the matcher would refuse. Warned: a Route over an empty group (it matches nothing).
 
 use std::{collections::HashMap, fmt};
 
@@ -377,6 +382,7 @@ impl Reader<'_> {
         }
         check_references(&cfg)?;
         cfg.warnings = self.warnings;
+        cfg.warnings.extend(empty_routes(&cfg));
         cfg.warnings.sort_by_key(|w| w.line);
         Ok(cfg)
     }
@@ -537,7 +543,46 @@ fn check_references(cfg: &PluginConfig) -> Result<(), Error> {
             }
         }
     }
+    // A clone ID names one server: the session cookie, the learned table and the map
+    // shared with XDP are keyed by it alone. (One server in two clusters is one server.)
+    let mut clone_ids: HashMap<&str, &Server> = HashMap::new();
+    for s in cfg.server_clusters.iter().flat_map(|c| &c.servers) {
+        let Some(id) = s.clone_id.as_deref() else { continue };
+        match clone_ids.insert(id, s) {
+            Some(first) if first.name != s.name => {
+                return Err(Error {
+                    line: s.line,
+                    message: format!(
+                        "CloneID {id:?} of server {:?} is already server {:?}'s (line {})",
+                        s.name, first.name, first.line
+                    ),
+                });
+            }
+            _ => {}
+        }
+    }
     Ok(())
+}
+
+/// Routes that can match nothing: their group has no VirtualHost or no Uri.
+fn empty_routes(cfg: &PluginConfig) -> Vec<Warning> {
+    let mut out = Vec::new();
+    for r in &cfg.routes {
+        let hosts =
+            cfg.virtual_host_groups.iter().find(|g| g.name == r.virtual_host_group).is_some_and(|g| g.hosts.is_empty());
+        let uris = cfg.uri_groups.iter().find(|g| g.name == r.uri_group).is_some_and(|g| g.uris.is_empty());
+        for (empty, what, name) in
+            [(hosts, "VirtualHostGroup", &r.virtual_host_group), (uris, "UriGroup", &r.uri_group)]
+        {
+            if empty {
+                out.push(Warning {
+                    line: r.line,
+                    message: format!("Route: {what} {name:?} is empty, the route matches nothing"),
+                });
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]

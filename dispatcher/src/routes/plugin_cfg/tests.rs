@@ -218,3 +218,26 @@ fn bad_values_are_errors_with_their_line() {
     let e = error("<Config RefreshInterval=\"soon\"/>");
     assert!(e.message.contains("RefreshInterval=\"soon\""), "{e}");
 }
+
+#[test]
+fn a_clone_id_names_one_server() {
+    let two = r#"<ServerCluster Name="c2"><Server Name="s2" CloneID="x1"><Transport Hostname="10.0.0.2" Port="9080" Protocol="http"/></Server></ServerCluster>"#;
+    let e = error(&wrap(&format!("{CLUSTER}\n{two}")));
+    assert_eq!(e.line, 6);
+    assert!(e.message.contains("CloneID \"x1\" of server \"s2\" is already server \"s1\"'s (line 3)"), "{e}");
+    // The same server in two clusters is one server.
+    let same = r#"<ServerCluster Name="c2"><Server Name="s1" CloneID="x1"><Transport Hostname="10.0.0.1" Port="9080" Protocol="http"/></Server></ServerCluster>"#;
+    assert!(parse(wrap(&format!("{CLUSTER}\n{same}")).as_bytes()).is_ok());
+}
+
+#[test]
+fn a_route_over_an_empty_group_is_warned_about() {
+    let text = wrap(&format!(
+        "{CLUSTER}\n<UriGroup Name=\"none\"/>\n<Route ServerCluster=\"c1\" UriGroup=\"none\" VirtualHostGroup=\"v\"/>"
+    ));
+    let cfg = parse(text.as_bytes()).unwrap();
+    assert_eq!(
+        cfg.warnings.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        ["line 7: Route: UriGroup \"none\" is empty, the route matches nothing"]
+    );
+}
