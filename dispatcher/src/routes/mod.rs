@@ -51,7 +51,8 @@
 //! dropped, as the servlet container drops them before mapping; runs of `/` count as one;
 //! `.` and `..` segments are resolved (`..` never above the root); percent-encoded
 //! unreserved characters (`%41` -> `A`, RFC 3986 section 6.2.2.2) are decoded, and nothing
-//! else is (`%2F` stays a character of a segment, not a separator). An empty path is `/`.
+//! else is (`%2F` stays a character of a segment, not a separator; other escapes are
+//! upper-cased, `%2f` -> `%2F`, section 6.2.2.1). An empty path is `/`.
 //! A target that does not start with `/` (`OPTIONS *`) matches only catch-all routes.
 //!
 //! Patterns other than the four forms (`*` elsewhere than as above, e.g. `/app*`,
@@ -105,7 +106,7 @@ pub enum UriPattern {
 /// A request path is normalised before matching (see the module's doc): a pattern that
 /// is not could never match.
 const NOT_NORMAL: &str =
-    "the path is not in normal form (no //, . or .. segment, ;parameter or escaped unreserved character)";
+    "the path is not in normal form (no //, . or .. segment, ;parameter, escaped unreserved character or lower-case escape)";
 const URI_FORMS: &str = "the forms are /exact/path, /prefix/*, /prefix/*.ext, *.ext and /*";
 
 impl UriPattern {
@@ -515,9 +516,15 @@ fn decode_unreserved(seg: &str) -> Cow<'_, str> {
     let mut i = 0;
     while i < b.len() {
         if b[i] == b'%' {
-            let hex = seg.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(h, 16).ok());
-            if let Some(c) = hex.filter(|c| c.is_ascii_alphanumeric() || b"-._~".contains(c)) {
-                out.push(c as char);
+            let hex = seg.get(i + 1..i + 3).filter(|h| h.bytes().all(|c| c.is_ascii_hexdigit()));
+            if let Some(h) = hex {
+                match u8::from_str_radix(h, 16) {
+                    Ok(c) if c.is_ascii_alphanumeric() || b"-._~".contains(&c) => out.push(char::from(c)),
+                    _ => {
+                        out.push('%');
+                        out.push_str(&h.to_ascii_uppercase());
+                    }
+                }
                 i += 3;
                 continue;
             }

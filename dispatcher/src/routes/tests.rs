@@ -164,6 +164,10 @@ fn the_path_is_normalised_before_matching() {
     assert_eq!(normalize_path("/a/%zz%4"), "/a/%zz%4", "bad escapes kept as they are");
     assert_eq!(normalize_path("/a/%C3%A9"), "/a/%C3%A9", "only unreserved characters decoded");
     assert_eq!(normalize_path("/é/x"), "/é/x");
+    assert_eq!(normalize_path("/a%2fb/%c3%a9"), "/a%2Fb/%C3%A9", "escapes upper-cased");
+    assert_eq!(normalize_path("/%+4/%4"), "/%+4/%4");
+    assert!(UriPattern::parse("/a%2fb").is_err(), "a lower-case escape never matches");
+    assert!(UriPattern::parse("/a%2Fb").is_ok());
 }
 
 #[test]
