@@ -371,6 +371,7 @@ impl Reader<'_> {
                 "UriGroup" => cfg.uri_groups.push(self.uri_group(c)?),
                 _ => {
                     self.attributes(c, &["ServerCluster", "UriGroup", "VirtualHostGroup", "Name"]);
+                    self.children(c, &[]);
                     cfg.routes.push(Route {
                         server_cluster: self.required(c, "ServerCluster")?.to_string(),
                         uri_group: self.required(c, "UriGroup")?.to_string(),
@@ -392,6 +393,7 @@ impl Reader<'_> {
         let mut hosts = Vec::new();
         for h in self.children(n, &["VirtualHost"]) {
             self.attributes(h, &["Name"]);
+            self.children(h, &[]);
             let name = self.required(h, "Name")?;
             if let Err(reason) = HostPattern::parse(name) {
                 return self.error(h, format!("VirtualHost Name=\"{name}\": {reason}"));
@@ -426,6 +428,7 @@ impl Reader<'_> {
                     let mut names = Vec::new();
                     for s in self.children(c, &["Server"]) {
                         self.attributes(s, &["Name"]);
+                        self.children(s, &[]);
                         let name = self.required(s, "Name")?;
                         if !n.children().any(|x| x.has_tag_name("Server") && x.attribute("Name") == Some(name)) {
                             return self.error(
@@ -466,6 +469,7 @@ impl Reader<'_> {
         let mut transports = Vec::new();
         for t in self.children(n, &["Transport"]) {
             self.attributes(t, &["Hostname", "Port", "Protocol"]);
+            self.children(t, &[]);
             let protocol = match self.required(t, "Protocol")? {
                 p if p.eq_ignore_ascii_case("http") => Protocol::Http,
                 p if p.eq_ignore_ascii_case("https") => Protocol::Https,
@@ -500,6 +504,7 @@ impl Reader<'_> {
         let mut uris = Vec::new();
         for u in self.children(n, &["Uri"]) {
             self.attributes(u, &["Name", "AffinityCookie", "AffinityURLIdentifier"]);
+            self.children(u, &[]);
             let name = self.required(u, "Name")?;
             if let Err(reason) = UriPattern::parse(name) {
                 return self.error(u, format!("Uri Name=\"{name}\": {reason}"));

@@ -159,7 +159,7 @@ fn unknown_elements_and_routing_attributes_are_warned_about_by_name() {
 <ClusterAddress Name="ca"/>
 </ServerCluster>
 <VirtualHostGroup Name="v"><VirtualHost Name="*:80"/></VirtualHostGroup>
-<UriGroup Name="u"><Uri Name="/*" Extra="y"/></UriGroup>
+<UriGroup Name="u"><Uri Name="/*" Extra="y"><Weight/></Uri></UriGroup>
 <Route ServerCluster="c1" UriGroup="u" VirtualHostGroup="v"/>
 <FutureElement/>
 </Config>"#;
@@ -174,6 +174,7 @@ fn unknown_elements_and_routing_attributes_are_warned_about_by_name() {
             "line 4: <Server> attribute Mystery is unknown: ignored",
             "line 5: <ClusterAddress> in <ServerCluster> is unknown: ignored with its content",
             "line 8: <Uri> attribute Extra is unknown: ignored",
+            "line 8: <Weight> in <Uri> is unknown: ignored with its content",
             "line 10: <FutureElement> in <Config> is unknown: ignored with its content",
         ]
     );
