@@ -32,6 +32,7 @@ pub(crate) mod metrics;
 pub(crate) mod netif;
 pub(crate) mod notify;
 pub(crate) mod ratelimit;
+pub mod routes;
 pub mod shared;
 pub mod state;
 pub mod steering;

@@ -25,6 +25,9 @@ pub enum Command {
     },
     /// Validate a configuration file; errors name the line and the field.
     Check { file: PathBuf },
+    /// Print WebSphere's plugin-cfg.xml as this dispatcher's TOML (farms, backends,
+    /// routes), names and patterns kept; warnings and errors name the file's line.
+    Import { file: PathBuf },
     /// Attach the IPIP decapsulation program to a backend's interface until SIGTERM.
     Decap {
         #[arg(long)]

@@ -5,6 +5,7 @@ mod check;
 mod decap;
 mod docs;
 mod endpoint;
+mod import;
 mod operator;
 mod run;
 mod status;
@@ -18,6 +19,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run { config, keep_dataplane } => run::run(&config, keep_dataplane),
         Command::Check { file } => check::check(&file),
+        Command::Import { file } => import::import(&file),
         Command::Decap { iface, generic } => decap::decap(&iface, generic),
         Command::Status { config, json, watch, count } => status::status(&config, json, watch, count),
         Command::Drain { config, backend } => operator::control(&config, &backend, operator::Action::Drain),
