@@ -199,6 +199,10 @@ pub struct Config {
     pub announce: Option<AnnounceSettings>,
     /// `[access_log]`: one line per HTTP request (see `access_log`); `None`: off.
     pub access_log: Option<AccessLogSettings>,
+    /// What `dispatcher check` prints as warnings (each `file:line: message`): routes
+    /// that can never win, what the plugin-cfg.xml says that is not used. Never a reason
+    /// to refuse the file.
+    pub warnings: Vec<String>,
 }
 
 /// `[access_log]`.
@@ -446,6 +450,12 @@ pub struct HttpSettings {
     pub max_tls_handshakes: usize,
     /// TLS sessions kept for resumption by session ID (tickets need no state here).
     pub tls_session_cache: usize,
+    /// `plugin_config`: WebSphere's plugin-cfg.xml, whose servers, clusters and routes
+    /// are read as backends, farms and routes (relative to the TOML file's folder).
+    pub plugin_config: Option<PathBuf>,
+    /// `plugin_refresh`: how often the agent looks for a change of `plugin_config`
+    /// (default: the file's `RefreshInterval`, else 60 s; 1 s to 1 h).
+    pub plugin_refresh: Duration,
 }
 
 impl Default for HttpSettings {
@@ -481,6 +491,8 @@ impl Default for HttpSettings {
             max_connection_rate_per_source: 500,
             max_tls_handshakes: 1024,
             tls_session_cache: 20_000,
+            plugin_config: None,
+            plugin_refresh: Duration::from_secs(60),
         }
     }
 }
@@ -715,16 +727,17 @@ impl Config {
     }
 
     pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
-        let ctx = Ctx { text, file, errors: RefCell::new(Vec::new()) };
+        let ctx = Ctx { text, file, errors: RefCell::new(Vec::new()), warnings: RefCell::new(Vec::new()) };
         let raw: raw::RawConfig = toml::from_str(text).map_err(|e| {
             let line = e.span().map(|s| ctx.line(s.start)).unwrap_or(1);
             ConfigError::Invalid { file: file.to_string(), line, message: e.message().trim().to_string() }
         })?;
         let cfg = ctx.build(raw);
         let mut errors = ctx.errors.into_inner();
+        // This file's first, then the plugin-cfg.xml's, each in line order.
         errors.sort_by_key(|e| match e {
-            ConfigError::Invalid { line, .. } => *line,
-            _ => 0,
+            ConfigError::Invalid { file: f, line, .. } => (f != file, *line),
+            _ => (false, 0),
         });
         match errors.len() {
             0 => Ok(cfg),

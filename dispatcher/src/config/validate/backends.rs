@@ -17,13 +17,14 @@ impl Ctx<'_> {
     pub(super) fn backends(
         &self,
         raw: &[Spanned<RawBackend>],
+        farm_of: &HashMap<String, String>,
     ) -> (Vec<Backend>, HashMap<String, usize>, HashMap<String, usize>) {
         if raw.len() > MAX_BACKENDS as usize {
             self.report(raw[MAX_BACKENDS as usize].span(), "backend", format!("at most {MAX_BACKENDS} backends"));
         }
         let by_name = self.backend_names(raw);
         let mut clone_owner: HashMap<String, usize> = HashMap::new();
-        let backends = (0..raw.len()).map(|i| self.backend(i, raw, &by_name, &mut clone_owner)).collect();
+        let backends = (0..raw.len()).map(|i| self.backend(i, raw, &by_name, &mut clone_owner, farm_of)).collect();
         (backends, by_name, clone_owner)
     }
 
@@ -54,6 +55,7 @@ impl Ctx<'_> {
         raw: &[Spanned<RawBackend>],
         by_name: &HashMap<String, usize>,
         clone_owner: &mut HashMap<String, usize>,
+        farm_of: &HashMap<String, String>,
     ) -> Backend {
         let b = raw[i].get_ref();
         let f = |field: &str| format!("backend[{i}].{field}");
@@ -78,7 +80,7 @@ impl Ctx<'_> {
             }
             Some(&ri) => Some(ri),
         });
-        self.backend_ids(i, raw, clone_owner);
+        self.backend_ids(i, raw, clone_owner, farm_of);
         Backend {
             name: b.name.get_ref().clone(),
             address,
@@ -157,7 +159,13 @@ impl Ctx<'_> {
     }
 
     /// `clone_ids` and `logical_names`: tokens, each of one backend only.
-    fn backend_ids(&self, i: usize, raw: &[Spanned<RawBackend>], clone_owner: &mut HashMap<String, usize>) {
+    fn backend_ids(
+        &self,
+        i: usize,
+        raw: &[Spanned<RawBackend>],
+        clone_owner: &mut HashMap<String, usize>,
+        farm_of: &HashMap<String, String>,
+    ) {
         let b = raw[i].get_ref();
         let f = |field: &str| format!("backend[{i}].{field}");
         let ids = b
@@ -182,13 +190,11 @@ impl Ctx<'_> {
                     format!("`{id}` looks like a whole session ID: give the logical name before its `.<digits>`"),
                 );
             } else if let Some(&prev) = clone_owner.get(id) {
+                let owner = raw[prev].get_ref().name.get_ref();
                 self.report(
                     c.span(),
                     &f(field),
-                    format!(
-                        "{what} `{id}` is already a clone ID or logical name of backend `{}`",
-                        raw[prev].get_ref().name.get_ref()
-                    ),
+                    super::plugin::clone_clash(id, what, owner, b.name.get_ref(), farm_of),
                 );
             } else {
                 clone_owner.insert(id.clone(), i);
