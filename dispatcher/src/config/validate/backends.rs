@@ -12,19 +12,23 @@ use crate::mac::{check_unicast_mac, parse_mac};
 
 impl Ctx<'_> {
     /// `[[backend]]`: the backends, their ids by name, and which backend each configured
-    /// clone ID belongs to.
+    /// clone ID belongs to. `later`: the plugin-cfg.xml's servers that come after them
+    /// (a replica may name one).
     #[allow(clippy::type_complexity)]
     pub(super) fn backends(
         &self,
         raw: &[Spanned<RawBackend>],
         farm_of: &HashMap<String, String>,
+        later: &[String],
     ) -> (Vec<Backend>, HashMap<String, usize>, HashMap<String, usize>) {
         if raw.len() > MAX_BACKENDS as usize {
             self.report(raw[MAX_BACKENDS as usize].span(), "backend", format!("at most {MAX_BACKENDS} backends"));
         }
         let by_name = self.backend_names(raw);
+        let mut replicas = by_name.clone();
+        replicas.extend(later.iter().enumerate().map(|(k, n)| (n.clone(), raw.len() + k)));
         let mut clone_owner: HashMap<String, usize> = HashMap::new();
-        let backends = (0..raw.len()).map(|i| self.backend(i, raw, &by_name, &mut clone_owner, farm_of)).collect();
+        let backends = (0..raw.len()).map(|i| self.backend(i, raw, &replicas, &mut clone_owner, farm_of)).collect();
         (backends, by_name, clone_owner)
     }
 

@@ -411,3 +411,6 @@ impl Ctx<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

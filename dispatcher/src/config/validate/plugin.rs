@@ -18,7 +18,10 @@
 use std::{collections::HashMap, io::Read, net::Ipv4Addr};
 
 use super::{farms::RouteLabel, farms::Taken, http::is_token, *};
-use crate::routes::plugin_cfg::{self, LoadBalance, PluginConfig, Protocol, Server, ServerCluster};
+use crate::routes::{
+    import::{farm_port, primaries, transport},
+    plugin_cfg::{self, LoadBalance, PluginConfig, Server},
+};
 
 /// The file as read, and how its errors and warnings name it.
 pub(super) struct PluginFile {
@@ -31,31 +34,16 @@ pub(super) struct PluginFile {
 /// The shortest and longest `plugin_refresh`.
 const REFRESH: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(3600));
 
-/// The http transport of a server (else its https one), and whether it is https.
-fn transport(s: &Server) -> (&str, u16, bool) {
-    let t = s.transports.iter().find(|t| t.protocol == Protocol::Http).unwrap_or(&s.transports[0]);
-    (&t.hostname, t.port, t.protocol == Protocol::Https)
-}
-
-/// The farm's port: the most common among its servers (the first at a tie).
-pub(super) fn farm_port(c: &ServerCluster) -> u16 {
-    let mut best = (0, 0);
-    for s in &c.servers {
-        let port = transport(s).1;
-        let n = c.servers.iter().filter(|o| transport(o).1 == port).count();
-        if n > best.1 {
-            best = (port, n);
+/// The file's servers no `[[backend]]` names, in the order they become backends (after
+/// the TOML's).
+pub(super) fn file_only_servers(p: Option<&PluginFile>, raw: &[Spanned<RawBackend>]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for s in p.iter().flat_map(|p| &p.cfg.server_clusters).flat_map(|c| &c.servers) {
+        if !raw.iter().any(|b| *b.get_ref().name.get_ref() == s.name) && !out.contains(&s.name) {
+            out.push(s.name.clone());
         }
     }
-    best.0
-}
-
-/// The primaries: `PrimaryServers`, or every server not a backup.
-fn primaries(c: &ServerCluster) -> Vec<&str> {
-    match &c.primary {
-        Some(p) => p.iter().map(String::as_str).collect(),
-        None => c.servers.iter().map(|s| s.name.as_str()).filter(|n| !c.backup.iter().any(|b| b == n)).collect(),
-    }
+    out
 }
 
 impl Ctx<'_> {
@@ -123,7 +111,7 @@ impl Ctx<'_> {
     ) {
         let mut cluster_of: HashMap<&str, (&str, u32)> = HashMap::new();
         for c in &p.cfg.server_clusters {
-            let port = farm_port(c);
+            let port = farm_port(c).0;
             for s in &c.servers {
                 if let Some((other, line)) = cluster_of.insert(&s.name, (&c.name, c.line)) {
                     self.file_report(
@@ -310,7 +298,7 @@ impl Ctx<'_> {
                     LoadBalance::RoundRobin => Balance::RoundRobin,
                     LoadBalance::Random => Balance::Random,
                 },
-                port: Some(farm_port(c)),
+                port: Some(farm_port(c).0),
                 fail_back: true,
                 session_format: SessionFormat::WebSphere,
                 slow_start: None,
