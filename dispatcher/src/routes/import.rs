@@ -38,7 +38,7 @@
 use std::{collections::BTreeSet, fmt::Write};
 
 use super::{
-    plugin_cfg::{LoadBalance, PluginConfig, Protocol, Server, ServerCluster},
+    plugin_cfg::{LoadBalance, PluginConfig, Protocol, Server, ServerCluster, Uri, UriGroup},
     HostPattern,
 };
 
@@ -69,6 +69,20 @@ pub fn farm_port(c: &ServerCluster) -> (u16, bool) {
         }
     }
     (best.0, best.1)
+}
+
+/// A UriGroup's URIs by their (AffinityCookie, AffinityURLIdentifier), in the order the
+/// pairs first appear: one route each.
+pub fn by_affinity(group: &UriGroup) -> Vec<((&str, &str), Vec<&Uri>)> {
+    let mut out: Vec<((&str, &str), Vec<&Uri>)> = Vec::new();
+    for u in &group.uris {
+        let a = (u.affinity_cookie.as_str(), u.affinity_url_identifier.as_str());
+        match out.iter_mut().find(|(k, _)| *k == a) {
+            Some((_, list)) => list.push(u),
+            None => out.push((a, vec![u])),
+        }
+    }
+    out
 }
 
 /// The primary servers: `PrimaryServers`, or every server not in `BackupServers`.
@@ -199,19 +213,8 @@ pub fn to_toml(cfg: &PluginConfig, source: &str) -> String {
     for r in &cfg.routes {
         let Some(group) = cfg.uri_groups.iter().find(|g| g.name == r.uri_group) else { continue };
         let Some(hosts) = cfg.virtual_host_groups.iter().find(|g| g.name == r.virtual_host_group) else { continue };
-        let mut affinities: Vec<(&str, &str)> = Vec::new();
-        for u in &group.uris {
-            let a = (u.affinity_cookie.as_str(), u.affinity_url_identifier.as_str());
-            if !affinities.contains(&a) {
-                affinities.push(a);
-            }
-        }
-        for (cookie, param) in affinities {
-            let uris = group
-                .uris
-                .iter()
-                .filter(|u| u.affinity_cookie == cookie && u.affinity_url_identifier == param)
-                .map(|u| u.name.as_str());
+        for ((cookie, param), uris) in by_affinity(group) {
+            let uris = uris.into_iter().map(|u| u.name.as_str());
             let _ = writeln!(
                 w,
                 "\n[[route]]    # line {}: UriGroup {:?}, VirtualHostGroup {:?}",

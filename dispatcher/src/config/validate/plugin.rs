@@ -19,7 +19,7 @@ use std::{collections::HashMap, io::Read, net::Ipv4Addr};
 
 use super::{farms::RouteLabel, farms::Taken, http::is_token, *};
 use crate::routes::{
-    import::{farm_port, primaries, transport},
+    import::{by_affinity, farm_port, primaries, transport},
     plugin_cfg::{self, LoadBalance, PluginConfig, Server},
 };
 
@@ -335,7 +335,6 @@ impl Ctx<'_> {
             if uris.uris.is_empty() || hosts.hosts.is_empty() {
                 continue;
             }
-            let mut affinities: Vec<(&str, &str)> = Vec::new();
             for u in &uris.uris {
                 for (name, what) in
                     [(&u.affinity_cookie, "AffinityCookie"), (&u.affinity_url_identifier, "AffinityURLIdentifier")]
@@ -344,18 +343,9 @@ impl Ctx<'_> {
                         self.file_report(&p.shown, u.line, format!("Uri {what}={name:?}: 1 to 64 token characters"));
                     }
                 }
-                let a = (u.affinity_cookie.as_str(), u.affinity_url_identifier.as_str());
-                if !affinities.contains(&a) {
-                    affinities.push(a);
-                }
             }
-            for (cookie, param) in affinities {
-                let uris = uris
-                    .uris
-                    .iter()
-                    .filter(|u| u.affinity_cookie == cookie && u.affinity_url_identifier == param)
-                    .map(|u| u.name.clone())
-                    .collect();
+            for ((cookie, param), list) in by_affinity(uris) {
+                let uris = list.into_iter().map(|u| u.name.clone()).collect();
                 routes.push(Route {
                     vips: on.clone(),
                     hosts: hosts.hosts.clone(),
