@@ -184,11 +184,14 @@ pub struct Config {
     pub admin_address: Option<SocketAddr>,
     pub backends: Vec<Backend>,
     pub vips: Vec<Vip>,
-    /// `[[farm]]`, then one made for each HTTP VIP that no `[[route]]` applies to (from
-    /// its own `backends` and settings: `Farm::implicit`).
+    /// `[[farm]]`, then the `[http] plugin_config` file's `ServerCluster`s, then one made
+    /// for each HTTP VIP that no route applies to (from its own `backends` and settings:
+    /// `Farm::implicit`).
     pub farms: Vec<Farm>,
-    /// `[[route]]`, then a catch-all for each implicit farm's VIP. Every HTTP VIP has at
-    /// least one.
+    /// `[[route]]`, then the plugin_config file's `Route`s (one per cookie and URL
+    /// parameter of its URI group), then a catch-all for each implicit farm's VIP. Every
+    /// HTTP VIP that forwards has at least one; one a route applies to has its farms'
+    /// members as `backends`.
     pub routes: Vec<Route>,
     pub partitions: Vec<Partition>,
     pub http: HttpSettings,

@@ -114,7 +114,13 @@ impl Ctx<'_> {
     /// `address`, `address6` and `mac`.
     fn backend_addresses(&self, i: usize, b: &RawBackend) -> (Ipv4Addr, Option<Ipv6Addr>, Option<[u8; 6]>) {
         let f = |field: &str| format!("backend[{i}].{field}");
-        let address: Ipv4Addr = match self.parsed::<Ipv4Addr>(&b.address, &f("address"), "an IPv4 address") {
+        // `dispatcher import` prints a plugin-cfg.xml's host names as they are.
+        let what = if b.address.get_ref().bytes().any(|c| c.is_ascii_alphabetic()) {
+            "an IPv4 address (a host name is not resolved: write its address)"
+        } else {
+            "an IPv4 address"
+        };
+        let address: Ipv4Addr = match self.parsed::<Ipv4Addr>(&b.address, &f("address"), what) {
             Ok(a) => {
                 self.host_address(IpAddr::V4(a), &b.address, &f("address"));
                 a

@@ -424,6 +424,13 @@ fn plugin_config_errors_name_the_file_and_its_line() {
 #[test]
 fn the_imported_toml_with_a_vip_is_a_valid_configuration() {
     let cfg = crate::routes::plugin_cfg::parse(&std::fs::read(PLUGIN).unwrap()).unwrap();
+    let vip = "\n[[vip]]\nname = \"web_80\"\naddress = \"192.0.2.10\"\nport = 80\nmode = \"http\"\n";
+    let as_is = format!("[dispatcher]\ninterface = \"eth0\"\n{}{vip}", crate::routes::import::to_toml(&cfg, "x"));
+    let e = err_of(&as_is);
+    assert!(
+        e.contains("`portal1.cell.example` is not an IPv4 address (a host name is not resolved: write its address)"),
+        "{e}"
+    );
     let imported =
         crate::routes::import::to_toml(&cfg, "plugin-cfg.xml").replace("\"portal1.cell.example\"", "\"10.0.3.31\"");
     let text = format!(
