@@ -5,7 +5,10 @@
 //! the VIP-level settings that belong to a farm (`backends`, `balance`, `fail_back`,
 //! `session_format`, `slow_start`) are refused on it, with the farm's field to use.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    net::IpAddr,
+};
 
 use super::{http::is_token, *};
 use crate::routes;
@@ -356,6 +359,48 @@ impl Ctx<'_> {
                 }
             }
             v.backends = members;
+        }
+    }
+
+    /// A farm member that is one of the HTTP VIPs (at the port the farm's requests go
+    /// to) would send the VIP's requests back to the dispatcher: as `vips::no_loops` for
+    /// a VIP's own backends.
+    pub(super) fn routed_loops(
+        &self,
+        raw: &[Spanned<RawVip>],
+        vips: &[Vip],
+        backends: &[Backend],
+        farms: &[Farm],
+        routes: &[Route],
+    ) {
+        let listening: Vec<(IpAddr, u16, &str)> =
+            vips.iter().filter(|v| v.serves_http()).map(|v| (v.address, v.port, v.name.as_str())).collect();
+        for (i, v) in vips.iter().enumerate() {
+            let Some(h) = v.served_http() else { continue };
+            let mut seen = HashSet::new();
+            for r in routes.iter().filter(|r| r.vips.contains(&i)) {
+                let f = &farms[r.farm];
+                for &b in f.servers.iter().chain(&f.backup_servers) {
+                    let (addr, port) =
+                        (IpAddr::V4(backends[b].address), backends[b].port.or(f.port).unwrap_or(h.backend_port));
+                    let hit = listening.iter().find(|(a, p, _)| {
+                        *p == port
+                            && (*a == addr || (a.is_unspecified() && (addr.is_loopback() || addr.is_unspecified())))
+                    });
+                    if let Some((a, p, name)) = hit.filter(|_| seen.insert(b)) {
+                        self.report(
+                            raw[i].span(),
+                            &format!("vip[{i}]"),
+                            format!(
+                                "backend `{}` ({addr}:{port}) of farm `{}` is HTTP VIP `{name}` ({}): its requests would come back to this dispatcher (a loop)",
+                                backends[b].name,
+                                f.name,
+                                std::net::SocketAddr::new(*a, *p)
+                            ),
+                        );
+                    }
+                }
+            }
         }
     }
 

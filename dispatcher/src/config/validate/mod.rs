@@ -148,6 +148,7 @@ impl Ctx<'_> {
             labels.extend(l);
         }
         self.routed_vips(&raw.vips, &mut vips, &routed, &farms, &routes);
+        self.routed_loops(&raw.vips, &vips, &backends, &farms, &routes);
         self.routing_warnings(&vips, &farms, &routes, &labels);
         let (implicit, catch_all) = implicit_farms(&vips, &backends, &routed, farms.len(), &http);
         farms.extend(implicit);

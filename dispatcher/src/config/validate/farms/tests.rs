@@ -233,6 +233,12 @@ fn a_routed_vip_refuses_the_farm_settings_and_a_vip_with_neither_keeps_its_error
     let no_vip = no_vip.replace("vips = [\"web\"]\n", "");
     let e = err_of(&no_vip);
     assert!(e.contains("route[0].vips: applies to every HTTP VIP, and there is none that forwards"), "{e}");
+    // A farm member that is the VIP itself, at the farm's port: a loop.
+    let e = err_of(&BASE.replace("address = \"10.0.2.1\"", "address = \"10.0.100.1\"\nport = 80"));
+    assert!(
+        e.contains("vip[0]: backend `a1` (10.0.100.1:80) of farm `admin` is HTTP VIP `web` (10.0.100.1:80): its requests would come back to this dispatcher (a loop)"),
+        "{e}"
+    );
     // A farm named like an HTTP VIP that keeps its own farm.
     let clash = none.replace("backends = []", "backends = [\"s1\"]").replace("name = \"admin\"", "name = \"empty\"");
     let clash = clash.replace("farm = \"admin\"", "farm = \"empty\"");
