@@ -723,6 +723,14 @@ impl Config {
         self.bpffs.join("dispatcher").join(&self.instance)
     }
 
+    /// The HTTP port of backend `b` behind an HTTP VIP whose `backend_port` is
+    /// `backend_port`: its own `port`, else its farm's (a `[[farm]]` or a plugin-cfg.xml
+    /// cluster), else the VIP's.
+    pub fn backend_http_port(&self, b: usize, backend_port: u16) -> u16 {
+        let farm = || self.farms.iter().filter(|f| !f.implicit).find(|f| f.members().any(|m| m == b));
+        self.backends[b].port.or_else(|| farm().and_then(|f| f.port)).unwrap_or(backend_port)
+    }
+
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let file = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { file: file.clone(), source })?;
