@@ -99,7 +99,11 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
         cfg.vips.len(),
         cfg.backends.len()
     ));
-    let mut agent = Agent { path, live, admin, current, group, notifier, ebpf: dp.ebpf, attached };
+    for w in &cfg.warnings {
+        tracing::warn!("{w}");
+    }
+    let plugin_watch = PluginWatch::new(&cfg);
+    let mut agent = Agent { path, live, admin, current, group, notifier, ebpf: dp.ebpf, attached, plugin_watch };
     let (why, keep_dataplane) = rt.block_on(agent.serve(request_rx, keep_dataplane))?;
     agent.notifier.send(&format!("STOPPING=1\nSTATUS=stopping ({why})"));
     admin_task.abort();
@@ -454,6 +458,8 @@ struct Agent<'a> {
     notifier: crate::notify::Notifier,
     ebpf: aya::Ebpf,
     attached: Attachment,
+    /// `[http] plugin_config` as last seen.
+    plugin_watch: PluginWatch,
 }
 
 impl Agent<'_> {
@@ -497,8 +503,15 @@ impl Agent<'_> {
         }
     }
 
-    /// The pins kept, and a pending join tried again.
+    /// The pins kept, a pending join tried again, and a changed plugin-cfg.xml reloaded.
     fn every_second(&mut self) {
+        if let Some(path) = self.plugin_watch.changed(&self.live.cfg, std::time::Instant::now()) {
+            // As SIGHUP: the whole configuration is read again, the file with it; one that
+            // fails to parse or validate is refused and the running one stays.
+            tracing::info!(file = %path.display(), "plugin_config changed: reloading");
+            let (reply, _) = tokio::sync::oneshot::channel();
+            let _ = self.admin.requests.send(AgentRequest::Reload(reply));
+        }
         let a = &mut self.attached;
         let missing = keep_pins(&a.pins, &mut self.ebpf, &mut a.link, &a.prog_path, &a.link_path);
         *self.admin.pins_missing.lock().unwrap() = missing;
@@ -749,6 +762,50 @@ impl Running {
 
 /// How often the agent checks that its pins are still there.
 const PIN_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// What says a file changed: written in place (mtime, size) or replaced by a rename, as
+/// deployment tools do (device and inode); `None`: not there.
+type FileStamp = Option<(Option<std::time::SystemTime>, u64, u64, u64)>;
+
+fn file_stamp(path: &Path) -> FileStamp {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.modified().ok(), m.dev(), m.ino(), m.len()))
+}
+
+/// `[http] plugin_config` watched: looked at every `plugin_refresh` (the plug-in's
+/// `RefreshInterval`), a reload asked for when it changed since the last look.
+struct PluginWatch {
+    seen: Option<(std::path::PathBuf, FileStamp)>,
+    next: std::time::Instant,
+}
+
+impl PluginWatch {
+    /// As the file is now (just after `cfg` was read from it).
+    fn new(cfg: &Config) -> PluginWatch {
+        let seen = cfg.http.plugin_config.as_ref().map(|p| (p.clone(), file_stamp(p)));
+        PluginWatch { seen, next: std::time::Instant::now() + cfg.http.plugin_refresh }
+    }
+
+    /// The file, if it is time to look and it changed since the last look (the running
+    /// configuration `cfg` says which file, and how often).
+    fn changed(&mut self, cfg: &Config, now: std::time::Instant) -> Option<std::path::PathBuf> {
+        let Some(path) = &cfg.http.plugin_config else {
+            self.seen = None;
+            return None;
+        };
+        if now < self.next && self.seen.as_ref().is_some_and(|(p, _)| p == path) {
+            return None;
+        }
+        self.next = now + cfg.http.plugin_refresh;
+        let stamp = file_stamp(path);
+        let before = self.seen.replace((path.clone(), stamp));
+        match before {
+            // Another file since a reload: the reload read it.
+            Some((p, old)) if p == *path && old != stamp => Some(path.clone()),
+            _ => None,
+        }
+    }
+}
 /// After leaving (or at stop), how long a dispatcher behind a router keeps steering what
 /// still arrives before it exits: the router's BGP update and the others' table change
 /// take milliseconds (measured); this is generous.
@@ -857,5 +914,41 @@ mod tests {
         assert!(Running::own_pin_matches(&cluster("\"d0@02:00:00:00:00:01\""), "eth0", mac).is_ok());
         let e = Running::own_pin_matches(&cluster("\"d0@02:00:00:00:00:02\""), "eth0", mac).unwrap_err();
         assert!(e.to_string().contains("pins d0 to 02:00:00:00:00:02, but eth0 has 02:00:00:00:00:01"), "{e}");
+    }
+
+    /// The watch asks for a reload when the file is written in place or replaced by a
+    /// rename, once per change, not before `plugin_refresh` has passed, and not for a
+    /// file a reload has just read.
+    #[test]
+    fn a_changed_plugin_config_is_reloaded_once_per_change() {
+        let dir = std::env::temp_dir().join(format!("dispatcher-watch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let xml = dir.join("plugin-cfg.xml");
+        std::fs::write(&xml, "<Config/>").unwrap();
+        let mut cfg = Config::parse("[dispatcher]\ninterface = \"lo\"\n", "t").unwrap();
+        cfg.http.plugin_config = Some(xml.clone());
+        cfg.http.plugin_refresh = std::time::Duration::from_secs(5);
+        let mut w = PluginWatch::new(&cfg);
+        let t0 = std::time::Instant::now();
+        let later = |s| t0 + std::time::Duration::from_secs(s);
+        assert_eq!(w.changed(&cfg, later(6)), None, "unchanged");
+        std::fs::write(&xml, "<Config RefreshInterval=\"5\"/>").unwrap();
+        assert_eq!(w.changed(&cfg, later(7)), None, "not time to look yet");
+        assert_eq!(w.changed(&cfg, later(11)), Some(xml.clone()), "written in place");
+        assert_eq!(w.changed(&cfg, later(17)), None, "once per change");
+        // Replaced by a rename, same size and (possibly) the same mtime: a new inode.
+        let new = dir.join("plugin-cfg.xml.new");
+        std::fs::write(&new, "<Config RefreshInterval=\"5\"/>").unwrap();
+        std::fs::rename(&new, &xml).unwrap();
+        assert_eq!(w.changed(&cfg, later(23)), Some(xml.clone()), "replaced by rename");
+        // Removed: a change too (the reload will say the file cannot be read).
+        std::fs::remove_file(&xml).unwrap();
+        assert_eq!(w.changed(&cfg, later(29)), Some(xml.clone()));
+        // Another file after a reload: the reload read it, no reload asked.
+        cfg.http.plugin_config = Some(dir.join("other.xml"));
+        assert_eq!(w.changed(&cfg, later(30)), None);
+        cfg.http.plugin_config = None;
+        assert_eq!(w.changed(&cfg, later(40)), None);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -318,7 +318,7 @@ fn every_validation_message_names_line_and_field() {
         ("sticky_time = \"30s\"", 0, "sticky_time = \"30 parsecs\"", "vip[0].sticky_time: `30 parsecs` is not a duration (e.g. \"2s\", \"500ms\", \"1m 30s\"): unknown time unit \"parsecs\"", None),
         ("sticky_time = \"30s\"", 0, "sticky_time = \"500ms\"", "vip[0].sticky_time: must be at least 1s", None),
         ("sticky_time = \"30s\"", 0, "sticky_time = \"s\"", "vip[0].sticky_time: `s` is not a duration (e.g. \"2s\", \"500ms\", \"1m 30s\"): expected number", None),
-        ("balance = \"round_robin\"", 0, "balance = \"random\"", "vip[0].balance: `random` is not one of round_robin, least_outstanding", None),
+        ("balance = \"round_robin\"", 0, "balance = \"fastest\"", "vip[0].balance: `fastest` is not one of round_robin, least_outstanding, random", None),
         ("backend_port = 9080", 0, "backend_port = 0", "vip[1].backend_port: must be 1..=65535", None),
         ("insert_cookie = \"SRV\"", 0, "insert_cookie = \"S R\"", "vip[1].insert_cookie: `S R` is not a cookie name (1 to 64 token characters)", None),
         ("insert_cookie = \"SRV\"", 0, "insert_cookie = \"JSESSIONID\"", "vip[1].insert_cookie: `JSESSIONID` is the session cookie (http.cookie_name): name the dispatcher's own", None),
@@ -490,6 +490,8 @@ fn the_readme_example_validates_and_documents_every_field() {
         pki.ca("ca");
         pki.leaf("ca", "shop", "shop.example", &["shop.example"], 90);
         pki.leaf("ca", "client", "dispatcher", &["dispatcher.example"], 90);
+        // Its [http] plugin_config: WebSphere's file, here with nothing in it.
+        std::fs::write(dir.join("plugin-cfg.xml"), "<Config RefreshInterval=\"60\"/>\n").unwrap();
     });
     assert_eq!(code, 0, "the README example must validate:\n{err}");
     assert!(out.contains("ok ("), "{out}");
@@ -517,12 +519,17 @@ fn the_readme_example_validates_and_documents_every_field() {
         ("max_connections = 1000", "vip.tls.certificate"),
         ("max_connections = 1000", "vip.backend_tls"),
         ("format = \"json\"", "access_log"),
+        ("buffer = 65536", "farm"),
+        ("buffer = 65536", "route"),
     ] {
         // A sub-table of the `web` VIP holding the unknown field.
         let anchor_text = match table {
             "vip.tls" => format!("{anchor}\n[vip.tls]"),
             "vip.tls.certificate" => format!("{anchor}\n[vip.tls]\n[[vip.tls.certificate]]\ncert = \"c\"\nkey = \"k\""),
             "vip.backend_tls" => format!("{anchor}\n[vip.backend_tls]"),
+            // New tables after the file's last line.
+            "farm" => format!("{anchor}\n[[farm]]\nname = \"f\"\nservers = [\"a\"]"),
+            "route" => format!("{anchor}\n[[route]]\nhosts = [\"*\"]\nuris = [\"/*\"]\nfarm = \"f\""),
             _ => anchor.to_string(),
         };
         let (code, _, err) = check(&FULL.replacen(anchor, &format!("{anchor_text}\nno_such_field = 1"), 1));
@@ -663,4 +670,37 @@ fn redirect_host_is_a_host_and_port() {
     let (code, _, err) = check_with(&text, pki);
     assert_eq!(code, 1);
     assert!(err.contains("vip[0].redirect_host: applies to a redirecting VIP only (with redirect_to)"), "{err}");
+}
+
+/// `[http] plugin_config` and `[[route]]`: what cannot take effect or is not used is a
+/// warning by name and line (exit 0); a file that does not parse is an error at its line.
+#[test]
+fn check_warns_about_unused_plugin_settings_and_routes_that_can_never_win() {
+    let xml = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../dispatcher/src/routes/testdata/plugin-cfg.xml"))
+        .unwrap();
+    let text = "[dispatcher]\ninterface = \"eth0\"\n\n[http]\nplugin_config = \"plugin-cfg.xml\"\n\n\
+                [[backend]]\nname = \"portalNode_portal1\"\naddress = \"10.0.3.31\"\n\n\
+                [[vip]]\nname = \"web\"\naddress = \"10.0.100.1\"\nport = 80\nmode = \"http\"\n\n\
+                [[route]]\nhosts = [\"*:8080\"]\nuris = [\"/x/*\"]\nfarm = \"admin_cluster\"\n\n\
+                [[route]]\nhosts = [\"*:8080\"]\nuris = [\"/x/*\"]\nfarm = \"shop_cluster\"\n";
+    let (code, out, err) = check_with(text, |dir| std::fs::write(dir.join("plugin-cfg.xml"), &xml).unwrap());
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("ok (1 VIPs, 8 backends)"), "{out}");
+    let second = text.rfind("[[route]]").map(|at| text[..at].matches('\n').count() + 1).unwrap();
+    let first = line_of(text, "[[route]]");
+    let want = format!("/d.toml:{second}: route[1]: can never win (VIP web): each of its virtual hosts and URIs is matched first by route[0] (");
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("warning: ") && l.contains(&want) && l.ends_with(&format!("/d.toml:{first})"))),
+        "{err}"
+    );
+    assert!(
+        err.contains("/plugin-cfg.xml:20: <ServerCluster> \"shop_cluster\" RetryInterval=\"60\" is not implemented: health checks decide"),
+        "{err}"
+    );
+    // A broken file: refused, at its line.
+    let (code, _, err) =
+        check_with(text, |dir| std::fs::write(dir.join("plugin-cfg.xml"), "<Config>\n<Route/>\n</Config>\n").unwrap());
+    assert_eq!(code, 1);
+    assert!(err.contains("/plugin-cfg.xml:2: "), "{err}");
 }

@@ -200,3 +200,93 @@ fn reload_under_load_refuses_nothing_and_keeps_sessions() {
     let st: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(st["counters"]["misroutes"], 0, "{st}");
 }
+
+/// A plugin-cfg.xml with the servers `servers` (one ServerCluster, one catch-all Route).
+fn plugin_cfg(servers: &[usize]) -> String {
+    let mut s = String::from(
+        "<?xml version=\"1.0\" encoding=\"ISO-8859-1\"?>\n<Config RefreshInterval=\"60\">\n\
+         <VirtualHostGroup Name=\"default_host\"><VirtualHost Name=\"*:*\"/></VirtualHostGroup>\n\
+         <ServerCluster LoadBalance=\"Round Robin\" Name=\"app_cluster\" RetryInterval=\"60\">\n",
+    );
+    for &i in servers {
+        s += &format!(
+            "<Server Name=\"b{i}\"><Transport Hostname=\"{}\" Port=\"{PORT}\" Protocol=\"http\"/></Server>\n",
+            backend_ip(i)
+        );
+    }
+    s += "</ServerCluster>\n<UriGroup Name=\"all\"><Uri Name=\"/*\"/></UriGroup>\n\
+          <Route ServerCluster=\"app_cluster\" UriGroup=\"all\" VirtualHostGroup=\"default_host\"/>\n</Config>\n";
+    s
+}
+
+/// `[http] plugin_config` is watched: a file replaced by rename (as deployment tools do)
+/// is read again by itself, within `plugin_refresh`; a broken one is refused and the
+/// running configuration stays (the reload contract); the file is re-read on `reload`.
+#[test]
+fn a_replaced_plugin_config_is_reloaded_and_a_broken_one_is_refused() {
+    let mut tb = Testbed::new(2, &[VIP]);
+    tb.add_local_vip(VIP);
+    let cluster = websphere::Clones::new(2);
+    tb.start_websphere(&cluster, PORT);
+    let toml = format!(
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nplugin_config = \"plugin-cfg.xml\"\nplugin_refresh = \"1s\"\n\n[health]\npath = \"/health\"\ninterval = \"200ms\"\n\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\n",
+        tb.instance()
+    );
+    let path = tb.write_config(&toml);
+    let xml = path.with_file_name("plugin-cfg.xml");
+    let replace = |text: &str| {
+        let new = path.with_file_name("plugin-cfg.xml.new");
+        std::fs::write(&new, text).unwrap();
+        std::fs::rename(&new, &xml).unwrap();
+    };
+    replace(&plugin_cfg(&[0]));
+    tb.start_dispatcher(&path);
+    let served = |tb: &Testbed| -> Vec<String> {
+        let (_, body) = tb.admin("GET", "/status").expect("the agent answers");
+        let st: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let list = st["backends"].as_array().cloned().unwrap_or_default();
+        list.iter().filter(|b| b["state"] != "retired").filter_map(|b| b["name"].as_str().map(String::from)).collect()
+    };
+    assert_eq!(served(&tb), ["b0"]);
+
+    // Replaced by rename with a server more: read again by itself.
+    replace(&plugin_cfg(&[0, 1]));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while served(&tb) != ["b0", "b1"] && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(served(&tb), ["b0", "b1"], "{}", tb.log("dispatcher"));
+    assert!(tb.log("dispatcher").contains("plugin_config changed: reloading"), "{}", tb.log("dispatcher"));
+
+    // Broken: refused, with the file's line; the running configuration stays.
+    replace("<Config>\n<Route ServerCluster=\"nope\" UriGroup=\"all\" VirtualHostGroup=\"x\"/>\n</Config>\n");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !tb.log("dispatcher").contains("reload refused") && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let log = tb.log("dispatcher");
+    assert!(log.contains("reload refused") && log.contains("plugin-cfg.xml:2: Route names ServerCluster"), "{log}");
+    assert_eq!(served(&tb), ["b0", "b1"], "the last good configuration stays");
+    // `dispatcher reload` reads it too, and says why it refuses.
+    let out = tb
+        .lb
+        .command(dispatcher_testbed::netns::dispatcher_bin())
+        .args(["reload", "--config", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("plugin-cfg.xml:2:"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Fixed: read again by itself.
+    let reloads = |tb: &Testbed| tb.log("dispatcher").matches("configuration reloaded").count();
+    let before = reloads(&tb);
+    replace(&plugin_cfg(&[1, 0]));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while reloads(&tb) == before && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(reloads(&tb), before + 1, "{}", tb.log("dispatcher"));
+}

@@ -13,6 +13,11 @@ pub fn check(file: &Path) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(1));
         }
     };
+    // What the file says that can never take effect (a route no request can reach) or is
+    // not used (plugin-cfg.xml attributes): warnings, by name and line; never a refusal.
+    for w in &cfg.warnings {
+        eprintln!("warning: {w}");
+    }
     // The TLS files: chains that parse, keys that match, expiry.
     let mut errors = 0;
     for (v, h) in cfg.vips.iter().filter_map(|v| Some((v, v.served_http()?))) {

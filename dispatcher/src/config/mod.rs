@@ -184,11 +184,14 @@ pub struct Config {
     pub admin_address: Option<SocketAddr>,
     pub backends: Vec<Backend>,
     pub vips: Vec<Vip>,
-    /// `[[farm]]`, then one made for each HTTP VIP that no `[[route]]` applies to (from
-    /// its own `backends` and settings: `Farm::implicit`).
+    /// `[[farm]]`, then the `[http] plugin_config` file's `ServerCluster`s, then one made
+    /// for each HTTP VIP that no route applies to (from its own `backends` and settings:
+    /// `Farm::implicit`).
     pub farms: Vec<Farm>,
-    /// `[[route]]`, then a catch-all for each implicit farm's VIP. Every HTTP VIP has at
-    /// least one.
+    /// `[[route]]`, then the plugin_config file's `Route`s (one per cookie and URL
+    /// parameter of its URI group), then a catch-all for each implicit farm's VIP. Every
+    /// HTTP VIP that forwards has at least one; one a route applies to has its farms'
+    /// members as `backends`.
     pub routes: Vec<Route>,
     pub partitions: Vec<Partition>,
     pub http: HttpSettings,
@@ -199,6 +202,10 @@ pub struct Config {
     pub announce: Option<AnnounceSettings>,
     /// `[access_log]`: one line per HTTP request (see `access_log`); `None`: off.
     pub access_log: Option<AccessLogSettings>,
+    /// What `dispatcher check` prints as warnings (each `file:line: message`): routes
+    /// that can never win, what the plugin-cfg.xml says that is not used. Never a reason
+    /// to refuse the file.
+    pub warnings: Vec<String>,
 }
 
 /// `[access_log]`.
@@ -446,6 +453,12 @@ pub struct HttpSettings {
     pub max_tls_handshakes: usize,
     /// TLS sessions kept for resumption by session ID (tickets need no state here).
     pub tls_session_cache: usize,
+    /// `plugin_config`: WebSphere's plugin-cfg.xml, whose servers, clusters and routes
+    /// are read as backends, farms and routes (relative to the TOML file's folder).
+    pub plugin_config: Option<PathBuf>,
+    /// `plugin_refresh`: how often the agent looks for a change of `plugin_config`
+    /// (default: the file's `RefreshInterval`, else 60 s; 1 s to 1 h).
+    pub plugin_refresh: Duration,
 }
 
 impl Default for HttpSettings {
@@ -481,6 +494,8 @@ impl Default for HttpSettings {
             max_connection_rate_per_source: 500,
             max_tls_handshakes: 1024,
             tls_session_cache: 20_000,
+            plugin_config: None,
+            plugin_refresh: Duration::from_secs(60),
         }
     }
 }
@@ -708,6 +723,14 @@ impl Config {
         self.bpffs.join("dispatcher").join(&self.instance)
     }
 
+    /// The HTTP port of backend `b` behind an HTTP VIP whose `backend_port` is
+    /// `backend_port`: its own `port`, else its farm's (a `[[farm]]` or a plugin-cfg.xml
+    /// cluster), else the VIP's.
+    pub fn backend_http_port(&self, b: usize, backend_port: u16) -> u16 {
+        let farm = || self.farms.iter().filter(|f| !f.implicit).find(|f| f.members().any(|m| m == b));
+        self.backends[b].port.or_else(|| farm().and_then(|f| f.port)).unwrap_or(backend_port)
+    }
+
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let file = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { file: file.clone(), source })?;
@@ -715,16 +738,17 @@ impl Config {
     }
 
     pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
-        let ctx = Ctx { text, file, errors: RefCell::new(Vec::new()) };
+        let ctx = Ctx { text, file, errors: RefCell::new(Vec::new()), warnings: RefCell::new(Vec::new()) };
         let raw: raw::RawConfig = toml::from_str(text).map_err(|e| {
             let line = e.span().map(|s| ctx.line(s.start)).unwrap_or(1);
             ConfigError::Invalid { file: file.to_string(), line, message: e.message().trim().to_string() }
         })?;
         let cfg = ctx.build(raw);
         let mut errors = ctx.errors.into_inner();
+        // This file's first, then the plugin-cfg.xml's, each in line order.
         errors.sort_by_key(|e| match e {
-            ConfigError::Invalid { line, .. } => *line,
-            _ => 0,
+            ConfigError::Invalid { file: f, line, .. } => (f != file, *line),
+            _ => (false, 0),
         });
         match errors.len() {
             0 => Ok(cfg),

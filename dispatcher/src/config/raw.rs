@@ -15,11 +15,43 @@ pub(super) struct RawConfig {
     pub(super) vips: Vec<Spanned<RawVip>>,
     #[serde(default, rename = "partition")]
     pub(super) partitions: Vec<Spanned<RawPartition>>,
+    #[serde(default, rename = "farm")]
+    pub(super) farms: Vec<Spanned<RawFarm>>,
+    #[serde(default, rename = "route")]
+    pub(super) routes: Vec<Spanned<RawRoute>>,
     pub(super) http: Option<Spanned<RawHttp>>,
     pub(super) health: Option<Spanned<RawHealth>>,
     pub(super) cluster: Option<Spanned<RawCluster>>,
     pub(super) announce: Option<Spanned<RawAnnounce>>,
     pub(super) access_log: Option<Spanned<RawAccessLog>>,
+}
+
+/// `[[farm]]`: WebSphere's `ServerCluster`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawFarm {
+    pub(super) name: Spanned<String>,
+    pub(super) servers: Spanned<Vec<Spanned<String>>>,
+    pub(super) backup_servers: Option<Spanned<Vec<Spanned<String>>>>,
+    pub(super) balance: Option<Spanned<String>>,
+    pub(super) port: Option<Spanned<u16>>,
+    pub(super) fail_back: Option<Spanned<bool>>,
+    pub(super) session_format: Option<Spanned<String>>,
+    pub(super) slow_start: Option<Spanned<String>>,
+    pub(super) connect_timeout: Option<Spanned<String>>,
+    pub(super) io_timeout: Option<Spanned<String>>,
+}
+
+/// `[[route]]`: virtual hosts and URIs to a farm.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRoute {
+    pub(super) vips: Option<Spanned<Vec<Spanned<String>>>>,
+    pub(super) hosts: Spanned<Vec<Spanned<String>>>,
+    pub(super) uris: Spanned<Vec<Spanned<String>>>,
+    pub(super) farm: Spanned<String>,
+    pub(super) cookie: Option<Spanned<String>>,
+    pub(super) url_parameter: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -113,6 +145,8 @@ pub(super) struct RawHttp {
     pub(super) max_connection_rate_per_source: Option<Spanned<usize>>,
     pub(super) max_tls_handshakes: Option<Spanned<usize>>,
     pub(super) tls_session_cache: Option<Spanned<usize>>,
+    pub(super) plugin_config: Option<Spanned<String>>,
+    pub(super) plugin_refresh: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -94,7 +94,7 @@ pub fn probes(cfg: &Config) -> Vec<Option<Probe>> {
             let sip_vip = vips.iter().find(|v| v.mode() == VipMode::Sip);
             let tcp_vip = vips.iter().find(|v| v.protocol == Protocol::Tcp);
             let (port, auto) = match (http_vip, sip_vip, tcp_vip) {
-                (Some(v), _, _) => (v.backend_port, ProbeKind::Http(h.path.clone())),
+                (Some(v), _, _) => (cfg.backend_http_port(b, v.backend_port), ProbeKind::Http(h.path.clone())),
                 (None, Some(v), _) => (v.port, ProbeKind::Sip),
                 (None, None, Some(v)) => (v.port, ProbeKind::Tcp),
                 (None, None, None) => return None,
@@ -308,5 +308,15 @@ mod tests {
         assert_eq!(h, Health::Down, "a flapping backend stays down");
         h = next(h, true, &mut s, 2, 3);
         assert_eq!(h, Health::Up, "rise consecutive successes");
+    }
+
+    /// A farm member is checked at the port its requests go to: its own, else its farm's,
+    /// else the VIP's backend port.
+    #[test]
+    fn farm_members_are_checked_at_their_farms_port() {
+        let text = "[dispatcher]\ninterface = \"eth0\"\n\n[[backend]]\nname = \"s1\"\naddress = \"10.0.1.1\"\n\n[[backend]]\nname = \"s2\"\naddress = \"10.0.1.2\"\nport = 9081\n\n[[backend]]\nname = \"s3\"\naddress = \"10.0.1.3\"\n\n[[vip]]\nname = \"web\"\naddress = \"10.0.100.1\"\nport = 80\nmode = \"http\"\nbackend_port = 8080\n\n[[farm]]\nname = \"f\"\nservers = [\"s1\", \"s2\"]\nport = 9080\n\n[[farm]]\nname = \"g\"\nservers = [\"s3\"]\n\n[[route]]\nhosts = [\"*\"]\nuris = [\"/a/*\"]\nfarm = \"f\"\n\n[[route]]\nhosts = [\"*\"]\nuris = [\"/*\"]\nfarm = \"g\"\n";
+        let cfg = crate::config::Config::parse(text, "t").unwrap();
+        let ports: Vec<Option<u16>> = probes(&cfg).iter().map(|p| p.as_ref().map(|p| p.addr.port())).collect();
+        assert_eq!(ports, [Some(9080), Some(9081), Some(8080)]);
     }
 }

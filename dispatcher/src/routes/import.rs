@@ -1,7 +1,8 @@
 //! `dispatcher import plugin-cfg.xml`: the file as this project's TOML, for an operator to
 //! review or take over. Names, clone IDs, URI patterns, cookie names, hosts and ports are
-//! kept as they are. What is printed (the schema of issue 28; the parser for it comes
-//! with the integration):
+//! kept as they are. What is printed (the `[[farm]]`/`[[route]]` schema `config` reads;
+//! with a `[[vip]]` added, and any host name replaced by its address, `dispatcher check`
+//! takes it):
 //!
 //! ```toml
 //! [[backend]]                    # one per Server (port: from its farm)
@@ -17,8 +18,8 @@
 //! servers = ["shop_node1_server1"]   # PrimaryServers, or every Server without it
 //! backup_servers = ["..."]           # BackupServers
 //! balance = "round_robin"            # or "random" (LoadBalance)
-//! retry_interval = "60s"             # RetryInterval
-//! port = 9080                        # the http Transport's port (https only: tls = true)
+//! # RetryInterval="60": not implemented (a comment: health checks decide)
+//! port = 9080                        # the http Transport's port (https only: a comment)
 //! connect_timeout = "5s"             # ConnectTimeout, when set
 //! io_timeout = "900s"                # ServerIOTimeout, when set
 //!
@@ -37,7 +38,7 @@
 use std::{collections::BTreeSet, fmt::Write};
 
 use super::{
-    plugin_cfg::{LoadBalance, PluginConfig, Protocol, Server, ServerCluster},
+    plugin_cfg::{LoadBalance, PluginConfig, Protocol, Server, ServerCluster, Uri, UriGroup},
     HostPattern,
 };
 
@@ -50,14 +51,15 @@ fn list<'a>(items: impl IntoIterator<Item = &'a str>) -> String {
     format!("[{}]", v.join(", "))
 }
 
-/// The http transport (else the https one) of a server.
-fn transport(s: &Server) -> (&str, u16, bool) {
+/// The http transport (else the https one) of a server: host, port, whether https.
+pub fn transport(s: &Server) -> (&str, u16, bool) {
     let t = s.transports.iter().find(|t| t.protocol == Protocol::Http).unwrap_or(&s.transports[0]);
     (&t.hostname, t.port, t.protocol == Protocol::Https)
 }
 
-/// The farm's port: the most common among its servers (the first at a tie).
-fn farm_port(c: &ServerCluster) -> (u16, bool) {
+/// The farm's port: the most common among its servers (the first at a tie), and whether
+/// it is an https one.
+pub fn farm_port(c: &ServerCluster) -> (u16, bool) {
     let mut best = (0, false, 0);
     for s in &c.servers {
         let (_, port, tls) = transport(s);
@@ -67,6 +69,28 @@ fn farm_port(c: &ServerCluster) -> (u16, bool) {
         }
     }
     (best.0, best.1)
+}
+
+/// A UriGroup's URIs by their (AffinityCookie, AffinityURLIdentifier), in the order the
+/// pairs first appear: one route each.
+pub fn by_affinity(group: &UriGroup) -> Vec<((&str, &str), Vec<&Uri>)> {
+    let mut out: Vec<((&str, &str), Vec<&Uri>)> = Vec::new();
+    for u in &group.uris {
+        let a = (u.affinity_cookie.as_str(), u.affinity_url_identifier.as_str());
+        match out.iter_mut().find(|(k, _)| *k == a) {
+            Some((_, list)) => list.push(u),
+            None => out.push((a, vec![u])),
+        }
+    }
+    out
+}
+
+/// The primary servers: `PrimaryServers`, or every server not in `BackupServers`.
+pub fn primaries(c: &ServerCluster) -> Vec<&str> {
+    match &c.primary {
+        Some(p) => p.iter().map(String::as_str).collect(),
+        None => c.servers.iter().map(|s| s.name.as_str()).filter(|n| !c.backup.iter().any(|b| b == n)).collect(),
+    }
 }
 
 /// The first server's value, and the servers whose value differs from it.
@@ -152,10 +176,7 @@ pub fn to_toml(cfg: &PluginConfig, source: &str) -> String {
 
     for c in &cfg.server_clusters {
         let (port, tls) = farm_port(c);
-        let servers: Vec<&str> = match &c.primary {
-            Some(p) => p.iter().map(String::as_str).collect(),
-            None => c.servers.iter().map(|s| s.name.as_str()).filter(|n| !c.backup.iter().any(|b| b == n)).collect(),
-        };
+        let servers = primaries(c);
         let _ = writeln!(w, "\n[[farm]]");
         let _ = writeln!(w, "name = {}", q(&c.name));
         let _ = writeln!(w, "servers = {}", list(servers));
@@ -167,10 +188,14 @@ pub fn to_toml(cfg: &PluginConfig, source: &str) -> String {
             LoadBalance::Random => "random",
         };
         let _ = writeln!(w, "balance = {}", q(balance));
-        let _ = writeln!(w, "retry_interval = \"{}s\"", c.retry_interval);
+        let _ = writeln!(
+            w,
+            "# RetryInterval=\"{}\": not implemented, health checks decide when a failed server is tried again",
+            c.retry_interval
+        );
         let _ = writeln!(w, "port = {port}");
         if tls {
-            let _ = writeln!(w, "tls = true    # the servers have only an https Transport");
+            let _ = writeln!(w, "# the servers have only an https Transport: set [vip.backend_tls] on the VIPs");
         }
         // One value per farm: the first server's that has one; servers that differ are named.
         for (key, value) in [
@@ -188,19 +213,8 @@ pub fn to_toml(cfg: &PluginConfig, source: &str) -> String {
     for r in &cfg.routes {
         let Some(group) = cfg.uri_groups.iter().find(|g| g.name == r.uri_group) else { continue };
         let Some(hosts) = cfg.virtual_host_groups.iter().find(|g| g.name == r.virtual_host_group) else { continue };
-        let mut affinities: Vec<(&str, &str)> = Vec::new();
-        for u in &group.uris {
-            let a = (u.affinity_cookie.as_str(), u.affinity_url_identifier.as_str());
-            if !affinities.contains(&a) {
-                affinities.push(a);
-            }
-        }
-        for (cookie, param) in affinities {
-            let uris = group
-                .uris
-                .iter()
-                .filter(|u| u.affinity_cookie == cookie && u.affinity_url_identifier == param)
-                .map(|u| u.name.as_str());
+        for ((cookie, param), uris) in by_affinity(group) {
+            let uris = uris.into_iter().map(|u| u.name.as_str());
             let _ = writeln!(
                 w,
                 "\n[[route]]    # line {}: UriGroup {:?}, VirtualHostGroup {:?}",
@@ -260,18 +274,18 @@ mod tests {
         assert_eq!(strings(&f["servers"]), ["shopNode1_shop1", "shopNode1_shop2", "shopNode2_shop3"]);
         assert_eq!(strings(&f["backup_servers"]), ["shopBackup_shop9"]);
         assert_eq!(f["balance"].as_str(), Some("round_robin"));
-        assert_eq!(f["retry_interval"].as_str(), Some("60s"));
+        assert!(f.get("retry_interval").is_none(), "not a setting: a comment");
         assert_eq!(f["port"].as_integer(), Some(9080));
         assert_eq!(f["connect_timeout"].as_str(), Some("5s"));
         assert_eq!(f["io_timeout"].as_str(), Some("900s"));
         let f = by_name(&t, "farm", "admin_cluster");
         assert_eq!(f["balance"].as_str(), Some("random"));
-        assert_eq!(f["retry_interval"].as_str(), Some("120s"));
+
         assert!(f.get("backup_servers").is_none());
         assert_eq!(strings(&f["servers"]), ["adminNode_admin1", "adminNode2_admin2"], "no PrimaryServers: all");
         let f = by_name(&t, "farm", "portal_cluster");
         assert_eq!(f["port"].as_integer(), Some(9443));
-        assert_eq!(f["tls"].as_bool(), Some(true));
+        assert!(f.get("tls").is_none(), "not a setting: a comment");
 
         let routes: Vec<&toml::Table> = t["route"].as_array().unwrap().iter().map(|r| r.as_table().unwrap()).collect();
         assert_eq!(routes.len(), 4, "the shop route is split by its two cookie names");

@@ -12,18 +12,23 @@ use crate::mac::{check_unicast_mac, parse_mac};
 
 impl Ctx<'_> {
     /// `[[backend]]`: the backends, their ids by name, and which backend each configured
-    /// clone ID belongs to.
+    /// clone ID belongs to. `later`: the plugin-cfg.xml's servers that come after them
+    /// (a replica may name one).
     #[allow(clippy::type_complexity)]
     pub(super) fn backends(
         &self,
         raw: &[Spanned<RawBackend>],
+        farm_of: &HashMap<String, String>,
+        later: &[String],
     ) -> (Vec<Backend>, HashMap<String, usize>, HashMap<String, usize>) {
         if raw.len() > MAX_BACKENDS as usize {
             self.report(raw[MAX_BACKENDS as usize].span(), "backend", format!("at most {MAX_BACKENDS} backends"));
         }
         let by_name = self.backend_names(raw);
+        let mut replicas = by_name.clone();
+        replicas.extend(later.iter().enumerate().map(|(k, n)| (n.clone(), raw.len() + k)));
         let mut clone_owner: HashMap<String, usize> = HashMap::new();
-        let backends = (0..raw.len()).map(|i| self.backend(i, raw, &by_name, &mut clone_owner)).collect();
+        let backends = (0..raw.len()).map(|i| self.backend(i, raw, &replicas, &mut clone_owner, farm_of)).collect();
         (backends, by_name, clone_owner)
     }
 
@@ -54,6 +59,7 @@ impl Ctx<'_> {
         raw: &[Spanned<RawBackend>],
         by_name: &HashMap<String, usize>,
         clone_owner: &mut HashMap<String, usize>,
+        farm_of: &HashMap<String, String>,
     ) -> Backend {
         let b = raw[i].get_ref();
         let f = |field: &str| format!("backend[{i}].{field}");
@@ -78,7 +84,7 @@ impl Ctx<'_> {
             }
             Some(&ri) => Some(ri),
         });
-        self.backend_ids(i, raw, clone_owner);
+        self.backend_ids(i, raw, clone_owner, farm_of);
         Backend {
             name: b.name.get_ref().clone(),
             address,
@@ -108,7 +114,13 @@ impl Ctx<'_> {
     /// `address`, `address6` and `mac`.
     fn backend_addresses(&self, i: usize, b: &RawBackend) -> (Ipv4Addr, Option<Ipv6Addr>, Option<[u8; 6]>) {
         let f = |field: &str| format!("backend[{i}].{field}");
-        let address: Ipv4Addr = match self.parsed::<Ipv4Addr>(&b.address, &f("address"), "an IPv4 address") {
+        // `dispatcher import` prints a plugin-cfg.xml's host names as they are.
+        let what = if b.address.get_ref().bytes().any(|c| c.is_ascii_alphabetic()) {
+            "an IPv4 address (a host name is not resolved: write its address)"
+        } else {
+            "an IPv4 address"
+        };
+        let address: Ipv4Addr = match self.parsed::<Ipv4Addr>(&b.address, &f("address"), what) {
             Ok(a) => {
                 self.host_address(IpAddr::V4(a), &b.address, &f("address"));
                 a
@@ -157,7 +169,13 @@ impl Ctx<'_> {
     }
 
     /// `clone_ids` and `logical_names`: tokens, each of one backend only.
-    fn backend_ids(&self, i: usize, raw: &[Spanned<RawBackend>], clone_owner: &mut HashMap<String, usize>) {
+    fn backend_ids(
+        &self,
+        i: usize,
+        raw: &[Spanned<RawBackend>],
+        clone_owner: &mut HashMap<String, usize>,
+        farm_of: &HashMap<String, String>,
+    ) {
         let b = raw[i].get_ref();
         let f = |field: &str| format!("backend[{i}].{field}");
         let ids = b
@@ -182,13 +200,11 @@ impl Ctx<'_> {
                     format!("`{id}` looks like a whole session ID: give the logical name before its `.<digits>`"),
                 );
             } else if let Some(&prev) = clone_owner.get(id) {
+                let owner = raw[prev].get_ref().name.get_ref();
                 self.report(
                     c.span(),
                     &f(field),
-                    format!(
-                        "{what} `{id}` is already a clone ID or logical name of backend `{}`",
-                        raw[prev].get_ref().name.get_ref()
-                    ),
+                    super::plugin::clone_clash(id, what, owner, b.name.get_ref(), farm_of),
                 );
             } else {
                 clone_owner.insert(id.clone(), i);

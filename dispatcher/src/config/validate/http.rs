@@ -4,9 +4,16 @@
 use super::*;
 
 /// A cookie name or URL parameter name (an HTTP token).
-fn is_token(t: &str) -> bool {
+pub(super) fn is_token(t: &str) -> bool {
     t.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
+
+/// `balance` of a VIP or a farm.
+pub(super) const BALANCES: &[(&str, Balance)] = &[
+    ("round_robin", Balance::RoundRobin),
+    ("least_outstanding", Balance::LeastOutstanding),
+    ("random", Balance::Random),
+];
 
 impl Ctx<'_> {
     /// `[http]`.
@@ -44,6 +51,10 @@ impl Ctx<'_> {
         };
         token(&h.cookie_name, "cookie_name", &mut s.cookie_name);
         token(&h.url_parameter, "url_parameter", &mut s.url_parameter);
+        s.plugin_config = h.plugin_config.as_ref().map(|p| self.path(p, "http.plugin_config"));
+        if let (Some(r), None) = (&h.plugin_refresh, &h.plugin_config) {
+            self.report(r.span(), "http.plugin_refresh", "applies with plugin_config only");
+        }
         s
     }
 
@@ -206,12 +217,7 @@ impl Ctx<'_> {
         raw_backends: &[Spanned<RawBackend>],
     ) -> HttpVip {
         let f = |field: &str| format!("vip[{i}].{field}");
-        let balance = self.choice(
-            &v.balance,
-            &f("balance"),
-            Balance::RoundRobin,
-            &[("round_robin", Balance::RoundRobin), ("least_outstanding", Balance::LeastOutstanding)],
-        );
+        let balance = self.choice(&v.balance, &f("balance"), Balance::RoundRobin, BALANCES);
         let session_format = self.session_format(i, v, members, raw_backends);
         let max_connections = v.max_connections.as_ref().and_then(|m| {
             if !(1..=MAX_CLIENT_CONNECTIONS).contains(m.get_ref()) {

@@ -4,15 +4,19 @@
 //!
 //! One file per section: `dispatcher` (with `[announce]` and `[access_log]`), `cluster`,
 //! `backends` (with `[[partition]]`), `vips` (every kind's common part and the L4/SIP
-//! settings), `http` (`[http]` and the HTTP VIPs' own settings), `health`; `checks` holds
-//! the checks of single values that the CLI and the agent use as well.
+//! settings), `http` (`[http]` and the HTTP VIPs' own settings), `farms` (`[[farm]]`,
+//! `[[route]]` and the VIPs routes apply to), `plugin` (`[http] plugin_config`: the
+//! plugin-cfg.xml's servers, clusters and routes), `health`; `checks` holds the checks of
+//! single values that the CLI and the agent use as well.
 
 mod backends;
 mod checks;
 mod cluster;
 mod dispatcher;
+mod farms;
 mod health;
 mod http;
+mod plugin;
 mod vips;
 
 use std::{cell::RefCell, ops::Range, path::PathBuf, str::FromStr, time::Duration};
@@ -22,6 +26,7 @@ use toml::Spanned;
 pub use checks::*;
 
 use super::{raw::*, *};
+use crate::routes::plugin_cfg;
 
 /// What a client certificate without its key, and a key without its certificate, lack.
 const CERT_AND_KEY: (&str, &str) = ("a client certificate needs its key", "a client key needs its certificate");
@@ -32,6 +37,8 @@ pub(super) struct Ctx<'a> {
     /// Every error found so far: validation goes on after one, so that a single
     /// `dispatcher check` lists all of them.
     pub(super) errors: RefCell<Vec<ConfigError>>,
+    /// What `dispatcher check` prints as warnings (`Config::warnings`).
+    pub(super) warnings: RefCell<Vec<String>>,
 }
 
 impl Ctx<'_> {
@@ -51,6 +58,11 @@ impl Ctx<'_> {
     fn report(&self, span: Range<usize>, field: &str, message: impl std::fmt::Display) {
         let e = self.err(span, field, message);
         self.errors.borrow_mut().push(e);
+    }
+
+    /// Records a warning (`file:line: message`).
+    fn warn(&self, message: String) {
+        self.warnings.borrow_mut().push(message);
     }
 
     /// The value, or `fallback` after recording the error.
@@ -98,13 +110,21 @@ impl Ctx<'_> {
 
     pub(super) fn build(&self, raw: RawConfig) -> Config {
         let d = self.dispatcher(raw.dispatcher.get_ref(), raw.dispatcher.span());
-        let (backends, by_name, clone_owner) = self.backends(&raw.backends);
-        let vips = self.vips(&raw.vips, &vips::Members { raw: &raw.backends, backends: &backends, by_name: &by_name });
-        let partitions = self.partitions(&raw.partitions, &backends, &by_name, &clone_owner);
         let mut http = match &raw.http {
             Some(h) => self.http(h.get_ref()),
             None => HttpSettings::default(),
         };
+        let plugin = self.plugin_file(raw.http.as_ref().map(|h| h.get_ref()), &mut http);
+        let farm_of = farms::farm_of(&raw.farms, plugin.as_ref().map(|p| &p.cfg));
+        let later = plugin::file_only_servers(plugin.as_ref(), &raw.backends);
+        let (mut backends, mut by_name, mut clone_owner) = self.backends(&raw.backends, &farm_of, &later);
+        let routed = farms::Routed::new(&raw.routes, plugin.as_ref().is_some_and(|p| !p.cfg.routes.is_empty()));
+        let members = vips::Members { raw: &raw.backends, backends: &backends, by_name: &by_name, routed: &routed };
+        let mut vips = self.vips(&raw.vips, &members);
+        if let Some(p) = &plugin {
+            self.plugin_backends(p, &raw.backends, &mut backends, &mut by_name, &mut clone_owner, &farm_of);
+        }
+        let partitions = self.partitions(&raw.partitions, &backends, &by_name, &clone_owner);
         let health = match &raw.health {
             Some(h) => self.health(h.get_ref()),
             None => HealthSettings::default(),
@@ -114,7 +134,26 @@ impl Ctx<'_> {
         http.learn_wait = cluster.as_ref().map(|c| c.learn_wait).unwrap_or_default();
         let announce = raw.announce.as_ref().map(|a| self.announce(a.get_ref()));
         let access_log = raw.access_log.as_ref().map(|a| self.access_log(a.get_ref()));
-        let (farms, routes) = implicit_farms(&vips, &backends);
+        // Farms and routes: the TOML's, then the plugin-cfg.xml's, then one of each for
+        // every HTTP VIP no route applies to.
+        let mut taken = farms::Taken::default();
+        let mut farms = self.farms(&raw.farms, &backends, &by_name, &mut taken);
+        if let Some(p) = &plugin {
+            farms.extend(self.plugin_farms(p, &by_name, &mut taken));
+        }
+        let (mut routes, mut labels) = self.routes(&raw.routes, &vips, &farms, &http);
+        if let Some(p) = &plugin {
+            let (r, l) = self.plugin_routes(p, &vips, &farms);
+            routes.extend(r);
+            labels.extend(l);
+        }
+        self.routed_vips(&raw.vips, &mut vips, &routed, &farms, &routes);
+        self.routed_loops(&raw.vips, &vips, &backends, &farms, &routes);
+        self.routing_warnings(&vips, &farms, &routes, &labels);
+        let (implicit, catch_all) = implicit_farms(&vips, &backends, &routed, farms.len(), &http);
+        farms.extend(implicit);
+        routes.extend(catch_all);
+        self.implicit_names(&raw.farms, &farms);
         Config {
             interface: d.interface,
             instance: d.instance,
@@ -135,6 +174,7 @@ impl Ctx<'_> {
             cluster,
             announce,
             access_log,
+            warnings: self.warnings.take(),
         }
     }
 
@@ -176,22 +216,28 @@ impl Ctx<'_> {
 
 /// A farm and a catch-all route for each HTTP VIP that forwards (not a redirecting one)
 /// and that no route applies to: its own `backends` and settings, as before routes
-/// existed.
-fn implicit_farms(vips: &[Vip], backends: &[Backend]) -> (Vec<Farm>, Vec<Route>) {
+/// existed (the farms numbered from `first`; the session names `[http]`'s).
+fn implicit_farms(
+    vips: &[Vip],
+    backends: &[Backend],
+    routed: &farms::Routed,
+    first: usize,
+    http: &HttpSettings,
+) -> (Vec<Farm>, Vec<Route>) {
     let mut farms = Vec::new();
     let mut routes = Vec::new();
     for (i, v) in vips.iter().enumerate() {
         let Some(h) = v.http() else { continue };
-        if h.redirect_to.is_some() || v.backends.is_empty() {
+        if h.redirect_to.is_some() || v.backends.is_empty() || routed.applies(&v.name) {
             continue;
         }
         routes.push(Route {
             vips: vec![i],
             hosts: vec!["*:*".into()],
             uris: vec!["/*".into()],
-            farm: farms.len(),
-            cookie: DEFAULT_SESSION_COOKIE.into(),
-            url_parameter: DEFAULT_URL_PARAMETER.into(),
+            farm: first + farms.len(),
+            cookie: http.cookie_name.clone(),
+            url_parameter: http.url_parameter.clone(),
         });
         farms.push(Farm {
             name: v.name.clone(),

@@ -16,6 +16,8 @@ pub(super) struct Members<'a> {
     pub(super) raw: &'a [Spanned<RawBackend>],
     pub(super) backends: &'a [Backend],
     pub(super) by_name: &'a HashMap<String, usize>,
+    /// The VIPs routes apply to (an HTTP VIP among them takes its farms' servers).
+    pub(super) routed: &'a super::farms::Routed,
 }
 
 /// What the VIPs before this one took: names, address-port-protocol triples, and port
@@ -62,7 +64,7 @@ impl Ctx<'_> {
         if !taken.addrs.insert((address, *v.port.get_ref(), protocol)) {
             self.report(v.port.span(), &f("port"), "another VIP has the same address, port and protocol");
         }
-        let mut members = self.members(i, v, m);
+        let mut members = self.members(i, v, mode, m);
         // Every kind's settings are checked whatever the kind (an error is an error); the
         // VIP keeps its own kind's.
         let l4 = self.l4_settings(i, v, address, mode, &members, m, &mut taken.groups);
@@ -112,9 +114,13 @@ impl Ctx<'_> {
     }
 
     /// `backends`: the members by name (all the backends when not given), at least one
-    /// unless the VIP redirects.
-    fn members(&self, i: usize, v: &RawVip, m: &Members) -> Vec<usize> {
+    /// unless the VIP redirects or routes apply to it.
+    fn members(&self, i: usize, v: &RawVip, mode: VipMode, m: &Members) -> Vec<usize> {
         let field = format!("vip[{i}].backends");
+        if mode == VipMode::Http && v.redirect_to.is_none() && m.routed.applies(v.name.get_ref()) {
+            // Its farms' servers, once the farms are read (`farms::routed_vips`).
+            return Vec::new();
+        }
         let mut members: Vec<usize> = Vec::new();
         match &v.backends {
             Some(list) => {
