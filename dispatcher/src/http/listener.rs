@@ -43,7 +43,7 @@ use tracing::Instrument as _;
 use super::{
     pool::Pool,
     proxy::{serve, VipCtx},
-    route::VipRoute,
+    route::{FarmCtx, FarmRoute, RouteCtx, VipRoutes},
 };
 use crate::{
     access_log::AccessLog,
@@ -130,10 +130,13 @@ fn listener_for(v: &Vip, inherited: &mut Sockets) -> std::io::Result<TcpListener
     }
 }
 
-/// What every worker shares of one HTTP VIP: its balancing state and its TLS, both ways.
+/// What every worker shares of one HTTP VIP: its routes (and their farms' balancing
+/// state) and its TLS, both ways.
 #[derive(Clone)]
 struct VipShared {
-    route: Arc<VipRoute>,
+    routes: Arc<VipRoutes>,
+    /// Per backend (indexed like `Config::backends`): the port its routes reach it on.
+    ports: Vec<Option<u16>>,
     tls: Option<Arc<ServerTls>>,
     /// Per backend (indexed like `Config::backends`), for a VIP with `backend_tls`.
     backend_tls: Vec<Option<Arc<BackendTls>>>,
@@ -141,6 +144,70 @@ struct VipShared {
     log: Option<super::proxy::LogTo>,
     /// Whether this dispatcher keeps a connection after its response (steering, leave).
     ownership: Arc<Ownership>,
+}
+
+/// Each farm's request path state, indexed like `Config::farms`.
+fn farms(cfg: &Config, capacity: &Capacity) -> Vec<Arc<FarmCtx>> {
+    (cfg.farms.iter().enumerate())
+        .map(|(i, f)| {
+            let slow = f.servers.iter().map(|&b| cfg.backends[b].slow_start.or(f.slow_start));
+            let backup_slow = f.backup_servers.iter().map(|&b| cfg.backends[b].slow_start.or(f.slow_start));
+            let settings = crate::config::HttpSettings {
+                connect_timeout: f.connect_timeout.unwrap_or(cfg.http.connect_timeout),
+                server_timeout: f.io_timeout.unwrap_or(cfg.http.server_timeout),
+                ..cfg.http.clone()
+            };
+            Arc::new(FarmCtx {
+                name: Arc::from(f.name.as_str()),
+                implicit: f.implicit,
+                route: FarmRoute::new(f.servers.clone(), f.balance, f.fail_back)
+                    .with_backups(&f.backup_servers)
+                    .with_slow_start(slow.chain(backup_slow).collect()),
+                session_format: f.session_format,
+                settings: Arc::new(settings),
+                stats: capacity.farms.get(i).map(|k| k.stats.clone()).unwrap_or_default(),
+            })
+        })
+        .collect()
+}
+
+/// The routes that apply to HTTP VIP `vip`, in `Config::routes` order.
+fn vip_routes(cfg: &Config, capacity: &Capacity, farms: &[Arc<FarmCtx>], vip: usize) -> Result<VipRoutes, String> {
+    let mut list = Vec::new();
+    let mut patterns = Vec::new();
+    for (index, r) in cfg.routes.iter().enumerate().filter(|(_, r)| r.vips.contains(&vip)) {
+        let farm = farms.get(r.farm).ok_or_else(|| format!("route {index} names no farm"))?.clone();
+        // An implicit farm's route reads the session as the VIP always did: by `[http]`'s
+        // names.
+        let (cookie, url_parameter) = match farm.implicit {
+            true => (cfg.http.cookie_name.as_str(), cfg.http.url_parameter.as_str()),
+            false => (r.cookie.as_str(), r.url_parameter.as_str()),
+        };
+        list.push(RouteCtx {
+            index,
+            label: (!farm.implicit).then(|| Arc::from(index.to_string())),
+            farm,
+            cookie: cookie.as_bytes().into(),
+            url_parameter: url_parameter.as_bytes().into(),
+            stats: capacity.routes.get(index).map(|k| k.stats.clone()).unwrap_or_default(),
+        });
+        patterns.push((r.hosts.clone(), r.uris.clone()));
+    }
+    VipRoutes::new(list, &patterns)
+}
+
+/// The port each backend the routes of a VIP reach is reached on (`None`: not reached):
+/// its own, else its farm's, else the VIP's `backend_port`.
+fn reached(cfg: &Config, routes: &VipRoutes, backend_port: u16) -> Vec<Option<u16>> {
+    let mut ports = vec![None; cfg.backends.len()];
+    for r in routes.routes() {
+        let farm = &cfg.farms[cfg.routes[r.index].farm];
+        let n = ports.len();
+        for b in farm.members().filter(|&b| b < n) {
+            ports[b] = Some(cfg.backends[b].port.or(farm.port).unwrap_or(backend_port));
+        }
+    }
+    ports
 }
 
 /// Reads the TLS files of every HTTP VIP (once, before any worker starts): an error
@@ -154,8 +221,11 @@ fn vip_shared(
     let backend_names: Arc<[Arc<str>]> = cfg.backends.iter().map(|b| Arc::from(b.name.as_str())).collect();
     let handshakes = capacity.tls_handshakes.1.clone();
     let fail = |v: &Vip, e: anyhow::Error| std::io::Error::other(format!("VIP {}: {e:#}", v.name));
+    let farms = farms(cfg, capacity);
     let mut out = Vec::new();
     for (i, v, h) in cfg.vips.iter().enumerate().filter_map(|(i, v)| Some((i, v, v.served_http()?))) {
+        let routes = vip_routes(cfg, capacity, &farms, i).map_err(|e| fail(v, anyhow::anyhow!(e)))?;
+        let ports = reached(cfg, &routes, h.backend_port);
         let tls = match &h.tls {
             Some(t) => Some(Arc::new(
                 ServerTls::load(t, &cfg.http, handshakes.clone(), capacity.vips[i].tls.clone())
@@ -169,17 +239,15 @@ fn vip_shared(
                 (0..cfg.backends.len())
                     .map(|b| {
                         let address = cfg.backends[b].address.into();
-                        v.backends.contains(&b).then(|| Arc::new(BackendTls::new(client.clone(), f, address)))
+                        ports[b].map(|_| Arc::new(BackendTls::new(client.clone(), f, address)))
                     })
                     .collect()
             }
             None => vec![None; cfg.backends.len()],
         };
         out.push(VipShared {
-            route: Arc::new(
-                VipRoute::new(v.backends.clone(), h.balance, h.fail_back)
-                    .with_slow_start(v.backends.iter().map(|&b| v.slow_start_of(cfg, b)).collect()),
-            ),
+            routes: Arc::new(routes),
+            ports,
             tls,
             backend_tls,
             log: access_log.map(|sink| super::proxy::LogTo {
@@ -205,14 +273,21 @@ fn worker_vips(
     for ((vip_index, v, h), sh) in
         cfg.vips.iter().enumerate().filter_map(|(i, v)| Some((i, v, v.served_http()?))).zip(shared)
     {
+        // Each backend's timeouts are its farm's (a backend is in one farm at most).
+        let mut settings: Vec<&crate::config::HttpSettings> = vec![&cfg.http; cfg.backends.len()];
+        for r in sh.routes.routes() {
+            for &b in &r.farm.route.members {
+                settings[b] = &r.farm.settings;
+            }
+        }
         let pools = (0..cfg.backends.len())
             .map(|b| {
-                v.backends.contains(&b).then(|| {
-                    let addr = SocketAddr::new(cfg.backends[b].address.into(), h.backend_port);
+                sh.ports[b].map(|port| {
+                    let addr = SocketAddr::new(cfg.backends[b].address.into(), port);
                     let be = &servers.backends[b];
                     let budget = capacity.idle_budget.clone();
                     let tls = sh.backend_tls[b].clone();
-                    Pool::new(addr, &cfg.http, be.connections.clone(), be.conn_limit.clone(), budget, tls)
+                    Pool::new(addr, settings[b], be.connections.clone(), be.conn_limit.clone(), budget, tls)
                 })
             })
             .collect();
@@ -220,7 +295,8 @@ fn worker_vips(
             name: Arc::from(v.name.as_str()),
             host: crate::http1::rewrite::vip_authority(SocketAddr::new(v.address, v.port)),
             vip_index,
-            route: sh.route.clone(),
+            port: v.port,
+            routes: sh.routes.clone(),
             pools,
             servers: servers.clone(),
             capacity: capacity.clone(),
@@ -228,13 +304,14 @@ fn worker_vips(
             limits: HeadLimits { max_bytes: cfg.http.max_header_bytes, max_headers: cfg.http.max_headers },
             suspect_on_status: cfg.health.suspect_on_status.clone(),
             tls: sh.tls.clone(),
-            session_format: h.session_format,
             forwarded: crate::http1::rewrite::forwarded_fields(h.tls.is_some(), v.port),
             redirect: h.redirect_to.clone(),
             log: sh.log.clone(),
             ownership: sh.ownership.clone(),
             persist: h.insert_cookie.as_ref().map(|name| {
-                let members = v.backends.iter().map(|&b| (b, cfg.backends[b].name.clone()));
+                // The backends its routes reach (an implicit farm's: the VIP's own).
+                let reached = (0..cfg.backends.len()).filter(|&b| sh.ports[b].is_some());
+                let members = reached.map(|b| (b, cfg.backends[b].name.clone()));
                 super::persist::Persist::new(name, members, h.tls.is_some())
             }),
         });
@@ -558,7 +635,7 @@ impl HttpServer {
         ownership: Arc<Ownership>,
     ) -> std::io::Result<HttpServer> {
         let (stop, _) = watch::channel(false);
-        // One route (balancing state) per VIP, shared by the workers: weights stay exact.
+        // One balancing state per farm, shared by the VIPs and workers: weights stay exact.
         let shared = vip_shared(cfg, &capacity, access_log, &ownership)?;
         let global = client_caps(cfg, &capacity, predecessor.is_none());
         let (ready_tx, ready_rx) = mpsc::channel::<std::io::Result<(usize, Sockets)>>();
