@@ -418,6 +418,10 @@ async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
             }
         }
         ("POST", ["backends", name, action]) => backend_command(admin, &mut s, name, action).await,
+        // `farm/server`.
+        ("POST", ["backends", farm, server, action]) => {
+            backend_command(admin, &mut s, &format!("{farm}/{server}"), action).await
+        }
         _ => respond(&mut s, 404, "text/plain", "not found\n").await,
     }
 }
@@ -428,9 +432,10 @@ async fn backend_command<S: AsyncWrite + Unpin>(
     name: &str,
     action: &str,
 ) -> std::io::Result<()> {
-    let (_, servers, commands) = admin.current();
-    let Some(b) = servers.backends.iter().position(|x| x.name == name) else {
-        return respond(s, 404, "application/json", &err(format!("no backend named {name}"))).await;
+    let (cfg, _, commands) = admin.current();
+    let b = match server_named(&cfg, name) {
+        Ok(b) => b,
+        Err(why) => return respond(s, 404, "application/json", &err(why)).await,
     };
     let op = match action {
         "drain" => Operator::Drain,
@@ -449,6 +454,26 @@ async fn backend_command<S: AsyncWrite + Unpin>(
         }
         Err(_) => respond(s, 503, "application/json", &err("no reply")).await,
     }
+}
+
+/// The backend an operator names: by its name when one backend has it, else as
+/// `farm/server` (the server of that name among the farm's servers and backups).
+pub fn server_named(cfg: &Config, name: &str) -> Result<usize, String> {
+    let mut named = cfg.backends.iter().enumerate().filter(|(_, b)| b.name == name).map(|(i, _)| i);
+    match (named.next(), named.next()) {
+        (Some(b), None) => return Ok(b),
+        (Some(_), Some(_)) => return Err(format!("several backends are named {name}: name it as farm/server")),
+        _ => {}
+    }
+    let Some((farm, server)) = name.split_once('/') else { return Err(format!("no backend named {name}")) };
+    let f = cfg
+        .farms
+        .iter()
+        .find(|f| f.name == farm)
+        .ok_or_else(|| format!("no backend named {name} and no farm named {farm}"))?;
+    f.members()
+        .find(|&b| cfg.backends.get(b).is_some_and(|x| x.name == server))
+        .ok_or_else(|| format!("farm {farm} has no server named {server}"))
 }
 
 /// An `ErrorReply` as JSON.

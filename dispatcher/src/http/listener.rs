@@ -146,12 +146,18 @@ struct VipShared {
     ownership: Arc<Ownership>,
 }
 
+/// A farm's balancing state: its servers, its backups, each one's `slow_start` (its own,
+/// else the farm's).
+fn farm_route(cfg: &Config, f: &crate::config::Farm) -> FarmRoute {
+    let route = FarmRoute::new(f.servers.clone(), f.balance, f.fail_back).with_backups(&f.backup_servers);
+    let slow = route.members.iter().map(|&b| cfg.backends[b].slow_start.or(f.slow_start)).collect();
+    route.with_slow_start(slow)
+}
+
 /// Each farm's request path state, indexed like `Config::farms`.
 fn farms(cfg: &Config, capacity: &Capacity) -> Vec<Arc<FarmCtx>> {
     (cfg.farms.iter().enumerate())
         .map(|(i, f)| {
-            let slow = f.servers.iter().map(|&b| cfg.backends[b].slow_start.or(f.slow_start));
-            let backup_slow = f.backup_servers.iter().map(|&b| cfg.backends[b].slow_start.or(f.slow_start));
             let settings = crate::config::HttpSettings {
                 connect_timeout: f.connect_timeout.unwrap_or(cfg.http.connect_timeout),
                 server_timeout: f.io_timeout.unwrap_or(cfg.http.server_timeout),
@@ -160,9 +166,7 @@ fn farms(cfg: &Config, capacity: &Capacity) -> Vec<Arc<FarmCtx>> {
             Arc::new(FarmCtx {
                 name: Arc::from(f.name.as_str()),
                 implicit: f.implicit,
-                route: FarmRoute::new(f.servers.clone(), f.balance, f.fail_back)
-                    .with_backups(&f.backup_servers)
-                    .with_slow_start(slow.chain(backup_slow).collect()),
+                route: farm_route(cfg, f),
                 session_format: f.session_format,
                 settings: Arc::new(settings),
                 stats: capacity.farms.get(i).map(|k| k.stats.clone()).unwrap_or_default(),
