@@ -490,6 +490,33 @@ async fn respond<S: AsyncWrite + Unpin>(s: &mut S, status: u16, ctype: &str, bod
 mod tests {
     use super::*;
 
+    /// A server is named alone when its name is unique, or as `farm/server`.
+    #[test]
+    fn servers_by_name_or_farm_and_name() {
+        let text = "[dispatcher]\ninterface = \"eth0\"\n[[backend]]\nname = \"s1\"\naddress = \"10.0.0.1\"\n\
+                    [[backend]]\nname = \"s2\"\naddress = \"10.0.0.2\"\n\
+                    [[vip]]\nname = \"web\"\naddress = \"10.0.100.1\"\nport = 80\nmode = \"http\"\n";
+        let mut cfg = Config::parse(text, "t").unwrap();
+        let implicit = cfg.farms[0].clone();
+        cfg.farms.push(crate::config::Farm {
+            name: "shop".into(),
+            servers: vec![1],
+            backup_servers: vec![0],
+            implicit: false,
+            ..implicit
+        });
+        assert_eq!(server_named(&cfg, "s2"), Ok(1));
+        assert_eq!(server_named(&cfg, "shop/s2"), Ok(1));
+        assert_eq!(server_named(&cfg, "shop/s1"), Ok(0), "a backup server");
+        assert_eq!(server_named(&cfg, "web/s1"), Ok(0), "the VIP's own farm");
+        assert_eq!(server_named(&cfg, "nope"), Err("no backend named nope".into()));
+        assert_eq!(server_named(&cfg, "shop/nope"), Err("farm shop has no server named nope".into()));
+        assert!(server_named(&cfg, "nofarm/s1").unwrap_err().contains("no farm named nofarm"));
+        cfg.backends[1].name = "s1".into();
+        assert!(server_named(&cfg, "s1").unwrap_err().contains("name it as farm/server"));
+        assert_eq!(server_named(&cfg, "shop/s1"), Ok(1), "the farm's own");
+    }
+
     #[test]
     fn only_operators_on_the_socket_may_command() {
         let remote = tcp_peer("10.0.0.5:40000".parse().unwrap());

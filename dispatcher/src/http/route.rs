@@ -578,6 +578,57 @@ mode = "http"
         assert_eq!(cfg.vips[0].slow_start_of(&cfg, 0), None);
     }
 
+    /// Backups (the plug-in's `BackupServers`) get no new session while any primary is
+    /// up, whatever the balance; a session one of them owns stays with it.
+    #[test]
+    fn backups_take_new_sessions_only_while_no_primary_is_up() {
+        let (c, _) = setup(Balance::RoundRobin);
+        for balance in [Balance::RoundRobin, Balance::LeastOutstanding, Balance::Random] {
+            for b in 0..3 {
+                c.set_health(b, Health::Up);
+            }
+            let r = FarmRoute::new(vec![0, 1], balance, true).with_backups(&[2]);
+            let picks: Vec<_> = (0..20).map(|_| r.route(&c, None, false, true)).collect();
+            assert!(picks.iter().all(|d| matches!(d, Decision::Balanced(0 | 1))), "{balance:?}: {picks:?}");
+            assert_eq!(route(&c, &r, "0000x:cC"), Decision::Affinity(2), "the backup's own session");
+            c.set_health(0, Health::Down);
+            assert!((0..10).all(|_| r.route(&c, None, false, true) == Decision::Balanced(1)), "{balance:?}");
+            // A draining primary takes no new session: the backups do.
+            c.set_admin(1, Operator::Drain);
+            assert!((0..10).all(|_| r.route(&c, None, false, true) == Decision::Balanced(2)), "{balance:?}");
+            c.set_admin(1, Operator::None);
+            c.set_health(1, Health::Down);
+            assert!((0..10).all(|_| r.route(&c, None, false, true) == Decision::Balanced(2)), "{balance:?}");
+            c.set_health(0, Health::Up);
+            assert_eq!(r.route(&c, None, false, true), Decision::Balanced(0), "{balance:?}: a primary is back");
+        }
+    }
+
+    /// A session whose clone IDs belong to another farm is balanced within this one: never
+    /// followed out of it, not held or awaited for it, and not a misroute.
+    #[test]
+    fn a_session_of_another_farm_is_balanced_within_the_farm() {
+        let (c, _) = setup(Balance::RoundRobin);
+        let shop = FarmRoute::new(vec![0, 1], Balance::RoundRobin, true);
+        let other = FarmRoute::new(vec![2], Balance::RoundRobin, true);
+        let s = session::parse(b"0000x:cC");
+        for _ in 0..6 {
+            let d = shop.route(&c, s.as_ref(), false, false);
+            assert!(matches!(d, Decision::Balanced(0 | 1)), "{d:?}");
+            let Decision::Balanced(b) = d else { unreachable!() };
+            assert!(shop.may_serve(&c, s.as_ref().unwrap(), b), "not a misroute in this farm");
+        }
+        assert!(!other.may_serve(&c, s.as_ref().unwrap(), 0), "in its own farm, another server is one");
+        assert_eq!(other.route(&c, s.as_ref(), false, false), Decision::Affinity(2));
+        // Its owner suspect: nothing to hold for in this farm.
+        c.set_health(2, Health::Suspect);
+        assert!(matches!(shop.route(&c, s.as_ref(), false, false), Decision::Balanced(0 | 1)));
+        // A clone of this farm among them: its owner.
+        assert_eq!(shop.route(&c, session::parse(b"0000x:cC:cB").as_ref(), false, false), Decision::Affinity(1));
+        // A partition whose primary is in another farm: balanced here too.
+        assert!(matches!(shop.route(&c, session::parse(b"0000x:-42").as_ref(), false, false), Decision::Balanced(_)));
+    }
+
     #[test]
     fn least_outstanding_prefers_the_idle() {
         let (c, r) = setup(Balance::LeastOutstanding);
