@@ -68,6 +68,11 @@ pub struct Entry {
     /// The clone ID, route or logical name the request was routed by.
     pub session: Option<Box<[u8]>>,
     pub decision: Decision,
+    /// The farm it was routed to (an implicit farm's name is its VIP's).
+    pub farm: Option<Arc<str>>,
+    /// The route it matched, by its index among the routes (`None`: the implicit
+    /// catch-all of a VIP's own farm, or not routed).
+    pub route: Option<Arc<str>>,
     /// It was held (owner suspect, or waiting for the shared table) or queued (maxconn).
     pub held: bool,
     /// Extra attempts it took.
@@ -84,6 +89,9 @@ pub struct Entry {
     pub total_us: u64,
 }
 
+// `Line` is what the queue nearly always carries: boxing it (clippy's advice) would add an
+// allocation per logged request to save the queue a few bytes per slot.
+#[allow(clippy::large_enum_variant)]
 enum Msg {
     Line(Entry),
     /// A new destination and format (reload); the old file is closed.
@@ -315,6 +323,13 @@ pub fn json(o: &mut String, e: &Entry) {
         Some(s) => json_str(o, s),
         None => o.push_str("null"),
     }
+    for (key, v) in [(",\"farm\":", &e.farm), (",\"route\":", &e.route)] {
+        o.push_str(key);
+        match v {
+            Some(v) => json_str(o, v.as_bytes()),
+            None => o.push_str("null"),
+        }
+    }
     let _ = write!(
         o,
         ",\"decision\":\"{}\",\"held\":{},\"retries\":{},\"status\":{},\"bytes_in\":{},\"bytes_out\":{},\"head_us\":{},\"wait_us\":{},\"connect_us\":{},\"response_us\":{},\"total_us\":{}}}",
@@ -364,7 +379,8 @@ fn json_str(o: &mut String, b: &[u8]) {
 
 /// HAProxy's HTTP log layout, with our decision added:
 /// `client:port [date] vip backend/session Th/Tw/Tc/Tr/Ta status bytes_out bytes_in decision "request"`,
-/// timers in milliseconds, `-1` for a step not reached, `-` for no backend or session.
+/// timers in milliseconds, `-1` for a step not reached, `-` for no backend or session;
+/// a request routed by a configured route ends with ` farm/route` (the route's index).
 /// Bytes outside printable ASCII in the request and the session are written `#XX`, as
 /// HAProxy escapes them.
 pub fn haproxy(o: &mut String, e: &Entry) {
@@ -397,6 +413,9 @@ pub fn haproxy(o: &mut String, e: &Entry) {
     o.push_str(" \"");
     escaped(o, &e.request);
     o.push('"');
+    if let (Some(farm), Some(route)) = (&e.farm, &e.route) {
+        let _ = write!(o, " {farm}/{route}");
+    }
 }
 
 fn escaped(o: &mut String, b: &[u8]) {
@@ -466,6 +485,8 @@ mod tests {
             backend: Some("b0".into()),
             session: Some(b"clone0x".to_vec().into()),
             decision: Decision::FailedOver,
+            farm: None,
+            route: None,
             held: true,
             retries: 1,
             status: 200,
@@ -509,6 +530,12 @@ mod tests {
             (Some("b0"), Some("clone0x"), Some(true))
         );
         assert!(!s.contains('\n'));
+        assert_eq!((v["farm"].as_str(), v["route"].as_str()), (None, None));
+        let routed = Entry { farm: Some("shop".into()), route: Some("2".into()), ..entry() };
+        s.clear();
+        json(&mut s, &routed);
+        let v: serde_json::Value = serde_json::from_str(&s).expect(&s);
+        assert_eq!((v["farm"].as_str(), v["route"].as_str()), (Some("shop"), Some("2")));
     }
 
     #[test]
@@ -519,6 +546,14 @@ mod tests {
             s,
             "10.99.0.2:40000 [01/Dec/2026:05:30:07.250] app b0/clone0x 0/1/-1/3/4 200 512 120 failed_over,held,retried:1 \"GET /app/x?q=#221#22#01 #FF\""
         );
+        // An implicit farm's request (no route named) ends as before; a routed one names
+        // its farm and route.
+        s.clear();
+        haproxy(&mut s, &Entry { farm: Some("app".into()), ..entry() });
+        assert!(s.ends_with("#FF\""), "{s}");
+        s.clear();
+        haproxy(&mut s, &Entry { farm: Some("shop".into()), route: Some("2".into()), ..entry() });
+        assert!(s.ends_with("#FF\" shop/2"), "{s}");
     }
 
     #[test]

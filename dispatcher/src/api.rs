@@ -19,6 +19,12 @@ pub struct AgentStatus {
     pub backends: Vec<BackendStatus>,
     /// HTTP VIPs.
     pub vips: Vec<VipStatus>,
+    /// Farms (an implicit farm is its VIP's own backends, under the VIP's name).
+    #[serde(default)]
+    pub farms: Vec<FarmStatus>,
+    /// Configured routes (a VIP's implicit catch-all is counted by its farm).
+    #[serde(default)]
+    pub routes: Vec<RouteStatus>,
     pub counters: CounterStatus,
     /// `[cluster]` only: the shared store and the other dispatchers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -169,6 +175,52 @@ pub struct VipStatus {
     /// HTTPS VIPs: handshakes and certificates.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsStatus>,
+    /// Requests no route of the VIP matched (answered 404).
+    #[serde(default)]
+    pub no_route: u64,
+}
+
+/// What the request path counts per farm and per route.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PathCounts {
+    /// Requests routed to it.
+    pub requests: u64,
+    /// Decisions that sent a request to the owner its session names.
+    pub affinity_hits: u64,
+    /// Decisions that sent a session's request to its owner's replica (owner out).
+    pub failovers: u64,
+    /// Decisions left to the balancer.
+    pub balanced: u64,
+    /// Session requests sent to neither the owner nor its replica (must stay 0).
+    pub misroutes: u64,
+}
+
+/// A farm: its servers and what it served.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FarmStatus {
+    pub name: String,
+    /// Made from an HTTP VIP's own backends (named after the VIP).
+    #[serde(default)]
+    pub implicit: bool,
+    pub servers: Vec<String>,
+    #[serde(default)]
+    pub backup_servers: Vec<String>,
+    #[serde(flatten)]
+    pub counts: PathCounts,
+}
+
+/// A configured route: what it matches, where it sends, what it served.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RouteStatus {
+    /// Its index among the routes (as the access log names it).
+    pub index: usize,
+    pub vips: Vec<String>,
+    pub hosts: Vec<String>,
+    pub uris: Vec<String>,
+    pub farm: String,
+    pub cookie: String,
+    #[serde(flatten)]
+    pub counts: PathCounts,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -248,7 +300,7 @@ mod tests {
             ..Default::default()
         };
         let json: serde_json::Value = serde_json::from_str(&to_json(&s)).unwrap();
-        for key in ["pid", "uptime_s", "clones", "pins_missing", "backends", "vips", "counters"] {
+        for key in ["pid", "uptime_s", "clones", "pins_missing", "backends", "vips", "farms", "routes", "counters"] {
             assert!(json.get(key).is_some(), "{key} in {json}");
         }
         assert_eq!(json["backends"][0]["state"], "up");

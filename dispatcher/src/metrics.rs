@@ -309,6 +309,9 @@ counters! {
         "Routing decisions left to the balancer (no session, or one whose clone IDs no one knows).";
     no_backend: counter "dispatcher_no_backend_total" => no_backend,
         "Routing decisions that found no backend up to balance to (answered 503).";
+    /// Requests no route of their VIP matched (answered 404).
+    no_route: counter "dispatcher_no_route_total" => no_route,
+        "Requests no route of their HTTP VIP matched by host and path (answered 404).";
     /// Requests in flight to any backend, and retries among them (the retry budget).
     in_flight: gauge "dispatcher_requests_in_flight" => in_flight, "Requests in flight to any backend.";
     retries_in_flight: gauge "dispatcher_retries_in_flight" => retries_in_flight,

@@ -418,6 +418,10 @@ async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
             }
         }
         ("POST", ["backends", name, action]) => backend_command(admin, &mut s, name, action).await,
+        // `farm/server`.
+        ("POST", ["backends", farm, server, action]) => {
+            backend_command(admin, &mut s, &format!("{farm}/{server}"), action).await
+        }
         _ => respond(&mut s, 404, "text/plain", "not found\n").await,
     }
 }
@@ -428,9 +432,10 @@ async fn backend_command<S: AsyncWrite + Unpin>(
     name: &str,
     action: &str,
 ) -> std::io::Result<()> {
-    let (_, servers, commands) = admin.current();
-    let Some(b) = servers.backends.iter().position(|x| x.name == name) else {
-        return respond(s, 404, "application/json", &err(format!("no backend named {name}"))).await;
+    let (cfg, _, commands) = admin.current();
+    let b = match server_named(&cfg, name) {
+        Ok(b) => b,
+        Err(why) => return respond(s, 404, "application/json", &err(why)).await,
     };
     let op = match action {
         "drain" => Operator::Drain,
@@ -451,6 +456,26 @@ async fn backend_command<S: AsyncWrite + Unpin>(
     }
 }
 
+/// The backend an operator names: by its name when one backend has it, else as
+/// `farm/server` (the server of that name among the farm's servers and backups).
+pub fn server_named(cfg: &Config, name: &str) -> Result<usize, String> {
+    let mut named = cfg.backends.iter().enumerate().filter(|(_, b)| b.name == name).map(|(i, _)| i);
+    match (named.next(), named.next()) {
+        (Some(b), None) => return Ok(b),
+        (Some(_), Some(_)) => return Err(format!("several backends are named {name}: name it as farm/server")),
+        _ => {}
+    }
+    let Some((farm, server)) = name.split_once('/') else { return Err(format!("no backend named {name}")) };
+    let f = cfg
+        .farms
+        .iter()
+        .find(|f| f.name == farm)
+        .ok_or_else(|| format!("no backend named {name} and no farm named {farm}"))?;
+    f.members()
+        .find(|&b| cfg.backends.get(b).is_some_and(|x| x.name == server))
+        .ok_or_else(|| format!("farm {farm} has no server named {server}"))
+}
+
 /// An `ErrorReply` as JSON.
 fn err(why: impl Into<String>) -> String {
     to_json(&ErrorReply { error: why.into() })
@@ -464,6 +489,33 @@ async fn respond<S: AsyncWrite + Unpin>(s: &mut S, status: u16, ctype: &str, bod
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A server is named alone when its name is unique, or as `farm/server`.
+    #[test]
+    fn servers_by_name_or_farm_and_name() {
+        let text = "[dispatcher]\ninterface = \"eth0\"\n[[backend]]\nname = \"s1\"\naddress = \"10.0.0.1\"\n\
+                    [[backend]]\nname = \"s2\"\naddress = \"10.0.0.2\"\n\
+                    [[vip]]\nname = \"web\"\naddress = \"10.0.100.1\"\nport = 80\nmode = \"http\"\n";
+        let mut cfg = Config::parse(text, "t").unwrap();
+        let implicit = cfg.farms[0].clone();
+        cfg.farms.push(crate::config::Farm {
+            name: "shop".into(),
+            servers: vec![1],
+            backup_servers: vec![0],
+            implicit: false,
+            ..implicit
+        });
+        assert_eq!(server_named(&cfg, "s2"), Ok(1));
+        assert_eq!(server_named(&cfg, "shop/s2"), Ok(1));
+        assert_eq!(server_named(&cfg, "shop/s1"), Ok(0), "a backup server");
+        assert_eq!(server_named(&cfg, "web/s1"), Ok(0), "the VIP's own farm");
+        assert_eq!(server_named(&cfg, "nope"), Err("no backend named nope".into()));
+        assert_eq!(server_named(&cfg, "shop/nope"), Err("farm shop has no server named nope".into()));
+        assert!(server_named(&cfg, "nofarm/s1").unwrap_err().contains("no farm named nofarm"));
+        cfg.backends[1].name = "s1".into();
+        assert!(server_named(&cfg, "s1").unwrap_err().contains("name it as farm/server"));
+        assert_eq!(server_named(&cfg, "shop/s1"), Ok(1), "the farm's own");
+    }
 
     #[test]
     fn only_operators_on_the_socket_may_command() {

@@ -6,9 +6,12 @@ use std::sync::atomic::Ordering;
 use dispatcher_common::stats;
 
 use super::Admin;
-use crate::api::{AgentStatus, BackendStatus, CertificateStatus, QueueStatus, TlsStatus, VipStatus};
+use crate::api::{
+    AgentStatus, BackendStatus, CertificateStatus, FarmStatus, PathCounts, QueueStatus, RouteStatus, TlsStatus,
+    VipStatus,
+};
 use crate::{
-    capacity::{Capacity, VipStats},
+    capacity::{Capacity, PathStats, VipStats},
     config::{Config, Vip, VipMode},
     metrics::{Exposition, Family},
     state::{Backend, Servers},
@@ -78,8 +81,10 @@ pub fn status(a: &Admin) -> AgentStatus {
             requests: load(&s.requests),
             connections: load(&s.connections),
             tls: v.http().and_then(|h| h.tls.as_ref()).map(|_| tls_status(&s.tls)),
+            no_route: load(&s.no_route),
         })
         .collect();
+    let (farms, routes) = farms_and_routes(&cfg, &cap);
     AgentStatus {
         pid: std::process::id(),
         uptime_s: a.started.elapsed().as_secs(),
@@ -87,11 +92,51 @@ pub fn status(a: &Admin) -> AgentStatus {
         pins_missing: a.pins_missing.lock().unwrap().iter().map(|p| p.to_string()).collect(),
         backends,
         vips,
+        farms,
+        routes,
         counters: c.counters.status(),
         cluster: a.shared.as_ref().map(|s| s.status()),
         steering: a.steering.as_ref().map(|st| st.status(steer_counters(a))),
         announced: *a.announced.lock().unwrap(),
     }
+}
+
+fn counts(s: &PathStats) -> PathCounts {
+    let load = |x: &std::sync::atomic::AtomicU64| x.load(Ordering::Relaxed);
+    PathCounts {
+        requests: load(&s.requests),
+        affinity_hits: load(&s.affinity_hits),
+        failovers: load(&s.failovers),
+        balanced: load(&s.balanced),
+        misroutes: load(&s.misroutes),
+    }
+}
+
+/// Every farm, and the configured routes (an implicit catch-all's numbers are its farm's).
+fn farms_and_routes(cfg: &Config, cap: &Capacity) -> (Vec<FarmStatus>, Vec<RouteStatus>) {
+    let names = |list: &[usize]| list.iter().filter_map(|&b| cfg.backends.get(b)).map(|b| b.name.clone()).collect();
+    let farms = (cfg.farms.iter().zip(&cap.farms))
+        .map(|(f, k)| FarmStatus {
+            name: f.name.clone(),
+            implicit: f.implicit,
+            servers: names(&f.servers),
+            backup_servers: names(&f.backup_servers),
+            counts: counts(&k.stats),
+        })
+        .collect();
+    let routes = (cfg.routes.iter().zip(&cap.routes).enumerate())
+        .filter(|(_, (r, _))| !cfg.farms.get(r.farm).is_some_and(|f| f.implicit))
+        .map(|(index, (r, k))| RouteStatus {
+            index,
+            vips: r.vips.iter().filter_map(|&v| cfg.vips.get(v)).map(|v| v.name.clone()).collect(),
+            hosts: r.hosts.clone(),
+            uris: r.uris.clone(),
+            farm: cfg.farms.get(r.farm).map(|f| f.name.clone()).unwrap_or_default(),
+            cookie: r.cookie.clone(),
+            counts: counts(&k.stats),
+        })
+        .collect();
+    (farms, routes)
 }
 
 /// The XDP program's steering counters: steered, second chances, kept local, TTL spent.
@@ -113,6 +158,8 @@ pub fn metrics(a: &Admin) -> String {
     o.family(&HOLD_SECONDS).histogram(&[("scope", "all")], &c.hold_time);
     let http_vips: Vec<_> = cfg.vips.iter().zip(&cap.vips).filter(|(v, _)| v.serves_http()).collect();
     http_vips_section(&mut o, &http_vips);
+    let (farms, routes) = farms_and_routes(&cfg, &cap);
+    paths_section(&mut o, &farms, &routes);
     tls_section(&mut o, &http_vips);
     xdp_section(&mut o, a, &cfg);
     if let Some(sh) = &a.shared {
@@ -230,11 +277,18 @@ const VIP_CONNECTIONS: Family = Family::gauge("dispatcher_vip_connections", "Ope
 const VIP_RESPONSE_SECONDS: Family =
     Family::histogram("dispatcher_vip_response_seconds", "Time to the response head, per HTTP VIP.");
 
-/// Per HTTP VIP: requests, client connections, latency.
+const VIP_NO_ROUTE: Family =
+    Family::counter("dispatcher_vip_no_route_total", "Requests no route matched (answered 404), per HTTP VIP.");
+
+/// Per HTTP VIP: requests, requests no route matched, client connections, latency.
 fn http_vips_section(o: &mut Exposition, vips: &[(&Vip, &VipStats)]) {
     o.family(&VIP_REQUESTS);
     for (v, s) in vips {
         o.sample(&[("vip", &v.name)], s.requests.load(Ordering::Relaxed));
+    }
+    o.family(&VIP_NO_ROUTE);
+    for (v, s) in vips {
+        o.sample(&[("vip", &v.name)], s.no_route.load(Ordering::Relaxed));
     }
     o.family(&VIP_CONNECTIONS);
     for (v, s) in vips {
@@ -243,6 +297,78 @@ fn http_vips_section(o: &mut Exposition, vips: &[(&Vip, &VipStats)]) {
     o.family(&VIP_RESPONSE_SECONDS);
     for (v, s) in vips {
         o.histogram(&[("vip", &v.name)], &s.latency);
+    }
+}
+
+/// Families with one series per farm and per route, and where each one's value comes from.
+type PerPath = (Family, Family, fn(&PathCounts) -> u64);
+
+const PATH_SERIES: [PerPath; 5] = [
+    (
+        Family::counter("dispatcher_farm_requests_total", "Requests routed to the farm."),
+        Family::counter("dispatcher_route_requests_total", "Requests the route matched."),
+        |c| c.requests,
+    ),
+    (
+        Family::counter(
+            "dispatcher_farm_affinity_hits_total",
+            "Routing decisions that sent a request of the farm to the owner its session names.",
+        ),
+        Family::counter(
+            "dispatcher_route_affinity_hits_total",
+            "Routing decisions that sent a request of the route to the owner its session names.",
+        ),
+        |c| c.affinity_hits,
+    ),
+    (
+        Family::counter(
+            "dispatcher_farm_failovers_total",
+            "Routing decisions that sent a session's request of the farm to its owner's replica (owner out).",
+        ),
+        Family::counter(
+            "dispatcher_route_failovers_total",
+            "Routing decisions that sent a session's request of the route to its owner's replica (owner out).",
+        ),
+        |c| c.failovers,
+    ),
+    (
+        Family::counter("dispatcher_farm_balanced_total", "Routing decisions of the farm left to its balancer."),
+        Family::counter(
+            "dispatcher_route_balanced_total",
+            "Routing decisions of the route left to its farm's balancer.",
+        ),
+        |c| c.balanced,
+    ),
+    (
+        Family::counter(
+            "dispatcher_farm_misroutes_total",
+            "Session requests of the farm sent to neither the owner nor its replica (must stay 0).",
+        ),
+        Family::counter(
+            "dispatcher_route_misroutes_total",
+            "Session requests of the route sent to neither the owner nor its replica (must stay 0).",
+        ),
+        |c| c.misroutes,
+    ),
+];
+
+/// Per farm (an implicit one under its VIP's name) and per configured route (its index
+/// and its farm).
+fn paths_section(o: &mut Exposition, farms: &[FarmStatus], routes: &[RouteStatus]) {
+    for (farm_family, _, value) in &PATH_SERIES {
+        o.family(farm_family);
+        for f in farms {
+            o.sample(&[("farm", &f.name)], value(&f.counts));
+        }
+    }
+    if routes.is_empty() {
+        return;
+    }
+    for (_, route_family, value) in &PATH_SERIES {
+        o.family(route_family);
+        for r in routes {
+            o.sample(&[("route", &r.index.to_string()), ("farm", &r.farm)], value(&r.counts));
+        }
     }
 }
 
@@ -487,6 +613,8 @@ mod tests {
         o.family(&HOLD_SECONDS).histogram(&[("scope", "all")], &c.hold_time);
         let http_vips: Vec<_> = cfg.vips.iter().zip(&cap.vips).collect();
         http_vips_section(&mut o, &http_vips);
+        let (farms, routes) = farms_and_routes(&cfg, &cap);
+        paths_section(&mut o, &farms, &routes);
         tls_section(&mut o, &http_vips);
         let cluster = crate::api::ClusterStatus {
             store: "connected".into(),
@@ -505,6 +633,9 @@ mod tests {
         assert_eq!(get("dispatcher_backend_maxconn", "backend=\"b\""), None, "b has no maxconn");
         assert_eq!(get("dispatcher_backend_queue_refused_total", "backend=\"a\",reason=\"left\""), Some(0.0));
         assert_eq!(get("dispatcher_vip_requests_total", "vip=\"app\""), Some(0.0));
+        assert_eq!(get("dispatcher_vip_no_route_total", "vip=\"app\""), Some(0.0));
+        assert_eq!(get("dispatcher_farm_requests_total", "farm=\"app\""), Some(0.0), "the VIP's implicit farm");
+        assert_eq!(get("dispatcher_route_requests_total", "route=\"0\",farm=\"app\""), None, "no configured route");
         assert_eq!(get("dispatcher_cluster_store_up", ""), Some(1.0));
         assert_eq!(get("dispatcher_cluster_refused_keys_total", "reason=\"bad\\\"key\""), Some(2.0));
         assert_eq!(get("dispatcher_client_connections_refused_total", "reason=\"source_rate\""), Some(0.0));

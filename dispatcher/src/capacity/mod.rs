@@ -31,6 +31,39 @@ pub struct Capacity {
     pub sources: Arc<sources::SourceLimiter>,
     /// Per VIP, indexed like `Config::vips`.
     pub vips: Vec<VipStats>,
+    /// Per farm, indexed like `Config::farms`, and per route, like `Config::routes`:
+    /// shared with a reload's predecessor and successor by name (a farm) or by what it
+    /// matches (a route), so that totals go on.
+    pub farms: Vec<Keyed<PathStats>>,
+    pub routes: Vec<Keyed<PathStats>>,
+}
+
+/// Statistics and what identifies their subject across a reload.
+pub struct Keyed<T> {
+    pub key: String,
+    pub stats: Arc<T>,
+}
+
+/// What the request path counts per farm and per route.
+#[derive(Default)]
+pub struct PathStats {
+    /// Requests routed to it.
+    pub requests: AtomicU64,
+    /// Routing decisions that sent a request to the owner its session names.
+    pub affinity_hits: AtomicU64,
+    /// Routing decisions that sent a session's request to the owner's replica (the owner
+    /// out).
+    pub failovers: AtomicU64,
+    /// Routing decisions left to the balancer.
+    pub balanced: AtomicU64,
+    /// Session requests sent to neither the owner nor its replica (must stay 0).
+    pub misroutes: AtomicU64,
+}
+
+/// A route's identity across reloads: what it matches and where it sends.
+pub fn route_key(cfg: &Config, r: &crate::config::Route) -> String {
+    let farm = cfg.farms.get(r.farm).map_or("", |f| f.name.as_str());
+    format!("{:?} {:?} {farm}", r.hosts, r.uris)
 }
 
 /// What the request path counts per HTTP VIP.
@@ -45,6 +78,8 @@ pub struct VipStats {
     pub connections: Arc<AtomicU64>,
     /// TLS handshakes (HTTPS VIPs), shared with a reload's successor.
     pub tls: Arc<TlsStats>,
+    /// Requests no route matched (answered 404).
+    pub no_route: AtomicU64,
 }
 
 impl Capacity {
@@ -59,6 +94,8 @@ impl Capacity {
             ),
             sources: Default::default(),
             vips: cfg.vips.iter().map(|_| VipStats::default()).collect(),
+            farms: (cfg.farms.iter()).map(|f| Keyed { key: f.name.clone(), stats: Default::default() }).collect(),
+            routes: (cfg.routes.iter()).map(|r| Keyed { key: route_key(cfg, r), stats: Default::default() }).collect(),
         }
     }
 
@@ -77,6 +114,14 @@ impl Capacity {
             new.connections = prev.connections.clone();
             new.tls = prev.tls.clone();
             new.requests.store(prev.requests.load(Ordering::Relaxed), Ordering::Relaxed);
+            new.no_route.store(prev.no_route.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        for (news, prevs) in [(&mut c.farms, &self.farms), (&mut c.routes, &self.routes)] {
+            for new in news.iter_mut() {
+                if let Some(prev) = prevs.iter().find(|p| p.key == new.key) {
+                    new.stats = prev.stats.clone();
+                }
+            }
         }
         c
     }

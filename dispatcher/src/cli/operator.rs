@@ -42,11 +42,7 @@ pub fn control(path: &Path, backend: &str, action: Action) -> anyhow::Result<Exi
     let _lock = dispatcher::instance::acquire(&cfg.instance)
         .map_err(|e| anyhow!("{e}; nothing changed (the maps are not written while an agent holds the instance)"))?;
     println!("(agent not running: writing the pinned maps directly)");
-    let id = cfg
-        .backends
-        .iter()
-        .position(|b| b.name == backend)
-        .ok_or_else(|| anyhow!("no backend named `{backend}` in {}", path.display()))?;
+    let id = dispatcher::admin::server_named(&cfg, backend).map_err(|e| anyhow!("{e} in {}", path.display()))?;
     let mut tables = Tables::from_pinned(&cfg.pin_dir())
         .with_context(|| format!("opening the maps of instance {} (is the dispatcher running?)", cfg.instance))?;
     let mut states = Vec::with_capacity(cfg.backends.len());

@@ -73,6 +73,35 @@ pub fn status(path: &Path, json: bool, watch: Option<f64>, count: Option<u64>) -
     }
 }
 
+/// Configured farms and routes, one line each (a VIP's implicit farm is the VIP's line).
+fn paths_section(o: &mut String, a: &AgentStatus) {
+    let counts = |c: &dispatcher::api::PathCounts| {
+        format!(
+            "requests={} affinity={} failovers={} balanced={} misroutes={}",
+            c.requests, c.affinity_hits, c.failovers, c.balanced, c.misroutes
+        )
+    };
+    for f in a.farms.iter().filter(|f| !f.implicit) {
+        let backups = if f.backup_servers.is_empty() {
+            String::new()
+        } else {
+            format!(" backups {}", f.backup_servers.join(","))
+        };
+        let _ = writeln!(o, "farm {} [{}{backups}]: {}", f.name, f.servers.join(","), counts(&f.counts));
+    }
+    for r in &a.routes {
+        let _ = writeln!(
+            o,
+            "route {} {} {} -> {}: {}",
+            r.index,
+            r.hosts.join(","),
+            r.uris.join(","),
+            r.farm,
+            counts(&r.counts)
+        );
+    }
+}
+
 /// Seconds since the epoch as UTC `HH:MM:SS` (enough to tell frames apart).
 fn utc_clock() -> String {
     let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
@@ -118,6 +147,12 @@ fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
             "http: holds={} held_now={} hold_timeouts={} retries={} retry_budget_refusals={} failovers={} misroutes={} learned_clones={}",
             c.holds, c.held_now, c.hold_timeouts, c.retries, c.retry_budget_refusals, c.failovers, c.misroutes, c.learned_clones
         );
+        if c.no_route > 0 {
+            let _ = writeln!(o, "http: no_route={} (answered 404)", c.no_route);
+        }
+    }
+    if let Some(a) = f.agent.as_ref() {
+        paths_section(&mut o, a);
     }
     if let Some(c) = f.agent.as_ref().and_then(|a| a.cluster.as_ref()) {
         cluster_section(&mut o, c);

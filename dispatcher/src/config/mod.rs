@@ -113,6 +113,12 @@ impl Farm {
     pub fn members(&self) -> impl Iterator<Item = usize> + '_ {
         self.servers.iter().chain(&self.backup_servers).copied()
     }
+
+    /// The port requests through this farm reach `backend` on: its own `port`, else the
+    /// farm's, else `backend_port` (the routed VIP's). Pools and health checks use it.
+    pub fn port_of(&self, backend: &Backend, backend_port: u16) -> u16 {
+        backend.port.or(self.port).unwrap_or(backend_port)
+    }
 }
 
 /// `[[route]]`: requests to these virtual hosts and URIs go to `farm` (the plug-in's
@@ -721,14 +727,6 @@ impl Config {
     /// The bpffs directory this instance pins its maps, program and link under.
     pub fn pin_dir(&self) -> PathBuf {
         self.bpffs.join("dispatcher").join(&self.instance)
-    }
-
-    /// The HTTP port of backend `b` behind an HTTP VIP whose `backend_port` is
-    /// `backend_port`: its own `port`, else its farm's (a `[[farm]]` or a plugin-cfg.xml
-    /// cluster), else the VIP's.
-    pub fn backend_http_port(&self, b: usize, backend_port: u16) -> u16 {
-        let farm = || self.farms.iter().filter(|f| !f.implicit).find(|f| f.members().any(|m| m == b));
-        self.backends[b].port.or_else(|| farm().and_then(|f| f.port)).unwrap_or(backend_port)
     }
 
     pub fn load(path: &Path) -> Result<Config, ConfigError> {

@@ -78,8 +78,9 @@ pub enum ProbeKind {
     Sip,
 }
 
-/// The probe for each backend: by default (`kind = "auto"`) HTTP on the backend port of
-/// its first HTTP VIP, else SIP `OPTIONS` to its first SIP VIP's port, else a TCP connect
+/// The probe for each backend: by default (`kind = "auto"`) HTTP on the port its requests
+/// go to (its own `port`, else its farm's, else the `backend_port` of the first HTTP VIP
+/// routing to its farm, else of its first HTTP VIP), else SIP `OPTIONS` to its first SIP VIP's port, else a TCP connect
 /// to its first TCP VIP's port; `kind` and `port` override. A backend that serves only
 /// UDP L4 VIPs is not checked.
 pub fn probes(cfg: &Config) -> Vec<Option<Probe>> {
@@ -90,11 +91,12 @@ pub fn probes(cfg: &Config) -> Vec<Option<Probe>> {
                 return None;
             }
             let vips: Vec<_> = cfg.vips.iter().filter(|v| !v.retired && v.backends.contains(&b)).collect();
-            let http_vip = vips.iter().find_map(|v| v.http());
+            let http = farm_port(cfg, b).or_else(|| vips.iter().find_map(|v| v.http()).map(|h| (h.backend_port, h)));
+            let http_vip = http.map(|(_, v)| v);
             let sip_vip = vips.iter().find(|v| v.mode() == VipMode::Sip);
             let tcp_vip = vips.iter().find(|v| v.protocol == Protocol::Tcp);
-            let (port, auto) = match (http_vip, sip_vip, tcp_vip) {
-                (Some(v), _, _) => (cfg.backend_http_port(b, v.backend_port), ProbeKind::Http(h.path.clone())),
+            let (port, auto) = match (http, sip_vip, tcp_vip) {
+                (Some((port, _)), _, _) => (port, ProbeKind::Http(h.path.clone())),
                 (None, Some(v), _) => (v.port, ProbeKind::Sip),
                 (None, None, Some(v)) => (v.port, ProbeKind::Tcp),
                 (None, None, None) => return None,
@@ -117,6 +119,17 @@ pub fn probes(cfg: &Config) -> Vec<Option<Probe>> {
             Some(Probe { addr: SocketAddr::new(address, port), kind, tls })
         })
         .collect()
+}
+
+/// The port HTTP requests reach backend `b` on through its farm, and the first HTTP VIP
+/// routing to that farm; `None` when no served HTTP VIP routes to a farm of it.
+fn farm_port(cfg: &Config, b: usize) -> Option<(u16, &crate::config::HttpVip)> {
+    cfg.farms.iter().enumerate().filter(|(_, f)| f.members().any(|m| m == b)).find_map(|(i, f)| {
+        let vip = (cfg.routes.iter().filter(|r| r.farm == i))
+            .flat_map(|r| &r.vips)
+            .find_map(|&v| cfg.vips.get(v).and_then(|v| v.served_http()))?;
+        Some((f.port_of(&cfg.backends[b], vip.backend_port), vip))
+    })
 }
 
 /// What one check found.
@@ -285,6 +298,31 @@ mod tests {
         let s = HealthSettings::default();
         assert_eq!(check(&probe, &s).await.0, Verdict::Pass);
         assert!(server.await.unwrap(), "the server's response was read whole and the connection closed in order");
+    }
+
+    /// A backend is checked on the port its requests go to: its own, else its farm's,
+    /// else the VIP's `backend_port`; a farm's server no VIP lists is checked too.
+    #[test]
+    fn http_checks_go_to_the_port_requests_go_to() {
+        let text = "[dispatcher]\ninterface = \"eth0\"\n[[backend]]\nname = \"a\"\naddress = \"10.0.0.1\"\n\
+                    [[backend]]\nname = \"b\"\naddress = \"10.0.0.2\"\n[[backend]]\nname = \"c\"\naddress = \"10.0.0.3\"\n\
+                    [[vip]]\nname = \"web\"\naddress = \"10.0.100.1\"\nport = 80\nmode = \"http\"\nbackends = [\"a\"]\nbackend_port = 8080\n";
+        let mut cfg = crate::config::Config::parse(text, "t").unwrap();
+        let port = |cfg: &crate::config::Config, b: usize| probes(cfg)[b].as_ref().map(|p| p.addr.port());
+        assert_eq!(port(&cfg, 0), Some(8080), "the implicit farm: the VIP's backend_port");
+        assert_eq!(port(&cfg, 1), None, "in no VIP and no farm");
+        cfg.farms.push(crate::config::Farm {
+            name: "shop".into(),
+            servers: vec![1],
+            backup_servers: vec![2],
+            port: Some(9080),
+            implicit: false,
+            ..cfg.farms[0].clone()
+        });
+        cfg.routes.push(crate::config::Route { farm: 1, ..cfg.routes[0].clone() });
+        cfg.backends[2].port = Some(9081);
+        assert_eq!((port(&cfg, 1), port(&cfg, 2)), (Some(9080), Some(9081)));
+        assert!(matches!(probes(&cfg)[1].as_ref().unwrap().kind, ProbeKind::Http(_)));
     }
 
     #[test]

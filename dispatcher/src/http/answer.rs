@@ -40,6 +40,8 @@ impl Answer {
     pub const SESSION_UNAVAILABLE: Answer =
         Answer::new(503, "the session's server and its replica are unavailable").retry_after(5);
     pub const NO_BACKEND: Answer = Answer::new(503, "no server available").retry_after(5);
+    /// No route of the VIP matches the request's host and path.
+    pub const NO_ROUTE: Answer = Answer::new(404, "no route for this host and path");
     /// A `101 Switching Protocols` to a request that asked for no upgrade.
     pub const UNSOLICITED_101: Answer = Answer::new(502, "unsolicited 101 from the server");
     pub const BODY_TIMEOUT: Answer = Answer::new(408, "request body not received in time");

@@ -225,6 +225,7 @@ pub async fn read_response<R: AsyncRead + Unpin>(
 /// only when nothing of the request could have been consumed (no body).
 pub async fn send<R: AsyncRead + Unpin>(
     ctx: &VipCtx,
+    s: &HttpSettings,
     head: &RequestHead,
     backend: usize,
     down: Downstream<'_, R>,
@@ -232,7 +233,6 @@ pub async fn send<R: AsyncRead + Unpin>(
     attempt: &mut Attempt,
 ) -> Result<Reply, SendFail> {
     let Downstream { client, w, scratch, out } = down;
-    let s = &ctx.settings;
     let be = &ctx.servers.backends[backend];
     let pool = ctx.pools[backend].as_ref().ok_or(SendFail::Answered)?;
     // A body read ahead into the retry buffer is sent like part of the head: nothing of
@@ -261,7 +261,7 @@ pub async fn send<R: AsyncRead + Unpin>(
         }
         let mut early = None;
         if has_body {
-            (up, early) = send_body(ctx, head, up, client, w, scratch).await?;
+            (up, early) = send_body(ctx, s, head, up, client, w, scratch).await?;
         }
         let skipped = early.is_some();
         let res = match early {
@@ -285,13 +285,13 @@ pub async fn send<R: AsyncRead + Unpin>(
 /// for one. A final answer that came before it (the body left unread) is handed back.
 async fn send_body<R: AsyncRead + Unpin>(
     ctx: &VipCtx,
+    s: &HttpSettings,
     head: &RequestHead,
     mut up: Upstream,
     client: &mut Inbound<R>,
     w: &mut WriteSide,
     scratch: &mut Vec<Header>,
 ) -> Result<(Upstream, Option<ResponseHead>), SendFail> {
-    let s = &ctx.settings;
     if head.expect_continue {
         match await_continue(&mut up.r, w, head, &ctx.limits, scratch, s).await {
             Ok(Some(early)) => return Ok((up, Some(early))),

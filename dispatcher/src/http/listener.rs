@@ -43,7 +43,7 @@ use tracing::Instrument as _;
 use super::{
     pool::Pool,
     proxy::{serve, VipCtx},
-    route::VipRoute,
+    route::{FarmCtx, FarmRoute, RouteCtx, VipRoutes},
 };
 use crate::{
     access_log::AccessLog,
@@ -130,10 +130,13 @@ fn listener_for(v: &Vip, inherited: &mut Sockets) -> std::io::Result<TcpListener
     }
 }
 
-/// What every worker shares of one HTTP VIP: its balancing state and its TLS, both ways.
+/// What every worker shares of one HTTP VIP: its routes (and their farms' balancing
+/// state) and its TLS, both ways.
 #[derive(Clone)]
 struct VipShared {
-    route: Arc<VipRoute>,
+    routes: Arc<VipRoutes>,
+    /// Per backend (indexed like `Config::backends`): the port its routes reach it on.
+    ports: Vec<Option<u16>>,
     tls: Option<Arc<ServerTls>>,
     /// Per backend (indexed like `Config::backends`), for a VIP with `backend_tls`.
     backend_tls: Vec<Option<Arc<BackendTls>>>,
@@ -141,6 +144,74 @@ struct VipShared {
     log: Option<super::proxy::LogTo>,
     /// Whether this dispatcher keeps a connection after its response (steering, leave).
     ownership: Arc<Ownership>,
+}
+
+/// A farm's balancing state: its servers, its backups, each one's `slow_start` (its own,
+/// else the farm's).
+fn farm_route(cfg: &Config, f: &crate::config::Farm) -> FarmRoute {
+    let route = FarmRoute::new(f.servers.clone(), f.balance, f.fail_back).with_backups(&f.backup_servers);
+    let slow = route.members.iter().map(|&b| cfg.backends[b].slow_start.or(f.slow_start)).collect();
+    route.with_slow_start(slow)
+}
+
+/// Each farm's request path state, indexed like `Config::farms`.
+fn farms(cfg: &Config, capacity: &Capacity) -> Vec<Arc<FarmCtx>> {
+    (cfg.farms.iter().enumerate())
+        .map(|(i, f)| {
+            let settings = crate::config::HttpSettings {
+                connect_timeout: f.connect_timeout.unwrap_or(cfg.http.connect_timeout),
+                server_timeout: f.io_timeout.unwrap_or(cfg.http.server_timeout),
+                ..cfg.http.clone()
+            };
+            Arc::new(FarmCtx {
+                name: Arc::from(f.name.as_str()),
+                implicit: f.implicit,
+                route: farm_route(cfg, f),
+                session_format: f.session_format,
+                settings: Arc::new(settings),
+                stats: capacity.farms.get(i).map(|k| k.stats.clone()).unwrap_or_default(),
+            })
+        })
+        .collect()
+}
+
+/// The routes that apply to HTTP VIP `vip`, in `Config::routes` order.
+fn vip_routes(cfg: &Config, capacity: &Capacity, farms: &[Arc<FarmCtx>], vip: usize) -> Result<VipRoutes, String> {
+    let mut list = Vec::new();
+    let mut patterns = Vec::new();
+    for (index, r) in cfg.routes.iter().enumerate().filter(|(_, r)| r.vips.contains(&vip)) {
+        let farm = farms.get(r.farm).ok_or_else(|| format!("route {index} names no farm"))?.clone();
+        // An implicit farm's route reads the session as the VIP always did: by `[http]`'s
+        // names.
+        let (cookie, url_parameter) = match farm.implicit {
+            true => (cfg.http.cookie_name.as_str(), cfg.http.url_parameter.as_str()),
+            false => (r.cookie.as_str(), r.url_parameter.as_str()),
+        };
+        list.push(RouteCtx {
+            index,
+            label: (!farm.implicit).then(|| Arc::from(index.to_string())),
+            farm,
+            cookie: cookie.as_bytes().into(),
+            url_parameter: url_parameter.as_bytes().into(),
+            stats: capacity.routes.get(index).map(|k| k.stats.clone()).unwrap_or_default(),
+        });
+        patterns.push((r.hosts.clone(), r.uris.clone()));
+    }
+    VipRoutes::new(list, &patterns)
+}
+
+/// The port each backend the routes of a VIP reach is reached on (`None`: not reached):
+/// its own, else its farm's, else the VIP's `backend_port`.
+fn reached(cfg: &Config, routes: &VipRoutes, backend_port: u16) -> Vec<Option<u16>> {
+    let mut ports = vec![None; cfg.backends.len()];
+    for r in routes.routes() {
+        let farm = &cfg.farms[cfg.routes[r.index].farm];
+        let n = ports.len();
+        for b in farm.members().filter(|&b| b < n) {
+            ports[b] = Some(farm.port_of(&cfg.backends[b], backend_port));
+        }
+    }
+    ports
 }
 
 /// Reads the TLS files of every HTTP VIP (once, before any worker starts): an error
@@ -154,8 +225,11 @@ fn vip_shared(
     let backend_names: Arc<[Arc<str>]> = cfg.backends.iter().map(|b| Arc::from(b.name.as_str())).collect();
     let handshakes = capacity.tls_handshakes.1.clone();
     let fail = |v: &Vip, e: anyhow::Error| std::io::Error::other(format!("VIP {}: {e:#}", v.name));
+    let farms = farms(cfg, capacity);
     let mut out = Vec::new();
     for (i, v, h) in cfg.vips.iter().enumerate().filter_map(|(i, v)| Some((i, v, v.served_http()?))) {
+        let routes = vip_routes(cfg, capacity, &farms, i).map_err(|e| fail(v, anyhow::anyhow!(e)))?;
+        let ports = reached(cfg, &routes, h.backend_port);
         let tls = match &h.tls {
             Some(t) => Some(Arc::new(
                 ServerTls::load(t, &cfg.http, handshakes.clone(), capacity.vips[i].tls.clone())
@@ -169,17 +243,15 @@ fn vip_shared(
                 (0..cfg.backends.len())
                     .map(|b| {
                         let address = cfg.backends[b].address.into();
-                        v.backends.contains(&b).then(|| Arc::new(BackendTls::new(client.clone(), f, address)))
+                        ports[b].map(|_| Arc::new(BackendTls::new(client.clone(), f, address)))
                     })
                     .collect()
             }
             None => vec![None; cfg.backends.len()],
         };
         out.push(VipShared {
-            route: Arc::new(
-                VipRoute::new(v.backends.clone(), h.balance, h.fail_back)
-                    .with_slow_start(v.backends.iter().map(|&b| v.slow_start_of(cfg, b)).collect()),
-            ),
+            routes: Arc::new(routes),
+            ports,
             tls,
             backend_tls,
             log: access_log.map(|sink| super::proxy::LogTo {
@@ -205,14 +277,21 @@ fn worker_vips(
     for ((vip_index, v, h), sh) in
         cfg.vips.iter().enumerate().filter_map(|(i, v)| Some((i, v, v.served_http()?))).zip(shared)
     {
+        // Each backend's timeouts are its farm's (a backend is in one farm at most).
+        let mut settings: Vec<&crate::config::HttpSettings> = vec![&cfg.http; cfg.backends.len()];
+        for r in sh.routes.routes() {
+            for &b in &r.farm.route.members {
+                settings[b] = &r.farm.settings;
+            }
+        }
         let pools = (0..cfg.backends.len())
             .map(|b| {
-                v.backends.contains(&b).then(|| {
-                    let addr = SocketAddr::new(cfg.backends[b].address.into(), h.backend_port);
+                sh.ports[b].map(|port| {
+                    let addr = SocketAddr::new(cfg.backends[b].address.into(), port);
                     let be = &servers.backends[b];
                     let budget = capacity.idle_budget.clone();
                     let tls = sh.backend_tls[b].clone();
-                    Pool::new(addr, &cfg.http, be.connections.clone(), be.conn_limit.clone(), budget, tls)
+                    Pool::new(addr, settings[b], be.connections.clone(), be.conn_limit.clone(), budget, tls)
                 })
             })
             .collect();
@@ -220,7 +299,8 @@ fn worker_vips(
             name: Arc::from(v.name.as_str()),
             host: crate::http1::rewrite::vip_authority(SocketAddr::new(v.address, v.port)),
             vip_index,
-            route: sh.route.clone(),
+            port: v.port,
+            routes: sh.routes.clone(),
             pools,
             servers: servers.clone(),
             capacity: capacity.clone(),
@@ -228,13 +308,14 @@ fn worker_vips(
             limits: HeadLimits { max_bytes: cfg.http.max_header_bytes, max_headers: cfg.http.max_headers },
             suspect_on_status: cfg.health.suspect_on_status.clone(),
             tls: sh.tls.clone(),
-            session_format: h.session_format,
             forwarded: crate::http1::rewrite::forwarded_fields(h.tls.is_some(), v.port),
             redirect: h.redirect_to.clone(),
             log: sh.log.clone(),
             ownership: sh.ownership.clone(),
             persist: h.insert_cookie.as_ref().map(|name| {
-                let members = v.backends.iter().map(|&b| (b, cfg.backends[b].name.clone()));
+                // The backends its routes reach (an implicit farm's: the VIP's own).
+                let reached = (0..cfg.backends.len()).filter(|&b| sh.ports[b].is_some());
+                let members = reached.map(|b| (b, cfg.backends[b].name.clone()));
                 super::persist::Persist::new(name, members, h.tls.is_some())
             }),
         });
@@ -559,7 +640,7 @@ impl HttpServer {
         ownership: Arc<Ownership>,
     ) -> std::io::Result<HttpServer> {
         let (stop, _) = watch::channel(false);
-        // One route (balancing state) per VIP, shared by the workers: weights stay exact.
+        // One balancing state per farm, shared by the VIPs and workers: weights stay exact.
         let shared = vip_shared(cfg, &capacity, access_log, &ownership)?;
         let global = client_caps(cfg, &capacity, predecessor.is_none());
         let (ready_tx, ready_rx) = mpsc::channel::<std::io::Result<(usize, Sockets)>>();
@@ -601,5 +682,214 @@ impl HttpServer {
     pub fn shutdown(self) -> usize {
         let _ = self.stop.send(true);
         self.workers.into_iter().map(|w| w.join().unwrap_or(0)).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The request path with farms and routes, end to end on loopback: a VIP whose two
+    //! routes lead to two farms, in front of backends that answer with their name and set
+    //! a session cookie.
+
+    use super::*;
+    use crate::config::{Balance, Farm, Route, SessionFormat};
+    use dispatcher_common::{Health, Operator};
+    use tokio::{
+        io::{AsyncReadExt, AsyncWriteExt},
+        net::TcpStream,
+    };
+
+    const CFG: &str = r#"
+[dispatcher]
+interface = "eth0"
+[[backend]]
+name = "s1"
+address = "10.0.0.1"
+clone_ids = ["c1"]
+replica = "s2"
+[[backend]]
+name = "s2"
+address = "10.0.0.2"
+clone_ids = ["c2"]
+replica = "s1"
+[[backend]]
+name = "a1"
+address = "10.0.0.3"
+clone_ids = ["ca1"]
+[[backend]]
+name = "bk"
+address = "10.0.0.4"
+clone_ids = ["cbk"]
+[[vip]]
+name = "web"
+address = "10.0.100.1"
+port = 80
+mode = "http"
+backends = ["s1"]
+"#;
+
+    /// A backend answering every request with its name, and `Set-Cookie: COOKIE=...:learned-NAME`
+    /// (and an `OTHER` cookie, never learned).
+    async fn backend(name: &'static str, cookie: &'static str) -> u16 {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                            match s.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                        }
+                        let end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+                        buf.drain(..end);
+                        let answer = format!(
+                            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nSet-Cookie: {cookie}=0000zz:learned-{name}; Path=/\r\nSet-Cookie: OTHER=0000zz:other-{name}\r\n\r\n{name}",
+                            name.len()
+                        );
+                        if s.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        port
+    }
+
+    /// Status and body of `GET path` (with a `Cookie` header when given).
+    async fn get(addr: SocketAddr, path: &str, cookie: Option<&str>) -> (u16, String) {
+        let exchange = async {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            let cookie = cookie.map(|c| format!("Cookie: {c}\r\n")).unwrap_or_default();
+            let head = format!("GET {path} HTTP/1.1\r\nHost: shop.example\r\n{cookie}Connection: close\r\n\r\n");
+            s.write_all(head.as_bytes()).await.unwrap();
+            let mut out = Vec::new();
+            s.read_to_end(&mut out).await.unwrap();
+            String::from_utf8_lossy(&out).into_owned()
+        };
+        let text = tokio::time::timeout(Duration::from_secs(10), exchange).await.expect("answered in time");
+        let status = text.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+        (status, text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
+    }
+
+    fn farm(name: &str, servers: Vec<usize>, backup_servers: Vec<usize>) -> Farm {
+        Farm {
+            name: name.into(),
+            servers,
+            backup_servers,
+            balance: Balance::RoundRobin,
+            port: None,
+            fail_back: true,
+            session_format: SessionFormat::WebSphere,
+            slow_start: None,
+            connect_timeout: Some(Duration::from_secs(2)),
+            io_timeout: None,
+            implicit: false,
+        }
+    }
+
+    fn route(uri: &str, farm: usize, cookie: &str) -> Route {
+        Route {
+            vips: vec![0],
+            hosts: vec!["*:*".into()],
+            uris: vec![uri.into()],
+            farm,
+            cookie: cookie.into(),
+            url_parameter: cookie.to_ascii_lowercase(),
+        }
+    }
+
+    #[tokio::test]
+    async fn each_route_reaches_its_farm_with_its_own_cookie_and_no_route_is_a_counted_404() {
+        let mut cfg = Config::parse(CFG, "t").unwrap();
+        let names = [("s1", "SHOPID"), ("s2", "SHOPID"), ("a1", "JSESSIONID"), ("bk", "SHOPID")];
+        for (b, (name, cookie)) in cfg.backends.iter_mut().zip(names) {
+            b.address = std::net::Ipv4Addr::LOCALHOST;
+            b.port = Some(backend(name, cookie).await);
+        }
+        cfg.vips[0].address = std::net::Ipv4Addr::LOCALHOST.into();
+        cfg.vips[0].port = 0;
+        // shop: s1 and s2 (replicas of each other), bk their backup; admin: a1.
+        cfg.farms = vec![farm("shop", vec![0, 1], vec![3]), farm("admin", vec![2], vec![])];
+        cfg.routes = vec![route("/shop/*", 0, "SHOPID"), route("/admin/*", 1, "JSESSIONID")];
+        let servers = Arc::new(Servers::new(&cfg, &[Health::Up; 4], &[Operator::None; 4], None));
+        let capacity = Arc::new(Capacity::new(&cfg));
+        let shared = vip_shared(&cfg, &capacity, None, &Arc::new(Ownership::default())).unwrap();
+        let (ctx, listener) = worker_vips(&cfg, &servers, &capacity, &shared, Vec::new()).unwrap().remove(0);
+        let addr = listener.local_addr().unwrap();
+        let (_stop_tx, stop) = watch::channel(false);
+        tokio::spawn(async move {
+            while let Ok((stream, peer)) = listener.accept().await {
+                tokio::spawn(serve(ctx.clone(), stream, peer, stop.clone()));
+            }
+        });
+
+        // Each route to its farm; balanced over the primaries only (the backup is up).
+        let mut shop = Vec::new();
+        for _ in 0..4 {
+            let (status, body) = get(addr, "/shop/cart", None).await;
+            assert_eq!(status, 200);
+            shop.push(body);
+        }
+        shop.sort();
+        assert_eq!(shop, ["s1", "s1", "s2", "s2"], "round robin over the primaries, never the backup");
+        assert_eq!(get(addr, "/admin/users", None).await, (200, "a1".to_string()));
+
+        // No route: 404 with a short body, counted globally and on the VIP.
+        let (status, body) = get(addr, "/elsewhere", None).await;
+        assert_eq!(status, 404);
+        assert!(body.contains("no route"), "{body}");
+        assert_eq!(servers.counters.no_route.load(Ordering::Relaxed), 1);
+        assert_eq!(capacity.vips[0].no_route.load(Ordering::Relaxed), 1);
+
+        // The route's cookie names the session; another cookie name is not read.
+        for _ in 0..3 {
+            assert_eq!(get(addr, "/shop/cart", Some("SHOPID=0000abc:c2")).await.1, "s2");
+        }
+        let mut by_jsessionid = Vec::new();
+        for _ in 0..4 {
+            by_jsessionid.push(get(addr, "/shop/cart", Some("JSESSIONID=0000abc:c2")).await.1);
+        }
+        assert!(by_jsessionid.iter().any(|b| b == "s1"), "JSESSIONID is not the shop's cookie: {by_jsessionid:?}");
+        assert_eq!(get(addr, "/shop/cart;shopid=0000abc:c1", None).await.1, "s1", "the route's URL parameter");
+
+        // Learned from the route's own cookie only.
+        assert_eq!(servers.owner(b"learned-s1"), Some((0, Some(1))));
+        assert_eq!(servers.owner(b"learned-a1").map(|o| o.0), Some(2));
+        assert_eq!(servers.owner(b"other-s1"), None, "not the route's cookie");
+
+        // A session of the shop farm on the admin route: balanced within admin, never
+        // followed out of it, and no misroute.
+        for _ in 0..3 {
+            assert_eq!(get(addr, "/admin/users", Some("JSESSIONID=0000abc:c1")).await.1, "a1");
+        }
+        assert_eq!(servers.counters.misroutes.load(Ordering::Relaxed), 0);
+
+        // A session the backup owns goes to it while it serves; new sessions go to the
+        // backup only once no primary is up.
+        assert_eq!(get(addr, "/shop/cart", Some("SHOPID=0000abc:cbk")).await.1, "bk");
+        servers.set_health(0, Health::Down);
+        assert_eq!(get(addr, "/shop/cart", None).await.1, "s2", "one primary up: no backup");
+        servers.set_health(1, Health::Down);
+        for _ in 0..3 {
+            assert_eq!(get(addr, "/shop/cart", None).await.1, "bk", "every primary down: the backup");
+        }
+        servers.set_health(0, Health::Up);
+        assert_eq!(get(addr, "/shop/cart", None).await.1, "s1", "a primary back: the backup is left");
+
+        // Per farm and per route counters; the 404 counted on neither.
+        let shop_stats = &capacity.farms[0].stats;
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        assert_eq!(load(&shop_stats.requests), 4 + 3 + 4 + 1 + 1 + 1 + 3 + 1);
+        assert_eq!(load(&capacity.routes[0].stats.requests), load(&shop_stats.requests));
+        assert_eq!(load(&shop_stats.affinity_hits), 3 + 1 + 1, "c2 three times, c1 by URL, cbk");
+        assert_eq!(load(&capacity.farms[1].stats.requests), 1 + 3);
+        assert_eq!(load(&capacity.farms[1].stats.balanced), 1 + 3);
+        assert_eq!(load(&shop_stats.misroutes) + load(&capacity.farms[1].stats.misroutes), 0);
     }
 }

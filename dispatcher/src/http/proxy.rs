@@ -23,7 +23,7 @@ use super::{
     pool::{Pool, Upstream},
     respond::{closes, deliver, forward_interim, inline_small_body, upgrade, Undelivered},
     retry::{is_idempotent, Retries},
-    route::{Decision, VipRoute},
+    route::{Decision, RouteCtx, VipRoutes},
     session, Counted,
 };
 use crate::capacity::queue::{Refused, Slot};
@@ -50,8 +50,11 @@ pub struct VipCtx {
     pub host: String,
     /// Index in `Config::vips` (for the per-VIP counters).
     pub vip_index: usize,
-    pub route: Arc<VipRoute>,
-    /// Indexed by backend id; `Some` for the VIP's members.
+    /// The VIP's port: a request's when its Host names none (route matching).
+    pub port: u16,
+    /// The routes that apply to the VIP, and through them the farms it serves.
+    pub routes: Arc<VipRoutes>,
+    /// Indexed by backend id; `Some` for the backends its routes reach.
     pub pools: Vec<Option<Pool>>,
     pub servers: Arc<Servers>,
     /// The server generation's capacity and per-VIP counts.
@@ -66,8 +69,6 @@ pub struct VipCtx {
     pub forwarded: Vec<u8>,
     /// A VIP that answers `308` to its HTTPS VIP instead of forwarding.
     pub redirect: Option<Redirect>,
-    /// How JSESSIONID names its server on this VIP.
-    pub session_format: SessionFormat,
     /// `[access_log]`: where its requests are logged.
     pub log: Option<LogTo>,
     /// `insert_cookie`: clients without a session kept on one backend.
@@ -124,6 +125,9 @@ struct Trace {
     connected: Option<Instant>,
     response: Option<Instant>,
     status: u16,
+    /// The farm and the route it was routed by (filled only when logging).
+    farm: Option<Arc<str>>,
+    route: Option<Arc<str>>,
 }
 
 impl Trace {
@@ -140,30 +144,22 @@ impl Trace {
             connected: None,
             response: None,
             status: 0,
+            farm: None,
+            route: None,
         }
     }
 
-    /// The backend chosen (on a retry, the last one): an owner of the session (affinity),
-    /// a replica (failed over), or balanced.
-    fn routed(
-        &mut self,
-        ctx: &VipCtx,
-        backend: usize,
-        d: &Decision,
-        sess: Option<&session::SessionId>,
-        pinned: Option<usize>,
-    ) {
+    /// The backend chosen (on a retry, the last one) and how (`kind`): an owner of the
+    /// session (affinity), a replica (failed over), or balanced.
+    fn routed(&mut self, ctx: &VipCtx, req: &Request<'_>, backend: usize, kind: LogDecision) {
         if ctx.log.is_none() {
             return;
         }
         self.backend = Some(backend);
-        let owned = |s: &session::SessionId| owned_by(&ctx.servers, s, backend).is_some();
-        self.decision = match (d, sess) {
-            (Decision::Affinity(_), Some(s)) if !owned(s) => LogDecision::FailedOver,
-            (Decision::Affinity(_), None) if pinned.is_some_and(|p| p != backend) => LogDecision::FailedOver,
-            (Decision::Affinity(_), _) => LogDecision::Affinity,
-            _ => LogDecision::Balanced,
-        };
+        self.decision = kind;
+        self.farm = Some(req.route.farm.name.clone());
+        self.route = req.route.label.clone();
+        let sess = req.sess.as_ref();
         let c = &ctx.servers;
         let by = sess.and_then(|s| {
             owned_by(c, s, backend)
@@ -189,6 +185,35 @@ fn request_line(head: &RequestHead, buf: &[u8]) -> Box<[u8]> {
     request.into()
 }
 
+/// How a routing decision sent a request to `backend`: to an owner of its session (or
+/// the backend its persistence cookie names), to the replica (failed over), or balanced.
+fn decision_kind(
+    c: &Servers,
+    d: &Decision,
+    sess: Option<&session::SessionId>,
+    pinned: Option<usize>,
+    backend: usize,
+) -> LogDecision {
+    match (d, sess) {
+        (Decision::Affinity(_), Some(s)) if owned_by(c, s, backend).is_none() => LogDecision::FailedOver,
+        (Decision::Affinity(_), None) if pinned.is_some_and(|p| p != backend) => LogDecision::FailedOver,
+        (Decision::Affinity(_), _) => LogDecision::Affinity,
+        _ => LogDecision::Balanced,
+    }
+}
+
+/// Counts a routing decision on the route and its farm.
+fn count_decision(route: &RouteCtx, kind: LogDecision) {
+    for stats in [&*route.stats, &*route.farm.stats] {
+        let counter = match kind {
+            LogDecision::Affinity => &stats.affinity_hits,
+            LogDecision::FailedOver => &stats.failovers,
+            _ => &stats.balanced,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// The session's clone ID that `backend` owns.
 fn owned_by<'a>(c: &Servers, s: &session::SessionId<'a>, backend: usize) -> Option<&'a [u8]> {
     s.clones.iter().find(|id| c.owner(id).is_some_and(|(o, _)| o == backend)).copied()
@@ -207,6 +232,8 @@ impl LogTo {
             backend: t.backend.and_then(|b| self.backends.get(b).cloned()),
             session: t.session.clone(),
             decision: t.decision,
+            farm: t.farm.clone(),
+            route: t.route.clone(),
             held: t.held,
             retries: t.retries,
             status: t.status,
@@ -520,7 +547,17 @@ impl ClientConn {
             );
             return answered(w, trace, Some(Answer::LOOP)).await;
         }
-        let (sess, pinned) = session_of(ctx, head, buf);
+        let Some(route) = route_of(ctx, head, buf) else {
+            // No route: answered, never a guess.
+            ctx.servers.counters.no_route.fetch_add(1, Ordering::Relaxed);
+            if let Some(v) = ctx.capacity.vips.get(ctx.vip_index) {
+                v.no_route.fetch_add(1, Ordering::Relaxed);
+            }
+            return answered(w, trace, Some(Answer::NO_ROUTE)).await;
+        };
+        route.stats.requests.fetch_add(1, Ordering::Relaxed);
+        route.farm.stats.requests.fetch_add(1, Ordering::Relaxed);
+        let (sess, pinned) = session_of(ctx, route, head, buf);
         let started = Instant::now();
         let c = &ctx.servers;
         c.counters.in_flight.fetch_add(1, Ordering::Relaxed);
@@ -531,7 +568,8 @@ impl ClientConn {
             Err(answer) => return answered(w, trace, answer).await,
         };
         let (peer, steer_slot) = (*peer, *steer_slot);
-        let req = Request { head, buf, sess, pinned, idempotent, buffered_body, peer, steer_slot, closing, started };
+        let req =
+            Request { head, route, buf, sess, pinned, idempotent, buffered_body, peer, steer_slot, closing, started };
         let mut down = Downstream { client, w, scratch, out };
         // Its retries in flight are counted until the response is relayed.
         let mut rounds = Rounds::new(s);
@@ -551,19 +589,20 @@ async fn answered<W: AsyncWrite + Unpin>(w: &mut W, trace: &mut Trace, answer: O
     Next::Close
 }
 
-/// The request's session (JSESSIONID cookie or URL parameter, else an application
-/// session); without one, the member the VIP's persistence cookie names, if any.
+/// The request's session (the route's session cookie or URL parameter, in its farm's
+/// format, else an application session); without one, the member the VIP's persistence
+/// cookie names, if any.
 fn session_of<'a>(
     ctx: &'a VipCtx,
+    route: &'a RouteCtx,
     head: &RequestHead,
     buf: &'a [u8],
 ) -> (Option<session::SessionId<'a>>, Option<usize>) {
-    let s = &ctx.settings;
     let cookies = || head.headers.iter().filter(|h| is(&buf[h.name.clone()], "cookie")).map(|h| &buf[h.value.clone()]);
     let target = &buf[head.target.clone()];
-    let sess =
-        session::find(cookies(), target, s.cookie_name.as_bytes(), s.url_parameter.as_bytes(), ctx.session_format)
-            .or_else(|| session::app_session(target));
+    let format = route.farm.session_format;
+    let sess = session::find(cookies(), target, &route.cookie, &route.url_parameter, format)
+        .or_else(|| session::app_session(target));
     let pinned = match (&sess, &ctx.persist) {
         (None, Some(p)) => p.pinned(cookies()),
         _ => None,
@@ -571,9 +610,19 @@ fn session_of<'a>(
     (sess, pinned)
 }
 
+/// The route of a request: by its host (the absolute-form authority, else Host) and path.
+fn route_of<'c>(ctx: &'c VipCtx, head: &RequestHead, buf: &[u8]) -> Option<&'c RouteCtx> {
+    let text = |r: std::ops::Range<usize>| String::from_utf8_lossy(&buf[r]);
+    let host_field = || head.headers.iter().find(|h| is(&buf[h.name.clone()], "host")).map(|h| text(h.value.clone()));
+    let host = head.authority.clone().map(text).or_else(host_field);
+    ctx.routes.find(host.as_deref(), ctx.port, &text(head.path.clone()))
+}
+
 /// One request as its phases see it.
 struct Request<'a> {
     head: &'a RequestHead,
+    /// The route it matched (and through it, its farm).
+    route: &'a RouteCtx,
     /// The bytes `head` was parsed from.
     buf: &'a [u8],
     sess: Option<session::SessionId<'a>>,
@@ -644,14 +693,20 @@ impl<'c> Rounds<'c> {
             let Some((backend, decision)) = self.choose(ctx, req, down.client, trace).await? else {
                 continue;
             };
+            let farm = &req.route.farm;
             if let Some(sess) = &req.sess {
-                if !VipRoute::may_serve(c, sess, backend) {
+                if !farm.route.may_serve(c, sess, backend) {
                     c.counters.misroutes.fetch_add(1, Ordering::Relaxed);
-                    tracing::error!(backend = %c.backends[backend].name, "misroute: a session request to a server that neither owns it nor replicates it");
+                    for stats in [&req.route.stats, &farm.stats] {
+                        stats.misroutes.fetch_add(1, Ordering::Relaxed);
+                    }
+                    tracing::error!(backend = %c.backends[backend].name, farm = %farm.name, "misroute: a session request to a server that neither owns it nor replicates it");
                 }
             }
             let be = &c.backends[backend];
-            trace.routed(ctx, backend, &decision, req.sess.as_ref(), req.pinned);
+            let kind = decision_kind(c, &decision, req.sess.as_ref(), req.pinned, backend);
+            count_decision(req.route, kind);
+            trace.routed(ctx, req, backend, kind);
             let Some((slot, queue_deadline)) = self.slot(ctx, be, decision, trace).await? else {
                 continue;
             };
@@ -660,7 +715,9 @@ impl<'c> Rounds<'c> {
             be.requests.fetch_add(1, Ordering::Relaxed);
             build_request(down.out, req.head, req.buf, req.peer.ip(), &ctx.host, &ctx.forwarded);
             let mut attempt = Attempt { queue_deadline, connected: None };
-            let sent = send(ctx, req.head, backend, down.reborrow(), req.buffered_body.as_deref(), &mut attempt).await;
+            let s = &farm.settings;
+            let sent =
+                send(ctx, s, req.head, backend, down.reborrow(), req.buffered_body.as_deref(), &mut attempt).await;
             trace.connected = attempt.connected;
             let failure = match sent {
                 Ok(reply) => return Ok(Sent { backend, reply, held }),
@@ -691,9 +748,10 @@ impl<'c> Rounds<'c> {
         trace: &mut Trace,
     ) -> Result<Option<(usize, Decision)>, Option<Answer>> {
         let (c, s) = (&ctx.servers, &ctx.settings);
+        let farm = &req.route.farm.route;
         let decision = match req.pinned {
-            Some(b) => ctx.route.route_pinned(c, b, self.hold_expired),
-            None => ctx.route.route(c, req.sess.as_ref(), self.hold_expired, self.learn_waited),
+            Some(b) => farm.route_pinned(c, b, self.hold_expired),
+            None => farm.route(c, req.sess.as_ref(), self.hold_expired, self.learn_waited),
         };
         let waiting = Instant::now();
         let end = match decision {
@@ -796,7 +854,8 @@ async fn respond<R: AsyncRead + Unpin>(
     trace: &mut Trace,
 ) -> Next {
     let Downstream { client, w, scratch, out } = down;
-    let (c, s, head) = (&ctx.servers, &ctx.settings, req.head);
+    // The farm's settings: its servers' timeouts.
+    let (c, s, head) = (&ctx.servers, &*req.route.farm.settings, req.head);
     let Sent { backend, reply: (mut up, res, body_skipped), held: _held } = sent;
     let be = &c.backends[backend];
     let Some(res) = forward_interim(&mut up.r, w, res, head, &ctx.limits, scratch, s).await else {
@@ -814,7 +873,7 @@ async fn respond<R: AsyncRead + Unpin>(
         c.passive_failure(backend);
     }
     let res_buf = up.r.buf.split_to(res.len);
-    learn(ctx, &res, &res_buf, backend);
+    learn(ctx, req.route, &res, &res_buf, backend);
     if res.status == 101 {
         if !head.upgrade {
             // Switching protocols nobody asked for: the stream can no longer be trusted.
@@ -863,7 +922,7 @@ async fn deliver_final(
         }
         _ => Some(up),
     };
-    match deliver(w, out, up.as_mut().map(|up| &mut up.r), (framing, dechunk), &ctx.settings).await {
+    match deliver(w, out, up.as_mut().map(|up| &mut up.r), (framing, dechunk), &req.route.farm.settings).await {
         Ok(()) => {}
         Err(Undelivered::Head) => return Next::Close,
         Err(Undelivered::Body(e)) => {
@@ -882,12 +941,12 @@ async fn deliver_final(
     }
 }
 
-/// Clone IDs from `Set-Cookie: JSESSIONID=...`: the last ID is the responding server's
-/// own (WebSphere appends its clone ID when it takes a session over; Tomcat's
-/// JvmRouteBinderValve rewrites the route to its own).
-fn learn(ctx: &VipCtx, res: &ResponseHead, buf: &[u8], backend: usize) {
-    let name = ctx.settings.cookie_name.as_bytes();
-    let format = ctx.session_format;
+/// Clone IDs from `Set-Cookie` of the route's session cookie: the last ID is the
+/// responding server's own (WebSphere appends its clone ID when it takes a session over;
+/// Tomcat's JvmRouteBinderValve rewrites the route to its own).
+fn learn(ctx: &VipCtx, route: &RouteCtx, res: &ResponseHead, buf: &[u8], backend: usize) {
+    let name = &route.cookie[..];
+    let format = route.farm.session_format;
     for h in &res.headers {
         if !is(&buf[h.name.clone()], "set-cookie") {
             continue;

@@ -1,5 +1,8 @@
-//! Which backend a request goes to: the first live owner among its session's clone IDs;
-//! without a usable session, the VIP's balancing policy.
+//! Which backend of a farm a request goes to: the first live owner among its session's
+//! clone IDs that is a server of the farm; without a usable session, the farm's
+//! balancing policy over its primary servers, or over its backup servers while no
+//! primary is up. A session never leaves its route's farm: a clone ID owned by a server
+//! of another farm counts as unknown there (balanced within the farm, never a misroute).
 
 use std::{
     sync::{
@@ -12,7 +15,78 @@ use std::{
 use dispatcher_common::BackendState;
 
 use super::session::SessionId;
-use crate::{config::Balance, state::Servers};
+use crate::{
+    capacity::PathStats,
+    config::{Balance, HttpSettings, SessionFormat},
+    state::Servers,
+};
+
+/// A farm as the request path uses it: its balancing state, its session format, its
+/// timeouts, its counters. One per farm, shared by every VIP and worker.
+pub struct FarmCtx {
+    /// The farm's name (an implicit farm's is its VIP's).
+    pub name: std::sync::Arc<str>,
+    /// Made from a VIP's own backends (`config::Farm::implicit`): logged and shown under
+    /// the VIP's name.
+    pub implicit: bool,
+    pub route: FarmRoute,
+    /// How the session ID names its server in this farm.
+    pub session_format: SessionFormat,
+    /// `[http]` with the farm's `connect_timeout` and `io_timeout` (`server_timeout`).
+    pub settings: std::sync::Arc<HttpSettings>,
+    pub stats: std::sync::Arc<PathStats>,
+}
+
+/// A route of a VIP as the request path uses it.
+pub struct RouteCtx {
+    /// Index in `Config::routes`.
+    pub index: usize,
+    pub farm: std::sync::Arc<FarmCtx>,
+    /// The session cookie's name (the plug-in's `AffinityCookie`) and the URL's session
+    /// parameter (`AffinityURLIdentifier`).
+    pub cookie: Box<[u8]>,
+    pub url_parameter: Box<[u8]>,
+    pub stats: std::sync::Arc<PathStats>,
+    /// Its name in the access log: its index among the routes (`None`: the implicit
+    /// catch-all of a VIP's own farm, logged under the VIP's name).
+    pub label: Option<std::sync::Arc<str>>,
+}
+
+/// The routes of one HTTP VIP: the matcher and, by its targets, the routes.
+pub struct VipRoutes {
+    table: crate::routes::Table,
+    routes: Vec<RouteCtx>,
+    /// The VIP's only route matches every request (its implicit catch-all): no lookup.
+    always: bool,
+}
+
+impl VipRoutes {
+    /// `patterns`: each route's (hosts, URIs), in the order of `routes`.
+    pub fn new(routes: Vec<RouteCtx>, patterns: &[(Vec<String>, Vec<String>)]) -> Result<VipRoutes, String> {
+        let matcher: Vec<crate::routes::Route> = (patterns.iter().enumerate())
+            .map(|(target, (hosts, uris))| crate::routes::Route { hosts: hosts.clone(), uris: uris.clone(), target })
+            .collect();
+        let table = crate::routes::Table::new(&matcher).map_err(|e| e.to_string())?;
+        let catch_all = |(h, u): &(Vec<String>, Vec<String>)| {
+            h.iter().any(|h| h == "*:*") && u.iter().any(|u| u == "/*" || u == "*")
+        };
+        let always = routes.len() == 1 && patterns.first().is_some_and(catch_all);
+        Ok(VipRoutes { table, routes, always })
+    }
+
+    /// The route of a request: `host` is the absolute-form authority or the Host header
+    /// (`None`: neither), `path` the request's path.
+    pub fn find(&self, host: Option<&str>, vip_port: u16, path: &str) -> Option<&RouteCtx> {
+        if self.always {
+            return self.routes.first();
+        }
+        self.table.find(host, vip_port, path).map(|m| &self.routes[m.target])
+    }
+
+    pub fn routes(&self) -> &[RouteCtx] {
+        &self.routes
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decision {
@@ -24,7 +98,7 @@ pub enum Decision {
     SessionUnavailable,
     /// The session's owner is suspect: wait for its state to resolve.
     Hold(usize),
-    /// No backend of the VIP is eligible.
+    /// No backend of the farm is eligible.
     NoBackend,
     /// `[cluster]`: the session's clone IDs are known to no one here yet; another
     /// dispatcher may have learned them a moment ago. Wait (bounded by `learn_wait`) for
@@ -32,11 +106,14 @@ pub enum Decision {
     AwaitShared,
 }
 
-pub struct VipRoute {
-    /// Backend ids serving this VIP.
+/// The balancing state of one farm (shared by every VIP and worker that routes to it).
+pub struct FarmRoute {
+    /// Backend ids of the farm: its primary servers, then its backup servers.
     pub members: Vec<usize>,
+    /// How many of `members` are primaries.
+    primaries: usize,
     balance: Balance,
-    /// `vip.fail_back`: the cookie's clone IDs in their order (the first owner first), or
+    /// `fail_back`: the cookie's clone IDs in their order (the first owner first), or
     /// newest first (the clone that took the session over keeps it).
     fail_back: bool,
     /// Smooth weighted round robin state, per member.
@@ -70,11 +147,13 @@ fn replica_decision(servers: &Servers, replica: usize, hold_expired: bool) -> De
     }
 }
 
-impl VipRoute {
-    pub fn new(members: Vec<usize>, balance: Balance, fail_back: bool) -> VipRoute {
+impl FarmRoute {
+    /// A farm of primary servers only.
+    pub fn new(members: Vec<usize>, balance: Balance, fail_back: bool) -> FarmRoute {
         let n = members.len();
-        VipRoute {
+        FarmRoute {
             members,
+            primaries: n,
             balance,
             fail_back,
             current: Mutex::new(vec![0; n]),
@@ -85,8 +164,20 @@ impl VipRoute {
 
     /// Members' `slow_start`, in `members` order: a member that came back gets a share of
     /// new sessions that grows with its weight scaled from 5% to 100% over it.
-    pub fn with_slow_start(mut self, slow: Vec<Option<Duration>>) -> VipRoute {
+    pub fn with_slow_start(mut self, slow: Vec<Option<Duration>>) -> FarmRoute {
         self.slow = slow.iter().any(Option::is_some).then_some(slow);
+        self
+    }
+
+    /// Backup servers (after the primaries in `members`): balanced to only while no
+    /// primary is up; a session one of them owns stays with it while it serves.
+    pub fn with_backups(mut self, backups: &[usize]) -> FarmRoute {
+        for &b in backups {
+            if !self.members.contains(&b) {
+                self.members.push(b);
+            }
+        }
+        self.current = Mutex::new(vec![0; self.members.len()]);
         self
     }
 
@@ -160,11 +251,12 @@ impl VipRoute {
     }
 
     /// Whether `backend` may serve a request of `session`: one of its clones' owners or
-    /// their replicas (the misroute check).
-    pub fn may_serve(servers: &Servers, session: &SessionId, backend: usize) -> bool {
+    /// their replicas (the misroute check). Only the clone IDs the farm's servers own
+    /// count: a session of another farm is balanced within this one.
+    pub fn may_serve(&self, servers: &Servers, session: &SessionId, backend: usize) -> bool {
         let mut known = false;
         for id in &session.clones {
-            if let Some((owner, replica)) = servers.owner(id) {
+            if let Some((owner, replica)) = servers.owner(id).filter(|(o, _)| self.members.contains(o)) {
                 known = true;
                 if owner == backend || replica == Some(backend) {
                     return true;
@@ -175,9 +267,15 @@ impl VipRoute {
     }
 
     fn balanced(&self, servers: &Servers) -> Option<usize> {
+        // The primaries, or the backups while no primary is up.
+        let primary_up = self.members[..self.primaries].iter().any(|&b| servers.backends[b].is_up());
+        let range = if primary_up { 0..self.primaries } else { self.primaries..self.members.len() };
         // Servers at their `maxconn` are passed over while another has room; when all are
         // full, the pick queues on its server as usual.
-        let any_room = self.members.iter().map(|&b| &servers.backends[b]).any(|be| be.is_up() && be.slots.has_room());
+        let any_room = self.members[range.clone()]
+            .iter()
+            .map(|&b| &servers.backends[b])
+            .any(|be| be.is_up() && be.slots.has_room());
         let eligible = |be: &crate::state::Backend| be.is_up() && (!any_room || be.slots.has_room());
         // A member ramping up after its return (`slow_start`) weighs a share of its weight.
         let now = if self.slow.is_some() { crate::metrics::mono_ns() } else { 0 };
@@ -194,8 +292,8 @@ impl VipRoute {
                 let mut cur = self.current.lock().unwrap();
                 let mut total = 0i64;
                 let mut best: Option<usize> = None;
-                for (i, &b) in self.members.iter().enumerate() {
-                    let be = &servers.backends[b];
+                for i in range {
+                    let be = &servers.backends[self.members[i]];
                     if !eligible(be) {
                         continue;
                     }
@@ -212,11 +310,11 @@ impl VipRoute {
             }
             Balance::LeastOutstanding => {
                 // Fewest in flight per unit of weight; ties rotate.
-                let n = self.members.len();
+                let n = range.len();
                 let start = self.rotate.fetch_add(1, Ordering::Relaxed);
                 let mut best: Option<(usize, u64, u64)> = None;
                 for k in 0..n {
-                    let i = (start + k) % n;
+                    let i = range.start + (start + k) % n.max(1);
                     let be = &servers.backends[self.members[i]];
                     let b = self.members[i];
                     if !eligible(be) {
@@ -232,8 +330,8 @@ impl VipRoute {
             Balance::Random => {
                 // Weighted random (the plug-in's `Random`): a draw over the eligible
                 // members' total weight.
-                let eligible: Vec<(usize, u64)> = (self.members.iter().enumerate())
-                    .map(|(i, &b)| (b, &servers.backends[b], i))
+                let eligible: Vec<(usize, u64)> = range
+                    .map(|i| (self.members[i], &servers.backends[self.members[i]], i))
                     .filter(|(_, be, _)| eligible(be))
                     .map(|(b, be, i)| (b, weight(i, be)))
                     .collect();
@@ -297,13 +395,13 @@ port = 80
 mode = "http"
 "#;
 
-    fn setup(balance: Balance) -> (Servers, VipRoute) {
+    fn setup(balance: Balance) -> (Servers, FarmRoute) {
         let cfg = Config::parse(CFG, "t").unwrap();
         let servers = Servers::new(&cfg, &[Health::Up; 3], &[Operator::None; 3], None);
-        (servers, VipRoute::new(vec![0, 1, 2], balance, true))
+        (servers, FarmRoute::new(vec![0, 1, 2], balance, true))
     }
 
-    fn route(c: &Servers, r: &VipRoute, cookie: &str) -> Decision {
+    fn route(c: &Servers, r: &FarmRoute, cookie: &str) -> Decision {
         r.route(c, session::parse(cookie.as_bytes()).as_ref(), false, true)
     }
 
@@ -330,7 +428,7 @@ mode = "http"
     #[test]
     fn without_fail_back_the_clone_that_took_a_session_over_keeps_it() {
         let (c, _) = setup(Balance::RoundRobin);
-        let r = VipRoute::new(vec![0, 1, 2], Balance::RoundRobin, false);
+        let r = FarmRoute::new(vec![0, 1, 2], Balance::RoundRobin, false);
         // cB took cA's session over (its ID appended): cB keeps it, cA being up again.
         assert_eq!(route(&c, &r, "0000x:cA:cB"), Decision::Affinity(1));
         assert_eq!(route(&c, &r, "0000x:cA"), Decision::Affinity(0), "not taken over: its owner");
@@ -412,7 +510,7 @@ mode = "http"
         let cfg = Config::parse(&CFG.replace("weight = 300", "weight = 300\nmaxconn = 1\nmaxqueue = 5"), "t").unwrap();
         let c = Servers::new(&cfg, &[Health::Up; 3], &[Operator::None; 3], None);
         for balance in [Balance::RoundRobin, Balance::LeastOutstanding] {
-            let r = VipRoute::new(vec![0, 1], balance, true);
+            let r = FarmRoute::new(vec![0, 1], balance, true);
             let full = c.backends[1].slots.take(std::time::Instant::now()).await.unwrap();
             for _ in 0..10 {
                 assert_eq!(r.route(&c, None, false, true), Decision::Balanced(0), "b is full: a has room");
@@ -430,7 +528,7 @@ mode = "http"
         for b in &c.backends {
             _slots.push(b.slots.take(std::time::Instant::now()).await.unwrap());
         }
-        let r = VipRoute::new(vec![0, 1, 2], Balance::RoundRobin, true);
+        let r = FarmRoute::new(vec![0, 1, 2], Balance::RoundRobin, true);
         assert!(matches!(r.route(&c, None, false, true), Decision::Balanced(_)));
     }
 
@@ -448,7 +546,7 @@ mode = "http"
         c.set_health(2, Health::Down);
         c.set_health(0, Health::Up);
         assert_eq!(r.route_pinned(&c, 2, false), Decision::Balanced(0), "no replica: balanced, not refused");
-        let only_c = VipRoute::new(vec![2], Balance::RoundRobin, true);
+        let only_c = FarmRoute::new(vec![2], Balance::RoundRobin, true);
         c.set_health(2, Health::Up);
         assert_eq!(only_c.route_pinned(&c, 1, false), Decision::Balanced(2), "not a member: balanced");
     }
@@ -458,8 +556,9 @@ mode = "http"
         let cfg = Config::parse(CFG, "t").unwrap();
         let c = Servers::new(&cfg, &[Health::Up; 3], &[Operator::None; 3], None);
         let slow = Duration::from_millis(400);
-        let r = VipRoute::new(vec![0, 2], Balance::RoundRobin, true).with_slow_start(vec![Some(slow), Some(slow)]);
-        let share = |r: &VipRoute| (0..200).filter(|_| r.route(&c, None, false, true) == Decision::Balanced(0)).count();
+        let r = FarmRoute::new(vec![0, 2], Balance::RoundRobin, true).with_slow_start(vec![Some(slow), Some(slow)]);
+        let share =
+            |r: &FarmRoute| (0..200).filter(|_| r.route(&c, None, false, true) == Decision::Balanced(0)).count();
         assert!((90..=110).contains(&share(&r)), "equal weights: half each");
         c.set_health(0, Health::Down);
         c.set_health(0, Health::Up);
@@ -477,6 +576,57 @@ mode = "http"
         assert!((90..=110).contains(&share(&r)));
         let cfg = Config::parse(CFG, "t").unwrap();
         assert_eq!(cfg.vips[0].slow_start_of(&cfg, 0), None);
+    }
+
+    /// Backups (the plug-in's `BackupServers`) get no new session while any primary is
+    /// up, whatever the balance; a session one of them owns stays with it.
+    #[test]
+    fn backups_take_new_sessions_only_while_no_primary_is_up() {
+        let (c, _) = setup(Balance::RoundRobin);
+        for balance in [Balance::RoundRobin, Balance::LeastOutstanding, Balance::Random] {
+            for b in 0..3 {
+                c.set_health(b, Health::Up);
+            }
+            let r = FarmRoute::new(vec![0, 1], balance, true).with_backups(&[2]);
+            let picks: Vec<_> = (0..20).map(|_| r.route(&c, None, false, true)).collect();
+            assert!(picks.iter().all(|d| matches!(d, Decision::Balanced(0 | 1))), "{balance:?}: {picks:?}");
+            assert_eq!(route(&c, &r, "0000x:cC"), Decision::Affinity(2), "the backup's own session");
+            c.set_health(0, Health::Down);
+            assert!((0..10).all(|_| r.route(&c, None, false, true) == Decision::Balanced(1)), "{balance:?}");
+            // A draining primary takes no new session: the backups do.
+            c.set_admin(1, Operator::Drain);
+            assert!((0..10).all(|_| r.route(&c, None, false, true) == Decision::Balanced(2)), "{balance:?}");
+            c.set_admin(1, Operator::None);
+            c.set_health(1, Health::Down);
+            assert!((0..10).all(|_| r.route(&c, None, false, true) == Decision::Balanced(2)), "{balance:?}");
+            c.set_health(0, Health::Up);
+            assert_eq!(r.route(&c, None, false, true), Decision::Balanced(0), "{balance:?}: a primary is back");
+        }
+    }
+
+    /// A session whose clone IDs belong to another farm is balanced within this one: never
+    /// followed out of it, not held or awaited for it, and not a misroute.
+    #[test]
+    fn a_session_of_another_farm_is_balanced_within_the_farm() {
+        let (c, _) = setup(Balance::RoundRobin);
+        let shop = FarmRoute::new(vec![0, 1], Balance::RoundRobin, true);
+        let other = FarmRoute::new(vec![2], Balance::RoundRobin, true);
+        let s = session::parse(b"0000x:cC");
+        for _ in 0..6 {
+            let d = shop.route(&c, s.as_ref(), false, false);
+            assert!(matches!(d, Decision::Balanced(0 | 1)), "{d:?}");
+            let Decision::Balanced(b) = d else { unreachable!() };
+            assert!(shop.may_serve(&c, s.as_ref().unwrap(), b), "not a misroute in this farm");
+        }
+        assert!(!other.may_serve(&c, s.as_ref().unwrap(), 0), "in its own farm, another server is one");
+        assert_eq!(other.route(&c, s.as_ref(), false, false), Decision::Affinity(2));
+        // Its owner suspect: nothing to hold for in this farm.
+        c.set_health(2, Health::Suspect);
+        assert!(matches!(shop.route(&c, s.as_ref(), false, false), Decision::Balanced(0 | 1)));
+        // A clone of this farm among them: its owner.
+        assert_eq!(shop.route(&c, session::parse(b"0000x:cC:cB").as_ref(), false, false), Decision::Affinity(1));
+        // A partition whose primary is in another farm: balanced here too.
+        assert!(matches!(shop.route(&c, session::parse(b"0000x:-42").as_ref(), false, false), Decision::Balanced(_)));
     }
 
     #[test]

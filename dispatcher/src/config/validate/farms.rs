@@ -382,7 +382,7 @@ impl Ctx<'_> {
                 let f = &farms[r.farm];
                 for &b in f.servers.iter().chain(&f.backup_servers) {
                     let (addr, port) =
-                        (IpAddr::V4(backends[b].address), backends[b].port.or(f.port).unwrap_or(h.backend_port));
+                        (IpAddr::V4(backends[b].address), f.port_of(&backends[b], h.backend_port));
                     let hit = listening.iter().find(|(a, p, _)| {
                         *p == port
                             && (*a == addr || (a.is_unspecified() && (addr.is_loopback() || addr.is_unspecified())))

@@ -106,7 +106,7 @@ fn farms_and_routes_become_the_model_and_the_vip_takes_their_servers() {
     assert_eq!(c.vips[0].backends, vec![0, 1, 2, 3], "the farms' members, primaries before backups");
     assert!(c.warnings.is_empty(), "{:?}", c.warnings);
     // The port a member's HTTP is at (pools, health checks): the farm's, else the VIP's.
-    assert_eq!((c.backend_http_port(0, 80), c.backend_http_port(3, 80)), (9080, 80));
+    assert_eq!((c.farms[0].port_of(&c.backends[0], 80), c.farms[1].port_of(&c.backends[3], 80)), (9080, 80));
 
     // Another HTTP VIP the routes do not name (they all name web): its own farm, as before.
     let two = BASE.replace("[[route]]\nhosts", "[[route]]\nvips = [\"web\"]\nhosts").replace(
