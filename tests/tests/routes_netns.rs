@@ -109,6 +109,25 @@ fn replica_pairs() -> Vec<(&'static str, &'static str)> {
     v
 }
 
+/// The fixture (or a variant of it) with the testbed's addresses and ports, re-read
+/// every second.
+fn render(template: &str) -> String {
+    let mut s = template.replace("@REFRESH@", "1");
+    for (a, app) in APPS.iter().enumerate() {
+        s = s.replace(&format!("@PORT_{}@", app.farm), &app.port.to_string());
+        for (me, (name, _)) in app.servers.iter().enumerate() {
+            s = s.replace(&format!("@HOST_{name}@"), &backend_ip(backend_of(a, me)).to_string());
+        }
+    }
+    assert!(!s.contains("=\"@"), "a placeholder left in the fixture");
+    s
+}
+
+/// The file's bytes: WebSphere writes ISO-8859-1 (every character of the fixture is in it).
+fn latin1(text: &str) -> Vec<u8> {
+    text.chars().map(|c| u8::try_from(u32::from(c)).expect("a Latin-1 character")).collect()
+}
+
 /// The cell: a testbed with one backend per server, each application's clones on their
 /// backends, and the agent in front.
 struct Cell {
@@ -234,26 +253,14 @@ impl Cell {
         s + &vip_section()
     }
 
-    /// The fixture (or a variant of it) with the testbed's addresses and ports, re-read
-    /// every second.
     fn render(&self, template: &str) -> String {
-        let mut s = template.replace("@REFRESH@", "1");
-        for (a, app) in APPS.iter().enumerate() {
-            s = s.replace(&format!("@PORT_{}@", app.farm), &app.port.to_string());
-            for (me, (name, _)) in app.servers.iter().enumerate() {
-                s = s.replace(&format!("@HOST_{name}@"), &backend_ip(backend_of(a, me)).to_string());
-            }
-        }
-        assert!(!s.contains('@'), "a placeholder left in the fixture");
-        s
+        render(template)
     }
 
     /// Replaces plugin-cfg.xml as deployment tools do: a new file renamed over it.
     fn write_xml(&self, text: &str) {
         let tmp = self.xml.with_extension("xml.new");
-        // WebSphere writes ISO-8859-1: every character of the fixture is in it.
-        let bytes: Vec<u8> = text.chars().map(|c| u8::try_from(u32::from(c)).expect("a Latin-1 character")).collect();
-        std::fs::write(&tmp, bytes).unwrap();
+        std::fs::write(&tmp, latin1(text)).unwrap();
         std::fs::rename(&tmp, &self.xml).unwrap();
     }
 
@@ -775,8 +782,7 @@ fn a_broken_file_keeps_the_old_routes_and_says_why() {
 
     // Cut short in the middle of a ServerCluster.
     let good = cell.render(&with_orders_route(FIXTURE));
-    let cut = &good[..good.find("<ServerCluster CloneSeparatorChange=\"false\" GetDWLMTable=\"false\" IgnoreAffinityRequests=\"false\" LoadBalance=\"Random\"").unwrap()];
-    cell.write_xml(cut);
+    cell.write_xml(truncated(&good));
     std::thread::sleep(Duration::from_millis(3000));
     probe(&cell);
     let (code, out, err) = cell.reload();
@@ -789,4 +795,75 @@ fn a_broken_file_keeps_the_old_routes_and_says_why() {
     wait_routed(&cell, "shop.example", "/orders/1", SHOP);
     probe(&cell);
     cell.assert_no_misroute();
+}
+
+/// The truncated variant: cut in the middle of the file (at admin_cluster's start).
+fn truncated(rendered: &str) -> &str {
+    &rendered[..rendered.find("<ServerCluster CloneSeparatorChange=\"false\" GetDWLMTable=\"false\" IgnoreAffinityRequests=\"false\" LoadBalance=\"Random\"").unwrap()]
+}
+
+/// No namespace needed: the fixture and its variants are what the reader expects of a
+/// generated file (no warning), and the route table above is what the matcher says of
+/// the file's routes; so the namespace tests test the agent, not the fixture.
+#[test]
+fn the_fixture_reads_cleanly_and_routes_as_the_table_says() {
+    use dispatcher::routes::{plugin_cfg, Route, Table};
+    let read = |text: &str| plugin_cfg::parse(&latin1(text));
+    let file = read(&render(FIXTURE)).expect("the fixture");
+    assert!(file.warnings.is_empty(), "{:?}", file.warnings);
+    let clusters: Vec<(&str, usize, usize)> = file
+        .server_clusters
+        .iter()
+        .map(|c| (c.name.as_str(), c.primary.as_ref().map_or(c.servers.len(), Vec::len), c.backup.len()))
+        .collect();
+    assert_eq!(clusters, [("shop_cluster", 4, 0), ("admin_cluster", 2, 0), ("portal_cluster", 2, 1)]);
+    for (a, app) in APPS.iter().enumerate() {
+        let c = &file.server_clusters[a];
+        for (me, (name, id)) in app.servers.iter().enumerate() {
+            let s = &c.servers[me];
+            assert_eq!((s.name.as_str(), s.clone_id.as_deref()), (*name, Some(*id)));
+            let t = &s.transports[0];
+            assert_eq!((t.hostname.clone(), t.port), (backend_ip(backend_of(a, me)).to_string(), app.port));
+        }
+    }
+    let routes: Vec<Route> = file
+        .routes
+        .iter()
+        .map(|r| Route {
+            hosts: file.virtual_host_groups.iter().find(|g| g.name == r.virtual_host_group).unwrap().hosts.clone(),
+            uris: file
+                .uri_groups
+                .iter()
+                .find(|g| g.name == r.uri_group)
+                .unwrap()
+                .uris
+                .iter()
+                .map(|u| u.name.clone())
+                .collect(),
+            target: file.server_clusters.iter().position(|c| c.name == r.server_cluster).unwrap(),
+        })
+        .collect();
+    let table = Table::new(&routes).unwrap();
+    for &(host, path, want) in TABLE {
+        assert_eq!(table.find(Some(host), 80, path).map(|m| m.target), want, "{host} {path}");
+    }
+    // Cookie names per route, as the tests' clients use them.
+    let cookies: Vec<&str> = file.uri_groups.iter().map(|g| g.uris[0].affinity_cookie.as_str()).collect();
+    assert_eq!(cookies, [APPS[SHOP].cookie, APPS[ADMIN].cookie, APPS[PORTAL].cookie]);
+
+    // The variants: a route added; a server removed; broken (with the line); cut short.
+    let added = read(&render(&with_orders_route(FIXTURE))).unwrap();
+    assert_eq!(added.routes.len(), 4);
+    assert!(added.warnings.is_empty(), "{:?}", added.warnings);
+    let gone = read(&render(&without_server(&with_orders_route(FIXTURE), APPS[SHOP].servers[3].0))).unwrap();
+    assert_eq!(gone.server_clusters[SHOP].servers.len(), 3);
+    assert!(gone.warnings.is_empty(), "{:?}", gone.warnings);
+    let bad = render(&with_orders_route(FIXTURE)).replace(
+        "<Route ServerCluster=\"shop_cluster\" UriGroup=\"shop_host_orders_URIs\"",
+        "<Route ServerCluster=\"orders_cluster\" UriGroup=\"shop_host_orders_URIs\"",
+    );
+    let e = read(&bad).expect_err("a Route to no ServerCluster");
+    assert_eq!(e.line as usize, line_of(&bad, "orders_cluster"), "{e}");
+    let good = render(&with_orders_route(FIXTURE));
+    assert!(read(truncated(&good)).is_err());
 }
