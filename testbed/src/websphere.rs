@@ -610,6 +610,79 @@ impl Client {
     }
 }
 
+/// One answer (or failure) a load client saw.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    /// 0: no answer (the connection failed).
+    pub status: u16,
+    /// The session's counter, as the clone answered it.
+    pub count: u64,
+    pub lost: bool,
+    pub clone: String,
+    /// The application that answered (`Clones::app`; empty for unnamed clones).
+    pub app: String,
+    pub took: Duration,
+    pub retry_after: bool,
+}
+
+/// Clients with cookie jars asking, each for its own path, again and again until
+/// `finish`: 10 ms apart, a new connection every 7th request and after a failure (a 5xx
+/// closes the connection), 50 ms more after a failure.
+pub struct Load {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    seen: Vec<Arc<Mutex<Vec<Seen>>>>,
+}
+
+impl Load {
+    pub fn start(clients: Vec<(Client, String)>) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (mut threads, mut seen) = (Vec::new(), Vec::new());
+        for (mut c, path) in clients {
+            let log = Arc::new(Mutex::new(Vec::new()));
+            seen.push(log.clone());
+            let stop = stop.clone();
+            threads.push(std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(Ordering::SeqCst) {
+                    n += 1;
+                    if n.is_multiple_of(7) {
+                        c.reconnect();
+                    }
+                    let t = std::time::Instant::now();
+                    let r = c.get(&path);
+                    let s = Seen {
+                        status: r.as_ref().map_or(0, |r| r.status),
+                        count: r.as_ref().ok().and_then(|r| r.field("count")?.parse().ok()).unwrap_or(0),
+                        lost: r.as_ref().is_ok_and(|r| r.field("lost") == Some("1")),
+                        clone: r.as_ref().ok().and_then(|r| r.field("clone")).unwrap_or("").to_string(),
+                        app: r.as_ref().ok().and_then(|r| r.field("app")).unwrap_or("").to_string(),
+                        took: t.elapsed(),
+                        retry_after: r.as_ref().is_ok_and(|r| r.header("retry-after").is_some()),
+                    };
+                    let failed = s.status != 200;
+                    log.lock().unwrap().push(s);
+                    if failed {
+                        c.reconnect();
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }));
+        }
+        Load { stop, threads, seen }
+    }
+
+    /// Stops the clients: what each saw, in the order of `start`'s clients.
+    pub fn finish(self) -> Vec<Vec<Seen>> {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.threads {
+            t.join().unwrap();
+        }
+        self.seen.iter().map(|s| s.lock().unwrap().clone()).collect()
+    }
+}
+
 /// Reads a response with a Content-Length body (or none).
 pub fn read_response<R: BufRead>(r: &mut R) -> std::io::Result<Response> {
     let mut line = String::new();

@@ -18,17 +18,13 @@ use std::{
     collections::HashMap,
     net::SocketAddr,
     path::PathBuf,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc, Mutex,
-    },
-    thread::JoinHandle,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use dispatcher_testbed::{
     netns::{backend_ip, backend_mac, dispatcher_bin, Testbed},
-    websphere::{Client, Clones, Response},
+    websphere::{Client, Clones, Load, Response, Seen},
 };
 
 const VIP: &str = "10.99.100.60";
@@ -429,88 +425,29 @@ fn toml_farms_and_routes_without_plugin_config_route_alike() {
     each_request_reaches_its_farm(&cell);
 }
 
-/// One answer (or failure) a client saw.
-#[derive(Clone, Debug)]
-struct Seen {
-    status: u16,
-    count: u64,
-    lost: bool,
-    app: String,
-    clone: String,
-    took: Duration,
-}
-
-/// Load: clients with cookie jars, each on one application (host, path, cookie).
-struct Load {
-    stop: Arc<AtomicBool>,
-    threads: Vec<JoinHandle<()>>,
-    /// (application, what its client saw), per client.
-    seen: Vec<(usize, Arc<Mutex<Vec<Seen>>>)>,
-}
-
-/// `per_app[a]` clients on application `a`.
-fn start_load(cell: &Cell, per_app: [usize; 3]) -> Load {
-    let stop = Arc::new(AtomicBool::new(false));
-    let (mut threads, mut seen) = (Vec::new(), Vec::new());
+/// Load on the three applications: `per_app[a]` clients with cookie jars on application
+/// `a`. Each client's application, with the load.
+fn start_load(cell: &Cell, per_app: [usize; 3]) -> (Vec<usize>, Load) {
+    let mut apps = Vec::new();
+    let mut clients = Vec::new();
     for (a, &n) in per_app.iter().enumerate() {
         for k in 0..n {
-            let log = Arc::new(Mutex::new(Vec::new()));
-            seen.push((a, log.clone()));
             let (host, path) = match a {
                 SHOP => ("shop.example", format!("/shop/cart/{k}")),
                 ADMIN => ("admin.example", format!("/admin/page{k}.do")),
                 _ => ("www.example", format!("/portal/{k}")),
             };
-            let mut c = cell.client(host, APPS[a].cookie);
-            let stop = stop.clone();
-            threads.push(std::thread::spawn(move || {
-                let mut n = 0u64;
-                while !stop.load(Ordering::SeqCst) {
-                    n += 1;
-                    if n.is_multiple_of(7) {
-                        c.reconnect();
-                    }
-                    let t = Instant::now();
-                    let s = match c.get(&path) {
-                        Ok(r) => Seen {
-                            status: r.status,
-                            count: r.field("count").and_then(|v| v.parse().ok()).unwrap_or(0),
-                            lost: r.field("lost") == Some("1"),
-                            app: r.field("app").unwrap_or("").to_string(),
-                            clone: r.field("clone").unwrap_or("").to_string(),
-                            took: t.elapsed(),
-                        },
-                        Err(_) => Seen {
-                            status: 0,
-                            count: 0,
-                            lost: false,
-                            app: String::new(),
-                            clone: String::new(),
-                            took: t.elapsed(),
-                        },
-                    };
-                    let failed = s.status != 200;
-                    log.lock().unwrap().push(s);
-                    if failed {
-                        c.reconnect();
-                        std::thread::sleep(Duration::from_millis(50));
-                    }
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-            }));
+            apps.push(a);
+            clients.push((cell.client(host, APPS[a].cookie), path));
         }
     }
-    Load { stop, threads, seen }
+    (apps, Load::start(clients))
 }
 
-impl Load {
-    fn finish(self) -> Vec<(usize, Vec<Seen>)> {
-        self.stop.store(true, Ordering::SeqCst);
-        for t in self.threads {
-            t.join().unwrap();
-        }
-        self.seen.iter().map(|(a, s)| (*a, s.lock().unwrap().clone())).collect()
-    }
+/// What each client saw, with its application.
+fn finish(load: (Vec<usize>, Load)) -> Vec<(usize, Vec<Seen>)> {
+    let (apps, load) = load;
+    apps.into_iter().zip(load.finish()).collect()
 }
 
 /// Each client's answers came from its own application, and its session counter went on
@@ -560,7 +497,7 @@ fn affinity_and_failover_stay_inside_each_farm_under_load() {
     cell.kill(SHOP, 0);
     cell.kill(ADMIN, 1);
     std::thread::sleep(Duration::from_millis(3500));
-    let seen = load.finish();
+    let seen = finish(load);
 
     cell.assert_no_misroute();
     assert_sessions_kept(&seen);
@@ -724,7 +661,7 @@ fn the_file_rewritten_under_load_fails_no_request() {
         assert_ne!(r.field("clone"), Some(gone.1), "a removed server takes no new session");
     }
     std::thread::sleep(Duration::from_millis(1000));
-    let seen = load.finish();
+    let seen = finish(load);
 
     for app in [SHOP, ADMIN, PORTAL] {
         let f = failures(&seen, app);
