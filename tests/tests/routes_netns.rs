@@ -240,11 +240,25 @@ impl Cell {
         cell
     }
 
-    /// The TOML of plugin mode.
+    /// The TOML of plugin mode: a `[[backend]]` of a Server's name is that server, and
+    /// adds what the file cannot say (its replica, its MAC; its address as the file has
+    /// it); clone IDs, weights and ports come from the file.
     fn plugin_toml(&self) -> String {
         let mut s = head(&self.tb, &format!("plugin_config = \"{}\"\n", self.xml.display()));
-        for (server, replica) in replica_pairs() {
-            s += &format!("[[backend]]\nname = \"{server}\"\nreplica = \"{replica}\"\n\n");
+        let pairs: HashMap<_, _> = replica_pairs().into_iter().collect();
+        for (a, app) in APPS.iter().enumerate() {
+            for (me, (name, _)) in app.servers.iter().enumerate() {
+                let b = backend_of(a, me);
+                s += &format!(
+                    "[[backend]]\nname = \"{name}\"\naddress = \"{}\"\nmac = \"{}\"\n",
+                    backend_ip(b),
+                    backend_mac(b)
+                );
+                if let Some(r) = pairs.get(name) {
+                    s += &format!("replica = \"{r}\"\n");
+                }
+                s += "\n";
+            }
         }
         s + &vip_section()
     }
@@ -676,6 +690,11 @@ fn the_file_rewritten_under_load_fails_no_request() {
     wait_routed(&cell, "shop.example", "/orders/2", SHOP);
 }
 
+/// `text` names line `line` of plugin-cfg.xml (`plugin-cfg.xml:<line>`, or `line <line>`).
+fn names_line(text: &str, line: usize) -> bool {
+    text.contains(&format!("plugin-cfg.xml:{line}")) || text.contains(&format!("line {line}"))
+}
+
 /// The line (1-based) of the first line of `text` containing `needle`.
 fn line_of(text: &str, needle: &str) -> usize {
     text.lines().position(|l| l.contains(needle)).expect("the needle") + 1
@@ -709,12 +728,12 @@ fn a_broken_file_keeps_the_old_routes_and_says_why() {
     assert_eq!(r.field("app"), Some("portal"), "the broken file's route is not in force: {r:?}");
     let log = cell.tb.log("dispatcher");
     assert!(
-        log.lines().any(|l| l.contains("plugin-cfg.xml") && l.contains(&format!("line {line}"))),
+        log.lines().any(|l| l.contains("plugin-cfg.xml") && names_line(l, line)),
         "the refresh says why, with the file and line {line}:\n{log}"
     );
     let (code, out, err) = cell.reload();
     assert_eq!(code, Some(1), "reload of a broken file: {out}{err}");
-    assert!(err.contains("reload refused") && err.contains(&format!("line {line}")), "{err}");
+    assert!(err.contains("reload refused") && names_line(&err, line), "{err}");
     probe(&cell);
 
     // Cut short in the middle of a ServerCluster.
@@ -724,7 +743,7 @@ fn a_broken_file_keeps_the_old_routes_and_says_why() {
     probe(&cell);
     let (code, out, err) = cell.reload();
     assert_eq!(code, Some(1), "reload of a truncated file: {out}{err}");
-    assert!(err.contains("reload refused") && err.contains("line "), "{err}");
+    assert!(err.contains("reload refused") && err.contains("plugin-cfg.xml:"), "{err}");
     probe(&cell);
 
     // A good file again: taken on its own.
