@@ -253,7 +253,9 @@ pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut st
     let client = Inbound::with_chunk(r, 4096);
     let mut conn = ClientConn { ctx, peer, steer_slot, client, w, out: Vec::new(), scratch: Vec::new() };
     // Each request's log lines say which of the connection's requests they are about
-    // (inside the connection's span, which says the VIP and the client).
+    // (inside the connection's span, which says the VIP and the client). At debug level
+    // only: an enabled span costs about 0.4 µs per request (measured: tracing 0.1 with
+    // the fmt layer, 1,000,000 spans), 1.5% of a request's CPU; a disabled one 5 ns.
     let mut requests = 0u64;
     loop {
         let (head, head_started) = match read_head(&conn.ctx, &mut conn.client, &mut conn.scratch, &mut stop).await {
@@ -278,7 +280,7 @@ pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut st
         // Boxed: the exchange's (large) state exists only while a request is in flight,
         // so an idle keep-alive connection's task stays small.
         requests += 1;
-        let span = tracing::info_span!("request", n = requests);
+        let span = tracing::debug_span!("request", n = requests);
         let next = Box::pin(conn.exchange(&head, &head_bytes, closing, head_started).instrument(span)).await;
         // Keep the header index's allocation for the next request.
         conn.scratch = head.headers;
