@@ -577,6 +577,15 @@ impl Testbed {
         std::thread::sleep(Duration::from_millis(50));
     }
 
+    /// Backend `backend` runs clone `me` of `cluster` on `port` (several applications of a
+    /// cell, each its own `Clones`, on the testbed's backends; `kill_servers_of(backend)`
+    /// stops it).
+    pub fn start_clone(&mut self, cluster: &Arc<crate::websphere::Clones>, me: usize, backend: usize, port: u16) {
+        let c = cluster.clone();
+        self.spawn_task(backend, move |stop| crate::websphere::serve(c, me, port, stop));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
     /// Every backend runs a WebSphere-like SIP container (`sipcontainer::serve`) on
     /// `vip`:`port` (where MAC-forwarded frames arrive) and on its own address (health
     /// checks).

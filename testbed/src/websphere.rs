@@ -1,4 +1,5 @@
-//! A WebSphere-like cluster member for the tests: issues `JSESSIONID=0000<id>:<clone>`,
+//! A WebSphere-like cluster member for the tests: issues `JSESSIONID=0000<id>:<clone>`
+//! (or the cookie name its application is configured with, `Clones::app`),
 //! keeps a counter per session, replicates every write synchronously to its peer
 //! replica, takes over a session it holds as replica by appending its own clone ID, and
 //! marks a request that found no session (`session lost`). Every request is logged, so
@@ -34,6 +35,8 @@ pub struct Hit {
     pub lost: bool,
     /// The clone IDs the request's cookie carried.
     pub cookie_clones: Vec<String>,
+    /// The request's target as the clone received it.
+    pub path: String,
     /// A converged application's request: the container (`ln<i>`, as
     /// `sipcontainer::SipCluster::logical_name`) whose logical name its `ibmappid` names.
     pub app_owner: Option<usize>,
@@ -53,6 +56,14 @@ pub enum IdStyle {
 pub struct Clones {
     pub clone_ids: Vec<String>,
     style: IdStyle,
+    /// The application's name (`Clones::app`): its answers say `app=<name>`; empty for
+    /// the clones of `new`/`with_ids`, whose answers stay as they were.
+    pub app: String,
+    /// The session cookie's name (WebSphere's per-application session cookie; default
+    /// `JSESSIONID`), and the URL's session parameter (`;jsessionid=`: the cookie's name
+    /// in lower case, as the plug-in's `AffinityURLIdentifier` defaults).
+    pub cookie: String,
+    pub url_parameter: String,
     peers: Vec<Option<usize>>,
     stores: Vec<Mutex<Store>>,
     /// A clone that is down (killed) neither serves nor receives replication.
@@ -79,10 +90,25 @@ impl Clones {
 
     /// One clone per ID (its clone ID or jvmRoute), paired as `new`'s.
     pub fn with_ids(clone_ids: Vec<String>, style: IdStyle) -> Arc<Clones> {
+        Clones::build(String::new(), clone_ids, style, "JSESSIONID")
+    }
+
+    /// The clones of one application of a cell (one farm): named `app` (each answer says
+    /// `app=<app> path=<target>`), WebSphere-style session IDs in cookie `cookie` (and URL
+    /// parameter `cookie` in lower case), paired as `new`'s. Several applications, each
+    /// its own `Clones`, can run side by side in one testbed (`Testbed::start_clone`).
+    pub fn app(app: &str, clone_ids: &[&str], cookie: &str) -> Arc<Clones> {
+        Clones::build(app.to_string(), clone_ids.iter().map(|s| s.to_string()).collect(), IdStyle::WebSphere, cookie)
+    }
+
+    fn build(app: String, clone_ids: Vec<String>, style: IdStyle, cookie: &str) -> Arc<Clones> {
         let n = clone_ids.len();
         Arc::new(Clones {
             clone_ids,
             style,
+            app,
+            cookie: cookie.to_string(),
+            url_parameter: cookie.to_ascii_lowercase(),
             peers: (0..n).map(|i| if i ^ 1 < n { Some(i ^ 1) } else { None }).collect(),
             stores: (0..n).map(|_| Mutex::new(Store::default())).collect(),
             alive: (0..n).map(|_| AtomicBool::new(true)).collect(),
@@ -134,7 +160,7 @@ impl Clones {
     }
 
     /// Serves one request; returns status line extras, headers and body.
-    fn handle(&self, me: usize, cookie: Option<&str>, app_owner: Option<usize>) -> (Vec<String>, String) {
+    fn handle(&self, me: usize, cookie: Option<&str>, app_owner: Option<usize>, path: &str) -> (Vec<String>, String) {
         let parsed = cookie.and_then(|v| {
             let v = v.trim_matches('"');
             match self.style {
@@ -175,10 +201,10 @@ impl Clones {
                     // Take over the replicated session: it is ours now, and the cookie
                     // says so by our clone ID appended.
                     store.own.insert(sid.clone(), c + 1);
-                    let me_id = &self.clone_ids[me];
+                    let (me_id, name) = (&self.clone_ids[me], &self.cookie);
                     headers.push(match self.style {
-                        IdStyle::WebSphere => format!("Set-Cookie: JSESSIONID={value}:{me_id}; Path=/"),
-                        IdStyle::JvmRoute => format!("Set-Cookie: JSESSIONID={sid}.{me_id}; Path=/"),
+                        IdStyle::WebSphere => format!("Set-Cookie: {name}={value}:{me_id}; Path=/"),
+                        IdStyle::JvmRoute => format!("Set-Cookie: {name}={sid}.{me_id}; Path=/"),
                     });
                     (sid, c + 1, clones)
                 } else {
@@ -205,6 +231,7 @@ impl Clones {
             session: sid.clone(),
             lost,
             cookie_clones: clones,
+            path: path.to_string(),
             app_owner,
         });
         (headers, format!("clone={} session={sid} count={count} lost={}\n", self.clone_ids[me], lost as u8))
@@ -235,10 +262,10 @@ impl Clones {
     fn create(&self, me: usize, headers: &mut Vec<String>) -> (String, u64) {
         let sid = format!("S{:08}ABCDEFGHIJ", self.next_session.fetch_add(1, Ordering::SeqCst));
         self.stores[me].lock().unwrap().own.insert(sid.clone(), 1);
-        let me_id = &self.clone_ids[me];
+        let (me_id, name) = (&self.clone_ids[me], &self.cookie);
         headers.push(match self.style {
-            IdStyle::WebSphere => format!("Set-Cookie: JSESSIONID=0000{sid}:{me_id}; Path=/; HttpOnly"),
-            IdStyle::JvmRoute => format!("Set-Cookie: JSESSIONID={sid}.{me_id}; Path=/; HttpOnly"),
+            IdStyle::WebSphere => format!("Set-Cookie: {name}=0000{sid}:{me_id}; Path=/; HttpOnly"),
+            IdStyle::JvmRoute => format!("Set-Cookie: {name}={sid}.{me_id}; Path=/; HttpOnly"),
         });
         (sid, 1)
     }
@@ -338,13 +365,13 @@ fn connection(cluster: &Clones, me: usize, s: TcpStream, stop: &AtomicBool) {
             .split(['?', '#'])
             .next()
             .unwrap_or("")
-            .split_once(";jsessionid=")
+            .split_once(format!(";{}=", cluster.url_parameter).as_str())
             .map(|(_, v)| v.split([';', '/']).next().unwrap_or("").to_string());
         let cookie = header("cookie")
             .and_then(|c| {
                 c.split(';').find_map(|p| {
                     let (n, v) = p.trim().split_once('=')?;
-                    (n == "JSESSIONID").then(|| v.to_string())
+                    (n == cluster.cookie).then(|| v.to_string())
                 })
             })
             .or(from_url);
@@ -365,7 +392,7 @@ fn connection(cluster: &Clones, me: usize, s: TcpStream, stop: &AtomicBool) {
             cluster.plain.lock().unwrap().push(me);
             (Vec::new(), format!("clone={}\n", cluster.clone_ids[me]))
         } else {
-            cluster.handle(me, cookie.as_deref(), app_owner)
+            cluster.handle(me, cookie.as_deref(), app_owner, target)
         };
         if slow.is_some() {
             cluster.busy[me].fetch_sub(1, Ordering::SeqCst);
@@ -373,6 +400,10 @@ fn connection(cluster: &Clones, me: usize, s: TcpStream, stop: &AtomicBool) {
         // What the dispatcher said of the client's connection (HTTP or HTTPS, and port).
         let proto = header("x-forwarded-proto").unwrap_or_default();
         body += &format!("forwarded={proto}:{}\n", header("x-forwarded-port").unwrap_or_default());
+        if !cluster.app.is_empty() {
+            // Which application (farm) served it, and the path it was asked for.
+            body += &format!("app={} path={target}\n", cluster.app);
+        }
         let mut resp = format!("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n", body.len());
         for h in headers {
             resp += &h;
@@ -399,6 +430,10 @@ pub struct Client {
     source: Option<std::net::Ipv4Addr>,
     /// HTTPS (`over_tls`): the client configuration and the name to ask for (SNI).
     tls: Option<(std::sync::Arc<rustls::ClientConfig>, rustls::pki_types::ServerName<'static>)>,
+    /// The Host header (`with_host`); the address connected to otherwise.
+    host: Option<String>,
+    /// The session cookie `jar` holds (`with_cookie`; default `JSESSIONID`).
+    pub cookie: String,
 }
 
 /// A client connection, plain or TLS (rustls, verifying the server's certificate).
@@ -484,7 +519,28 @@ impl Response {
 
 impl Client {
     pub fn new(ns: &crate::netns::Ns, addr: std::net::SocketAddr) -> Client {
-        Client { addr, jar: None, conn: None, ns: ns.clone(), source: None, tls: None }
+        Client {
+            addr,
+            jar: None,
+            conn: None,
+            ns: ns.clone(),
+            source: None,
+            tls: None,
+            host: None,
+            cookie: "JSESSIONID".to_string(),
+        }
+    }
+
+    /// Requests say `Host: <host>` (a virtual host of the cell, `name[:port]`).
+    pub fn with_host(mut self, host: &str) -> Client {
+        self.host = Some(host.to_string());
+        self
+    }
+
+    /// The jar keeps (and sends) the session cookie `name` instead of JSESSIONID.
+    pub fn with_cookie(mut self, name: &str) -> Client {
+        self.cookie = name.to_string();
+        self
     }
 
     /// HTTPS: TLS with `config`, asking for `name`.
@@ -523,8 +579,9 @@ impl Client {
             self.conn = Some(BufReader::new(conn));
         }
         let r = self.conn.as_mut().unwrap();
-        let cookie = self.jar.as_ref().map(|c| format!("Cookie: JSESSIONID={c}\r\n")).unwrap_or_default();
-        let req = format!("GET {path} HTTP/1.1\r\nHost: {}\r\n{cookie}\r\n", self.addr);
+        let cookie = self.jar.as_ref().map(|c| format!("Cookie: {}={c}\r\n", self.cookie)).unwrap_or_default();
+        let host = self.host.clone().unwrap_or_else(|| self.addr.to_string());
+        let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{cookie}\r\n");
         let result = (|| {
             let w = r.get_mut();
             w.write_all(req.as_bytes())?;
@@ -535,7 +592,7 @@ impl Client {
             Ok(resp) => {
                 for (n, v) in &resp.headers {
                     if n.eq_ignore_ascii_case("set-cookie") {
-                        if let Some(rest) = v.strip_prefix("JSESSIONID=") {
+                        if let Some(rest) = v.strip_prefix(self.cookie.as_str()).and_then(|r| r.strip_prefix('=')) {
                             self.jar = Some(rest.split(';').next().unwrap_or("").to_string());
                         }
                     }
@@ -550,6 +607,79 @@ impl Client {
                 Err(e)
             }
         }
+    }
+}
+
+/// One answer (or failure) a load client saw.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    /// 0: no answer (the connection failed).
+    pub status: u16,
+    /// The session's counter, as the clone answered it.
+    pub count: u64,
+    pub lost: bool,
+    pub clone: String,
+    /// The application that answered (`Clones::app`; empty for unnamed clones).
+    pub app: String,
+    pub took: Duration,
+    pub retry_after: bool,
+}
+
+/// Clients with cookie jars asking, each for its own path, again and again until
+/// `finish`: 10 ms apart, a new connection every 7th request and after a failure (a 5xx
+/// closes the connection), 50 ms more after a failure.
+pub struct Load {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    seen: Vec<Arc<Mutex<Vec<Seen>>>>,
+}
+
+impl Load {
+    pub fn start(clients: Vec<(Client, String)>) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (mut threads, mut seen) = (Vec::new(), Vec::new());
+        for (mut c, path) in clients {
+            let log = Arc::new(Mutex::new(Vec::new()));
+            seen.push(log.clone());
+            let stop = stop.clone();
+            threads.push(std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(Ordering::SeqCst) {
+                    n += 1;
+                    if n.is_multiple_of(7) {
+                        c.reconnect();
+                    }
+                    let t = std::time::Instant::now();
+                    let r = c.get(&path);
+                    let s = Seen {
+                        status: r.as_ref().map_or(0, |r| r.status),
+                        count: r.as_ref().ok().and_then(|r| r.field("count")?.parse().ok()).unwrap_or(0),
+                        lost: r.as_ref().is_ok_and(|r| r.field("lost") == Some("1")),
+                        clone: r.as_ref().ok().and_then(|r| r.field("clone")).unwrap_or("").to_string(),
+                        app: r.as_ref().ok().and_then(|r| r.field("app")).unwrap_or("").to_string(),
+                        took: t.elapsed(),
+                        retry_after: r.as_ref().is_ok_and(|r| r.header("retry-after").is_some()),
+                    };
+                    let failed = s.status != 200;
+                    log.lock().unwrap().push(s);
+                    if failed {
+                        c.reconnect();
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }));
+        }
+        Load { stop, threads, seen }
+    }
+
+    /// Stops the clients: what each saw, in the order of `start`'s clients.
+    pub fn finish(self) -> Vec<Vec<Seen>> {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.threads {
+            t.join().unwrap();
+        }
+        self.seen.iter().map(|s| s.lock().unwrap().clone()).collect()
     }
 }
 
@@ -581,4 +711,93 @@ pub fn read_response<R: BufRead>(r: &mut R) -> std::io::Result<Response> {
     let mut body = vec![0u8; len];
     r.read_exact(&mut body)?;
     Ok(Response { status, headers, body: String::from_utf8_lossy(&body).into_owned() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A clone of `cluster` serving on a free loopback port; (port, stop).
+    fn running(cluster: &Arc<Clones>, me: usize) -> (u16, Arc<AtomicBool>, JoinHandle<()>) {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (c, s) = (cluster.clone(), stop.clone());
+        let t = std::thread::spawn(move || serve(c, me, port, s));
+        std::thread::sleep(Duration::from_millis(100));
+        (port, stop, t)
+    }
+
+    fn get(port: u16, target: &str, cookie: Option<&str>) -> Response {
+        let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let mut w = s.try_clone().unwrap();
+        let cookie = cookie.map(|c| format!("Cookie: {c}\r\n")).unwrap_or_default();
+        write!(w, "GET {target} HTTP/1.1\r\nHost: x\r\n{cookie}Connection: close\r\n\r\n").unwrap();
+        read_response(&mut BufReader::new(s)).unwrap()
+    }
+
+    fn set_cookie(r: &Response, name: &str) -> Option<String> {
+        r.headers.iter().find_map(|(n, v)| {
+            let rest = v.strip_prefix(name)?.strip_prefix('=')?;
+            n.eq_ignore_ascii_case("set-cookie").then(|| rest.split(';').next().unwrap().to_string())
+        })
+    }
+
+    #[test]
+    fn an_application_sets_and_reads_its_own_cookie_name() {
+        let admin = Clones::app("admin", &["adm1", "adm2"], "ADMINSESSIONID");
+        let (port, stop, t) = running(&admin, 0);
+        let first = get(port, "/admin/x", None);
+        let value = set_cookie(&first, "ADMINSESSIONID").expect("an ADMINSESSIONID cookie");
+        assert!(value.starts_with("0000") && value.ends_with(":adm1"), "{value}");
+        assert!(set_cookie(&first, "JSESSIONID").is_none(), "{first:?}");
+        assert_eq!(
+            (first.field("app"), first.field("path"), first.field("count")),
+            (Some("admin"), Some("/admin/x"), Some("1"))
+        );
+        // Its own cookie continues the session; another application's cookie is not its.
+        let again = get(port, "/admin/y", Some(&format!("ADMINSESSIONID={value}")));
+        assert_eq!((again.field("count"), again.field("lost")), (Some("2"), Some("0")), "{again:?}");
+        let other = get(port, "/admin/z", Some(&format!("JSESSIONID={value}")));
+        assert_eq!(other.field("count"), Some("1"), "JSESSIONID is not this application's cookie: {other:?}");
+        // The URL parameter is the cookie's name in lower case.
+        let url = get(port, &format!("/admin/u;adminsessionid={value}"), None);
+        assert_eq!(url.field("count"), Some("3"), "{url:?}");
+        stop.store(true, Ordering::SeqCst);
+        t.join().unwrap();
+        let hits = admin.hits();
+        assert_eq!(hits.iter().map(|h| h.path.as_str()).collect::<Vec<_>>()[..2], ["/admin/x", "/admin/y"]);
+        assert!(admin.misroutes().is_empty(), "{:?}", admin.misroutes());
+    }
+
+    #[test]
+    fn the_default_clones_keep_jsessionid_and_their_answers() {
+        let c = Clones::new(2);
+        let (port, stop, t) = running(&c, 1);
+        let r = get(port, "/", None);
+        let value = set_cookie(&r, "JSESSIONID").expect("a JSESSIONID cookie");
+        assert!(value.ends_with(":clone1x"), "{value}");
+        assert!(r.field("app").is_none() && r.field("path").is_none(), "unnamed clones answer as before: {r:?}");
+        let r = get(port, "/;jsessionid=x", Some(&format!("JSESSIONID={value}")));
+        assert_eq!(r.field("count"), Some("2"));
+        stop.store(true, Ordering::SeqCst);
+        t.join().unwrap();
+    }
+
+    /// A replica takes over under the application's cookie name.
+    #[test]
+    fn a_replica_takes_over_under_the_applications_cookie() {
+        let shop = Clones::app("shop", &["s1", "s2"], "SHOPSESSION");
+        let (p0, stop0, t0) = running(&shop, 0);
+        let (p1, stop1, t1) = running(&shop, 1);
+        let value = set_cookie(&get(p0, "/shop/a", None), "SHOPSESSION").unwrap();
+        stop0.store(true, Ordering::SeqCst);
+        t0.join().unwrap();
+        shop.kill(0);
+        let r = get(p1, "/shop/b", Some(&format!("SHOPSESSION={value}")));
+        assert_eq!((r.field("clone"), r.field("count"), r.field("lost")), (Some("s2"), Some("2"), Some("0")), "{r:?}");
+        assert_eq!(set_cookie(&r, "SHOPSESSION"), Some(format!("{value}:s2")));
+        stop1.store(true, Ordering::SeqCst);
+        t1.join().unwrap();
+        assert!(shop.misroutes().is_empty());
+    }
 }

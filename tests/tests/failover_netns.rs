@@ -7,17 +7,13 @@
 use std::{
     collections::HashMap,
     net::SocketAddr,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc, Mutex,
-    },
-    thread::JoinHandle,
+    sync::{atomic::Ordering, Arc},
     time::{Duration, Instant},
 };
 
 use dispatcher_testbed::{
     netns::Testbed,
-    websphere::{self, Client},
+    websphere::{self, Client, Load, Seen},
 };
 
 const VIP: &str = "10.99.100.30";
@@ -25,80 +21,8 @@ const PORT: u16 = 8080;
 const HOLD: Duration = Duration::from_secs(3);
 const SERVER_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// One answer (or failure) a client saw.
-#[derive(Clone, Debug)]
-struct Seen {
-    status: u16,
-    count: u64,
-    lost: bool,
-    clone: String,
-    took: Duration,
-    retry_after: bool,
-}
-
-struct Load {
-    stop: Arc<AtomicBool>,
-    threads: Vec<JoinHandle<()>>,
-    seen: Vec<Arc<Mutex<Vec<Seen>>>>,
-}
-
 fn start_load(tb: &Testbed, addr: SocketAddr, clients: usize) -> Load {
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut threads = Vec::new();
-    let mut seen = Vec::new();
-    for k in 0..clients {
-        let log = Arc::new(Mutex::new(Vec::new()));
-        seen.push(log.clone());
-        let (stop, ns) = (stop.clone(), tb.client.clone());
-        threads.push(std::thread::spawn(move || {
-            let mut c = Client::new(&ns, addr);
-            let mut n = 0u64;
-            while !stop.load(Ordering::SeqCst) {
-                n += 1;
-                if n.is_multiple_of(7) {
-                    c.reconnect();
-                }
-                let t = Instant::now();
-                let s = match c.get(&format!("/app/{k}")) {
-                    Ok(r) => Seen {
-                        status: r.status,
-                        count: r.field("count").and_then(|v| v.parse().ok()).unwrap_or(0),
-                        lost: r.field("lost") == Some("1"),
-                        clone: r.field("clone").unwrap_or("").to_string(),
-                        took: t.elapsed(),
-                        retry_after: r.header("retry-after").is_some(),
-                    },
-                    Err(_) => Seen {
-                        status: 0,
-                        count: 0,
-                        lost: false,
-                        clone: String::new(),
-                        took: t.elapsed(),
-                        retry_after: false,
-                    },
-                };
-                let failed = s.status != 200;
-                log.lock().unwrap().push(s);
-                if failed {
-                    // A 5xx closes the connection: start over on a new one.
-                    c.reconnect();
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        }));
-    }
-    Load { stop, threads, seen }
-}
-
-impl Load {
-    fn finish(self) -> Vec<Vec<Seen>> {
-        self.stop.store(true, Ordering::SeqCst);
-        for t in self.threads {
-            t.join().unwrap();
-        }
-        self.seen.iter().map(|s| s.lock().unwrap().clone()).collect()
-    }
+    Load::start((0..clients).map(|k| (Client::new(&tb.client, addr), format!("/app/{k}"))).collect())
 }
 
 fn bed(n: usize) -> (Testbed, Arc<websphere::Clones>, SocketAddr, String) {
