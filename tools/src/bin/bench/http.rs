@@ -62,15 +62,14 @@ pub fn bench_bed() -> Testbed {
 /// without such limits).
 pub fn agent_config(tb: &Testbed, http_extra: &str) -> String {
     let clone_ids: Vec<String> = (0..4).map(|i| format!("clone{i}x")).collect();
-    agent_config_with(tb, http_extra, &tb.backend_config_with_clones(&[], &clone_ids))
+    agent_config_with(tb.instance(), http_extra, &tb.backend_config_with_clones(&[], &clone_ids))
 }
 
-/// As `agent_config`, with `sections` (`[[backend]]`, `[[farm]]`, `[[route]]`...) in place
-/// of the testbed's four backends.
-pub fn agent_config_with(tb: &Testbed, http_extra: &str, sections: &str) -> String {
+/// As `agent_config`, for the testbed `instance`, with `sections` (`[[backend]]`,
+/// `[[farm]]`, `[[route]]`...) in place of the testbed's four backends.
+pub fn agent_config_with(instance: &str, http_extra: &str, sections: &str) -> String {
     format!(
-        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nworkers = {WORKERS}\nmax_connections_per_source = 0\nmax_connection_rate_per_source = 0\n{http_extra}\n{sections}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\n",
-        tb.instance(),
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{instance}\"\n\n[http]\nworkers = {WORKERS}\nmax_connections_per_source = 0\nmax_connection_rate_per_source = 0\n{http_extra}\n{sections}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\n",
     )
 }
 

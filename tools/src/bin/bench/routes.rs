@@ -361,7 +361,7 @@ pub fn run(quick: bool) -> (String, String) {
         for (t, table) in tables.iter().enumerate() {
             tb.stop("dispatcher");
             tb.stop("haproxy");
-            let config = tb.write_config(&agent_config_with(&tb, "", &table.dispatcher_toml()));
+            let config = tb.write_config(&agent_config_with(tb.instance(), "", &table.dispatcher_toml()));
             tb.start_dispatcher(&config);
             let dispatcher = tb.pid_of("dispatcher").expect("agent pid");
             let haproxy = start_haproxy(&mut tb, table, maxconn);
