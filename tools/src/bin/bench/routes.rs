@@ -502,6 +502,17 @@ mod tests {
     }
 
     #[test]
+    fn the_agent_takes_both_tables() {
+        for table in [Table::one_route(), Table::large_cell().0] {
+            let text = crate::http::agent_config_with("bench", "", &table.dispatcher_toml());
+            let cfg = dispatcher::config::Config::parse(&text, "routes.toml").unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(cfg.routes.len(), table.routes.len());
+            assert_eq!(cfg.farms.iter().filter(|f| !f.implicit).count(), table.farms.len());
+            assert_eq!(cfg.backends.len(), table.farms.len() * table.farms[0].servers.len());
+        }
+    }
+
+    #[test]
     fn one_route_is_a_catch_all_to_one_farm_of_the_four_backends() {
         let table = Table::one_route();
         let doc = parsed(&table);
