@@ -62,10 +62,14 @@ pub fn bench_bed() -> Testbed {
 /// without such limits).
 pub fn agent_config(tb: &Testbed, http_extra: &str) -> String {
     let clone_ids: Vec<String> = (0..4).map(|i| format!("clone{i}x")).collect();
+    agent_config_with(tb.instance(), http_extra, &tb.backend_config_with_clones(&[], &clone_ids))
+}
+
+/// As `agent_config`, for the testbed `instance`, with `sections` (`[[backend]]`,
+/// `[[farm]]`, `[[route]]`...) in place of the testbed's four backends.
+pub fn agent_config_with(instance: &str, http_extra: &str, sections: &str) -> String {
     format!(
-        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[http]\nworkers = {WORKERS}\nmax_connections_per_source = 0\nmax_connection_rate_per_source = 0\n{http_extra}\n{}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\n",
-        tb.instance(),
-        tb.backend_config_with_clones(&[], &clone_ids)
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{instance}\"\n\n[http]\nworkers = {WORKERS}\nmax_connections_per_source = 0\nmax_connection_rate_per_source = 0\n{http_extra}\n{sections}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = 80\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\nring_size = 1009\n",
     )
 }
 
@@ -158,20 +162,28 @@ fn affinity(tb: &Testbed, port: u16) -> f64 {
 }
 
 pub fn wait_ready(tb: &Testbed, port: u16, log: &str) {
+    wait_serving(tb, port, log, "b", "/");
+}
+
+/// Waits until `GET path` with `Host: host` to the VIP's `port` is answered 200; after
+/// 20 s, panics with the process log `log`.
+pub fn wait_serving(tb: &Testbed, port: u16, log: &str, host: &str, path: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
     let addr: SocketAddr = format!("{VIP}:{port}").parse().unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n");
     loop {
+        let request = request.clone();
         let ok = tb.client.run(move || {
             let Ok(s) = TcpStream::connect_timeout(&addr, Duration::from_millis(300)) else { return false };
             let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
             let mut w = s.try_clone().unwrap();
-            let _ = w.write_all(b"GET / HTTP/1.1\r\nHost: b\r\n\r\n");
+            let _ = w.write_all(request.as_bytes());
             read_response(&mut BufReader::new(s)).map(|r| r.status == 200).unwrap_or(false)
         });
         if ok {
             return;
         }
-        assert!(Instant::now() < deadline, "port {port} not serving:\n{}", tb.log(log));
+        assert!(Instant::now() < deadline, "port {port} not serving {host}{path}:\n{}", tb.log(log));
         std::thread::sleep(Duration::from_millis(100));
     }
 }

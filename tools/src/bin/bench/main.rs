@@ -11,6 +11,7 @@ mod load;
 mod p99;
 mod peers;
 mod report;
+mod routes;
 mod scale_out;
 mod scaling;
 mod sip;
@@ -124,6 +125,14 @@ const BENCHES: &[Bench] = &[
         title: "Access log (the same agent and load, logging off and on)",
         packages: HTTP_PEERS,
         run: access_log::run,
+    },
+    Bench {
+        flag: "--routes",
+        about: "Requests/s and CPU per request with 1 route and with 500 routes over 50 farms, against HAProxy with the same rules as ACLs.",
+        key: "routes",
+        title: "Routes (1 route and 500 routes over 50 farms, against HAProxy's ACLs)",
+        packages: HTTP_PEERS,
+        run: routes::run,
     },
 ];
 

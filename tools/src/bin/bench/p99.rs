@@ -132,14 +132,14 @@ impl Cpu {
 /// A process's counters, summed over its threads: minor faults, voluntary and involuntary
 /// context switches, CPU ticks (user + system).
 #[derive(Clone, Copy, Default)]
-struct Counters {
+pub struct Counters {
     minflt: u64,
     vcsw: u64,
     nvcsw: u64,
-    ticks: u64,
+    pub ticks: u64,
 }
 
-fn counters(pid: u32) -> Counters {
+pub fn counters(pid: u32) -> Counters {
     let mut c = Counters::default();
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return c };
     for t in tasks.flatten() {

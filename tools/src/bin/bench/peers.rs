@@ -21,12 +21,16 @@ pub const NGINX_PROXY: &str = file!("peers/nginx-proxy.conf.in");
 pub const HAPROXY_HTTP: &str = file!("peers/haproxy-http.cfg.in");
 pub const HAPROXY_FAILOVER: &str = file!("peers/haproxy-failover.cfg.in");
 pub const HAPROXY_L4: &str = file!("peers/haproxy-l4.cfg.in");
+/// A route table as ACLs and `use_backend` rules (the routes bench).
+pub const HAPROXY_ROUTES: &str = file!("peers/haproxy-routes.cfg.in");
 pub const KAMAILIO: &str = file!("peers/kamailio.cfg.in");
 pub const OPENSSL_CLIENT: &str = file!("peers/openssl-client.cnf.in");
 /// Keep-alive requests naming the four clones in turn.
 pub const COOKIES_LUA: &str = file!("wrk/cookies.lua");
 /// The same with `Connection: close`.
 pub const CLOSE_LUA: &str = file!("wrk/close.lua");
+/// Keep-alive requests to many virtual hosts and paths in turn, one per route.
+pub const ROUTES_LUA: &str = file!("wrk/routes.lua");
 
 /// `template` with each `{{NAME}}` replaced by its value. Panics on a name the template
 /// lacks or a placeholder left unfilled: a template and its caller disagree.
