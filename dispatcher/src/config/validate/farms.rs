@@ -381,8 +381,7 @@ impl Ctx<'_> {
             for r in routes.iter().filter(|r| r.vips.contains(&i)) {
                 let f = &farms[r.farm];
                 for &b in f.servers.iter().chain(&f.backup_servers) {
-                    let (addr, port) =
-                        (IpAddr::V4(backends[b].address), f.port_of(&backends[b], h.backend_port));
+                    let (addr, port) = (IpAddr::V4(backends[b].address), f.port_of(&backends[b], h.backend_port));
                     let hit = listening.iter().find(|(a, p, _)| {
                         *p == port
                             && (*a == addr || (a.is_unspecified() && (addr.is_loopback() || addr.is_unspecified())))
