@@ -89,19 +89,7 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
         announced: std::sync::Mutex::new(group.announced()),
     });
     let admin_task = serve_admin(&cfg, &rt, admin.clone())?;
-    tracing::info!(interface = %cfg.interface, mode = attached.how, vips = cfg.vips.len(), backends = cfg.backends.len(), admin = %cfg.admin_socket.display(), admin_address = ?cfg.admin_address, "dispatcher running");
-    // The service manager (systemd, Type=notify): serving now; the loop below pings its
-    // watchdog.
-    let notifier = crate::notify::Notifier::from_env();
-    notifier.send(&format!(
-        "READY=1\nMAINPID={}\nSTATUS=serving {} VIPs, {} backends",
-        std::process::id(),
-        cfg.vips.len(),
-        cfg.backends.len()
-    ));
-    for w in &cfg.warnings {
-        tracing::warn!("{w}");
-    }
+    let notifier = ready(&cfg, attached.how);
     let plugin_watch = PluginWatch::new(&cfg);
     let mut agent = Agent { path, live, admin, current, group, notifier, ebpf: dp.ebpf, attached, plugin_watch };
     let (why, keep_dataplane) = rt.block_on(agent.serve(request_rx, keep_dataplane))?;
@@ -122,6 +110,23 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
     dataplane::release_bpffs(&dp.pin_dir);
     tracing::info!(signal = why, "detached and unpinned");
     Ok(())
+}
+
+/// Says the agent is serving: in the log (with the configuration's warnings) and to the
+/// service manager (systemd, Type=notify), whose watchdog the agent's loop then pings.
+fn ready(cfg: &Config, how: &str) -> crate::notify::Notifier {
+    tracing::info!(interface = %cfg.interface, mode = how, vips = cfg.vips.len(), backends = cfg.backends.len(), admin = %cfg.admin_socket.display(), admin_address = ?cfg.admin_address, "dispatcher running");
+    let notifier = crate::notify::Notifier::from_env();
+    notifier.send(&format!(
+        "READY=1\nMAINPID={}\nSTATUS=serving {} VIPs, {} backends",
+        std::process::id(),
+        cfg.vips.len(),
+        cfg.backends.len()
+    ));
+    for w in &cfg.warnings {
+        tracing::warn!("{w}");
+    }
+    notifier
 }
 
 /// Binds the admin socket (and `admin_address`) and serves them.

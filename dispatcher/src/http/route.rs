@@ -18,7 +18,7 @@ use super::session::SessionId;
 use crate::{
     capacity::PathStats,
     config::{Balance, HttpSettings, SessionFormat},
-    state::Servers,
+    state::{Backend, Servers},
 };
 
 /// A farm as the request path uses it: its balancing state, its session format, its
@@ -276,76 +276,73 @@ impl FarmRoute {
             .iter()
             .map(|&b| &servers.backends[b])
             .any(|be| be.is_up() && be.slots.has_room());
-        let eligible = |be: &crate::state::Backend| be.is_up() && (!any_room || be.slots.has_room());
+        let eligible = |be: &Backend| be.is_up() && (!any_room || be.slots.has_room());
         // A member ramping up after its return (`slow_start`) weighs a share of its weight.
         let now = if self.slow.is_some() { crate::metrics::mono_ns() } else { 0 };
-        let weight = |i: usize, be: &crate::state::Backend| -> u64 {
+        let weight = |i: usize, be: &Backend| -> u64 {
             match &self.slow {
                 None => be.weight as u64,
                 Some(slow) => be.ramped_weight(be.weight, slow[i], now),
             }
         };
+        // The eligible members of the range: (index in `members`, backend, weight).
+        let candidates = range.filter_map(|i| {
+            let be = &servers.backends[self.members[i]];
+            eligible(be).then(|| (i, be, weight(i, be)))
+        });
         match self.balance {
-            Balance::RoundRobin => {
-                // nginx's smooth weighted round robin: each pick adds every weight to its
-                // member's credit, takes the largest, and charges it the total.
-                let mut cur = self.current.lock().unwrap();
-                let mut total = 0i64;
-                let mut best: Option<usize> = None;
-                for i in range {
-                    let be = &servers.backends[self.members[i]];
-                    if !eligible(be) {
-                        continue;
-                    }
-                    let w = weight(i, be) as i64;
-                    cur[i] += w;
-                    total += w;
-                    if best.is_none_or(|j| cur[i] > cur[j]) {
-                        best = Some(i);
-                    }
-                }
-                let i = best?;
-                cur[i] -= total;
-                Some(self.members[i])
-            }
-            Balance::LeastOutstanding => {
-                // Fewest in flight per unit of weight; ties rotate.
-                let n = range.len();
-                let start = self.rotate.fetch_add(1, Ordering::Relaxed);
-                let mut best: Option<(usize, u64, u64)> = None;
-                for k in 0..n {
-                    let i = range.start + (start + k) % n.max(1);
-                    let be = &servers.backends[self.members[i]];
-                    let b = self.members[i];
-                    if !eligible(be) {
-                        continue;
-                    }
-                    let (o, w) = (be.outstanding.load(Ordering::Relaxed), weight(i, be));
-                    if best.is_none_or(|(_, bo, bw)| o * bw < bo * w) {
-                        best = Some((b, o, w));
-                    }
-                }
-                best.map(|(b, _, _)| b)
-            }
-            Balance::Random => {
-                // Weighted random (the plug-in's `Random`): a draw over the eligible
-                // members' total weight.
-                let eligible: Vec<(usize, u64)> = range
-                    .map(|i| (self.members[i], &servers.backends[self.members[i]], i))
-                    .filter(|(_, be, _)| eligible(be))
-                    .map(|(b, be, i)| (b, weight(i, be)))
-                    .collect();
-                let total: u64 = eligible.iter().map(|(_, w)| w).sum();
-                let mut draw = random(&self.rotate) % total.max(1);
-                for (b, w) in eligible {
-                    if draw < w {
-                        return Some(b);
-                    }
-                    draw -= w;
-                }
-                None
+            Balance::RoundRobin => self.round_robin(candidates),
+            Balance::LeastOutstanding => self.least_outstanding(candidates.collect()),
+            Balance::Random => self.weighted_random(candidates),
+        }
+    }
+
+    /// nginx's smooth weighted round robin: each pick adds every weight to its member's
+    /// credit, takes the largest, and charges it the total.
+    fn round_robin<'a>(&self, candidates: impl Iterator<Item = (usize, &'a Backend, u64)>) -> Option<usize> {
+        let mut cur = self.current.lock().unwrap();
+        let mut total = 0i64;
+        let mut best: Option<usize> = None;
+        for (i, _, w) in candidates {
+            cur[i] += w as i64;
+            total += w as i64;
+            if best.is_none_or(|j| cur[i] > cur[j]) {
+                best = Some(i);
             }
         }
+        let i = best?;
+        cur[i] -= total;
+        Some(self.members[i])
+    }
+
+    /// Fewest in flight per unit of weight; ties rotate.
+    fn least_outstanding(&self, candidates: Vec<(usize, &Backend, u64)>) -> Option<usize> {
+        let n = candidates.len();
+        let start = self.rotate.fetch_add(1, Ordering::Relaxed);
+        let mut best: Option<(usize, u64, u64)> = None;
+        for k in 0..n {
+            let (i, be, w) = candidates[(start + k) % n];
+            let o = be.outstanding.load(Ordering::Relaxed);
+            if best.is_none_or(|(_, bo, bw)| o * bw < bo * w) {
+                best = Some((self.members[i], o, w));
+            }
+        }
+        best.map(|(b, _, _)| b)
+    }
+
+    /// Weighted random (the plug-in's `Random`): a draw over the eligible members' total
+    /// weight.
+    fn weighted_random<'a>(&self, candidates: impl Iterator<Item = (usize, &'a Backend, u64)>) -> Option<usize> {
+        let candidates: Vec<(usize, u64)> = candidates.map(|(i, _, w)| (self.members[i], w)).collect();
+        let total: u64 = candidates.iter().map(|(_, w)| w).sum();
+        let mut draw = random(&self.rotate) % total.max(1);
+        for (b, w) in candidates {
+            if draw < w {
+                return Some(b);
+            }
+            draw -= w;
+        }
+        None
     }
 }
 

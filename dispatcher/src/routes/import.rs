@@ -107,7 +107,16 @@ fn server_value(c: &ServerCluster, get: impl Fn(&Server) -> Option<u64>) -> Opti
 
 pub fn to_toml(cfg: &PluginConfig, source: &str) -> String {
     let mut out = String::new();
-    let w = &mut out;
+    header(&mut out, cfg, source);
+    backends(&mut out, cfg);
+    farms(&mut out, cfg);
+    routes(&mut out, cfg);
+    out
+}
+
+/// Where the text comes from, and what the file cannot say (the VIPs, with a commented
+/// example per port of the virtual hosts).
+fn header(w: &mut String, cfg: &PluginConfig, source: &str) {
     let _ = writeln!(w, "# Imported from {source} by `dispatcher import`: names, clone IDs, URI patterns,");
     let _ = writeln!(w, "# cookie names, hosts and ports as the file has them.");
     let _ = writeln!(w, "#");
@@ -134,7 +143,10 @@ pub fn to_toml(cfg: &PluginConfig, source: &str) -> String {
     let _ = writeln!(w, "#");
     let _ = writeln!(w, "# Replica pairs and health checks are not in plugin-cfg.xml either.");
     let _ = writeln!(w, "# The file is re-read every {} s (RefreshInterval).", cfg.refresh_interval);
+}
 
+/// One `[[backend]]` per Server (a Server in two clusters once).
+fn backends(w: &mut String, cfg: &PluginConfig) {
     let mut printed = BTreeSet::new();
     for c in &cfg.server_clusters {
         let (port, _) = farm_port(c);
@@ -173,7 +185,10 @@ pub fn to_toml(cfg: &PluginConfig, source: &str) -> String {
                 writeln!(w, "# replica = \"...\"    # the server holding this one's sessions: not in plugin-cfg.xml");
         }
     }
+}
 
+/// One `[[farm]]` per ServerCluster.
+fn farms(w: &mut String, cfg: &PluginConfig) {
     for c in &cfg.server_clusters {
         let (port, tls) = farm_port(c);
         let servers = primaries(c);
@@ -209,7 +224,10 @@ pub fn to_toml(cfg: &PluginConfig, source: &str) -> String {
             }
         }
     }
+}
 
+/// One `[[route]]` per Route and distinct (cookie, URL parameter) of its UriGroup.
+fn routes(w: &mut String, cfg: &PluginConfig) {
     for r in &cfg.routes {
         let Some(group) = cfg.uri_groups.iter().find(|g| g.name == r.uri_group) else { continue };
         let Some(hosts) = cfg.virtual_host_groups.iter().find(|g| g.name == r.virtual_host_group) else { continue };
@@ -227,7 +245,6 @@ pub fn to_toml(cfg: &PluginConfig, source: &str) -> String {
             let _ = writeln!(w, "url_parameter = {}", q(param));
         }
     }
-    out
 }
 
 #[cfg(test)]

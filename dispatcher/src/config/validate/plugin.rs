@@ -154,18 +154,7 @@ impl Ctx<'_> {
                 p.shown, s.line, s.name
             ));
         }
-        let weight = match s.weight {
-            None => 2,
-            Some(0) => {
-                self.warn(format!("{}:{}: server {:?} LoadBalanceWeight=\"0\": taken as 1", p.shown, s.line, s.name));
-                1
-            }
-            Some(w) if w > 10_000 => {
-                err(format!("server {:?} LoadBalanceWeight=\"{w}\": at most 10000", s.name));
-                1
-            }
-            Some(w) => w,
-        };
+        let weight = self.plugin_weight(p, s);
         let maxconn = s.max_connections.map(|m| m.min(1_000_000));
         let own_port = (port != farm_port).then_some(port);
         let i = match by_name.get(&s.name) {
@@ -188,39 +177,7 @@ impl Ctx<'_> {
                 i
             }
             None => {
-                if let Err(e) = check_name(&s.name) {
-                    err(format!("server {:?}: a backend name {e}", s.name));
-                }
-                let address = match host.parse::<Ipv4Addr>() {
-                    Ok(a) => {
-                        if let Err(e) = check_host_address(IpAddr::V4(a)) {
-                            err(format!("server {:?}: Transport Hostname {e}", s.name));
-                        }
-                        a
-                    }
-                    Err(_) => {
-                        err(format!(
-                            "server {:?}: Transport Hostname {host:?} is not an IPv4 address: add a [[backend]] named {:?} with its address to the TOML file",
-                            s.name, s.name
-                        ));
-                        Ipv4Addr::UNSPECIFIED
-                    }
-                };
-                backends.push(Backend {
-                    name: s.name.clone(),
-                    address,
-                    address6: None,
-                    mac: None,
-                    weight,
-                    port: own_port,
-                    replica: None,
-                    clone_ids: Vec::new(),
-                    logical_names: Vec::new(),
-                    maxconn,
-                    maxqueue: Backend::DEFAULT_MAXQUEUE,
-                    slow_start: None,
-                    retired: false,
-                });
+                backends.push(self.plugin_backend(p, s, host, (weight, maxconn, own_port)));
                 by_name.insert(s.name.clone(), backends.len() - 1);
                 backends.len() - 1
             }
@@ -234,6 +191,67 @@ impl Ctx<'_> {
         } else {
             clone_owner.insert(id.clone(), i);
             backends[i].clone_ids.push(id.clone());
+        }
+    }
+
+    /// A Server's LoadBalanceWeight (2 when unset, as the plug-in takes it).
+    fn plugin_weight(&self, p: &PluginFile, s: &Server) -> u32 {
+        let err = |message: String| self.file_report(&p.shown, s.line, message);
+        match s.weight {
+            None => 2,
+            Some(0) => {
+                self.warn(format!("{}:{}: server {:?} LoadBalanceWeight=\"0\": taken as 1", p.shown, s.line, s.name));
+                1
+            }
+            Some(w) if w > 10_000 => {
+                err(format!("server {:?} LoadBalanceWeight=\"{w}\": at most 10000", s.name));
+                1
+            }
+            Some(w) => w,
+        }
+    }
+
+    /// The backend of a Server no TOML `[[backend]]` names: its address from the Transport.
+    fn plugin_backend(
+        &self,
+        p: &PluginFile,
+        s: &Server,
+        host: &str,
+        (weight, maxconn, port): (u32, Option<u32>, Option<u16>),
+    ) -> Backend {
+        let err = |message: String| self.file_report(&p.shown, s.line, message);
+        if let Err(e) = check_name(&s.name) {
+            err(format!("server {:?}: a backend name {e}", s.name));
+        }
+        let address = match host.parse::<Ipv4Addr>() {
+            Ok(a) => {
+                if let Err(e) = check_host_address(IpAddr::V4(a)) {
+                    err(format!("server {:?}: Transport Hostname {e}", s.name));
+                }
+                a
+            }
+            Err(_) => {
+                err(format!(
+                    "server {:?}: Transport Hostname {host:?} is not an IPv4 address: add a [[backend]] named {:?} with its address to the TOML file",
+                    s.name, s.name
+                ));
+                Ipv4Addr::UNSPECIFIED
+            }
+        };
+        Backend {
+            name: s.name.clone(),
+            address,
+            address6: None,
+            mac: None,
+            weight,
+            port,
+            replica: None,
+            clone_ids: Vec::new(),
+            logical_names: Vec::new(),
+            maxconn,
+            maxqueue: Backend::DEFAULT_MAXQUEUE,
+            slow_start: None,
+            retired: false,
         }
     }
 
