@@ -704,3 +704,55 @@ fn check_warns_about_unused_plugin_settings_and_routes_that_can_never_win() {
     assert_eq!(code, 1);
     assert!(err.contains("/plugin-cfg.xml:2: "), "{err}");
 }
+
+/// The fenced block of `lang` at or after `from` in `text`.
+fn fenced<'a>(text: &'a str, lang: &str, from: &str) -> &'a str {
+    let text = &text[text.find(from).unwrap_or_else(|| panic!("{from:?}"))..];
+    let open = format!("```{lang}\n");
+    let start = text.find(&open).unwrap_or_else(|| panic!("a {lang} block")) + open.len();
+    &text[start..start + text[start..].find("```").unwrap()]
+}
+
+/// docs/websphere-plugin.md: its plugin-cfg.xml and TOML pass `dispatcher check` with
+/// exactly the warnings the page announces (the RetryIntervals), and every row of its
+/// "where each request goes" table is what the agent's route table says; so the page
+/// cannot drift from the code.
+#[test]
+fn the_websphere_page_example_checks_and_routes_as_it_says() {
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/websphere-plugin.md")).unwrap();
+    let xml = fenced(&page, "xml", "## A worked cell");
+    let toml = fenced(&page, "toml", "## A worked cell");
+    // As WebSphere writes it: ISO-8859-1 bytes (the example is ASCII, so the same).
+    let (code, out, err) = check_with(toml, |dir| std::fs::write(dir.join("plugin-cfg.xml"), xml).unwrap());
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("ok (1 VIPs, 9 backends)"), "{out}");
+    let warnings: Vec<&str> = err.lines().filter(|l| l.starts_with("warning:")).collect();
+    assert_eq!(warnings.len(), 3, "{err}");
+    assert!(warnings.iter().all(|w| w.contains("RetryInterval=\"60\" is not implemented")), "{err}");
+
+    // The route table as the agent builds it from the two files.
+    let dir = std::env::temp_dir().join(format!("dispatcher-wsdoc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("plugin-cfg.xml"), xml).unwrap();
+    std::fs::write(dir.join("d.toml"), toml).unwrap();
+    let cfg = dispatcher::config::Config::load(&dir.join("d.toml"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cfg = cfg.unwrap_or_else(|e| panic!("{e}"));
+    let routes: Vec<dispatcher::routes::Route> = (cfg.routes.iter())
+        .map(|r| dispatcher::routes::Route { hosts: r.hosts.clone(), uris: r.uris.clone(), target: r.farm })
+        .collect();
+    let table = dispatcher::routes::Table::new(&routes).unwrap();
+    let section = &page[page.find("### Where each request goes").unwrap()..page.find("### Sessions").unwrap()];
+    let rows: Vec<Vec<&str>> = section
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| Host"))
+        .map(|l| l.trim_matches('|').split('|').map(str::trim).collect())
+        .collect();
+    assert!(rows.len() >= 10, "{rows:?}");
+    for row in rows {
+        let [host, path, want] = row[..] else { panic!("{row:?}") };
+        let got = table.find(Some(host), cfg.vips[0].port, path).map(|m| cfg.farms[m.target].name.as_str());
+        let want = (!want.starts_with("(none")).then_some(want);
+        assert_eq!(got, want, "{host} {path}");
+    }
+}

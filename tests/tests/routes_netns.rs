@@ -776,7 +776,7 @@ fn truncated(rendered: &str) -> &str {
 /// the file's routes; so the namespace tests test the agent, not the fixture.
 #[test]
 fn the_fixture_reads_cleanly_and_routes_as_the_table_says() {
-    use dispatcher::routes::{plugin_cfg, Route, Table};
+    use dispatcher::routes::{plugin_cfg, Table};
     let read = |text: &str| plugin_cfg::parse(&latin1(text));
     let file = read(&render(FIXTURE)).expect("the fixture");
     assert!(file.warnings.is_empty(), "{:?}", file.warnings);
@@ -795,23 +795,7 @@ fn the_fixture_reads_cleanly_and_routes_as_the_table_says() {
             assert_eq!((t.hostname.clone(), t.port), (backend_ip(backend_of(a, me)).to_string(), app.port));
         }
     }
-    let routes: Vec<Route> = file
-        .routes
-        .iter()
-        .map(|r| Route {
-            hosts: file.virtual_host_groups.iter().find(|g| g.name == r.virtual_host_group).unwrap().hosts.clone(),
-            uris: file
-                .uri_groups
-                .iter()
-                .find(|g| g.name == r.uri_group)
-                .unwrap()
-                .uris
-                .iter()
-                .map(|u| u.name.clone())
-                .collect(),
-            target: file.server_clusters.iter().position(|c| c.name == r.server_cluster).unwrap(),
-        })
-        .collect();
+    let routes = file.table_routes();
     let table = Table::new(&routes).unwrap();
     for &(host, path, want) in TABLE {
         assert_eq!(table.find(Some(host), 80, path).map(|m| m.target), want, "{host} {path}");

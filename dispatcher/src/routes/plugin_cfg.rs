@@ -99,6 +99,24 @@ pub struct PluginConfig {
     pub warnings: Vec<Warning>,
 }
 
+impl PluginConfig {
+    /// The file's routes as the matcher takes them (`super::Table::new`), each to its
+    /// ServerCluster's index; a Route naming an unknown group is left out (a file that
+    /// has one is refused by `parse`).
+    pub fn table_routes(&self) -> Vec<super::Route> {
+        let (hosts, uris, clusters) = (&self.virtual_host_groups, &self.uri_groups, &self.server_clusters);
+        (self.routes.iter())
+            .filter_map(|r| {
+                Some(super::Route {
+                    hosts: hosts.iter().find(|g| g.name == r.virtual_host_group)?.hosts.clone(),
+                    uris: uris.iter().find(|g| g.name == r.uri_group)?.uris.iter().map(|u| u.name.clone()).collect(),
+                    target: clusters.iter().position(|c| c.name == r.server_cluster)?,
+                })
+            })
+            .collect()
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VirtualHostGroup {
     pub name: String,

@@ -1,5 +1,5 @@
 use super::*;
-use crate::routes::{Route as TableRoute, Table};
+use crate::routes::Table;
 
 const REALISTIC: &[u8] = include_bytes!("../testdata/plugin-cfg.xml");
 
@@ -66,23 +66,7 @@ fn the_realistic_file_is_read_whole() {
 fn the_realistic_file_routes_each_request_to_its_cluster() {
     // The file's routes through the matcher: target = the cluster's index.
     let cfg = parse(REALISTIC).unwrap();
-    let routes: Vec<TableRoute> = cfg
-        .routes
-        .iter()
-        .map(|r| TableRoute {
-            hosts: cfg.virtual_host_groups.iter().find(|g| g.name == r.virtual_host_group).unwrap().hosts.clone(),
-            uris: cfg
-                .uri_groups
-                .iter()
-                .find(|g| g.name == r.uri_group)
-                .unwrap()
-                .uris
-                .iter()
-                .map(|u| u.name.clone())
-                .collect(),
-            target: cfg.server_clusters.iter().position(|c| c.name == r.server_cluster).unwrap(),
-        })
-        .collect();
+    let routes = cfg.table_routes();
     let t = Table::new(&routes).unwrap();
     let at = |host: &str, path: &str| t.find(Some(host), 80, path).map(|m| m.target);
     assert_eq!(at("shop.example", "/shop/cart;jsessionid=0000abc:1a2b3c4d"), Some(0));
