@@ -23,8 +23,11 @@ pub(super) struct Routed {
 }
 
 impl Routed {
-    pub(super) fn new(raw: &[Spanned<RawRoute>], file_routes: bool) -> Routed {
-        let mut r = Routed { names: HashSet::new(), all: file_routes };
+    /// `plugin`: a plugin-cfg.xml is configured; its routes apply to every HTTP VIP that
+    /// forwards, even when it has none (then every request is answered 404, never
+    /// balanced over whatever backends there are).
+    pub(super) fn new(raw: &[Spanned<RawRoute>], plugin: bool) -> Routed {
+        let mut r = Routed { names: HashSet::new(), all: plugin };
         for route in raw {
             match &route.get_ref().vips {
                 None => r.all = true,
@@ -432,6 +435,9 @@ impl Ctx<'_> {
                     target: routes[j].farm,
                 })
                 .collect();
+            if on.is_empty() && v.backends.is_empty() && forwards(v) {
+                self.warn(format!("VIP `{}`: no route applies to it, every request is answered 404", v.name));
+            }
             let Ok(table) = routes::Table::new(&table) else { continue };
             for s in table.shadowed() {
                 shadowed.entry((on[s.route], on[s.by])).or_default().push(&v.name);

@@ -118,7 +118,7 @@ impl Ctx<'_> {
         let farm_of = farms::farm_of(&raw.farms, plugin.as_ref().map(|p| &p.cfg));
         let later = plugin::file_only_servers(plugin.as_ref(), &raw.backends);
         let (mut backends, mut by_name, mut clone_owner) = self.backends(&raw.backends, &farm_of, &later);
-        let routed = farms::Routed::new(&raw.routes, plugin.as_ref().is_some_and(|p| !p.cfg.routes.is_empty()));
+        let routed = farms::Routed::new(&raw.routes, plugin.is_some());
         let members = vips::Members { raw: &raw.backends, backends: &backends, by_name: &by_name, routed: &routed };
         let mut vips = self.vips(&raw.vips, &members);
         if let Some(p) = &plugin {

@@ -389,6 +389,25 @@ fn plugin_config_becomes_backends_farms_and_routes() {
     assert!(e.to_string().contains(":6: http.plugin_refresh: must be at most 1h"), "{e}");
 }
 
+/// WebSphere regenerates the file with no application mapped to the web server: no
+/// `Route`. The VIP stays routed (every request 404), not balanced over every server of
+/// every cluster as a VIP without routes would be.
+#[test]
+fn a_plugin_config_without_routes_routes_nothing_rather_than_everything() {
+    let dir = Dir::new("noroutes");
+    let xml = String::from_utf8_lossy(&std::fs::read(PLUGIN).unwrap()).into_owned();
+    let stripped: String = xml.lines().filter(|l| !l.trim_start().starts_with("<Route ")).collect::<Vec<_>>().join("\n");
+    assert!(!stripped.contains("<Route "));
+    dir.write("plugin-cfg.xml", stripped.as_bytes());
+    let toml = dir.write("dispatcher.toml", WITH_PLUGIN.as_bytes());
+    let c = Config::load(std::path::Path::new(&toml)).unwrap();
+    assert!(c.routes.is_empty(), "{:?}", c.routes);
+    assert!(c.farms.iter().all(|f| !f.implicit), "no implicit catch-all farm over every backend: {:?}", c.farms);
+    assert!(c.vips[0].backends.is_empty(), "{:?}", c.vips[0].backends);
+    let w = c.warnings.join("\n");
+    assert!(w.contains("VIP `web`: no route applies to it, every request is answered 404"), "{w}");
+}
+
 #[test]
 fn plugin_config_errors_name_the_file_and_its_line() {
     let dir = Dir::new("bad");
