@@ -228,9 +228,7 @@ fn farms(w: &mut String, cfg: &PluginConfig) {
 
 /// One `[[route]]` per Route and distinct (cookie, URL parameter) of its UriGroup.
 fn routes(w: &mut String, cfg: &PluginConfig) {
-    for r in &cfg.routes {
-        let Some(group) = cfg.uri_groups.iter().find(|g| g.name == r.uri_group) else { continue };
-        let Some(hosts) = cfg.virtual_host_groups.iter().find(|g| g.name == r.virtual_host_group) else { continue };
+    for super::plugin_cfg::Resolved { route: r, hosts, uris: group, .. } in cfg.resolved_routes() {
         for ((cookie, param), uris) in by_affinity(group) {
             let uris = uris.into_iter().map(|u| u.name.as_str());
             let _ = writeln!(

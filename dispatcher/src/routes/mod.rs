@@ -88,7 +88,13 @@ pub enum PatternError {
     Host { route: usize, pattern: String, reason: &'static str },
     #[error("route {route}: no virtual host or no URI pattern")]
     Empty { route: usize },
+    #[error("route {route}: the routes pair more than {MAX_PAIRS} virtual hosts with URI patterns")]
+    TooLarge { route: usize },
 }
+
+/// (virtual host, URI pattern) pairs in one table: what it holds (a large cell has a few
+/// thousand).
+pub const MAX_PAIRS: usize = 100_000;
 
 /// A URI pattern, in one of the plug-in's forms.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -287,6 +293,9 @@ pub struct Table {
     exact: HashMap<String, Vec<Entry>>,
     /// By prefix (`/shop`): the entries with an extension (by extension), then the plain.
     prefix: HashMap<String, PrefixEntries>,
+    /// The longest prefix's length: a path is looked up only at the levels that short, so
+    /// a request's cost does not grow with the square of its path's depth.
+    longest_prefix: usize,
     extension: HashMap<String, Vec<Entry>>,
     /// Extensions' lengths present, longest first (a path is probed for each).
     extension_lengths: Vec<usize>,
@@ -303,9 +312,14 @@ struct PrefixEntries {
 impl Table {
     pub fn new(routes: &[Route]) -> Result<Table, PatternError> {
         let mut t = Table { targets: routes.iter().map(|r| r.target).collect(), ..Table::default() };
+        let mut pairs = 0usize;
         for (i, r) in routes.iter().enumerate() {
             if r.hosts.is_empty() || r.uris.is_empty() {
                 return Err(PatternError::Empty { route: i });
+            }
+            pairs = pairs.saturating_add(r.hosts.len().saturating_mul(r.uris.len()));
+            if pairs > MAX_PAIRS {
+                return Err(PatternError::TooLarge { route: i });
             }
             let hosts = r
                 .hosts
@@ -329,6 +343,7 @@ impl Table {
             p.ext_lengths = sorted_lengths(p.with_ext.keys());
         }
         t.extension_lengths = sorted_lengths(t.extension.keys());
+        t.longest_prefix = t.prefix.keys().map(String::len).max().unwrap_or(0);
         Ok(t)
     }
 
@@ -389,8 +404,13 @@ impl Table {
         let last_segment = &path[path.rfind('/').map_or(0, |i| i + 1)..];
         // `/a/b/c` is under the prefixes `/a/b/c`, `/a/b` and `/a`; an extension with a
         // prefix applies to what is strictly under it.
-        let mut end = path.len();
-        loop {
+        // (Only the levels no longer than the longest prefix: `/a/b/c` with `/a/*` the
+        // longest looks up `/a` alone.)
+        let mut end = match path.len() <= self.longest_prefix {
+            true => path.len(),
+            false => path.as_bytes()[..=self.longest_prefix].iter().rposition(|&b| b == b'/').unwrap_or(0),
+        };
+        while end > 0 {
             if let Some(p) = self.prefix.get(&path[..end]) {
                 if end < path.len() {
                     for &n in &p.ext_lengths {
@@ -404,10 +424,7 @@ impl Table {
                     return Some(r);
                 }
             }
-            match path[..end].rfind('/') {
-                Some(0) | None => break,
-                Some(i) => end = i,
-            }
+            end = path[..end].rfind('/').unwrap_or(0);
         }
         for &n in &self.extension_lengths {
             if let Some(r) = ext_of(last_segment, n).and_then(|e| self.extension.get(e)).and_then(&first) {
@@ -419,10 +436,18 @@ impl Table {
 
     /// Routes that can never win: every pair of theirs comes after a covering pair of
     /// an earlier (or more specific) route with the same URI pattern.
+    /// (A warning, not a decision: the comparisons are bounded by [`SHADOW_BUDGET`]; past
+    /// it, the routes not yet compared are not reported.)
     pub fn shadowed(&self) -> Vec<Shadowed> {
         let mut by: Vec<Option<Option<usize>>> = vec![None; self.targets.len()];
+        let mut budget = SHADOW_BUDGET;
         for list in self.lists() {
             for (i, e) in list.iter().enumerate() {
+                budget = budget.saturating_sub(i);
+                if budget == 0 {
+                    by[e.route] = Some(None);
+                    continue;
+                }
                 let winner = list[..i].iter().find(|w| w.route != e.route && w.host.covers(&e.host)).map(|w| w.route);
                 let slot = &mut by[e.route];
                 *slot = match (*slot, winner) {
@@ -441,6 +466,9 @@ impl Table {
             .collect()
     }
 }
+
+/// Host comparisons `Table::shadowed` makes at most (a few tens of milliseconds).
+pub const SHADOW_BUDGET: usize = 20_000_000;
 
 fn sorted_lengths<'a>(keys: impl Iterator<Item = &'a String>) -> Vec<usize> {
     let mut v: Vec<usize> = keys.map(String::len).collect();

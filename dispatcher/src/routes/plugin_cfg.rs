@@ -30,6 +30,15 @@ pub const MAX_FILE_BYTES: usize = 32 << 20;
 pub const MAX_NODES: u32 = 1_000_000;
 pub const MAX_DEPTH: usize = 16;
 pub const MAX_ATTRIBUTES: usize = 64;
+/// Servers in the whole file: the data plane's backend limit.
+pub const MAX_SERVERS: usize = 4096;
+/// (virtual host, URI) pairs over all Routes: what the route table holds per VIP.
+pub const MAX_ROUTE_PAIRS: usize = super::MAX_PAIRS;
+/// Routes, ServerClusters, VirtualHostGroups and UriGroups, each (a large cell has a few
+/// hundred).
+pub const MAX_OF_A_KIND: usize = 10_000;
+/// Warnings kept; beyond, one says how many more there were.
+pub const MAX_WARNINGS: usize = 100;
 
 /// Elements skipped with their content: logging, plug-in properties (ESI, keyrings),
 /// request metrics, the cluster address used by the plug-in's own failover to a proxy.
@@ -104,17 +113,46 @@ impl PluginConfig {
     /// ServerCluster's index; a Route naming an unknown group is left out (a file that
     /// has one is refused by `parse`).
     pub fn table_routes(&self) -> Vec<super::Route> {
-        let (hosts, uris, clusters) = (&self.virtual_host_groups, &self.uri_groups, &self.server_clusters);
-        (self.routes.iter())
-            .filter_map(|r| {
-                Some(super::Route {
-                    hosts: hosts.iter().find(|g| g.name == r.virtual_host_group)?.hosts.clone(),
-                    uris: uris.iter().find(|g| g.name == r.uri_group)?.uris.iter().map(|u| u.name.clone()).collect(),
-                    target: clusters.iter().position(|c| c.name == r.server_cluster)?,
-                })
+        (self.resolved_routes())
+            .map(|r| super::Route {
+                hosts: r.hosts.hosts.clone(),
+                uris: r.uris.uris.iter().map(|u| u.name.clone()).collect(),
+                target: r.cluster,
             })
             .collect()
     }
+
+    /// Each Route with what it names, looked up by name once (not a scan per Route); a
+    /// Route naming something undefined is left out (`parse` refuses a file with one).
+    pub fn resolved_routes(&self) -> impl Iterator<Item = Resolved<'_>> {
+        fn index<'a, T>(items: &'a [T], name: impl Fn(&T) -> &str) -> HashMap<&'a str, usize> {
+            let mut m = HashMap::new();
+            for (i, x) in items.iter().enumerate() {
+                m.entry(name(x)).or_insert(i);
+            }
+            m
+        }
+        let hosts = index(&self.virtual_host_groups, |g| &g.name);
+        let uris = index(&self.uri_groups, |g| &g.name);
+        let clusters = index(&self.server_clusters, |c| &c.name);
+        self.routes.iter().filter_map(move |r| {
+            Some(Resolved {
+                route: r,
+                hosts: &self.virtual_host_groups[*hosts.get(r.virtual_host_group.as_str())?],
+                uris: &self.uri_groups[*uris.get(r.uri_group.as_str())?],
+                cluster: *clusters.get(r.server_cluster.as_str())?,
+            })
+        })
+    }
+}
+
+/// A Route with its VirtualHostGroup, UriGroup and ServerCluster (an index into
+/// `server_clusters`).
+pub struct Resolved<'a> {
+    pub route: &'a Route,
+    pub hosts: &'a VirtualHostGroup,
+    pub uris: &'a UriGroup,
+    pub cluster: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -261,7 +299,10 @@ pub fn parse(bytes: &[u8]) -> Result<PluginConfig, Error> {
 }
 
 pub fn parse_str(text: &str) -> Result<PluginConfig, Error> {
-    let line_of = |offset: usize| line_at(text.as_bytes(), offset);
+    // Lines by binary search over the newlines' offsets, found once: a line per element
+    // must not cost a scan of the file (that is quadratic in the file's size).
+    let newlines: Vec<usize> = (text.bytes().enumerate()).filter(|(_, b)| *b == b'\n').map(|(i, _)| i).collect();
+    let line_of = |offset: usize| 1 + newlines.partition_point(|&nl| nl < offset) as u32;
     let opts = roxmltree::ParsingOptions { allow_dtd: false, nodes_limit: MAX_NODES, ..Default::default() };
     let doc = roxmltree::Document::parse_with_options(text, opts).map_err(|e| match e {
         roxmltree::Error::DtdDetected => Error {
@@ -295,12 +336,16 @@ pub fn parse_str(text: &str) -> Result<PluginConfig, Error> {
             });
         }
     }
-    Reader { line_of: &line_of, warnings: Vec::new() }.config(doc.root_element())
+    Reader { line_of: &line_of, warnings: Vec::new(), more_warnings: 0, servers: 0 }.config(doc.root_element())
 }
 
 struct Reader<'f> {
     line_of: &'f dyn Fn(usize) -> u32,
     warnings: Vec<Warning>,
+    /// Warnings beyond `MAX_WARNINGS`, counted only.
+    more_warnings: usize,
+    /// Servers read so far, over every cluster.
+    servers: usize,
 }
 
 type Node<'a, 'i> = roxmltree::Node<'a, 'i>;
@@ -316,7 +361,14 @@ impl Reader<'_> {
 
     fn warn(&mut self, n: Node, message: String) {
         let line = self.line(n);
-        self.warnings.push(Warning { line, message });
+        self.push_warning(Warning { line, message });
+    }
+
+    fn push_warning(&mut self, w: Warning) {
+        match self.warnings.len() < MAX_WARNINGS {
+            true => self.warnings.push(w),
+            false => self.more_warnings += 1,
+        }
     }
 
     /// Warn about the element's attributes that are neither `known` nor ignored.
@@ -333,7 +385,7 @@ impl Reader<'_> {
                 None => format!("<{elem}> attribute {name} is unknown: ignored"),
             };
             let line = (self.line_of)(a.range().start);
-            self.warnings.push(Warning { line, message });
+            self.push_warning(Warning { line, message });
         }
     }
 
@@ -382,7 +434,13 @@ impl Reader<'_> {
             routes: Vec::new(),
             warnings: Vec::new(),
         };
+        let mut count: HashMap<&str, usize> = HashMap::new();
         for c in self.children(root, &["VirtualHostGroup", "ServerCluster", "UriGroup", "Route"]) {
+            let n = count.entry(c.tag_name().name()).or_default();
+            *n += 1;
+            if *n > MAX_OF_A_KIND {
+                return self.error(c, format!("more than {MAX_OF_A_KIND} <{}> elements", c.tag_name().name()));
+            }
             match c.tag_name().name() {
                 "VirtualHostGroup" => cfg.virtual_host_groups.push(self.virtual_host_group(c)?),
                 "ServerCluster" => cfg.server_clusters.push(self.server_cluster(c)?),
@@ -400,6 +458,10 @@ impl Reader<'_> {
             }
         }
         check_references(&cfg)?;
+        if self.more_warnings > 0 {
+            let line = self.warnings.last().map_or(1, |w| w.line);
+            self.warnings.push(Warning { line, message: format!("and {} more warnings", self.more_warnings) });
+        }
         cfg.warnings = self.warnings;
         cfg.warnings.extend(empty_routes(&cfg));
         cfg.warnings.sort_by_key(|w| w.line);
@@ -438,9 +500,18 @@ impl Reader<'_> {
             backup: Vec::new(),
             line: self.line(n),
         };
+        // The cluster's server names, for its PrimaryServers and BackupServers lists.
+        let here: std::collections::HashSet<&str> =
+            n.children().filter(|x| x.has_tag_name("Server")).filter_map(|x| x.attribute("Name")).collect();
         for c in self.children(n, &["Server", "PrimaryServers", "BackupServers"]) {
             match c.tag_name().name() {
-                "Server" => cluster.servers.push(self.server(c)?),
+                "Server" => {
+                    self.servers += 1;
+                    if self.servers > MAX_SERVERS {
+                        return self.error(c, format!("more than {MAX_SERVERS} servers in the file"));
+                    }
+                    cluster.servers.push(self.server(c)?)
+                }
                 list => {
                     self.attributes(c, &[]);
                     let mut names = Vec::new();
@@ -448,7 +519,7 @@ impl Reader<'_> {
                         self.attributes(s, &["Name"]);
                         self.children(s, &[]);
                         let name = self.required(s, "Name")?;
-                        if !n.children().any(|x| x.has_tag_name("Server") && x.attribute("Name") == Some(name)) {
+                        if !here.contains(name) {
                             return self.error(
                                 s,
                                 format!("<{list}> names server {name:?}, which is not in cluster {:?}", cluster.name),
@@ -552,7 +623,22 @@ fn check_references(cfg: &PluginConfig) -> Result<(), Error> {
     let clusters = unique("ServerCluster", cfg.server_clusters.iter().map(|c| (c.name.as_str(), c.line)))?;
     let uris = unique("UriGroup", cfg.uri_groups.iter().map(|c| (c.name.as_str(), c.line)))?;
     let vhosts = unique("VirtualHostGroup", cfg.virtual_host_groups.iter().map(|c| (c.name.as_str(), c.line)))?;
+    let mut pairs = 0usize;
+    let hosts_of: HashMap<&str, usize> =
+        cfg.virtual_host_groups.iter().map(|g| (g.name.as_str(), g.hosts.len())).collect();
+    let uris_of: HashMap<&str, usize> = cfg.uri_groups.iter().map(|g| (g.name.as_str(), g.uris.len())).collect();
     for r in &cfg.routes {
+        let n_hosts = hosts_of.get(r.virtual_host_group.as_str()).copied().unwrap_or(0);
+        let n_uris = uris_of.get(r.uri_group.as_str()).copied().unwrap_or(0);
+        pairs = pairs.saturating_add(n_hosts.saturating_mul(n_uris));
+        if pairs > MAX_ROUTE_PAIRS {
+            return Err(Error {
+                line: r.line,
+                message: format!(
+                    "the Routes pair more than {MAX_ROUTE_PAIRS} virtual hosts with URIs (each VirtualHost of a Route's group with each Uri of its UriGroup)"
+                ),
+            });
+        }
         for (kind, name, names) in [
             ("ServerCluster", &r.server_cluster, &clusters),
             ("UriGroup", &r.uri_group, &uris),
@@ -590,10 +676,12 @@ fn check_references(cfg: &PluginConfig) -> Result<(), Error> {
 /// Routes that can match nothing: their group has no VirtualHost or no Uri.
 fn empty_routes(cfg: &PluginConfig) -> Vec<Warning> {
     let mut out = Vec::new();
+    let hosts_of: HashMap<&str, bool> =
+        cfg.virtual_host_groups.iter().map(|g| (g.name.as_str(), g.hosts.is_empty())).collect();
+    let uris_of: HashMap<&str, bool> = cfg.uri_groups.iter().map(|g| (g.name.as_str(), g.uris.is_empty())).collect();
     for r in &cfg.routes {
-        let hosts =
-            cfg.virtual_host_groups.iter().find(|g| g.name == r.virtual_host_group).is_some_and(|g| g.hosts.is_empty());
-        let uris = cfg.uri_groups.iter().find(|g| g.name == r.uri_group).is_some_and(|g| g.uris.is_empty());
+        let hosts = hosts_of.get(r.virtual_host_group.as_str()) == Some(&true);
+        let uris = uris_of.get(r.uri_group.as_str()) == Some(&true);
         for (empty, what, name) in
             [(hosts, "VirtualHostGroup", &r.virtual_host_group), (uris, "UriGroup", &r.uri_group)]
         {

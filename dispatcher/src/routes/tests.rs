@@ -215,6 +215,33 @@ fn patterns_outside_the_plugins_forms_are_refused() {
     assert!(Table::new(&[route(&[], &["/*"], 0)]).is_err());
 }
 
+/// A path deeper than the longest prefix is looked up only at the prefixes' depths (a
+/// hostile path of thousands of segments costs a bounded number of lookups, not one per
+/// level, each hashing what is left) and still routes as the rule says.
+#[test]
+fn deep_paths_are_looked_up_only_as_deep_as_the_prefixes() {
+    let t = Table::new(&[
+        route(&["*"], &["/a/*"], 1),
+        route(&["*"], &["/a/b/*"], 2),
+        route(&["*"], &["/a/b/*.jsp"], 3),
+        route(&["*"], &["/*"], 0),
+    ])
+    .unwrap();
+    let deep = "/x".repeat(20_000);
+    assert_eq!(target(&t, None, &format!("/a/b{deep}")), Some(2));
+    assert_eq!(target(&t, None, &format!("/a/b{deep}/p.jsp")), Some(3));
+    assert_eq!(target(&t, None, &format!("/a/bc{deep}")), Some(1), "/a/bc is not under /a/b");
+    assert_eq!(target(&t, None, &format!("/a{deep}")), Some(1));
+    assert_eq!(target(&t, None, &format!("/ab{deep}")), Some(0));
+    assert_eq!(target(&t, None, "/a/b"), Some(2));
+    assert_eq!(target(&t, None, "/a/"), Some(1));
+    // Not ASCII at the cut: the cut is at a '/', never inside a character.
+    assert_eq!(target(&t, None, "/a/\u{e9}\u{e9}\u{e9}/x"), Some(1));
+    assert_eq!(target(&t, None, "/\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}/x"), Some(0));
+    let no_prefix = Table::new(&[route(&["*"], &["/exact"], 1), route(&["*"], &["/*"], 0)]).unwrap();
+    assert_eq!(target(&no_prefix, None, &deep), Some(0));
+}
+
 #[test]
 fn many_routes_over_many_targets() {
     // 500 routes over 50 targets, each request finds its own.

@@ -438,7 +438,24 @@ impl Ctx<'_> {
             if on.is_empty() && v.backends.is_empty() && forwards(v) {
                 self.warn(format!("VIP `{}`: no route applies to it, every request is answered 404", v.name));
             }
-            let Ok(table) = routes::Table::new(&table) else { continue };
+            let table = match routes::Table::new(&table) {
+                Ok(t) => t,
+                Err(routes::PatternError::TooLarge { route }) => {
+                    let at = &labels[on[route]].at;
+                    let (file, line) = at.rsplit_once(':').unwrap_or((at, "1"));
+                    let message = format!(
+                        "VIP `{}`: {}: with the routes before it, more than {} (virtual host, URI pattern) pairs",
+                        v.name,
+                        labels[on[route]].name,
+                        routes::MAX_PAIRS
+                    );
+                    let line = line.parse().unwrap_or(1);
+                    self.errors.borrow_mut().push(ConfigError::Invalid { file: file.into(), line, message });
+                    continue;
+                }
+                // Each pattern was checked where it was written.
+                Err(_) => continue,
+            };
             for s in table.shadowed() {
                 shadowed.entry((on[s.route], on[s.by])).or_default().push(&v.name);
             }

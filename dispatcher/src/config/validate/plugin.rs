@@ -333,14 +333,12 @@ impl Ctx<'_> {
         let on: Vec<usize> =
             (0..vips.len()).filter(|&v| vips[v].served_http().is_some_and(|h| h.redirect_to.is_none())).collect();
         let (mut routes, mut labels) = (Vec::new(), Vec::new());
-        for r in &p.cfg.routes {
-            let (Some(uris), Some(hosts), Some(farm)) = (
-                p.cfg.uri_groups.iter().find(|g| g.name == r.uri_group),
-                p.cfg.virtual_host_groups.iter().find(|g| g.name == r.virtual_host_group),
-                farms.iter().position(|f| f.name == r.server_cluster),
-            ) else {
-                continue;
-            };
+        let mut farm_named = HashMap::new();
+        for (i, f) in farms.iter().enumerate() {
+            farm_named.entry(f.name.as_str()).or_insert(i);
+        }
+        for crate::routes::plugin_cfg::Resolved { route: r, hosts, uris, .. } in p.cfg.resolved_routes() {
+            let Some(&farm) = farm_named.get(r.server_cluster.as_str()) else { continue };
             if on.is_empty() {
                 self.report(
                     p.span.clone(),

@@ -226,3 +226,50 @@ fn a_route_over_an_empty_group_is_warned_about() {
         ["line 7: Route: UriGroup \"none\" is empty, the route matches nothing"]
     );
 }
+
+/// A small hostile file that would make the reader or the route table grow with the
+/// square of its size is refused at the element that crosses the bound, with its line.
+#[test]
+fn counts_that_multiply_are_bounded() {
+    // 400 VirtualHosts x 400 Uris in one Route: 160,000 pairs from a 20 KB file.
+    let hosts: String = (0..400).map(|i| format!("<VirtualHost Name=\"h{i}:80\"/>")).collect();
+    let uris: String = (0..400).map(|i| format!("<Uri Name=\"/u{i}/*\"/>")).collect();
+    let text = wrap(&format!(
+        "<ServerCluster Name=\"c1\"><Server Name=\"s1\"><Transport Hostname=\"10.0.0.1\" Port=\"9080\" Protocol=\"http\"/></Server></ServerCluster>\n\
+         <VirtualHostGroup Name=\"v\">{hosts}</VirtualHostGroup>\n<UriGroup Name=\"u\">{uris}</UriGroup>\n\
+         <Route ServerCluster=\"c1\" UriGroup=\"u\" VirtualHostGroup=\"v\"/>"
+    ));
+    let e = error(&text);
+    assert_eq!(e.line, 6, "{e}");
+    assert!(e.message.contains(&format!("more than {MAX_ROUTE_PAIRS} virtual hosts with URIs")), "{e}");
+    // The same pairs through the matcher are refused too.
+    let route = |n: usize| crate::routes::Route {
+        hosts: (0..n).map(|i| format!("h{i}:80")).collect(),
+        uris: (0..n).map(|i| format!("/u{i}/*")).collect(),
+        target: 0,
+    };
+    assert!(matches!(Table::new(&[route(400)]), Err(crate::routes::PatternError::TooLarge { route: 0 })));
+    assert!(Table::new(&[route(300)]).is_ok(), "90,000 pairs");
+
+    // Servers: at most MAX_SERVERS in the file, the first one over is the error's line.
+    let servers: String = (0..=MAX_SERVERS)
+        .map(|i| {
+            format!(
+                "<Server Name=\"s{i}\"><Transport Hostname=\"10.0.0.1\" Port=\"9080\" Protocol=\"http\"/></Server>\n"
+            )
+        })
+        .collect();
+    let e = error(&wrap(&format!("<ServerCluster Name=\"c1\">\n{servers}</ServerCluster>")));
+    assert_eq!((e.line as usize, e.message.as_str()), (MAX_SERVERS + 4, "more than 4096 servers in the file"));
+
+    // Routes (and each other kind): at most MAX_OF_A_KIND.
+    let routes = "<Route ServerCluster=\"c1\" UriGroup=\"u\" VirtualHostGroup=\"v\"/>\n".repeat(MAX_OF_A_KIND + 1);
+    let e = error(&wrap(&format!("{CLUSTER}\n{routes}")));
+    assert_eq!(e.message, format!("more than {MAX_OF_A_KIND} <Route> elements"));
+
+    // Warnings: at most MAX_WARNINGS kept, and how many more were left out.
+    let odd: String = (0..500).map(|i| format!("<Odd{i}/>\n")).collect();
+    let cfg = parse(wrap(&format!("{CLUSTER}\n{odd}")).as_bytes()).unwrap();
+    assert_eq!(cfg.warnings.len(), MAX_WARNINGS + 1);
+    assert_eq!(cfg.warnings.last().unwrap().message, "and 400 more warnings");
+}

@@ -396,7 +396,8 @@ fn plugin_config_becomes_backends_farms_and_routes() {
 fn a_plugin_config_without_routes_routes_nothing_rather_than_everything() {
     let dir = Dir::new("noroutes");
     let xml = String::from_utf8_lossy(&std::fs::read(PLUGIN).unwrap()).into_owned();
-    let stripped: String = xml.lines().filter(|l| !l.trim_start().starts_with("<Route ")).collect::<Vec<_>>().join("\n");
+    let stripped: String =
+        xml.lines().filter(|l| !l.trim_start().starts_with("<Route ")).collect::<Vec<_>>().join("\n");
     assert!(!stripped.contains("<Route "));
     dir.write("plugin-cfg.xml", stripped.as_bytes());
     let toml = dir.write("dispatcher.toml", WITH_PLUGIN.as_bytes());
@@ -467,4 +468,19 @@ fn the_imported_toml_with_a_vip_is_a_valid_configuration() {
     assert_eq!((c.backends.len(), c.farms.len(), c.routes.len()), (8, 3, 4));
     assert_eq!(c.vips[0].backends.len(), 8);
     assert!(c.farms.iter().all(|f| !f.implicit));
+}
+
+/// Routes whose virtual hosts times URIs exceed what one route table holds are refused at
+/// the route that crosses the bound (the agent would refuse to build the table).
+#[test]
+fn routes_that_pair_too_many_hosts_with_uris_are_refused() {
+    let list = |f: &dyn Fn(usize) -> String| (0..400).map(|i| format!("\"{}\"", f(i))).collect::<Vec<_>>().join(", ");
+    let big = format!(
+        "{BASE}\n[[route]]\nhosts = [{}]\nuris = [{}]\nfarm = \"shop\"\n",
+        list(&|i| format!("h{i}.example")),
+        list(&|i| format!("/u{i}/*"))
+    );
+    let e = err_of(&big);
+    let line = big.lines().count() - 3;
+    has(&e, &format!("x.toml:{line}: VIP `web`: route[2]: with the routes before it, more than 100000 (virtual host, URI pattern) pairs"));
 }
