@@ -125,7 +125,7 @@ impl PluginConfig {
     /// Each Route with what it names, looked up by name once (not a scan per Route); a
     /// Route naming something undefined is left out (`parse` refuses a file with one).
     pub fn resolved_routes(&self) -> impl Iterator<Item = Resolved<'_>> {
-        fn index<'a, T>(items: &'a [T], name: impl Fn(&T) -> &str) -> HashMap<&'a str, usize> {
+        fn index<T>(items: &[T], name: impl Fn(&T) -> &str) -> HashMap<&str, usize> {
             let mut m = HashMap::new();
             for (i, x) in items.iter().enumerate() {
                 m.entry(name(x)).or_insert(i);
