@@ -601,7 +601,10 @@ fn session_of<'a>(
     let cookies = || head.headers.iter().filter(|h| is(&buf[h.name.clone()], "cookie")).map(|h| &buf[h.value.clone()]);
     let target = &buf[head.target.clone()];
     let format = route.farm.session_format;
-    let sess = session::find(cookies(), target, &route.cookie, &route.url_parameter, format)
+    // Several sessions of the route's cookie name (a domain and a host cookie): the one
+    // a server of the route's farm owns, else one no other farm's server owns.
+    let rank = |s: &session::SessionId| route.farm.route.rank(&ctx.servers, s);
+    let sess = session::find_ranked(cookies(), target, &route.cookie, &route.url_parameter, format, rank)
         .or_else(|| session::app_session(target));
     let pinned = match (&sess, &ctx.persist) {
         (None, Some(p)) => p.pinned(cookies()),

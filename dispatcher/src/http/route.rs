@@ -250,6 +250,26 @@ impl FarmRoute {
         }
     }
 
+    /// How well `session` fits this farm, for a request carrying several (0 best): 0 a
+    /// clone ID of it names one of the farm's servers, 1 none is known (perhaps a server
+    /// not learned yet), 2 they name other farms' servers only.
+    pub fn rank(&self, servers: &Servers, session: &SessionId) -> u8 {
+        let mut known = false;
+        for id in &session.clones {
+            if let Some((owner, _)) = servers.owner(id) {
+                if self.members.contains(&owner) {
+                    return 0;
+                }
+                known = true;
+            }
+        }
+        if known {
+            2
+        } else {
+            1
+        }
+    }
+
     /// Whether `backend` may serve a request of `session`: one of its clones' owners or
     /// their replicas (the misroute check). Only the clone IDs the farm's servers own
     /// count: a session of another farm is balanced within this one.
@@ -624,6 +644,44 @@ mode = "http"
         assert_eq!(shop.route(&c, session::parse(b"0000x:cC:cB").as_ref(), false, false), Decision::Affinity(1));
         // A partition whose primary is in another farm: balanced here too.
         assert!(matches!(shop.route(&c, session::parse(b"0000x:-42").as_ref(), false, false), Decision::Balanced(_)));
+    }
+
+    /// A request carrying two cookies of the route's name (a domain cookie of another
+    /// farm's session first, then the host cookie of this farm's): this farm's session is
+    /// the one routed, so it is neither balanced away nor lost.
+    #[test]
+    fn of_several_session_cookies_the_one_of_the_routes_farm_is_taken() {
+        let (c, _) = setup(Balance::RoundRobin);
+        let shop = FarmRoute::new(vec![0, 1], Balance::RoundRobin, true);
+        let pick = |headers: &[&'static [u8]], target: &'static [u8]| {
+            let s = session::find_ranked(
+                headers.iter().copied(),
+                target,
+                b"JSESSIONID",
+                b"jsessionid",
+                crate::config::SessionFormat::WebSphere,
+                |s| shop.rank(&c, s),
+            );
+            shop.route(&c, s.as_ref(), false, true)
+        };
+        let foreign_first: &[&[u8]] = &[b"JSESSIONID=0000a:cC; JSESSIONID=0000b:cB"];
+        assert_eq!(pick(foreign_first, b"/"), Decision::Affinity(1));
+        assert_eq!(pick(&[b"JSESSIONID=0000a:cC", b"JSESSIONID=0000b:cB"], b"/"), Decision::Affinity(1), "two fields");
+        // Unknown before foreign: the unknown one (perhaps a server not learned yet).
+        let s = session::find_ranked(
+            [&b"JSESSIONID=0000a:cC; JSESSIONID=0000u:cNEW"[..]].into_iter(),
+            b"/",
+            b"JSESSIONID",
+            b"jsessionid",
+            crate::config::SessionFormat::WebSphere,
+            |s| shop.rank(&c, s),
+        );
+        assert_eq!(s.unwrap().clones, vec![&b"cNEW"[..]]);
+        // Both of this farm: the first, as before.
+        assert_eq!(pick(&[b"JSESSIONID=0000a:cA; JSESSIONID=0000b:cB"], b"/"), Decision::Affinity(0));
+        // Only another farm's: balanced within this one; the URL only without a cookie.
+        assert!(matches!(pick(&[b"JSESSIONID=0000a:cC"], b"/;jsessionid=0000b:cB"), Decision::Balanced(0 | 1)));
+        assert_eq!(pick(&[], b"/;jsessionid=0000b:cB"), Decision::Affinity(1));
     }
 
     #[test]

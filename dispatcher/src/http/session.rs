@@ -127,12 +127,35 @@ pub fn find<'a>(
     url_name: &[u8],
     format: SessionFormat,
 ) -> Option<SessionId<'a>> {
-    for h in cookie_headers {
-        if let Some(s) = cookies(h, cookie_name).find_map(|v| parse_as(v, format)) {
-            return Some(s);
+    find_ranked(cookie_headers, target, cookie_name, url_name, format, |_| 0)
+}
+
+/// As [`find`] when a request carries several session cookies of one name (a domain
+/// cookie and a host cookie): the one of lowest `rank` (0 is the best, and ends the
+/// search), the first in order among equals; the URL parameter when no cookie is usable.
+pub fn find_ranked<'a>(
+    cookie_headers: impl Iterator<Item = &'a [u8]>,
+    target: &'a [u8],
+    cookie_name: &'a [u8],
+    url_name: &[u8],
+    format: SessionFormat,
+    rank: impl Fn(&SessionId) -> u8,
+) -> Option<SessionId<'a>> {
+    let mut best: Option<(u8, SessionId<'a>)> = None;
+    for s in cookie_headers.flat_map(|h| cookies(h, cookie_name).filter_map(|v| parse_as(v, format))) {
+        let r = rank(&s);
+        if best.as_ref().is_none_or(|(b, _)| r < *b) {
+            best = Some((r, s));
+            if r == 0 {
+                break;
+            }
         }
     }
-    url_param(target, url_name).and_then(|v| parse_as(v, format))
+    match best {
+        Some((_, s)) => Some(s),
+        // The URL parameter counts only when no cookie is usable.
+        None => url_param(target, url_name).and_then(|v| parse_as(v, format)),
+    }
 }
 
 /// Converged SIP/HTTP applications: the logical name of the `ibmappid` a request
