@@ -119,7 +119,9 @@ pub fn url_param<'a>(target: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
 }
 
 /// The session of a request: cookies first (first usable `name` cookie across all
-/// `Cookie` headers in order), then the URL parameter.
+/// `Cookie` headers in order), then the URL parameter. (The request path ranks them by
+/// farm: [`find_ranked`].)
+#[cfg(test)]
 pub fn find<'a>(
     cookie_headers: impl Iterator<Item = &'a [u8]>,
     target: &'a [u8],
