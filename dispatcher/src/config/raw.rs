@@ -147,6 +147,7 @@ pub(super) struct RawHttp {
     pub(super) tls_session_cache: Option<Spanned<usize>>,
     pub(super) plugin_config: Option<Spanned<String>>,
     pub(super) plugin_refresh: Option<Spanned<String>>,
+    pub(super) plugin_vips: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -23,11 +23,15 @@ pub(super) struct Routed {
 }
 
 impl Routed {
-    /// `plugin`: a plugin-cfg.xml is configured; its routes apply to every HTTP VIP that
-    /// forwards, even when it has none (then every request is answered 404, never
-    /// balanced over whatever backends there are).
-    pub(super) fn new(raw: &[Spanned<RawRoute>], plugin: bool) -> Routed {
-        let mut r = Routed { names: HashSet::new(), all: plugin };
+    /// `plugin`: a plugin-cfg.xml is configured, with the VIPs its routes apply to
+    /// (`None`: every HTTP VIP that forwards). They are routed even when the file has no
+    /// route (then every request is answered 404, never balanced over whatever backends
+    /// there are).
+    pub(super) fn new(raw: &[Spanned<RawRoute>], plugin: Option<Option<&[Spanned<String>]>>) -> Routed {
+        let mut r = Routed { names: HashSet::new(), all: matches!(plugin, Some(None)) };
+        if let Some(Some(list)) = plugin {
+            r.names.extend(list.iter().map(|n| n.get_ref().clone()));
+        }
         for route in raw {
             match &route.get_ref().vips {
                 None => r.all = true,
@@ -402,6 +406,33 @@ impl Ctx<'_> {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    /// A farm member's replica is in its farm: a session fails over only to its owner's
+    /// replica and never out of its route's farm, so a replica elsewhere would leave the
+    /// session nowhere to go (503 whenever its owner is out).
+    pub(super) fn replicas_in_farm(&self, raw: &[Spanned<RawBackend>], backends: &[Backend], farms: &[Farm]) {
+        for f in farms.iter().filter(|f| !f.implicit) {
+            for b in f.members() {
+                let (Some(r), Some(raw_b)) = (backends[b].replica, raw.get(b)) else { continue };
+                if f.members().any(|m| m == r) {
+                    continue;
+                }
+                let Some(span) = raw_b.get_ref().replica.as_ref().map(|r| r.span()) else { continue };
+                let elsewhere = match farms.iter().find(|g| !g.implicit && g.members().any(|m| m == r)) {
+                    Some(g) => format!("in farm `{}`", g.name),
+                    None => "in no farm".to_string(),
+                };
+                self.report(
+                    span,
+                    &format!("backend[{b}].replica"),
+                    format!(
+                        "`{}` is {elsewhere}, not in `{}`'s farm `{}`: a session fails over only within its farm",
+                        backends[r].name, backends[b].name, f.name
+                    ),
+                );
             }
         }
     }

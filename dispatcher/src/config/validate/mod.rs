@@ -118,7 +118,7 @@ impl Ctx<'_> {
         let farm_of = farms::farm_of(&raw.farms, plugin.as_ref().map(|p| &p.cfg));
         let later = plugin::file_only_servers(plugin.as_ref(), &raw.backends);
         let (mut backends, mut by_name, mut clone_owner) = self.backends(&raw.backends, &farm_of, &later);
-        let routed = farms::Routed::new(&raw.routes, plugin.is_some());
+        let routed = farms::Routed::new(&raw.routes, plugin.as_ref().map(|p| p.vips.as_deref()));
         let members = vips::Members { raw: &raw.backends, backends: &backends, by_name: &by_name, routed: &routed };
         let mut vips = self.vips(&raw.vips, &members);
         if let Some(p) = &plugin {
@@ -141,6 +141,7 @@ impl Ctx<'_> {
         if let Some(p) = &plugin {
             farms.extend(self.plugin_farms(p, &by_name, &mut taken));
         }
+        self.replicas_in_farm(&raw.backends, &backends, &farms);
         let (mut routes, mut labels) = self.routes(&raw.routes, &vips, &farms, &http);
         if let Some(p) = &plugin {
             let (r, l) = self.plugin_routes(p, &vips, &farms);

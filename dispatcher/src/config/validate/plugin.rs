@@ -29,6 +29,9 @@ pub(super) struct PluginFile {
     pub(super) cfg: PluginConfig,
     /// `[http] plugin_config` in the TOML file.
     pub(super) span: Range<usize>,
+    /// `[http] plugin_vips`: the HTTP VIPs its routes apply to (`None`: every one that
+    /// forwards), as written.
+    pub(super) vips: Option<Vec<Spanned<String>>>,
 }
 
 /// The shortest and longest `plugin_refresh`.
@@ -59,6 +62,9 @@ impl Ctx<'_> {
     /// Reads `[http] plugin_config` (its path is in `http`) and sets `plugin_refresh`.
     pub(super) fn plugin_file(&self, raw: Option<&RawHttp>, http: &mut HttpSettings) -> Option<PluginFile> {
         let raw = raw?;
+        if let (None, Some(v)) = (&raw.plugin_config, &raw.plugin_vips) {
+            self.report(v.span(), "http.plugin_vips", "the VIPs of a plugin_config's routes: set plugin_config too");
+        }
         let (spanned, path) = (raw.plugin_config.as_ref()?, http.plugin_config.clone()?);
         let shown = path.display().to_string();
         let mut bytes = Vec::new();
@@ -95,7 +101,8 @@ impl Ctx<'_> {
                 c.line, c.name, c.retry_interval
             ));
         }
-        Some(PluginFile { shown, cfg, span: spanned.span() })
+        let vips = raw.plugin_vips.as_ref().map(|l| l.get_ref().clone());
+        Some(PluginFile { shown, cfg, span: spanned.span(), vips })
     }
 
     /// The file's servers as backends: added, or filling in what the TOML backend of
@@ -330,8 +337,29 @@ impl Ctx<'_> {
 
     /// The file's routes (after the TOML's), on every forwarding HTTP VIP.
     pub(super) fn plugin_routes(&self, p: &PluginFile, vips: &[Vip], farms: &[Farm]) -> (Vec<Route>, Vec<RouteLabel>) {
-        let on: Vec<usize> =
-            (0..vips.len()).filter(|&v| vips[v].served_http().is_some_and(|h| h.redirect_to.is_none())).collect();
+        let forwards = |v: &Vip| v.served_http().is_some_and(|h| h.redirect_to.is_none());
+        let on: Vec<usize> = match &p.vips {
+            None => (0..vips.len()).filter(|&v| forwards(&vips[v])).collect(),
+            Some(names) => {
+                let mut on = Vec::new();
+                for (k, n) in names.iter().enumerate() {
+                    match vips.iter().position(|v| v.name == *n.get_ref()) {
+                        Some(v) if forwards(&vips[v]) && !on.contains(&v) => on.push(v),
+                        Some(v) if on.contains(&v) => self.report(
+                            n.span(),
+                            &format!("http.plugin_vips[{k}]"),
+                            format!("`{}` listed twice", n.get_ref()),
+                        ),
+                        _ => self.report(
+                            n.span(),
+                            &format!("http.plugin_vips[{k}]"),
+                            format!("`{}` is not an HTTP VIP that forwards", n.get_ref()),
+                        ),
+                    }
+                }
+                on
+            }
+        };
         let (mut routes, mut labels) = (Vec::new(), Vec::new());
         let mut farm_named = HashMap::new();
         for (i, f) in farms.iter().enumerate() {
@@ -343,7 +371,7 @@ impl Ctx<'_> {
                 self.report(
                     p.span.clone(),
                     "http.plugin_config",
-                    "its routes apply to every HTTP VIP, and there is none that forwards: add a [[vip]] with mode = \"http\"",
+                    "its routes apply to no HTTP VIP that forwards: add a [[vip]] with mode = \"http\" (and name it in plugin_vips, if set)",
                 );
                 return (routes, labels);
             }

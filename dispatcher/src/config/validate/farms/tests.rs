@@ -484,3 +484,45 @@ fn routes_that_pair_too_many_hosts_with_uris_are_refused() {
     let line = big.lines().count() - 3;
     has(&e, &format!("x.toml:{line}: VIP `web`: route[2]: with the routes before it, more than 100000 (virtual host, URI pattern) pairs"));
 }
+
+/// A replica outside its server's farm is refused, at the replica, naming both farms;
+/// one inside (a backup too) is fine.
+#[test]
+fn a_replica_is_in_its_servers_farm() {
+    let inside = BASE.replace("clone_ids = [\"c1\"]", "clone_ids = [\"c1\"]\nreplica = \"s3\"");
+    assert!(Config::parse(&inside, "x.toml").is_ok());
+    let outside = BASE.replace("clone_ids = [\"c1\"]", "clone_ids = [\"c1\"]\nreplica = \"a1\"");
+    let e = err_of(&outside);
+    let line = outside.lines().position(|l| l == "replica = \"a1\"").unwrap() + 1;
+    has(
+        &e,
+        &format!("x.toml:{line}: backend[0].replica: `a1` is in farm `admin`, not in `s1`'s farm `shop`: a session fails over only within its farm"),
+    );
+}
+
+/// `plugin_vips`: the file's routes apply to the VIPs named (another HTTP VIP keeps its
+/// own backends and settings); a name that is not a forwarding HTTP VIP, or the setting
+/// without a plugin_config, is refused at its line.
+#[test]
+fn plugin_vips_names_the_vips_the_files_routes_apply_to() {
+    let dir = Dir::new("pluginvips");
+    dir.write("plugin-cfg.xml", &std::fs::read(PLUGIN).unwrap());
+    let other = "\n[[vip]]\nname = \"old\"\naddress = \"10.0.100.2\"\nport = 80\nmode = \"http\"\nbackends = [\"shopNode1_shop1\"]\nbalance = \"least_outstanding\"\n";
+    let text = WITH_PLUGIN.replace(".xml\"\n", ".xml\"\nplugin_vips = [\"web\"]\n") + other;
+    let toml = dir.write("dispatcher.toml", text.as_bytes());
+    let c = Config::load(std::path::Path::new(&toml)).unwrap_or_else(|e| panic!("{e}"));
+    assert!(c.routes.iter().filter(|r| !c.farms[r.farm].implicit).all(|r| r.vips == [0]), "{:?}", c.routes);
+    let own = c.farms.iter().find(|f| f.implicit).expect("old's own farm");
+    assert_eq!((own.name.as_str(), own.balance), ("old", Balance::LeastOutstanding));
+    assert_eq!(c.vips[1].backends.len(), 1);
+    // Without plugin_vips, old is routed too, and its own settings are refused.
+    let e = Config::parse(&(WITH_PLUGIN.to_string() + other), &toml).unwrap_err().to_string();
+    assert!(e.contains("vip[1].backends: routes apply to VIP `old`"), "{e}");
+    // Not a forwarding HTTP VIP; no plugin_config.
+    let bad = WITH_PLUGIN.replace(".xml\"\n", ".xml\"\nplugin_vips = [\"web\", \"nope\"]\n");
+    let e = Config::parse(&bad, &toml).unwrap_err().to_string();
+    assert!(e.contains(":6: http.plugin_vips[1]: `nope` is not an HTTP VIP that forwards"), "{e}");
+    let alone = WITH_PLUGIN.replace("plugin_config = \"plugin-cfg.xml\"\n", "plugin_vips = [\"web\"]\n");
+    let e = Config::parse(&alone, &toml).unwrap_err().to_string();
+    assert!(e.contains(":5: http.plugin_vips: the VIPs of a plugin_config's routes: set plugin_config too"), "{e}");
+}
