@@ -42,6 +42,8 @@ pub async fn shutdown_signal() -> anyhow::Result<&'static str> {
 /// endpoint. `keep_dataplane`: on a signal, leave the program attached and the maps pinned.
 pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
     let mut cfg = Config::load(path)?;
+    // The plugin-cfg.xml as it was read: a change from here on is seen.
+    let plugin_watch = PluginWatch::new(&cfg);
     crate::logging::init_logging(&cfg.log_level);
     // Before anything is touched: a second agent for the instance would swap the program,
     // rebind the admin socket and share the HTTP ports.
@@ -90,7 +92,6 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
     });
     let admin_task = serve_admin(&cfg, &rt, admin.clone())?;
     let notifier = ready(&cfg, attached.how);
-    let plugin_watch = PluginWatch::new(&cfg);
     let mut agent = Agent { path, live, admin, current, group, notifier, ebpf: dp.ebpf, attached, plugin_watch };
     let (why, keep_dataplane) = rt.block_on(agent.serve(request_rx, keep_dataplane))?;
     agent.notifier.send(&format!("STOPPING=1\nSTATUS=stopping ({why})"));
@@ -529,7 +530,12 @@ impl Agent<'_> {
     /// `dispatcher reload` or SIGHUP.
     fn reload(&mut self) -> Result<String, String> {
         self.notifier.send("RELOADING=1");
+        // The plugin-cfg.xml as it is before this reload reads it: what the watch compares
+        // with from now on, whatever the outcome (a refused file is not tried again until
+        // it changes; a change made while reloading is seen).
+        let before = self.plugin_watch.stamp_now(&self.live.cfg);
         let r = self.live.reload(self.path);
+        self.plugin_watch.reloaded(&self.live.cfg, before);
         match &r {
             Ok(what) => {
                 *self.admin.live.write().unwrap() = self.live.view();
@@ -791,6 +797,21 @@ impl PluginWatch {
         PluginWatch { seen, next: std::time::Instant::now() + cfg.http.plugin_refresh }
     }
 
+    /// The running configuration's plugin_config and its stamp now.
+    fn stamp_now(&self, cfg: &Config) -> Option<(std::path::PathBuf, FileStamp)> {
+        cfg.http.plugin_config.as_ref().map(|p| (p.clone(), file_stamp(p)))
+    }
+
+    /// A reload was made with the file as `before` was stamped (the running
+    /// configuration's file then); `cfg` is the configuration running now.
+    fn reloaded(&mut self, cfg: &Config, before: Option<(std::path::PathBuf, FileStamp)>) {
+        self.seen = match (before, &cfg.http.plugin_config) {
+            (Some((p, stamp)), Some(now)) if p == *now => Some((p, stamp)),
+            // Another file (or none) since the reload: as it is now.
+            _ => self.stamp_now(cfg),
+        };
+    }
+
     /// The file, if it is time to look and it changed since the last look (the running
     /// configuration `cfg` says which file, and how often).
     fn changed(&mut self, cfg: &Config, now: std::time::Instant) -> Option<std::path::PathBuf> {
@@ -954,6 +975,21 @@ mod tests {
         assert_eq!(w.changed(&cfg, later(30)), None);
         cfg.http.plugin_config = None;
         assert_eq!(w.changed(&cfg, later(40)), None);
+
+        // A reload made for another reason (SIGHUP) read the file: not reloaded again for
+        // the change it already read; a change made after its stamp is.
+        cfg.http.plugin_config = Some(xml.clone());
+        std::fs::write(&xml, "<Config/>").unwrap();
+        let mut w = PluginWatch::new(&cfg);
+        std::fs::write(&xml, "<Config RefreshInterval=\"7\"/>").unwrap();
+        let before = w.stamp_now(&cfg);
+        w.reloaded(&cfg, before);
+        assert_eq!(w.changed(&cfg, later(50)), None, "the reload read this change");
+        let before = w.stamp_now(&cfg);
+        std::fs::write(&xml, "<Config RefreshInterval=\"19\"/>").unwrap();
+        w.reloaded(&cfg, before);
+        // (Another size: two writes within a clock tick may share an mtime.)
+        assert_eq!(w.changed(&cfg, later(60)), Some(xml.clone()), "written while the reload ran");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
