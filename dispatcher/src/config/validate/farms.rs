@@ -412,7 +412,9 @@ impl Ctx<'_> {
 
     /// A farm member's replica is in its farm: a session fails over only to its owner's
     /// replica and never out of its route's farm, so a replica elsewhere would leave the
-    /// session nowhere to go (503 whenever its owner is out).
+    /// session nowhere to go (503 whenever its owner is out). A replica in another farm is
+    /// refused; one in no farm is a warning (a server WebSphere removed from a
+    /// regenerated plugin-cfg.xml while the TOML still pairs it: the new file must apply).
     pub(super) fn replicas_in_farm(&self, raw: &[Spanned<RawBackend>], backends: &[Backend], farms: &[Farm]) {
         for f in farms.iter().filter(|f| !f.implicit) {
             for b in f.members() {
@@ -421,10 +423,18 @@ impl Ctx<'_> {
                     continue;
                 }
                 let Some(span) = raw_b.get_ref().replica.as_ref().map(|r| r.span()) else { continue };
-                let elsewhere = match farms.iter().find(|g| !g.implicit && g.members().any(|m| m == r)) {
-                    Some(g) => format!("in farm `{}`", g.name),
-                    None => "in no farm".to_string(),
+                let Some(g) = farms.iter().find(|g| !g.implicit && g.members().any(|m| m == r)) else {
+                    self.warn(format!(
+                        "{}:{}: backend[{b}].replica: `{}` is in no farm: `{}`'s sessions have no replica in farm `{}` (503 while it is out)",
+                        self.file,
+                        self.line(span.start),
+                        backends[r].name,
+                        backends[b].name,
+                        f.name
+                    ));
+                    continue;
                 };
+                let elsewhere = format!("in farm `{}`", g.name);
                 self.report(
                     span,
                     &format!("backend[{b}].replica"),

@@ -485,8 +485,9 @@ fn routes_that_pair_too_many_hosts_with_uris_are_refused() {
     has(&e, &format!("x.toml:{line}: VIP `web`: route[2]: with the routes before it, more than 100000 (virtual host, URI pattern) pairs"));
 }
 
-/// A replica outside its server's farm is refused, at the replica, naming both farms;
-/// one inside (a backup too) is fine.
+/// A replica in another farm than its server's is refused, at the replica, naming both
+/// farms; one in no farm is a warning (WebSphere removed it from the file); one inside
+/// (a backup too) is fine.
 #[test]
 fn a_replica_is_in_its_servers_farm() {
     let inside = BASE.replace("clone_ids = [\"c1\"]", "clone_ids = [\"c1\"]\nreplica = \"s3\"");
@@ -497,6 +498,21 @@ fn a_replica_is_in_its_servers_farm() {
     has(
         &e,
         &format!("x.toml:{line}: backend[0].replica: `a1` is in farm `admin`, not in `s1`'s farm `shop`: a session fails over only within its farm"),
+    );
+    let nowhere = format!(
+        "{BASE}
+[[backend]]
+name = \"gone\"
+address = \"10.0.1.9\"
+"
+    )
+    .replace("clone_ids = [\"c1\"]", "clone_ids = [\"c1\"]\nreplica = \"gone\"");
+    let c = Config::parse(&nowhere, "x.toml").unwrap_or_else(|e| panic!("{e}"));
+    let line = nowhere.lines().position(|l| l == "replica = \"gone\"").unwrap() + 1;
+    let w = c.warnings.join("\n");
+    assert!(
+        w.contains(&format!("x.toml:{line}: backend[0].replica: `gone` is in no farm: `s1`'s sessions have no replica in farm `shop` (503 while it is out)")),
+        "{w}"
     );
 }
 
