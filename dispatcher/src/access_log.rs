@@ -70,7 +70,7 @@ pub struct Entry {
     pub decision: Decision,
     /// The farm it was routed to (an implicit farm's name is its VIP's).
     pub farm: Option<Arc<str>>,
-    /// The route it matched, by its index among the routes (`None`: the implicit
+    /// The route it matched, by its name (`None`: the implicit
     /// catch-all of a VIP's own farm, or not routed).
     pub route: Option<Arc<str>>,
     /// It was held (owner suspect, or waiting for the shared table) or queued (maxconn).
@@ -380,7 +380,7 @@ fn json_str(o: &mut String, b: &[u8]) {
 /// HAProxy's HTTP log layout, with our decision added:
 /// `client:port [date] vip backend/session Th/Tw/Tc/Tr/Ta status bytes_out bytes_in decision "request"`,
 /// timers in milliseconds, `-1` for a step not reached, `-` for no backend or session;
-/// a request routed by a configured route ends with ` farm/route` (the route's index).
+/// a request routed by a configured route ends with ` farm/route` (the route's name).
 /// Bytes outside printable ASCII in the request and the session are written `#XX`, as
 /// HAProxy escapes them.
 pub fn haproxy(o: &mut String, e: &Entry) {

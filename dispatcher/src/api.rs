@@ -212,7 +212,9 @@ pub struct FarmStatus {
 /// A configured route: what it matches, where it sends, what it served.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RouteStatus {
-    /// Its index among the routes (as the access log names it).
+    /// Its name (`config::Route::name`: metrics and the access log name it so).
+    pub name: String,
+    /// Its index among the routes.
     pub index: usize,
     pub vips: Vec<String>,
     pub hosts: Vec<String>,

@@ -127,6 +127,7 @@ fn farms_and_routes(cfg: &Config, cap: &Capacity) -> (Vec<FarmStatus>, Vec<Route
     let routes = (cfg.routes.iter().zip(&cap.routes).enumerate())
         .filter(|(_, (r, _))| !cfg.farms.get(r.farm).is_some_and(|f| f.implicit))
         .map(|(index, (r, k))| RouteStatus {
+            name: r.name.clone(),
             index,
             vips: r.vips.iter().filter_map(|&v| cfg.vips.get(v)).map(|v| v.name.clone()).collect(),
             hosts: r.hosts.clone(),
@@ -352,7 +353,7 @@ const PATH_SERIES: [PerPath; 5] = [
     ),
 ];
 
-/// Per farm (an implicit one under its VIP's name) and per configured route (its index
+/// Per farm (an implicit one under its VIP's name) and per configured route (its name
 /// and its farm).
 fn paths_section(o: &mut Exposition, farms: &[FarmStatus], routes: &[RouteStatus]) {
     for (farm_family, _, value) in &PATH_SERIES {
@@ -367,7 +368,7 @@ fn paths_section(o: &mut Exposition, farms: &[FarmStatus], routes: &[RouteStatus
     for (_, route_family, value) in &PATH_SERIES {
         o.family(route_family);
         for r in routes {
-            o.sample(&[("route", &r.index.to_string()), ("farm", &r.farm)], value(&r.counts));
+            o.sample(&[("route", &r.name), ("farm", &r.farm)], value(&r.counts));
         }
     }
 }

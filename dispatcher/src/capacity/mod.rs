@@ -60,12 +60,6 @@ pub struct PathStats {
     pub misroutes: AtomicU64,
 }
 
-/// A route's identity across reloads: what it matches and where it sends.
-pub fn route_key(cfg: &Config, r: &crate::config::Route) -> String {
-    let farm = cfg.farms.get(r.farm).map_or("", |f| f.name.as_str());
-    format!("{:?} {:?} {farm}", r.hosts, r.uris)
-}
-
 /// What the request path counts per HTTP VIP.
 #[derive(Default)]
 pub struct VipStats {
@@ -95,7 +89,9 @@ impl Capacity {
             sources: Default::default(),
             vips: cfg.vips.iter().map(|_| VipStats::default()).collect(),
             farms: (cfg.farms.iter()).map(|f| Keyed { key: f.name.clone(), stats: Default::default() }).collect(),
-            routes: (cfg.routes.iter()).map(|r| Keyed { key: route_key(cfg, r), stats: Default::default() }).collect(),
+            // A route's identity across reloads is its name: its counters go on when its
+            // patterns change, and stay its own when routes are inserted before it.
+            routes: (cfg.routes.iter()).map(|r| Keyed { key: r.name.clone(), stats: Default::default() }).collect(),
         }
     }
 

@@ -93,7 +93,7 @@ fn paths_section(o: &mut String, a: &AgentStatus) {
         let _ = writeln!(
             o,
             "route {} {} {} -> {}: {}",
-            r.index,
+            r.name,
             r.hosts.join(","),
             r.uris.join(","),
             r.farm,

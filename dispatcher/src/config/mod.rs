@@ -126,6 +126,12 @@ impl Farm {
 /// wins among several: `routes` (the most specific URI, then host, then file order).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Route {
+    /// Its name in metrics, status and the access log, unique among the routes: the
+    /// TOML's `name` (default `route<i>`), a plugin-cfg.xml Route's UriGroup name (with
+    /// `.<VirtualHostGroup>` when another Route has the group, `.<cookie>` when the group
+    /// has several cookie names), an implicit catch-all's VIP name. Stable across a
+    /// regenerated file that inserts routes, unlike an index.
+    pub name: String,
     /// The HTTP VIPs it applies to (indexes into `Config::vips`; every HTTP VIP when the
     /// file names none).
     pub vips: Vec<usize>,

@@ -46,6 +46,7 @@ pub(super) struct RawFarm {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawRoute {
+    pub(super) name: Option<Spanned<String>>,
     pub(super) vips: Option<Spanned<Vec<Spanned<String>>>>,
     pub(super) hosts: Spanned<Vec<Spanned<String>>>,
     pub(super) uris: Spanned<Vec<Spanned<String>>>,

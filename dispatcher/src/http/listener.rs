@@ -189,7 +189,7 @@ fn vip_routes(cfg: &Config, capacity: &Capacity, farms: &[Arc<FarmCtx>], vip: us
         };
         list.push(RouteCtx {
             index,
-            label: (!farm.implicit).then(|| Arc::from(index.to_string())),
+            label: (!farm.implicit).then(|| Arc::from(r.name.as_str())),
             farm,
             cookie: cookie.as_bytes().into(),
             url_parameter: url_parameter.as_bytes().into(),
@@ -795,6 +795,7 @@ backends = ["s1"]
 
     fn route(uri: &str, farm: usize, cookie: &str) -> Route {
         Route {
+            name: format!("{}{farm}", uri.trim_matches(|c| c == '/' || c == '*')),
             vips: vec![0],
             hosts: vec!["*:*".into()],
             uris: vec![uri.into()],

@@ -47,7 +47,7 @@ pub struct RouteCtx {
     pub cookie: Box<[u8]>,
     pub url_parameter: Box<[u8]>,
     pub stats: std::sync::Arc<PathStats>,
-    /// Its name in the access log: its index among the routes (`None`: the implicit
+    /// Its name in the access log: `config::Route::name` (`None`: the implicit
     /// catch-all of a VIP's own farm, logged under the VIP's name).
     pub label: Option<std::sync::Arc<str>>,
 }

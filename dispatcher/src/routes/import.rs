@@ -24,6 +24,7 @@
 //! io_timeout = "900s"                # ServerIOTimeout, when set
 //!
 //! [[route]]                      # one per Route and distinct (cookie, url_parameter) of its UriGroup
+//! name = "shop_host_shop_cluster_URIs"  # its UriGroup (see route_name): as the agent names it
 //! hosts = ["*:80"]               # the VirtualHostGroup's VirtualHost names
 //! uris = ["/shop/*", "*.jsp"]
 //! farm = "shop_cluster"
@@ -38,7 +39,7 @@
 use std::{collections::BTreeSet, fmt::Write};
 
 use super::{
-    plugin_cfg::{LoadBalance, PluginConfig, Protocol, Server, ServerCluster, Uri, UriGroup},
+    plugin_cfg::{LoadBalance, PluginConfig, Protocol, Resolved, Server, ServerCluster, Uri, UriGroup},
     HostPattern,
 };
 
@@ -83,6 +84,24 @@ pub fn by_affinity(group: &UriGroup) -> Vec<((&str, &str), Vec<&Uri>)> {
         }
     }
     out
+}
+
+/// The name of a Route's route (of its `cookie`'s URIs when its UriGroup has several
+/// cookie names): the UriGroup's name, with `.<VirtualHostGroup>` when another Route
+/// uses the group, and `.<cookie>`; characters a name may not have become `_` (so the
+/// printed TOML's names pass `check` as they are).
+pub fn route_name(r: &Resolved, cookie: Option<&str>) -> String {
+    let safe = |n: &str| -> String {
+        n.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect()
+    };
+    let mut name = safe(&r.route.uri_group);
+    if r.group_shared {
+        name = format!("{name}.{}", safe(&r.route.virtual_host_group));
+    }
+    if let Some(c) = cookie {
+        name = format!("{name}.{}", safe(c));
+    }
+    name
 }
 
 /// The primary servers: `PrimaryServers`, or every server not in `BackupServers`.
@@ -228,14 +247,18 @@ fn farms(w: &mut String, cfg: &PluginConfig) {
 
 /// One `[[route]]` per Route and distinct (cookie, URL parameter) of its UriGroup.
 fn routes(w: &mut String, cfg: &PluginConfig) {
-    for super::plugin_cfg::Resolved { route: r, hosts, uris: group, .. } in cfg.resolved_routes() {
-        for ((cookie, param), uris) in by_affinity(group) {
+    for resolved in cfg.resolved_routes() {
+        let (r, hosts, group) = (resolved.route, resolved.hosts, resolved.uris);
+        let pairs = by_affinity(group);
+        let several = pairs.len() > 1;
+        for ((cookie, param), uris) in pairs {
             let uris = uris.into_iter().map(|u| u.name.as_str());
             let _ = writeln!(
                 w,
                 "\n[[route]]    # line {}: UriGroup {:?}, VirtualHostGroup {:?}",
                 r.line, group.name, hosts.name
             );
+            let _ = writeln!(w, "name = {}", q(&route_name(&resolved, several.then_some(cookie))));
             let _ = writeln!(w, "hosts = {}", list(hosts.hosts.iter().map(String::as_str)));
             let _ = writeln!(w, "uris = {}", list(uris));
             let _ = writeln!(w, "farm = {}", q(&r.server_cluster));
@@ -315,6 +338,17 @@ mod tests {
         assert_eq!(strings(&routes[2]["uris"]), ["/admin/*", "/admin/*.do"]);
         assert_eq!(strings(&routes[3]["uris"]), ["/*"]);
         assert_eq!(routes[3]["farm"].as_str(), Some("portal_cluster"));
+        // The names the agent gives the file's routes, so a takeover keeps its metrics.
+        let names: Vec<&str> = routes.iter().map(|r| r["name"].as_str().unwrap()).collect();
+        assert_eq!(
+            names,
+            [
+                "shop_host_shop_cluster_URIs.JSESSIONID",
+                "shop_host_shop_cluster_URIs.SHOPSESSION",
+                "admin_host_admin_cluster_URIs",
+                "default_host_portal_cluster_URIs"
+            ]
+        );
     }
 
     #[test]

@@ -135,9 +135,14 @@ impl PluginConfig {
         let hosts = index(&self.virtual_host_groups, |g| &g.name);
         let uris = index(&self.uri_groups, |g| &g.name);
         let clusters = index(&self.server_clusters, |c| &c.name);
+        let mut uses: HashMap<&str, usize> = HashMap::new();
+        for r in &self.routes {
+            *uses.entry(r.uri_group.as_str()).or_default() += 1;
+        }
         self.routes.iter().filter_map(move |r| {
             Some(Resolved {
                 route: r,
+                group_shared: uses.get(r.uri_group.as_str()).is_some_and(|&n| n > 1),
                 hosts: &self.virtual_host_groups[*hosts.get(r.virtual_host_group.as_str())?],
                 uris: &self.uri_groups[*uris.get(r.uri_group.as_str())?],
                 cluster: *clusters.get(r.server_cluster.as_str())?,
@@ -150,6 +155,8 @@ impl PluginConfig {
 /// `server_clusters`).
 pub struct Resolved<'a> {
     pub route: &'a Route,
+    /// Another Route uses its UriGroup too.
+    pub group_shared: bool,
     pub hosts: &'a VirtualHostGroup,
     pub uris: &'a UriGroup,
     pub cluster: usize,

@@ -312,8 +312,18 @@ impl Ctx<'_> {
         let cookie = self.session_name(&r.cookie, &field("cookie"), &http.cookie_name);
         let url_parameter = self.session_name(&r.url_parameter, &field("url_parameter"), &http.url_parameter);
         let strings = |l: Names| l.get_ref().iter().map(|s| s.get_ref().clone()).collect();
+        let name = match &r.name {
+            Some(n) => {
+                if let Err(e) = check_name(n.get_ref()) {
+                    self.report(n.span(), &field("name"), format!("a route name {e}"));
+                }
+                n.get_ref().clone()
+            }
+            None => format!("route{i}"),
+        };
         (hosts && uris).then_some(())?;
         Some(Route {
+            name,
             vips: on?,
             hosts: strings(&r.hosts),
             uris: strings(&r.uris),
@@ -447,6 +457,36 @@ impl Ctx<'_> {
         }
     }
 
+    /// Route names unique: the TOML's `name`s are refused when used twice; a file's route
+    /// whose name is taken gets `-2`, `-3`... (the file's names are not the operator's).
+    pub(super) fn route_names(&self, routes: &mut [Route], labels: &[RouteLabel], toml: usize) {
+        let mut seen = HashSet::new();
+        for (i, r) in routes.iter_mut().enumerate() {
+            if i < toml {
+                if !seen.insert(r.name.clone()) {
+                    self.label_error(
+                        &labels[i],
+                        format!("{}: the route name `{}` is used twice", labels[i].name, r.name),
+                    );
+                }
+                continue;
+            }
+            let base = r.name.clone();
+            let mut n = 1;
+            while !seen.insert(r.name.clone()) {
+                n += 1;
+                r.name = format!("{base}-{n}");
+            }
+        }
+    }
+
+    /// An error at a route's `file:line`.
+    fn label_error(&self, label: &RouteLabel, message: String) {
+        let (file, line) = label.at.rsplit_once(':').unwrap_or((&label.at, "1"));
+        let line = line.parse().unwrap_or(1);
+        self.errors.borrow_mut().push(ConfigError::Invalid { file: file.into(), line, message });
+    }
+
     /// An implicit farm is named after its VIP: no `[[farm]]` may have that name.
     pub(super) fn implicit_names(&self, raw: &[Spanned<RawFarm>], farms: &[Farm]) {
         for (i, f) in raw.iter().enumerate() {
@@ -482,16 +522,14 @@ impl Ctx<'_> {
             let table = match routes::Table::new(&table) {
                 Ok(t) => t,
                 Err(routes::PatternError::TooLarge { route }) => {
-                    let at = &labels[on[route]].at;
-                    let (file, line) = at.rsplit_once(':').unwrap_or((at, "1"));
+                    let label = &labels[on[route]];
                     let message = format!(
                         "VIP `{}`: {}: with the routes before it, more than {} (virtual host, URI pattern) pairs",
                         v.name,
-                        labels[on[route]].name,
+                        label.name,
                         routes::MAX_PAIRS
                     );
-                    let line = line.parse().unwrap_or(1);
-                    self.errors.borrow_mut().push(ConfigError::Invalid { file: file.into(), line, message });
+                    self.label_error(label, message);
                     continue;
                 }
                 // Each pattern was checked where it was written.

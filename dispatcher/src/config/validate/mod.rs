@@ -143,11 +143,13 @@ impl Ctx<'_> {
         }
         self.replicas_in_farm(&raw.backends, &backends, &farms);
         let (mut routes, mut labels) = self.routes(&raw.routes, &vips, &farms, &http);
+        let toml_routes = routes.len();
         if let Some(p) = &plugin {
             let (r, l) = self.plugin_routes(p, &vips, &farms);
             routes.extend(r);
             labels.extend(l);
         }
+        self.route_names(&mut routes, &labels, toml_routes);
         self.routed_vips(&raw.vips, &mut vips, &routed, &farms, &routes);
         self.routed_loops(&raw.vips, &vips, &backends, &farms, &routes);
         self.routing_warnings(&vips, &farms, &routes, &labels);
@@ -233,6 +235,7 @@ fn implicit_farms(
             continue;
         }
         routes.push(Route {
+            name: v.name.clone(),
             vips: vec![i],
             hosts: vec!["*:*".into()],
             uris: vec!["/*".into()],

@@ -19,7 +19,7 @@ use std::{collections::HashMap, io::Read, net::Ipv4Addr};
 
 use super::{farms::RouteLabel, farms::Taken, http::is_token, *};
 use crate::routes::{
-    import::{by_affinity, farm_port, primaries, transport},
+    import::{by_affinity, farm_port, primaries, route_name, transport},
     plugin_cfg::{self, LoadBalance, PluginConfig, Server},
 };
 
@@ -365,7 +365,8 @@ impl Ctx<'_> {
         for (i, f) in farms.iter().enumerate() {
             farm_named.entry(f.name.as_str()).or_insert(i);
         }
-        for crate::routes::plugin_cfg::Resolved { route: r, hosts, uris, .. } in p.cfg.resolved_routes() {
+        for resolved in p.cfg.resolved_routes() {
+            let (r, hosts, uris) = (resolved.route, resolved.hosts, resolved.uris);
             let Some(&farm) = farm_named.get(r.server_cluster.as_str()) else { continue };
             if on.is_empty() {
                 self.report(
@@ -388,9 +389,13 @@ impl Ctx<'_> {
                     }
                 }
             }
-            for ((cookie, param), list) in by_affinity(uris) {
+            let pairs = by_affinity(uris);
+            let several = pairs.len() > 1;
+            for ((cookie, param), list) in pairs {
+                let name = route_name(&resolved, several.then_some(cookie));
                 let uris = list.into_iter().map(|u| u.name.clone()).collect();
                 routes.push(Route {
+                    name,
                     vips: on.clone(),
                     hosts: hosts.hosts.clone(),
                     uris,

@@ -364,6 +364,17 @@ fn plugin_config_becomes_backends_farms_and_routes() {
     assert_eq!((c.farms[1].balance, c.farms[2].port), (Balance::Random, Some(9443)));
 
     assert_eq!(c.routes.len(), 4, "the shop route split by its two cookie names");
+    let names: Vec<&str> = c.routes.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "shop_host_shop_cluster_URIs.JSESSIONID",
+            "shop_host_shop_cluster_URIs.SHOPSESSION",
+            "admin_host_admin_cluster_URIs",
+            "default_host_portal_cluster_URIs"
+        ],
+        "the UriGroup's name, with the cookie where the group has several"
+    );
     let r = &c.routes[1];
     assert_eq!(
         (r.uris.clone(), r.cookie.as_str(), r.url_parameter.as_str()),
@@ -541,4 +552,61 @@ fn plugin_vips_names_the_vips_the_files_routes_apply_to() {
     let alone = WITH_PLUGIN.replace("plugin_config = \"plugin-cfg.xml\"\n", "plugin_vips = [\"web\"]\n");
     let e = Config::parse(&alone, &toml).unwrap_err().to_string();
     assert!(e.contains(":5: http.plugin_vips: the VIPs of a plugin_config's routes: set plugin_config too"), "{e}");
+}
+
+/// Route names: `name`, else `route<i>`; a bad or repeated TOML name is refused at its
+/// route; the name is what a reload keeps a route's counters by.
+#[test]
+fn routes_are_named_once_and_their_counters_follow_the_name() {
+    let c = Config::parse(BASE, "x.toml").unwrap();
+    let names: Vec<&str> = c.routes.iter().filter(|r| !c.farms[r.farm].implicit).map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["route0", "route1"]);
+    let named = BASE.replacen("[[route]]\nhosts", "[[route]]\nname = \"shop\"\nhosts", 1);
+    let c = Config::parse(&named, "x.toml").unwrap();
+    assert_eq!((c.routes[0].name.as_str(), c.routes[1].name.as_str()), ("shop", "route1"));
+    let twice = named.replacen("[[route]]\nvips", "[[route]]\nname = \"shop\"\nvips", 1);
+    let e = err_of(&twice);
+    let line = line_of(&twice, "[[route]]\nname = \"shop\"\nvips", "[[route]]");
+    has(&e, &format!("x.toml:{line}: route[1]: the route name `shop` is used twice"));
+    let bad = BASE.replacen("[[route]]\nhosts", "[[route]]\nname = \"a b\"\nhosts", 1);
+    assert!(err_of(&bad).contains("route[0].name: a route name `a b`: use letters, digits"), "{}", err_of(&bad));
+
+    // A reload that inserts a route before it: its counters go on under its name.
+    let cap = crate::capacity::Capacity::new(&c);
+    cap.routes[0].stats.requests.store(7, std::sync::atomic::Ordering::Relaxed);
+    let inserted = named.replacen("[[route]]\nname = \"shop\"", "[[route]]\nname = \"new\"\nhosts = [\"new.example\"]\nuris = [\"/*\"]\nfarm = \"admin\"\n\n[[route]]\nname = \"shop\"", 1);
+    let c2 = Config::parse(&inserted, "x.toml").unwrap();
+    assert_eq!((c2.routes[0].name.as_str(), c2.routes[1].name.as_str()), ("new", "shop"));
+    let next = cap.successor(&c2);
+    let load = |i: usize| next.routes[i].stats.requests.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!((load(0), load(1)), (0, 7));
+}
+
+/// A file's route names: a UriGroup two Routes use says each one's VirtualHostGroup; a
+/// name the TOML already took gets `-2`; characters outside a name's become `_`.
+#[test]
+fn a_files_route_names_are_made_unique() {
+    let dir = Dir::new("routenames");
+    let xml = r#"<?xml version="1.0"?>
+<Config>
+<VirtualHostGroup Name="v one"><VirtualHost Name="*:80"/></VirtualHostGroup>
+<VirtualHostGroup Name="v2"><VirtualHost Name="b.example:80"/></VirtualHostGroup>
+<ServerCluster Name="c1"><Server Name="x1" CloneID="x1"><Transport Hostname="10.0.5.1" Port="9080" Protocol="http"/></Server></ServerCluster>
+<UriGroup Name="app URIs"><Uri Name="/app/*"/></UriGroup>
+<UriGroup Name="solo"><Uri Name="/solo/*"/></UriGroup>
+<Route ServerCluster="c1" UriGroup="app URIs" VirtualHostGroup="v one"/>
+<Route ServerCluster="c1" UriGroup="app URIs" VirtualHostGroup="v2"/>
+<Route ServerCluster="c1" UriGroup="solo" VirtualHostGroup="v2"/>
+</Config>
+"#;
+    dir.write("plugin-cfg.xml", xml.as_bytes());
+    let text = "[dispatcher]\ninterface = \"eth0\"\n\n[http]\nplugin_config = \"plugin-cfg.xml\"\n\n\
+                [[vip]]\nname = \"web\"\naddress = \"10.0.100.1\"\nport = 80\nmode = \"http\"\n\n\
+                [[backend]]\nname = \"x1\"\naddress = \"10.0.5.1\"\n\n\
+                [[route]]\nname = \"solo\"\nhosts = [\"*\"]\nuris = [\"/own/*\"]\nfarm = \"c1\"\n";
+    let toml = dir.write("dispatcher.toml", text.as_bytes());
+    let c = Config::load(std::path::Path::new(&toml)).unwrap_or_else(|e| panic!("{e}"));
+    let names: Vec<&str> = c.routes.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["solo", "app_URIs.v_one", "app_URIs.v2", "solo-2"]);
+    assert!(names.iter().all(|n| super::super::checks::check_name(n).is_ok()), "as a TOML name would be");
 }
