@@ -177,3 +177,27 @@ impl Drop for IdleSlot {
         self.0.count.fetch_sub(1, Ordering::Relaxed);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reload that inserts a route before a named one: its counters go on under its
+    /// name, and the new route starts from zero.
+    #[test]
+    fn a_routes_counters_follow_its_name_across_a_reload() {
+        let base = "[dispatcher]\ninterface = \"eth0\"\n[[backend]]\nname = \"a\"\naddress = \"10.0.0.1\"\n\
+                    [[vip]]\nname = \"web\"\naddress = \"10.0.100.1\"\nport = 80\nmode = \"http\"\n\
+                    [[farm]]\nname = \"f\"\nservers = [\"a\"]\n";
+        let shop = "[[route]]\nname = \"shop\"\nhosts = [\"*\"]\nuris = [\"/shop/*\"]\nfarm = \"f\"\n";
+        let new = "[[route]]\nname = \"new\"\nhosts = [\"*\"]\nuris = [\"/new/*\"]\nfarm = \"f\"\n";
+        let before = Config::parse(&format!("{base}{shop}"), "t").unwrap();
+        let cap = Capacity::new(&before);
+        cap.routes[0].stats.requests.store(7, Ordering::Relaxed);
+        let after = Config::parse(&format!("{base}{new}{shop}"), "t").unwrap();
+        assert_eq!((after.routes[0].name.as_str(), after.routes[1].name.as_str()), ("new", "shop"));
+        let next = cap.successor(&after);
+        let load = |i: usize| next.routes[i].stats.requests.load(Ordering::Relaxed);
+        assert_eq!((load(0), load(1)), (0, 7));
+    }
+}

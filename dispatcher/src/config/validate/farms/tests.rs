@@ -555,9 +555,9 @@ fn plugin_vips_names_the_vips_the_files_routes_apply_to() {
 }
 
 /// Route names: `name`, else `route<i>`; a bad or repeated TOML name is refused at its
-/// route; the name is what a reload keeps a route's counters by.
+/// route (the counters follow the name: `capacity`'s tests).
 #[test]
-fn routes_are_named_once_and_their_counters_follow_the_name() {
+fn routes_are_named_once() {
     let c = Config::parse(BASE, "x.toml").unwrap();
     let names: Vec<&str> = c.routes.iter().filter(|r| !c.farms[r.farm].implicit).map(|r| r.name.as_str()).collect();
     assert_eq!(names, ["route0", "route1"]);
@@ -570,16 +570,6 @@ fn routes_are_named_once_and_their_counters_follow_the_name() {
     has(&e, &format!("x.toml:{line}: route[1]: the route name `shop` is used twice"));
     let bad = BASE.replacen("[[route]]\nhosts", "[[route]]\nname = \"a b\"\nhosts", 1);
     assert!(err_of(&bad).contains("route[0].name: a route name `a b`: use letters, digits"), "{}", err_of(&bad));
-
-    // A reload that inserts a route before it: its counters go on under its name.
-    let cap = crate::capacity::Capacity::new(&c);
-    cap.routes[0].stats.requests.store(7, std::sync::atomic::Ordering::Relaxed);
-    let inserted = named.replacen("[[route]]\nname = \"shop\"", "[[route]]\nname = \"new\"\nhosts = [\"new.example\"]\nuris = [\"/*\"]\nfarm = \"admin\"\n\n[[route]]\nname = \"shop\"", 1);
-    let c2 = Config::parse(&inserted, "x.toml").unwrap();
-    assert_eq!((c2.routes[0].name.as_str(), c2.routes[1].name.as_str()), ("new", "shop"));
-    let next = cap.successor(&c2);
-    let load = |i: usize| next.routes[i].stats.requests.load(std::sync::atomic::Ordering::Relaxed);
-    assert_eq!((load(0), load(1)), (0, 7));
 }
 
 /// A file's route names: a UriGroup two Routes use says each one's VirtualHostGroup; a
