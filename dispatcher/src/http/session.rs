@@ -135,6 +135,7 @@ pub fn find<'a>(
 /// As [`find`] when a request carries several session cookies of one name (a domain
 /// cookie and a host cookie): the one of lowest `rank` (0 is the best, and ends the
 /// search), the first in order among equals; the URL parameter when no cookie is usable.
+/// `rank` is called only when there are two or more (one cookie costs nothing more).
 pub fn find_ranked<'a>(
     cookie_headers: impl Iterator<Item = &'a [u8]>,
     target: &'a [u8],
@@ -143,16 +144,24 @@ pub fn find_ranked<'a>(
     format: SessionFormat,
     rank: impl Fn(&SessionId) -> u8,
 ) -> Option<SessionId<'a>> {
-    let mut best: Option<(u8, SessionId<'a>)> = None;
-    for s in cookie_headers.flat_map(|h| cookies(h, cookie_name).filter_map(|v| parse_as(v, format))) {
-        let r = rank(&s);
-        if best.as_ref().is_none_or(|(b, _)| r < *b) {
-            best = Some((r, s));
-            if r == 0 {
-                break;
+    let mut found = cookie_headers.flat_map(|h| cookies(h, cookie_name).filter_map(|v| parse_as(v, format)));
+    let best = match (found.next(), found.next()) {
+        (None, _) => None,
+        (Some(only), None) => return Some(only),
+        (Some(first), Some(second)) => {
+            let mut best = (rank(&first), first);
+            for s in std::iter::once(second).chain(found) {
+                if best.0 == 0 {
+                    break;
+                }
+                let r = rank(&s);
+                if r < best.0 {
+                    best = (r, s);
+                }
             }
+            Some(best)
         }
-    }
+    };
     match best {
         Some((_, s)) => Some(s),
         // The URL parameter counts only when no cookie is usable.

@@ -56,10 +56,17 @@ pub(super) struct Taken {
 
 /// Where a route was written, for the warnings about it.
 pub(super) struct RouteLabel {
-    /// `file:line`
-    pub(super) at: String,
+    pub(super) file: String,
+    pub(super) line: usize,
     /// `route[3]`, or the plugin-cfg.xml's `Route` and its cookie.
     pub(super) name: String,
+}
+
+impl RouteLabel {
+    /// `file:line`
+    fn at(&self) -> String {
+        format!("{}:{}", self.file, self.line)
+    }
 }
 
 /// A forwarding HTTP VIP (not a redirecting one).
@@ -216,8 +223,8 @@ impl Ctx<'_> {
             let span = r.span();
             if let Some(route) = self.route(i, r.get_ref(), span.clone(), vips, farms, http) {
                 routes.push(route);
-                let at = format!("{}:{}", self.file, self.line(span.start));
-                labels.push(RouteLabel { at, name: format!("route[{i}]") });
+                let (file, line) = (self.file.to_string(), self.line(span.start));
+                labels.push(RouteLabel { file, line, name: format!("route[{i}]") });
             }
         }
         (routes, labels)
@@ -482,9 +489,8 @@ impl Ctx<'_> {
 
     /// An error at a route's `file:line`.
     fn label_error(&self, label: &RouteLabel, message: String) {
-        let (file, line) = label.at.rsplit_once(':').unwrap_or((&label.at, "1"));
-        let line = line.parse().unwrap_or(1);
-        self.errors.borrow_mut().push(ConfigError::Invalid { file: file.into(), line, message });
+        let (file, line) = (label.file.clone(), label.line);
+        self.errors.borrow_mut().push(ConfigError::Invalid { file, line, message });
     }
 
     /// An implicit farm is named after its VIP: no `[[farm]]` may have that name.
@@ -543,11 +549,11 @@ impl Ctx<'_> {
             let (l, b) = (&labels[j], &labels[by]);
             self.warn(format!(
                 "{}: {}: can never win (VIP {}): each of its virtual hosts and URIs is matched first by {} ({})",
-                l.at,
+                l.at(),
                 l.name,
                 on.join(", "),
                 b.name,
-                b.at
+                b.at()
             ));
         }
         for (k, f) in farms.iter().enumerate().filter(|(_, f)| !f.implicit) {

@@ -404,7 +404,8 @@ impl Ctx<'_> {
                     url_parameter: param.to_string(),
                 });
                 labels.push(RouteLabel {
-                    at: format!("{}:{}", p.shown, r.line),
+                    file: p.shown.clone(),
+                    line: r.line as usize,
                     name: format!("Route (UriGroup {:?}, cookie {cookie})", r.uri_group),
                 });
             }
