@@ -64,6 +64,8 @@ pub struct Entry {
     pub client: SocketAddr,
     /// Method, space, target (raw bytes, at most `MAX_REQUEST_LINE`).
     pub request: Box<[u8]>,
+    /// `HTTP/1.0`, `HTTP/1.1`, `HTTP/2.0`; `-` for a head that was refused.
+    pub protocol: &'static str,
     pub backend: Option<Arc<str>>,
     /// The clone ID, route or logical name the request was routed by.
     pub session: Option<Box<[u8]>>,
@@ -313,6 +315,7 @@ pub fn json(o: &mut String, e: &Entry) {
     json_str(o, e.vip.as_bytes());
     let _ = write!(o, ",\"client\":\"{}\",\"request\":", e.client);
     json_str(o, &e.request);
+    let _ = write!(o, ",\"protocol\":\"{}\"", e.protocol);
     o.push_str(",\"backend\":");
     match &e.backend {
         Some(b) => json_str(o, b.as_bytes()),
@@ -412,6 +415,10 @@ pub fn haproxy(o: &mut String, e: &Entry) {
     }
     o.push_str(" \"");
     escaped(o, &e.request);
+    if e.protocol != "-" {
+        o.push(' ');
+        o.push_str(e.protocol);
+    }
     o.push('"');
     if let (Some(farm), Some(route)) = (&e.farm, &e.route) {
         let _ = write!(o, " {farm}/{route}");
@@ -482,6 +489,7 @@ mod tests {
             vip: "app".into(),
             client: "10.99.0.2:40000".parse().unwrap(),
             request: b"GET /app/x?q=\"1\"\x01 \xff".to_vec().into(),
+            protocol: "HTTP/1.1",
             backend: Some("b0".into()),
             session: Some(b"clone0x".to_vec().into()),
             decision: Decision::FailedOver,
@@ -544,16 +552,16 @@ mod tests {
         haproxy(&mut s, &entry());
         assert_eq!(
             s,
-            "10.99.0.2:40000 [01/Dec/2026:05:30:07.250] app b0/clone0x 0/1/-1/3/4 200 512 120 failed_over,held,retried:1 \"GET /app/x?q=#221#22#01 #FF\""
+            "10.99.0.2:40000 [01/Dec/2026:05:30:07.250] app b0/clone0x 0/1/-1/3/4 200 512 120 failed_over,held,retried:1 \"GET /app/x?q=#221#22#01 #FF HTTP/1.1\""
         );
         // An implicit farm's request (no route named) ends as before; a routed one names
         // its farm and route.
         s.clear();
         haproxy(&mut s, &Entry { farm: Some("app".into()), ..entry() });
-        assert!(s.ends_with("#FF\""), "{s}");
+        assert!(s.ends_with("#FF HTTP/1.1\""), "{s}");
         s.clear();
         haproxy(&mut s, &Entry { farm: Some("shop".into()), route: Some("2".into()), ..entry() });
-        assert!(s.ends_with("#FF\" shop/2"), "{s}");
+        assert!(s.ends_with("#FF HTTP/1.1\" shop/2"), "{s}");
     }
 
     #[test]

@@ -183,6 +183,33 @@ fn escape(v: &str) -> std::borrow::Cow<'_, str> {
 /// `Counters::conn_refused_by` (and `http::listener::Cap`).
 pub const CONN_REFUSED_REASONS: [&str; 4] = ["global", "vip", "source_connections", "source_rate"];
 
+/// The `protocol` label: HTTP/1.x, HTTP/2 (indexed by `http::Protocol`).
+pub const PROTOCOLS: [&str; 2] = ["h1", "h2"];
+
+/// The `reason` label of HTTP/2 resets: the error codes of RFC 9113 7 by name, indexed
+/// by code (`other` for a code past the table).
+pub const H2_ERRORS: [&str; 15] = [
+    "no_error",
+    "protocol_error",
+    "internal_error",
+    "flow_control_error",
+    "settings_timeout",
+    "stream_closed",
+    "frame_size_error",
+    "refused_stream",
+    "cancel",
+    "compression_error",
+    "connect_error",
+    "enhance_your_calm",
+    "inadequate_security",
+    "http_1_1_required",
+    "other",
+];
+
+/// The `reason` label of the GOAWAYs the dispatcher sends, indexed by `http::h2::GoAway`.
+pub const H2_GOAWAY_REASONS: [&str; 7] =
+    ["stop", "leave", "idle", "rapid_reset", "control_flood", "protocol_error", "enhance_your_calm"];
+
 /// One declared counter or gauge: its family, its `GET /status` key and, for a labelled
 /// one (an array of atomics), the label and its values in index order.
 #[derive(Debug)]
@@ -316,6 +343,26 @@ counters! {
     in_flight: gauge "dispatcher_requests_in_flight" => in_flight, "Requests in flight to any backend.";
     retries_in_flight: gauge "dispatcher_retries_in_flight" => retries_in_flight,
         "Retries among the requests in flight (the retry budget's share).";
+    /// HTTP requests and client connections by the protocol the client spoke.
+    requests_by_protocol: counter "dispatcher_http_requests_by_protocol_total" [protocol = PROTOCOLS]
+        => requests_by_protocol, "HTTP requests by the protocol the client spoke (h1: HTTP/1.x, h2: HTTP/2 streams).";
+    connections_by_protocol: counter "dispatcher_http_client_connections_by_protocol_total" [protocol = PROTOCOLS]
+        => connections_by_protocol, "HTTP client connections served, by the protocol they spoke (ALPN or prior knowledge).";
+    h2_connections_open: gauge "dispatcher_h2_connections_open" => h2_connections_open,
+        "HTTP/2 client connections open now.";
+    h2_streams_in_flight: gauge "dispatcher_h2_streams_in_flight" => h2_streams_in_flight,
+        "HTTP/2 streams (requests) in flight now.";
+    /// RST_STREAM frames by error code, as sent to clients and as received from them.
+    h2_resets_sent: counter "dispatcher_h2_resets_sent_total" [reason = H2_ERRORS] => h2_resets_sent,
+        "HTTP/2 streams the dispatcher reset (RST_STREAM sent), by error code.";
+    h2_resets_received: counter "dispatcher_h2_resets_received_total" [reason = H2_ERRORS] => h2_resets_received,
+        "HTTP/2 streams clients reset (RST_STREAM received), by error code.";
+    /// GOAWAYs sent, by why (`H2_GOAWAY_REASONS`).
+    h2_goaways: counter "dispatcher_h2_goaways_total" [reason = H2_GOAWAY_REASONS] => h2_goaways,
+        "HTTP/2 connections the dispatcher ended with GOAWAY, by why (stop/leave/idle: graceful; the others: a bound was hit).";
+    /// Streams refused before anything was forwarded (translation rules, CONNECT).
+    h2_refused: counter "dispatcher_h2_requests_refused_total" => h2_refused,
+        "HTTP/2 requests answered by the dispatcher without forwarding (CONNECT, a malformed translation).";
 }
 
 impl Counters {

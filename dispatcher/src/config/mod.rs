@@ -471,6 +471,35 @@ pub struct HttpSettings {
     /// `plugin_refresh`: how often the agent looks for a change of `plugin_config`
     /// (default: the file's `RefreshInterval`, else 60 s; 1 s to 1 h).
     pub plugin_refresh: Duration,
+    /// HTTP/2 clients' bounds (`h2_*`).
+    pub h2: H2Settings,
+}
+
+/// `[http] h2_*`: what one HTTP/2 client connection may ask of the dispatcher.
+#[derive(Clone, Debug, PartialEq)]
+pub struct H2Settings {
+    /// Streams open at once (SETTINGS_MAX_CONCURRENT_STREAMS).
+    pub max_concurrent_streams: u32,
+    /// Each stream's receive window (SETTINGS_INITIAL_WINDOW_SIZE), bytes: what a client
+    /// may send of a request body before the dispatcher has passed it on.
+    pub initial_window_size: u32,
+    /// Streams the client may reset per second (CVE-2023-44487, "rapid reset"); a burst
+    /// of twice that, then GOAWAY.
+    pub max_resets_per_second: u32,
+    /// SETTINGS, PING, PRIORITY, RST_STREAM, empty DATA and needless WINDOW_UPDATE frames
+    /// per second; a burst of twice that, then GOAWAY.
+    pub max_control_frames_per_second: u32,
+}
+
+impl Default for H2Settings {
+    fn default() -> Self {
+        H2Settings {
+            max_concurrent_streams: 100,
+            initial_window_size: 65_535,
+            max_resets_per_second: 100,
+            max_control_frames_per_second: 200,
+        }
+    }
 }
 
 impl Default for HttpSettings {
@@ -508,6 +537,7 @@ impl Default for HttpSettings {
             tls_session_cache: 20_000,
             plugin_config: None,
             plugin_refresh: Duration::from_secs(60),
+            h2: H2Settings::default(),
         }
     }
 }
@@ -620,6 +650,11 @@ pub struct HttpVip {
     /// HAProxy's `cookie NAME insert`: requests without a session are kept on one backend
     /// by a cookie of this name the dispatcher sets (its value: the backend's name).
     pub insert_cookie: Option<String>,
+    /// An HTTPS VIP offers `h2` by ALPN (preferred to `http/1.1`).
+    pub http2: bool,
+    /// A plain VIP serves a connection that opens with the HTTP/2 preface as HTTP/2
+    /// (prior knowledge, RFC 9113 3.3).
+    pub h2c: bool,
 }
 
 /// `[vip.tls]`: the certificates an HTTPS VIP presents and its handshake rules.

@@ -149,6 +149,10 @@ pub(super) struct RawHttp {
     pub(super) plugin_config: Option<Spanned<String>>,
     pub(super) plugin_refresh: Option<Spanned<String>>,
     pub(super) plugin_vips: Option<Spanned<Vec<Spanned<String>>>>,
+    pub(super) h2_max_concurrent_streams: Option<Spanned<usize>>,
+    pub(super) h2_initial_window_size: Option<Spanned<usize>>,
+    pub(super) h2_max_resets_per_second: Option<Spanned<usize>>,
+    pub(super) h2_max_control_frames_per_second: Option<Spanned<usize>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -208,6 +212,8 @@ pub(super) struct RawVip {
     pub(super) fail_back: Option<Spanned<bool>>,
     pub(super) session_format: Option<Spanned<String>>,
     pub(super) insert_cookie: Option<Spanned<String>>,
+    pub(super) http2: Option<Spanned<bool>>,
+    pub(super) h2c: Option<Spanned<bool>>,
     pub(super) slow_start: Option<Spanned<String>>,
 }
 

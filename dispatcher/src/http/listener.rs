@@ -232,7 +232,7 @@ fn vip_shared(
         let ports = reached(cfg, &routes, h.backend_port);
         let tls = match &h.tls {
             Some(t) => Some(Arc::new(
-                ServerTls::load(t, &cfg.http, handshakes.clone(), capacity.vips[i].tls.clone())
+                ServerTls::load(t, h.http2, &cfg.http, handshakes.clone(), capacity.vips[i].tls.clone())
                     .map_err(|e| fail(v, e))?,
             )),
             None => None,
@@ -312,6 +312,7 @@ fn worker_vips(
             redirect: h.redirect_to.clone(),
             log: sh.log.clone(),
             ownership: sh.ownership.clone(),
+            h2c: h.h2c,
             persist: h.insert_cookie.as_ref().map(|name| {
                 // The backends its routes reach (an implicit farm's: the VIP's own).
                 let reached = (0..cfg.backends.len()).filter(|&b| sh.ports[b].is_some());
@@ -892,5 +893,133 @@ backends = ["s1"]
         assert_eq!(load(&capacity.farms[1].stats.requests), 1 + 3);
         assert_eq!(load(&capacity.farms[1].stats.balanced), 1 + 3);
         assert_eq!(load(&shop_stats.misroutes) + load(&capacity.farms[1].stats.misroutes), 0);
+    }
+}
+
+#[cfg(test)]
+mod h2_tests {
+    //! HTTP/2 by prior knowledge on loopback: each stream of one connection follows its
+    //! own session, as an HTTP/1.1 request would.
+
+    use super::*;
+    use crate::{config::Config, http::Protocol};
+    use dispatcher_common::{Health, Operator};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    const CFG: &str = r#"
+[dispatcher]
+interface = "eth0"
+[[backend]]
+name = "s1"
+address = "10.0.0.1"
+clone_ids = ["c1"]
+replica = "s2"
+[[backend]]
+name = "s2"
+address = "10.0.0.2"
+clone_ids = ["c2"]
+replica = "s1"
+[[vip]]
+name = "web"
+address = "10.0.100.1"
+port = 80
+mode = "http"
+backends = ["s1", "s2"]
+h2c = true
+"#;
+
+    /// A backend answering with its name and the request head it got.
+    async fn backend(name: &'static str) -> u16 {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    loop {
+                        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                            match s.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                        }
+                        let end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+                        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                        buf.drain(..end);
+                        let body = format!("{name}\n{head}");
+                        let answer = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+                        if s.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        port
+    }
+
+    #[tokio::test]
+    async fn streams_of_one_connection_follow_their_own_sessions() {
+        let mut cfg = Config::parse(CFG, "t").unwrap();
+        for (b, name) in cfg.backends.iter_mut().zip(["s1", "s2"]) {
+            b.address = std::net::Ipv4Addr::LOCALHOST;
+            b.port = Some(backend(name).await);
+        }
+        cfg.vips[0].address = std::net::Ipv4Addr::LOCALHOST.into();
+        cfg.vips[0].port = 0;
+        let servers = Arc::new(Servers::new(&cfg, &[Health::Up; 2], &[Operator::None; 2], None));
+        let capacity = Arc::new(Capacity::new(&cfg));
+        let shared = vip_shared(&cfg, &capacity, None, &Arc::new(Ownership::default())).unwrap();
+        let (ctx, listener) = worker_vips(&cfg, &servers, &capacity, &shared, Vec::new()).unwrap().remove(0);
+        let addr = listener.local_addr().unwrap();
+        let (_stop_tx, stop) = watch::channel(false);
+        tokio::spawn(async move {
+            while let Ok((stream, peer)) = listener.accept().await {
+                tokio::spawn(serve(ctx.clone(), stream, peer, stop.clone()));
+            }
+        });
+
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+        tokio::spawn(conn);
+        let ask = |cookies: &'static [&'static str]| {
+            let mut client = client.clone();
+            async move {
+                let mut req = http::Request::builder().uri("http://shop.example/cart");
+                for c in cookies {
+                    req = req.header("cookie", *c);
+                }
+                client = client.ready().await.unwrap();
+                let (res, _) = client.send_request(req.body(()).unwrap(), true).unwrap();
+                let res = res.await.unwrap();
+                let status = res.status().as_u16();
+                let mut body = res.into_body();
+                let mut text = Vec::new();
+                while let Some(d) = body.data().await {
+                    let d = d.unwrap();
+                    let _ = body.flow_control().release_capacity(d.len());
+                    text.extend_from_slice(&d);
+                }
+                (status, String::from_utf8(text).unwrap())
+            }
+        };
+        // Two sessions on one connection, at once; the first with its cookie split into
+        // two fields, as HTTP/2 clients send them.
+        for _ in 0..3 {
+            let ((st1, b1), (st2, b2)) = tokio::join!(
+                ask(&["theme=dark", "JSESSIONID=0000aaaa:c1"]),
+                ask(&["JSESSIONID=0000bbbb:c2; theme=light"])
+            );
+            assert_eq!((st1, st2), (200, 200));
+            assert!(b1.starts_with("s1\nGET /cart HTTP/1.1\r\n"), "{b1}");
+            assert!(b1.contains("Cookie: theme=dark; JSESSIONID=0000aaaa:c1\r\n"), "{b1}");
+            assert!(b1.contains("Host: shop.example\r\n"), "{b1}");
+            assert!(b2.starts_with("s2\n"), "{b2}");
+        }
+        let counters = &servers.counters;
+        assert_eq!(counters.requests_by_protocol[Protocol::H2 as usize].load(Ordering::Relaxed), 6);
+        assert_eq!(counters.connections_by_protocol[Protocol::H2 as usize].load(Ordering::Relaxed), 1);
+        assert_eq!(counters.misroutes.load(Ordering::Relaxed), 0);
     }
 }

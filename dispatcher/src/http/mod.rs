@@ -7,10 +7,12 @@
 //! session's owner is suspect, `retry` says what may be replayed, `tunnel` carries
 //! upgraded connections. The HTTP/1.1 messages themselves (heads, bodies, the forwarded
 //! heads, the bytes of an answer of our own, a connection's plain or TLS halves) are the
-//! codec's (`http1`).
+//! codec's (`http1`). `h2` serves HTTP/2 clients: each stream is translated into an
+//! HTTP/1.1 exchange that `proxy` serves like any other.
 
 pub mod answer;
 pub mod attempt;
+pub mod h2;
 pub mod hold;
 pub mod listener;
 pub mod persist;
@@ -21,6 +23,14 @@ pub mod retry;
 pub mod route;
 pub mod session;
 pub mod tunnel;
+
+/// The HTTP a client connection speaks (the access log's protocol, the `protocol`
+/// label: `metrics::PROTOCOLS`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    H1 = 0,
+    H2 = 1,
+}
 
 /// Decrements a gauge when dropped.
 pub(crate) struct Counted<'a>(&'a std::sync::atomic::AtomicU64);

@@ -24,7 +24,7 @@ use super::{
     respond::{closes, deliver, forward_interim, inline_small_body, upgrade, Undelivered},
     retry::{is_idempotent, Retries},
     route::{Decision, RouteCtx, VipRoutes},
-    session, Counted,
+    session, Counted, Protocol,
 };
 use crate::capacity::queue::{Refused, Slot};
 use crate::http1::{
@@ -75,6 +75,8 @@ pub struct VipCtx {
     pub persist: Option<super::persist::Persist>,
     /// Whether this dispatcher keeps a connection after its response (steering, leave).
     pub ownership: Arc<crate::steering::Ownership>,
+    /// A plain VIP that serves HTTP/2 by prior knowledge (`h2c`).
+    pub h2c: bool,
 }
 
 /// After the listener stops: how long an idle keep-alive client has to send its next
@@ -222,13 +224,15 @@ fn owned_by<'a>(c: &Servers, s: &session::SessionId<'a>, backend: usize) -> Opti
 impl LogTo {
     /// `request`: the request line as logged (`request_line`, or `<BADREQ>` for a head
     /// that was refused).
-    fn entry(&self, t: &Trace, request: Box<[u8]>, client: SocketAddr, bytes_in: u64, bytes_out: u64) {
+    fn entry(&self, t: &Trace, (request, protocol): (Box<[u8]>, &'static str), client: SocketAddr, io: (u64, u64)) {
+        let (bytes_in, bytes_out) = io;
         let us = |i: Instant| i.saturating_duration_since(t.started).as_micros() as u64;
         self.sink.log(Entry {
             at: std::time::SystemTime::now() - t.started.elapsed(),
             vip: self.vip.clone(),
             client,
             request,
+            protocol,
             backend: t.backend.and_then(|b| self.backends.get(b).cloned()),
             session: t.session.clone(),
             decision: t.decision,
@@ -261,24 +265,54 @@ struct ClientConn {
     out: Vec<u8>,
     /// The header index of the head being parsed.
     scratch: Vec<Header>,
+    /// HTTP/1.x, or an HTTP/2 stream translated (the access log's protocol).
+    protocol: Protocol,
 }
 
-pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut stop: watch::Receiver<bool>) {
+/// One accepted client connection: TLS, then HTTP/2 (ALPN `h2`, or the HTTP/2 preface on
+/// an `h2c` VIP) or HTTP/1.x.
+pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, stop: watch::Receiver<bool>) {
     let _ = stream.set_nodelay(true);
     let steer_slot = crate::steering::slot_of(peer, stream.local_addr().unwrap_or(peer));
+    let counted =
+        |p: Protocol| ctx.servers.counters.connections_by_protocol[p as usize].fetch_add(1, Ordering::Relaxed);
     let (r, w, _) = match &ctx.tls {
+        None if ctx.h2c && super::h2::prior_knowledge(&stream, ctx.settings.header_timeout).await => {
+            counted(Protocol::H2);
+            let at = super::h2::At { peer, steer_slot };
+            return Box::pin(super::h2::serve(ctx, stream, at, stop)).await;
+        }
         None => crate::http1::io::split_plain(stream),
         // Boxed: the handshake's state exists only during the handshake, not in every
         // idle connection's task.
         Some(tls) => match Box::pin(tls.accept(stream)).await {
+            Some(conn) if conn.get_ref().1.alpn_protocol() == Some(b"h2") => {
+                counted(Protocol::H2);
+                let at = super::h2::At { peer, steer_slot };
+                return Box::pin(super::h2::serve(ctx, conn, at, stop)).await;
+            }
             Some(conn) => crate::http1::io::split_tls(conn),
             None => return,
         },
     };
+    counted(Protocol::H1);
+    serve_http1(ctx, (r, w), peer, steer_slot, stop, Protocol::H1).await
+}
+
+/// HTTP/1.x requests on one connection (or one HTTP/2 stream's, translated: `protocol`
+/// says which), until either side ends it.
+pub async fn serve_http1(
+    ctx: Arc<VipCtx>,
+    (r, w): (ReadSide, WriteSide),
+    peer: SocketAddr,
+    steer_slot: usize,
+    mut stop: watch::Receiver<bool>,
+    protocol: Protocol,
+) {
     // Request heads are small: 4 KiB reads (more for bodies), allocated at the first
     // read, keep many idle keep-alive clients cheap.
     let client = Inbound::with_chunk(r, 4096);
-    let mut conn = ClientConn { ctx, peer, steer_slot, client, w, out: Vec::new(), scratch: Vec::new() };
+    let mut conn = ClientConn { ctx, peer, steer_slot, client, w, out: Vec::new(), scratch: Vec::new(), protocol };
     // Each request's log lines say which of the connection's requests they are about
     // (inside the connection's span, which says the VIP and the client). At debug level
     // only: an enabled span costs about 0.4 µs per request (measured: tracing 0.1 with
@@ -293,12 +327,13 @@ pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, mut st
                 send_error(&mut conn.w, r.status, r.reason, None).await;
                 // HAProxy's `<BADREQ>`: what arrived is not a request line to show.
                 let received = conn.client.buf.len() as u64;
-                conn.log_answer(started, r.status, b"<BADREQ>"[..].into(), received, written0);
+                conn.log_answer(started, r.status, (b"<BADREQ>"[..].into(), None), received, written0);
                 return;
             }
         };
         let head_bytes = conn.client.buf.split_to(head.len);
         conn.ctx.capacity.vips[conn.ctx.vip_index].requests.fetch_add(1, Ordering::Relaxed);
+        conn.ctx.servers.counters.requests_by_protocol[protocol as usize].fetch_add(1, Ordering::Relaxed);
         if conn.ctx.redirect.is_some() {
             conn.redirect(&head, &head_bytes, head_started).await;
             return;
@@ -477,11 +512,30 @@ impl Drop for InFlight<'_> {
 impl ClientConn {
     /// Logs a request the dispatcher answered itself (a refused head, a redirect), when
     /// the VIP has an access log.
-    fn log_answer(&self, started: Instant, status: u16, request: Box<[u8]>, bytes_in: u64, written0: u64) {
+    /// `request`: the request line logged, and the head it is from (`None`: refused).
+    fn log_answer(
+        &self,
+        started: Instant,
+        status: u16,
+        request: (Box<[u8]>, Option<&RequestHead>),
+        bytes_in: u64,
+        written0: u64,
+    ) {
         if let Some(log) = &self.ctx.log {
             let mut t = Trace::new(started);
             t.status = status;
-            log.entry(&t, request, self.peer, bytes_in, self.w.written - written0);
+            let protocol = self.protocol_of(request.1);
+            log.entry(&t, (request.0, protocol), self.peer, (bytes_in, self.w.written - written0));
+        }
+    }
+
+    /// The protocol of a request as the access log names it (`-` for a refused head).
+    fn protocol_of(&self, head: Option<&RequestHead>) -> &'static str {
+        match (self.protocol, head) {
+            (Protocol::H2, _) => "HTTP/2.0",
+            (_, Some(h)) if h.minor == 0 => "HTTP/1.0",
+            (_, Some(_)) => "HTTP/1.1",
+            (_, None) => "-",
         }
     }
 
@@ -492,7 +546,7 @@ impl ClientConn {
         let written0 = self.w.written;
         let sent = write_client(&mut self.w, answer.as_bytes(), ERROR_WRITE_DEADLINE).await;
         let line = request_line(head, head_bytes);
-        self.log_answer(started, 308, line, head.len as u64, written0);
+        self.log_answer(started, 308, (line, Some(head)), head.len as u64, written0);
         if sent {
             let _ = self.w.shutdown().await;
             // What the client still sends (a body) is read and dropped for a moment,
@@ -526,14 +580,15 @@ impl ClientConn {
         // buffer and of later reads it consumed (a pipelined next request stays).
         let consumed =
             (buffered0 as u64 + (self.client.total_read - read0)).saturating_sub(self.client.buf.len() as u64);
-        log.entry(&t, request_line(head, buf), self.peer, head.len as u64 + consumed, self.w.written - written0);
+        let line = (request_line(head, buf), self.protocol_of(Some(head)));
+        log.entry(&t, line, self.peer, (head.len as u64 + consumed, self.w.written - written0));
         next
     }
 
     /// Routes and forwards one request (`buf` holds the head `head` was parsed from):
     /// the body read ahead, the routing rounds (`Rounds::forward`), then the response.
     async fn routed(&mut self, head: &RequestHead, buf: &BytesMut, closing: bool, trace: &mut Trace) -> Next {
-        let ClientConn { ctx, peer, steer_slot, client, w, out, scratch } = self;
+        let ClientConn { ctx, peer, steer_slot, client, w, out, scratch, .. } = self;
         let ctx: &VipCtx = ctx;
         let s = &ctx.settings;
         if crate::http1::rewrite::looped(head, buf) {

@@ -352,15 +352,24 @@ enum ChunkState {
 pub struct ChunkedDecoder {
     state: ChunkState,
     trailer_bytes: usize,
+    /// With `keeping_trailers`: the trailer fields that may be merged, as `name: value`
+    /// lines with CRLF (when dechunking; re-encoding keeps them in the output).
+    pub trailers: Option<Vec<u8>>,
 }
 
 impl Default for ChunkedDecoder {
     fn default() -> Self {
-        ChunkedDecoder { state: ChunkState::Size, trailer_bytes: 0 }
+        ChunkedDecoder { state: ChunkState::Size, trailer_bytes: 0, trailers: None }
     }
 }
 
 impl ChunkedDecoder {
+    /// A decoder that keeps the trailer section's fields in `trailers` (an HTTP/2
+    /// response's trailers).
+    pub fn keeping_trailers() -> Self {
+        ChunkedDecoder { trailers: Some(Vec::new()), ..Default::default() }
+    }
+
     pub fn is_done(&self) -> bool {
         self.state == ChunkState::Done
     }
@@ -439,11 +448,15 @@ impl ChunkedDecoder {
                         continue;
                     }
                     let name = check_trailer(line)?;
+                    if forbidden_trailer(name) {
+                        continue;
+                    }
                     if let (Some(o), false) = (out.as_deref_mut(), dechunk) {
-                        if !forbidden_trailer(name) {
-                            o.extend_from_slice(line);
-                            o.extend_from_slice(b"\r\n");
-                        }
+                        o.extend_from_slice(line);
+                        o.extend_from_slice(b"\r\n");
+                    } else if let Some(t) = &mut self.trailers {
+                        t.extend_from_slice(line);
+                        t.extend_from_slice(b"\r\n");
                     }
                 }
             }

@@ -12,7 +12,7 @@ use std::{
 };
 
 use tokio::{
-    io::{AsyncRead, AsyncWrite, ReadBuf},
+    io::{AsyncRead, AsyncWrite, ReadBuf, SimplexStream},
     net::{
         tcp::{OwnedReadHalf, OwnedWriteHalf},
         TcpStream,
@@ -25,6 +25,8 @@ pub type TlsConn = tokio_rustls::TlsStream<TcpStream>;
 pub enum ReadSide {
     Plain(OwnedReadHalf),
     Tls(tokio::io::ReadHalf<TlsConn>),
+    /// An in-process pipe: an HTTP/2 stream translated into HTTP/1.1 (`http::h2`).
+    Pipe(tokio::io::ReadHalf<SimplexStream>),
 }
 
 /// The write half, and how many bytes it has taken (the access log's bytes out).
@@ -36,6 +38,7 @@ pub struct WriteSide {
 enum WriteHalf {
     Plain(OwnedWriteHalf),
     Tls(tokio::io::WriteHalf<TlsConn>),
+    Pipe(tokio::io::WriteHalf<SimplexStream>),
 }
 
 /// A connection's halves and its socket's descriptor (for socket options and peeks that
@@ -50,6 +53,15 @@ pub fn split_tls(s: TlsConn) -> (ReadSide, WriteSide, RawFd) {
     let fd = s.get_ref().0.as_raw_fd();
     let (r, w) = tokio::io::split(s);
     (ReadSide::Tls(r), WriteSide { half: WriteHalf::Tls(w), written: 0 }, fd)
+}
+
+/// The HTTP/1.1 side of an HTTP/2 stream: the request pipe's read end and the response
+/// pipe's write end.
+pub fn pipe_sides(
+    requests: tokio::io::ReadHalf<SimplexStream>,
+    responses: tokio::io::WriteHalf<SimplexStream>,
+) -> (ReadSide, WriteSide) {
+    (ReadSide::Pipe(requests), WriteSide { half: WriteHalf::Pipe(responses), written: 0 })
 }
 
 impl ReadSide {
@@ -72,6 +84,7 @@ impl AsyncRead for ReadSide {
         match self.get_mut() {
             ReadSide::Plain(r) => Pin::new(r).poll_read(cx, buf),
             ReadSide::Tls(r) => Pin::new(r).poll_read(cx, buf),
+            ReadSide::Pipe(r) => Pin::new(r).poll_read(cx, buf),
         }
     }
 }
@@ -82,6 +95,7 @@ impl AsyncWrite for WriteSide {
         let r = match &mut me.half {
             WriteHalf::Plain(w) => Pin::new(w).poll_write(cx, buf),
             WriteHalf::Tls(w) => Pin::new(w).poll_write(cx, buf),
+            WriteHalf::Pipe(w) => Pin::new(w).poll_write(cx, buf),
         };
         if let Poll::Ready(Ok(n)) = r {
             me.written += n as u64;
@@ -98,6 +112,7 @@ impl AsyncWrite for WriteSide {
         let r = match &mut me.half {
             WriteHalf::Plain(w) => Pin::new(w).poll_write_vectored(cx, bufs),
             WriteHalf::Tls(w) => Pin::new(w).poll_write_vectored(cx, bufs),
+            WriteHalf::Pipe(w) => Pin::new(w).poll_write_vectored(cx, bufs),
         };
         if let Poll::Ready(Ok(n)) = r {
             me.written += n as u64;
@@ -109,6 +124,7 @@ impl AsyncWrite for WriteSide {
         match &self.half {
             WriteHalf::Plain(w) => w.is_write_vectored(),
             WriteHalf::Tls(w) => w.is_write_vectored(),
+            WriteHalf::Pipe(w) => w.is_write_vectored(),
         }
     }
 
@@ -116,6 +132,7 @@ impl AsyncWrite for WriteSide {
         match &mut self.get_mut().half {
             WriteHalf::Plain(w) => Pin::new(w).poll_flush(cx),
             WriteHalf::Tls(w) => Pin::new(w).poll_flush(cx),
+            WriteHalf::Pipe(w) => Pin::new(w).poll_flush(cx),
         }
     }
 
@@ -124,6 +141,7 @@ impl AsyncWrite for WriteSide {
         match &mut self.get_mut().half {
             WriteHalf::Plain(w) => Pin::new(w).poll_shutdown(cx),
             WriteHalf::Tls(w) => Pin::new(w).poll_shutdown(cx),
+            WriteHalf::Pipe(w) => Pin::new(w).poll_shutdown(cx),
         }
     }
 }

@@ -2,8 +2,10 @@
 //!
 //! - Certificates are chosen by SNI (exact names, then `*.` wildcards), else the VIP's
 //!   first certificate, unless `strict_sni` (then an alert).
-//! - TLS 1.2 and 1.3, ALPN `http/1.1` only (a client offering only `h2` gets the
-//!   `no_application_protocol` alert), no 0-RTT.
+//! - TLS 1.2 and 1.3, no 0-RTT. ALPN: `h2` then `http/1.1`, the server's order winning
+//!   whatever the client's (rustls picks the first of ours the client offers), or
+//!   `http/1.1` only with `http2 = false` (then a client offering only `h2` gets the
+//!   `no_application_protocol` alert). A client offering no ALPN speaks HTTP/1.1.
 //! - Resumption: tickets whose keys rotate (rustls' ticketer: a new key every 6 hours,
 //!   the previous one still accepted), and a session-ID cache; both process-wide, so a
 //!   session resumes on any worker and across `reload`.
@@ -195,6 +197,7 @@ impl ServerTls {
     /// file and what is wrong with it.
     pub fn load(
         t: &VipTls,
+        http2: bool,
         http: &HttpSettings,
         in_flight: Arc<Semaphore>,
         stats: Arc<TlsStats>,
@@ -223,7 +226,8 @@ impl ServerTls {
             .with_protocol_versions(versions)?
             .with_no_client_auth()
             .with_cert_resolver(certs.clone());
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        config.alpn_protocols =
+            if http2 { vec![b"h2".to_vec(), b"http/1.1".to_vec()] } else { vec![b"http/1.1".to_vec()] };
         let (ticketer, cache) = resumption(http.tls_session_cache)?;
         config.ticketer = ticketer;
         config.session_storage = cache;

@@ -39,6 +39,7 @@ impl Ctx<'_> {
         dur(&h.queue_timeout, "queue_timeout", ms(10), &mut s.queue_timeout);
         dur(&h.tunnel_timeout, "tunnel_timeout", ms(100), &mut s.tunnel_timeout);
         self.http_limits(h, &mut s);
+        self.h2_limits(h, &mut s.h2);
         let token = |v: &Option<Spanned<String>>, field: &str, into: &mut String| {
             if let Some(v) = v {
                 let t = v.get_ref();
@@ -114,6 +115,26 @@ impl Ctx<'_> {
         self.http_num(&h.retry_budget_percent, "retry_budget_percent", 0, 100, &mut pct);
         self.http_num(&h.retry_budget_min, "retry_budget_min", 0, 1_000_000, &mut min);
         (s.retries, s.retry_budget_percent, s.retry_budget_min) = (retries as u32, pct as u64, min as u64);
+    }
+
+    /// `[http] h2_*`.
+    fn h2_limits(&self, h: &RawHttp, s: &mut H2Settings) {
+        let num = |v: &Option<Spanned<usize>>, field: &str, lo: usize, hi: usize, into: &mut u32| {
+            let mut n = *into as usize;
+            self.http_num(v, field, lo, hi, &mut n);
+            *into = n as u32;
+        };
+        num(&h.h2_max_concurrent_streams, "h2_max_concurrent_streams", 1, 10_000, &mut s.max_concurrent_streams);
+        // RFC 9113 6.5.2: at most 2^31-1; below the default 65,535 uploads crawl.
+        num(&h.h2_initial_window_size, "h2_initial_window_size", 65_535, (1 << 31) - 1, &mut s.initial_window_size);
+        num(&h.h2_max_resets_per_second, "h2_max_resets_per_second", 1, 1_000_000, &mut s.max_resets_per_second);
+        num(
+            &h.h2_max_control_frames_per_second,
+            "h2_max_control_frames_per_second",
+            1,
+            1_000_000,
+            &mut s.max_control_frames_per_second,
+        );
     }
 
     /// `http.<field>`: a number within `lo..=hi`, into `into` when it is.
@@ -253,7 +274,26 @@ impl Ctx<'_> {
             fail_back: v.fail_back.as_ref().is_none_or(|b| *b.get_ref()),
             session_format,
             insert_cookie: self.insert_cookie(i, v),
+            http2: mode == VipMode::Http && self.http2(i, v),
+            h2c: v.h2c.as_ref().is_some_and(|b| *b.get_ref()),
         }
+    }
+
+    /// `http2` (HTTPS VIPs, on by default) and `h2c` (plain HTTP VIPs, off by default).
+    fn http2(&self, i: usize, v: &RawVip) -> bool {
+        let f = |field: &str| format!("vip[{i}].{field}");
+        if let (Some(h), None) = (&v.http2, &v.tls) {
+            let why = "offers HTTP/2 by ALPN on an HTTPS VIP (with [vip.tls]); for HTTP/2 without TLS, set h2c = true";
+            self.report(h.span(), &f("http2"), why);
+        }
+        if let (Some(h), Some(_)) = (&v.h2c, &v.tls) {
+            let why = "is HTTP/2 without TLS (prior knowledge); an HTTPS VIP offers HTTP/2 by ALPN (http2)";
+            self.report(h.span(), &f("h2c"), why);
+        }
+        if let (Some(h), Some(_)) = (&v.h2c, &v.redirect_to) {
+            self.report(h.span(), &f("h2c"), "a redirecting VIP answers HTTP/1.1 only");
+        }
+        v.http2.as_ref().is_none_or(|b| *b.get_ref())
     }
 
     /// `session_format`; a jvmRoute is what follows the last `.`: a member's clone ID
@@ -298,6 +338,8 @@ impl Ctx<'_> {
             (v.fail_back.as_ref().map(|t| t.span()), "fail_back"),
             (v.session_format.as_ref().map(|t| t.span()), "session_format"),
             (v.insert_cookie.as_ref().map(|t| t.span()), "insert_cookie"),
+            (v.http2.as_ref().map(|t| t.span()), "http2"),
+            (v.h2c.as_ref().map(|t| t.span()), "h2c"),
         ] {
             if let Some(span) = set {
                 self.report(span, &format!("vip[{i}].{field}"), "applies to HTTP VIPs only");
