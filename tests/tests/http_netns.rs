@@ -769,7 +769,7 @@ fn the_access_log_records_every_request_and_follows_rotation() {
     let line = text.lines().next().unwrap();
     let client = format!("{}:", dispatcher_testbed::netns::CLIENT_IP);
     assert!(
-        line.starts_with(&client) && line.contains("] app b") && line.ends_with(" balanced \"GET /new\""),
+        line.starts_with(&client) && line.contains("] app b") && line.ends_with(" balanced \"GET /new HTTP/1.1\""),
         "{line}"
     );
     let timers = line.split(' ').nth(4).unwrap();
@@ -782,7 +782,7 @@ fn the_access_log_records_every_request_and_follows_rotation() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("opening the access log /nonexistent/dir/access.log"), "{err}");
     assert_eq!(fresh.get("/still").unwrap().status, 200);
-    assert!(wait_lines(&log, 2).lines().nth(1).is_some_and(|l| l.ends_with("\"GET /still\"")));
+    assert!(wait_lines(&log, 2).lines().nth(1).is_some_and(|l| l.ends_with("\"GET /still HTTP/1.1\"")));
     // A head the dispatcher refuses is logged too, as HAProxy logs `<BADREQ>`.
     let bad = format!("GET /x HTTP/1.1\r\nHost: {addr}\r\nHost: other\r\n\r\n");
     assert_eq!(raw_status(&tb, addr, bad.as_bytes()), 400);
