@@ -1,8 +1,11 @@
 //! `cargo xtask package`: the Debian package builds, holds what an operator expects,
-//! passes lintian without errors, installs into a throwaway root with dpkg (its own
-//! database), and its systemd units pass `systemd-analyze verify` there.
+//! depends on the packages of the libraries its binary loads (and on no other), carries
+//! the md5sums of its files, passes lintian without errors, installs into a throwaway
+//! root with dpkg (its own database), and its systemd units pass `systemd-analyze verify`
+//! there.
 
 use std::{
+    collections::BTreeSet,
     path::{Path, PathBuf},
     process::Command,
 };
@@ -61,6 +64,7 @@ fn the_debian_package_builds_installs_and_its_units_verify() {
     }
     assert!(!listing.contains("generate-docs"), "{listing}");
     let (_, depends, _) = run(Command::new("dpkg-deb").args(["-f"]).arg(&deb).arg("Depends"));
+    let depends = depends.trim();
     assert!(depends.contains("libc6 (>= 2."), "{depends}");
 
     // apt accepts it as a local package and resolves its dependencies on this machine
@@ -92,6 +96,8 @@ fn the_debian_package_builds_installs_and_its_units_verify() {
     assert!(status.contains("Status: install ok installed"), "{status}");
     assert!(status.contains("Conffiles:\n /etc/dispatcher/example.toml"), "{status}");
     let bin = root.join("usr/sbin/dispatcher");
+    depends_cover_exactly_what_the_loader_loads(depends, &bin);
+    md5sums_cover_every_file(&deb, &listing, &root, &admin, &scratch.0);
     let (ok, version, _) = run(Command::new(&bin).arg("--version"));
     assert!(ok && version.starts_with("dispatcher "), "{version}");
     let (ok, checked, err) = run(Command::new(&bin).arg("check").arg(root.join("etc/dispatcher/example.toml")));
@@ -124,4 +130,146 @@ fn the_debian_package_builds_installs_and_its_units_verify() {
         .arg(format!("--root={}", root.display()))
         .arg(units.join("dispatcher@broken.service")));
     assert!(!(out + &err).trim().is_empty(), "a bad Type= goes unnoticed");
+}
+
+/// The package names a Depends field lists (alternatives too), without versions.
+fn depends_names(depends: &str) -> BTreeSet<String> {
+    depends
+        .split([',', '|'])
+        .filter_map(|d| d.split_whitespace().next())
+        .map(|name| name.split('(').next().unwrap().to_string())
+        .collect()
+}
+
+/// The package that holds `path`, a library as the dynamic loader resolves it: dpkg
+/// registers a file under one of its names (the path itself, or where its symlinks lead;
+/// with merged /usr, /lib/x is /usr/lib/x), so each is asked exactly, never by pattern
+/// (a pattern finds the other architectures' copies too: /lib32/libm.so.6).
+fn owner_of(path: &str) -> Option<String> {
+    let mut names = vec![path.to_string()];
+    if let Ok(real) = std::fs::canonicalize(path) {
+        names.push(real.to_string_lossy().into_owned());
+    }
+    for name in names.clone() {
+        names.push(match name.strip_prefix("/usr") {
+            Some(rest) => rest.to_string(),
+            None => format!("/usr{name}"),
+        });
+    }
+    names.iter().find_map(|name| {
+        let (ok, out, _) = run(Command::new("dpkg").arg("-S").arg(name));
+        let line = out.lines().find(|l| ok && !l.starts_with("diversion by "))?;
+        let (packages, _) = line.rsplit_once(": ")?;
+        // `libc6:amd64`: the architecture qualifier is not part of a dependency on a
+        // package of the same architecture.
+        Some(packages.split(", ").next()?.split(':').next()?.to_string())
+    })
+}
+
+/// Depends names exactly the packages of the shared libraries `binary` needs, as the
+/// loader finds them on this machine (ldd), none of another architecture's (an i386
+/// libc6-i386 also has a libm.so.6), and libc6 at least at the newest GLIBC_ symbol
+/// version the binary references.
+fn depends_cover_exactly_what_the_loader_loads(depends: &str, binary: &Path) {
+    let names = depends_names(depends);
+    for name in &names {
+        assert!(
+            !(name.contains(':')
+                || name.ends_with("-i386")
+                || name.ends_with("-amd64")
+                || name.ends_with("-x32")
+                || name.starts_with("lib32")
+                || name.starts_with("libx32")
+                || name.starts_with("lib64")),
+            "Depends names {name}, a package of another architecture's libraries: {depends}"
+        );
+    }
+    let (ok, dynamic, err) = run(Command::new("objdump").arg("-p").arg(binary));
+    assert!(ok, "objdump -p: {err}");
+    let needed: Vec<&str> = dynamic.lines().filter_map(|l| l.trim().strip_prefix("NEEDED")).map(str::trim).collect();
+    assert!(needed.contains(&"libc.so.6"), "{dynamic}");
+    let (ok, loaded, err) = run(Command::new("ldd").arg(binary));
+    assert!(ok, "ldd: {err}");
+    let mut owners = BTreeSet::new();
+    for lib in &needed {
+        // `libm.so.6 => /lib/x86_64-linux-gnu/libm.so.6 (0x...)`, or the interpreter's
+        // own line, `/lib64/ld-linux-x86-64.so.2 (0x...)`.
+        let path = loaded
+            .lines()
+            .find_map(|l| {
+                let l = l.trim();
+                match l.split_once(" => ") {
+                    Some((name, to)) if name == *lib => to.split_whitespace().next(),
+                    None if l.split_whitespace().next()?.rsplit('/').next() == Some(*lib) => {
+                        l.split_whitespace().next()
+                    }
+                    _ => None,
+                }
+            })
+            .unwrap_or_else(|| panic!("ldd does not resolve {lib}:\n{loaded}"));
+        assert!(path.starts_with('/'), "{lib} => {path}:\n{loaded}");
+        let owner = owner_of(path).unwrap_or_else(|| panic!("no package holds {path} ({lib})"));
+        assert!(names.contains(&owner), "{lib} is {path}, in {owner}, which Depends does not name: {depends}");
+        owners.insert(owner);
+    }
+    assert_eq!(names, owners, "Depends names packages the binary loads nothing from: {depends}");
+
+    // libc6's version floor: at least the newest GLIBC_x.y the binary references.
+    let (ok, symbols, _) = run(Command::new("objdump").arg("-T").arg(binary));
+    assert!(ok);
+    let newest = symbols
+        .split_whitespace()
+        .filter_map(|w| w.trim_matches(|c| c == '(' || c == ')').strip_prefix("GLIBC_"))
+        .filter_map(|v| {
+            let mut parts = v.split('.').map(|p| p.parse::<u32>().ok());
+            Some((parts.next()??, parts.next().flatten().unwrap_or(0)))
+        })
+        .max()
+        .expect("no GLIBC_ symbol version");
+    let floor = depends
+        .split(',')
+        .find_map(|d| d.trim().strip_prefix("libc6 (>= ")?.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("no libc6 (>= ...) in {depends}"));
+    let (ge, _, _) =
+        run(Command::new("dpkg").args(["--compare-versions", floor, "ge"]).arg(format!("{}.{}", newest.0, newest.1)));
+    assert!(ge, "libc6 (>= {floor}) but the binary uses GLIBC_{}.{}", newest.0, newest.1);
+}
+
+/// DEBIAN/md5sums lists every regular file the package ships but its conffiles (dpkg
+/// records theirs in its status; dh_md5sums leaves them out the same way), by its path
+/// from the root without a leading slash, and the installed files match it: with
+/// `md5sum -c` in the root, and with `dpkg --verify` (which reads what dpkg installed).
+fn md5sums_cover_every_file(deb: &Path, listing: &str, root: &Path, admin: &Path, scratch: &Path) {
+    let control = scratch.join("control");
+    let (ok, _, err) = run(Command::new("dpkg-deb").arg("-e").arg(deb).arg(&control));
+    assert!(ok, "dpkg-deb -e: {err}");
+    let md5sums = std::fs::read_to_string(control.join("md5sums")).expect("the package has no DEBIAN/md5sums");
+    let conffiles = std::fs::read_to_string(control.join("conffiles")).unwrap_or_default();
+    let conffiles: BTreeSet<&str> = conffiles.lines().map(|l| l.trim_start_matches('/')).collect();
+    let listed: BTreeSet<&str> = md5sums
+        .lines()
+        .map(|l| {
+            let (sum, path) = l.split_once("  ").unwrap_or_else(|| panic!("md5sums line `{l}`"));
+            assert!(sum.len() == 32 && sum.bytes().all(|b| b.is_ascii_hexdigit()), "md5sums line `{l}`");
+            assert!(!path.starts_with('/') && !path.starts_with("./"), "md5sums path `{path}`");
+            path
+        })
+        .collect();
+    // `-rw-r--r-- root/root 1234 2026-01-01 00:00 ./usr/sbin/dispatcher`: regular files.
+    let shipped: BTreeSet<&str> = listing
+        .lines()
+        .filter(|l| l.starts_with('-'))
+        .filter_map(|l| l.split_whitespace().nth(5)?.strip_prefix("./"))
+        .filter(|p| !conffiles.contains(p))
+        .collect();
+    assert!(shipped.contains("usr/sbin/dispatcher"), "{listing}");
+    assert_eq!(listed, shipped, "md5sums against the package's files");
+    let (ok, out, err) =
+        run(Command::new("md5sum").args(["-c", "--strict", "--quiet"]).arg(control.join("md5sums")).current_dir(root));
+    assert!(ok, "md5sum -c in the installed root: {out}{err}");
+    let (ok, out, err) = run(Command::new("dpkg")
+        .arg(format!("--instdir={}", root.display()))
+        .arg(format!("--admindir={}", admin.display()))
+        .args(["--verify", "dispatcher"]));
+    assert!(ok && out.trim().is_empty(), "dpkg --verify: {out}{err}");
 }
