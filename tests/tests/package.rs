@@ -2,7 +2,8 @@
 //! depends on the packages of the libraries its binary loads (and on no other), carries
 //! the md5sums of its files, passes lintian without errors, installs into a throwaway
 //! root with dpkg (its own database), and its systemd units pass `systemd-analyze verify`
-//! there.
+//! there. And the agent's unit lets it write wherever the documentation tells an
+//! operator to have it write (its sandbox makes the rest of the system read-only).
 
 use std::{
     collections::BTreeSet,
@@ -272,4 +273,176 @@ fn md5sums_cover_every_file(deb: &Path, listing: &str, root: &Path, admin: &Path
         .arg(format!("--admindir={}", admin.display()))
         .args(["--verify", "dispatcher"]));
     assert!(ok && out.trim().is_empty(), "dpkg --verify: {out}{err}");
+}
+
+/// What a unit's sandbox lets its service do with a path, as systemd.exec(5) describes
+/// the settings the unit uses (`%i` is the instance's name).
+struct Sandbox {
+    /// ProtectSystem=: `strict` (everything read-only but the API file systems), `full`
+    /// (/usr, /boot, /efi, /etc), `yes` (/usr, /boot, /efi), or none.
+    read_only: Vec<PathBuf>,
+    strict: bool,
+    /// ReadWritePaths=, and the folders RuntimeDirectory=, StateDirectory=,
+    /// CacheDirectory= and LogsDirectory= create (and make writable) under /run,
+    /// /var/lib, /var/cache and /var/log.
+    writable: Vec<PathBuf>,
+    /// ProtectHome=yes (/home, /root, /run/user) and InaccessiblePaths=.
+    hidden: Vec<PathBuf>,
+    /// PrivateTmp=: /tmp and /var/tmp are the service's own, seen by nobody else.
+    private: Vec<PathBuf>,
+}
+
+impl Sandbox {
+    fn of(unit: &str, instance: &str) -> Sandbox {
+        let mut s = Sandbox {
+            read_only: Vec::new(),
+            strict: false,
+            writable: Vec::new(),
+            hidden: Vec::new(),
+            private: Vec::new(),
+        };
+        let mut section = "";
+        for line in unit.lines().map(str::trim) {
+            if line.starts_with('[') {
+                section = line;
+                continue;
+            }
+            let Some((key, value)) = line.split_once('=') else { continue };
+            if section != "[Service]" || line.starts_with('#') {
+                continue;
+            }
+            let value = value.trim().replace("%i", instance).replace("%I", instance);
+            let paths = |under: &str| -> Vec<PathBuf> {
+                value.split_whitespace().map(|p| Path::new(under).join(p.trim_start_matches(['-', '+']))).collect()
+            };
+            let yes = ["yes", "true", "on", "1"].contains(&value.as_str());
+            match key.trim() {
+                "ProtectSystem" => match value.as_str() {
+                    "strict" => s.strict = true,
+                    "full" => s.read_only.extend(["/usr", "/boot", "/efi", "/etc"].map(PathBuf::from)),
+                    _ if yes => s.read_only.extend(["/usr", "/boot", "/efi"].map(PathBuf::from)),
+                    _ => {}
+                },
+                "ReadWritePaths" => s.writable.extend(paths("/")),
+                "RuntimeDirectory" => s.writable.extend(paths("/run")),
+                "StateDirectory" => s.writable.extend(paths("/var/lib")),
+                "CacheDirectory" => s.writable.extend(paths("/var/cache")),
+                "LogsDirectory" => s.writable.extend(paths("/var/log")),
+                "ReadOnlyPaths" => s.read_only.extend(paths("/")),
+                "InaccessiblePaths" => s.hidden.extend(paths("/")),
+                "ProtectHome" if yes => s.hidden.extend(["/home", "/root", "/run/user"].map(PathBuf::from)),
+                "ProtectHome" if value == "read-only" => {
+                    s.read_only.extend(["/home", "/root", "/run/user"].map(PathBuf::from))
+                }
+                "PrivateTmp" if yes => s.private.extend(["/tmp", "/var/tmp"].map(PathBuf::from)),
+                _ => {}
+            }
+        }
+        s
+    }
+
+    /// Why the service could not write `path` where an operator would look for it.
+    fn cannot_write(&self, path: &Path) -> Option<&'static str> {
+        let under = |dirs: &[PathBuf]| dirs.iter().any(|d| path.starts_with(d));
+        if under(&self.hidden) {
+            Some("inaccessible to the service")
+        } else if under(&self.private) {
+            Some("in the service's private /tmp, which nobody else sees")
+        } else if under(&self.writable) {
+            None
+        } else if self.strict || under(&self.read_only) {
+            Some("read-only to the service")
+        } else {
+            None
+        }
+    }
+}
+
+/// The paths `doc` tells an operator the agent writes: in its TOML examples the values
+/// of the settings that name one (`[access_log] path`, `admin_socket`, `bpffs`), and in
+/// its prose the files and folders of the agent's own under /run, /var and /srv (a path
+/// component named dispatcher...: /run/dispatcher/<instance>.sock, not /run/netns or
+/// etcd's /var/lib/etcd). `<instance>` stands for `instance`.
+fn written_paths(doc: &str, instance: &str, whole_file_is_toml: bool) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut in_toml = whole_file_is_toml;
+    let mut table = String::new();
+    for line in doc.lines() {
+        let t = line.trim();
+        if let Some(lang) = t.strip_prefix("```") {
+            in_toml = !in_toml && lang.trim() == "toml";
+            table.clear();
+            continue;
+        }
+        if in_toml {
+            let code = t.split(" #").next().unwrap().trim();
+            if code.starts_with('[') {
+                table = code.trim_matches(['[', ']']).trim().to_string();
+            } else if let Some((key, value)) = code.split_once('=') {
+                let (key, value) = (key.trim(), value.trim().trim_matches('"'));
+                let writes = matches!(
+                    (table.as_str(), key),
+                    ("access_log", "path") | ("dispatcher", "admin_socket") | ("dispatcher", "bpffs")
+                );
+                if writes && value.starts_with('/') {
+                    found.push(value.to_string());
+                }
+            }
+            continue;
+        }
+        for word in line.split(|c: char| c.is_whitespace() || "`\"'(),;".contains(c)) {
+            let word = word.trim_end_matches(['.', ':']);
+            let agents =
+                Path::new(word).components().any(|c| c.as_os_str().to_string_lossy().starts_with("dispatcher"));
+            if ["/run/", "/var/", "/srv/"].iter().any(|r| word.starts_with(r)) && agents {
+                found.push(word.to_string());
+            }
+        }
+    }
+    found.into_iter().map(|p| p.replace("<instance>", instance)).collect()
+}
+
+#[test]
+fn the_agents_unit_lets_it_write_where_the_documentation_says() {
+    let root = workspace();
+    let unit = std::fs::read_to_string(root.join("packaging/systemd/dispatcher@.service")).unwrap();
+    let sandbox = Sandbox::of(&unit, "default");
+    assert!(sandbox.strict, "the unit is no longer ProtectSystem=strict: this test reads its sandbox as such");
+    let mut docs = vec![root.join("README.md"), root.join("packaging/example.toml")];
+    docs.extend(
+        std::fs::read_dir(root.join("docs"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "md")),
+    );
+    let mut checked = BTreeSet::new();
+    let mut refused = Vec::new();
+    for doc in &docs {
+        let text = std::fs::read_to_string(doc).unwrap();
+        let toml = doc.extension().is_some_and(|e| e == "toml");
+        for path in written_paths(&text, "default", toml) {
+            if let Some(why) = sandbox.cannot_write(Path::new(&path)) {
+                refused.push(format!(
+                    "{}: {path} is {why} (dispatcher@.service)",
+                    doc.strip_prefix(&root).unwrap().display()
+                ));
+            }
+            checked.insert(path);
+        }
+    }
+    eprintln!("written by the agent, as the documentation says: {checked:?}");
+    assert!(refused.is_empty(), "{}", refused.join("\n"));
+    // What the README's examples name is among what was checked: the access log, the
+    // admin socket, the pins.
+    for path in ["/var/log/dispatcher/access.log", "/run/dispatcher/default.sock", "/sys/fs/bpf"] {
+        assert!(checked.contains(path), "{path} not found in the documentation: {checked:?}");
+    }
+    // The check can fail: without its LogsDirectory= the unit would refuse the README's
+    // access log.
+    let without: String = unit.lines().filter(|l| !l.starts_with("LogsDirectory=")).map(|l| format!("{l}\n")).collect();
+    assert!(
+        Sandbox::of(&without, "default").cannot_write(Path::new("/var/log/dispatcher/access.log")).is_some(),
+        "a unit without LogsDirectory= lets the agent write /var/log"
+    );
 }
