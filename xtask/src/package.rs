@@ -1,9 +1,10 @@
 //! `cargo xtask package`: a Debian package of the agent, built with dpkg-deb from a
 //! staged tree: the release binary (XDP programs embedded), the systemd units, an
 //! example configuration (a conffile), manual pages and shell completions generated from
-//! the command line's definition, and the runtime dependencies read off the binary's
-//! shared libraries (as dpkg-shlibdeps does: the packages that own them, at the version
-//! of the newest glibc symbol it uses).
+//! the command line's definition, the runtime dependencies of the binary's shared
+//! libraries (dpkg-shlibdeps: the packages that hold the libraries the loader would load,
+//! at the versions their symbols files give for the symbols it uses), and the md5sums of
+//! the files.
 
 use std::{
     path::{Path, PathBuf},
@@ -37,6 +38,9 @@ const MAINTAINER_SCRIPTS: [(&str, &str); 3] = [
     ),
 ];
 
+/// Configuration files dpkg keeps an administrator's changes to (paths from the root).
+const CONFFILES: [&str; 1] = ["etc/dispatcher/example.toml"];
+
 const MAINTAINER: &str = "dispatcher developers <dispatcher-devel@example.org>";
 
 fn write(path: &Path, contents: impl AsRef<[u8]>) -> anyhow::Result<()> {
@@ -50,37 +54,83 @@ fn gzip(path: &Path) -> anyhow::Result<()> {
     run_cmd(Command::new("gzip").args(["-9", "-n", "-f"]).arg(path))
 }
 
-/// `Depends:` for the binary: the package of every shared library it needs; libc6 at
-/// the newest GLIBC_x.y version it references.
-fn depends(binary: &Path) -> anyhow::Result<String> {
-    let dynamic = output_of(Command::new("objdump").arg("-p").arg(binary))?;
-    let needed: Vec<&str> = dynamic.lines().filter_map(|l| l.trim().strip_prefix("NEEDED")).map(str::trim).collect();
-    let symbols = output_of(Command::new("objdump").arg("-T").arg(binary))?;
-    let glibc = symbols
-        .split_whitespace()
-        .filter_map(|w| w.trim_matches(|c| c == '(' || c == ')').strip_prefix("GLIBC_"))
-        .filter_map(|v| {
-            let mut parts = v.split('.').map(|p| p.parse::<u32>().ok());
-            Some((parts.next()??, parts.next().flatten().unwrap_or(0)))
-        })
-        .max()
-        .unwrap_or((2, 17));
-    let mut deps: Vec<String> = Vec::new();
-    for lib in needed {
-        let owner = output_of(Command::new("dpkg").arg("-S").arg(format!("*/{lib}")))
-            .with_context(|| format!("which package has {lib}"))?;
-        let package = owner
-            .lines()
-            .filter_map(|l| l.split(':').next())
-            .find(|p| !p.contains(' ') && !p.ends_with("-dev"))
-            .with_context(|| format!("no package owns {lib}"))?
-            .to_string();
-        let dep = if package == "libc6" { format!("libc6 (>= {}.{})", glibc.0, glibc.1) } else { package };
-        if !deps.contains(&dep) {
-            deps.push(dep);
+/// The files under `dir`, every level, as paths relative to it, sorted; `DEBIAN` left out.
+fn files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mut found = Vec::new();
+    let mut dirs = vec![PathBuf::new()];
+    while let Some(rel) = dirs.pop() {
+        for entry in
+            std::fs::read_dir(dir.join(&rel)).with_context(|| format!("reading {}", dir.join(&rel).display()))?
+        {
+            let entry = entry?;
+            let path = rel.join(entry.file_name());
+            let kind = entry.file_type()?;
+            if kind.is_dir() && path != Path::new("DEBIAN") {
+                dirs.push(path);
+            } else if kind.is_file() {
+                found.push(path);
+            }
         }
     }
-    Ok(deps.join(", "))
+    found.sort();
+    Ok(found)
+}
+
+/// `Depends:` for the ELF files of the staged tree, from dpkg-shlibdeps: for each library
+/// a binary needs, the file the dynamic loader would load (this architecture's, by its
+/// real path: not a same-named library of another architecture, such as libc6-i386's
+/// /lib32/libm.so.6), the package that holds it, and a version floor from that package's
+/// symbols file (the newest symbol the binaries use). dpkg-shlibdeps reads a source
+/// package's debian/control: a minimal one is written in a scratch folder of `out`.
+fn depends(stage: &Path, out: &Path) -> anyhow::Result<String> {
+    let mut elves = Vec::new();
+    for file in files(stage)? {
+        let path = stage.join(&file);
+        let mut magic = [0u8; 4];
+        let is_elf = std::fs::File::open(&path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic)).is_ok()
+            && magic == *b"\x7fELF";
+        if is_elf {
+            elves.push(path);
+        }
+    }
+    if elves.is_empty() {
+        bail!("no ELF binary under {}", stage.display());
+    }
+    let scratch = out.join("shlibdeps");
+    let _ = std::fs::remove_dir_all(&scratch);
+    write(&scratch.join("debian/control"), format!("Source: {NAME}\n\nPackage: {NAME}\nArchitecture: amd64\n"))?;
+    let mut cmd = Command::new("dpkg-shlibdeps");
+    // -O: the substitution variables on standard output; -e<binary> in one word, as its
+    // manual writes it (`-e <binary>` draws a warning of a binary outside its package).
+    cmd.arg("-O").args(elves.iter().map(|e| format!("-e{}", e.display()))).current_dir(&scratch);
+    let result = output_of(&mut cmd);
+    std::fs::remove_dir_all(&scratch)?;
+    let vars = result?;
+    let depends = vars
+        .lines()
+        .find_map(|l| l.strip_prefix("shlibs:Depends="))
+        .with_context(|| format!("dpkg-shlibdeps printed no shlibs:Depends: {vars}"))?
+        .trim()
+        .to_string();
+    if !depends.split(',').any(|d| d.trim().starts_with("libc6 ")) {
+        bail!("dpkg-shlibdeps found no versioned libc6 dependency: {depends}");
+    }
+    Ok(depends)
+}
+
+/// DEBIAN/md5sums: `<md5>  <path>` for every file of the staged tree (the path from the
+/// root, no leading slash), as dpkg installs it to /var/lib/dpkg/info for `dpkg --verify`
+/// and debsums. Conffiles are left out, as dh_md5sums leaves them: dpkg records their
+/// digests in its status, to tell an administrator's change from the package's.
+fn md5sums(stage: &Path) -> anyhow::Result<String> {
+    let shipped: Vec<PathBuf> =
+        files(stage)?.into_iter().filter(|f| !CONFFILES.iter().any(|c| f == Path::new(c))).collect();
+    let sums = output_of(Command::new("md5sum").arg("--").args(&shipped).current_dir(stage))?;
+    // md5sum escapes a name with a backslash or a newline (`\<md5>  ...`): dpkg would not read it.
+    if let Some(line) = sums.lines().find(|l| l.starts_with('\\')) {
+        bail!("a file name md5sums cannot hold: {line}");
+    }
+    Ok(sums)
 }
 
 /// Builds the package under `out` (default `target/package`); returns its path.
@@ -89,7 +139,8 @@ pub fn package(out: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"));
     let binary = target.join("release").join(NAME);
     let version = format!("{}-1", env!("CARGO_PKG_VERSION"));
-    let out = out.unwrap_or_else(|| target.join("package"));
+    // Absolute: dpkg-shlibdeps runs in a folder of its own and is given the binaries' paths.
+    let out = std::path::absolute(out.unwrap_or_else(|| target.join("package")))?;
     let stage = out.join(format!("{NAME}_{version}_amd64"));
     if stage.exists() {
         std::fs::remove_dir_all(&stage)?;
@@ -143,18 +194,21 @@ pub fn package(out: Option<PathBuf>) -> anyhow::Result<PathBuf> {
         format!("{NAME} ({version}) unstable; urgency=medium\n\n  * Package built by cargo xtask package.\n\n -- {MAINTAINER}  {}\n", date.trim()),
     )?;
     gzip(&doc.join("changelog.Debian"))?;
-    // Control files.
+    // Control files. DEBIAN first: dpkg-shlibdeps knows the package's tree by it.
+    std::fs::create_dir_all(stage.join("DEBIAN"))?;
+    let depends = depends(&stage, &out)?;
     let installed_kib = output_of(Command::new("du").args(["-sk", "--exclude=DEBIAN"]).arg(&stage))?;
     let installed_kib = installed_kib.split_whitespace().next().unwrap_or("0").to_string();
     let control = format!(
         "Package: {NAME}\nVersion: {version}\nArchitecture: amd64\nMaintainer: {MAINTAINER}\nInstalled-Size: {installed_kib}\nDepends: {}\nSection: net\nPriority: optional\nDescription: XDP-assisted L4 and HTTP dispatcher with session affinity\n An XDP program forwards L4 flows (consistent hashing, MAC forwarding or IPIP)\n and routes SIP by logical name; an agent proxies HTTP/1.1 and HTTPS with\n JSESSIONID affinity, holds requests while a session's owner is unknown, and\n fails sessions over to the owner's peer replica.\n",
-        depends(&binary)?
+        depends
     );
     write(&stage.join("DEBIAN/control"), control)?;
-    write(&stage.join("DEBIAN/conffiles"), "/etc/dispatcher/example.toml\n")?;
+    write(&stage.join("DEBIAN/conffiles"), CONFFILES.map(|c| format!("/{c}\n")).concat())?;
     for (script, text) in MAINTAINER_SCRIPTS {
         write(&stage.join("DEBIAN").join(script), text)?;
     }
+    write(&stage.join("DEBIAN/md5sums"), md5sums(&stage)?)?;
     // Permissions as a package has them, whatever the umask of the build.
     run_cmd(Command::new("chmod").args(["-R", "u=rwX,go=rX"]).arg(&stage))?;
     run_cmd(Command::new("chmod").arg("0755").arg(&sbin))?;

@@ -39,10 +39,15 @@ const PACKAGES: &[&str] = &[
     "python3",
     "ca-certificates",
     // The package: dpkg-deb builds it, lintian checks it, systemd-analyze verifies its
-    // units offline (systemd need not run), objdump and strip from binutils.
+    // units offline (systemd need not run), strip (binutils) shrinks its binary, and the
+    // package test reads the binary's libraries with objdump (binutils) and ldd.
     "lintian",
     "systemd",
     "binutils",
+    // dpkg-shlibdeps: the package's Depends, from the libraries the loader would load
+    // for its binary (by their real, this architecture's path) and their packages'
+    // symbols files. Lintian pulls it in today; named here since the package needs it.
+    "dpkg-dev",
     // The capability test records the agent's system calls against its unit's filter.
     "strace",
 ];
