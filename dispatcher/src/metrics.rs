@@ -240,6 +240,8 @@ macro_rules! counters {
         #[serde(default)]
         pub struct CounterStatus {
             $( pub $status: u64, )*
+            /// Each labelled counter by its label's values (its key above is their sum).
+            pub by_label: std::collections::BTreeMap<String, std::collections::BTreeMap<String, u64>>,
         }
 
         impl Counters {
@@ -260,7 +262,14 @@ macro_rules! counters {
 
             /// The status view.
             pub fn status(&self) -> CounterStatus {
-                CounterStatus { $( $status: total(counters!(@slice self.$field $(, $values)?)), )* }
+                let mut by_label = std::collections::BTreeMap::new();
+                for (d, atomics) in Self::DECLARED.iter().zip(self.values()) {
+                    if let Some((_, values)) = d.label {
+                        let split = values.iter().zip(atomics).map(|(v, a)| (v.to_string(), a.load(Ordering::Relaxed)));
+                        by_label.insert(d.status.to_string(), split.collect());
+                    }
+                }
+                CounterStatus { $( $status: total(counters!(@slice self.$field $(, $values)?)), )* by_label }
             }
         }
     };
@@ -499,7 +508,8 @@ pub(crate) mod tests {
         let samples = check_format(&o.finish()).unwrap();
         let status = serde_json::to_value(c.status()).unwrap();
         let status = status.as_object().unwrap();
-        assert_eq!(status.len(), Counters::DECLARED.len(), "{status:?}");
+        // Every declared key, and `by_label`.
+        assert_eq!(status.len(), Counters::DECLARED.len() + 1, "{status:?}");
         for (i, d) in Counters::DECLARED.iter().enumerate() {
             let base = 1000 * (i as u64 + 1);
             let expect: Vec<(String, u64)> = match d.label {
@@ -509,6 +519,12 @@ pub(crate) mod tests {
                 }
             };
             let sum: u64 = expect.iter().map(|e| e.1).sum();
+            if let Some((_, values)) = d.label {
+                let split = &status["by_label"][d.status];
+                for (j, v) in values.iter().enumerate() {
+                    assert_eq!(split[v], base + j as u64, "{} {v}", d.status);
+                }
+            }
             for (labels, v) in expect {
                 assert_eq!(
                     samples.get(&(d.family.name.to_string(), labels.clone())),

@@ -150,6 +150,9 @@ fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
         if c.no_route > 0 {
             let _ = writeln!(o, "http: no_route={} (answered 404)", c.no_route);
         }
+        if let Some(line) = protocols_line(c) {
+            let _ = writeln!(o, "{line}");
+        }
     }
     if let Some(a) = f.agent.as_ref() {
         paths_section(&mut o, a);
@@ -471,5 +474,64 @@ fn operator_name(admin: u8) -> &'static str {
     match admin {
         0 => "-",
         a => state_name(a),
+    }
+}
+
+/// `protocols: h1 requests=R connections=C; h2 requests=R connections=C open=O
+/// streams_in_flight=S refused=N resets_sent=<reason>:n,... resets_received=...
+/// goaways=<reason>:n,...` — once a client spoke HTTP/2 (`None` before).
+fn protocols_line(c: &dispatcher::api::CounterStatus) -> Option<String> {
+    let of = |key: &str, label: &str| c.by_label.get(key).and_then(|m| m.get(label)).copied().unwrap_or(0);
+    if of("connections_by_protocol", "h2") == 0 {
+        return None;
+    }
+    let reasons = |key: &str| {
+        let nonzero: Vec<String> = c
+            .by_label
+            .get(key)
+            .into_iter()
+            .flatten()
+            .filter(|(_, n)| **n > 0)
+            .map(|(r, n)| format!("{r}:{n}"))
+            .collect();
+        if nonzero.is_empty() {
+            "0".to_string()
+        } else {
+            nonzero.join(",")
+        }
+    };
+    Some(format!(
+        "protocols: h1 requests={} connections={}; h2 requests={} connections={} open={} streams_in_flight={} refused={} resets_sent={} resets_received={} goaways={}",
+        of("requests_by_protocol", "h1"),
+        of("connections_by_protocol", "h1"),
+        of("requests_by_protocol", "h2"),
+        of("connections_by_protocol", "h2"),
+        c.h2_connections_open,
+        c.h2_streams_in_flight,
+        c.h2_refused,
+        reasons("h2_resets_sent"),
+        reasons("h2_resets_received"),
+        reasons("h2_goaways"),
+    ))
+}
+
+#[cfg(test)]
+mod protocol_tests {
+    use super::*;
+
+    #[test]
+    fn the_protocols_line_appears_once_a_client_spoke_http2_and_names_each_reason() {
+        let mut c = dispatcher::api::CounterStatus::default();
+        let split = |pairs: &[(&str, u64)]| pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+        c.by_label.insert("connections_by_protocol".into(), split(&[("h1", 4), ("h2", 0)]));
+        assert_eq!(protocols_line(&c), None, "no HTTP/2 client yet");
+        c.by_label.insert("connections_by_protocol".into(), split(&[("h1", 4), ("h2", 2)]));
+        c.by_label.insert("requests_by_protocol".into(), split(&[("h1", 10), ("h2", 30)]));
+        c.by_label.insert("h2_goaways".into(), split(&[("stop", 1), ("rapid_reset", 1), ("idle", 0)]));
+        c.h2_streams_in_flight = 3;
+        assert_eq!(
+            protocols_line(&c).unwrap(),
+            "protocols: h1 requests=10 connections=4; h2 requests=30 connections=2 open=0 streams_in_flight=3 refused=0 resets_sent=0 resets_received=0 goaways=rapid_reset:1,stop:1"
+        );
     }
 }
