@@ -141,7 +141,9 @@ fn builder(ctx: &VipCtx) -> h2::server::Builder {
     let mut b = h2::server::Builder::new();
     b.max_concurrent_streams(h2.max_concurrent_streams)
         .initial_window_size(h2.initial_window_size)
-        .initial_connection_window_size(h2.initial_window_size.max(1 << 20))
+        // What the codec may hold of all the connection's request bodies at once: four
+        // streams' windows.
+        .initial_connection_window_size(h2.initial_window_size.saturating_mul(4).min((1 << 31) - 1))
         .max_header_list_size(s.max_header_bytes as u32)
         // What a stream's response may hold in the crate's buffer beyond the client's
         // window: the proxy's pipe keeps the rest, and the backend the remainder.
