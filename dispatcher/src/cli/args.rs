@@ -135,11 +135,11 @@ pub enum Command {
         #[command(flatten)]
         config: ConfigFile,
     },
-    /// Write the manual pages (section 8, one per subcommand) and the shell completions
-    /// (bash, zsh, fish) generated from this command line, for packaging.
+    /// Write the shell completions (bash, zsh, fish) generated from this command line,
+    /// for packaging (the manual pages are written: man/).
     #[command(hide = true)]
-    GenerateDocs {
-        /// Pages go to DIR/man8, completions to DIR/completions.
+    GenerateCompletions {
+        /// The directory they go to.
         #[arg(long, value_name = "DIR")]
         out: PathBuf,
     },

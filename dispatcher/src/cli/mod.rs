@@ -2,9 +2,9 @@
 
 pub mod args;
 mod check;
+mod completions;
 mod config_file;
 mod decap;
-mod docs;
 mod endpoint;
 mod import;
 mod operator;
@@ -34,7 +34,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Stop { config, detach } => endpoint::stop(&resolve(&config)?, detach),
         Command::Metrics { config } => endpoint::metrics(&resolve(&config)?),
         Command::Reload { config } => endpoint::reload(&resolve(&config)?),
-        Command::GenerateDocs { out } => docs::generate(&out),
+        Command::GenerateCompletions { out } => completions::generate(&out),
         Command::Leave { config, wait } => endpoint::membership(&resolve(&config)?, false, wait),
         Command::Join { config } => endpoint::membership(&resolve(&config)?, true, None),
         Command::BirdConfig { config } => {
