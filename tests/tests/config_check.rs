@@ -756,3 +756,221 @@ fn the_websphere_page_example_checks_and_routes_as_it_says() {
         assert_eq!(got, want, "{host} {path}");
     }
 }
+
+/// A folder of a test's, removed when the test ends (even when it fails).
+struct Scratch(std::path::PathBuf);
+
+impl Scratch {
+    fn new(what: &str) -> Scratch {
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let dir = std::env::temp_dir().join(format!("dispatcher-{what}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+
+    /// Writes `text` as NAME in the folder; its path.
+    fn file(&self, name: &str, text: &str) -> std::path::PathBuf {
+        let path = self.0.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `dispatcher ARGS`, with DISPATCHER_CONFIG_DIR set to `dir` when given (else unset):
+/// (exit code, stdout, stderr).
+fn dispatcher_in(dir: Option<&std::path::Path>, args: &[&std::ffi::OsStr]) -> (i32, String, String) {
+    let mut cmd = Command::new(dispatcher_bin());
+    cmd.args(args).env_remove("DISPATCHER_CONFIG_DIR");
+    if let Some(d) = dir {
+        cmd.env("DISPATCHER_CONFIG_DIR", d);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+/// `dispatcher ARGS` (strings), no DISPATCHER_CONFIG_DIR.
+fn dispatcher(args: &[&str]) -> (i32, String, String) {
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+    dispatcher_in(None, &args)
+}
+
+/// A valid file of instance `instance` (none: the line left out).
+fn instance_file(instance: Option<&str>) -> String {
+    let line = instance.map(|i| format!("instance = \"{i}\"\n")).unwrap_or_default();
+    format!(
+        "[dispatcher]\ninterface = \"eth0\"\n{line}\n[[backend]]\nname = \"a\"\naddress = \"10.0.0.11\"\n\n\
+         [[vip]]\nname = \"web\"\naddress = \"10.0.100.2\"\nport = 80\nmode = \"http\"\n"
+    )
+}
+
+/// `check FILE` as before, `check -c FILE` / `--config FILE` as every other command;
+/// both naming one file is fine, two different files a usage error.
+#[test]
+fn check_takes_the_file_as_argument_or_by_c() {
+    let dir = Scratch::new("check-c");
+    let file = dir.file("shop.toml", &instance_file(Some("shop")));
+    let other = dir.file("other.toml", &instance_file(Some("other")));
+    let f = file.to_str().unwrap();
+    for args in [&["check", f][..], &["check", "-c", f], &["check", "--config", f], &["check", f, "-c", f]] {
+        let (code, out, err) = dispatcher(args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        assert!(out.contains(&format!("{f}: ok (1 VIPs, 1 backends)")), "{args:?}: {out}");
+    }
+    let (code, _, err) = dispatcher(&["check", f, "-c", other.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("are different files") && err.contains(f) && err.contains("other.toml"), "{err}");
+    // -c and -i together: a usage error, whatever the command.
+    for cmd in ["check", "status", "reload"] {
+        let (code, _, err) = dispatcher(&[cmd, "-c", f, "-i", "shop"]);
+        assert_eq!(code, 2, "{cmd}: {err}");
+        assert!(err.contains("cannot be used with"), "{cmd}: {err}");
+    }
+}
+
+/// `-i NAME` is /etc/dispatcher/NAME.toml for every command that reads a configuration,
+/// and with neither -c nor -i the file is /etc/dispatcher/default.toml; a missing one
+/// is an error that names the path tried and how to choose another.
+#[test]
+fn i_and_the_default_name_a_file_under_etc_dispatcher() {
+    let name = format!("no-such-instance-{}", std::process::id());
+    let tried = format!("/etc/dispatcher/{name}.toml");
+    for cmd in [
+        &["check", "-i"][..],
+        &["run", "-i"],
+        &["status", "-i"],
+        &["reload", "-i"],
+        &["metrics", "-i"],
+        &["stop", "--instance"],
+        &["leave", "-i"],
+        &["join", "-i"],
+        &["bird-config", "-i"],
+        &["drain", "a", "-i"],
+        &["disable", "a", "-i"],
+        &["enable", "a", "-i"],
+    ] {
+        let mut args = cmd.to_vec();
+        args.push(&name);
+        let (code, _, err) = dispatcher(&args);
+        assert_eq!(code, 1, "{args:?}: {err}");
+        assert!(err.contains(&tried) && err.contains("-c FILE"), "{args:?}: {err}");
+    }
+    // Not a name that could be a file there.
+    let (code, _, err) = dispatcher(&["check", "-i", "../passwd"]);
+    assert_eq!(code, 2, "{err}");
+    if !std::path::Path::new("/etc/dispatcher/default.toml").exists() {
+        let (code, _, err) = dispatcher(&["check"]);
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains("/etc/dispatcher/default.toml") && err.contains("-i NAME"), "{err}");
+    }
+
+    // The same rule in another directory (DISPATCHER_CONFIG_DIR).
+    let dir = Scratch::new("config-dir");
+    let os = |s: &'static str| std::ffi::OsStr::new(s);
+    let (code, _, err) = dispatcher_in(Some(&dir.0), &[os("status")]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains(&format!("{}/default.toml", dir.0.display())), "{err}");
+    let shop = dir.file("shop.toml", &instance_file(Some("shop")));
+    let (code, out, err) = dispatcher_in(Some(&dir.0), &[os("check"), os("-i"), os("shop")]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with(&format!("{}: ok", shop.display())), "{out}");
+    let default = dir.file("default.toml", &instance_file(None));
+    let (code, out, err) = dispatcher_in(Some(&dir.0), &[os("check")]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with(&format!("{}: ok", default.display())), "{out}");
+    assert!(!err.contains("warning"), "{err}");
+}
+
+/// The unit dispatcher@NAME runs /etc/dispatcher/NAME.toml: a file there whose instance
+/// is another name is a warning that says what the unit would run; elsewhere a file's
+/// name means nothing.
+#[test]
+fn check_warns_when_the_instance_is_not_the_name_the_unit_runs_the_file_by() {
+    let dir = Scratch::new("instance-name");
+    let os = std::ffi::OsStr::new;
+    let shop = dir.file("shop.toml", &instance_file(Some("example")));
+    let (code, _, err) = dispatcher_in(Some(&dir.0), &[os("check"), shop.as_os_str()]);
+    assert_eq!(code, 0, "{err}");
+    let warning = err.lines().find(|l| l.starts_with("warning: ")).unwrap_or_else(|| panic!("no warning: {err}"));
+    for says in [
+        "the file is shop.toml but its instance is \"example\"",
+        "dispatcher@shop runs it as instance example",
+        "/run/dispatcher/example.sock",
+        "set instance = \"shop\"",
+    ] {
+        assert!(warning.contains(says), "`{says}` not in: {warning}");
+    }
+    // By -i, the same.
+    let (code, _, err) = dispatcher_in(Some(&dir.0), &[os("check"), os("-i"), os("shop")]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("dispatcher@shop runs it as instance example"), "{err}");
+    // No instance: the default's name.
+    dir.file("shop.toml", &instance_file(None));
+    let (_, _, err) = dispatcher_in(Some(&dir.0), &[os("check"), os("-i"), os("shop")]);
+    assert!(err.contains("its instance is \"default\" (the default)"), "{err}");
+    // The right name: no warning.
+    dir.file("shop.toml", &instance_file(Some("shop")));
+    let (code, _, err) = dispatcher_in(Some(&dir.0), &[os("check"), os("-i"), os("shop")]);
+    assert!(code == 0 && err.is_empty(), "{err}");
+    // Outside the units' directory, the name is no unit's.
+    let elsewhere = Scratch::new("instance-elsewhere");
+    let f = elsewhere.file("shop.toml", &instance_file(Some("example")));
+    let (code, _, err) = dispatcher_in(Some(&dir.0), &[os("check"), f.as_os_str()]);
+    assert!(code == 0 && err.is_empty(), "{err}");
+}
+
+/// A file with no [[vip]] is valid (nothing to forward yet) but serves nothing: said.
+#[test]
+fn a_configuration_without_vip_passes_with_a_warning() {
+    let text = "[dispatcher]\ninterface = \"eth0\"\n\n[[backend]]\nname = \"a\"\naddress = \"10.0.0.11\"\n";
+    let (code, out, err) = check(text);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("ok (0 VIPs, 1 backends)"), "{out}");
+    assert!(
+        err.lines().any(|l| l.starts_with("warning: ") && l.ends_with("d.toml: no [[vip]]: the dispatcher will serve nothing")),
+        "{err}"
+    );
+    let (code, _, err) = check(&instance_file(None));
+    assert!(code == 0 && !err.contains("no [[vip]]"), "{err}");
+}
+
+/// packaging/example.toml and the README's `cp` line: the file it is copied to is the
+/// file of the example's instance, so `check -i` on it says nothing.
+#[test]
+fn the_example_and_the_readmes_cp_line_agree() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
+    let cp = readme
+        .lines()
+        .find(|l| l.starts_with("cp /etc/dispatcher/example.toml "))
+        .expect("the README copies the example");
+    let target = cp.split_whitespace().nth(2).unwrap();
+    let name = target.strip_prefix("/etc/dispatcher/").and_then(|t| t.strip_suffix(".toml")).expect(target);
+    let example = std::fs::read_to_string(format!("{root}/packaging/example.toml")).unwrap();
+    assert!(
+        example.contains(&format!("copy it to {target}")),
+        "example.toml's header names another file than {target}"
+    );
+    let dir = Scratch::new("example");
+    dir.file(&format!("{name}.toml"), &example);
+    let os = std::ffi::OsStr::new;
+    let (code, out, err) = dispatcher_in(Some(&dir.0), &[os("check"), os("-i"), os(name)]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(": ok ("), "{out}");
+    assert!(err.is_empty(), "the example, copied as the README says, warns:\n{err}");
+    // And with no -i, the README's next steps (`dispatcher check`, dispatcher@<name>).
+    if name == "default" {
+        let (code, _, err) = dispatcher_in(Some(&dir.0), &[os("check")]);
+        assert!(code == 0 && err.is_empty(), "{err}");
+    }
+}

@@ -54,8 +54,7 @@ fn the_debian_package_builds_installs_and_its_units_verify() {
         "./lib/systemd/system/dispatcher-decap@.service",
         "./etc/dispatcher/example.toml",
         "./usr/share/man/man8/dispatcher.8.gz",
-        "./usr/share/man/man8/dispatcher-run.8.gz",
-        "./usr/share/man/man8/dispatcher-reload.8.gz",
+        "./usr/share/man/man5/dispatcher.toml.5.gz",
         "./usr/share/bash-completion/completions/dispatcher",
         "./usr/share/zsh/vendor-completions/_dispatcher",
         "./usr/share/fish/vendor_completions.d/dispatcher.fish",
@@ -63,7 +62,10 @@ fn the_debian_package_builds_installs_and_its_units_verify() {
     ] {
         assert!(listing.lines().any(|l| l.ends_with(path)), "{path} missing:\n{listing}");
     }
-    assert!(!listing.contains("generate-docs"), "{listing}");
+    assert!(!listing.contains("generate-"), "{listing}");
+    // The written pages, not one generated per subcommand.
+    let pages: Vec<&str> = listing.lines().filter(|l| l.contains("/usr/share/man/") && l.ends_with(".gz")).collect();
+    assert_eq!(pages.len(), 2, "{pages:?}");
     let (_, depends, _) = run(Command::new("dpkg-deb").args(["-f"]).arg(&deb).arg("Depends"));
     let depends = depends.trim();
     assert!(depends.contains("libc6 (>= 2."), "{depends}");
@@ -73,10 +75,14 @@ fn the_debian_package_builds_installs_and_its_units_verify() {
     let (ok, plan, err) = run(Command::new("apt-get").args(["install", "-s", "-y"]).arg(&deb));
     assert!(ok && plan.lines().any(|l| l.starts_with("Inst dispatcher ")), "apt-get install -s: {plan}{err}");
 
-    // lintian: no errors (its warnings are printed).
-    let (_, lint, lint_err) = run(Command::new("lintian").arg(&deb));
+    // lintian: no errors (its warnings are printed), and nothing at all about the manual
+    // pages (informational tags included).
+    let (_, lint, lint_err) = run(Command::new("lintian").args(["--display-info", "--pedantic"]).arg(&deb));
     eprintln!("lintian:\n{lint}{lint_err}");
     assert!(!lint.lines().any(|l| l.starts_with("E:")), "lintian errors:\n{lint}");
+    let about_pages: Vec<&str> =
+        lint.lines().filter(|l| l.contains("usr/share/man/") || l.contains("manpage")).collect();
+    assert!(about_pages.is_empty(), "lintian on the manual pages:\n{}", about_pages.join("\n"));
 
     // Installed into a throwaway root with a dpkg database of its own (the root has no
     // libc6 package: dependencies are not checked there).
@@ -105,8 +111,8 @@ fn the_debian_package_builds_installs_and_its_units_verify() {
     assert!(ok, "the example configuration validates: {checked}{err}");
     let (ok, page, _) = run(Command::new("sh")
         .arg("-c")
-        .arg(format!("zcat {} | grep -c keep", root.join("usr/share/man/man8/dispatcher-run.8.gz").display())));
-    assert!(ok && page.trim() != "0", "the run page documents --keep-dataplane");
+        .arg(format!("zcat {} | grep -c keep", root.join("usr/share/man/man8/dispatcher.8.gz").display())));
+    assert!(ok && page.trim() != "0", "the page documents --keep-dataplane");
 
     // The units, as systemd reads them: verified offline in the root (the host's own
     // units copied beside them, for the targets they name). Any message is a failure.

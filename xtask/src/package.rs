@@ -1,10 +1,10 @@
 //! `cargo xtask package`: a Debian package of the agent, built with dpkg-deb from a
 //! staged tree: the release binary (XDP programs embedded), the systemd units, an
-//! example configuration (a conffile), manual pages and shell completions generated from
-//! the command line's definition, the runtime dependencies of the binary's shared
-//! libraries (dpkg-shlibdeps: the packages that hold the libraries the loader would load,
-//! at the versions their symbols files give for the symbols it uses), and the md5sums of
-//! the files.
+//! example configuration (a conffile), the manual pages (man/), shell completions
+//! generated from the command line's definition, the runtime dependencies of the
+//! binary's shared libraries (dpkg-shlibdeps: the packages that hold the libraries the
+//! loader would load, at the versions their symbols files give for the symbols it uses),
+//! and the md5sums of the files.
 
 use std::{
     path::{Path, PathBuf},
@@ -16,6 +16,8 @@ use anyhow::{bail, Context as _};
 use crate::{run_cmd, setup::output as output_of, step, workspace_root};
 
 const NAME: &str = "dispatcher";
+/// The manual pages under man/, each in the section its name ends with.
+const MAN_PAGES: [&str; 2] = ["dispatcher.8", "dispatcher.toml.5"];
 /// The license texts the copyright file carries (the workspace is MIT OR Apache-2.0).
 const LICENSE_TEXTS: &str = "\nApache-2.0: on Debian systems, the full text of the Apache License, Version 2.0,\nis in /usr/share/common-licenses/Apache-2.0.\n\nMIT:\n Permission is hereby granted, free of charge, to any person obtaining a copy\n of this software and associated documentation files (the \"Software\"), to deal\n in the Software without restriction, including without limitation the rights\n to use, copy, modify, merge, publish, distribute, sublicense, and/or sell\n copies of the Software, and to permit persons to whom the Software is\n furnished to do so, subject to the following conditions:\n .\n The above copyright notice and this permission notice shall be included in\n all copies or substantial portions of the Software.\n .\n THE SOFTWARE IS PROVIDED \"AS IS\", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR\n IMPLIED, INCLUDING BUT NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY,\n FITNESS FOR A PARTICULAR PURPOSE AND NONINFRINGEMENT. IN NO EVENT SHALL THE\n AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM, DAMAGES OR OTHER\n LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM,\n OUT OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE\n SOFTWARE.\n";
 
@@ -159,19 +161,18 @@ pub fn package(out: Option<PathBuf>) -> anyhow::Result<PathBuf> {
         write(&stage.join("lib/systemd/system").join(unit), text)?;
     }
     write(&stage.join("etc/dispatcher/example.toml"), std::fs::read(root.join("packaging/example.toml"))?)?;
-    // Pages and completions, from the binary's own command line.
-    let generated = out.join("generated");
-    let _ = std::fs::remove_dir_all(&generated);
-    run_cmd(Command::new(&binary).arg("generate-docs").arg("--out").arg(&generated))?;
-    let man = stage.join("usr/share/man/man8");
-    std::fs::create_dir_all(&man)?;
-    for page in std::fs::read_dir(generated.join("man8"))? {
-        let page = page?.path();
-        let to = man.join(page.file_name().unwrap());
-        std::fs::copy(&page, &to)?;
+    // The manual pages, as written (man/, checked against the command line and the
+    // configuration parser by tests/tests/man_pages.rs).
+    for page in MAN_PAGES {
+        let section = page.rsplit('.').next().unwrap();
+        let to = stage.join(format!("usr/share/man/man{section}")).join(page);
+        write(&to, std::fs::read(root.join("man").join(page))?)?;
         gzip(&to)?;
     }
-    let completions = generated.join("completions");
+    // The completions, from the binary's own command line.
+    let completions = out.join("completions");
+    let _ = std::fs::remove_dir_all(&completions);
+    run_cmd(Command::new(&binary).arg("generate-completions").arg("--out").arg(&completions))?;
     for (from, to) in [
         ("dispatcher.bash", "usr/share/bash-completion/completions/dispatcher"),
         ("_dispatcher", "usr/share/zsh/vendor-completions/_dispatcher"),

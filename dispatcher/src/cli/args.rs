@@ -1,6 +1,6 @@
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -13,24 +13,58 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// The configuration a command reads: `-c FILE`, or `-i NAME` for
+/// /etc/dispatcher/NAME.toml (the file the unit dispatcher@NAME runs), else
+/// /etc/dispatcher/default.toml (`cli::config_file`).
+#[derive(Debug, Clone, Args)]
+pub struct ConfigFile {
+    /// The configuration file [default: /etc/dispatcher/default.toml].
+    #[arg(long, short, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The configuration of instance NAME: /etc/dispatcher/NAME.toml, the file the unit
+    /// dispatcher@NAME runs.
+    #[arg(long, short, value_name = "NAME", conflicts_with = "config", value_parser = instance_name)]
+    pub instance: Option<String>,
+}
+
+/// An instance name as `dispatcher.instance` takes it (it names a file here).
+fn instance_name(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.len() > 64 || !s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+        return Err("1 to 64 letters, digits, '-' and '_' (the NAME of /etc/dispatcher/NAME.toml)".into());
+    }
+    Ok(s.to_string())
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Load and attach the XDP program, fill the maps from FILE, run until SIGTERM.
+    /// Load and attach the XDP program, fill the maps from the configuration, serve until
+    /// SIGTERM, SIGINT or `dispatcher stop` (SIGHUP reloads).
     Run {
-        #[arg(long, short)]
-        config: PathBuf,
+        #[command(flatten)]
+        config: ConfigFile,
         /// On exit, leave the program attached and the maps pinned (L4 forwarding goes on).
         #[arg(long)]
         keep_dataplane: bool,
     },
     /// Validate a configuration file; errors name the line and the field.
-    Check { file: PathBuf },
+    Check {
+        /// The file to check (the same as -c FILE).
+        #[arg(value_name = "FILE", conflicts_with = "instance")]
+        file: Option<PathBuf>,
+        #[command(flatten)]
+        config: ConfigFile,
+    },
     /// Print WebSphere's plugin-cfg.xml as this dispatcher's TOML (farms, backends,
     /// routes), names and patterns kept; warnings and errors name the file's line.
-    Import { file: PathBuf },
+    Import {
+        /// WebSphere's plugin-cfg.xml.
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+    },
     /// Attach the IPIP decapsulation program to a backend's interface until SIGTERM.
     Decap {
-        #[arg(long)]
+        /// The interface the tunnelled packets arrive on.
+        #[arg(long, value_name = "IFACE")]
         iface: String,
         /// Attach in generic (skb) mode.
         #[arg(long)]
@@ -38,8 +72,8 @@ pub enum Command {
     },
     /// Show VIPs, backends and XDP counters from the pinned maps.
     Status {
-        #[arg(long, short)]
-        config: PathBuf,
+        #[command(flatten)]
+        config: ConfigFile,
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
@@ -47,70 +81,74 @@ pub enum Command {
         #[arg(long, short, value_name = "SECS")]
         watch: Option<f64>,
         /// With --watch: stop after N frames.
-        #[arg(long, requires = "watch")]
+        #[arg(long, requires = "watch", value_name = "N")]
         count: Option<u64>,
     },
     /// Let a backend finish its flows but take no new ones.
     Drain {
-        #[arg(long, short)]
-        config: PathBuf,
+        #[command(flatten)]
+        config: ConfigFile,
+        /// A backend's name, or FARM/SERVER when several farms have a server of that name.
         backend: String,
     },
     /// Take a backend out now: its flows move to its peer replica.
     Disable {
-        #[arg(long, short)]
-        config: PathBuf,
+        #[command(flatten)]
+        config: ConfigFile,
+        /// A backend's name, or FARM/SERVER when several farms have a server of that name.
         backend: String,
     },
     /// Put a drained or disabled backend back in service.
     Enable {
-        #[arg(long, short)]
-        config: PathBuf,
+        #[command(flatten)]
+        config: ConfigFile,
+        /// A backend's name, or FARM/SERVER when several farms have a server of that name.
         backend: String,
     },
     /// Make the running agent re-read its configuration file and apply the difference.
     Reload {
-        #[arg(long, short)]
-        config: PathBuf,
+        #[command(flatten)]
+        config: ConfigFile,
     },
     /// Print the agent's Prometheus metrics (from its admin socket).
     Metrics {
-        #[arg(long, short)]
-        config: PathBuf,
+        #[command(flatten)]
+        config: ConfigFile,
     },
     /// Take this dispatcher out of a group behind ECMP: withdraw its VIPs, give its place
     /// in the ownership table to the others, and close each client connection after its
-    /// next response; connections opened before go on meanwhile. `--wait SECS`: wait until
-    /// no client connection is left (or SECS pass), then report.
+    /// next response; connections opened before go on meanwhile.
     Leave {
-        #[arg(long, short)]
-        config: PathBuf,
+        #[command(flatten)]
+        config: ConfigFile,
+        /// Then wait until no client connection is left, or SECS pass (exit status 2).
         #[arg(long, value_name = "SECS")]
         wait: Option<f64>,
     },
     /// Put this dispatcher back: announce its VIPs and take its place in the ownership table.
     Join {
-        #[arg(long, short)]
-        config: PathBuf,
+        #[command(flatten)]
+        config: ConfigFile,
     },
     /// Print BIRD's static protocol that announces this configuration's VIPs ([announce]).
     BirdConfig {
-        #[arg(long, short)]
-        config: PathBuf,
+        #[command(flatten)]
+        config: ConfigFile,
     },
-    /// Write the manual pages (section 8, one per subcommand) and the shell completions
-    /// (bash, zsh, fish) generated from this command line, for packaging.
+    /// Write the shell completions (bash, zsh, fish) generated from this command line,
+    /// for packaging (the manual pages are written: man/).
     #[command(hide = true)]
-    GenerateDocs {
-        /// Pages go to DIR/man8, completions to DIR/completions.
+    GenerateCompletions {
+        /// The directory they go to.
         #[arg(long, value_name = "DIR")]
         out: PathBuf,
     },
     /// Stop the running agent; the XDP program stays attached and the maps pinned (L4
-    /// forwarding goes on). `--detach`: also detach the program and remove the maps.
+    /// forwarding goes on).
     Stop {
-        #[arg(long, short)]
-        config: PathBuf,
+        #[command(flatten)]
+        config: ConfigFile,
+        /// Also detach the program and remove the pinned maps (with no agent running too).
         #[arg(long)]
         detach: bool,
     },

@@ -18,6 +18,9 @@ pub fn check(file: &Path) -> anyhow::Result<ExitCode> {
     for w in &cfg.warnings {
         eprintln!("warning: {w}");
     }
+    if let Some(w) = super::config_file::instance_mismatch(file, &cfg) {
+        eprintln!("warning: {w}");
+    }
     // The TLS files: chains that parse, keys that match, expiry.
     let mut errors = 0;
     for (v, h) in cfg.vips.iter().filter_map(|v| Some((v, v.served_http()?))) {

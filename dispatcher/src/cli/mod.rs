@@ -2,8 +2,9 @@
 
 pub mod args;
 mod check;
+mod completions;
+mod config_file;
 mod decap;
-mod docs;
 mod endpoint;
 mod import;
 mod operator;
@@ -16,23 +17,29 @@ use args::{Cli, Command};
 pub use dispatcher::logging::init_logging;
 
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    use config_file::resolve;
     match cli.command {
-        Command::Run { config, keep_dataplane } => run::run(&config, keep_dataplane),
-        Command::Check { file } => check::check(&file),
+        Command::Run { config, keep_dataplane } => run::run(&resolve(&config)?, keep_dataplane),
+        Command::Check { file, config } => check::check(&config_file::for_check(file, &config)?),
         Command::Import { file } => import::import(&file),
         Command::Decap { iface, generic } => decap::decap(&iface, generic),
-        Command::Status { config, json, watch, count } => status::status(&config, json, watch, count),
-        Command::Drain { config, backend } => operator::control(&config, &backend, operator::Action::Drain),
-        Command::Disable { config, backend } => operator::control(&config, &backend, operator::Action::Disable),
-        Command::Enable { config, backend } => operator::control(&config, &backend, operator::Action::Enable),
-        Command::Stop { config, detach } => endpoint::stop(&config, detach),
-        Command::Metrics { config } => endpoint::metrics(&config),
-        Command::Reload { config } => endpoint::reload(&config),
-        Command::GenerateDocs { out } => docs::generate(&out),
-        Command::Leave { config, wait } => endpoint::membership(&config, false, wait),
-        Command::Join { config } => endpoint::membership(&config, true, None),
+        Command::Status { config, json, watch, count } => status::status(&resolve(&config)?, json, watch, count),
+        Command::Drain { config, backend } => operator::control(&resolve(&config)?, &backend, operator::Action::Drain),
+        Command::Disable { config, backend } => {
+            operator::control(&resolve(&config)?, &backend, operator::Action::Disable)
+        }
+        Command::Enable { config, backend } => {
+            operator::control(&resolve(&config)?, &backend, operator::Action::Enable)
+        }
+        Command::Stop { config, detach } => endpoint::stop(&resolve(&config)?, detach),
+        Command::Metrics { config } => endpoint::metrics(&resolve(&config)?),
+        Command::Reload { config } => endpoint::reload(&resolve(&config)?),
+        Command::GenerateCompletions { out } => completions::generate(&out),
+        Command::Leave { config, wait } => endpoint::membership(&resolve(&config)?, false, wait),
+        Command::Join { config } => endpoint::membership(&resolve(&config)?, true, None),
         Command::BirdConfig { config } => {
-            print!("{}", dispatcher::announce::bird_config(&dispatcher::config::Config::load(&config)?)?);
+            let path = resolve(&config)?;
+            print!("{}", dispatcher::announce::bird_config(&dispatcher::config::Config::load(&path)?)?);
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -1021,5 +1021,13 @@ h2c = true
         assert_eq!(counters.requests_by_protocol[Protocol::H2 as usize].load(Ordering::Relaxed), 6);
         assert_eq!(counters.connections_by_protocol[Protocol::H2 as usize].load(Ordering::Relaxed), 1);
         assert_eq!(counters.misroutes.load(Ordering::Relaxed), 0);
+        // Every stream's task ends with its exchange (each held ~10 KiB forever when the
+        // proxy was never told its client was gone).
+        let ended = async {
+            while counters.h2_streams_in_flight.load(Ordering::Relaxed) != 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), ended).await.expect("no stream task left");
     }
 }

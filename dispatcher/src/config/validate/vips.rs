@@ -35,6 +35,10 @@ impl Ctx<'_> {
         if raw.len() > MAX_VIPS as usize {
             self.report(raw[MAX_VIPS as usize].span(), "vip", format!("at most {MAX_VIPS} VIPs"));
         }
+        if raw.is_empty() {
+            // Valid (nothing to forward yet), but rarely meant.
+            self.warn(format!("{}: no [[vip]]: the dispatcher will serve nothing", self.file));
+        }
         let mut taken = Taken::default();
         let mut vips: Vec<Vip> = raw.iter().enumerate().map(|(i, v)| self.vip(i, v.get_ref(), m, &mut taken)).collect();
         self.redirects(raw, &mut vips);
