@@ -344,6 +344,10 @@ pub async fn serve_http1(
         requests += 1;
         let span = tracing::debug_span!("request", n = requests);
         let next = Box::pin(conn.exchange(&head, &head_bytes, closing, head_started).instrument(span)).await;
+        if protocol == Protocol::H2 {
+            // An HTTP/2 stream is one request.
+            return;
+        }
         // Keep the header index's allocation for the next request.
         conn.scratch = head.headers;
         match next {

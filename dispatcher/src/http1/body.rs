@@ -87,6 +87,17 @@ impl<R: AsyncRead + Unpin> Inbound<R> {
         }
     }
 
+    /// Reads more bytes into the buffer, however long they take (a reader whose other end
+    /// bounds its own waits: an in-process pipe); `Ok(0)` at end of stream.
+    pub async fn fill_unbounded(&mut self) -> Result<usize, RelayError> {
+        if self.buf.capacity() - self.buf.len() < 1024 {
+            self.buf.reserve(self.chunk);
+        }
+        let n = self.io.read_buf(&mut self.buf).await.map_err(RelayError::Read)?;
+        self.total_read += n as u64;
+        Ok(n)
+    }
+
     /// Reads until `parse` finds a whole head at the start of the buffer (`parse_request`
     /// or `parse_response` with the caller's limits); each read waits at most `timeout`.
     /// The head's bytes stay in the buffer (`len` of the head returned).

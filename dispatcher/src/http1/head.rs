@@ -56,6 +56,27 @@ pub struct RequestHead {
     pub path: Range<usize>,
 }
 
+impl RequestHead {
+    /// What `parse_response` needs of a request it answers and that was not parsed here
+    /// (an HTTP/2 stream's): whether it was `HEAD`.
+    pub fn answered(is_head: bool) -> RequestHead {
+        RequestHead {
+            len: 0,
+            method: 0..0,
+            target: 0..0,
+            minor: 1,
+            headers: Vec::new(),
+            framing: Framing::None,
+            keep_alive: true,
+            expect_continue: false,
+            upgrade: false,
+            is_head,
+            authority: None,
+            path: 0..0,
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct ResponseHead {
     pub len: usize,

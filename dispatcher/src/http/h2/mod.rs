@@ -192,7 +192,10 @@ where
     };
     let live = Arc::new(Live::default());
     let mut end = Ending::default();
-    let mut idle_at = Instant::now() + s.client_idle_timeout;
+    // One timer for the connection's life, moved when it fires with streams open (not
+    // re-armed for every stream: a timer is a lock and a wheel slot).
+    let idle = tokio::time::sleep(s.client_idle_timeout);
+    tokio::pin!(idle);
     let mut streams = 0u64;
     if *stop.borrow() {
         end.graceful(&mut conn, GoAway::Stop, s.drain_timeout);
@@ -233,13 +236,14 @@ where
                 None => break,
             },
             _ = stop.changed(), if end.why.is_none() => end.graceful(&mut conn, GoAway::Stop, s.drain_timeout),
-            _ = tokio::time::sleep_until(idle_at.into()), if end.why.is_none() => {
+            _ = &mut idle, if end.why.is_none() => {
                 let last = live.last_end_ns.load(Ordering::Relaxed);
                 let since = Duration::from_nanos(crate::metrics::mono_ns().saturating_sub(last.max(1)));
+                let now = tokio::time::Instant::now();
                 if live.streams.load(Ordering::Relaxed) > 0 {
-                    idle_at = Instant::now() + s.client_idle_timeout;
+                    idle.as_mut().reset(now + s.client_idle_timeout);
                 } else if last != 0 && since < s.client_idle_timeout {
-                    idle_at = Instant::now() + (s.client_idle_timeout - since);
+                    idle.as_mut().reset(now + (s.client_idle_timeout - since));
                 } else {
                     end.graceful(&mut conn, GoAway::Idle, s.client_timeout);
                 }

@@ -26,17 +26,13 @@ use crate::http::{
 };
 use crate::http1::{
     body::{ChunkedDecoder, Inbound, RelayError},
-    head::{parse_request, parse_response, Framing, HeadLimits, RequestHead, MAX_HEADERS},
+    head::{parse_response, Framing, HeadLimits, RequestHead, MAX_HEADERS},
     io::pipe_sides,
 };
 
 /// The pipe's buffer each way: what the proxy may write ahead of the client's window,
 /// and the client ahead of the proxy.
 const PIPE: usize = 64 * 1024;
-/// The longest wait for the proxy's next bytes. The proxy bounds its own waits (server,
-/// queue, hold timeouts); this only keeps a stream from outliving a proxy that never
-/// answers.
-const BACKSTOP: Duration = Duration::from_secs(3600);
 
 /// Serves one stream (its task: the connection goes on meanwhile).
 pub async fn serve(
@@ -54,22 +50,17 @@ pub async fn serve(
         return;
     }
     let (parts, body) = req.into_parts();
-    let translated =
-        request_head(&parts, body.is_end_stream()).map_err(|r| (r.status, r.reason)).and_then(|(head, framing)| {
-            match parse_request(&head, &ctx.limits, &mut Vec::new()) {
-                Ok(Some(parsed)) => Ok((head, framing, parsed)),
-                Ok(None) => Err((400, "incomplete request head")),
-                Err(r) => Err((r.status, r.reason)),
-            }
-        });
-    let (head, framing, parsed) = match translated {
+    // The proxy parses the head as it parses any (and answers what it refuses); the
+    // answer's framing depends on whether it was HEAD.
+    let (head, framing) = match request_head(&parts, body.is_end_stream()) {
         Ok(t) => t,
-        Err((status, reason)) => {
+        Err(r) => {
             counters.h2_refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            refuse(&mut respond, status, reason);
+            refuse(&mut respond, r.status, r.reason);
             return;
         }
     };
+    let parsed = RequestHead::answered(parts.method == http::Method::HEAD);
     let (ours, theirs) = tokio::io::duplex(PIPE);
     let proxy = serve_http1(ctx.clone(), pipe_sides(theirs), at.peer, at.steer_slot, stop, Protocol::H2);
     let exchange = async {
@@ -154,7 +145,9 @@ async fn upload_all(
 
 /// The proxy's answer onto the stream: interim responses, the final head, its body.
 async fn download(ctx: &VipCtx, res_r: ReadHalf<DuplexStream>, respond: &mut SendResponse<Bytes>, req: &RequestHead) {
-    let mut src = Inbound::with_chunk(res_r, 16 * 1024);
+    // Reads from the pipe need no deadline: the proxy bounds its own waits (server,
+    // queue and hold timeouts) and ends its side when it gives up.
+    let mut src = Inbound::with_chunk(res_r, 8 * 1024);
     // The proxy's head may be a little larger than the backend's (fields it adds).
     let limits = HeadLimits { max_bytes: ctx.limits.max_bytes * 2 + 4096, max_headers: MAX_HEADERS };
     let mut scratch = Vec::new();
@@ -177,7 +170,7 @@ async fn download(ctx: &VipCtx, res_r: ReadHalf<DuplexStream>, respond: &mut Sen
             Err(_) => return respond.send_reset(Reason::INTERNAL_ERROR),
         }
         tokio::select! {
-            filled = src.fill(BACKSTOP) => match filled {
+            filled = src.fill_unbounded() => match filled {
                 Ok(n) if n > 0 => {}
                 // The proxy ended without an answer (the client is gone, or it gave up).
                 _ => return respond.send_reset(Reason::INTERNAL_ERROR),
@@ -214,7 +207,7 @@ async fn body(
     match framing {
         Framing::Length(mut n) => {
             while n > 0 {
-                if src.buf.is_empty() && src.fill(BACKSTOP).await.map_err(cut)? == 0 {
+                if src.buf.is_empty() && src.fill_unbounded().await.map_err(cut)? == 0 {
                     return Err(Reason::INTERNAL_ERROR);
                 }
                 let take = (src.buf.len() as u64).min(n) as usize;
@@ -235,7 +228,7 @@ async fn body(
                 if dec.is_done() {
                     break;
                 }
-                if src.fill(BACKSTOP).await.map_err(cut)? == 0 {
+                if src.fill_unbounded().await.map_err(cut)? == 0 {
                     return Err(Reason::INTERNAL_ERROR);
                 }
             }
@@ -251,7 +244,7 @@ async fn body(
                 let all = src.buf.split().freeze();
                 send(out, all, false, window_wait).await?;
             }
-            if src.fill(BACKSTOP).await.map_err(cut)? == 0 {
+            if src.fill_unbounded().await.map_err(cut)? == 0 {
                 return out.send_data(Bytes::new(), true).map_err(|_| Reason::CANCEL);
             }
         },
