@@ -73,6 +73,12 @@ impl SendFail {
         }
     }
 
+    /// Whether the request reached a server: a retry after an attempt that never
+    /// connected is no replay, and is not charged to the retry budget.
+    pub fn reached_a_server(&self) -> bool {
+        !matches!(self, SendFail::Unreachable(_))
+    }
+
     /// What the client is told when the attempt is not made again (none once answered).
     pub fn answer(&self) -> Option<Answer> {
         Some(match self {

@@ -791,7 +791,8 @@ impl<'c> Rounds<'c> {
             // Nothing of the client's stream is consumed by an attempt: no body, or one
             // read ahead.
             let replayable = req.idempotent && (req.head.framing == Framing::None || req.buffered_body.is_some());
-            if failure.retryable() && replayable && self.retries.again(c, &ctx.settings) {
+            let budgeted = failure.reached_a_server();
+            if failure.retryable() && replayable && self.retries.again(c, &ctx.settings, budgeted) {
                 trace.retries = self.retries.extra;
                 continue;
             }

@@ -1,5 +1,9 @@
 //! Retries: which requests may be replayed, and the dispatcher-wide budget that keeps a mass
-//! failure from doubling the survivors' load.
+//! failure from doubling the survivors' load with replays. A retry after a connection
+//! that was never made (refused, unreachable) replays nothing — no server got the
+//! request — and is not charged to the budget: when a clone dies under many concurrent
+//! requests (an HTTP/2 client's hundred streams), each goes once to the replica instead
+//! of most getting 503.
 
 use std::sync::atomic::Ordering;
 
@@ -30,18 +34,19 @@ pub struct Retries<'c> {
 
 impl<'c> Retries<'c> {
     /// Whether a failed attempt that may be replayed is made again: within the VIP's
-    /// `retries` and the dispatcher-wide budget (a refusal by the budget is counted).
-    pub fn again(&mut self, c: &'c Servers, s: &HttpSettings) -> bool {
+    /// `retries` and, when the failed attempt reached a server (`budgeted`), the
+    /// dispatcher-wide budget (a refusal by the budget is counted).
+    pub fn again(&mut self, c: &'c Servers, s: &HttpSettings, budgeted: bool) -> bool {
         if self.extra >= s.retries {
             return false;
         }
-        if !retry_allowed(c, s) {
+        if budgeted && !retry_allowed(c, s) {
             c.counters.retry_budget_refusals.fetch_add(1, Ordering::Relaxed);
             return false;
         }
         self.extra += 1;
         c.counters.retries.fetch_add(1, Ordering::Relaxed);
-        if self.in_flight.is_none() {
+        if budgeted && self.in_flight.is_none() {
             c.counters.retries_in_flight.fetch_add(1, Ordering::Relaxed);
             self.in_flight = Some(Counted(&c.counters.retries_in_flight));
         }

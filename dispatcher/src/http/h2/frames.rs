@@ -1,7 +1,8 @@
 //! The frames of one HTTP/2 connection as they pass through its socket, read by their
 //! 9-byte headers only (the `h2` crate decodes them): what clients send that costs work
 //! and carries no request — SETTINGS, PING, PRIORITY, RST_STREAM, empty DATA and
-//! CONTINUATION frames, WINDOW_UPDATEs beyond what the data sent explains — is charged
+//! CONTINUATION frames, WINDOW_UPDATEs beyond what the data sent explains (two per DATA
+//! frame: the stream's and the connection's, however small the client's windows) — is charged
 //! to per-connection budgets, and every RST_STREAM either way is counted by its error
 //! code. A budget spent raises the connection's alarm: the connection loop answers with
 //! GOAWAY (ENHANCE_YOUR_CALM) and reads nothing more of it.
@@ -42,9 +43,10 @@ const END_STREAM: u8 = 0x1;
 const ACK: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;
 
-/// DATA bytes sent per WINDOW_UPDATE a client may send for free: a client that reads
-/// what it is sent opens its window again, one update per few kilobytes at the most.
-const BYTES_PER_FREE_UPDATE: u64 = 4096;
+/// WINDOW_UPDATEs a client may send for free per DATA frame it was sent: one for the
+/// stream, one for the connection (a client with small windows reopens them after every
+/// frame; more than that is no reader's need).
+const FREE_UPDATES_PER_FRAME: u64 = 2;
 /// The most free WINDOW_UPDATEs saved up.
 const MAX_FREE_UPDATES: u64 = 4096;
 
@@ -187,8 +189,6 @@ struct Budgets {
     resets: Bucket,
     /// WINDOW_UPDATEs the data sent explains, not yet used.
     free_updates: u64,
-    /// DATA payload bytes sent, not yet turned into free updates.
-    sent: u64,
 }
 
 impl Budgets {
@@ -216,9 +216,9 @@ impl Budgets {
     }
 
     fn sent_data(&mut self, len: u32) {
-        self.sent += len as u64;
-        self.free_updates = (self.free_updates + self.sent / BYTES_PER_FREE_UPDATE).min(MAX_FREE_UPDATES);
-        self.sent %= BYTES_PER_FREE_UPDATE;
+        if len > 0 {
+            self.free_updates = (self.free_updates + FREE_UPDATES_PER_FRAME).min(MAX_FREE_UPDATES);
+        }
     }
 }
 
@@ -239,7 +239,6 @@ impl<T> Metered<T> {
             resets: Bucket::new(s.max_resets_per_second),
             // The updates a client sends right after its SETTINGS (curl, browsers).
             free_updates: 4,
-            sent: 0,
         };
         Metered { io, inbound: Scan::after_preface(), outbound: Scan::default(), budgets, alarm, counters }
     }
@@ -357,7 +356,7 @@ mod tests {
     }
 
     fn budgets(control: u32, resets: u32) -> Budgets {
-        Budgets { control: Bucket::new(control), resets: Bucket::new(resets), free_updates: 0, sent: 0 }
+        Budgets { control: Bucket::new(control), resets: Bucket::new(resets), free_updates: 0 }
     }
 
     #[test]
@@ -380,12 +379,15 @@ mod tests {
         assert_eq!((0..20).position(|_| b.charge(rst).is_some()), Some(10));
         assert_eq!(b.charge(rst), Some(GoAway::RapidReset));
 
+        // A client with 4 KiB windows reopens both after every DATA frame: free.
         let mut b = budgets(1, 1);
         let update = Frame { kind: WINDOW_UPDATE, flags: 0, len: 4, code: None };
-        b.sent_data(16 * 4096);
-        for _ in 0..16 {
+        for _ in 0..10_000 {
+            b.sent_data(4096);
+            assert_eq!(b.charge(update), None);
             assert_eq!(b.charge(update), None);
         }
+        b.sent_data(0);
         // Past what the data explains: charged (a burst of 2 at a rate of 1).
         assert_eq!((0..5).position(|_| b.charge(update).is_some()), Some(2));
     }
