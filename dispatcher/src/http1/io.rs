@@ -12,7 +12,7 @@ use std::{
 };
 
 use tokio::{
-    io::{AsyncRead, AsyncWrite, ReadBuf, SimplexStream},
+    io::{AsyncRead, AsyncWrite, DuplexStream, ReadBuf},
     net::{
         tcp::{OwnedReadHalf, OwnedWriteHalf},
         TcpStream,
@@ -26,7 +26,7 @@ pub enum ReadSide {
     Plain(OwnedReadHalf),
     Tls(tokio::io::ReadHalf<TlsConn>),
     /// An in-process pipe: an HTTP/2 stream translated into HTTP/1.1 (`http::h2`).
-    Pipe(tokio::io::ReadHalf<SimplexStream>),
+    Pipe(tokio::io::ReadHalf<DuplexStream>),
 }
 
 /// The write half, and how many bytes it has taken (the access log's bytes out).
@@ -38,7 +38,7 @@ pub struct WriteSide {
 enum WriteHalf {
     Plain(OwnedWriteHalf),
     Tls(tokio::io::WriteHalf<TlsConn>),
-    Pipe(tokio::io::WriteHalf<SimplexStream>),
+    Pipe(tokio::io::WriteHalf<DuplexStream>),
 }
 
 /// A connection's halves and its socket's descriptor (for socket options and peeks that
@@ -55,13 +55,12 @@ pub fn split_tls(s: TlsConn) -> (ReadSide, WriteSide, RawFd) {
     (ReadSide::Tls(r), WriteSide { half: WriteHalf::Tls(w), written: 0 }, fd)
 }
 
-/// The HTTP/1.1 side of an HTTP/2 stream: the request pipe's read end and the response
-/// pipe's write end.
-pub fn pipe_sides(
-    requests: tokio::io::ReadHalf<SimplexStream>,
-    responses: tokio::io::WriteHalf<SimplexStream>,
-) -> (ReadSide, WriteSide) {
-    (ReadSide::Pipe(requests), WriteSide { half: WriteHalf::Pipe(responses), written: 0 })
+/// The HTTP/1.1 side of an HTTP/2 stream: its end of an in-process pipe, requests in,
+/// responses out. When both halves are gone, the other end reads its end and writes
+/// fail.
+pub fn pipe_sides(pipe: DuplexStream) -> (ReadSide, WriteSide) {
+    let (r, w) = tokio::io::split(pipe);
+    (ReadSide::Pipe(r), WriteSide { half: WriteHalf::Pipe(w), written: 0 })
 }
 
 impl ReadSide {

@@ -1,6 +1,8 @@
-//! One HTTP/2 stream: its request translated into HTTP/1.1 and written into a pipe that
-//! the HTTP/1.1 proxy reads as its client (`proxy::serve_http1`), the proxy's answer
-//! read back from a second pipe and sent on the stream. Flow control holds both ways:
+//! One HTTP/2 stream: its request translated into HTTP/1.1 and written into an
+//! in-process pipe whose other end the HTTP/1.1 proxy serves as a client connection
+//! (`proxy::serve_http1`), the proxy's answer read back from it and sent on the stream.
+//! The stream's end drops its end of the pipe: the proxy reads the end of its client and
+//! its writes fail, so it stops whatever it was doing. Flow control holds both ways:
 //! the client's window reopens only as the proxy takes the body (the pipe is bounded),
 //! and a response goes out as the client's window allows, never buffered whole. A body
 //! cut short either way resets the stream: a truncated message never looks complete.
@@ -10,7 +12,7 @@ use std::{future::poll_fn, sync::Arc, task::Poll, time::Duration};
 use bytes::{Buf as _, Bytes};
 use h2::{server::SendResponse, Reason, RecvStream, SendStream};
 use tokio::{
-    io::{AsyncWriteExt, ReadHalf, SimplexStream, WriteHalf},
+    io::{AsyncWriteExt, DuplexStream, ReadHalf, WriteHalf},
     sync::watch,
 };
 
@@ -28,8 +30,8 @@ use crate::http1::{
     io::pipe_sides,
 };
 
-/// Each pipe's buffer: what the proxy may write ahead of the client's window, and the
-/// client ahead of the proxy.
+/// The pipe's buffer each way: what the proxy may write ahead of the client's window,
+/// and the client ahead of the proxy.
 const PIPE: usize = 64 * 1024;
 /// The longest wait for the proxy's next bytes. The proxy bounds its own waits (server,
 /// queue, hold timeouts); this only keeps a stream from outliving a proxy that never
@@ -68,28 +70,29 @@ pub async fn serve(
             return;
         }
     };
-    let (req_r, req_w) = tokio::io::simplex(PIPE);
-    let (res_r, res_w) = tokio::io::simplex(PIPE);
-    let proxy = serve_http1(ctx.clone(), pipe_sides(req_r, res_w), at.peer, at.steer_slot, stop, Protocol::H2);
+    let (ours, theirs) = tokio::io::duplex(PIPE);
+    let proxy = serve_http1(ctx.clone(), pipe_sides(theirs), at.peer, at.steer_slot, stop, Protocol::H2);
     let exchange = async {
-        let upload = upload(head, framing, body, req_w);
+        let (res_r, mut req_w) = tokio::io::split(ours);
+        let upload = async {
+            // A request the client gave up on: the proxy reads the end of its client.
+            if !upload(head, framing, body, &mut req_w).await {
+                let _ = req_w.shutdown().await;
+            }
+        };
         let download = download(&ctx, res_r, &mut respond, &parsed);
         tokio::pin!(upload, download);
-        // The request pipe stays open until the response is through: its end would tell
-        // the proxy that the client left.
-        let mut kept = None;
+        // The pipe stays open until the response is through (its end would tell the
+        // proxy that the client left); a client still sending then is cut off.
         let mut uploading = true;
         loop {
             tokio::select! {
-                w = &mut upload, if uploading => {
-                    uploading = false;
-                    kept = w;
-                }
+                () = &mut upload, if uploading => uploading = false,
                 () = &mut download => break,
             }
         }
-        drop(kept);
     };
+    // The exchange's end drops our end of the pipe: the proxy stops.
     tokio::join!(proxy, exchange);
 }
 
@@ -108,18 +111,22 @@ fn refuse(respond: &mut SendResponse<Bytes>, status: u16, reason: &str) {
 }
 
 /// The request into the proxy's pipe: its head, then its body as DATA frames come
-/// (chunked, with the client's trailers, when it has no `content-length`). `Some`: the
-/// pipe, whole request written; `None`: the client reset the stream or the proxy stopped
+/// (chunked, with the client's trailers, when it has no `content-length`). `true`: the
+/// whole request written; `false`: the client reset the stream or the proxy stopped
 /// reading.
-async fn upload(
+async fn upload(head: Vec<u8>, framing: Framing, body: RecvStream, w: &mut WriteHalf<DuplexStream>) -> bool {
+    upload_all(head, framing, body, w).await.is_some()
+}
+
+async fn upload_all(
     head: Vec<u8>,
     framing: Framing,
     mut body: RecvStream,
-    mut w: WriteHalf<SimplexStream>,
-) -> Option<WriteHalf<SimplexStream>> {
+    w: &mut WriteHalf<DuplexStream>,
+) -> Option<()> {
     w.write_all(&head).await.ok()?;
     if framing == Framing::None {
-        return Some(w);
+        return Some(());
     }
     let chunked = framing == Framing::Chunked;
     while let Some(data) = body.data().await {
@@ -142,11 +149,11 @@ async fn upload(
         let trailers = body.trailers().await.ok()?;
         w.write_all(&last_chunk(trailers.as_ref())).await.ok()?;
     }
-    Some(w)
+    Some(())
 }
 
 /// The proxy's answer onto the stream: interim responses, the final head, its body.
-async fn download(ctx: &VipCtx, res_r: ReadHalf<SimplexStream>, respond: &mut SendResponse<Bytes>, req: &RequestHead) {
+async fn download(ctx: &VipCtx, res_r: ReadHalf<DuplexStream>, respond: &mut SendResponse<Bytes>, req: &RequestHead) {
     let mut src = Inbound::with_chunk(res_r, 16 * 1024);
     // The proxy's head may be a little larger than the backend's (fields it adds).
     let limits = HeadLimits { max_bytes: ctx.limits.max_bytes * 2 + 4096, max_headers: MAX_HEADERS };
@@ -197,7 +204,7 @@ async fn download(ctx: &VipCtx, res_r: ReadHalf<SimplexStream>, respond: &mut Se
 
 /// The response body, as its HTTP/1.1 framing delimits it, in DATA frames (and trailers).
 async fn body(
-    src: &mut Inbound<ReadHalf<SimplexStream>>,
+    src: &mut Inbound<ReadHalf<DuplexStream>>,
     out: &mut SendStream<Bytes>,
     framing: Framing,
     window_wait: Duration,
