@@ -755,7 +755,8 @@ fn control_frame_floods_end_in_goaway() {
 /// A client that keeps its window shut (SETTINGS_INITIAL_WINDOW_SIZE 0, no
 /// WINDOW_UPDATE): the response's head is sent, its body cannot be; the stream is reset
 /// CANCEL once `client_timeout` (2 s) has passed, and a 16 MiB response is not buffered
-/// meanwhile.
+/// meanwhile. Another stream of the same connection, whose window the client opens, is
+/// answered at once all the same.
 #[test]
 fn a_window_held_shut_is_reset_after_the_client_timeout() {
     let b = h2_testbed(2, "client_timeout = \"2s\"\n");
@@ -763,15 +764,23 @@ fn a_window_held_shut_is_reset_after_the_client_timeout() {
     let pid = tb.pid_of("dispatcher").unwrap();
     let rss_before = rss_kib(pid);
     for (port, path) in [(H2C_PORT, "/app/counter"), (FILES_PORT, "/big")] {
-        let r = py1(&b, "zero_window", with(h2c(port), json!({"path": path, "wait": 15})));
+        let other = if port == FILES_PORT { "/medium" } else { "" };
+        let opts = json!({"path": path, "other": other, "wait": 15});
+        let r = py1(&b, "zero_window", with(h2c(port), opts));
         assert_eq!(per_stream(&r, "status").get(&1), Some(&200), "{path}: {r}");
         assert_eq!(per_stream(&r, "resets").get(&1), Some(&CANCEL), "{path}: {r}");
-        assert!(r["data"].as_object().unwrap().is_empty(), "{path}: no DATA through a shut window: {r}");
+        assert!(!per_stream(&r, "data").contains_key(&1), "{path}: no DATA through a shut window: {r}");
         let held = per_stream_f(&r, "reset_at")[&1] - per_stream_f(&r, "headers_at")[&1];
         assert!((1.5..6.0).contains(&held), "{path}: reset after {held:.2}s");
         if path == "/big" {
             let rss = rss_kib(pid);
             assert!(rss < rss_before + 12 * 1024, "held 16 MiB: {rss} KiB, before {rss_before} KiB");
+            // The other stream (8000 bytes from the scripted backend) was not held up.
+            let other = r["other"].as_u64().unwrap();
+            assert_eq!(per_stream(&r, "status").get(&other), Some(&200), "{r}");
+            assert_eq!(per_stream(&r, "data").get(&other), Some(&8000), "{r}");
+            assert!(r["ended"].as_array().unwrap().contains(&json!(other)), "{r}");
+            assert!(per_stream_f(&r, "headers_at")[&other] < 1.0, "{r}");
         }
     }
     assert_eq!(resets_sent(tb, "cancel"), 2);
@@ -793,19 +802,23 @@ fn a_stream_whose_body_never_comes_ends_at_the_client_timeout() {
 }
 
 /// A connection left idle after its one request gets a graceful GOAWAY (NO_ERROR, last
-/// stream 1) at `client_idle_timeout` (3 s), counted as idle, and is closed.
+/// stream 1) at `client_idle_timeout` (3 s) after the answer, counted as idle, and is
+/// closed; a stream in flight longer than that (3.5 s) is no idleness: it is answered,
+/// and the GOAWAY comes 3 s after it.
 #[test]
 fn an_idle_connection_gets_goaway_at_the_idle_timeout() {
     let b = h2_testbed(2, "client_idle_timeout = \"3s\"\n");
-    let r = py1(&b, "idle_conn", with(b.tls(), json!({"path": "/app/counter", "wait": 15})));
-    assert_eq!(per_stream(&r, "status").get(&1), Some(&200), "{r}");
-    let (code, last) = goaway_of(&r).unwrap_or_else(|| panic!("no GOAWAY: {r}"));
-    assert_eq!((code, last), (NO_ERROR, 1), "{r}");
-    let idle = r["goaway_at"].as_f64().unwrap() - r["answered_at"].as_f64().unwrap();
-    eprintln!("IDLE {idle} {r}");
-    assert!((2.5..4.5).contains(&idle), "GOAWAY after {idle:.2}s idle (client_idle_timeout 3s)");
-    assert!(r["closed"].as_bool().unwrap(), "{r}");
-    assert_eq!(goaways(b.tb(), "idle", 1), 1);
+    for (n, path) in [(1, "/app/counter"), (2, "/slow/3500")] {
+        let r = py1(&b, "idle_conn", with(b.tls(), json!({"path": path, "wait": 15})));
+        assert_eq!(per_stream(&r, "status").get(&1), Some(&200), "{path}: {r}");
+        let (code, last) = goaway_of(&r).unwrap_or_else(|| panic!("{path}: no GOAWAY: {r}"));
+        assert_eq!((code, last), (NO_ERROR, 1), "{path}: {r}");
+        assert!(r["goaways"].as_array().unwrap().iter().all(|g| g[0] == NO_ERROR), "{path}: {r}");
+        let idle = r["goaway_at"].as_f64().unwrap() - r["answered_at"].as_f64().unwrap();
+        assert!((2.5..4.5).contains(&idle), "{path}: GOAWAY after {idle:.2}s idle (client_idle_timeout 3s)");
+        assert!(r["closed"].as_bool().unwrap(), "{path}: {r}");
+        assert_eq!(goaways(b.tb(), "idle", n), n, "{path}");
+    }
     assert_h2_closed(b.tb());
 }
 
@@ -847,6 +860,36 @@ fn requests_that_cannot_be_translated_reach_no_clone() {
     assert_eq!(paths, ["/app/t?good".to_string(), "/app/t?host-only".to_string()].into());
     let answered = status.values().filter(|&&s| s == 400 || s == 501).count() as u64;
     assert_eq!(metric(b.tb(), "dispatcher_h2_requests_refused_total"), answered);
+}
+
+/// What could smuggle a second request or field into the HTTP/1.1 translation (CR, LF
+/// or NUL in a field, a space in :path, an uppercase name, transfer-encoding, a
+/// content-length the DATA does not match), each on its own connection to the scripted
+/// backends, which record every byte they get: each is refused by the h2 crate (GOAWAY
+/// or RST_STREAM PROTOCOL_ERROR) and none reaches a backend; a request with trailers is
+/// forwarded chunked with its trailer.
+#[test]
+fn what_could_smuggle_a_request_through_the_translation_reaches_no_backend() {
+    let b = h2_testbed(2, "");
+    let r = py1(&b, "smuggle", with(h2c(FILES_PORT), json!({"path": "/echo"})));
+    let outcome = |case: &str| {
+        let c = &r[case];
+        (c["status"].as_u64(), c["reset"].as_u64(), c["goaway"].as_u64())
+    };
+    for case in ["crlf_in_value", "lf_in_value", "nul_in_value", "crlf_in_name", "uppercase_name"] {
+        assert_eq!(outcome(case), (None, None, Some(PROTOCOL_ERROR)), "{case}: {r}");
+    }
+    for case in ["space_in_path", "transfer_encoding", "length_mismatch"] {
+        assert_eq!(outcome(case), (None, Some(PROTOCOL_ERROR), None), "{case}: {r}");
+    }
+    assert_eq!(outcome("trailers"), (Some(200), None, None), "{r}");
+    let seen = b.record.requests.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1, "only the request with trailers reached a backend: {seen:#?}");
+    assert!(seen[0].starts_with("POST /echo?case=trailers HTTP/1.1\r\nHost: shop.example\r\n"), "{seen:?}");
+    assert!(seen[0].contains("\r\nTransfer-Encoding: chunked\r\n"), "{seen:?}");
+    assert!(seen[0].ends_with("\r\n\r\n5\r\nhello\r\n0\r\nx-sum: 5\r\n\r\n"), "{seen:?}");
+    assert!(!seen[0].contains("te:") && !seen[0].contains("TE:"), "te: trailers is hop-by-hop: {seen:?}");
+    assert_eq!(goaways(b.tb(), "protocol_error", 5), 5);
 }
 
 /// Clients keeping four TLS connections busy (four streams each, requests taking
