@@ -704,6 +704,12 @@ impl Drop for Testbed {
     }
 }
 
+/// A process's resident memory (VmRSS), KiB.
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status.lines().find_map(|l| l.strip_prefix("VmRSS:")).unwrap().trim().trim_end_matches(" kB").parse().unwrap()
+}
+
 /// The agent binary of the same build as the running executable: next to it (xtask) or
 /// one level up (test executables live in `deps/`). `cargo xtask test` builds it first.
 pub fn dispatcher_bin() -> PathBuf {

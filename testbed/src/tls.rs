@@ -4,9 +4,13 @@
 use std::{
     path::{Path, PathBuf},
     process::Command,
+    sync::Arc,
 };
 
-use crate::netns::Ns;
+use crate::{
+    netns::{Ns, Testbed},
+    websphere,
+};
 
 /// A folder of CAs and certificates.
 pub struct Pki {
@@ -129,4 +133,57 @@ pub fn s_client(ns: &Ns, addr: &str, extra: &[&str], input: &[u8]) -> String {
     args.extend_from_slice(extra);
     let r = run(ns, "openssl", &args, Some(input));
     format!("{}\n{}", r.stdout, r.stderr)
+}
+
+/// The address of `https_testbed`'s VIP, and its clones' port.
+pub const HTTPS_VIP: &str = "10.99.100.8";
+pub const HTTPS_BACKEND_PORT: u16 = 8080;
+
+/// An HTTPS VIP in front of WebSphere-like clones (`https_testbed`).
+pub struct HttpsBed {
+    pub tb: Testbed,
+    pub cluster: Arc<websphere::Clones>,
+    pub pki: Pki,
+    /// The configuration file.
+    pub cfg: String,
+}
+
+/// `n` clones in replica pairs behind an HTTPS VIP `shop` on `HTTPS_VIP`:443. `pki_setup`
+/// makes the certificates and returns the `[vip.tls]` lines (without the section header)
+/// and more configuration after them (more VIPs); `http`: lines for `[http]`.
+pub fn https_testbed(n: usize, pki_setup: impl FnOnce(&Pki) -> (String, String), http: &str) -> HttpsBed {
+    https_testbed_with(n, pki_setup, http, |_| {})
+}
+
+/// As `https_testbed`; `prepare` runs before the agent starts (more servers on the
+/// backends, files the configuration names).
+pub fn https_testbed_with(
+    n: usize,
+    pki_setup: impl FnOnce(&Pki) -> (String, String),
+    http: &str,
+    prepare: impl FnOnce(&mut Testbed),
+) -> HttpsBed {
+    let (vip, port) = (HTTPS_VIP, HTTPS_BACKEND_PORT);
+    let mut tb = Testbed::new(n, &[vip]);
+    tb.add_local_vip(vip);
+    let cluster = websphere::Clones::new(n);
+    tb.start_websphere(&cluster, port);
+    let pki = Pki::new(&tb.workdir);
+    let (tls, more) = pki_setup(&pki);
+    prepare(&mut tb);
+    let text = format!(
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n[http]\nheader_timeout = \"1s\"\n{http}\n[health]\npath = \"/health\"\ninterval = \"200ms\"\n\n{}\n[[vip]]\nname = \"shop\"\naddress = \"{vip}\"\nport = 443\nmode = \"http\"\nbackend_port = {port}\n[vip.tls]\n{tls}\n{more}",
+        tb.instance(),
+        tb.backend_config(&[])
+    );
+    let path = tb.write_config(&text);
+    tb.start_dispatcher(&path);
+    HttpsBed { tb, cluster, pki, cfg: path.display().to_string() }
+}
+
+/// One certificate for shop.example (the default), a 500 ms handshake deadline: the
+/// `[vip.tls]` lines, nothing more.
+pub fn shop_only(pki: &Pki) -> (String, String) {
+    let (cert, key) = pki.leaf("ca", "shop", "shop.example", &["shop.example"], 20);
+    (format!("handshake_timeout = \"500ms\"\n{}", certificate_entry(&cert, &key, &[])), String::new())
 }

@@ -13,46 +13,12 @@ use std::{
 };
 
 use dispatcher_testbed::{
-    netns::Testbed,
-    tls::{certificate_entry, run, s_client, Pki},
-    websphere,
+    netns::{rss_kib, Testbed},
+    tls::{certificate_entry, https_testbed, run, s_client, shop_only, HttpsBed as Bed, Pki, HTTPS_BACKEND_PORT},
 };
 
-const VIP: &str = "10.99.100.8";
-const BACKEND_PORT: u16 = 8080;
-
-struct Bed {
-    tb: Testbed,
-    cluster: Arc<websphere::Clones>,
-    pki: Pki,
-    /// The configuration file.
-    cfg: String,
-}
-
-/// `n` clones in replica pairs behind an HTTPS VIP on port 443 whose `[vip.tls]` is
-/// `tls` (without the section header); `more`: more configuration after it.
-fn https_testbed(n: usize, pki_setup: impl FnOnce(&Pki) -> (String, String), http: &str) -> Bed {
-    let mut tb = Testbed::new(n, &[VIP]);
-    tb.add_local_vip(VIP);
-    let cluster = websphere::Clones::new(n);
-    tb.start_websphere(&cluster, BACKEND_PORT);
-    let pki = Pki::new(&tb.workdir);
-    let (tls, more) = pki_setup(&pki);
-    let text = format!(
-        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n[http]\nheader_timeout = \"1s\"\n{http}\n[health]\npath = \"/health\"\ninterval = \"200ms\"\n\n{}\n[[vip]]\nname = \"shop\"\naddress = \"{VIP}\"\nport = 443\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\n[vip.tls]\n{tls}\n{more}",
-        tb.instance(),
-        tb.backend_config(&[])
-    );
-    let path = tb.write_config(&text);
-    tb.start_dispatcher(&path);
-    Bed { tb, cluster, pki, cfg: path.display().to_string() }
-}
-
-/// One certificate for shop.example, the default.
-fn shop_only(pki: &Pki) -> (String, String) {
-    let (cert, key) = pki.leaf("ca", "shop", "shop.example", &["shop.example"], 20);
-    (format!("handshake_timeout = \"500ms\"\n{}", certificate_entry(&cert, &key, &[])), String::new())
-}
+const VIP: &str = dispatcher_testbed::tls::HTTPS_VIP;
+const BACKEND_PORT: u16 = HTTPS_BACKEND_PORT;
 
 fn curl_args<'a>(pki: &'a Pki, jar: &'a str, ca: &'a str) -> Vec<String> {
     let _ = pki;
@@ -419,11 +385,6 @@ fn until_closed(mut s: TcpStream) -> (Vec<u8>, Duration) {
     let mut got = Vec::new();
     let _ = s.read_to_end(&mut got);
     (got, t.elapsed())
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status.lines().find_map(|l| l.strip_prefix("VmRSS:")).unwrap().trim().trim_end_matches(" kB").parse().unwrap()
 }
 
 #[test]

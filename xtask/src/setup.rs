@@ -50,6 +50,10 @@ const PACKAGES: &[&str] = &[
     "dpkg-dev",
     // The capability test records the agent's system calls against its unit's filter.
     "strace",
+    // The HTTP/2 tests' clients: nghttp and h2load, and Python's HTTP/2 library (with
+    // hpack) for the scripted clients and attacks (tests/fixtures/h2_clients.py).
+    "nghttp2-client",
+    "python3-h2",
 ];
 
 pub fn setup() -> anyhow::Result<()> {
