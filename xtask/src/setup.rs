@@ -38,6 +38,11 @@ const PACKAGES: &[&str] = &[
     "curl",
     "python3",
     "ca-certificates",
+    // HTTP/2: h2load and nghttp (nghttp2-client), and Python's h2 library (python3-h2, for
+    // /usr/bin/python3) as a client that holds h2 connections: the HTTP/2 namespace tests
+    // and `cargo xtask bench --h2`.
+    "nghttp2-client",
+    "python3-h2",
     // The package: dpkg-deb builds it, lintian checks it, systemd-analyze verifies its
     // units offline (systemd need not run), strip (binutils) shrinks its binary, and the
     // package test reads the binary's libraries with objdump (binutils) and ldd.

@@ -23,6 +23,8 @@ pub const VIP: &str = "10.99.100.20";
 pub const BACKEND_PORT: u16 = 8080;
 pub const WORKERS: usize = 1;
 const CONNECTIONS: usize = 50;
+/// The idle upstream connections nginx keeps: more than the benches' 50 client connections.
+pub const NGINX_KEEPALIVE: usize = 64;
 
 /// A system under test: its port on the VIP and its process log (shown when it does not
 /// come up).
@@ -114,15 +116,23 @@ pub fn start_haproxy(tb: &mut Testbed, maxconn: u64, global: &str, bind: &str) {
 }
 
 /// Starts nginx (`nginx-proxy.conf`, process `nginx-proxy`) hashing JSESSIONID over the
-/// four backends; `listen`: the server's listen line and any lines after it (TLS).
-pub fn start_nginx_proxy(tb: &mut Testbed, listen: &str) {
+/// four backends; `listen`: the server's listen line and any lines after it (TLS);
+/// `keepalive`: the idle upstream connections it keeps (`NGINX_KEEPALIVE` but where more
+/// requests are in flight).
+pub fn start_nginx_proxy(tb: &mut Testbed, listen: &str, keepalive: usize) {
     let dir = tb.workdir.clone();
     let servers: String = (0..4).map(|i| format!("  server {}:{BACKEND_PORT};\n", backend_ip(i))).collect();
     let conf = peers::write(
         &dir,
         "nginx-proxy.conf",
         peers::NGINX_PROXY,
-        &[("WORKERS", &WORKERS), ("DIR", &dir.display()), ("SERVERS", &servers), ("LISTEN", &listen)],
+        &[
+            ("WORKERS", &WORKERS),
+            ("DIR", &dir.display()),
+            ("SERVERS", &servers),
+            ("LISTEN", &listen),
+            ("KEEPALIVE", &keepalive),
+        ],
     );
     let mut cmd = tb.lb.command("nginx");
     cmd.arg("-p").arg(&dir).arg("-c").arg(&conf);
@@ -321,7 +331,7 @@ pub fn run(quick: bool) -> (String, String) {
     tb.start_dispatcher(&path);
     let agent_pid = tb.pid_of("dispatcher").expect("agent pid");
     start_haproxy(&mut tb, maxconn, "", &format!("{VIP}:81"));
-    start_nginx_proxy(&mut tb, &format!("{VIP}:82;"));
+    start_nginx_proxy(&mut tb, &format!("{VIP}:82;"), NGINX_KEEPALIVE);
     let script = cookies_script(&tb);
 
     let mut results = Vec::new();

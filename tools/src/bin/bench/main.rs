@@ -5,6 +5,7 @@ mod access_log;
 mod charts;
 mod cluster;
 mod failover;
+mod h2;
 mod http;
 mod l4;
 mod load;
@@ -111,6 +112,15 @@ const BENCHES: &[Bench] = &[
         run: tls::run,
     },
     Bench {
+        flag: "--h2",
+        about: "HTTP/2 termination (h2 by ALPN) against HAProxy and nginx: h2load requests/s with 1 and 100 streams per connection, p99, CPU per request, memory per idle h2 connection.",
+        key: "h2",
+        title: "HTTP/2 (HTTPS with h2 by ALPN: h2load, idle h2 connections)",
+        // h2load (nghttp2-client) and Python's h2 (python3-h2) come with setup.
+        packages: HTTP_PEERS,
+        run: h2::run,
+    },
+    Bench {
         flag: "--p99",
         about: "HTTP p99 against HAProxy at full load and at 50/75/90% of its maximum, in repeated rounds.",
         key: "p99",
@@ -210,4 +220,12 @@ fn main() {
     }
     std::fs::write(dir.join("report.md"), &md).unwrap();
     println!("\nreport: {} and report.md", dir.join("report.json").display());
+    let failures = report::failures();
+    if !failures.is_empty() {
+        eprintln!("\nbench: {} measurement(s) failed (left out of the report):", failures.len());
+        for f in &failures {
+            eprintln!("  - {f}");
+        }
+        std::process::exit(1);
+    }
 }

@@ -3,7 +3,23 @@
 //! each. A cell without a title is in the JSON only (a figure the table leaves out); one
 //! without a key is in the table only (a ratio to a peer, a range written out).
 
-use std::fmt::Display;
+use std::{fmt::Display, sync::Mutex};
+
+/// What a bench could not measure (a system that did not speak the protocol, requests
+/// that failed): its figures are left out of the report, and the bench program exits
+/// with an error once the report is written.
+static FAILURES: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Records a failure (and says so on stderr at once).
+pub fn fail(what: String) {
+    eprintln!("    FAILED: {what}");
+    FAILURES.lock().unwrap_or_else(|e| e.into_inner()).push(what);
+}
+
+/// The failures recorded so far.
+pub fn failures() -> Vec<String> {
+    FAILURES.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
 
 struct Cell {
     title: &'static str,

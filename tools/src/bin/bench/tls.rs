@@ -26,21 +26,21 @@ use crate::{
 };
 use dispatcher_testbed::{netns::Testbed, tls::Pki};
 
-const VIP: &str = "10.99.100.21";
+pub const VIP: &str = "10.99.100.21";
 const CONNECTIONS: usize = 50;
 /// The one TLS 1.3 suite every system and client uses.
-const SUITE: &str = "TLS_AES_128_GCM_SHA256";
+pub const SUITE: &str = "TLS_AES_128_GCM_SHA256";
 const IDLE: usize = 2_000;
 
-const SYSTEMS: [System; 3] = [
+pub const SYSTEMS: [System; 3] = [
     System { name: "dispatcher", port: 443, log: "dispatcher" },
     System { name: "haproxy", port: 444, log: "haproxy" },
     System { name: "nginx", port: 445, log: "nginx-proxy" },
 ];
 
-/// Holds `n` TLS connections open, each after one request; prints `ready`, then waits
-/// for its standard input to close.
-const IDLE_CLIENT: &str = r#"
+/// The idle clients' start (`hold_idle`): the arguments (host, port, `n`), descriptors
+/// for `n` connections, a TLS 1.3 context `ctx` that verifies nothing, the list `held`.
+const IDLE_HEAD: &str = r#"
 import resource, socket, ssl, sys
 host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 resource.setrlimit(resource.RLIMIT_NOFILE, (n + 100, n + 100))
@@ -49,6 +49,16 @@ ctx.check_hostname = False
 ctx.verify_mode = ssl.CERT_NONE
 ctx.minimum_version = ssl.TLSVersion.TLSv1_3
 held = []
+"#;
+
+/// And their end: says the connections are open, holds them until standard input closes.
+const IDLE_TAIL: &str = r#"
+print("ready", flush=True)
+sys.stdin.read()
+"#;
+
+/// Opens `n` TLS connections into `held`, each after one request.
+const IDLE_CLIENT: &str = r#"
 for i in range(n):
     s = ctx.wrap_socket(socket.create_connection((host, port), timeout=10))
     s.sendall(b"GET / HTTP/1.1\r\nHost: b\r\nCookie: JSESSIONID=0000idle%d:clone%dx\r\n\r\n" % (i, i % 4))
@@ -59,13 +69,11 @@ for i in range(n):
             raise SystemExit("closed after %d connections" % i)
         data += chunk
     held.append(s)
-print("ready", flush=True)
-sys.stdin.read()
 "#;
 
 /// A client program in the client namespace, offering only `SUITE` (through an OpenSSL
-/// configuration file that wrk, s_time and Python's ssl all read).
-fn client(tb: &Testbed, program: &str) -> Command {
+/// configuration file that wrk, s_time, h2load and Python's ssl all read).
+pub fn client(tb: &Testbed, program: &str) -> Command {
     let mut cmd = tb.client.command(program);
     cmd.env("OPENSSL_CONF", tb.workdir.join("openssl-client.cnf"));
     cmd
@@ -76,7 +84,7 @@ fn wrk(tb: &Testbed, port: u16, secs: u64, script: &Path) -> Wrk {
 }
 
 /// Waits until the port completes a TLS handshake and answers a request.
-fn wait_ready(tb: &Testbed, port: u16, log: &str) {
+pub fn wait_ready(tb: &Testbed, port: u16, log: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
     let url = format!("https://{VIP}:{port}/");
     loop {
@@ -138,23 +146,59 @@ fn s_time(tb: &Testbed, port: u16, secs: u64, mode: &str) -> f64 {
 
 /// The RSS of `pid` (KiB) before and with `IDLE` idle TLS connections to `port`.
 fn idle_memory(tb: &Testbed, port: u16, pid: u32) -> (u64, u64) {
+    let idle = hold_idle(tb, "python3", IDLE_CLIENT, port, IDLE, pid).unwrap_or_else(|e| panic!("{e}"));
+    (idle.before, idle.with)
+}
+
+/// What a server's memory was with idle client connections held open.
+pub struct Idle {
+    /// Its RSS (KiB) before the connections, and with them.
+    pub before: u64,
+    pub with: u64,
+    /// The connections to its port established in the client's namespace as `with` was
+    /// read.
+    pub established: usize,
+}
+
+/// Runs `opens`, Python that opens `n` connections to `host`:`port` with `ctx` into `held`
+/// (between `IDLE_HEAD` and `IDLE_TAIL`; as `python`, in the client's namespace, with the
+/// VIP, `port` and `n` as arguments); reads the RSS of `pid` before and while the
+/// connections are held.
+pub fn hold_idle(tb: &Testbed, python: &str, opens: &str, port: u16, n: usize, pid: u32) -> Result<Idle, String> {
     let before = http::rss_kib(pid);
-    let mut child = client(tb, "python3")
-        .args(["-c", IDLE_CLIENT, VIP, &port.to_string(), &IDLE.to_string()])
+    let program = format!("{IDLE_HEAD}{opens}{IDLE_TAIL}");
+    let mut child = client(tb, python)
+        .args(["-c", &program, VIP, &port.to_string(), &n.to_string()])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
-        .expect("python3");
+        .map_err(|e| format!("{python}: {e}"))?;
     let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
-    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
-    assert_eq!(line.trim(), "ready", "the idle client did not open its connections");
-    std::thread::sleep(Duration::from_millis(500));
-    let with = http::rss_kib(pid);
+    let _ = std::io::BufRead::read_line(&mut out, &mut line);
+    let held = if line.trim() == "ready" {
+        std::thread::sleep(Duration::from_millis(500));
+        let with = http::rss_kib(pid);
+        Ok(Idle { before, with, established: established(tb, port) })
+    } else {
+        Err(format!("the idle client did not open its {n} connections to port {port} ({line:?})"))
+    };
     drop(child.stdin.take());
     let _ = child.wait();
-    (before, with)
+    held
+}
+
+/// The TCP connections to the VIP's `port` established in the client's namespace.
+fn established(tb: &Testbed, port: u16) -> usize {
+    let out = tb
+        .client
+        .command("ss")
+        .args(["-Htn", "state", "established", "dst", &format!("{VIP}:{port}")])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    out.lines().filter(|l| !l.trim().is_empty()).count()
 }
 
 /// The dispatcher's count of (full, resumed) handshakes.
@@ -165,7 +209,17 @@ fn handshakes(tb: &Testbed) -> (u64, u64) {
     (t["handshakes_full"].as_u64().unwrap_or(0), t["handshakes_resumed"].as_u64().unwrap_or(0))
 }
 
-/// nginx's worker (the master's child): the process that holds the connections.
+/// The process of `s` that holds the connections and does the work: nginx's worker (the
+/// master's child), the others' one process.
+pub fn server_pid(tb: &Testbed, s: &System) -> u32 {
+    let pid = tb.pid_of(s.log).unwrap_or_else(|| panic!("{} is not running", s.name));
+    match s.name {
+        "nginx" => nginx_worker(pid),
+        _ => pid,
+    }
+}
+
+/// nginx's worker (the master's child).
 fn nginx_worker(master: u32) -> u32 {
     let children = std::fs::read_to_string(format!("/proc/{master}/task/{master}/children")).unwrap_or_default();
     children.split_whitespace().next().and_then(|p| p.parse().ok()).expect("an nginx worker")
@@ -182,11 +236,13 @@ struct Measured {
     negotiated: String,
 }
 
-pub fn run(quick: bool) -> (String, String) {
-    let nofile = http::raise_nofile();
-    let maxconn = http::haproxy_maxconn(nofile);
-    let secs = if quick { 4 } else { 10 };
-    eprintln!("==> TLS benchmark: {WORKERS} worker(s) each, ECDSA P-256, {SUITE}, {secs}s per measurement");
+/// The HTTPS benches' testbed (TLS and HTTP/2): the four nginx backends and the three
+/// systems terminating HTTPS on the VIP (`SYSTEMS`' ports) with the same certificate and
+/// suite; `h2`: HAProxy and nginx offer HTTP/2 by ALPN besides HTTP/1.1 (the dispatcher
+/// offers what its HTTPS VIP offers by default). Writes the clients' OpenSSL
+/// configuration (`client`).
+pub fn https_bed(h2: bool) -> Testbed {
+    let maxconn = http::haproxy_maxconn(http::raise_nofile());
     let mut tb = Testbed::new(4, &[VIP]);
     tb.add_local_vip(VIP);
     tb.client.sysctl("net.ipv4.tcp_tw_reuse=1");
@@ -209,19 +265,34 @@ pub fn run(quick: bool) -> (String, String) {
     let path = tb.write_config(&cfg);
     tb.start_dispatcher(&path);
     let global = format!(" ssl-default-bind-ciphersuites {SUITE}\n ssl-default-bind-options ssl-min-ver TLSv1.2\n");
-    let bind = format!("{VIP}:444 ssl crt {} alpn http/1.1", combined.display());
+    let bind = format!("{VIP}:444 ssl crt {} alpn {}", combined.display(), if h2 { "h2,http/1.1" } else { "http/1.1" });
     http::start_haproxy(&mut tb, maxconn, &global, &bind);
     let listen = format!(
-        "{VIP}:445 ssl;\n  ssl_certificate {};\n  ssl_certificate_key {};\n  ssl_protocols TLSv1.2 TLSv1.3;\n  ssl_conf_command Ciphersuites {SUITE};\n  ssl_session_cache shared:SSL:10m;\n  ssl_session_tickets on;",
+        "{VIP}:445 ssl{};\n  ssl_certificate {};\n  ssl_certificate_key {};\n  ssl_protocols TLSv1.2 TLSv1.3;\n  ssl_conf_command Ciphersuites {SUITE};\n  ssl_session_cache shared:SSL:10m;\n  ssl_session_tickets on;",
+        if h2 { " http2" } else { "" },
         cert.display(),
         key.display()
     );
-    http::start_nginx_proxy(&mut tb, &listen);
+    // With h2, 100 streams on each of 10 connections put 1,000 requests in flight: nginx
+    // keeps as many upstream connections as the dispatcher's pool may (pool_max_idle),
+    // rather than opening and closing all but 64 for each request (which stalled it on
+    // its TIME_WAIT ports and measured that instead of its HTTP/2).
+    let keepalive = if h2 { 1024 } else { http::NGINX_KEEPALIVE };
+    http::start_nginx_proxy(&mut tb, &listen, keepalive);
+    // The clients offer the one suite too (wrk, s_time, h2load and Python's ssl read
+    // OpenSSL's configuration).
+    peers::write(&dir, "openssl-client.cnf", peers::OPENSSL_CLIENT, &[("SUITE", &SUITE)]);
+    tb
+}
+
+pub fn run(quick: bool) -> (String, String) {
+    let secs = if quick { 4 } else { 10 };
+    eprintln!("==> TLS benchmark: {WORKERS} worker(s) each, ECDSA P-256, {SUITE}, {secs}s per measurement");
+    let tb = https_bed(false);
+    let dir = tb.workdir.clone();
     let keepalive_script = http::cookies_script(&tb);
     let close_script = dir.join("close.lua");
     std::fs::write(&close_script, peers::CLOSE_LUA).unwrap();
-    // The clients offer the one suite too (wrk and s_time read OpenSSL's configuration).
-    peers::write(&dir, "openssl-client.cnf", peers::OPENSSL_CLIENT, &[("SUITE", &SUITE)]);
 
     for s in &SYSTEMS {
         wait_ready(&tb, s.port, s.log);
@@ -270,10 +341,7 @@ pub fn run(quick: bool) -> (String, String) {
                 phases.push(format!("{what}: {} full, {} resumed", b.0 - a.0, b.1 - a.1));
             }
         }
-        let pid = match s.name {
-            "nginx" => nginx_worker(tb.pid_of(s.log).unwrap()),
-            _ => tb.pid_of(s.log).unwrap(),
-        };
+        let pid = server_pid(&tb, s);
         std::thread::sleep(Duration::from_secs(2));
         let (before, with) = idle_memory(&tb, s.port, pid);
         let kib_per_conn = with.saturating_sub(before) as f64 / IDLE as f64;
