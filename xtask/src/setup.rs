@@ -39,8 +39,9 @@ const PACKAGES: &[&str] = &[
     "python3",
     "ca-certificates",
     // HTTP/2: h2load and nghttp (nghttp2-client), and Python's h2 library (python3-h2, for
-    // /usr/bin/python3) as a client that holds h2 connections: the HTTP/2 namespace tests
-    // and `cargo xtask bench --h2`.
+    // /usr/bin/python3, with hpack) for the scripted clients and attacks of the HTTP/2
+    // namespace tests (tests/fixtures/h2_clients.py) and the idle connections of
+    // `cargo xtask bench --h2`.
     "nghttp2-client",
     "python3-h2",
     // The package: dpkg-deb builds it, lintian checks it, systemd-analyze verifies its
@@ -55,10 +56,6 @@ const PACKAGES: &[&str] = &[
     "dpkg-dev",
     // The capability test records the agent's system calls against its unit's filter.
     "strace",
-    // The HTTP/2 tests' clients: nghttp and h2load, and Python's HTTP/2 library (with
-    // hpack) for the scripted clients and attacks (tests/fixtures/h2_clients.py).
-    "nghttp2-client",
-    "python3-h2",
 ];
 
 pub fn setup() -> anyhow::Result<()> {
