@@ -473,41 +473,28 @@ fn a_missing_file_or_one_that_is_not_toml_is_refused() {
     assert!(err.contains("/d.toml:1: "), "{err}");
 }
 
-/// The README's configuration example: it validates, and it shows every field the
-/// parser knows (the parser's own list, from its "unknown field" message), so the
-/// documentation cannot fall behind the code.
-#[test]
-fn the_readme_example_validates_and_documents_every_field() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
-    let section = &readme[readme.find("\n## Configuration").expect("a Configuration section")..];
-    let start = section.find("```toml\n").expect("a toml block") + "```toml\n".len();
-    let example = &section[start..start + section[start..].find("```").unwrap()];
-    // The TLS files it names, made by openssl, relative to the file's folder.
-    let (code, out, err) = check_with(example, |dir| {
-        let tls = dir.join("tls");
-        std::fs::create_dir_all(&tls).unwrap();
-        let pki = Pki { dir: tls };
-        pki.ca("ca");
-        pki.leaf("ca", "shop", "shop.example", &["shop.example"], 90);
-        pki.leaf("ca", "client", "dispatcher", &["dispatcher.example"], 90);
-        // Its [http] plugin_config: WebSphere's file, here with nothing in it.
-        std::fs::write(dir.join("plugin-cfg.xml"), "<Config RefreshInterval=\"60\"/>\n").unwrap();
-    });
-    assert_eq!(code, 0, "the README example must validate:\n{err}");
-    assert!(out.contains("ok ("), "{out}");
+/// The fenced ```toml blocks of a Markdown page, in order.
+fn toml_blocks(page: &str) -> Vec<&str> {
+    let mut blocks = Vec::new();
+    let mut rest = page;
+    while let Some(at) = rest.find("```toml\n") {
+        let start = at + "```toml\n".len();
+        let end = start + rest[start..].find("```").expect("a closed toml block");
+        blocks.push(&rest[start..end]);
+        rest = &rest[end + 3..];
+    }
+    blocks
+}
 
-    // Fields (`key =`) and sub-tables (`[vip.tls]`, `[[vip.tls.certificate]]`).
-    let documented: std::collections::HashSet<&str> = example
-        .lines()
-        .filter_map(|l| {
-            let header = l.trim().strip_prefix('[').map(|h| h.trim_start_matches('[').split(']').next().unwrap_or(""));
-            match header {
-                Some(h) => h.rsplit('.').next(),
-                None => l.split_once(" =").map(|(k, _)| k.trim()),
-            }
-        })
-        .filter(|k| !k.is_empty() && !k.starts_with('#'))
-        .collect();
+/// A page of the repository (`README.md`, `docs/...`).
+fn page(path: &str) -> String {
+    std::fs::read_to_string(format!("{}/../{path}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+}
+
+/// Every table of the file, with the fields the parser knows for it (its own list, from
+/// its "unknown field" message about a field added to FULL).
+fn known_fields() -> Vec<(&'static str, Vec<String>)> {
+    let mut tables = Vec::new();
     for (anchor, table) in [
         ("instance = \"t\"", "dispatcher"),
         ("name = \"a\"", "backend"),
@@ -518,6 +505,8 @@ fn the_readme_example_validates_and_documents_every_field() {
         ("max_connections = 1000", "vip.tls"),
         ("max_connections = 1000", "vip.tls.certificate"),
         ("max_connections = 1000", "vip.backend_tls"),
+        ("learn_wait = \"250ms\"", "cluster"),
+        ("l4_interface = \"dsp-l4\"", "announce"),
         ("format = \"json\"", "access_log"),
         ("buffer = 65536", "farm"),
         ("buffer = 65536", "route"),
@@ -534,11 +523,123 @@ fn the_readme_example_validates_and_documents_every_field() {
         };
         let (code, _, err) = check(&FULL.replacen(anchor, &format!("{anchor_text}\nno_such_field = 1"), 1));
         assert_eq!(code, 1);
-        let list = err.split("expected one of").nth(1).unwrap_or_else(|| panic!("[{table}]: {err}"));
-        for field in list.split(',').map(|f| f.trim().trim_matches('`')).filter(|f| !f.is_empty()) {
-            assert!(documented.contains(field), "[{table}] field `{field}` is not in the README example");
+        // serde says "expected `a`", "expected `a` or `b`", or "expected one of `a`, `b`, ...".
+        let list =
+            err.split("unknown field `no_such_field`, expected ").nth(1).unwrap_or_else(|| panic!("[{table}]: {err}"));
+        let list = list.lines().next().unwrap().trim_start_matches("one of ");
+        let fields = list
+            .split(',')
+            .flat_map(|f| f.split(" or "))
+            .map(|f| f.trim().trim_matches('`').to_string())
+            .filter(|f| !f.is_empty())
+            .collect();
+        tables.push((table, fields));
+    }
+    tables
+}
+
+/// docs/configuration.md's annotated example: it validates, and it shows every field the
+/// parser knows, of every table, so the documentation cannot fall behind the code.
+#[test]
+fn the_configuration_example_validates_and_documents_every_field() {
+    let reference = page("docs/configuration.md");
+    let example = toml_blocks(&reference)[0];
+    // The TLS files it names, made by openssl, relative to the file's folder.
+    let (code, out, err) = check_with(example, |dir| {
+        let tls = dir.join("tls");
+        std::fs::create_dir_all(&tls).unwrap();
+        let pki = Pki { dir: tls };
+        pki.ca("ca");
+        pki.leaf("ca", "shop", "shop.example", &["shop.example"], 90);
+        pki.leaf("ca", "client", "dispatcher", &["dispatcher.example"], 90);
+        // Its [cluster] credentials: the etcd members' CA, a client certificate, a password.
+        let etcd = dir.join("etcd");
+        std::fs::create_dir_all(&etcd).unwrap();
+        let pki = Pki { dir: etcd.clone() };
+        pki.ca("ca");
+        pki.leaf("ca", "lb1", "dispatcher", &["lb1.example"], 90);
+        std::fs::write(etcd.join("password"), "secret\n").unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(etcd.join("password"), std::fs::Permissions::from_mode(0o600)).unwrap();
+        // Its [http] plugin_config: WebSphere's file, here with nothing in it.
+        std::fs::write(dir.join("plugin-cfg.xml"), "<Config RefreshInterval=\"60\"/>\n").unwrap();
+    });
+    assert_eq!(code, 0, "the example of docs/configuration.md must validate:\n{err}");
+    assert!(out.contains("ok ("), "{out}");
+
+    // Fields (`key =`) and sub-tables (`[vip.tls]`, `[[vip.tls.certificate]]`).
+    let documented: std::collections::HashSet<&str> = example
+        .lines()
+        .filter_map(|l| {
+            let header = l.trim().strip_prefix('[').map(|h| h.trim_start_matches('[').split(']').next().unwrap_or(""));
+            match header {
+                Some(h) => h.rsplit('.').next(),
+                None => l.split_once(" =").map(|(k, _)| k.trim()),
+            }
+        })
+        .filter(|k| !k.is_empty() && !k.starts_with('#'))
+        .collect();
+    for (table, fields) in known_fields() {
+        for field in fields {
+            assert!(
+                documented.contains(field.as_str()),
+                "[{table}] field `{field}` is not in the example of docs/configuration.md"
+            );
         }
     }
+}
+
+/// Every field that a TOML example of the README or of docs/ sets is one the parser knows
+/// for its table: no page shows a field that does not exist (or sits in the wrong table).
+#[test]
+fn every_documented_field_exists() {
+    let known = known_fields();
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let mut pages = vec!["README.md".to_string()];
+    for e in std::fs::read_dir(format!("{root}/docs")).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".md") {
+            pages.push(format!("docs/{name}"));
+        }
+    }
+    let mut unknown = Vec::new();
+    let mut seen = 0;
+    for name in &pages {
+        for block in toml_blocks(&page(name)) {
+            let mut table = String::new();
+            for line in block.lines() {
+                let code = line.split(" #").next().unwrap().trim();
+                if code.is_empty() || code.starts_with('#') {
+                    continue;
+                }
+                if code.starts_with('[') {
+                    table = code.trim_matches(['[', ']']).trim().to_string();
+                    continue;
+                }
+                let Some((key, _)) = code.split_once('=') else { continue };
+                let key = key.trim();
+                seen += 1;
+                let fields = known.iter().find(|(t, _)| *t == table).map(|(_, f)| f);
+                if !fields.is_some_and(|f| f.iter().any(|f| f == key)) {
+                    unknown.push(format!("{name}: [{table}] {key}"));
+                }
+            }
+        }
+    }
+    assert!(seen > 200, "only {seen} fields found in the pages' TOML examples");
+    assert!(unknown.is_empty(), "fields the parser does not know:\n{}", unknown.join("\n"));
+}
+
+/// The README's minimal configuration passes `dispatcher check` as it stands.
+#[test]
+fn the_readmes_minimal_configuration_validates() {
+    let readme = page("README.md");
+    let section = &readme[readme.find("\n## A minimal configuration").expect("a minimal configuration")..];
+    let minimal = toml_blocks(section)[0];
+    assert!(minimal.contains("mode = \"http\""), "the minimal configuration has an HTTP VIP:\n{minimal}");
+    let (code, out, err) = check(minimal);
+    assert_eq!(code, 0, "the README's minimal configuration must validate:\n{err}");
+    assert!(out.contains("ok (1 VIPs, 2 backends)"), "{out}");
 }
 
 /// An HTTPS VIP whose certificate entry is `cert`/`key` (relative to the file).

@@ -63,9 +63,9 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Copy target/bench/report.md (from the last `cargo xtask bench`) into README.md's
-    /// performance section.
-    BenchReadme,
+    /// Copy each section of target/bench/report.md (from the last full `cargo xtask bench`)
+    /// into docs/benchmarks.md, between that benchmark's markers.
+    BenchDocs,
     /// Bring a namespace testbed up (and leave it) or take it down: `up`, `down`.
     Testbed {
         action: String,
@@ -155,7 +155,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             setup::ensure_packages(&packages.lines().collect::<Vec<_>>())?;
             exec_built_profile("bench", &args, "release")
         }
-        Cmd::BenchReadme => bench_readme(),
+        Cmd::BenchDocs => bench_docs(),
         Cmd::Package { out } => {
             setup::setup()?;
             build(true)?;
@@ -251,22 +251,22 @@ fn nix_is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-const BENCH_START: &str = "<!-- bench:start (cargo xtask bench-readme) -->";
+/// docs/benchmarks.md holds one block per benchmark, between `<!-- bench:start TITLE -->`
+/// (TITLE: the section's title in report.md) and `<!-- bench:end -->`.
+const BENCH_START: &str = "<!-- bench:start ";
 const BENCH_END: &str = "<!-- bench:end -->";
 
-fn bench_readme() -> anyhow::Result<()> {
+/// Puts each `### TITLE` section of the last report into docs/benchmarks.md's block of
+/// that title, so that every block shows the latest full run of its benchmark; the text
+/// around the blocks is left as it is.
+fn bench_docs() -> anyhow::Result<()> {
     let root = workspace_root();
     let report = std::fs::read_to_string(root.join("target/bench/report.md"))
         .context("target/bench/report.md: run `cargo xtask bench` first")?;
     let json = std::fs::read_to_string(root.join("target/bench/report.json")).unwrap_or_default();
     if json.contains("\"quick\":true") {
-        bail!("the last report comes from a --quick run: run the full `cargo xtask bench` for the README");
+        bail!("the last report comes from a --quick run: run the full `cargo xtask bench` for docs/benchmarks.md");
     }
-    let readme_path = root.join("README.md");
-    let readme = std::fs::read_to_string(&readme_path)?;
-    let (Some(a), Some(b)) = (readme.find(BENCH_START), readme.find(BENCH_END)) else {
-        bail!("README.md has no {BENCH_START} ... {BENCH_END} section");
-    };
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|c| {
@@ -276,14 +276,39 @@ fn bench_readme() -> anyhow::Result<()> {
         .unwrap_or_else(|| "unknown CPU".into());
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
-    let body = format!(
-        "{BENCH_START}\n\nMeasured by `cargo xtask bench` on {cpus} vCPU ({cpu}), kernel {}.\n\n{report}\n{BENCH_END}",
-        kernel.trim()
-    );
-    let updated = format!("{}{}{}", &readme[..a], body, &readme[b + BENCH_END.len()..]);
-    std::fs::write(&readme_path, updated)?;
-    step("README.md performance section updated from target/bench/report.md");
+    let measured = format!("Measured by `cargo xtask bench` on {cpus} vCPU ({cpu}), kernel {}.", kernel.trim());
+    let path = root.join("docs/benchmarks.md");
+    let mut page = std::fs::read_to_string(&path)?;
+    let mut updated = Vec::new();
+    for (title, table) in report_sections(&report) {
+        let start = format!("{BENCH_START}{title} -->");
+        let Some(a) = page.find(&start) else {
+            bail!("docs/benchmarks.md has no block for \"{title}\": add `{start}` ... `{BENCH_END}` where it belongs");
+        };
+        let body = a + start.len();
+        let Some(b) = page[body..].find(BENCH_END).map(|b| body + b) else {
+            bail!("docs/benchmarks.md: `{start}` has no `{BENCH_END}` after it");
+        };
+        page.replace_range(body..b, &format!("\n\n{measured}\n\n{}\n\n", table.trim()));
+        updated.push(title);
+    }
+    std::fs::write(&path, page)?;
+    step(&format!("docs/benchmarks.md updated from target/bench/report.md: {}", updated.join("; ")));
     Ok(())
+}
+
+/// The `### TITLE` sections of report.md: (title, what follows it up to the next one).
+fn report_sections(report: &str) -> Vec<(String, String)> {
+    let mut sections: Vec<(String, String)> = Vec::new();
+    for line in report.lines() {
+        if let Some(title) = line.strip_prefix("### ") {
+            sections.push((title.trim().to_string(), String::new()));
+        } else if let Some((_, body)) = sections.last_mut() {
+            body.push_str(line);
+            body.push('\n');
+        }
+    }
+    sections
 }
 
 /// Each testbed removes its own pins and socket; the shared parents they were made in

@@ -39,7 +39,7 @@ pub const MAX_DURATION: Duration = Duration::from_secs(86_400);
 /// LRU hash map whole at creation (a `FLOWS` entry takes about 120 bytes of kernel memory
 /// with its share of the buckets), and refuses sizes whose bucket array passes 4 GiB.
 pub const MAX_TABLE_SIZE: u32 = 1 << 24;
-/// What `FLOWS` takes at `MAX_TABLE_SIZE` (measured: see the README).
+/// What `FLOWS` takes at `MAX_TABLE_SIZE` (measured: see docs/configuration.md).
 pub const MAX_TABLE_MEMORY: &str = "2 GiB";
 /// The most client connections a cap may allow (the kernel's file limit is far below).
 pub const MAX_CLIENT_CONNECTIONS: usize = 10_000_000;

@@ -1,7 +1,7 @@
 //! Accepting on the HTTP VIPs: one event loop per worker thread (a current-thread tokio
 //! runtime), each with its own `SO_REUSEPORT` listener per VIP and its own upstream
 //! pools, as HAProxy and nginx run — measured against a work-stealing runtime on this
-//! machine, it gave more requests/s and a lower p99 (README, performance).
+//! machine, it gave more requests/s and a lower p99 (the current figures: docs/benchmarks.md, HTTP).
 //!
 //! Stopping: the listeners close, idle keep-alive connections end, requests in flight
 //! finish, bounded by the drain timeout.

@@ -4,7 +4,7 @@
 //! clone IDs (`0000HHAnbYWnNxGD-iVupvcArfr:14dtuueci:1a2b3c`), tried in order; or a
 //! partition ID (a number) where memory-to-memory replication uses partitions.
 //!
-//! Precedence (documented in the README): the `Cookie` header wins over `;jsessionid=`
+//! Precedence (documented in docs/http.md): the `Cookie` header wins over `;jsessionid=`
 //! in the URL, because a client that sends the cookie has the newer value (URL rewriting
 //! is the fallback for clients without cookies). Among several `JSESSIONID` cookies —
 //! in one `Cookie` header or several — the first one in header order that yields a
