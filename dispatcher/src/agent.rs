@@ -56,6 +56,9 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
         .with_context(|| format!("dispatcher.admin_socket {}", cfg.admin_socket.display()))?;
     raise_fd_limit();
     let mut dp = Dataplane::load(&mut cfg)?;
+    // A start that fails before it serves removes what it pinned (the next start would
+    // adopt it); maps an earlier agent left are left as they were.
+    let mut fresh = FreshPins { dir: (!dp.adopted).then(|| dp.pin_dir.clone()), instance: cfg.instance.clone() };
     let (health, admin) = dp.initial_states(&cfg);
     // The request path's state (with CLONES written through); with `[cluster]`, the shared
     // state is taken before anything is written or served.
@@ -92,6 +95,7 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
     });
     let admin_task = serve_admin(&cfg, &rt, admin.clone())?;
     let notifier = ready(&cfg, attached.how);
+    fresh.serving();
     let mut agent = Agent { path, live, admin, current, group, notifier, ebpf: dp.ebpf, attached, plugin_watch };
     let (why, keep_dataplane) = rt.block_on(agent.serve(request_rx, keep_dataplane))?;
     agent.notifier.send(&format!("STOPPING=1\nSTATUS=stopping ({why})"));
@@ -146,6 +150,32 @@ fn serve_admin(
         None => None,
     };
     Ok(rt.spawn(admin::serve(admin, unix, tcp)))
+}
+
+/// What a start pinned afresh, removed if the start fails before it serves: the program
+/// it attached goes with its link (dropped on the way out), the maps with their pins.
+struct FreshPins {
+    /// `None`: nothing to remove (adopted maps, or serving).
+    dir: Option<std::path::PathBuf>,
+    instance: String,
+}
+
+impl FreshPins {
+    fn serving(&mut self) {
+        self.dir = None;
+    }
+}
+
+impl Drop for FreshPins {
+    fn drop(&mut self) {
+        let Some(dir) = self.dir.take() else { return };
+        match dataplane::unpin_all(&dir) {
+            Ok(()) => tracing::info!(dir = %dir.display(), "the start failed: removed the pins it made"),
+            Err(e) => tracing::warn!(error = %e, "the start failed: removing the pins it made"),
+        }
+        dataplane::ids::remove(&self.instance);
+        dataplane::release_bpffs(&dir);
+    }
 }
 
 /// The data plane as the agent loads or adopts it.

@@ -467,3 +467,39 @@ fn idle_admin_connections_never_lock_the_operator_out() {
         }
     }
 }
+
+/// A start that fails after it loaded, pinned and attached (its HTTP VIP's port is held
+/// by another process) removes what it pinned and detaches: the next start does not
+/// adopt a failed start's leftovers, and the interface forwards nothing of it.
+#[test]
+fn a_start_that_fails_before_serving_leaves_no_pins_and_nothing_attached() {
+    let tb = Testbed::new(2, &[VIP]);
+    let lb_ip = dispatcher_testbed::netns::LB_IP;
+    // The port taken without SO_REUSEPORT: the agent's listeners cannot share it.
+    let hold = "import socket, time\ns = socket.socket()\ns.bind(('0.0.0.0', 8080))\ns.listen()\nprint('held', flush=True)\ntime.sleep(60)\n";
+    let mut holder = tb.lb.command("python3").args(["-c", hold]).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    struct Stop(std::process::Child);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(holder.stdout.take().unwrap()), &mut line).unwrap();
+    assert_eq!(line.trim(), "held");
+    let _holder = Stop(holder);
+    let text = format!(
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n{}\n[[vip]]\nname = \"web\"\naddress = \"{lb_ip}\"\nport = 8080\nmode = \"http\"\nbackends = [\"b0\", \"b1\"]\n",
+        tb.instance(),
+        tb.backend_config(&[])
+    );
+    let cfg = tb.write_config(&text).to_str().unwrap().to_string();
+    let (code, out) = run_refused(&tb, &cfg);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("8080"), "the port it could not take: {out}");
+    assert!(out.contains("removed the pins it made"), "{out}");
+    assert!(!tb.pin_dir().join("VIPS").exists(), "no map left pinned under {}", tb.pin_dir().display());
+    assert!(!tb.pin_dir().join("link").exists());
+    assert!(!tb.lb.ip(&["link", "show", "eth0"]).contains("xdp"), "nothing left attached");
+}
