@@ -46,23 +46,50 @@ fn replica_if_up(b: &BackendInfo) -> Option<(u32, &'static BackendInfo)> {
     }
 }
 
+/// Where a flow's walk of the VIP's ring starts: the first slot, the probe step and the
+/// ring's size, with the first slot's backend id already read.
+struct RingWalk {
+    slot: u32,
+    step: u32,
+    size: u32,
+    first: u32,
+}
+
 #[inline(always)]
-fn from_ring(vip: &VipInfo, key: &FlowKey) -> Option<(u32, &'static BackendInfo)> {
+fn ring_walk(vip: &VipInfo, key: &FlowKey) -> Option<RingWalk> {
     let size = vip.ring_size;
     if size == 0 || size > MAX_RING_SIZE {
         return None;
     }
     let h = flow_hash(key);
-    let mut slot = h % size;
+    let slot = h % size;
     let step = (h >> 16) % (size - 1).max(1) + 1;
-    for _ in 0..=RING_PROBES {
-        let id = *RINGS.get(vip.id * MAX_RING_SIZE + slot)?;
+    let p = RINGS.get_ptr(vip.id * MAX_RING_SIZE + slot)?;
+    // Read here, used later (volatile: the load stays where it is written): the miss
+    // overlaps whatever the caller does before it looks at `first`.
+    let first = unsafe { core::ptr::read_volatile(p) };
+    Some(RingWalk { slot, step, size, first })
+}
+
+#[inline(always)]
+fn from_ring(w: RingWalk, vip: &VipInfo) -> Option<(u32, &'static BackendInfo)> {
+    let RingWalk { mut slot, step, size, first } = w;
+    if size == 0 {
+        // Never (`ring_walk` checked): tells the compiler, which would otherwise keep a
+        // division-by-zero panic the verifier refuses.
+        return None;
+    }
+    let mut id = first;
+    for i in 0..=RING_PROBES {
+        if i > 0 {
+            slot = (slot + step) % size;
+            id = *RINGS.get(vip.id * MAX_RING_SIZE + slot)?;
+        }
         if id != NO_BACKEND {
             if let Some(found) = usable_for_new(id) {
                 return Some(found);
             }
         }
-        slot = (slot + step) % size;
     }
     None
 }
@@ -81,13 +108,14 @@ fn from_affinity(akey: &AffinityKey, now: u64) -> Option<(u32, &'static BackendI
 /// `VIP_PACKETS`: one counter per packet).
 pub type Chosen = (u32, &'static BackendInfo, bool);
 
-/// `syn`: a TCP connection attempt (SYN without ACK). A SYN is placed like a new flow
-/// without looking `FLOWS` up first (the insert looks anyway: `BPF_NOEXIST` fails only
-/// when the tuple is pinned, which for a SYN is rare — a retransmission, or a client
-/// reusing its port). A retransmitted SYN stays where its first went while that backend
-/// takes new flows; one on a tuple pinned to a backend taking none (drained, suspect,
-/// down) is a new connection, chosen afresh. `cookie`: what a new pin records as its
-/// `cookie_hash` (a SIP dialog's Call-ID hash, else 0).
+/// `syn`: a TCP connection attempt (SYN without ACK). A SYN is placed like a new flow: its
+/// ring slot is read first and its `FLOWS` lookup made while that read is in flight (a
+/// default ring is 256 KiB, mostly out of the caches, and the lookup's own miss, the hash
+/// bucket, then overlaps it; the insert finds the bucket cached). A retransmitted SYN
+/// stays where its first went while that backend takes new flows; one on a tuple pinned
+/// to a backend taking none (drained, suspect, down) is a new connection, chosen afresh.
+/// `cookie`: what a new pin records as its `cookie_hash` (a SIP dialog's Call-ID hash,
+/// else 0).
 #[inline(always)]
 pub fn select_backend(vip: &VipInfo, key: &FlowKey, syn: bool, cookie: u64) -> Option<Chosen> {
     if !syn {
@@ -120,16 +148,31 @@ pub fn select_backend(vip: &VipInfo, key: &FlowKey, syn: bool, cookie: u64) -> O
             count(stats::vip_slot(vip.id, stats::VIP_AFFINITY_HITS), 0);
         }
     }
+    // The ring's first slot is read before a SYN's FLOWS lookup: the two cache misses
+    // (ring slot, hash bucket) overlap instead of following each other.
+    let walk = if chosen.is_none() { ring_walk(vip, key) } else { None };
+    let mut repin = false;
+    if syn {
+        // A retransmitted SYN (or a client reusing its port) stays where its first went
+        // while that backend takes new flows; one pinned to a backend taking none (drained,
+        // suspect, down) is a new connection, chosen afresh.
+        if let Some(p) = unsafe { FLOWS.get(key) } {
+            let pinned = p.backend;
+            if let Some(pb) = backend(pinned).filter(|pb| takes_new_flows(pb.state)) {
+                return Some((pinned, pb, true));
+            }
+            repin = true;
+        }
+    }
     if chosen.is_none() {
-        chosen = from_ring(vip, key);
+        chosen = from_ring(walk?, vip);
     }
     let (id, b) = chosen?;
 
     let flow = FlowValue { backend: id, vip: vip.id, cookie_hash: cookie, pinned_ns: now };
-    if syn {
+    if syn && !repin {
         if FLOWS.insert(key, &flow, BPF_NOEXIST as u64).is_err() {
-            // Pinned already. A retransmitted SYN keeps its backend if that one still
-            // takes new flows; otherwise (or if the entry went meanwhile) it is re-pinned.
+            // Pinned meanwhile (another CPU): as above.
             if let Some(p) = unsafe { FLOWS.get(key) } {
                 let pinned = p.backend;
                 if let Some(pb) = backend(pinned).filter(|pb| takes_new_flows(pb.state)) {

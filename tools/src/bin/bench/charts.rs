@@ -21,9 +21,14 @@ fn bars(title: &str, unit: &str, rows: &[(String, f64)]) -> String {
     // Small values (milliseconds) keep two decimals.
     let prec = if max < 100.0 { 2 } else { 0 };
     let bar_h = ((H - TOP - 30.0) / rows.len().max(1) as f64).min(36.0);
+    // Room for the longest label (about 7 px a character at this size): the picture
+    // widens rather than cut labels off.
+    let longest = rows.iter().map(|r| r.0.chars().count()).max().unwrap_or(0) as f64;
+    let left = LEFT.max(longest * 7.0 + 16.0);
+    let width = W + left - LEFT;
     let mut s = format!(
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="13"><rect width="100%" height="100%" fill="white"/><text x="{}" y="28" font-size="16" text-anchor="middle">{}</text>"#,
-        W / 2.0,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{H}" font-family="sans-serif" font-size="13"><rect width="100%" height="100%" fill="white"/><text x="{}" y="28" font-size="16" text-anchor="middle">{}</text>"#,
+        width / 2.0,
         esc(title)
     );
     for (i, (label, v)) in rows.iter().enumerate() {
@@ -31,14 +36,14 @@ fn bars(title: &str, unit: &str, rows: &[(String, f64)]) -> String {
         let w = (W - LEFT - 90.0) * v / max;
         let _ = write!(
             s,
-            r#"<text x="{}" y="{}" text-anchor="end">{}</text><rect x="{LEFT}" y="{}" width="{w:.1}" height="{}" fill="{}"/><text x="{}" y="{}">{v:.prec$} {}</text>"#,
-            LEFT - 8.0,
+            r#"<text x="{}" y="{}" text-anchor="end">{}</text><rect x="{left}" y="{}" width="{w:.1}" height="{}" fill="{}"/><text x="{}" y="{}">{v:.prec$} {}</text>"#,
+            left - 8.0,
             y + bar_h * 0.6,
             esc(label),
             y + 3.0,
             bar_h - 6.0,
             COLORS[i % COLORS.len()],
-            LEFT + w + 6.0,
+            left + w + 6.0,
             y + bar_h * 0.6,
             esc(unit)
         );

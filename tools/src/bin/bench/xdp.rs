@@ -25,6 +25,11 @@ fn iq_mean(mut v: Vec<u64>) -> f64 {
     mid.iter().sum::<u64>() as f64 / mid.len().max(1) as f64
 }
 
+/// Sets of fresh maps the runs are spread over (each set: both programs' maps made anew,
+/// in turn in either order); the range reported beside the after/before ratio is its
+/// range over the sets.
+const SETS: u32 = 4;
+
 /// One packet class.
 struct Case {
     name: &'static str,
@@ -84,13 +89,28 @@ fn sip_bye() -> Packet {
 }
 
 /// The commit whose XDP program the cases are measured against in the same run (the
-/// code before the new-flow and established-flow work of issue 16).
-const BASELINE: &str = "9d4218f";
+/// code before the new-flow work of issue 32).
+const BASELINE: &str = "e35c61f";
+
+/// The bench's configuration: the fixtures' VIPs at the default ring size (65,537 slots,
+/// 256 KiB of ring per VIP: where a new flow's ring read misses the caches), and one more
+/// L4 VIP with a small ring (1,009 slots, as the fixture tests use) for the row that shows
+/// what the ring's size costs.
+fn bench_config() -> String {
+    let mut s = CONFIG.replace("ring_size = 1009\n", "");
+    assert!(!s.contains("ring_size"), "the fixture configuration's ring sizes changed");
+    s += "\n[[vip]]\nname = \"mac4-small-ring\"\naddress = \"10.0.100.6\"\nport = 80\nring_size = 1009\n";
+    s
+}
 
 /// The baseline's XDP object: built once from a git worktree of `BASELINE` (its own
 /// target directory, kept under target/bench), then reused. `None`, with the reason on
-/// stderr, outside a git checkout.
+/// stderr, outside a git checkout. `DISPATCHER_BENCH_BASELINE_OBJECT=FILE` takes another
+/// build of the program instead (an experiment against a variant), and the report names it.
 fn baseline_object() -> Option<Vec<u8>> {
+    if let Some(path) = std::env::var_os("DISPATCHER_BENCH_BASELINE_OBJECT") {
+        return std::fs::read(&path).map_err(|e| eprintln!("    no baseline: {}: {e}", path.to_string_lossy())).ok();
+    }
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf();
     let bench = root.join("target/bench");
     let cached = bench.join(format!("baseline-{BASELINE}.o"));
@@ -128,12 +148,16 @@ fn baseline_object() -> Option<Vec<u8>> {
     std::fs::read(&cached).ok()
 }
 
-const FULL_CASE: &str = "L4 new flow, MAC, IPv4, FLOWS full";
+/// New-flow cases run with FLOWS this full (entries of other clients' flows, of the
+/// deployed 1,048,576): each case's name says which. Half: inserts find half the buckets
+/// taken; full: every insert evicts the least recently used entry.
+const HALF: u32 = dispatcher_common::DEFAULT_MAX_FLOWS / 2;
+const FULL: u32 = dispatcher_common::DEFAULT_MAX_FLOWS;
 
-/// Fills the fixture's flow table to its capacity (the deployed 1M entries) with flows of
-/// other clients, so that each new flow evicts the least recently used one.
-fn fill_flows(fx: &mut Fixture) {
-    for i in 0..dispatcher_common::DEFAULT_MAX_FLOWS {
+/// Adds other clients' flows to the fixture's flow table, keys `from..to` (each key once
+/// over the run), so that it holds about `to` entries with the ones the cases left.
+fn fill_flows(fx: &mut Fixture, from: u32, to: u32) {
+    for i in from..to {
         let key = dispatcher_common::FlowKey {
             src: [u32::from_be_bytes([172, 16 + (i >> 16) as u8, (i >> 8) as u8, i as u8]).to_be(), 0, 0, 0],
             dst: [u32::from_ne_bytes([10, 0, 100, 1]), 0, 0, 0],
@@ -153,18 +177,23 @@ fn run_prog(ebpf: &mut aya::Ebpf, prog: &str, input: &[u8], repeat: u32) -> (u32
     (o.verdict, nanos(o.duration))
 }
 
+const EMPTY_CASE: &str = "L4 new flow, MAC, IPv4, FLOWS empty";
+const HALF_CASE: &str = "L4 new flow, MAC, IPv4, FLOWS half full";
+const FULL_CASE: &str = "L4 new flow, MAC, IPv4, FLOWS full";
+
 pub fn run(quick: bool) -> (String, String) {
     let runs: u32 = if quick { 2_000 } else { 20_000 };
     let rounds: u32 = if quick { 5 } else { 21 };
-    // The flow table as deployed (1M entries): new flows do not evict each other here.
-    let mut fx = Fixture::with_flow_table(CONFIG, dispatcher_common::DEFAULT_MAX_FLOWS);
+    let config = bench_config();
+    // `DISPATCHER_BENCH_OBJECT=FILE`: another build of the program in place of this
+    // one's (experiments between two variants, with DISPATCHER_BENCH_BASELINE_OBJECT).
+    let object =
+        std::env::var_os("DISPATCHER_BENCH_OBJECT").map(|p| std::fs::read(p).expect("DISPATCHER_BENCH_OBJECT"));
     // The same cases through the baseline program, interleaved, in the same run.
     let base_obj = baseline_object();
-    let mut base =
-        base_obj.as_deref().map(|o| Fixture::with_object(CONFIG, dispatcher_common::DEFAULT_MAX_FLOWS, Some(o)));
     let mut pass = dispatcher::dataplane::load_pass().expect("load pass");
 
-    let cases = vec![
+    let mut cases = vec![
         case("non-VIP pass", fixed(Packet::tcp("10.0.0.2", 4000, "10.0.0.99", 80)), XDP_PASS, true, None),
         case("HTTP VIP pass", fixed(Packet::tcp("10.0.0.2", 4000, "10.0.100.3", 80)), XDP_PASS, true, None),
         case(
@@ -174,7 +203,16 @@ pub fn run(quick: bool) -> (String, String) {
             true,
             None,
         ),
-        case("L4 new flow, MAC, IPv4", new_flow("10.0.100.1", 80, false), XDP_TX, false, Some(150)),
+        // New flows: TCP SYNs (UDP: the first datagram) at the default ring size; FLOWS
+        // starts empty and holds the new flows of the cases before.
+        case(EMPTY_CASE, new_flow("10.0.100.1", 80, false), XDP_TX, false, Some(150)),
+        case(
+            "L4 new flow, MAC, IPv4, small ring (1,009 slots), FLOWS empty",
+            new_flow("10.0.100.6", 80, false),
+            XDP_TX,
+            false,
+            None,
+        ),
         case("L4 new flow, IPIP, IPv4", new_flow("10.0.100.2", 80, false), XDP_TX, false, Some(150)),
         case("L4 new flow, MAC, IPv6 (UDP)", new_flow("fd00::100", 53, true), XDP_TX, false, Some(150)),
         case("L4 new flow, IPIP, IPv6", new_flow("fd00::200", 443, false), XDP_TX, false, Some(150)),
@@ -208,90 +246,152 @@ pub fn run(quick: bool) -> (String, String) {
         ),
         case("SIP INVITE, new dialog (Call-ID)", sip_invite, XDP_TX, false, None),
         case("SIP in-dialog BYE (Route ibmsid)", fixed(sip_bye()), XDP_TX, true, None),
-        // Last: it fills the table (every new flow then evicts one).
+        // Last: these fill the table (half, then full: every new flow then evicts one).
+        case(HALF_CASE, new_flow("10.0.100.1", 80, false), XDP_TX, false, None),
         case(FULL_CASE, new_flow("10.0.100.1", 80, false), XDP_TX, false, None),
     ];
-    // The logical name the BYE names, as the agent would have written it.
-    fx.set_clone("lnA", 0, Some(1), false);
-    if let Some(b) = base.as_mut() {
-        b.set_clone("lnA", 0, Some(1), false);
+    // `DISPATCHER_BENCH_XDP_CASES=a,b`: only the cases whose names contain one of these.
+    if let Ok(only) = std::env::var("DISPATCHER_BENCH_XDP_CASES") {
+        cases.retain(|c| only.split(',').any(|o| c.name.contains(o)));
     }
-
     let floor_pkt = Packet::tcp("10.0.0.2", 4000, "10.0.100.1", 80).build();
-    eprintln!("==> XDP micro-benchmark: {runs} single-shot runs per case (median), and {rounds} rounds of repeat=1000 where valid");
+    let sets = if quick { 2 } else { SETS };
+    let per_set = runs / sets;
+    eprintln!("==> XDP micro-benchmark: {runs} single-shot runs per case (median) over {sets} sets of fresh maps, and {rounds} rounds of repeat=1000 where valid");
     for _ in 0..1000 {
         run_prog(&mut pass, "pass", &floor_pkt, 1);
     }
+    // Per case: this program's samples, the floor's, the baseline's, and each set's
+    // after/before ratio; the warm figures (last set).
+    let mut samples = vec![Vec::with_capacity(runs as usize); cases.len()];
+    let mut floor = vec![Vec::with_capacity(runs as usize); cases.len()];
+    let mut before = vec![Vec::with_capacity(runs as usize); cases.len()];
+    let mut set_ratios = vec![Vec::new(); cases.len()];
+    let mut warm = vec![None; cases.len()];
+    for set in 0..sets {
+        // Fresh maps for both programs each set, made in turn in either order: where the
+        // kernel puts a 1M-entry table shows (an identical program measured against itself
+        // came out 10-13% apart, always at the expense of the same one, with one pair).
+        // The flow table as deployed (1M entries).
+        let make_fx = || Fixture::with_object(&config, dispatcher_common::DEFAULT_MAX_FLOWS, object.as_deref());
+        let make_base = || {
+            base_obj.as_deref().map(|o| Fixture::with_object(&config, dispatcher_common::DEFAULT_MAX_FLOWS, Some(o)))
+        };
+        let (mut fx, mut base) = if set % 2 == 0 {
+            let fx = make_fx();
+            (fx, make_base())
+        } else {
+            let base = make_base();
+            (make_fx(), base)
+        };
+        // The logical name the BYE names, as the agent would have written it.
+        fx.set_clone("lnA", 0, Some(1), false);
+        if let Some(b) = base.as_mut() {
+            b.set_clone("lnA", 0, Some(1), false);
+        }
+        // Entries the cases have put in FLOWS so far (one per new flow or SIP dialog, one
+        // per established case), and the fill keys used so far.
+        let (mut pinned, mut filled) = (0u32, 0u32);
+        for (ci, c) in cases.iter().enumerate() {
+            let target = match c.name {
+                HALF_CASE => Some(HALF),
+                FULL_CASE => Some(FULL),
+                _ => None,
+            };
+            if let Some(target) = target {
+                let to = target.saturating_sub(pinned).max(filled);
+                eprintln!("    set {set}: filling FLOWS to {target} entries in both programs' tables, in turns");
+                // In slices, each table in turn, so that neither is the one last filled.
+                let mut at = filled;
+                while at < to {
+                    let next = (at + 4096).min(to);
+                    fill_flows(&mut fx, at, next);
+                    if let Some(b) = base.as_mut() {
+                        fill_flows(b, at, next);
+                    }
+                    at = next;
+                }
+                filled = to;
+            }
+            pinned += if c.name.contains("established") {
+                1
+            } else if c.repeatable {
+                0
+            } else {
+                per_set
+            };
+            if c.name.contains("established") {
+                // Pin the flow before timing (its packets carry ACK, as an established
+                // connection's do).
+                fx.run_bytes(&(c.packet)(0));
+                if let Some(b) = base.as_mut() {
+                    b.run_bytes(&(c.packet)(0));
+                }
+            }
+            let (from_s, from_b, from_f) = (samples[ci].len(), before[ci].len(), floor[ci].len());
+            for i in 0..per_set {
+                let input = (c.packet)(i + ci as u32 * 1_000_000);
+                // The floor and the baseline interleaved with the case, so that all three
+                // see the same machine state; the case and the baseline take turns in going
+                // first (whichever runs second finds the caches as the other left them).
+                let mut current = |fx: &mut Fixture| {
+                    let o = fx.run_bytes(&input);
+                    assert_eq!(o.verdict, c.verdict, "{}: unexpected verdict", c.name);
+                    samples[ci].push(nanos(o.duration));
+                };
+                let mut previous = |b: &mut Fixture| {
+                    let o = b.run_bytes(&input);
+                    assert_eq!(o.verdict, c.verdict, "{} (baseline): unexpected verdict", c.name);
+                    before[ci].push(nanos(o.duration));
+                };
+                match base.as_mut() {
+                    Some(b) if i % 2 == 1 => {
+                        previous(b);
+                        floor[ci].push(run_prog(&mut pass, "pass", &floor_pkt, 1).1);
+                        current(&mut fx);
+                    }
+                    Some(b) => {
+                        current(&mut fx);
+                        floor[ci].push(run_prog(&mut pass, "pass", &floor_pkt, 1).1);
+                        previous(b);
+                    }
+                    None => {
+                        current(&mut fx);
+                        floor[ci].push(run_prog(&mut pass, "pass", &floor_pkt, 1).1);
+                    }
+                }
+            }
+            if base.is_some() {
+                let f = iq_mean(floor[ci][from_f..].to_vec());
+                let was = iq_mean(before[ci][from_b..].to_vec()) - f;
+                set_ratios[ci].push((iq_mean(samples[ci][from_s..].to_vec()) - f) / was.max(1.0));
+            }
+            // Warm: the same packet many times in the kernel's loop, caches hot.
+            if set == sets - 1 && c.repeatable {
+                let input = (c.packet)(0);
+                let mut w = Vec::new();
+                let mut f = Vec::new();
+                for _ in 0..rounds {
+                    w.push(run_prog(dispatcher_ebpf(&mut fx), "dispatcher", &input, 1000).1);
+                    f.push(run_prog(&mut pass, "pass", &floor_pkt, 1000).1);
+                }
+                warm[ci] = Some((median(w), median(f)));
+            }
+        }
+    }
     let mut rows = Vec::new();
     for (ci, c) in cases.iter().enumerate() {
-        if c.name == FULL_CASE {
-            eprintln!("    filling FLOWS ({} entries) in both programs' tables", dispatcher_common::DEFAULT_MAX_FLOWS);
-            fill_flows(&mut fx);
-            if let Some(b) = base.as_mut() {
-                fill_flows(b);
-            }
-        }
-        if c.name.contains("established") {
-            // Pin the flow before timing (its packets carry ACK, as an established
-            // connection's do).
-            fx.run_bytes(&(c.packet)(0));
-            if let Some(b) = base.as_mut() {
-                b.run_bytes(&(c.packet)(0));
-            }
-        }
-        let mut samples = Vec::with_capacity(runs as usize);
-        let mut floor = Vec::with_capacity(runs as usize);
-        let mut before = Vec::with_capacity(runs as usize);
-        for i in 0..runs {
-            let input = (c.packet)(i + ci as u32 * 1_000_000);
-            // The floor and the baseline interleaved with the case, so that all three see
-            // the same machine state; the case and the baseline take turns in going first
-            // (whichever runs second finds the caches as the other left them).
-            let mut current = |fx: &mut Fixture| {
-                let o = fx.run_bytes(&input);
-                assert_eq!(o.verdict, c.verdict, "{}: unexpected verdict", c.name);
-                samples.push(nanos(o.duration));
-            };
-            let mut previous = |b: &mut Fixture| {
-                let o = b.run_bytes(&input);
-                assert_eq!(o.verdict, c.verdict, "{} (baseline): unexpected verdict", c.name);
-                before.push(nanos(o.duration));
-            };
-            match base.as_mut() {
-                Some(b) if i % 2 == 1 => {
-                    previous(b);
-                    floor.push(run_prog(&mut pass, "pass", &floor_pkt, 1).1);
-                    current(&mut fx);
-                }
-                Some(b) => {
-                    current(&mut fx);
-                    floor.push(run_prog(&mut pass, "pass", &floor_pkt, 1).1);
-                    previous(b);
-                }
-                None => {
-                    current(&mut fx);
-                    floor.push(run_prog(&mut pass, "pass", &floor_pkt, 1).1);
-                }
-            }
-        }
+        let (samples, floor, before) = (samples[ci].clone(), floor[ci].clone(), before[ci].clone());
         // Before and after by the middle-half mean, each less the floor's.
         let versus = (!before.is_empty()).then(|| {
             let f = iq_mean(floor.clone());
-            (iq_mean(before.clone()) - f, iq_mean(samples.clone()) - f)
+            let r = &set_ratios[ci];
+            let range = (r.iter().cloned().fold(f64::MAX, f64::min), r.iter().cloned().fold(f64::MIN, f64::max));
+            (iq_mean(before.clone()) - f, iq_mean(samples.clone()) - f, range)
         });
         let cold = (median(samples), median(floor));
         let baseline = (!before.is_empty()).then(|| median(before));
-        // Warm: the same packet many times in the kernel's loop, caches hot.
-        let warm = c.repeatable.then(|| {
-            let input = (c.packet)(0);
-            let mut w = Vec::new();
-            let mut f = Vec::new();
-            for _ in 0..rounds {
-                w.push(run_prog(dispatcher_ebpf(&mut fx), "dispatcher", &input, 1000).1);
-                f.push(run_prog(&mut pass, "pass", &floor_pkt, 1000).1);
-            }
-            (median(w), median(f))
-        });
+        let warm = warm[ci];
         let warm_s = warm.map(|(w, f)| format!("{w} ns (floor {f})")).unwrap_or_else(|| "-".into());
         let base_s = baseline.map(|b| format!(", baseline {b} ns")).unwrap_or_default();
         eprintln!("    {:<28} single-shot {:>4} ns (floor {}){base_s}, warm {warm_s}", c.name, cold.0, cold.1);
@@ -300,13 +400,17 @@ pub fn run(quick: bool) -> (String, String) {
     let mut table_rows = Vec::new();
     let mut versus = String::new();
     if base_obj.is_some() {
-        versus = format!("\nBefore and after in this run: the same cases through the program of commit {BASELINE}, interleaved single-shot runs, ns above the floor: medians, and means of the middle half (the run times come in ~10 ns steps, which medians cannot split):\n\n| case | before (median) | after (median) | before (mid-half mean) | after (mid-half mean) | after / before (mid-half mean) |\n|---|---:|---:|---:|---:|---:|\n");
+        let of = match std::env::var_os("DISPATCHER_BENCH_BASELINE_OBJECT") {
+            Some(p) => format!("the program in {}", p.to_string_lossy()),
+            None => format!("the program of commit {BASELINE}"),
+        };
+        versus = format!("\nBefore and after in this run: the same cases through {of}, interleaved single-shot runs, ns above the floor: medians, and means of the middle half (the run times come in ~10 ns steps, which medians cannot split); the range is that ratio's over the {sets} sets of fresh maps the runs were spread over:\n\n| case | before (median) | after (median) | before (mid-half mean) | after (mid-half mean) | after / before (mid-half mean) | range over sets |\n|---|---:|---:|---:|---:|---:|---:|\n");
     }
     for (name, (m, f), warm, target, baseline, means) in &rows {
-        if let (Some(b), Some((was_mean, now_mean))) = (baseline, means) {
+        if let (Some(b), Some((was_mean, now_mean, (lo, hi)))) = (baseline, means) {
             let (was, now) = (b.saturating_sub(*f), m.saturating_sub(*f));
             versus += &format!(
-                "| {name} | {was} | {now} | {was_mean:.1} | {now_mean:.1} | {:.2} |\n",
+                "| {name} | {was} | {now} | {was_mean:.1} | {now_mean:.1} | {:.2} | {lo:.2}-{hi:.2} |\n",
                 now_mean / was_mean.max(1.0)
             );
         }
@@ -332,7 +436,11 @@ pub fn run(quick: bool) -> (String, String) {
                 .json("baseline_ns", baseline.map(|b| b.to_string()).unwrap_or("null".into()))
                 .json(
                     "mid_half_mean_above_floor",
-                    means.map(|(b, a)| format!(r#"{{"before":{b:.1},"after":{a:.1}}}"#)).unwrap_or("null".into()),
+                    means
+                        .map(|(b, a, (lo, hi))| {
+                            format!(r#"{{"before":{b:.1},"after":{a:.1},"ratio_range":[{lo:.3},{hi:.3}]}}"#)
+                        })
+                        .unwrap_or("null".into()),
                 ),
         );
     }
