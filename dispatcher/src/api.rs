@@ -144,6 +144,31 @@ pub struct BackendStatus {
     /// A backend with `maxconn`: its slots and queue.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<QueueStatus>,
+    /// Its last change of state and why (none since the agent started).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_change: Option<ChangeStatus>,
+    /// How long its last health check took, in milliseconds (none: not checked yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_check_ms: Option<f64>,
+    /// Final statuses it returned, by class (1xx .. 5xx, other).
+    #[serde(default)]
+    pub responses: std::collections::BTreeMap<String, u64>,
+}
+
+/// A backend's change of state: from, to, why, what the deciding check took, when.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ChangeStatus {
+    pub from: String,
+    pub to: String,
+    /// In words: `timeout after 2.0s`, `status 503`, `passive: refused`, `operator drain`.
+    pub reason: String,
+    /// Its bounded kind, as the metrics label it (`timeout`, `status_5xx`, ...).
+    pub reason_kind: String,
+    /// What the check that decided it took (none: not a check's verdict).
+    pub check_ms: Option<u64>,
+    /// When, in seconds since the epoch.
+    pub at_unix: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -178,6 +203,9 @@ pub struct VipStatus {
     /// Requests no route of the VIP matched (answered 404).
     #[serde(default)]
     pub no_route: u64,
+    /// Final statuses clients got, by class (the dispatcher's own answers included).
+    #[serde(default)]
+    pub responses: std::collections::BTreeMap<String, u64>,
 }
 
 /// What the request path counts per farm and per route.

@@ -6,13 +6,14 @@
 use std::sync::{atomic::Ordering, Arc, Mutex};
 
 use dispatcher_common::{BackendState, FlowValue, Operator};
+use std::time::Duration;
 use tokio::sync::mpsc;
 
 use crate::{
     config::Config,
     dataplane::tables::{backend_info, Tables},
-    health::{self, Probe, Streak},
-    state::{ramp_share, Event, Servers},
+    health::{self, Cause, Probe, Reason, Streak},
+    state::{ramp_share, Change, Event, Servers},
 };
 
 const RAMP_STEP_MIN: std::time::Duration = std::time::Duration::from_millis(100);
@@ -28,10 +29,21 @@ struct Control {
 }
 
 impl Control {
-    /// Applies a change of effective state to the maps.
-    fn apply(&mut self, b: usize, old: BackendState, new: BackendState) {
-        let name = &self.servers.backends[b].name;
-        tracing::info!(backend = %name, from = old.name(), to = new.name(), "backend state changed");
+    /// Applies a change of effective state to the maps; logged with why (`check`: what
+    /// the deciding check took) and how many servers each VIP of the backend has up.
+    fn apply(&mut self, b: usize, old: BackendState, new: BackendState, reason: Reason, check: Option<Duration>) {
+        let be = &self.servers.backends[b];
+        let at_unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs();
+        be.changes.lock().unwrap().record(Change { from: old, to: new, reason, check, at_unix });
+        let states: Vec<BackendState> = self.servers.backends.iter().map(|x| x.state()).collect();
+        tracing::info!(
+            backend = %be.name,
+            from = old.name(),
+            to = new.name(),
+            reason_kind = reason.kind(),
+            "{}",
+            change_line(&self.cfg, &states, b, &be.name, (old, new), reason, check)
+        );
         self.servers.counters.transitions.fetch_add(1, Ordering::Relaxed);
         let mut t = self.tables.lock().unwrap();
         let op = self.servers.backends[b].operator();
@@ -166,12 +178,42 @@ fn move_flows(
     n
 }
 
+/// The line a change of state is logged with, as HAProxy's:
+/// `backend b1 up -> suspect: timeout after 2.0s (check took 2001 ms); 3 of 4 servers of VIP app up`
+/// (each served VIP of the backend, by the states after the change).
+pub fn change_line(
+    cfg: &Config,
+    states: &[BackendState],
+    b: usize,
+    name: &str,
+    (old, new): (BackendState, BackendState),
+    reason: Reason,
+    check: Option<Duration>,
+) -> String {
+    use std::fmt::Write as _;
+    let mut line = format!("backend {name} {} -> {}: {reason}", old.name(), new.name());
+    if let Some(took) = check {
+        let _ = write!(line, " (check took {} ms)", took.as_millis());
+    }
+    let mut sep = "; ";
+    for v in cfg.vips.iter().filter(|v| !v.retired && v.backends.contains(&b)) {
+        let up = v.backends.iter().filter(|&&m| states.get(m) == Some(&BackendState::Up)).count();
+        let _ = write!(line, "{sep}{up} of {} servers of VIP {} up", v.backends.len(), v.name);
+        sep = ", ";
+    }
+    line
+}
+
+/// One check's result: the backend, its verdict (`Err`: why it failed), when it began and
+/// what it took.
+type CheckResult = (usize, Result<(), Cause>, std::time::Instant, Duration);
+
 async fn probe_loop(
     b: usize,
     probe: Probe,
     servers: Arc<Servers>,
     s: crate::config::HealthSettings,
-    tx: mpsc::UnboundedSender<(usize, bool, std::time::Instant)>,
+    tx: mpsc::UnboundedSender<CheckResult>,
 ) {
     let mut tick = tokio::time::interval(s.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -179,16 +221,20 @@ async fn probe_loop(
         tick.tick().await;
         let started = std::time::Instant::now();
         let (verdict, logical_name) = health::check(&probe, &s).await;
+        let took = started.elapsed();
+        servers.backends[b].last_check_us.store(took.as_micros() as u64 + 1, Ordering::Relaxed);
         if let Some(ln) = logical_name {
             // The container says which logical name it serves: its own answer, the one
             // place this is known for sure.
             servers.learn(ln.as_bytes(), b);
         }
-        if verdict == health::Verdict::Local {
+        let result = match verdict {
             // Says nothing about the backend: no streak, no state change.
-            continue;
-        }
-        if tx.send((b, verdict == health::Verdict::Pass, started)).is_err() {
+            health::Verdict::Local => continue,
+            health::Verdict::Pass => Ok(()),
+            health::Verdict::Fail(cause) => Err(cause),
+        };
+        if tx.send((b, result, started, took)).is_err() {
             return;
         }
     }
@@ -257,7 +303,8 @@ pub async fn run(
     loop {
         tokio::select! {
             _ = ramp.tick() => ctl.ramp_step(),
-            Some((b, ok, started)) = checks.recv() => {
+            Some((b, result, started, took)) = checks.recv() => {
+                let ok = result.is_ok();
                 if ok && servers.failed_since(b, started) {
                     // A check that began before a request saw the backend fail says
                     // nothing of it since: suspicion stands until a later one passes.
@@ -268,24 +315,31 @@ pub async fn run(
                 // To or from down, this dispatcher's verdict is news for the shared rule
                 // (`[cluster]`).
                 if let Some((old, new)) = servers.set_health(b, h) {
-                    ctl.apply(b, old, new);
+                    let reason = result.map_or_else(Reason::Check, |()| Reason::Passed);
+                    ctl.apply(b, old, new, reason, Some(took));
                 }
             }
             Some(event) = events.recv() => {
-                let b = match event {
+                let (b, reason) = match event {
                     // The request path already marked it suspect in the mirror; the maps
                     // follow, and the failure counts towards `fall`.
-                    Event::PassiveFailure(b) => {
+                    Event::PassiveFailure(b, cause) => {
                         streaks[b] = Streak::after_failure();
-                        b
+                        (b, Reason::Passive(cause))
                     }
                     // The shared store changed its operator's state or the majority's verdict.
-                    Event::Shared(b) => b,
+                    Event::Shared(b) => {
+                        let be = &servers.backends[b];
+                        let (op, was) = (be.operator(), ctl.written[b]);
+                        let operator = op != Operator::None
+                            || matches!(was, BackendState::Drain | BackendState::Disabled);
+                        (b, if operator { Reason::SharedOperator(op) } else { Reason::Peers(be.peers_out()) })
+                    }
                 };
                 let now = servers.backends[b].state();
                 if now != ctl.written[b] {
                     let old = ctl.written[b];
-                    ctl.apply(b, old, now);
+                    ctl.apply(b, old, now, reason, None);
                 }
             }
             Some(cmd) = commands.recv() => {
@@ -293,10 +347,51 @@ pub async fn run(
                 tracing::info!(backend = %servers.backends[cmd.backend].name, operator = cmd.op.name(), "operator command");
                 // Every dispatcher of a cluster takes the operator's word (news).
                 if let Some((old, new)) = servers.operator_command(cmd.backend, cmd.op) {
-                    ctl.apply(cmd.backend, old, new);
+                    ctl.apply(cmd.backend, old, new, Reason::Operator(cmd.op), None);
                 }
                 let _ = cmd.reply.send((before, servers.backends[cmd.backend].state()));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The line says who, from what to what, why, what the check took, and per VIP of
+    /// the backend how many of its servers are up after the change.
+    #[test]
+    fn a_change_is_logged_with_its_reason_and_the_servers_left() {
+        let text = "[dispatcher]\ninterface = \"lo\"\n\
+                    [[backend]]\nname = \"b1\"\naddress = \"10.0.0.1\"\n[[backend]]\nname = \"b2\"\naddress = \"10.0.0.2\"\n\
+                    [[backend]]\nname = \"b3\"\naddress = \"10.0.0.3\"\n[[backend]]\nname = \"b4\"\naddress = \"10.0.0.4\"\n\
+                    [[vip]]\nname = \"app\"\naddress = \"10.0.100.1\"\nport = 80\nmode = \"http\"\nbackends = [\"b1\", \"b2\", \"b3\", \"b4\"]\n\
+                    [[vip]]\nname = \"tcp\"\naddress = \"10.0.100.2\"\nport = 9000\nmode = \"http\"\nbackends = [\"b1\", \"b2\"]\n\
+                    [[vip]]\nname = \"other\"\naddress = \"10.0.100.3\"\nport = 81\nmode = \"http\"\nbackends = [\"b3\"]\n";
+        let cfg = Config::parse(text, "t").unwrap();
+        use BackendState::*;
+        let states = [Suspect, Up, Down, Up];
+        let line = change_line(
+            &cfg,
+            &states,
+            0,
+            "b1",
+            (Up, Suspect),
+            Reason::Check(Cause::timeout(Duration::from_secs(2))),
+            Some(Duration::from_millis(2001)),
+        );
+        assert_eq!(
+            line,
+            "backend b1 up -> suspect: timeout after 2.0s (check took 2001 ms); 2 of 4 servers of VIP app up, \
+             1 of 2 servers of VIP tcp up"
+        );
+        let line = change_line(&cfg, &states, 2, "b3", (Up, Down), Reason::Passive(Cause::Status(503)), None);
+        assert_eq!(
+            line,
+            "backend b3 up -> down: passive: status 503; 2 of 4 servers of VIP app up, 0 of 1 servers of VIP other up"
+        );
+        let line = change_line(&cfg, &[Up; 4], 3, "b4", (Drain, Up), Reason::Operator(Operator::None), None);
+        assert_eq!(line, "backend b4 drain -> up: operator enable; 4 of 4 servers of VIP app up");
     }
 }

@@ -54,6 +54,32 @@ impl Histogram {
     }
 }
 
+/// The `class` label of responses by status: indexed by `status_class`.
+pub const STATUS_CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "other"];
+
+/// The index in `STATUS_CLASSES` of an HTTP status.
+pub fn status_class(status: u16) -> usize {
+    match status {
+        100..=599 => (status / 100 - 1) as usize,
+        _ => 5,
+    }
+}
+
+/// Responses counted by status class (`STATUS_CLASSES`): one relaxed add each.
+#[derive(Default)]
+pub struct StatusClasses(pub [AtomicU64; STATUS_CLASSES.len()]);
+
+impl StatusClasses {
+    pub fn record(&self, status: u16) {
+        self.0[status_class(status)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// (class, count) in `STATUS_CLASSES` order.
+    pub fn counts(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        STATUS_CLASSES.iter().zip(&self.0).map(|(c, n)| (*c, n.load(Ordering::Relaxed)))
+    }
+}
+
 /// Nanoseconds on the process's monotonic clock, plus one (0 stands for "never").
 pub fn mono_ns() -> u64 {
     static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();

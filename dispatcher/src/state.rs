@@ -25,7 +25,8 @@ use dispatcher_common::{
 
 use crate::{
     config::Config,
-    metrics::{mono_ns, Counters, Histogram},
+    health::{Cause, Reason},
+    metrics::{mono_ns, Counters, Histogram, StatusClasses},
 };
 
 pub struct Backend {
@@ -65,6 +66,40 @@ pub struct Backend {
     /// It went out of service (down, disabled, drained) and has not been up since: its
     /// return ramps up, even by way of suspect.
     pub left: std::sync::atomic::AtomicBool,
+    /// Final response statuses it returned, by class.
+    pub responses: StatusClasses,
+    /// How long its last health check took, in microseconds plus one (0: none yet).
+    pub last_check_us: AtomicU64,
+    /// Its last change of state and the count of changes (shared with a reload's
+    /// successor: the history goes on).
+    pub changes: Arc<Mutex<Changes>>,
+}
+
+/// A change of a backend's state, and why.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Change {
+    pub from: BackendState,
+    pub to: BackendState,
+    pub reason: Reason,
+    /// What the deciding check took (a change a check decided).
+    pub check: Option<std::time::Duration>,
+    /// Seconds since the epoch.
+    pub at_unix: u64,
+}
+
+/// A backend's changes of state: the last one, and how many by (from, to, reason kind)
+/// (all bounded sets: `dispatcher_backend_transitions_total`).
+#[derive(Debug, Default)]
+pub struct Changes {
+    pub last: Option<Change>,
+    pub counts: std::collections::BTreeMap<(&'static str, &'static str, &'static str), u64>,
+}
+
+impl Changes {
+    pub fn record(&mut self, change: Change) {
+        *self.counts.entry((change.from.name(), change.to.name(), change.reason.kind())).or_default() += 1;
+        self.last = Some(change);
+    }
 }
 
 /// The smallest share of its weight a backend that just came back gets (HAProxy starts
@@ -147,8 +182,8 @@ struct CloneEntry {
 /// What the control loop hears from the request path and the shared state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Event {
-    /// A request saw the backend fail (it is suspect in the mirror).
-    PassiveFailure(usize),
+    /// A request saw the backend fail so (it is suspect in the mirror).
+    PassiveFailure(usize, Cause),
     /// The shared state changed the backend's state (operator's word, majority verdict).
     Shared(usize),
 }
@@ -259,6 +294,9 @@ impl Servers {
                     effective_state(a, h),
                     BackendState::Up | BackendState::Suspect
                 )),
+                responses: StatusClasses::default(),
+                last_check_us: AtomicU64::new(0),
+                changes: Default::default(),
             })
             .collect();
         let mut table = HashMap::new();
@@ -369,18 +407,19 @@ impl Servers {
         self.settle(backend)
     }
 
-    /// A request saw the backend fail (refused, reset, timed out): suspect at once, and
-    /// the control loop is told so that it writes the maps and confirms with checks.
-    pub fn passive_failure(&self, backend: usize) {
+    /// A request saw the backend fail (`cause`: refused, reset, timed out...): suspect at
+    /// once, and the control loop is told so that it writes the maps and confirms with
+    /// checks.
+    pub fn passive_failure(&self, backend: usize, cause: Cause) {
         let b = &self.backends[backend];
         b.failed_at.store(self.epoch.elapsed().as_nanos() as u64 + 1, Ordering::SeqCst);
         let (up, suspect) = (Health::Up as u8, Health::Suspect as u8);
         if b.health.compare_exchange(up, suspect, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
             self.counters.passive_failures.fetch_add(1, Ordering::Relaxed);
             if self.settle(backend).is_some() {
-                tracing::warn!(backend = %b.name, "backend suspect after a failed request");
+                tracing::warn!(backend = %b.name, cause = %cause, "backend suspect after a failed request");
             }
-            self.tell_control(Event::PassiveFailure(backend));
+            self.tell_control(Event::PassiveFailure(backend, cause));
         }
     }
 
@@ -537,6 +576,8 @@ impl Servers {
         for (new, prev) in c.backends.iter_mut().zip(&old.backends) {
             new.connections = prev.connections.clone();
             new.ramp_since.store(prev.ramp_since.load(Ordering::SeqCst), Ordering::SeqCst);
+            new.changes = prev.changes.clone();
+            new.last_check_us.store(prev.last_check_us.load(Ordering::Relaxed), Ordering::Relaxed);
             new.left.store(prev.left.load(Ordering::SeqCst), Ordering::SeqCst);
             // Back by the reload (a retired backend configured again): ramps up as if it
             // had come back by itself.
@@ -574,7 +615,8 @@ impl Servers {
         // Ids are kept by name across a reload: per-backend totals go on (added: whatever
         // this servers counted already stays counted).
         for (new, old) in self.backends.iter().zip(&old.backends) {
-            for (to, from) in [(&new.requests, &old.requests), (&new.errors, &old.errors)] {
+            let classes = new.responses.0.iter().zip(&old.responses.0);
+            for (to, from) in [(&new.requests, &old.requests), (&new.errors, &old.errors)].into_iter().chain(classes) {
                 to.fetch_add(from.load(Ordering::Relaxed), Ordering::Relaxed);
             }
         }
@@ -860,7 +902,7 @@ mod tests {
         let before = std::time::Instant::now();
         assert!(!c.failed_since(0, before), "no failure yet");
         std::thread::sleep(std::time::Duration::from_millis(2));
-        c.passive_failure(0);
+        c.passive_failure(0, Cause::Reset);
         assert!(c.failed_since(0, before));
         std::thread::sleep(std::time::Duration::from_millis(2));
         assert!(!c.failed_since(0, std::time::Instant::now()), "a check begun after it counts");

@@ -14,6 +14,7 @@
 //! connection budgets, so that scrapers can never lock the operator out.
 
 pub mod client;
+mod process;
 pub mod views;
 
 use std::{

@@ -7,13 +7,13 @@ use dispatcher_common::stats;
 
 use super::Admin;
 use crate::api::{
-    AgentStatus, BackendStatus, CertificateStatus, FarmStatus, PathCounts, QueueStatus, RouteStatus, TlsStatus,
-    VipStatus,
+    AgentStatus, BackendStatus, CertificateStatus, ChangeStatus, FarmStatus, PathCounts, QueueStatus, RouteStatus,
+    TlsStatus, VipStatus,
 };
 use crate::{
     capacity::{Capacity, PathStats, VipStats},
     config::{Config, Vip, VipMode},
-    metrics::{Exposition, Family},
+    metrics::{Exposition, Family, StatusClasses},
     state::{Backend, Servers},
 };
 
@@ -69,6 +69,16 @@ pub fn status(a: &Admin) -> AgentStatus {
                     wait_mean_ms: if waited == 0 { 0.0 } else { load(&q.waits.sum_us) as f64 / waited as f64 / 1000.0 },
                 }
             }),
+            last_change: b.changes.lock().unwrap().last.map(|ch| ChangeStatus {
+                from: ch.from.name().into(),
+                to: ch.to.name().into(),
+                reason: ch.reason.to_string(),
+                reason_kind: ch.reason.kind().into(),
+                check_ms: ch.check.map(|d| d.as_millis() as u64),
+                at_unix: ch.at_unix,
+            }),
+            last_check_ms: last_check(b).map(|s| s * 1000.0),
+            responses: classes(&b.responses),
         })
         .collect();
     let vips = cfg
@@ -82,6 +92,7 @@ pub fn status(a: &Admin) -> AgentStatus {
             connections: load(&s.connections),
             tls: v.http().and_then(|h| h.tls.as_ref()).map(|_| tls_status(&s.tls)),
             no_route: load(&s.no_route),
+            responses: classes(&s.responses),
         })
         .collect();
     let (farms, routes) = farms_and_routes(&cfg, &cap);
@@ -99,6 +110,17 @@ pub fn status(a: &Admin) -> AgentStatus {
         steering: a.steering.as_ref().map(|st| st.status(steer_counters(a))),
         announced: *a.announced.lock().unwrap(),
     }
+}
+
+/// Responses by class, for the status view.
+fn classes(r: &StatusClasses) -> std::collections::BTreeMap<String, u64> {
+    r.counts().map(|(c, n)| (c.to_string(), n)).collect()
+}
+
+/// What the backend's last health check took, in seconds.
+fn last_check(b: &Backend) -> Option<f64> {
+    let us = b.last_check_us.load(Ordering::Relaxed);
+    (us != 0).then(|| (us - 1) as f64 / 1e6)
 }
 
 fn counts(s: &PathStats) -> PathCounts {
@@ -152,9 +174,12 @@ pub fn metrics(a: &Admin) -> String {
     let (cfg, c, _) = a.current();
     let cap = a.capacity();
     let mut o = Exposition::default();
+    build_info(&mut o);
+    super::process::expose(&mut o);
     c.counters.expose(&mut o);
     clients_and_clones(&mut o, &c, &cap);
     backends(&mut o, &c);
+    backend_health(&mut o, &c);
     queues(&mut o, &c);
     o.family(&HOLD_SECONDS).histogram(&[("scope", "all")], &c.hold_time);
     let http_vips: Vec<_> = cfg.vips.iter().zip(&cap.vips).filter(|(v, _)| v.serves_http()).collect();
@@ -196,9 +221,13 @@ fn clients_and_clones(o: &mut Exposition, c: &Servers, cap: &Capacity) {
 type PerBackend = (Family, fn(&Backend) -> u64);
 
 const BACKEND_SERIES: [PerBackend; 5] = [
-    (Family::gauge("dispatcher_backend_state", "Backend state: 1=up 2=suspect 3=down 4=drain 5=disabled."), |b| {
-        b.state() as u64
-    }),
+    (
+        Family::gauge(
+            "dispatcher_backend_state",
+            "Backend state: 1=up 2=suspect 3=down 4=drain 5=disabled (kept; dispatcher_backend_state_info labels it).",
+        ),
+        |b| b.state() as u64,
+    ),
     (Family::counter("dispatcher_backend_requests_total", "Requests sent to the backend."), |b| {
         b.requests.load(Ordering::Relaxed)
     }),
@@ -227,6 +256,78 @@ fn backends(o: &mut Exposition, c: &Servers) {
     for b in &c.backends {
         o.histogram(&[("backend", &b.name)], &b.latency);
     }
+    o.family(&BACKEND_RESPONSES);
+    for b in &c.backends {
+        for (class, n) in b.responses.counts() {
+            o.sample(&[("backend", &b.name), ("class", class)], n);
+        }
+    }
+}
+
+const BACKEND_RESPONSES: Family = Family::counter(
+    "dispatcher_backend_responses_total",
+    "Final responses the backend returned, by status class (1xx..5xx, other).",
+);
+const BACKEND_STATE_INFO: Family = Family::gauge(
+    "dispatcher_backend_state_info",
+    "1 for the backend's current state (up, suspect, down, drain, disabled), 0 for the others.",
+);
+const BACKEND_TRANSITIONS: Family = Family::counter(
+    "dispatcher_backend_transitions_total",
+    "Backend state changes, by from, to and the kind of reason (refused, timeout, status_5xx, passive_..., operator...).",
+);
+const BACKEND_STATE_REASON: Family = Family::gauge(
+    "dispatcher_backend_state_reason",
+    "1 with the kind of reason of the backend's last state change (none before any).",
+);
+const BACKEND_LAST_CHECK: Family =
+    Family::gauge("dispatcher_backend_last_check_duration_seconds", "What the backend's last health check took.");
+const BUILD_INFO: Family = Family::gauge("dispatcher_build_info", "1, labelled with the agent's version.");
+
+/// The states `dispatcher_backend_state_info` labels.
+const STATES: [dispatcher_common::BackendState; 5] = {
+    use dispatcher_common::BackendState as S;
+    [S::Up, S::Suspect, S::Down, S::Drain, S::Disabled]
+};
+
+/// Each backend's state as a labelled gauge, its changes and their reasons, and what its
+/// last check took.
+fn backend_health(o: &mut Exposition, c: &Servers) {
+    o.family(&BACKEND_STATE_INFO);
+    for b in &c.backends {
+        let now = b.state();
+        for s in STATES {
+            o.sample(&[("backend", &b.name), ("state", s.name())], (s == now) as u8);
+        }
+    }
+    let changes: Vec<_> = c.backends.iter().map(|b| (b, b.changes.lock().unwrap())).collect();
+    o.family(&BACKEND_TRANSITIONS);
+    for (b, ch) in &changes {
+        for ((from, to, kind), n) in &ch.counts {
+            o.sample(&[("backend", &b.name), ("from", from), ("to", to), ("reason_kind", kind)], n);
+        }
+    }
+    o.family(&BACKEND_STATE_REASON);
+    for (b, ch) in &changes {
+        let kind = ch.last.map_or("none", |l| l.reason.kind());
+        o.sample(&[("backend", &b.name), ("reason", kind)], 1);
+    }
+    drop(changes);
+    o.family(&BACKEND_LAST_CHECK);
+    for b in &c.backends {
+        if let Some(s) = last_check(b) {
+            o.sample(&[("backend", &b.name)], s);
+        }
+    }
+}
+
+/// The agent's version (and the commit, when the build says it: `DISPATCHER_GIT_COMMIT`).
+fn build_info(o: &mut Exposition) {
+    o.family(&BUILD_INFO);
+    match option_env!("DISPATCHER_GIT_COMMIT") {
+        Some(commit) => o.sample(&[("version", env!("CARGO_PKG_VERSION")), ("commit", commit)], 1),
+        None => o.sample(&[("version", env!("CARGO_PKG_VERSION"))], 1),
+    };
 }
 
 const QUEUE_SERIES: [PerBackend; 3] = [
@@ -274,6 +375,10 @@ fn queues(o: &mut Exposition, c: &Servers) {
 
 const HOLD_SECONDS: Family = Family::histogram("dispatcher_hold_seconds", "How long held requests waited.");
 const VIP_REQUESTS: Family = Family::counter("dispatcher_vip_requests_total", "Request heads received, per HTTP VIP.");
+const VIP_RESPONSES: Family = Family::counter(
+    "dispatcher_vip_responses_total",
+    "Final responses clients got, per HTTP VIP, by status class (the dispatcher's own answers included).",
+);
 const VIP_CONNECTIONS: Family = Family::gauge("dispatcher_vip_connections", "Open client connections, per HTTP VIP.");
 const VIP_RESPONSE_SECONDS: Family =
     Family::histogram("dispatcher_vip_response_seconds", "Time to the response head, per HTTP VIP.");
@@ -290,6 +395,12 @@ fn http_vips_section(o: &mut Exposition, vips: &[(&Vip, &VipStats)]) {
     o.family(&VIP_NO_ROUTE);
     for (v, s) in vips {
         o.sample(&[("vip", &v.name)], s.no_route.load(Ordering::Relaxed));
+    }
+    o.family(&VIP_RESPONSES);
+    for (v, s) in vips {
+        for (class, n) in s.responses.counts() {
+            o.sample(&[("vip", &v.name), ("class", class)], n);
+        }
     }
     o.family(&VIP_CONNECTIONS);
     for (v, s) in vips {
@@ -605,11 +716,27 @@ mod tests {
         let c = Servers::new(&cfg, &[], &[], None);
         c.backends[0].requests.store(7, Ordering::Relaxed);
         c.counters.affinity_hits.store(3, Ordering::Relaxed);
+        c.backends[0].responses.record(200);
+        c.backends[0].responses.record(503);
+        c.backends[1].last_check_us.store(1_500_001, Ordering::Relaxed);
+        c.backends[1].changes.lock().unwrap().record(crate::state::Change {
+            from: dispatcher_common::BackendState::Up,
+            to: dispatcher_common::BackendState::Suspect,
+            reason: crate::health::Reason::Check(crate::health::Cause::Status(503)),
+            check: Some(std::time::Duration::from_millis(3)),
+            at_unix: 1,
+        });
+        c.set_health(1, dispatcher_common::Health::Suspect);
         let mut o = Exposition::default();
+        build_info(&mut o);
+        super::super::process::expose(&mut o);
         c.counters.expose(&mut o);
         let cap = Capacity::new(&cfg);
+        cap.vips[0].responses.record(404);
+        cap.vips[0].responses.record(0);
         clients_and_clones(&mut o, &c, &cap);
         backends(&mut o, &c);
+        backend_health(&mut o, &c);
         queues(&mut o, &c);
         o.family(&HOLD_SECONDS).histogram(&[("scope", "all")], &c.hold_time);
         let http_vips: Vec<_> = cfg.vips.iter().zip(&cap.vips).collect();
@@ -641,5 +768,24 @@ mod tests {
         assert_eq!(get("dispatcher_cluster_refused_keys_total", "reason=\"bad\\\"key\""), Some(2.0));
         assert_eq!(get("dispatcher_client_connections_refused_total", "reason=\"source_rate\""), Some(0.0));
         assert!(!text.contains("dispatcher_tls_"), "no HTTPS VIP, no TLS families");
+        let version = format!("version=\"{}\"", env!("CARGO_PKG_VERSION"));
+        assert_eq!(get("dispatcher_build_info", &version), Some(1.0));
+        assert!(get("process_open_fds", "").is_some_and(|n| n >= 3.0));
+        assert!(get("process_start_time_seconds", "").is_some_and(|t| t > 1e9));
+        assert_eq!(get("dispatcher_backend_responses_total", "backend=\"a\",class=\"2xx\""), Some(1.0));
+        assert_eq!(get("dispatcher_backend_responses_total", "backend=\"a\",class=\"5xx\""), Some(1.0));
+        assert_eq!(get("dispatcher_backend_responses_total", "backend=\"b\",class=\"other\""), Some(0.0));
+        assert_eq!(get("dispatcher_vip_responses_total", "vip=\"app\",class=\"4xx\""), Some(1.0));
+        assert_eq!(get("dispatcher_vip_responses_total", "vip=\"app\",class=\"other\""), Some(1.0));
+        assert_eq!(get("dispatcher_backend_state_info", "backend=\"b\",state=\"suspect\""), Some(1.0));
+        assert_eq!(get("dispatcher_backend_state_info", "backend=\"b\",state=\"up\""), Some(0.0));
+        assert_eq!(get("dispatcher_backend_state_info", "backend=\"a\",state=\"up\""), Some(1.0));
+        assert_eq!(get("dispatcher_backend_state", "backend=\"b\""), Some(2.0), "the numeric one kept");
+        let t = "backend=\"b\",from=\"up\",to=\"suspect\",reason_kind=\"status_5xx\"";
+        assert_eq!(get("dispatcher_backend_transitions_total", t), Some(1.0));
+        assert_eq!(get("dispatcher_backend_state_reason", "backend=\"b\",reason=\"status_5xx\""), Some(1.0));
+        assert_eq!(get("dispatcher_backend_state_reason", "backend=\"a\",reason=\"none\""), Some(1.0));
+        assert_eq!(get("dispatcher_backend_last_check_duration_seconds", "backend=\"b\""), Some(1.5));
+        assert_eq!(get("dispatcher_backend_last_check_duration_seconds", "backend=\"a\""), None, "never checked");
     }
 }

@@ -74,6 +74,8 @@ pub struct VipStats {
     pub tls: Arc<TlsStats>,
     /// Requests no route matched (answered 404).
     pub no_route: AtomicU64,
+    /// Final statuses clients got, by class (the dispatcher's own answers included).
+    pub responses: crate::metrics::StatusClasses,
 }
 
 impl Capacity {
@@ -111,6 +113,9 @@ impl Capacity {
             new.tls = prev.tls.clone();
             new.requests.store(prev.requests.load(Ordering::Relaxed), Ordering::Relaxed);
             new.no_route.store(prev.no_route.load(Ordering::Relaxed), Ordering::Relaxed);
+            for (to, from) in new.responses.0.iter().zip(&prev.responses.0) {
+                to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
+            }
         }
         for (news, prevs) in [(&mut c.farms, &self.farms), (&mut c.routes, &self.routes)] {
             for new in news.iter_mut() {

@@ -343,7 +343,7 @@ impl<'c> Frame<'c> {
             |name: &str| -> Option<&BackendStatus> { self.agent.as_ref()?.backends.iter().find(|b| b.name == name) };
         let _ = writeln!(
             o,
-            "{:<12} {:<15} {:<9} {:<8} {:<9} {:>6} {:<12} {:>10} {:>9} {:>7} {:>6} {:>9} {:>7}",
+            "{:<12} {:<15} {:<9} {:<8} {:<9} {:>6} {:<12} {:>10} {:>9} {:>7} {:>6} {:>9} {:>7}  LAST CHANGE",
             "BACKEND",
             "ADDRESS",
             "STATE",
@@ -364,7 +364,7 @@ impl<'c> Frame<'c> {
             let field = |f: fn(&BackendStatus) -> String| a.map(f).unwrap_or_else(|| "-".into());
             let _ = writeln!(
                 o,
-                "{:<12} {:<15} {:<9} {:<8} {:<9} {:>6} {:<12} {:>10} {:>9} {:>7} {:>6} {:>9} {:>7}",
+                "{:<12} {:<15} {:<9} {:<8} {:<9} {:>6} {:<12} {:>10} {:>9} {:>7} {:>6} {:>9} {:>7}  {}",
                 b.name,
                 b.address.to_string(),
                 state_name(info.state),
@@ -377,7 +377,8 @@ impl<'c> Frame<'c> {
                 field(|x| x.active.to_string()),
                 field(|x| x.connections.to_string()),
                 field(|x| x.requests.to_string()),
-                field(|x| x.errors.to_string())
+                field(|x| x.errors.to_string()),
+                a.and_then(|x| x.last_change.as_ref()).map(last_change).unwrap_or_else(|| "-".into())
             );
         }
         for (name, q) in self.agent.iter().flat_map(|a| &a.backends).filter_map(|b| Some((&b.name, b.queue.as_ref()?)))
@@ -390,6 +391,14 @@ impl<'c> Frame<'c> {
         }
         let _ = writeln!(o);
     }
+}
+
+/// A backend's last change of state, beside its state: `up -> suspect: timeout after
+/// 2.0s (check 2001 ms), 42 s ago`.
+fn last_change(c: &dispatcher::api::ChangeStatus) -> String {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let check = c.check_ms.map(|ms| format!(" (check {ms} ms)")).unwrap_or_default();
+    format!("{} -> {}: {}{check}, {} s ago", c.from, c.to, c.reason, now.saturating_sub(c.at_unix))
 }
 
 /// Behind ECMP: the announcements and the ownership table of HTTP connections.

@@ -6,7 +6,10 @@
 //! Suspect means "ownership unknown": its sessions are held, not sent elsewhere, until a
 //! check confirms it down (then its replica serves them) or clears it.
 
+mod reason;
 mod sip;
+
+pub use reason::{Cause, Reason};
 
 use std::{net::SocketAddr, time::Duration};
 
@@ -19,7 +22,7 @@ use tokio::{
 
 use crate::config::{CheckKind, Config, HealthSettings, Protocol, VipMode};
 use crate::http1::{
-    body::{relay_body, Inbound, Timeouts},
+    body::{relay_body, HeadError, Inbound, RelayError, Timeouts},
     head::{parse_request, parse_response, HeadLimits},
     io::is_local_errno,
 };
@@ -136,7 +139,8 @@ fn farm_port(cfg: &Config, b: usize) -> Option<(u16, &crate::config::HttpVip)> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {
     Pass,
-    Fail,
+    /// Failed, and why.
+    Fail(Cause),
     /// The check could not be made for a reason of this host's (out of descriptors,
     /// ports, buffers): it says nothing about the backend and changes nothing.
     Local,
@@ -146,7 +150,8 @@ pub enum Verdict {
 /// learned).
 pub async fn check(p: &Probe, s: &HealthSettings) -> (Verdict, Option<String>) {
     if p.kind == ProbeKind::Sip {
-        return tokio::time::timeout(s.timeout, sip::options(p.addr)).await.unwrap_or((Verdict::Fail, None));
+        let timeout = (Verdict::Fail(Cause::timeout(s.timeout)), None);
+        return tokio::time::timeout(s.timeout, sip::options(p.addr)).await.unwrap_or(timeout);
     }
     let attempt = async {
         let stream = match TcpStream::connect(p.addr).await {
@@ -155,7 +160,7 @@ pub async fn check(p: &Probe, s: &HealthSettings) -> (Verdict, Option<String>) {
                 crate::ratelimit::warn("health check connect", &e);
                 return Verdict::Local;
             }
-            Err(_) => return Verdict::Fail,
+            Err(e) => return Verdict::Fail(Cause::of_io(&e)),
         };
         let ProbeKind::Http(path) = &p.kind else { return Verdict::Pass };
         let req = format!(
@@ -167,24 +172,25 @@ pub async fn check(p: &Probe, s: &HealthSettings) -> (Verdict, Option<String>) {
             Some(tls) => match tls.conn.connect(stream).await {
                 Ok(conn) => http_check(conn, req.as_bytes(), s.timeout).await,
                 // A certificate we do not trust fails the check, as it fails requests.
-                Err(_) => None,
+                Err(_) => Err(Cause::Tls),
             },
         };
         match status {
-            Some(status) if status == s.expect_status => Verdict::Pass,
-            _ => Verdict::Fail,
+            Ok(status) if status == s.expect_status => Verdict::Pass,
+            Ok(status) => Verdict::Fail(Cause::Status(status)),
+            Err(cause) => Verdict::Fail(cause),
         }
     };
-    (tokio::time::timeout(s.timeout, attempt).await.unwrap_or(Verdict::Fail), None)
+    (tokio::time::timeout(s.timeout, attempt).await.unwrap_or(Verdict::Fail(Cause::timeout(s.timeout))), None)
 }
 
-/// Sends `request` and reads the whole response; its status.
+/// Sends `request` and reads the whole response; its status, or why there is none.
 async fn http_check<S: AsyncRead + AsyncWrite + Unpin>(
     mut stream: S,
     request: &[u8],
     timeout: Duration,
-) -> Option<u16> {
-    stream.write_all(request).await.ok()?;
+) -> Result<u16, Cause> {
+    stream.write_all(request).await.map_err(|e| Cause::of_io(&e))?;
     read_response(stream, request, timeout).await
 }
 
@@ -193,15 +199,22 @@ async fn http_check<S: AsyncRead + AsyncWrite + Unpin>(
 /// The server thus never sees its response cut off (a reset), and a server that keeps the
 /// connection open despite `Connection: close` does not make the check wait for its
 /// timeout. A body that ends early or is badly chunked ends the reading, not the check.
-async fn read_response<S: AsyncRead + Unpin>(stream: S, request: &[u8], timeout: Duration) -> Option<u16> {
+async fn read_response<S: AsyncRead + Unpin>(stream: S, request: &[u8], timeout: Duration) -> Result<u16, Cause> {
     let limits = HeadLimits::default();
-    let req = parse_request(request, &limits, &mut Vec::new()).ok()??;
+    let req = parse_request(request, &limits, &mut Vec::new()).ok().flatten().ok_or(Cause::BadResponse)?;
     let mut from = Inbound::with_chunk(stream, 4096);
-    let res = from.read_head(timeout, |buf| parse_response(buf, &req, &limits, &mut Vec::new())).await.ok()?;
+    let res = match from.read_head(timeout, |buf| parse_response(buf, &req, &limits, &mut Vec::new())).await {
+        Ok(res) => res,
+        Err(HeadError::Closed) => return Err(Cause::Closed),
+        Err(HeadError::Reject(_)) => return Err(Cause::BadResponse),
+        Err(HeadError::Read(RelayError::Read(e))) => return Err(Cause::of_io(&e)),
+        Err(HeadError::Read(RelayError::Timeout)) => return Err(Cause::timeout(timeout)),
+        Err(HeadError::Read(_)) => return Err(Cause::Closed),
+    };
     from.buf.advance(res.len);
     let t = Timeouts { read: timeout, write: timeout };
     let _ = relay_body(res.framing, &mut from, &mut tokio::io::sink(), t, false).await;
-    Some(res.status)
+    Ok(res.status)
 }
 
 /// Consecutive results of one backend's checks.
@@ -270,7 +283,7 @@ mod tests {
         let s = HealthSettings { timeout: std::time::Duration::from_secs(2), ..HealthSettings::default() };
         assert_eq!(check(&probe, &s).await.0, Verdict::Pass, "Content-Length");
         assert_eq!(check(&probe, &s).await.0, Verdict::Pass, "chunked");
-        assert_eq!(check(&probe, &s).await.0, Verdict::Fail, "503");
+        assert_eq!(check(&probe, &s).await.0, Verdict::Fail(Cause::Status(503)), "503");
         drop(server.await.unwrap());
     }
 

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 
 use dispatcher_common::sip::{logical_name, scan};
 
-use crate::health::Verdict;
+use crate::health::{Cause, Verdict};
 
 /// Sends `OPTIONS` to a container over UDP and waits for a final answer (any status:
 /// the container is alive) to this request (same Call-ID). Returns the logical name its
@@ -23,7 +23,11 @@ pub async fn options(to: SocketAddr) -> (Verdict, Option<String>) {
     };
     if let Err(e) = sock.connect(to).await {
         return (
-            if e.raw_os_error().is_some_and(crate::http1::io::is_local_errno) { Verdict::Local } else { Verdict::Fail },
+            if e.raw_os_error().is_some_and(crate::http1::io::is_local_errno) {
+                Verdict::Local
+            } else {
+                Verdict::Fail(Cause::of_io(&e))
+            },
             None,
         );
     }
@@ -33,15 +37,15 @@ pub async fn options(to: SocketAddr) -> (Verdict, Option<String>) {
     let req = format!(
         "OPTIONS sip:{to} SIP/2.0\r\nVia: SIP/2.0/UDP {local};branch=z9hG4bK{nonce:x};rport\r\nMax-Forwards: 70\r\nFrom: <sip:dispatcher@{local}>;tag={nonce:x}\r\nTo: <sip:{to}>\r\nCall-ID: {call_id}\r\nCSeq: 1 OPTIONS\r\nAccept: application/sdp\r\nUser-Agent: dispatcher-health\r\nContent-Length: 0\r\n\r\n"
     );
-    if sock.send(req.as_bytes()).await.is_err() {
+    if let Err(e) = sock.send(req.as_bytes()).await {
         // ICMP port unreachable from an earlier send shows here: the container is down.
-        return (Verdict::Fail, None);
+        return (Verdict::Fail(Cause::of_io(&e)), None);
     }
     let mut buf = vec![0u8; 65535];
     loop {
         let n = match sock.recv(&mut buf).await {
             Ok(n) => n,
-            Err(_) => return (Verdict::Fail, None),
+            Err(e) => return (Verdict::Fail(Cause::of_io(&e)), None),
         };
         let msg = &buf[..n];
         let s = scan(msg);
@@ -55,7 +59,8 @@ pub async fn options(to: SocketAddr) -> (Verdict, Option<String>) {
                 let ln = to_tag(msg).and_then(logical_name).map(|l| String::from_utf8_lossy(l).into_owned());
                 return (Verdict::Pass, ln);
             }
-            _ => return (Verdict::Fail, None),
+            Some(status) => return (Verdict::Fail(Cause::Status(status)), None),
+            None => return (Verdict::Fail(Cause::BadResponse), None),
         }
     }
 }

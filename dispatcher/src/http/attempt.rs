@@ -114,18 +114,18 @@ impl SendFail {
             SendFail::Unreachable(e) if e.is_tls() => {
                 // It answered, but not as the server it must be (certificate, name,
                 // protocol): a bad gateway, and a failing backend.
-                c.passive_failure(backend);
+                c.passive_failure(backend, crate::health::Cause::Tls);
                 crate::ratelimit::warn("TLS to a backend failed", e);
             }
             SendFail::Unreachable(e) => {
-                c.passive_failure(backend);
+                c.passive_failure(backend, e.cause());
                 tracing::debug!(backend = %c.backends[backend].name, error = %e, "upstream connect failed");
             }
-            SendFail::Closed => c.passive_failure(backend),
+            SendFail::Closed => c.passive_failure(backend, crate::health::Cause::Closed),
             SendFail::Timeout => {
                 // Half-dead: suspect (no more requests for it until a check passes), its idle
                 // connections closed, and this request not replayed anywhere.
-                c.passive_failure(backend);
+                c.passive_failure(backend, crate::health::Cause::Timeout(0));
                 if let Some(pool) = ctx.pools[backend].as_ref() {
                     pool.clear();
                 }

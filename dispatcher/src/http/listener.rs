@@ -893,6 +893,14 @@ backends = ["s1"]
         assert_eq!(load(&capacity.farms[1].stats.requests), 1 + 3);
         assert_eq!(load(&capacity.farms[1].stats.balanced), 1 + 3);
         assert_eq!(load(&shop_stats.misroutes) + load(&capacity.farms[1].stats.misroutes), 0);
+
+        // Each status a client got, by class, on the VIP (the dispatcher's own 404
+        // included); the backends' own on each backend.
+        let classes = |r: &crate::metrics::StatusClasses| r.counts().filter(|(_, n)| *n > 0).collect::<Vec<_>>();
+        assert_eq!(classes(&capacity.vips[0].responses), [("2xx", 22), ("4xx", 1)]);
+        let backends: Vec<_> = servers.backends.iter().flat_map(|b| classes(&b.responses)).collect();
+        assert!(backends.iter().all(|(c, _)| *c == "2xx"), "{backends:?}");
+        assert_eq!(backends.iter().map(|(_, n)| n).sum::<u64>(), 22, "the 404 was the dispatcher's own");
     }
 }
 

@@ -97,6 +97,17 @@ impl PoolError {
         matches!(self, PoolError::Tls { .. })
     }
 
+    /// What it says of the backend's health (a failed request's cause).
+    pub fn cause(&self) -> crate::health::Cause {
+        use crate::health::Cause;
+        match self {
+            PoolError::Connect { source, .. } => Cause::of_io(source),
+            PoolError::ConnectTimeout { .. } => Cause::Timeout(0),
+            PoolError::Tls { .. } => Cause::Tls,
+            PoolError::Full { .. } => Cause::Unreachable,
+        }
+    }
+
     /// A shortage on this host (descriptors, ports, buffers, memory): never the backend's
     /// failure.
     pub fn is_local(&self) -> bool {

@@ -514,8 +514,8 @@ impl Drop for InFlight<'_> {
 }
 
 impl ClientConn {
-    /// Logs a request the dispatcher answered itself (a refused head, a redirect), when
-    /// the VIP has an access log.
+    /// Counts a request the dispatcher answered itself (a refused head, a redirect), and
+    /// logs it when the VIP has an access log.
     /// `request`: the request line logged, and the head it is from (`None`: refused).
     fn log_answer(
         &self,
@@ -525,6 +525,7 @@ impl ClientConn {
         bytes_in: u64,
         written0: u64,
     ) {
+        count_status(&self.ctx, status);
         if let Some(log) = &self.ctx.log {
             let mut t = Trace::new(started);
             t.status = status;
@@ -576,7 +577,9 @@ impl ClientConn {
     async fn exchange(&mut self, head: &RequestHead, buf: &BytesMut, closing: bool, started: Instant) -> Next {
         let mut t = Trace::new(started);
         let Some(log) = self.ctx.log.clone() else {
-            return self.routed(head, buf, closing, &mut t).await;
+            let next = self.routed(head, buf, closing, &mut t).await;
+            count_status(&self.ctx, t.status);
+            return next;
         };
         let (read0, buffered0, written0) = (self.client.total_read, self.client.buf.len(), self.w.written);
         let next = self.routed(head, buf, closing, &mut t).await;
@@ -586,6 +589,7 @@ impl ClientConn {
             (buffered0 as u64 + (self.client.total_read - read0)).saturating_sub(self.client.buf.len() as u64);
         let line = (request_line(head, buf), self.protocol_of(Some(head)));
         log.entry(&t, line, self.peer, (head.len as u64 + consumed, self.w.written - written0));
+        count_status(&self.ctx, t.status);
         next
     }
 
@@ -635,6 +639,16 @@ impl ClientConn {
         match rounds.forward(ctx, &req, down.reborrow(), trace).await {
             Ok(sent) => respond(ctx, &req, sent, down, trace).await,
             Err(answer) => answered(down.w, trace, answer).await,
+        }
+    }
+}
+
+/// Counts the status a client got on its VIP (the backend's, or the dispatcher's own
+/// answer); none (0) when the client got no response.
+pub fn count_status(ctx: &VipCtx, status: u16) {
+    if status != 0 {
+        if let Some(v) = ctx.capacity.vips.get(ctx.vip_index) {
+            v.responses.record(status);
         }
     }
 }
@@ -927,13 +941,14 @@ async fn respond<R: AsyncRead + Unpin>(
     let took = req.started.elapsed();
     trace.response = Some(Instant::now());
     trace.status = res.status;
+    be.responses.record(res.status);
     be.latency.record(took);
     if let Some(v) = ctx.capacity.vips.get(ctx.vip_index) {
         v.latency.record(took);
     }
     if ctx.suspect_on_status.contains(&res.status) {
         // The configured passive 5xx policy: the answer is relayed, the backend is suspect.
-        c.passive_failure(backend);
+        c.passive_failure(backend, crate::health::Cause::Status(res.status));
     }
     let res_buf = up.r.buf.split_to(res.len);
     learn(ctx, req.route, &res, &res_buf, backend);

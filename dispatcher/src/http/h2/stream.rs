@@ -56,6 +56,7 @@ pub async fn serve(
         Ok(t) => t,
         Err(r) => {
             counters.h2_refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            crate::http::proxy::count_status(&ctx, r.status);
             refuse(&mut respond, r.status, r.reason);
             return;
         }

@@ -308,13 +308,13 @@ struct StateChange {
 
 impl StateChanges {
     /// The changes logged since the last call. A line reads
-    /// `<RFC 3339 time> INFO dispatcher::control: backend state changed backend=b2 from="up" to="suspect"`.
+    /// `<RFC 3339 time> INFO dispatcher::control: backend b2 up -> suspect: <reason>; ... backend=b2 from="up" to="suspect" reason_kind="timeout"`.
     fn read(&mut self, log: &str) -> Vec<StateChange> {
         let complete = log.rfind('\n').map_or(0, |i| i + 1);
         let new = log.get(self.read..complete).unwrap_or_default();
         self.read = self.read.max(complete);
         new.lines()
-            .filter(|l| l.contains("backend state changed"))
+            .filter(|l| l.contains("dispatcher::control: backend ") && l.contains(" from="))
             .filter_map(|l| {
                 let at = humantime::parse_rfc3339_weak(l.split_whitespace().next()?).ok()?;
                 let field = |k: &str| {
