@@ -214,7 +214,7 @@ impl Ecmp {
             .flat_map(|i| {
                 let log = self.m.log(i);
                 log.lines()
-                    .filter(|l| l.contains("backend state changed"))
+                    .filter(|l| l.contains("reason_kind="))
                     .map(|l| format!("d{i}: {l}"))
                     .collect::<Vec<_>>()
             })
