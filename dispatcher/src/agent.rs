@@ -528,7 +528,7 @@ impl Agent<'_> {
     }
 
     /// `dispatcher reload` or SIGHUP.
-    fn reload(&mut self) -> Result<String, String> {
+    fn reload(&mut self) -> Result<(String, Vec<String>), String> {
         self.notifier.send("RELOADING=1");
         // The plugin-cfg.xml as it is before this reload reads it: what the watch compares
         // with from now on, whatever the outcome (a refused file is not tried again until
@@ -537,7 +537,7 @@ impl Agent<'_> {
         let r = self.live.reload(self.path);
         self.plugin_watch.reloaded(&self.live.cfg, before);
         match &r {
-            Ok(what) => {
+            Ok((what, changes)) => {
                 *self.admin.live.write().unwrap() = self.live.view();
                 *self.current.write().unwrap() = (self.live.cfg.clone(), self.live.servers.clone());
                 // The shared state, on the new servers (and read again if the peers or
@@ -545,7 +545,8 @@ impl Agent<'_> {
                 if let Some(shared) = &self.group.shared {
                     shared.reloaded();
                 }
-                tracing::info!(changes = %what, "configuration reloaded");
+                let listed = if changes.is_empty() { "no changes".to_string() } else { changes.join("; ") };
+                tracing::info!(summary = %what, changes = %listed, "configuration reloaded");
                 self.notifier.send(&format!("READY=1\nSTATUS=reloaded: {what}"));
             }
             Err(why) => {
@@ -636,7 +637,7 @@ impl Running {
     /// sockets taken over by the new loops (no SYN or queued connection meets a closed
     /// listener), in-flight requests finish on the old loops, backend states and learned
     /// clone IDs carried over.
-    fn reload(&mut self, path: &Path) -> Result<String, String> {
+    fn reload(&mut self, path: &Path) -> Result<(String, Vec<String>), String> {
         let new = Config::load(path).map_err(|e| e.to_string())?;
         let merged = self.cfg.merged_for_reload(new)?;
         // `peers` may change by reload: this dispatcher's own pin is checked as at start.
@@ -683,6 +684,7 @@ impl Running {
             log.switch(r);
         }
         let summary = self.summary(&merged);
+        let changes = merged.changes_from(&self.cfg);
         let mut old = std::mem::replace(self, next);
         old.control.abort();
         if let Some(server) = old.server.take() {
@@ -692,7 +694,7 @@ impl Running {
                 tracing::info!(unfinished = left, "previous HTTP listeners stopped");
             });
         }
-        Ok(summary)
+        Ok((summary, changes))
     }
 
     /// Health and the operator's state per backend of `merged`: they go on; a removed

@@ -5,6 +5,7 @@
 //! `raw` is the file's shape, `validate` turns it into the model below (with every
 //! error's line and field), `reload` places a configuration at the ids already in use.
 
+mod changes;
 mod raw;
 mod reload;
 mod shape;
