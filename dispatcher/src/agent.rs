@@ -642,8 +642,8 @@ impl Running {
         let merged = self.cfg.merged_for_reload(new)?;
         // `peers` may change by reload: this dispatcher's own pin is checked as at start.
         if let Some(c) = merged.cluster.as_ref().filter(|c| c.steering) {
-            let mac = crate::netif::hardware_address(&merged.interface).map_err(|e| format!("{e:#}"))?;
-            Self::own_pin_matches(c, &merged.interface, mac).map_err(|e| format!("{e:#}"))?;
+            let mac = crate::netif::hardware_address(&merged.interface).map_err(|e| crate::logging::error_text(&e))?;
+            Self::own_pin_matches(c, &merged.interface, mac).map_err(|e| crate::logging::error_text(&e))?;
         }
         let (health, admin) = self.carried_states(&merged);
         let (states, ops) = map_bytes(&health, &admin);
@@ -661,7 +661,7 @@ impl Running {
             access_log,
             self.env.clone(),
         )
-        .map_err(|e| format!("{e:#}"))?;
+        .map_err(|e| crate::logging::error_text(&e))?;
         let tables = &self.env.tables;
         if let Err(e) = tables.lock().unwrap().apply(&merged, &states, &ops) {
             // Refused: the new loops stop (the old ones never did), and the old servers
@@ -730,11 +730,12 @@ impl Running {
     ) -> Result<(Option<Arc<AccessLog>>, Option<crate::access_log::Reopened>), String> {
         match (&merged.access_log, &self.access_log) {
             (Some(s), Some(log)) if s.buffer == log.settings().buffer => {
-                let reopened = AccessLog::reopen(s).map_err(|e| format!("{e:#}"))?;
+                let reopened = AccessLog::reopen(s).map_err(|e| crate::logging::error_text(&e))?;
                 Ok((Some(log.clone()), Some(reopened)))
             }
             (Some(s), _) => {
-                let log = AccessLog::start(s, self.servers.counters.clone()).map_err(|e| format!("{e:#}"))?;
+                let log =
+                    AccessLog::start(s, self.servers.counters.clone()).map_err(|e| crate::logging::error_text(&e))?;
                 Ok((Some(log), None))
             }
             (None, _) => Ok((None, None)),

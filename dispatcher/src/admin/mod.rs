@@ -371,11 +371,15 @@ async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
     let (path, query) = target.split_once('?').unwrap_or((&target, ""));
     tracing::debug!(%method, %target, ?peer, "admin request");
     if !allowed(peer, &method, path) {
-        tracing::warn!(%method, %target, ?peer, "admin request refused: not a local client");
         let why = match peer {
-            Peer::LocalReader => "commands are served only on the Unix socket (dispatcher.admin_socket); TCP serves GET /metrics and GET /status",
-            _ => "only GET /metrics is served to clients that are not local",
+            // On loopback: a reader, never a commander (whoever runs on the host).
+            Peer::LocalReader => format!(
+                "commands are accepted on the admin Unix socket only ({}, dispatcher.admin_socket); over TCP: GET /metrics and GET /status",
+                admin.current().0.admin_socket.display()
+            ),
+            _ => "only GET /metrics is served to clients that are not on this host".to_string(),
         };
+        tracing::warn!(%method, %target, ?peer, "admin request refused: {why}");
         return respond(&mut s, 403, "application/json", &err(why)).await;
     }
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
