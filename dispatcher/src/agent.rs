@@ -558,7 +558,7 @@ impl Agent<'_> {
     }
 
     /// `dispatcher reload` or SIGHUP.
-    fn reload(&mut self) -> Result<String, String> {
+    fn reload(&mut self) -> Result<(String, Vec<String>), String> {
         self.notifier.send("RELOADING=1");
         // The plugin-cfg.xml as it is before this reload reads it: what the watch compares
         // with from now on, whatever the outcome (a refused file is not tried again until
@@ -567,7 +567,7 @@ impl Agent<'_> {
         let r = self.live.reload(self.path);
         self.plugin_watch.reloaded(&self.live.cfg, before);
         match &r {
-            Ok(what) => {
+            Ok((what, changes)) => {
                 *self.admin.live.write().unwrap() = self.live.view();
                 *self.current.write().unwrap() = (self.live.cfg.clone(), self.live.servers.clone());
                 // The shared state, on the new servers (and read again if the peers or
@@ -575,7 +575,8 @@ impl Agent<'_> {
                 if let Some(shared) = &self.group.shared {
                     shared.reloaded();
                 }
-                tracing::info!(changes = %what, "configuration reloaded");
+                let listed = if changes.is_empty() { "no changes".to_string() } else { changes.join("; ") };
+                tracing::info!(summary = %what, changes = %listed, "configuration reloaded");
                 self.notifier.send(&format!("READY=1\nSTATUS=reloaded: {what}"));
             }
             Err(why) => {
@@ -666,13 +667,13 @@ impl Running {
     /// sockets taken over by the new loops (no SYN or queued connection meets a closed
     /// listener), in-flight requests finish on the old loops, backend states and learned
     /// clone IDs carried over.
-    fn reload(&mut self, path: &Path) -> Result<String, String> {
+    fn reload(&mut self, path: &Path) -> Result<(String, Vec<String>), String> {
         let new = Config::load(path).map_err(|e| e.to_string())?;
         let merged = self.cfg.merged_for_reload(new)?;
         // `peers` may change by reload: this dispatcher's own pin is checked as at start.
         if let Some(c) = merged.cluster.as_ref().filter(|c| c.steering) {
-            let mac = crate::netif::hardware_address(&merged.interface).map_err(|e| format!("{e:#}"))?;
-            Self::own_pin_matches(c, &merged.interface, mac).map_err(|e| format!("{e:#}"))?;
+            let mac = crate::netif::hardware_address(&merged.interface).map_err(|e| crate::logging::error_text(&e))?;
+            Self::own_pin_matches(c, &merged.interface, mac).map_err(|e| crate::logging::error_text(&e))?;
         }
         let (health, admin) = self.carried_states(&merged);
         let (states, ops) = map_bytes(&health, &admin);
@@ -690,7 +691,7 @@ impl Running {
             access_log,
             self.env.clone(),
         )
-        .map_err(|e| format!("{e:#}"))?;
+        .map_err(|e| crate::logging::error_text(&e))?;
         let tables = &self.env.tables;
         if let Err(e) = tables.lock().unwrap().apply(&merged, &states, &ops) {
             // Refused: the new loops stop (the old ones never did), and the old servers
@@ -713,6 +714,7 @@ impl Running {
             log.switch(r);
         }
         let summary = self.summary(&merged);
+        let changes = merged.changes_from(&self.cfg);
         let mut old = std::mem::replace(self, next);
         old.control.abort();
         if let Some(server) = old.server.take() {
@@ -722,7 +724,7 @@ impl Running {
                 tracing::info!(unfinished = left, "previous HTTP listeners stopped");
             });
         }
-        Ok(summary)
+        Ok((summary, changes))
     }
 
     /// Health and the operator's state per backend of `merged`: they go on; a removed
@@ -758,11 +760,12 @@ impl Running {
     ) -> Result<(Option<Arc<AccessLog>>, Option<crate::access_log::Reopened>), String> {
         match (&merged.access_log, &self.access_log) {
             (Some(s), Some(log)) if s.buffer == log.settings().buffer => {
-                let reopened = AccessLog::reopen(s).map_err(|e| format!("{e:#}"))?;
+                let reopened = AccessLog::reopen(s).map_err(|e| crate::logging::error_text(&e))?;
                 Ok((Some(log.clone()), Some(reopened)))
             }
             (Some(s), _) => {
-                let log = AccessLog::start(s, self.servers.counters.clone()).map_err(|e| format!("{e:#}"))?;
+                let log =
+                    AccessLog::start(s, self.servers.counters.clone()).map_err(|e| crate::logging::error_text(&e))?;
                 Ok((Some(log), None))
             }
             (None, _) => Ok((None, None)),

@@ -290,6 +290,10 @@ pub struct CommandReply {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ReloadReply {
     pub reloaded: String,
+    /// What changed, one line each (`backend b2 added`, `VIP web: port 80 -> 8080`);
+    /// empty: nothing.
+    #[serde(default)]
+    pub changes: Vec<String>,
 }
 
 /// `POST /join` or `POST /leave` that took effect: what it did.

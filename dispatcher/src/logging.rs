@@ -79,3 +79,36 @@ where
         self.0.format_event(ctx, writer, event)
     }
 }
+
+/// An error and its causes on one line, as `{:#}` writes them, less the causes whose
+/// text is already said: an error type that writes its source into its own message
+/// (`"{what}: {source}"`) would otherwise have it printed twice.
+pub fn error_text(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
+#[cfg(test)]
+mod error_text_tests {
+    /// What writes its source into its message (a config file that cannot be read) has
+    /// it said once.
+    #[test]
+    fn a_cause_already_said_is_not_said_again() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file or directory");
+        let e = anyhow::Error::new(crate::config::ConfigError::Read { file: "/x.toml".into(), source: io });
+        assert_eq!(format!("{e:#}"), "/x.toml: cannot read: No such file or directory: No such file or directory");
+        assert_eq!(super::error_text(&e), "/x.toml: cannot read: No such file or directory");
+        let e = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(super::error_text(&e), "outer: inner");
+    }
+}

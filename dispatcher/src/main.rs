@@ -8,10 +8,11 @@ fn main() -> std::process::ExitCode {
         Ok(code) => code,
         Err(e) => {
             // In the journal: at error priority, on one line.
+            let text = dispatcher::logging::error_text(&e);
             if dispatcher::logging::to_journal() {
-                eprintln!("<3>dispatcher: {}", format!("{e:#}").replace('\n', " "));
+                eprintln!("<3>dispatcher: {}", text.replace('\n', " "));
             } else {
-                eprintln!("dispatcher: {e:#}");
+                eprintln!("dispatcher: {text}");
             }
             std::process::ExitCode::FAILURE
         }

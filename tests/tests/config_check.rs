@@ -299,7 +299,7 @@ fn every_validation_message_names_line_and_field() {
         ("address = \"10.0.100.1\"", 0, "address = \"10.0.100\"", "vip[0].address: `10.0.100` is not an IP address", None),
         ("port = 80\n", 0, "port = 0\n", "vip[0].port: must be 1..=65535", None),
         ("protocol = \"tcp\"", 0, "protocol = \"sctp\"", "vip[0].protocol: `sctp` is not one of tcp, udp", None),
-        ("address = \"10.0.100.2\"\nport = 8080", 0, "address = \"10.0.100.1\"\nport = 80", "vip[1].port: another VIP has the same address, port and protocol", Some("port = 80\nmode = \"http\"")),
+        ("address = \"10.0.100.2\"\nport = 8080", 0, "address = \"10.0.100.1\"\nport = 80", "vip[1].port: VIP `l4` (line 34) has the same address, port and protocol (10.0.100.1 port 80 tcp)", Some("port = 80\nmode = \"http\"")),
         ("mode = \"l4\"", 0, "mode = \"l7\"", "vip[0].mode: `l7` is not one of l4, http", None),
         ("mode = \"http\"", 0, "mode = \"http\"\nprotocol = \"udp\"", "vip[1].mode: http needs protocol tcp", None),
         ("forwarding = \"ipip\"", 0, "forwarding = \"gre\"", "vip[0].forwarding: `gre` is not one of mac, ipip", None),
@@ -372,7 +372,7 @@ fn every_validation_message_names_line_and_field() {
         ("peers = [\"lb1\", \"lb2@02:00:00:00:00:02\"]", 0, "peers = [\"lb1\", \"lb2@ff:ff:ff:ff:ff:ff\"]", "cluster.peers: `lb2@ff:ff:ff:ff:ff:ff`: write name or name@MAC with a unicast, non-zero MAC", None),
         ("second_chance = \"300s\"", 0, "second_chance = \"10ms\"", "cluster.second_chance: must be at least 1s", None),
         ("learn_wait = \"250ms\"", 0, "learn_wait = \"10s\"", "cluster.learn_wait: must be at most 5s", None),
-        ("steering = true", 0, "steering = \"yes\"", "invalid type: string \"yes\", expected a boolean", None),
+        ("steering = true", 0, "steering = \"yes\"", "cluster.steering: expected true or false, got the text \"yes\" (write true without quotes)", None),
         ("http_interface = \"dsp-http\"", 0, "http_interface = \"a-very-long-ifname\"", "announce.http_interface: an interface name: 1 to 15 of [A-Za-z0-9._-]", None),
         ("l4_interface = \"dsp-l4\"", 0, "l4_interface = \"fifteen-chars-x\"", "announce.l4_interface: an interface name: 1 to 14 of [A-Za-z0-9._-]", None),
         ("l4_interface = \"dsp-l4\"", 0, "l4_interface = \"dsp-http\"", "announce.l4_interface: must differ from announce.http_interface", None),
@@ -381,10 +381,25 @@ fn every_validation_message_names_line_and_field() {
         ("format = \"json\"", 0, "format = \"clf\"", "access_log.format: `clf` is not one of json, haproxy", None),
         ("buffer = 65536", 0, "buffer = 1", "access_log.buffer: must be 16..=4194304 (lines waiting for the writer)", None),
         // The file's shape (from the TOML parser).
-        ("weight = 100", 0, "wieght = 100", "unknown field `wieght`, expected one of", None),
-        ("interface = \"eth0\"\n", 0, "", "missing field `interface`", Some("[dispatcher]")),
-        ("port = 8080", 0, "port = \"8080\"", "invalid type: string \"8080\", expected u16", None),
-        ("rise = 2", 0, "rise = 2\nrise = 3", "duplicate key", Some("rise = 3")),
+        // Each in words, with the section and the field, and the fix when it is obvious.
+        ("weight = 100", 0, "wieght = 100", "backend[0].wieght: unknown field; did you mean `weight`?", None),
+        ("backend_port = 9080", 0, "backendport = 9080", "vip[1].backendport: unknown field; did you mean `backend_port`?", None),
+        ("max_connections = 1000", 0, "max_conections = 1000", "vip[1].max_conections: unknown field; did you mean `max_connections`?", None),
+        ("weight = 100", 0, "colour = 1", "backend[0].colour: unknown field (the fields of [[backend]] are name, address, address6, mac, weight, port,", None),
+        ("[[vip]]", 0, "[[vips]]", "[[vips]]: unknown section; did you mean [[vip]]?", None),
+        ("[health]", 0, "[heath]", "[heath]: unknown section; did you mean [health]?", None),
+        ("interface = \"eth0\"\n", 0, "", "dispatcher.interface: required, and missing from this [dispatcher]", Some("[dispatcher]")),
+        ("name = \"l4\"\n", 0, "", "vip[0].name: required, and missing from this [[vip]]", Some("[[vip]]\naddress")),
+        ("port = 8080", 0, "port = \"8080\"", "vip[1].port: expected a port number 1-65535, got the text \"8080\" (write 8080 without quotes)", None),
+        ("port = 80\n", 0, "port = 70000\n", "vip[0].port: expected a port number 1-65535, got 70000", None),
+        ("weight = 100", 0, "weight = -1", "backend[0].weight: expected a whole number 0-4294967295, got -1 (no negative numbers)", None),
+        ("rise = 2", 0, "rise = 2.5", "health.rise: expected a whole number 0-4294967295, got 2.5", None),
+        ("expect_status = 200", 0, "expect_status = \"200\"", "health.expect_status: expected a whole number 0-65535, got the text \"200\" (write 200 without quotes)", None),
+        ("clone_ids = [\"cloneA\"]", 0, "clone_ids = \"cloneA\"", "backend[0].clone_ids: expected a list [..], got the text \"cloneA\" (write [\"cloneA\"])", None),
+        ("sticky_time = \"30s\"", 0, "sticky_time = 30", "vip[0].sticky_time: expected a duration in quotes (such as \"30s\"), got 30 (write \"30s\" for seconds)", None),
+        ("name = \"l4\"", 0, "name = 4", "vip[0].name: expected text in quotes, got 4 (write \"4\" in quotes)", None),
+        ("suspect_on_status = [503]", 0, "suspect_on_status = [\n  503,\n  \"504\",\n]", "health.suspect_on_status: expected a whole number 0-65535, got the text \"504\" (write 504 without quotes)", Some("\"504\"")),
+        ("rise = 2", 0, "rise = 2\nrise = 3", "health.rise: set twice in this [health]: keep one", Some("rise = 3")),
         ("[http]", 0, "[http", "", Some("[http")),
     ];
     let mut failures = Vec::new();
@@ -398,6 +413,43 @@ fn every_validation_message_names_line_and_field() {
         }
     }
     assert!(failures.is_empty(), "{} of {} cases:\n{}", failures.len(), cases.len(), failures.join("\n"));
+}
+
+/// What clashes names the other party, with its line: a VIP name or address, port and
+/// protocol taken twice, a backend name defined twice; a file without `[dispatcher]`.
+#[test]
+fn a_clash_names_what_it_clashes_with() {
+    let (text, line) = replace_nth(FULL, "name = \"web\"", "name = \"l4\"", 0);
+    let (code, _, err) = check(&text);
+    assert_eq!(code, 1, "{err}");
+    let want = format!(
+        "d.toml:{line}: vip[1].name: `l4` is defined twice (first at line {})",
+        line_of(&text, "name = \"l4\"")
+    );
+    assert!(err.contains(&want), "want `{want}`: {err}");
+    let (text, _) =
+        replace_nth(FULL, "address = \"10.0.100.2\"\nport = 8080", "address = \"10.0.100.1\"\nport = 80", 0);
+    let (code, _, err) = check(&text);
+    assert_eq!(code, 1, "{err}");
+    let want = format!(
+        "vip[1].port: VIP `l4` (line {}) has the same address, port and protocol (10.0.100.1 port 80 tcp)",
+        line_of(&text, "port = 80\n")
+    );
+    assert!(err.contains(&want), "want `{want}`: {err}");
+    let (text, line) = replace_nth(FULL, "name = \"b\"", "name = \"a\"", 0);
+    let (code, _, err) = check(&text);
+    assert_eq!(code, 1, "{err}");
+    let want = format!(
+        "d.toml:{line}: backend[1].name: `a` is defined twice (first at line {}, backend[0])",
+        line_of(&text, "name = \"a\"")
+    );
+    assert!(err.contains(&want), "want `{want}`: {err}");
+    let (code, _, err) = check(&FULL.replace("[dispatcher]\n", "[dispatchr]\n"));
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("d.toml:1: [dispatchr]: unknown section; did you mean [dispatcher]?"), "{err}");
+    let (code, _, err) = check(&FULL[FULL.find("[[backend]]").unwrap()..]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("d.toml:1: the [dispatcher] section is missing (it is required)"), "{err}");
 }
 
 /// One run lists every error, in line order, and nothing is half-applied: the exit
@@ -523,16 +575,10 @@ fn known_fields() -> Vec<(&'static str, Vec<String>)> {
         };
         let (code, _, err) = check(&FULL.replacen(anchor, &format!("{anchor_text}\nno_such_field = 1"), 1));
         assert_eq!(code, 1);
-        // serde says "expected `a`", "expected `a` or `b`", or "expected one of `a`, `b`, ...".
-        let list =
-            err.split("unknown field `no_such_field`, expected ").nth(1).unwrap_or_else(|| panic!("[{table}]: {err}"));
-        let list = list.lines().next().unwrap().trim_start_matches("one of ");
-        let fields = list
-            .split(',')
-            .flat_map(|f| f.split(" or "))
-            .map(|f| f.trim().trim_matches('`').to_string())
-            .filter(|f| !f.is_empty())
-            .collect();
+        // "unknown field (the fields of [t] are a, b, c)": no close match, so the list.
+        let list = err.split(" are ").nth(1).unwrap_or_else(|| panic!("[{table}]: {err}"));
+        let list = list.split(')').next().unwrap_or("");
+        let fields = list.split(',').map(|f| f.trim().trim_matches('`').to_string()).filter(|f| !f.is_empty()).collect();
         tables.push((table, fields));
     }
     tables
@@ -686,13 +732,28 @@ fn check_loads_the_tls_files() {
         ("upside-down.pem", "good.key", "did not issue certificate"),
         ("garbage.pem", "good.key", "not a PEM certificate chain"),
         ("empty.pem", "good.key", "no CERTIFICATE block"),
-        ("missing.pem", "good.key", "missing.pem"),
+        ("missing.pem", "good.key", "missing.pem: no such file"),
+        ("good.pem", "missing.key", "missing.key: no such file"),
         ("good.pem", "good.pem", "no usable PEM private key"),
     ] {
         let (code, out, err) = check_with(&https_file(cert, key), pki);
         assert_eq!(code, 1, "{cert} {key}: {out}");
         assert!(err.contains("VIP shop") && err.contains(says), "{cert} {key}: {err}");
     }
+    // A missing file: its name, the VIP and the line that names it.
+    let text = https_file("missing.pem", "good.key");
+    let (code, _, err) = check_with(&text, pki);
+    assert_eq!(code, 1);
+    let want = format!("d.toml:{}: vip[0].tls.certificate[0].cert: VIP shop: ", line_of(&text, "cert ="));
+    assert!(err.contains(&want) && err.contains("/missing.pem: no such file"), "want `{want}`: {err}");
+    let text = https_file("good.pem", "missing.key");
+    let (_, _, err) = check_with(&text, pki);
+    let want = format!("d.toml:{}: vip[0].tls.certificate[0].key: VIP shop: ", line_of(&text, "key ="));
+    assert!(err.contains(&want) && err.contains("/missing.key: no such file"), "want `{want}`: {err}");
+    // A shape error in a nested table names it.
+    let text = https_file("good.pem", "good.key").replace("cert = \"good.pem\"", "cert = 4");
+    let (_, _, err) = check(&text);
+    assert!(err.contains("vip[0].tls.certificate[0].cert: expected text in quotes, got 4"), "{err}");
     // Shape errors point at their line.
     let text = https_file("good.pem", "good.key").replace("[vip.tls]\n", "[vip.tls]\nmin_version = \"1.1\"\n");
     let (code, _, err) = check(&text);

@@ -229,11 +229,11 @@ fn accepted(table: &str, tables: &[(String, bool, Vec<String>)]) -> BTreeSet<Str
     }
     let (code, _, err) = check_text(&text);
     assert_eq!(code, 1, "{text}");
-    // "expected one of `a`, `b`", "expected `a` or `b`", "expected `a`".
-    let list =
-        err.split("unknown field `no_such_field`, expected").nth(1).unwrap_or_else(|| panic!("[{table}]: {err}"));
-    let list = list.lines().next().unwrap();
-    list.split('`').skip(1).step_by(2).map(String::from).collect()
+    // "(the fields of [[vip]] are a, b)", "(the sections are a, b)".
+    let line = err.lines().find(|l| l.contains("no_such_field")).unwrap_or_else(|| panic!("[{table}]: {err}"));
+    let list = line.split(" are ").nth(1).unwrap_or_else(|| panic!("[{table}]: {err}"));
+    let list = list.split(')').next().unwrap();
+    list.split(',').map(|f| f.trim().to_string()).filter(|f| !f.is_empty()).collect()
 }
 
 static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);

@@ -69,3 +69,24 @@ pub fn explain(e: &AdminError, instance: &str) -> String {
         (_, None) => e.to_string(),
     }
 }
+
+/// What the agent said when it refused: an `ErrorReply`'s words, never its JSON (a body
+/// that is not one, as it is).
+pub fn refusal(body: &str) -> String {
+    match serde_json::from_str::<crate::api::ErrorReply>(body) {
+        Ok(e) => e.error,
+        Err(_) => body.trim().to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_refusal_is_said_in_words() {
+        assert_eq!(
+            super::refusal("{\"error\":\"no backend or farm/server named \\\"nosuch\\\"; known: b0\"}\n"),
+            "no backend or farm/server named \"nosuch\"; known: b0"
+        );
+        assert_eq!(super::refusal("not found\n"), "not found");
+    }
+}

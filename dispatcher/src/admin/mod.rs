@@ -76,7 +76,7 @@ pub struct Live {
 }
 
 /// A reload request: the reply says what changed, or why nothing did.
-pub type ReloadRequest = oneshot::Sender<Result<String, String>>;
+pub type ReloadRequest = oneshot::Sender<Result<(String, Vec<String>), String>>;
 
 /// What only the agent's main loop can do: the endpoint asks, the agent (`agent::run`)
 /// answers.
@@ -372,11 +372,15 @@ async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
     let (path, query) = target.split_once('?').unwrap_or((&target, ""));
     tracing::debug!(%method, %target, ?peer, "admin request");
     if !allowed(peer, &method, path) {
-        tracing::warn!(%method, %target, ?peer, "admin request refused: not a local client");
         let why = match peer {
-            Peer::LocalReader => "commands are served only on the Unix socket (dispatcher.admin_socket); TCP serves GET /metrics and GET /status",
-            _ => "only GET /metrics is served to clients that are not local",
+            // On loopback: a reader, never a commander (whoever runs on the host).
+            Peer::LocalReader => format!(
+                "commands are accepted on the admin Unix socket only ({}, dispatcher.admin_socket); over TCP: GET /metrics and GET /status",
+                admin.current().0.admin_socket.display()
+            ),
+            _ => "only GET /metrics is served to clients that are not on this host".to_string(),
         };
+        tracing::warn!(%method, %target, ?peer, "admin request refused: {why}");
         return respond(&mut s, 403, "application/json", &err(why)).await;
     }
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
@@ -389,8 +393,8 @@ async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
                 return respond(&mut s, 503, "application/json", &err("agent stopping")).await;
             }
             match rx.await {
-                Ok(Ok(what)) => {
-                    respond(&mut s, 200, "application/json", &to_json(&ReloadReply { reloaded: what })).await
+                Ok(Ok((what, changes))) => {
+                    respond(&mut s, 200, "application/json", &to_json(&ReloadReply { reloaded: what, changes })).await
                 }
                 Ok(Err(why)) => respond(&mut s, 400, "application/json", &err(why)).await,
                 Err(_) => respond(&mut s, 503, "application/json", &err("no reply")).await,
@@ -460,21 +464,53 @@ async fn backend_command<S: AsyncWrite + Unpin>(
 /// The backend an operator names: by its name when one backend has it, else as
 /// `farm/server` (the server of that name among the farm's servers and backups).
 pub fn server_named(cfg: &Config, name: &str) -> Result<usize, String> {
-    let mut named = cfg.backends.iter().enumerate().filter(|(_, b)| b.name == name).map(|(i, _)| i);
+    let serving = |b: &usize| cfg.backends.get(*b).is_some_and(|x| !x.retired);
+    let mut named = cfg.backends.iter().enumerate().filter(|(_, b)| b.name == name && !b.retired).map(|(i, _)| i);
     match (named.next(), named.next()) {
         (Some(b), None) => return Ok(b),
-        (Some(_), Some(_)) => return Err(format!("several backends are named {name}: name it as farm/server")),
+        (Some(_), Some(_)) => {
+            let farms: Vec<String> = cfg
+                .farms
+                .iter()
+                .filter(|f| f.members().any(|b| serving(&b) && cfg.backends[b].name == name))
+                .map(|f| format!("{}/{name}", f.name))
+                .collect();
+            return Err(format!("several backends are named {name:?}: name it as farm/server ({})", farms.join(", ")));
+        }
         _ => {}
     }
-    let Some((farm, server)) = name.split_once('/') else { return Err(format!("no backend named {name}")) };
-    let f = cfg
-        .farms
-        .iter()
-        .find(|f| f.name == farm)
-        .ok_or_else(|| format!("no backend named {name} and no farm named {farm}"))?;
-    f.members()
-        .find(|&b| cfg.backends.get(b).is_some_and(|x| x.name == server))
-        .ok_or_else(|| format!("farm {farm} has no server named {server}"))
+    let Some((farm, server)) = name.split_once('/') else {
+        return Err(format!("no backend or farm/server named {name:?}; known: {}", known_servers(cfg)));
+    };
+    let Some(f) = cfg.farms.iter().find(|f| f.name == farm) else {
+        return Err(format!("no backend or farm/server named {name:?}; known: {}", known_servers(cfg)));
+    };
+    f.members().filter(serving).find(|&b| cfg.backends[b].name == server).ok_or_else(|| {
+        let servers: Vec<&str> = f.members().filter(serving).map(|b| cfg.backends[b].name.as_str()).collect();
+        format!("farm {farm} has no server named {server:?}; its servers: {}", servers.join(", "))
+    })
+}
+
+/// What an operator may name (`server_named`): every backend by its name, then each
+/// farm's servers as `farm/server`; the first 20, and how many more.
+fn known_servers(cfg: &Config) -> String {
+    let mut names: Vec<String> = Vec::new();
+    for b in cfg.backends.iter().filter(|b| !b.retired) {
+        if !names.contains(&b.name) {
+            names.push(b.name.clone());
+        }
+    }
+    for f in &cfg.farms {
+        for b in f.members().filter_map(|b| cfg.backends.get(b)).filter(|b| !b.retired) {
+            names.push(format!("{}/{}", f.name, b.name));
+        }
+    }
+    const SHOWN: usize = 20;
+    match names.len() {
+        0 => "none (the configuration has no backend)".into(),
+        n if n > SHOWN => format!("{}, ... ({} more)", names[..SHOWN].join(", "), n - SHOWN),
+        _ => names.join(", "),
+    }
 }
 
 /// An `ErrorReply` as JSON.
@@ -510,11 +546,23 @@ mod tests {
         assert_eq!(server_named(&cfg, "shop/s2"), Ok(1));
         assert_eq!(server_named(&cfg, "shop/s1"), Ok(0), "a backup server");
         assert_eq!(server_named(&cfg, "web/s1"), Ok(0), "the VIP's own farm");
-        assert_eq!(server_named(&cfg, "nope"), Err("no backend named nope".into()));
-        assert_eq!(server_named(&cfg, "shop/nope"), Err("farm shop has no server named nope".into()));
-        assert!(server_named(&cfg, "nofarm/s1").unwrap_err().contains("no farm named nofarm"));
+        // An unknown name: in words, with the names there are.
+        assert_eq!(
+            server_named(&cfg, "nope"),
+            Err("no backend or farm/server named \"nope\"; known: s1, s2, web/s1, web/s2, shop/s2, shop/s1".into())
+        );
+        assert_eq!(
+            server_named(&cfg, "shop/nope"),
+            Err("farm shop has no server named \"nope\"; its servers: s2, s1".into())
+        );
+        assert!(server_named(&cfg, "nofarm/s1")
+            .unwrap_err()
+            .starts_with("no backend or farm/server named \"nofarm/s1\"; known: s1, s2,"));
         cfg.backends[1].name = "s1".into();
-        assert!(server_named(&cfg, "s1").unwrap_err().contains("name it as farm/server"));
+        assert_eq!(
+            server_named(&cfg, "s1"),
+            Err("several backends are named \"s1\": name it as farm/server (web/s1, shop/s1)".into())
+        );
         assert_eq!(server_named(&cfg, "shop/s1"), Ok(1), "the farm's own");
     }
 

@@ -23,16 +23,23 @@ pub fn check(file: &Path) -> anyhow::Result<ExitCode> {
     }
     // The TLS files: chains that parse, keys that match, expiry.
     let mut errors = 0;
-    for (v, h) in cfg.vips.iter().filter_map(|v| Some((v, v.served_http()?))) {
-        for files in h.tls.iter().flat_map(|t| &t.certificates) {
+    for (i, v, h) in cfg.vips.iter().enumerate().filter_map(|(i, v)| Some((i, v, v.served_http()?))) {
+        for (j, files) in h.tls.iter().flat_map(|t| &t.certificates).enumerate() {
+            // Where the file that failed is named: its `cert =` or `key =` line.
+            let at = |e: &str| {
+                let key = e.starts_with(&files.key.display().to_string());
+                let (field, line) = if key { ("key", files.lines[1]) } else { ("cert", files.lines[0]) };
+                format!("{}:{line}: vip[{i}].tls.certificate[{j}].{field}: VIP {}", file.display(), v.name)
+            };
             match tls::certs::load(files) {
                 Ok(loaded) => {
                     if let Some(w) = tls::certs::expiry_warning(&loaded.info, EXPIRY_WARNING_DAYS) {
-                        eprintln!("warning: VIP {}: {w}", v.name);
+                        eprintln!("warning: {}: {w}", at(""));
                     }
                 }
                 Err(e) => {
-                    eprintln!("VIP {}: {e:#}", v.name);
+                    let e = format!("{e:#}");
+                    eprintln!("{}: {e}", at(&e));
                     errors += 1;
                 }
             }

@@ -7,8 +7,8 @@ use anyhow::Context as _;
 use dispatcher::{config::Config, dataplane};
 
 use dispatcher::{
-    admin::client::{explain, request, AdminError},
-    api::{ErrorReply, ReloadReply, StopReply},
+    admin::client::{explain, refusal, request, AdminError},
+    api::{ReloadReply, StopReply},
 };
 
 pub fn metrics(path: &Path) -> anyhow::Result<ExitCode> {
@@ -35,9 +35,15 @@ pub fn reload(path: &Path) -> anyhow::Result<ExitCode> {
     if code == 200 {
         let v: ReloadReply = serde_json::from_str(&body).context("the agent's answer to reload")?;
         println!("reloaded: {}", v.reloaded);
+        if v.changes.is_empty() {
+            println!("  no changes");
+        }
+        for c in &v.changes {
+            println!("  {c}");
+        }
         Ok(ExitCode::SUCCESS)
     } else {
-        let why = serde_json::from_str::<ErrorReply>(&body).map(|e| e.error).unwrap_or_else(|_| body.trim().into());
+        let why = refusal(&body);
         eprintln!("reload refused: {why}");
         Ok(ExitCode::from(1))
     }
@@ -50,7 +56,7 @@ pub fn membership(path: &Path, join: bool, wait: Option<f64>) -> anyhow::Result<
     let (code, body) =
         request(&cfg.admin_socket, "POST", target).map_err(|e| anyhow::anyhow!(explain(&e, &cfg.instance)))?;
     if code != 200 {
-        let why = serde_json::from_str::<ErrorReply>(&body).map(|e| e.error).unwrap_or_else(|_| body.trim().into());
+        let why = refusal(&body);
         eprintln!("{} refused: {why}", &target[1..]);
         return Ok(ExitCode::from(1));
     }
@@ -91,7 +97,7 @@ pub fn stop(path: &Path, detach: bool) -> anyhow::Result<ExitCode> {
             let v: StopReply = serde_json::from_str(&body).context("the agent's answer to stop")?;
             Some(v.pid as i32)
         }
-        Ok((code, body)) => anyhow::bail!("the agent refused to stop ({code}): {}", body.trim()),
+        Ok((code, body)) => anyhow::bail!("the agent refused to stop ({code}): {}", refusal(&body)),
         Err(AdminError::NotRunning(_)) if dispatcher::instance::holder(&cfg.instance).is_none() => None,
         // An agent holds the instance but cannot be asked: it is not stopped, and its
         // data plane is not removed behind it.

@@ -30,7 +30,10 @@ pub fn control(path: &Path, backend: &str, action: Action) -> anyhow::Result<Exi
             println!("{backend}: {} -> {}", v.from, v.to);
             return Ok(ExitCode::SUCCESS);
         }
-        Ok((_, body)) => anyhow::bail!("the agent refused: {}", body.trim()),
+        Ok((_, body)) => {
+            eprintln!("{verb} {backend}: {}", dispatcher::admin::client::refusal(&body));
+            return Ok(ExitCode::from(1));
+        }
         Err(dispatcher::admin::client::AdminError::NotRunning(_)) => {}
         Err(e) => anyhow::bail!(
             "{}; nothing changed (the maps are not written while an agent holds the instance)",

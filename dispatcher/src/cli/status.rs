@@ -209,7 +209,9 @@ impl<'c> Frame<'c> {
                 Ok(a) => (Some(a), None),
                 Err(e) => (None, Some(format!("the agent's status is unreadable: {e}"))),
             },
-            Ok((code, body)) => (None, Some(format!("the agent answered {code}: {}", body.trim()))),
+            Ok((code, body)) => {
+                (None, Some(format!("the agent answered {code}: {}", dispatcher::admin::client::refusal(&body))))
+            }
             Err(e) => (None, Some(dispatcher::admin::client::explain(&e, &cfg.instance))),
         };
         Ok(Frame { cfg, tables, flows, vips, backends, globals, agent, unanswered })

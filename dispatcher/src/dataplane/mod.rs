@@ -27,6 +27,9 @@ pub enum DataplaneError {
     MissingMap(&'static str),
     #[error("{what}: {source}")]
     Io { what: String, source: std::io::Error },
+    /// `dispatcher.interface` names no interface of this host (or of this namespace).
+    #[error("no interface named {0} (dispatcher.interface; `ip link` lists them)")]
+    NoInterface(String),
     #[error("this binary was built without its XDP programs (bpf-linker was missing at build time): build it with `cargo xtask build`")]
     Stub,
 }
@@ -294,6 +297,11 @@ pub fn attach(
     iface: &str,
     mode: XdpAttachMode,
 ) -> Result<(FdLink, Attached), DataplaneError> {
+    // Checked first: an attach to a missing interface fails in every mode, and "native
+    // XDP not available" would send the operator after the driver.
+    if nix::net::if_::if_nametoindex(iface).is_err() {
+        return Err(DataplaneError::NoInterface(iface.to_string()));
+    }
     let xdp = program(ebpf, prog)?;
     let try_mode = |xdp: &mut Xdp, m: XdpMode| -> Result<FdLink, aya::programs::ProgramError> {
         let id = xdp.attach(iface, m)?;

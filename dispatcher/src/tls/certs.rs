@@ -36,9 +36,19 @@ pub struct Loaded {
     pub info: CertInfo,
 }
 
+/// A file that is not there, said so (not as a PEM parse error).
+fn exists(path: &Path) -> anyhow::Result<()> {
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!("{}: no such file", path.display()),
+        Err(e) => bail!("{}: cannot read: {e}", path.display()),
+        Ok(_) => Ok(()),
+    }
+}
+
 /// Reads a PEM certificate chain (leaf first).
 pub fn read_chain(path: &Path) -> anyhow::Result<Vec<CertificateDer<'static>>> {
     let file = path.display();
+    exists(path)?;
     let chain = CertificateDer::pem_file_iter(path)
         .with_context(|| format!("reading {file}"))?
         .collect::<Result<Vec<_>, _>>()
@@ -51,6 +61,7 @@ pub fn read_chain(path: &Path) -> anyhow::Result<Vec<CertificateDer<'static>>> {
 
 /// Reads a PEM private key (PKCS#8, PKCS#1 or SEC1).
 pub fn read_key(path: &Path) -> anyhow::Result<PrivateKeyDer<'static>> {
+    exists(path)?;
     PrivateKeyDer::from_pem_file(path).map_err(|e| anyhow!("{}: no usable PEM private key: {e}", path.display()))
 }
 

@@ -39,11 +39,12 @@ impl Ctx<'_> {
             let name = b.get_ref().name.get_ref();
             if let Err(e) = check_name(name) {
                 self.report(b.get_ref().name.span(), &format!("backend[{i}].name"), e);
-            } else if by_name.contains_key(name) {
+            } else if let Some(&first) = by_name.get(name) {
+                let line = self.line(raw[first].get_ref().name.span().start);
                 self.report(
                     b.get_ref().name.span(),
                     &format!("backend[{i}].name"),
-                    format!("`{name}` is defined twice"),
+                    format!("`{name}` is defined twice (first at line {line}, backend[{first}])"),
                 );
             } else {
                 by_name.insert(name.clone(), i);

@@ -184,7 +184,12 @@ impl Ctx<'_> {
                         ok.then_some(name)
                     })
                     .collect();
-                CertFiles { cert: self.path(&c.cert, &f("cert")), key: self.path(&c.key, &f("key")), names }
+                CertFiles {
+                    cert: self.path(&c.cert, &f("cert")),
+                    key: self.path(&c.key, &f("key")),
+                    names,
+                    lines: [self.line(c.cert.span().start), self.line(c.key.span().start)],
+                }
             })
             .collect();
         let handshake_timeout = raw

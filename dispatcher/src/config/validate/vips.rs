@@ -3,7 +3,7 @@
 //! settings are `http.rs`'s.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashMap,
     net::{IpAddr, Ipv4Addr},
 };
 
@@ -24,8 +24,10 @@ pub(super) struct Members<'a> {
 /// groups by name.
 #[derive(Default)]
 struct Taken {
-    names: HashSet<String>,
-    addrs: HashSet<(IpAddr, u16, Protocol)>,
+    /// Each VIP's name and the line of its `name =`.
+    names: HashMap<String, usize>,
+    /// Who has each address, port and protocol: its name and the line of its `port =`.
+    addrs: HashMap<(IpAddr, u16, Protocol), (String, usize)>,
     groups: HashMap<String, u32>,
 }
 
@@ -51,8 +53,14 @@ impl Ctx<'_> {
         let f = |field: &str| format!("vip[{i}].{field}");
         if let Err(e) = check_name(v.name.get_ref()) {
             self.report(v.name.span(), &f("name"), e);
-        } else if !taken.names.insert(v.name.get_ref().clone()) {
-            self.report(v.name.span(), &f("name"), format!("`{}` is defined twice", v.name.get_ref()));
+        } else if let Some(line) = taken.names.get(v.name.get_ref()) {
+            self.report(
+                v.name.span(),
+                &f("name"),
+                format!("`{}` is defined twice (first at line {line})", v.name.get_ref()),
+            );
+        } else {
+            taken.names.insert(v.name.get_ref().clone(), self.line(v.name.span().start));
         }
         let address: IpAddr = match self.parsed::<IpAddr>(&v.address, &f("address"), "an IP address") {
             Ok(a) => {
@@ -65,8 +73,20 @@ impl Ctx<'_> {
             self.report(v.port.span(), &f("port"), "must be 1..=65535");
         }
         let (mode, protocol) = self.mode(i, v);
-        if !taken.addrs.insert((address, *v.port.get_ref(), protocol)) {
-            self.report(v.port.span(), &f("port"), "another VIP has the same address, port and protocol");
+        match taken.addrs.get(&(address, *v.port.get_ref(), protocol)) {
+            Some((other, line)) => self.report(
+                v.port.span(),
+                &f("port"),
+                format!(
+                    "VIP `{other}` (line {line}) has the same address, port and protocol ({address} port {} {})",
+                    v.port.get_ref(),
+                    if protocol == Protocol::Tcp { "tcp" } else { "udp" }
+                ),
+            ),
+            None => {
+                let at = (v.name.get_ref().clone(), self.line(v.port.span().start));
+                taken.addrs.insert((address, *v.port.get_ref(), protocol), at);
+            }
         }
         let mut members = self.members(i, v, mode, m);
         // Every kind's settings are checked whatever the kind (an error is an error); the
