@@ -213,10 +213,7 @@ impl Ecmp {
         (0..self.m.dispatchers.len())
             .flat_map(|i| {
                 let log = self.m.log(i);
-                log.lines()
-                    .filter(|l| l.contains("reason_kind="))
-                    .map(|l| format!("d{i}: {l}"))
-                    .collect::<Vec<_>>()
+                log.lines().filter(|l| l.contains("reason_kind=")).map(|l| format!("d{i}: {l}")).collect::<Vec<_>>()
             })
             .collect::<Vec<_>>()
             .join("\n")

@@ -578,7 +578,8 @@ fn known_fields() -> Vec<(&'static str, Vec<String>)> {
         // "unknown field (the fields of [t] are a, b, c)": no close match, so the list.
         let list = err.split(" are ").nth(1).unwrap_or_else(|| panic!("[{table}]: {err}"));
         let list = list.split(')').next().unwrap_or("");
-        let fields = list.split(',').map(|f| f.trim().trim_matches('`').to_string()).filter(|f| !f.is_empty()).collect();
+        let fields =
+            list.split(',').map(|f| f.trim().trim_matches('`').to_string()).filter(|f| !f.is_empty()).collect();
         tables.push((table, fields));
     }
     tables
