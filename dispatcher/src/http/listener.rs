@@ -732,6 +732,18 @@ backends = ["s1"]
     /// A backend answering every request with its name, and `Set-Cookie: COOKIE=...:learned-NAME`
     /// (and an `OTHER` cookie, never learned).
     async fn backend(name: &'static str, cookie: &'static str) -> u16 {
+        answering(move |_head| {
+            format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nSet-Cookie: {cookie}=0000zz:learned-{name}; Path=/\r\nSet-Cookie: OTHER=0000zz:other-{name}\r\n\r\n{name}",
+                name.len()
+            )
+        })
+        .await
+    }
+
+    /// A backend on loopback answering each bodiless request with `answer(its head)`;
+    /// its port.
+    pub(super) async fn answering(answer: impl Fn(&str) -> String + Copy + Send + 'static) -> u16 {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = l.local_addr().unwrap().port();
         tokio::spawn(async move {
@@ -747,12 +759,9 @@ backends = ["s1"]
                             }
                         }
                         let end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+                        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
                         buf.drain(..end);
-                        let answer = format!(
-                            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nSet-Cookie: {cookie}=0000zz:learned-{name}; Path=/\r\nSet-Cookie: OTHER=0000zz:other-{name}\r\n\r\n{name}",
-                            name.len()
-                        );
-                        if s.write_all(answer.as_bytes()).await.is_err() {
+                        if s.write_all(answer(&head).as_bytes()).await.is_err() {
                             return;
                         }
                     }
@@ -912,7 +921,6 @@ mod h2_tests {
     use super::*;
     use crate::{config::Config, http::Protocol};
     use dispatcher_common::{Health, Operator};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     const CFG: &str = r#"
 [dispatcher]
@@ -938,33 +946,11 @@ h2c = true
 
     /// A backend answering with its name and the request head it got.
     async fn backend(name: &'static str) -> u16 {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = l.local_addr().unwrap().port();
-        tokio::spawn(async move {
-            while let Ok((mut s, _)) = l.accept().await {
-                tokio::spawn(async move {
-                    let mut buf = Vec::new();
-                    let mut chunk = [0u8; 4096];
-                    loop {
-                        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                            match s.read(&mut chunk).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                            }
-                        }
-                        let end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
-                        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-                        buf.drain(..end);
-                        let body = format!("{name}\n{head}");
-                        let answer = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}", body.len());
-                        if s.write_all(answer.as_bytes()).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
-        });
-        port
+        super::tests::answering(move |head| {
+            let body = format!("{name}\n{head}");
+            format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}", body.len())
+        })
+        .await
     }
 
     #[tokio::test]
