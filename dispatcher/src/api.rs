@@ -11,6 +11,9 @@ use serde::{Deserialize, Serialize};
 pub struct AgentStatus {
     pub pid: u32,
     pub uptime_s: u64,
+    /// The agent's version (`CARGO_PKG_VERSION`).
+    #[serde(default)]
+    pub version: String,
     /// Entries in the clone table (configured and learned).
     pub clones: usize,
     /// Pins removed under the agent that it could not restore (empty: all there).
@@ -194,6 +197,13 @@ pub struct QueueStatus {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct VipStatus {
     pub name: String,
+    /// Where clients reach it, and how: `http` or `https`.
+    #[serde(default)]
+    pub address: String,
+    #[serde(default)]
+    pub port: u16,
+    #[serde(default)]
+    pub mode: String,
     pub requests: u64,
     /// Open client connections.
     pub connections: u64,

@@ -9,6 +9,7 @@ use std::{
 };
 
 use dispatcher_testbed::{
+    browser::Browser,
     netns::Testbed,
     websphere::{self, read_response, Client},
 };
@@ -488,6 +489,89 @@ fn admin_endpoint_refuses_clients_that_are_not_local() {
     // Said in words (never the agent's JSON): what it serves to such a client.
     assert!(out.contains("only GET /metrics is served to clients that are not on this host"), "{out}");
     assert!(!out.contains('{'), "{out}");
+}
+
+/// The status page in a real browser: headless Chromium on the agent's host, over
+/// loopback, keeps one page open while a backend fails. The page's own script (run under
+/// the page's Content-Security-Policy) fills in the VIP and the backends from /status,
+/// then shows the failed backend down with the agent's reason, then shows the agent
+/// unreachable when it stops. The screenshot is kept in target/.
+#[test]
+fn the_status_page_shows_a_backend_going_down_in_a_browser() {
+    let (mut tb, _cluster, addr) = http_testbed_with(2, false, "admin_address = \"127.0.0.1:9901\"\n", "");
+    let mut client = Client::new(&tb.client, addr);
+    for _ in 0..20 {
+        assert_eq!(client.get("/").expect("response").status, 200);
+    }
+    let log = tb.workdir.join("chromium.log");
+    let mut page = Browser::open(&tb.lb, "http://127.0.0.1:9901/", (1200, 1000), &log);
+    const ROWS: &str =
+        "[...document.querySelectorAll('#backends tbody tr')].map(r => [...r.cells].map(c => c.textContent))";
+    let rows = |v: &serde_json::Value| -> Vec<Vec<String>> { serde_json::from_value(v.clone()).unwrap_or_default() };
+    // name, state, health, operator, ..., last change, reason, at
+    let state_of = |v: &serde_json::Value, name: &str| rows(v).into_iter().find(|r| r[0] == name).map(|r| r[1].clone());
+    let shown = page.wait_for("both backends shown up", Duration::from_secs(15), ROWS, |v| {
+        state_of(v, "b0").as_deref() == Some("up") && state_of(v, "b1").as_deref() == Some("up")
+    });
+    assert_eq!(rows(&shown).len(), 2, "{shown}");
+    let vip: Vec<String> =
+        serde_json::from_value(page.eval("[...document.querySelectorAll('#vips tbody td')].map(c => c.textContent)"))
+            .unwrap();
+    assert_eq!(vip[..4], ["app", VIP, &PORT.to_string(), "http"], "the VIP row: {vip:?}");
+    assert!(vip[4].parse::<u64>().is_ok_and(|n| n >= 20), "the VIP's requests: {vip:?}");
+    let farm = page.eval("document.querySelector('#paths tbody td').textContent");
+    assert_eq!(farm, "farm app", "the VIP's farm and its sessions' figures");
+    // Traffic while the page polls: the chart draws the rate of the backend that serves
+    // it above its zero line (pixels of b0's or b1's colour, the legend's first two, in
+    // the requests panel: rows 12 to 108 of the canvas, its bottom line left out).
+    for _ in 0..25 {
+        assert_eq!(client.get("/").expect("response").status, 200);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    const LINE_PIXELS: &str = "(() => { const c = document.getElementById('chart'); \
+        const d = c.getContext('2d').getImageData(0, 12, c.width, 96).data; let n = 0; \
+        const near = (i, r, g, b) => Math.abs(d[i] - r) + Math.abs(d[i + 1] - g) + Math.abs(d[i + 2] - b) < 40; \
+        for (let i = 0; i < d.length; i += 4) if (near(i, 0x1f, 0x77, 0xb4) || near(i, 0xd6, 0x27, 0x28)) n++; \
+        return n; })()";
+    page.wait_for("a request rate on the chart", Duration::from_secs(10), LINE_PIXELS, |v| v.as_u64() > Some(30));
+
+    // b1 fails while the page stays open.
+    let cfg = tb.workdir.join("dispatcher.toml");
+    tb.kill_servers_of(1);
+    let shown =
+        page.wait_for("b1 shown down", Duration::from_secs(20), ROWS, |v| state_of(v, "b1").as_deref() == Some("down"));
+    let st: serde_json::Value =
+        serde_json::from_str(&tb.dispatcher_cmd(&["status", "--config", cfg.to_str().unwrap(), "--json"])).unwrap();
+    let agent_b1 = &st["agent"]["backends"][1];
+    assert_eq!(agent_b1["name"], "b1");
+    let b1 = rows(&shown).into_iter().find(|r| r[0] == "b1").unwrap();
+    let reason = agent_b1["last_change"]["reason"].as_str().expect("the agent's reason");
+    assert!(!reason.is_empty());
+    assert_eq!(b1[9], reason, "the page shows the agent's reason: {b1:?}");
+    assert!(b1[8].ends_with("down"), "the change shown: {b1:?}");
+    assert_eq!(state_of(&shown, "b0").as_deref(), Some("up"), "{shown}");
+    let conn = page.eval("document.getElementById('conn').textContent");
+    assert!(conn.as_str().unwrap_or("").starts_with("live"), "{conn}");
+    let cell_class = page.eval("document.querySelector('#backends tr[data-backend=b1] td:nth-child(2)').className");
+    assert_eq!(cell_class, "st-down");
+    let legend = page.eval("document.getElementById('legend').textContent");
+    assert_eq!(legend, "b0b1", "one chart line per backend");
+
+    let png = page.screenshot();
+    assert_eq!(dispatcher_testbed::browser::png_size(&png), Some((1200, 1000)), "a PNG of the window");
+    // A blank 1200x1000 page compresses to a few KiB; tables, colours and a chart do not.
+    assert!(png.len() > 20_000, "a screenshot with something on it: {} bytes", png.len());
+    let kept = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/status-page.png");
+    std::fs::write(&kept, &png).unwrap();
+
+    // The agent goes away: the page says so instead of showing old numbers as current.
+    tb.stop("dispatcher");
+    page.wait_for(
+        "the agent shown unreachable",
+        Duration::from_secs(15),
+        "document.getElementById('conn').textContent",
+        |v| v.as_str().is_some_and(|t| t.starts_with("STALE: agent unreachable")),
+    );
 }
 
 /// `dispatcher reload` applies a new `log_level` without a restart.

@@ -56,6 +56,8 @@ const PACKAGES: &[&str] = &[
     "dpkg-dev",
     // The capability test records the agent's system calls against its unit's filter.
     "strace",
+    // Headless Chromium: the status page's test loads it in a real browser.
+    "chromium",
 ];
 
 pub fn setup() -> anyhow::Result<()> {

@@ -4,16 +4,19 @@
 //! - `GET /metrics`: Prometheus text exposition (XDP counters, requests and latency per
 //!   VIP and backend, health, holds, retries, failovers, misroutes).
 //! - `GET /status`: the agent's view as JSON (`dispatcher status` merges it with the maps).
+//! - `GET /` (or `/status.html`): the status page, an HTML view of `/status` that polls it
+//!   (`page`), served to whoever may read `/status`.
 //! - `POST /backends/NAME/drain|disable|enable`: operator commands.
 //! - `POST /reload`: re-read the configuration file.
 //! - `POST /stop` (`?detach=true`): the agent exits, leaving (or removing) the data plane.
 //!
 //! Who may ask (`allowed`): commands only over the Unix socket, from root or the agent's
-//! own user; on TCP a loopback peer may read `/metrics` and `/status`, any other peer (and
+//! own user; on TCP a loopback peer may read `/metrics`, `/status` and the page, any other peer (and
 //! any other user on the socket) only `/metrics`. The socket and TCP have separate
 //! connection budgets, so that scrapers can never lock the operator out.
 
 pub mod client;
+mod page;
 mod process;
 pub mod views;
 
@@ -128,7 +131,7 @@ fn unix_peer(s: &UnixStream) -> Peer {
 pub fn allowed(peer: Peer, method: &str, path: &str) -> bool {
     match peer {
         Peer::Operator => true,
-        Peer::LocalReader => method == "GET" && (path == "/metrics" || path == "/status"),
+        Peer::LocalReader => method == "GET" && matches!(path, "/metrics" | "/status" | "/" | "/status.html"),
         Peer::Remote => method == "GET" && path == "/metrics",
     }
 }
@@ -375,7 +378,7 @@ async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
         let why = match peer {
             // On loopback: a reader, never a commander (whoever runs on the host).
             Peer::LocalReader => format!(
-                "commands are accepted on the admin Unix socket only ({}, dispatcher.admin_socket); over TCP: GET /metrics and GET /status",
+                "commands are accepted on the admin Unix socket only ({}, dispatcher.admin_socket); over TCP: GET /metrics, GET /status and the status page GET /",
                 admin.current().0.admin_socket.display()
             ),
             _ => "only GET /metrics is served to clients that are not on this host".to_string(),
@@ -387,6 +390,9 @@ async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
     match (method.as_str(), parts.as_slice()) {
         ("GET", ["metrics"]) => respond(&mut s, 200, "text/plain; version=0.0.4", &views::metrics(admin)).await,
         ("GET", ["status"]) => respond(&mut s, 200, "application/json", &to_json(&views::status(admin))).await,
+        ("GET", [""] | ["status.html"]) => {
+            respond_with(&mut s, 200, page::CONTENT_TYPE, page::fields(), page::HTML).await
+        }
         ("POST", ["reload"]) => {
             let (tx, rx) = oneshot::channel();
             if admin.requests.send(AgentRequest::Reload(tx)).is_err() {
@@ -519,7 +525,18 @@ fn err(why: impl Into<String>) -> String {
 }
 
 async fn respond<S: AsyncWrite + Unpin>(s: &mut S, status: u16, ctype: &str, body: &str) -> std::io::Result<()> {
-    s.write_all(closing_answer(status, ctype, "", body).as_bytes()).await?;
+    respond_with(s, status, ctype, "", body).await
+}
+
+/// An answer with header `fields` (complete lines), then the connection closes.
+async fn respond_with<S: AsyncWrite + Unpin>(
+    s: &mut S,
+    status: u16,
+    ctype: &str,
+    fields: &str,
+    body: &str,
+) -> std::io::Result<()> {
+    s.write_all(closing_answer(status, ctype, fields, body).as_bytes()).await?;
     s.shutdown().await
 }
 
@@ -576,7 +593,10 @@ mod tests {
         assert_eq!(tcp_peer("[::ffff:127.0.0.2]:1".parse().unwrap()), Peer::LocalReader);
         assert_eq!(tcp_peer("[::ffff:10.0.0.5]:1".parse().unwrap()), Peer::Remote);
         assert!(allowed(remote, "GET", "/metrics") && allowed(local, "GET", "/metrics"));
-        assert!(allowed(local, "GET", "/status") && !allowed(remote, "GET", "/status"));
+        for readable in ["/status", "/", "/status.html"] {
+            assert!(allowed(local, "GET", readable) && !allowed(remote, "GET", readable), "{readable}");
+            assert!(!allowed(local, "POST", readable), "POST {readable}");
+        }
         for (m, p) in
             [("POST", "/reload"), ("POST", "/stop"), ("POST", "/backends/a/drain"), ("GET", "/backends/a/drain")]
         {

@@ -88,6 +88,9 @@ pub fn status(a: &Admin) -> AgentStatus {
         .filter(|(v, _)| v.serves_http())
         .map(|(v, s)| VipStatus {
             name: v.name.clone(),
+            address: v.address.to_string(),
+            port: v.port,
+            mode: if v.http().is_some_and(|h| h.tls.is_some()) { "https" } else { "http" }.into(),
             requests: load(&s.requests),
             connections: load(&s.connections),
             tls: v.http().and_then(|h| h.tls.as_ref()).map(|_| tls_status(&s.tls)),
@@ -99,6 +102,7 @@ pub fn status(a: &Admin) -> AgentStatus {
     AgentStatus {
         pid: std::process::id(),
         uptime_s: a.started.elapsed().as_secs(),
+        version: env!("CARGO_PKG_VERSION").into(),
         clones: c.clone_count(),
         pins_missing: a.pins_missing.lock().unwrap().iter().map(|p| p.to_string()).collect(),
         backends,
