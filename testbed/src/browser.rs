@@ -30,6 +30,8 @@ pub struct Browser {
     child: Child,
     to: std::io::PipeWriter,
     from: mpsc::Receiver<Value>,
+    /// Events that came while a reply was awaited.
+    events: std::collections::VecDeque<Value>,
     next_id: u64,
     /// The page's DevTools session.
     session: String,
@@ -80,7 +82,8 @@ impl Browser {
         drop((their_in, their_out));
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || read_messages(from, tx));
-        let mut b = Browser { child, to, from: rx, next_id: 0, session: String::new(), profile };
+        let mut b =
+            Browser { child, to, from: rx, events: Default::default(), next_id: 0, session: String::new(), profile };
         let target = b.command(None, "Target.createTarget", json!({ "url": "about:blank" }));
         let target = target["targetId"].as_str().expect("a target id").to_string();
         let attached = b.command(None, "Target.attachToTarget", json!({ "targetId": target, "flatten": true }));
@@ -113,6 +116,9 @@ impl Browser {
             if reply["id"] == json!(id) {
                 assert!(reply.get("error").is_none(), "{method}: {}", reply["error"]);
                 return reply["result"].clone();
+            }
+            if reply.get("method").is_some() {
+                self.events.push_back(reply);
             }
         }
     }
@@ -148,6 +154,35 @@ impl Browser {
             assert!(Instant::now() < deadline, "{what}: not after {limit:?}; the page shows {v}");
             std::thread::sleep(Duration::from_millis(200));
         }
+    }
+
+    /// From now on the page's requests to URLs matching `pattern` (`*` any text) wait
+    /// for the test to answer them (`answer_next`).
+    pub fn intercept(&mut self, pattern: &str) {
+        self.call("Fetch.enable", json!({ "patterns": [{ "urlPattern": pattern }] }));
+    }
+
+    /// Answers the next intercepted request (waiting for it at most `limit`) with 200
+    /// and `body` of `content_type`, as if its server had; returns the request's URL.
+    pub fn answer_next(&mut self, content_type: &str, body: &str, limit: Duration) -> String {
+        let deadline = Instant::now() + limit;
+        let paused = loop {
+            if let Some(at) = self.events.iter().position(|e| e["method"] == "Fetch.requestPaused") {
+                break self.events.remove(at).unwrap_or_default();
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ev = self.from.recv_timeout(left).unwrap_or_else(|e| panic!("no intercepted request ({e})"));
+            self.events.push_back(ev);
+        };
+        let params = &paused["params"];
+        let answer = json!({
+            "requestId": params["requestId"],
+            "responseCode": 200,
+            "responseHeaders": [{ "name": "Content-Type", "value": content_type }],
+            "body": base64::engine::general_purpose::STANDARD.encode(body),
+        });
+        self.call("Fetch.fulfillRequest", answer);
+        params["request"]["url"].as_str().unwrap_or_default().to_string()
     }
 
     /// A PNG of what the page shows.

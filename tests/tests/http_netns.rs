@@ -8,6 +8,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use serde_json::json;
+
 use dispatcher_testbed::{
     browser::Browser,
     netns::Testbed,
@@ -572,6 +574,27 @@ fn the_status_page_shows_a_backend_going_down_in_a_browser() {
         "document.getElementById('conn').textContent",
         |v| v.as_str().is_some_and(|t| t.starts_with("STALE: agent unreachable")),
     );
+
+    // A hostile status (the configuration allows no such name, other sources of text may
+    // be less careful): the browser answers the page's next poll with it, and the page
+    // shows it as text — no element made of it, no script run.
+    page.intercept("*/status");
+    let hostile = r#"<img src=x onerror="document.title='pwned'"><b>b9</b>"#;
+    let status = json!({
+        "pid": 1, "uptime_s": 1, "clones": 0, "counters": {}, "vips": [],
+        "backends": [{ "name": hostile, "state": "<i>up</i>", "health": "up", "admin": "none",
+            "last_change": { "from": "up", "to": "down", "reason": "</td><script>document.title='pwned'</script>" } }],
+    });
+    let url = page.answer_next("application/json", &status.to_string(), Duration::from_secs(10));
+    assert!(url.ends_with("/status"), "{url}");
+    let shown = page.wait_for("the hostile status shown", Duration::from_secs(5), ROWS, |v| rows(v).len() == 1);
+    let row = &rows(&shown)[0];
+    assert_eq!((row[0].as_str(), row[1].as_str()), (hostile, "<i>up</i>"), "as text: {row:?}");
+    assert_eq!(row[9], "</td><script>document.title='pwned'</script>");
+    assert_eq!(page.eval("document.querySelectorAll('#backends tbody :not(tr):not(td)').length"), 0, "only cells");
+    assert_eq!(page.eval("document.getElementById('legend').textContent"), hostile, "the chart's legend, as text");
+    assert_eq!(page.eval("document.querySelectorAll('#legend img, #legend b, main script').length"), 0);
+    assert_eq!(page.eval("document.title"), "dispatcher status");
 }
 
 /// `dispatcher reload` applies a new `log_level` without a restart.
