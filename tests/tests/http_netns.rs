@@ -413,9 +413,14 @@ fn admin_endpoint_refuses_clients_that_are_not_local() {
     // From the client's namespace (not local): metrics yes, nothing else.
     let r = ask(&tb.client, admin, "GET", "/metrics");
     assert!(status_line(&r).contains(" 200 ") && r.contains("dispatcher_misroutes_total 0"), "{r}");
-    for (m, p) in
-        [("GET", "/status"), ("POST", "/backends/b0/drain"), ("POST", "/reload"), ("POST", "/stop?detach=true")]
-    {
+    for (m, p) in [
+        ("GET", "/status"),
+        ("GET", "/"),
+        ("GET", "/status.html"),
+        ("POST", "/backends/b0/drain"),
+        ("POST", "/reload"),
+        ("POST", "/stop?detach=true"),
+    ] {
         let r = ask(&tb.client, admin, m, p);
         assert!(status_line(&r).contains(" 403 "), "{m} {p} from a remote client: {r}");
     }
@@ -505,6 +510,31 @@ fn the_status_page_shows_a_backend_going_down_in_a_browser() {
     for _ in 0..20 {
         assert_eq!(client.get("/").expect("response").status, 200);
     }
+    // Served with its headers to loopback readers (other hosts: admin_endpoint_refuses_...).
+    let get_page = |to: &'static str| {
+        tb.lb.run(move || {
+            let mut s = TcpStream::connect_timeout(&to.parse().unwrap(), Duration::from_secs(2)).expect("admin port");
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            write!(s, "GET / HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+            let mut out = String::new();
+            let _ = s.read_to_string(&mut out);
+            out
+        })
+    };
+    let answer = get_page("127.0.0.1:9901");
+    let head = answer.split("\r\n\r\n").next().unwrap_or("");
+    for field in [
+        "HTTP/1.1 200 OK",
+        "Content-Type: text/html; charset=utf-8",
+        "Cache-Control: no-store",
+        "X-Content-Type-Options: nosniff",
+        "Content-Security-Policy: default-src 'none'; script-src 'sha256-",
+        "connect-src 'self'",
+        "frame-ancestors 'none'",
+    ] {
+        assert!(head.contains(field), "{field} in {head}");
+    }
+    assert!(answer.contains("<canvas id=\"chart\""), "the page: {answer}");
     let log = tb.workdir.join("chromium.log");
     let mut page = Browser::open(&tb.lb, "http://127.0.0.1:9901/", (1200, 1000), &log);
     const ROWS: &str =
