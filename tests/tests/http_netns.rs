@@ -398,16 +398,20 @@ fn admin_endpoint_refuses_clients_that_are_not_local() {
     let cfg = cfg.to_str().unwrap();
     assert_eq!(Client::new(&tb.client, addr).get("/").unwrap().status, 200);
     let admin: SocketAddr = format!("{VIP}:9901").parse().unwrap();
-    let ask = |ns: &dispatcher_testbed::netns::Ns, to: SocketAddr, method: &'static str, path: &'static str| {
+    let ask_as = |ns: &dispatcher_testbed::netns::Ns, to: SocketAddr, host: String, method: &str, path: &str| {
+        let request = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\n\r\n");
         ns.run(move || {
             let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(2)).expect("admin port");
             s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
             // (A refused connection may be closed before the request is written.)
-            let _ = write!(s, "{method} {path} HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n");
+            let _ = s.write_all(request.as_bytes());
             let mut out = String::new();
             let _ = s.read_to_string(&mut out);
             out
         })
+    };
+    let ask = |ns: &dispatcher_testbed::netns::Ns, to: SocketAddr, method: &str, path: &str| {
+        ask_as(ns, to, to.to_string(), method, path)
     };
     let status_line = |r: &str| r.lines().next().unwrap_or("").to_string();
     // From the client's namespace (not local): metrics yes, nothing else.
@@ -433,6 +437,16 @@ fn admin_endpoint_refuses_clients_that_are_not_local() {
     let local: SocketAddr = "127.0.0.1:9901".parse().unwrap();
     let r = ask(&tb.lb, local, "GET", "/status");
     assert!(status_line(&r).contains(" 200 ") && r.contains("\"backends\""), "{r}");
+    // ... when asked for by an address or localhost: a browser that sends a name may be
+    // reading for a page of another site that rebound that name to 127.0.0.1.
+    let r = ask_as(&tb.lb, local, "localhost:9901".into(), "GET", "/status");
+    assert!(status_line(&r).contains(" 200 "), "{r}");
+    for path in ["/status", "/"] {
+        let r = ask_as(&tb.lb, local, "status.example.com:9901".into(), "GET", path);
+        assert!(status_line(&r).contains(" 403 ") && r.contains("DNS rebinding"), "{path} for a name: {r}");
+    }
+    let r = ask_as(&tb.lb, local, "status.example.com".into(), "GET", "/metrics");
+    assert!(status_line(&r).contains(" 200 "), "metrics for any Host (Prometheus targets may be names): {r}");
     for (m, p) in [("POST", "/backends/b0/drain"), ("POST", "/reload"), ("POST", "/stop?detach=true")] {
         let r = ask(&tb.lb, local, m, p);
         assert!(status_line(&r).contains(" 403 ") && r.contains("Unix socket"), "{m} {p} over loopback TCP: {r}");
@@ -515,7 +529,7 @@ fn the_status_page_shows_a_backend_going_down_in_a_browser() {
         tb.lb.run(move || {
             let mut s = TcpStream::connect_timeout(&to.parse().unwrap(), Duration::from_secs(2)).expect("admin port");
             s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-            write!(s, "GET / HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+            write!(s, "GET / HTTP/1.1\r\nHost: {to}\r\n\r\n").unwrap();
             let mut out = String::new();
             let _ = s.read_to_string(&mut out);
             out

@@ -12,7 +12,8 @@
 //!
 //! Who may ask (`allowed`): commands only over the Unix socket, from root or the agent's
 //! own user; on TCP a loopback peer may read `/metrics`, `/status` and the page, any other peer (and
-//! any other user on the socket) only `/metrics`. The socket and TCP have separate
+//! any other user on the socket) only `/metrics`; the status and the page only when the
+//! `Host` is an address or localhost (`rebinding`). The socket and TCP have separate
 //! connection budgets, so that scrapers can never lock the operator out.
 
 pub mod client;
@@ -134,6 +135,34 @@ pub fn allowed(peer: Peer, method: &str, path: &str) -> bool {
         Peer::LocalReader => method == "GET" && matches!(path, "/metrics" | "/status" | "/" | "/status.html"),
         Peer::Remote => method == "GET" && path == "/metrics",
     }
+}
+
+/// Why a loopback reader's request for the status or the page is refused, if it is: its
+/// `Host` is a name. A browser sends the name of the site it believes it talks to; a page
+/// of another site whose name was made to resolve to 127.0.0.1 (DNS rebinding) would
+/// otherwise read the status as its own. Addresses and `localhost` cannot be rebound.
+/// `/metrics` takes any Host: Prometheus may scrape by name.
+fn rebinding(peer: Peer, target: &str, host: Option<&str>) -> Option<String> {
+    let path = target.split_once('?').map_or(target, |(p, _)| p);
+    let host = host?;
+    if peer != Peer::LocalReader || !matches!(path, "/status" | "/" | "/status.html") || host_is_local_literal(host) {
+        return None;
+    }
+    Some(format!(
+        "Host {host:?} is a name: the status and the status page are served over TCP to Host 127.0.0.1, [::1], localhost or another address only (a name could be another site's, rebound to this host by DNS rebinding); browse http://127.0.0.1:PORT/"
+    ))
+}
+
+/// An IP address or `localhost`, with or without a port.
+fn host_is_local_literal(host: &str) -> bool {
+    let port_ok = |p: &str| p.is_empty() || p.strip_prefix(':').is_some_and(|d| d.parse::<u16>().is_ok());
+    if let Some(rest) = host.strip_prefix('[') {
+        return rest
+            .split_once(']')
+            .is_some_and(|(ip, port)| ip.parse::<std::net::Ipv6Addr>().is_ok() && port_ok(port));
+    }
+    let (name, port) = host.find(':').map_or((host, ""), |i| host.split_at(i));
+    (name.parse::<std::net::Ipv4Addr>().is_ok() || name.eq_ignore_ascii_case("localhost")) && port_ok(port)
 }
 
 /// May the agent bind its socket at `path`? Nothing there, or a stale socket (removed
@@ -335,6 +364,8 @@ enum Request {
     Head {
         method: String,
         target: String,
+        /// The `Host` field, when there is one.
+        host: Option<String>,
     },
     /// Refused by the codec's head parser (within `ADMIN_LIMITS`): answered 400.
     Malformed,
@@ -349,7 +380,9 @@ async fn read_request<S: AsyncRead + Unpin>(s: &mut S) -> std::io::Result<Reques
     match from.read_head(HEAD_TIME, |buf| parse_request(buf, &ADMIN_LIMITS, &mut Vec::new())).await {
         Ok(head) => {
             let text = |r: std::ops::Range<usize>| String::from_utf8_lossy(&from.buf[r]).into_owned();
-            Ok(Request::Head { method: text(head.method), target: text(head.target) })
+            let host = head.headers.iter().find(|h| from.buf[h.name.clone()].eq_ignore_ascii_case(b"host"));
+            let host = host.map(|h| text(h.value.clone()));
+            Ok(Request::Head { method: text(head.method), target: text(head.target), host })
         }
         Err(HeadError::Reject(r)) => {
             tracing::debug!(why = r.reason, "admin request head refused");
@@ -368,7 +401,13 @@ async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
     head: Request,
 ) -> std::io::Result<()> {
     let (method, target) = match head {
-        Request::Head { method, target } => (method, target),
+        Request::Head { method, target, host } => {
+            if let Some(why) = rebinding(peer, &target, host.as_deref()) {
+                tracing::warn!(%method, %target, ?host, "admin request refused: {why}");
+                return respond(&mut s, 403, "application/json", &err(why)).await;
+            }
+            (method, target)
+        }
         Request::Malformed => return respond(&mut s, 400, "text/plain", "bad request\n").await,
         Request::Gone => return Ok(()),
     };
@@ -606,6 +645,29 @@ mod tests {
         }
     }
 
+    /// A loopback reader asking for the status or the page by a name could be a page of
+    /// another site (DNS rebinding): refused; by an address or localhost, or for the
+    /// metrics, or on the socket: served.
+    #[test]
+    fn the_status_is_read_by_address_or_localhost_only() {
+        for ok in ["127.0.0.1", "127.0.0.1:9901", "[::1]:9901", "[::1]", "localhost:9901", "LOCALHOST", "10.0.0.1:80"] {
+            assert!(host_is_local_literal(ok), "{ok}");
+            assert_eq!(rebinding(Peer::LocalReader, "/status", Some(ok)), None, "{ok}");
+        }
+        for bad in
+            ["evil.example:9901", "localhost.evil.example", "127.0.0.1.nip.io", "[::1", "127.0.0.1:x", "", "localhost:"]
+        {
+            assert!(!host_is_local_literal(bad), "{bad}");
+        }
+        let why = rebinding(Peer::LocalReader, "/?x=1", Some("evil.example:9901")).expect("refused");
+        assert!(why.starts_with("Host \"evil.example:9901\" is a name") && why.contains("DNS rebinding"), "{why}");
+        assert!(rebinding(Peer::LocalReader, "/status.html", Some("evil.example")).is_some());
+        assert!(rebinding(Peer::LocalReader, "/status", Some("evil.example")).is_some());
+        assert_eq!(rebinding(Peer::LocalReader, "/metrics", Some("evil.example")), None, "Prometheus by name");
+        assert_eq!(rebinding(Peer::Operator, "/status", Some("admin")), None, "the socket's clients");
+        assert_eq!(rebinding(Peer::LocalReader, "/status", None), None, "HTTP/1.0 without Host");
+    }
+
     /// What a client sends, read by the codec's head parser over a pipe.
     async fn read(parts: &[&[u8]]) -> std::io::Result<Request> {
         let (mut client, mut server) = tokio::io::duplex(64 * 1024);
@@ -618,7 +680,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_head_is_read_whole_across_reads() {
-        let head = |m: &str, t: &str| Request::Head { method: m.into(), target: t.into() };
+        let head = |m: &str, t: &str| Request::Head { method: m.into(), target: t.into(), host: Some("admin".into()) };
         let got = read(&[b"GET /metr", b"ics HTTP/1.1\r\nHost: admin\r\n", b"\r\n"]).await.unwrap();
         assert_eq!(got, head("GET", "/metrics"));
         let got = read(&[b"POST /stop?detach=true HTTP/1.1\r\nHost: admin\r\nContent-Length: 0\r\n\r\n"]).await;
