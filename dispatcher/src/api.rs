@@ -341,13 +341,26 @@ mod tests {
         let s = AgentStatus {
             pid: 7,
             backends: vec![BackendStatus { name: "b0".into(), state: "up".into(), ..Default::default() }],
+            vips: vec![VipStatus {
+                name: "web".into(),
+                address: "10.0.0.1".into(),
+                port: 443,
+                mode: "https".into(),
+                ..Default::default()
+            }],
             ..Default::default()
         };
         let json: serde_json::Value = serde_json::from_str(&to_json(&s)).unwrap();
-        for key in ["pid", "uptime_s", "clones", "pins_missing", "backends", "vips", "farms", "routes", "counters"] {
+        for key in
+            ["pid", "uptime_s", "version", "clones", "pins_missing", "backends", "vips", "farms", "routes", "counters"]
+        {
             assert!(json.get(key).is_some(), "{key} in {json}");
         }
         assert_eq!(json["backends"][0]["state"], "up");
+        assert_eq!(
+            (&json["vips"][0]["address"], &json["vips"][0]["port"], &json["vips"][0]["mode"]),
+            (&"10.0.0.1".into(), &443.into(), &"https".into())
+        );
         assert_eq!(json["counters"]["misroutes"], 0);
         assert_eq!(serde_json::from_value::<AgentStatus>(json).unwrap(), s);
     }
