@@ -8,8 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde_json::json;
-
+use dispatcher::api::{AgentStatus, BackendStatus, ChangeStatus, ClusterStatus, MemberStatus, SteeringStatus};
 use dispatcher_testbed::{
     browser::Browser,
     netns::Testbed,
@@ -624,12 +623,40 @@ fn the_status_page_shows_a_backend_going_down_in_a_browser() {
     // shows it as text — no element made of it, no script run.
     page.intercept("*/status");
     let hostile = r#"<img src=x onerror="document.title='pwned'"><b>b9</b>"#;
-    let status = json!({
-        "pid": 1, "uptime_s": 1, "clones": 0, "counters": {}, "vips": [],
-        "backends": [{ "name": hostile, "state": "<i>up</i>", "health": "up", "admin": "none",
-            "last_change": { "from": "up", "to": "down", "reason": "</td><script>document.title='pwned'</script>" } }],
-    });
-    let url = page.answer_next("application/json", &status.to_string(), Duration::from_secs(10));
+    // In the agent's own types, so that the fake has the real shape; with a cluster (its
+    // section appears) whose member names are hostile too.
+    let status = AgentStatus {
+        pid: 1,
+        backends: vec![BackendStatus {
+            name: hostile.into(),
+            state: "<i>up</i>".into(),
+            last_change: Some(ChangeStatus {
+                from: "up".into(),
+                to: "down".into(),
+                reason: "</td><script>document.title='pwned'</script>".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+        cluster: Some(ClusterStatus {
+            name: "d1".into(),
+            store: "ok".into(),
+            members: vec![
+                MemberStatus { name: "d1".into(), version: "0.1.0".into(), joined: true, ..Default::default() },
+                MemberStatus { name: hostile.into(), down: vec!["b0".into()], ..Default::default() },
+            ],
+            ..Default::default()
+        }),
+        steering: Some(SteeringStatus {
+            active: true,
+            generation: 3,
+            dispatchers: vec!["d1".into(), hostile.into()],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let status = dispatcher::api::to_json(&status);
+    let url = page.answer_next("application/json", &status, Duration::from_secs(10));
     assert!(url.ends_with("/status"), "{url}");
     let shown = page.wait_for("the hostile status shown", Duration::from_secs(5), ROWS, |v| rows(v).len() == 1);
     let row = &rows(&shown)[0];
@@ -637,6 +664,18 @@ fn the_status_page_shows_a_backend_going_down_in_a_browser() {
     assert_eq!(row[9], "</td><script>document.title='pwned'</script>");
     assert_eq!(page.eval("document.querySelectorAll('#backends tbody :not(tr):not(td)').length"), 0, "only cells");
     assert_eq!(page.eval("document.getElementById('legend').textContent"), hostile, "the chart's legend, as text");
+    assert_eq!(page.eval("document.getElementById('cluster').hidden"), false, "the cluster's section is shown");
+    let members: Vec<Vec<String>> = serde_json::from_value(
+        page.eval("[...document.querySelectorAll('#members tbody tr')].map(r => [...r.cells].map(c => c.textContent))"),
+    )
+    .unwrap();
+    assert_eq!(members[0], ["d1", "0.1.0", "0", "yes", ""]);
+    assert_eq!(members[1], [hostile, "", "0", "no", "b0"]);
+    let steering = page.eval("document.getElementById('steering').textContent");
+    assert!(steering.as_str().unwrap_or("").contains(&format!("generation 3, owners: d1, {hostile}")), "{steering}");
+    const MADE_OF_TEXT: &str = "document.querySelectorAll('#cluster :not(h2):not(p):not(table):not(thead):not(tbody)\
+        :not(tr):not(th):not(td)').length";
+    assert_eq!(page.eval(MADE_OF_TEXT), 0, "nothing in the cluster's section but its own elements");
     assert_eq!(page.eval("document.querySelectorAll('#legend img, #legend b, main script').length"), 0);
     assert_eq!(page.eval("document.title"), "dispatcher status");
 }
