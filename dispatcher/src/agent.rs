@@ -75,6 +75,9 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
     }
     dp.write(&cfg, &servers)?;
     let attached = dp.attach(&cfg, store.steer_mac.is_some())?;
+    if let Some(trap) = dataplane::veth_trap(&cfg, store.steer_mac.is_some()) {
+        tracing::warn!("{trap}");
+    }
     let tables = Arc::new(std::sync::Mutex::new(dp.tables));
     let mut group = Group::start(&cfg, store, &tables, &rt)?;
     let access_log = cfg.access_log.as_ref().map(|s| AccessLog::start(s, servers.counters.clone())).transpose()?;

@@ -16,6 +16,9 @@ pub struct AgentStatus {
     /// Pins removed under the agent that it could not restore (empty: all there).
     #[serde(default)]
     pub pins_missing: Vec<String>,
+    /// What the agent finds wrong with its setup right now, in words (the veth trap).
+    #[serde(default)]
+    pub warnings: Vec<String>,
     pub backends: Vec<BackendStatus>,
     /// HTTP VIPs.
     pub vips: Vec<VipStatus>,

@@ -29,7 +29,7 @@ pub mod logging;
 pub(crate) mod mac;
 pub(crate) mod maglev;
 pub(crate) mod metrics;
-pub(crate) mod netif;
+pub mod netif;
 pub(crate) mod notify;
 pub(crate) mod ratelimit;
 pub mod routes;

@@ -613,6 +613,12 @@ impl Testbed {
         std::thread::sleep(Duration::from_millis(100));
     }
 
+    /// Takes the `pass` program off the switch side of the dispatcher's veth: the veth
+    /// trap, as an operator without the testbed meets it.
+    pub fn remove_switch_pass(&mut self) {
+        self.pass = None;
+    }
+
     /// Lets frames sent by XDP_TX from the client's interface through the switch (the
     /// benchmark's in-kernel packet generator): `pass` on the client's switch port.
     pub fn enable_xdp_tx_from_client(&mut self) {

@@ -101,6 +101,7 @@ pub fn status(a: &Admin) -> AgentStatus {
         uptime_s: a.started.elapsed().as_secs(),
         clones: c.clone_count(),
         pins_missing: a.pins_missing.lock().unwrap().iter().map(|p| p.to_string()).collect(),
+        warnings: crate::dataplane::veth_trap(&cfg, a.steering.is_some()).into_iter().collect(),
         backends,
         vips,
         farms,

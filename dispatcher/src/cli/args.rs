@@ -70,6 +70,21 @@ pub enum Command {
         #[arg(long)]
         generic: bool,
     },
+    /// Attach the trivial pass program to a veth peer in native mode, so that the frames
+    /// a dispatcher on the other end forwards with XDP are not dropped (the veth trap). It
+    /// stays attached after the command exits, until --detach or the link goes away.
+    XdpPass {
+        /// The interface: the peer of the dispatcher's veth.
+        #[arg(value_name = "IFACE")]
+        iface: String,
+        /// Act in network namespace NAME (/run/netns/NAME, as `ip netns` names it) or the
+        /// one a path names.
+        #[arg(long, value_name = "NAME")]
+        netns: Option<String>,
+        /// Remove the pass program instead (only the project's own).
+        #[arg(long)]
+        detach: bool,
+    },
     /// Show VIPs, backends and XDP counters from the pinned maps.
     Status {
         #[command(flatten)]

@@ -10,6 +10,7 @@ mod import;
 mod operator;
 mod run;
 mod status;
+mod xdp_pass;
 
 use std::process::ExitCode;
 
@@ -23,6 +24,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Check { file, config } => check::check(&config_file::for_check(file, &config)?),
         Command::Import { file } => import::import(&file),
         Command::Decap { iface, generic } => decap::decap(&iface, generic),
+        Command::XdpPass { iface, netns, detach } => xdp_pass::xdp_pass(&iface, netns.as_deref(), detach),
         Command::Status { config, json, watch, count } => status::status(&resolve(&config)?, json, watch, count),
         Command::Drain { config, backend } => operator::control(&resolve(&config)?, &backend, operator::Action::Drain),
         Command::Disable { config, backend } => {

@@ -292,6 +292,9 @@ impl<'c> Frame<'c> {
                 missing.join(", ")
             );
         }
+        for w in self.agent.iter().flat_map(|a| &a.warnings) {
+            let _ = writeln!(o, "WARNING: {w}");
+        }
         let _ = writeln!(o);
     }
 
