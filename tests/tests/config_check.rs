@@ -293,7 +293,7 @@ fn every_validation_message_names_line_and_field() {
         ("slow_start = \"1m\"", 0, "slow_start = \"soon\"", "vip[1].slow_start: `soon` is not a duration", None),
         ("maxconn = 100\n", 0, "", "backend[0].maxqueue: applies with maxconn only (no limit, no queue)", Some("maxqueue = 50")),
         ("mode = \"http\"", 0, "protocol = \"tcp\"\nmode = \"sip\"", "vip[1].protocol: sip VIPs are SIP over UDP", None),
-        ("mac = \"02:00:00:00:00:12\"\n", 0, "", "backend[1].mac: required: backend `b` serves L4 VIP `l4`", Some("[[backend]]\nname = \"b\"")),
+        ("mac = \"02:00:00:00:00:12\"\n", 0, "", "backend[1].mac: required: backend `b` serves L4 VIP `l4` (XDP forwards to the backend's MAC)", Some("[[backend]]\nname = \"b\"")),
         // [[vip]]
         ("name = \"web\"", 0, "name = \"l4\"", "vip[1].name: `l4` is defined twice", None),
         ("address = \"10.0.100.1\"", 0, "address = \"10.0.100\"", "vip[0].address: `10.0.100` is not an IP address", None),

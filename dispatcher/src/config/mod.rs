@@ -971,6 +971,17 @@ port_group = "g"
         assert_eq!(sip.l4().and_then(|s| s.sticky_time), Some(Duration::from_secs(5)));
         let e = err_of(&text.replace("ring_size = 1009", "ring_size = 250"));
         assert!(e.contains("vip[2].ring_size: 250 must be a prime"), "checked on an HTTP VIP too: {e}");
+        // A SIP VIP is called a SIP VIP (issue 30): only it needs b's MAC here.
+        let sip_only = text
+            .replacen("port = 80\nring_size = 251", "port = 80\nmode = \"http\"\nring_size = 251", 1)
+            .replacen("forwarding = \"ipip\"\nencap_source = \"10.0.0.1\"\n", "mode = \"http\"\n", 1);
+        let e = err_of(&sip_only.replace("mac = \"02:00:00:00:00:12\"\n", ""));
+        assert!(
+            e.contains(
+                "backend[1].mac: required: backend `b` serves SIP VIP `sip` (XDP forwards to the backend's MAC)"
+            ),
+            "{e}"
+        );
     }
 
     #[test]
