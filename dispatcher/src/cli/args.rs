@@ -45,6 +45,10 @@ pub enum Command {
         /// On exit, leave the program attached and the maps pinned (L4 forwarding goes on).
         #[arg(long)]
         keep_dataplane: bool,
+        /// Serve, but do not join the group ([announce], [cluster]) until `dispatcher
+        /// join`: a staged dispatcher.
+        #[arg(long)]
+        stay_out: bool,
     },
     /// Validate a configuration file; errors name the line and the field.
     Check {

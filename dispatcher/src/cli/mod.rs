@@ -20,7 +20,7 @@ pub use dispatcher::logging::init_logging;
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     use config_file::resolve;
     match cli.command {
-        Command::Run { config, keep_dataplane } => run::run(&resolve(&config)?, keep_dataplane),
+        Command::Run { config, keep_dataplane, stay_out } => run::run(&resolve(&config)?, keep_dataplane, stay_out),
         Command::Check { file, config } => check::check(&config_file::for_check(file, &config)?),
         Command::Import { file } => import::import(&file),
         Command::Decap { iface, generic } => decap::decap(&iface, generic),

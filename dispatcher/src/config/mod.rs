@@ -945,6 +945,22 @@ port_group = "g"
         assert!(e.contains("vip[0].session_format: applies to HTTP VIPs only"), "{e}");
     }
 
+    /// An L4 VIP on an HTTP VIP's address goes with the HTTP interface (issue 31): said.
+    #[test]
+    fn an_l4_vip_on_an_http_vips_address_is_warned_about_when_announced() {
+        let http = "\n[[vip]]\nname = \"app\"\naddress = \"10.0.100.1\"\nport = 8080\nmode = \"http\"\n";
+        let c = Config::parse(&format!("{GOOD}{http}"), "x.toml").unwrap();
+        assert!(!c.warnings.iter().any(|w| w.contains("shares address")), "nothing announced: {:?}", c.warnings);
+        let c = Config::parse(&format!("{GOOD}{http}\n[announce]\n"), "x.toml").unwrap();
+        let w: Vec<_> = c.warnings.iter().filter(|w| w.contains("shares address")).collect();
+        assert_eq!(w.len(), 2, "web and tls: {w:?}");
+        assert!(w[0].starts_with("VIP `web` shares address 10.0.100.1 with HTTP VIP `app`"), "{}", w[0]);
+        assert!(w[0].contains("give it an address of its own"), "{}", w[0]);
+        let own = http.replace("10.0.100.1", "10.0.100.9");
+        let c = Config::parse(&format!("{GOOD}{own}\n[announce]\n"), "x.toml").unwrap();
+        assert!(!c.warnings.iter().any(|w| w.contains("shares address")), "{:?}", c.warnings);
+    }
+
     /// Each mode's settings are on its kind: an L4 VIP's forwarding, an HTTP VIP's backend
     /// port, TLS and redirect; the XDP keys of an HTTP VIP are checked, not kept.
     #[test]

@@ -300,4 +300,21 @@ impl Ctx<'_> {
             }
         }
     }
+
+    /// An address with an HTTP VIP is announced through the HTTP interface, which goes
+    /// when the agent dies (its connections die with it): L4 and SIP VIPs sharing that
+    /// address are withdrawn with it, though XDP would go on forwarding them.
+    pub(super) fn shared_address_warnings(&self, a: &AnnounceSettings, vips: &[Vip]) {
+        if a.http_interface.is_none() || a.l4_interface.is_none() {
+            return;
+        }
+        for v in vips.iter().filter(|v| v.mode() != VipMode::Http) {
+            if let Some(h) = vips.iter().find(|h| h.mode() == VipMode::Http && h.address == v.address) {
+                self.warn(format!(
+                    "VIP `{}` shares address {} with HTTP VIP `{}`: the address is announced through announce.http_interface, withdrawn when the agent stops or dies, and `{}` with it (XDP would go on forwarding it); give it an address of its own to keep it announced across an agent crash",
+                    v.name, v.address, h.name, v.name
+                ));
+            }
+        }
+    }
 }
