@@ -97,8 +97,9 @@ fn a_runtime_weight_shifts_new_sessions_and_the_ring_until_a_reload() {
     assert_eq!(code, 404, "{body}");
     assert!(body.contains("known: b0, b1"), "{body}");
 
-    // A reload returns to the configuration's weight.
-    tb.dispatcher_cmd(&["reload", "--config", &cfg]);
+    // A reload returns to the configuration's weight, and says so.
+    let out = tb.dispatcher_cmd(&["reload", "--config", &cfg]);
+    assert!(out.contains("backend b1: runtime weight 300 ended, 100 from the configuration"), "{out}");
     let back = new_sessions(&tb, addr, 40);
     let on0 = back.get("clone0x").copied().unwrap_or(0);
     assert!((19..=21).contains(&on0), "after reload: {back:?}");

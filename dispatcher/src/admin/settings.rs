@@ -7,7 +7,7 @@
 
 use std::{ops::RangeInclusive, sync::atomic::Ordering};
 
-use crate::{capacity::Capacity, control::Order, metrics::Histogram, state::Servers};
+use crate::{capacity::Capacity, config::Config, control::Order, metrics::Histogram, state::Servers};
 
 /// The configuration's range of `weight` (0 is refused there too: drain a backend).
 pub const WEIGHT_RANGE: RangeInclusive<u32> = 1..=10_000;
@@ -45,6 +45,37 @@ fn number(text: &str, range: &RangeInclusive<u32>) -> Result<u32, String> {
         "" => "(none given)".to_string(),
         t => format!("{:?}", t.chars().take(24).collect::<String>()),
     })
+}
+
+/// The runtime settings a reload from `old_cfg` (served by `old`) to `new_cfg` ends, one
+/// line each for its reply and log: `backend b1: runtime weight 50 ended, 100 from the
+/// configuration`. (Ids are kept by name: the same index is the same backend.)
+pub fn ended(old_cfg: &Config, old: &Servers, new_cfg: &Config) -> Vec<String> {
+    let limit = |m: Option<u64>| m.map_or_else(|| "none".to_string(), |m| m.to_string());
+    let mut lines = Vec::new();
+    let pairs = old_cfg.backends.iter().zip(&old.backends).zip(&new_cfg.backends);
+    for ((was, be), now) in pairs.filter(|((was, _), now)| !was.retired && !now.retired) {
+        let name = &be.name;
+        if be.weight() != was.weight {
+            lines.push(format!(
+                "backend {name}: runtime weight {} ended, {} from the configuration",
+                be.weight(),
+                now.weight
+            ));
+        }
+        let (runtime, configured) = (be.slots.max(), was.maxconn.map(u64::from));
+        if runtime != configured {
+            let now = limit(now.maxconn.map(u64::from));
+            lines.push(format!(
+                "backend {name}: runtime maxconn {} ended, {now} from the configuration",
+                limit(runtime)
+            ));
+        }
+        if be.checks_disabled() {
+            lines.push(format!("backend {name}: health checks enabled again (a runtime disable ended)"));
+        }
+    }
+    lines
 }
 
 fn zero<'a>(atomics: impl IntoIterator<Item = &'a std::sync::atomic::AtomicU64>) {
@@ -89,6 +120,51 @@ pub fn clear_counters(servers: &Servers, cap: &Capacity) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::health::Cause;
+    use dispatcher_common::{BackendState, Health};
+
+    const CFG: &str =
+        "[dispatcher]\ninterface = \"lo\"\n[[backend]]\nname = \"b1\"\naddress = \"10.0.0.1\"\nmaxconn = 5\n\
+                       [[backend]]\nname = \"b2\"\naddress = \"10.0.0.2\"\nweight = 7\n\
+                       [[vip]]\nname = \"web\"\naddress = \"10.0.100.1\"\nport = 80\nmode = \"http\"\n";
+
+    /// HAProxy's `disable health`: no verdict counts, failed requests included; enabled
+    /// again, the health the checks left counts.
+    #[test]
+    fn with_checks_disabled_a_backend_counts_as_healthy_and_passive_failures_are_ignored() {
+        let cfg = Config::parse(CFG, "t").unwrap();
+        let s = Servers::new(&cfg, &[Health::Down], &[], None);
+        assert_eq!(s.backends[0].state(), BackendState::Down);
+        assert_eq!(s.set_checks_disabled(0, true), Some((BackendState::Down, BackendState::Up)));
+        s.passive_failure(0, Cause::Refused);
+        assert_eq!(s.backends[0].state(), BackendState::Up, "a failed request makes it no suspect");
+        assert_eq!(s.counters.passive_failures.load(Ordering::Relaxed), 0);
+        s.set_admin(0, dispatcher_common::Operator::Drain);
+        assert_eq!(s.backends[0].state(), BackendState::Drain, "the operator's state still counts");
+        s.set_admin(0, dispatcher_common::Operator::None);
+        assert_eq!(s.set_checks_disabled(0, false), Some((BackendState::Up, BackendState::Down)));
+        s.passive_failure(1, Cause::Refused);
+        assert_eq!(s.backends[1].state(), BackendState::Suspect, "checks enabled: passive health as before");
+    }
+
+    /// A reload says which runtime settings it ends.
+    #[test]
+    fn a_reload_lists_the_runtime_settings_it_ends() {
+        let cfg = Config::parse(CFG, "t").unwrap();
+        let s = Servers::new(&cfg, &[], &[], None);
+        assert!(ended(&cfg, &s, &cfg).is_empty(), "nothing set at runtime");
+        s.backends[0].set_weight(50);
+        s.backends[0].slots.set_limits(None, 10);
+        s.set_checks_disabled(1, true);
+        assert_eq!(
+            ended(&cfg, &s, &cfg),
+            [
+                "backend b1: runtime weight 50 ended, 100 from the configuration",
+                "backend b1: runtime maxconn none ended, 5 from the configuration",
+                "backend b2: health checks enabled again (a runtime disable ended)",
+            ]
+        );
+    }
 
     #[test]
     fn values_are_checked_and_refusals_say_the_range() {
