@@ -752,6 +752,8 @@ impl Running {
             tracing::warn!(error = %e, "recording the id table");
         }
         servers.adopt_map(&self.servers);
+        // Said before the configuration's limits replace a runtime maxconn on the shared slots.
+        let ended = crate::admin::settings::ended(&self.cfg, &self.servers, &merged);
         servers.apply_limits(&merged);
         let (per_source, rate) = crate::http::listener::source_limits(&merged);
         capacity.sources.configure(per_source, rate);
@@ -759,7 +761,8 @@ impl Running {
             log.switch(r);
         }
         let summary = self.summary(&merged);
-        let changes = merged.changes_from(&self.cfg);
+        let mut changes = merged.changes_from(&self.cfg);
+        changes.extend(ended);
         let mut old = std::mem::replace(self, next);
         old.control.abort();
         if let Some(server) = old.server.take() {

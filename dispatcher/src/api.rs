@@ -156,6 +156,18 @@ pub struct BackendStatus {
     /// Final statuses it returned, by class (1xx .. 5xx, other).
     #[serde(default)]
     pub responses: std::collections::BTreeMap<String, u64>,
+    /// The weight it is balanced by, and the configuration's (they differ after
+    /// `dispatcher weight`, until a reload).
+    #[serde(default)]
+    pub weight: u32,
+    #[serde(default)]
+    pub configured_weight: u32,
+    /// The configuration's `maxconn` (`queue.maxconn` is the one in force).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub configured_maxconn: Option<u64>,
+    /// Its health checks are disabled by the operator (until a reload).
+    #[serde(default)]
+    pub checks_disabled: bool,
 }
 
 /// A backend's change of state: from, to, why, what the deciding check took, when.
@@ -281,12 +293,21 @@ pub struct CertificateStatus {
 /// (`metrics::Counters`), as the `/metrics` exposition is.
 pub use crate::metrics::CounterStatus;
 
-/// `POST /backends/NAME/drain|disable|enable`: the backend's state before and after.
+/// `POST /backends/NAME/ACTION`: the backend's state before and after.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CommandReply {
     pub backend: String,
     pub from: String,
     pub to: String,
+    /// A runtime setting (weight, maxconn, checks): what changed, in words.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub change: String,
+}
+
+/// `POST /counters/clear`: which counters were cleared.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClearReply {
+    pub cleared: String,
 }
 
 /// `POST /reload` that took effect: what changed.

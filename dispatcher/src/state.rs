@@ -12,7 +12,7 @@ use std::{
     collections::HashMap,
     net::Ipv4Addr,
     sync::{
-        atomic::{AtomicU64, AtomicU8, Ordering},
+        atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering},
         Arc, Mutex, RwLock,
     },
 };
@@ -32,7 +32,12 @@ use crate::{
 pub struct Backend {
     pub name: String,
     pub address: Ipv4Addr,
-    pub weight: u32,
+    /// The weight new sessions and L4 flows are balanced by: the configuration's, or an
+    /// operator's (`dispatcher weight`, until a reload builds the servers again).
+    weight: AtomicU32,
+    /// Health checks disabled by the operator (`dispatcher checks disable`, until a
+    /// reload): none are sent, passive failures are ignored and it counts as healthy.
+    checks_off: std::sync::atomic::AtomicBool,
     pub replica: Option<usize>,
     /// What routing obeys: `effective_state(operator, health)` (a `BackendState` byte;
     /// read it with `state()`).
@@ -141,6 +146,21 @@ impl Backend {
     pub fn ramped_weight(&self, weight: u32, slow: Option<std::time::Duration>, now: u64) -> u64 {
         let share = ramp_share(self.ramp_since.load(Ordering::Relaxed), slow, now);
         ((weight as f64 * share).ceil() as u64).max(1)
+    }
+
+    /// The weight it is balanced by now (before any ramp-up).
+    pub fn weight(&self) -> u32 {
+        self.weight.load(Ordering::Relaxed)
+    }
+
+    /// An operator's weight; returns the one it replaces.
+    pub fn set_weight(&self, weight: u32) -> u32 {
+        self.weight.swap(weight, Ordering::Relaxed)
+    }
+
+    /// Its health checks are disabled by the operator.
+    pub fn checks_disabled(&self) -> bool {
+        self.checks_off.load(Ordering::SeqCst)
     }
 
     /// Takes new sessions and unbound requests.
@@ -274,7 +294,8 @@ impl Servers {
             .map(|(b, h, a)| Backend {
                 name: b.name.clone(),
                 address: b.address,
-                weight: b.weight,
+                weight: AtomicU32::new(b.weight),
+                checks_off: Default::default(),
                 replica: b.replica,
                 state: AtomicU8::new(effective_state(a, h) as u8),
                 health: AtomicU8::new(h as u8),
@@ -374,7 +395,12 @@ impl Servers {
     /// wakes the requests held on it).
     fn settle(&self, backend: usize) -> Option<(BackendState, BackendState)> {
         let b = &self.backends[backend];
-        let health = if b.peers_out() { Health::Down } else { b.health() };
+        // With its checks disabled, no verdict counts (HAProxy's `disable health`).
+        let health = match (b.checks_disabled(), b.peers_out()) {
+            (true, _) => Health::Up,
+            (false, true) => Health::Down,
+            (false, false) => b.health(),
+        };
         let new = effective_state(b.operator(), health);
         let old = BackendState::from_u8(b.state.swap(new as u8, Ordering::SeqCst));
         if old == new {
@@ -401,6 +427,14 @@ impl Servers {
         changed
     }
 
+    /// An operator disables (`true`) or enables the backend's health checks: while
+    /// disabled, it counts as healthy whatever the checks said; once enabled, the checks
+    /// go on from the health they left. Returns the change of state, if any.
+    pub fn set_checks_disabled(&self, backend: usize, disabled: bool) -> Option<(BackendState, BackendState)> {
+        self.backends[backend].checks_off.store(disabled, Ordering::SeqCst);
+        self.settle(backend)
+    }
+
     /// The operator's state (`Operator::None` clears it).
     pub fn set_admin(&self, backend: usize, op: Operator) -> Option<(BackendState, BackendState)> {
         self.backends[backend].admin.store(op as u8, Ordering::SeqCst);
@@ -412,6 +446,10 @@ impl Servers {
     /// checks.
     pub fn passive_failure(&self, backend: usize, cause: Cause) {
         let b = &self.backends[backend];
+        if b.checks_disabled() {
+            // No check would clear the suspicion: failures are the requests' only.
+            return;
+        }
         b.failed_at.store(self.epoch.elapsed().as_nanos() as u64 + 1, Ordering::SeqCst);
         let (up, suspect) = (Health::Up as u8, Health::Suspect as u8);
         if b.health.compare_exchange(up, suspect, Ordering::SeqCst, Ordering::SeqCst).is_ok() {

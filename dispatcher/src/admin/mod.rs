@@ -4,7 +4,10 @@
 //! - `GET /metrics`: Prometheus text exposition (XDP counters, requests and latency per
 //!   VIP and backend, health, holds, retries, failovers, misroutes).
 //! - `GET /status`: the agent's view as JSON (`dispatcher status` merges it with the maps).
-//! - `POST /backends/NAME/drain|disable|enable`: operator commands.
+//! - `POST /backends/NAME/drain|disable|enable`: operator commands;
+//!   `.../weight?value=N`, `.../maxconn?value=N|none`, `.../disable-checks|enable-checks`:
+//!   runtime settings until the next reload (`settings`).
+//! - `POST /counters/clear` (`?all=true`: the XDP counters too): counters to zero.
 //! - `POST /reload`: re-read the configuration file.
 //! - `POST /stop` (`?detach=true`): the agent exits, leaving (or removing) the data plane.
 //!
@@ -15,6 +18,7 @@
 
 pub mod client;
 mod process;
+pub mod settings;
 pub mod views;
 
 use std::{
@@ -30,13 +34,18 @@ use tokio::{
     sync::{mpsc, oneshot},
 };
 
-use crate::api::{to_json, CommandReply, ErrorReply, MembershipReply, ReloadReply, StopReply};
+use crate::api::{to_json, ClearReply, CommandReply, ErrorReply, MembershipReply, ReloadReply, StopReply};
 use crate::http1::{
     body::{HeadError, Inbound, RelayError},
     closing_answer,
     head::{parse_request, HeadLimits},
 };
-use crate::{config::Config, control::AdminCommand, dataplane::tables::Tables, state::Servers};
+use crate::{
+    config::Config,
+    control::{AdminCommand, Order},
+    dataplane::tables::Tables,
+    state::Servers,
+};
 use dispatcher_common::Operator;
 
 pub struct Admin {
@@ -422,10 +431,17 @@ async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
                 _ => respond(&mut s, 503, "application/json", &err("no reply")).await,
             }
         }
-        ("POST", ["backends", name, action]) => backend_command(admin, &mut s, name, action).await,
+        ("POST", ["backends", name, action]) => backend_command(admin, &mut s, name, action, query).await,
         // `farm/server`.
         ("POST", ["backends", farm, server, action]) => {
-            backend_command(admin, &mut s, &format!("{farm}/{server}"), action).await
+            backend_command(admin, &mut s, &format!("{farm}/{server}"), action, query).await
+        }
+        ("POST", ["counters", "clear"]) => {
+            let all = query.split('&').any(|kv| kv == "all=true" || kv == "all=1");
+            match clear_counters(admin, all) {
+                Ok(cleared) => respond(&mut s, 200, "application/json", &to_json(&ClearReply { cleared })).await,
+                Err(why) => respond(&mut s, 500, "application/json", &err(why)).await,
+            }
         }
         _ => respond(&mut s, 404, "text/plain", "not found\n").await,
     }
@@ -436,29 +452,58 @@ async fn backend_command<S: AsyncWrite + Unpin>(
     s: &mut S,
     name: &str,
     action: &str,
+    query: &str,
 ) -> std::io::Result<()> {
     let (cfg, _, commands) = admin.current();
     let b = match server_named(&cfg, name) {
         Ok(b) => b,
         Err(why) => return respond(s, 404, "application/json", &err(why)).await,
     };
-    let op = match action {
-        "drain" => Operator::Drain,
-        "disable" => Operator::Disabled,
-        "enable" => Operator::None,
-        _ => return respond(s, 404, "application/json", &err("unknown action")).await,
+    let order = match action {
+        "drain" => Order::Operator(Operator::Drain),
+        "disable" => Order::Operator(Operator::Disabled),
+        "enable" => Order::Operator(Operator::None),
+        _ => match settings::order(action, query) {
+            Some(Ok(order)) => order,
+            Some(Err(why)) => return respond(s, 400, "application/json", &err(why)).await,
+            None => {
+                let why = format!("no backend action {action:?}; there are: {}", settings::ACTIONS);
+                return respond(s, 404, "application/json", &err(why)).await;
+            }
+        },
     };
     let (tx, rx) = oneshot::channel();
-    if commands.send(AdminCommand { backend: b, op, reply: tx }).is_err() {
+    if commands.send(AdminCommand { backend: b, order, reply: tx }).is_err() {
         return respond(s, 503, "application/json", &err("control loop stopped")).await;
     }
     match rx.await {
-        Ok((from, to)) => {
-            let body = CommandReply { backend: name.to_string(), from: from.name().into(), to: to.name().into() };
+        Ok(done) => {
+            let (from, to) = (done.from.name().into(), done.to.name().into());
+            let body = CommandReply { backend: name.to_string(), from, to, change: done.change };
             respond(s, 200, "application/json", &to_json(&body)).await
         }
         Err(_) => respond(s, 503, "application/json", &err("no reply")).await,
     }
+}
+
+/// `POST /counters/clear`: the agent's counters, and with `all` the XDP counters in the
+/// maps; the reply says which.
+fn clear_counters(admin: &Admin, all: bool) -> Result<String, String> {
+    let (_, servers, _) = admin.current();
+    settings::clear_counters(&servers, &admin.capacity());
+    let mut cleared =
+        "the agent's counters (requests, errors, responses, failovers, retries, holds, queues)".to_string();
+    if all {
+        admin
+            .tables
+            .lock()
+            .unwrap()
+            .clear_counters()
+            .map_err(|e| format!("{cleared} cleared; the XDP counters not: {e}"))?;
+        cleared.push_str(" and the XDP counters (packets, bytes, flows, drops)");
+    }
+    tracing::info!("operator: counters cleared: {cleared}");
+    Ok(cleared)
 }
 
 /// The backend an operator names: by its name when one backend has it, else as

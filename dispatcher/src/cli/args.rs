@@ -124,6 +124,45 @@ pub enum Command {
         /// A backend's name, or FARM/SERVER when several farms have a server of that name.
         backend: String,
     },
+    /// Set a backend's weight (1..=10000) in the running agent, for new sessions and L4
+    /// flows, until the next reload restores the configuration's.
+    Weight {
+        #[command(flatten)]
+        config: ConfigFile,
+        /// A backend's name, or FARM/SERVER when several farms have a server of that name.
+        backend: String,
+        /// The weight, 1..=10000 (to take no new sessions, drain the backend).
+        weight: String,
+    },
+    /// Set a backend's maxconn (requests in flight at once, 1..=1000000, or none) in the
+    /// running agent, until the next reload restores the configuration's.
+    Maxconn {
+        #[command(flatten)]
+        config: ConfigFile,
+        /// A backend's name, or FARM/SERVER when several farms have a server of that name.
+        backend: String,
+        /// Requests in flight at once, 1..=1000000, or none for no limit.
+        maxconn: String,
+    },
+    /// Disable a backend's health checks (it counts as healthy; none are sent, failed
+    /// requests are ignored) or enable them again, until the next reload.
+    Checks {
+        #[command(flatten)]
+        config: ConfigFile,
+        /// disable or enable.
+        action: ChecksAction,
+        /// A backend's name, or FARM/SERVER when several farms have a server of that name.
+        backend: String,
+    },
+    /// Set the running agent's counters to zero (requests, errors, responses, failovers,
+    /// retries, holds, queues); gauges stay.
+    ClearCounters {
+        #[command(flatten)]
+        config: ConfigFile,
+        /// The XDP counters in the maps too (packets, bytes, flows, drops).
+        #[arg(long)]
+        all: bool,
+    },
     /// Make the running agent re-read its configuration file and apply the difference.
     Reload {
         #[command(flatten)]
@@ -171,4 +210,11 @@ pub enum Command {
         #[arg(long)]
         detach: bool,
     },
+}
+
+/// `dispatcher checks disable|enable`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum ChecksAction {
+    Disable,
+    Enable,
 }

@@ -33,6 +33,22 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Enable { config, backend } => {
             operator::control(&resolve(&config)?, &backend, operator::Action::Enable)
         }
+        Command::Weight { config, backend, weight } => {
+            operator::setting(&resolve(&config)?, &backend, &format!("weight?value={}", operator::query_value(&weight)))
+        }
+        Command::Maxconn { config, backend, maxconn } => operator::setting(
+            &resolve(&config)?,
+            &backend,
+            &format!("maxconn?value={}", operator::query_value(&maxconn)),
+        ),
+        Command::Checks { config, action, backend } => {
+            let verb = match action {
+                args::ChecksAction::Disable => "disable-checks",
+                args::ChecksAction::Enable => "enable-checks",
+            };
+            operator::setting(&resolve(&config)?, &backend, verb)
+        }
+        Command::ClearCounters { config, all } => endpoint::clear_counters(&resolve(&config)?, all),
         Command::Stop { config, detach } => endpoint::stop(&resolve(&config)?, detach),
         Command::Metrics { config } => endpoint::metrics(&resolve(&config)?),
         Command::Reload { config } => endpoint::reload(&resolve(&config)?),

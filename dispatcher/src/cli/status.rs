@@ -394,8 +394,30 @@ impl<'c> Frame<'c> {
                 q.in_flight, q.maxconn, q.queued, q.maxqueue, q.queued_total, q.wait_mean_ms, q.refused_full, q.refused_timeout, q.refused_left
             );
         }
+        for line in self.agent.iter().flat_map(|a| &a.backends).filter_map(runtime_line) {
+            let _ = writeln!(o, "{line}");
+        }
         let _ = writeln!(o);
     }
+}
+
+/// What an operator set at runtime on a backend and the configuration says otherwise
+/// (until the next reload): `backend b1: weight 50 (runtime; configured 100), health
+/// checks disabled; until reload`; none when it runs as configured.
+fn runtime_line(b: &BackendStatus) -> Option<String> {
+    let limit = |m: Option<u64>| m.map_or_else(|| "none".to_string(), |m| m.to_string());
+    let mut said = Vec::new();
+    if b.weight != b.configured_weight && b.configured_weight != 0 {
+        said.push(format!("weight {} (runtime; configured {})", b.weight, b.configured_weight));
+    }
+    let maxconn = b.queue.as_ref().map(|q| q.maxconn);
+    if maxconn != b.configured_maxconn {
+        said.push(format!("maxconn {} (runtime; configured {})", limit(maxconn), limit(b.configured_maxconn)));
+    }
+    if b.checks_disabled {
+        said.push("health checks disabled".into());
+    }
+    (!said.is_empty()).then(|| format!("backend {}: {}; until reload", b.name, said.join(", ")))
 }
 
 /// A backend's last change of state, beside its state: `up -> suspect: timeout after
@@ -532,6 +554,21 @@ fn protocols_line(c: &dispatcher::api::CounterStatus) -> Option<String> {
 #[cfg(test)]
 mod protocol_tests {
     use super::*;
+
+    #[test]
+    fn runtime_settings_are_said_against_the_configuration() {
+        let b = BackendStatus { name: "b1".into(), weight: 100, configured_weight: 100, ..Default::default() };
+        assert_eq!(runtime_line(&b), None, "as configured");
+        let q = dispatcher::api::QueueStatus { maxconn: 1, ..Default::default() };
+        let b = BackendStatus { weight: 50, queue: Some(q), checks_disabled: true, ..b };
+        assert_eq!(
+            runtime_line(&b).unwrap(),
+            "backend b1: weight 50 (runtime; configured 100), maxconn 1 (runtime; configured none), \
+             health checks disabled; until reload"
+        );
+        let b = BackendStatus { weight: 100, queue: None, checks_disabled: false, configured_maxconn: Some(5), ..b };
+        assert_eq!(runtime_line(&b).unwrap(), "backend b1: maxconn none (runtime; configured 5); until reload");
+    }
 
     #[test]
     fn the_protocols_line_appears_once_a_client_spoke_http2_and_names_each_reason() {
