@@ -768,14 +768,17 @@ fn the_access_log_records_every_request_and_follows_rotation() {
     assert_eq!(fresh.get("/new").unwrap().status, 200);
     let text = wait_lines(&log, 1);
     assert_eq!(std::fs::read_to_string(&rotated).unwrap().lines().count(), 5);
-    let line = text.lines().next().unwrap();
+    // After syslog's header (`Mon DD HH:MM:SS host tag[pid]:`), HAProxy's httplog.
+    let line = text.lines().next().unwrap().split_once("]: ").unwrap().1;
     let client = format!("{}:", dispatcher_testbed::netns::CLIENT_IP);
     assert!(
-        line.starts_with(&client) && line.contains("] app b") && line.ends_with(" balanced \"GET /new HTTP/1.1\""),
+        line.starts_with(&client)
+            && line.contains("] app app/b")
+            && line.ends_with(" {balanced|-} \"GET /new HTTP/1.1\""),
         "{line}"
     );
     let timers = line.split(' ').nth(4).unwrap();
-    assert_eq!(timers.split('/').count(), 5, "Th/Tw/Tc/Tr/Ta: {line}");
+    assert_eq!(timers.split('/').count(), 5, "TR/Tw/Tc/Tr/Ta: {line}");
 
     // A path that cannot be opened refuses the reload, and logging goes on in the old file.
     std::fs::write(&path, config("json").replace(&log.display().to_string(), "/nonexistent/dir/access.log")).unwrap();
@@ -790,10 +793,104 @@ fn the_access_log_records_every_request_and_follows_rotation() {
     assert_eq!(raw_status(&tb, addr, bad.as_bytes()), 400);
     let text = wait_lines(&log, 3);
     let line = text.lines().nth(2).unwrap();
-    assert!(line.contains(" app -/- ") && line.contains(" 400 ") && line.ends_with("none \"<BADREQ>\""), "{line}");
+    assert!(line.contains(" app app/<NOSRV> ") && line.contains(" 400 ") && line.contains(" PR-- "), "{line}");
+    assert!(line.ends_with("{none|-} \"<BADREQ>\""), "{line}");
     let metrics = tb.dispatcher_cmd(&["metrics", "--config", &cfg]);
     assert!(metrics.lines().any(|l| l == "dispatcher_access_log_lines_total 8"), "{metrics}");
     assert!(metrics.lines().any(|l| l == "dispatcher_access_log_dropped_total 0"));
+}
+
+/// HAProxy's `halog` reads the `haproxy` format: a known mix of requests (200s through
+/// a farm of live servers, a 404 without a route, a 503 from a farm whose server is
+/// dead, a client that closes inside its head) and halog's counts per server, status
+/// and termination state are what was sent.
+#[test]
+fn halog_reads_the_haproxy_access_log() {
+    let mut tb = Testbed::new(3, &[VIP]);
+    tb.add_local_vip(VIP);
+    let cluster = websphere::Clones::new(3);
+    // b2 is never started: its farm's requests find nobody listening.
+    for i in 0..2 {
+        tb.start_websphere_on(&cluster, i, BACKEND_PORT);
+    }
+    let log = tb.workdir.join("access.log");
+    let config = format!(
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[health]\nenabled = false\n\n[access_log]\npath = \"{}\"\nformat = \"haproxy\"\n\n{}\n[[farm]]\nname = \"shop\"\nservers = [\"b0\", \"b1\"]\nport = {BACKEND_PORT}\n\n[[farm]]\nname = \"gone\"\nservers = [\"b2\"]\nport = {BACKEND_PORT}\n\n[[route]]\nname = \"app\"\nhosts = [\"*:80\"]\nuris = [\"/app/*\"]\nfarm = \"shop\"\n\n[[route]]\nname = \"dead\"\nhosts = [\"*:80\"]\nuris = [\"/dead/*\"]\nfarm = \"gone\"\n\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = {PORT}\nmode = \"http\"\n",
+        tb.instance(),
+        log.display(),
+        tb.backend_config(&[]),
+    );
+    let path = tb.write_config(&config);
+    tb.start_dispatcher(&path);
+    let addr: SocketAddr = format!("{VIP}:{PORT}").parse().unwrap();
+    const OK: usize = 6;
+    for i in 0..OK {
+        // A new client each time: balanced over both servers.
+        let mut c = Client::new(&tb.client, addr);
+        assert_eq!(c.get(&format!("/app/{i}")).unwrap().status, 200);
+    }
+    let mut c = Client::new(&tb.client, addr);
+    assert_eq!(c.get("/nowhere").unwrap().status, 404);
+    assert_eq!(c.get("/dead/x").unwrap().status, 503);
+    // A client that closes inside its request head.
+    let aborted = tb.client.run(move || {
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(b"GET /app/x HTTP/1.1\r\nHo").unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut got = Vec::new();
+        let _ = s.read_to_end(&mut got);
+        got
+    });
+    assert!(aborted.starts_with(b"HTTP/1.1 400"), "{}", String::from_utf8_lossy(&aborted));
+    let total = OK + 3;
+    let t = Instant::now();
+    while std::fs::read_to_string(&log).unwrap_or_default().lines().count() < total
+        && t.elapsed() < Duration::from_secs(5)
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(text.lines().count(), total, "{text}");
+    let halog = |flag: &str| {
+        let out = std::process::Command::new("halog")
+            .arg(flag)
+            .stdin(std::fs::File::open(&log).unwrap())
+            .output()
+            .expect("halog (package haproxy, installed by `cargo xtask setup`)");
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "halog {flag}: {err}");
+        assert!(
+            err.contains(&format!("{total} lines in")) && err.contains(" 0 parsing errors"),
+            "halog {flag}: {err}\n{text}"
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    // Per status and per termination state.
+    let counts = |out: &str| -> HashMap<String, usize> {
+        out.lines().map(|l| l.split_once(' ').unwrap()).map(|(k, n)| (k.to_string(), n.parse().unwrap())).collect()
+    };
+    let want = |pairs: &[(&str, usize)]| pairs.iter().map(|(k, n)| (k.to_string(), *n)).collect::<HashMap<_, _>>();
+    assert_eq!(counts(&halog("-st")), want(&[("200", OK), ("404", 1), ("503", 1), ("400", 1)]), "{text}");
+    assert_eq!(counts(&halog("-tc")), want(&[("--", OK), ("PR", 1), ("SC", 1), ("CR", 1)]), "{text}");
+    // Per server: every request through the live servers is OK (no timer at -1) and a
+    // 2xx; the dead one's is a 5xx and not OK.
+    let srv = halog("-srv");
+    let mut served = 0;
+    for l in srv.lines().skip(1) {
+        // name 1xx 2xx 3xx 4xx 5xx other tot_req req_ok pct_ok avg_ct avg_rt
+        let f: Vec<&str> = l.split(' ').collect();
+        match f[0] {
+            "shop/b0" | "shop/b1" => {
+                assert_eq!((f[2], f[8], f[9]), (f[7], f[7], "100.0"), "{srv}\n{text}");
+                served += f[7].parse::<usize>().unwrap();
+            }
+            "gone/b2" => assert_eq!((f[5], f[7], f[8]), ("1", "1", "0"), "{srv}"),
+            _ => {}
+        }
+    }
+    assert_eq!(served, OK, "{srv}\n{text}");
+    assert!(srv.lines().any(|l| l.starts_with("app/<NOSRV> ")), "the dispatcher's own answers: {srv}");
 }
 
 /// A testbed of `n` clones behind a VIP with `insert_cookie = "SRV"`; `backends` edits
