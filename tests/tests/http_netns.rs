@@ -542,10 +542,7 @@ fn an_agent_killed_hard_is_replaced_without_losing_learned_clones() {
 /// session go to a server with room meanwhile.
 #[test]
 fn maxconn_queues_a_sessions_requests_at_its_owner_and_balances_the_rest_elsewhere() {
-    let mut tb = Testbed::new(2, &[VIP]);
-    tb.add_local_vip(VIP);
-    let cluster = websphere::Clones::new(2);
-    tb.start_websphere(&cluster, BACKEND_PORT);
+    let (mut tb, cluster) = clone_bed(2);
     let backends = tb.backend_config_with(&[], |i| {
         let limits = if i == 0 { "maxconn = 2\nmaxqueue = 2\n" } else { "" };
         format!("clone_ids = [\"{}\"]\n{limits}", cluster.clone_ids[i])
@@ -672,14 +669,20 @@ fn maxconn_queues_a_sessions_requests_at_its_owner_and_balances_the_rest_elsewhe
     }
 }
 
+/// `n` WebSphere-like clones answering at `BACKEND_PORT` behind the local `VIP`.
+fn clone_bed(n: usize) -> (Testbed, std::sync::Arc<websphere::Clones>) {
+    let mut tb = Testbed::new(n, &[VIP]);
+    tb.add_local_vip(VIP);
+    let cluster = websphere::Clones::new(n);
+    tb.start_websphere(&cluster, BACKEND_PORT);
+    (tb, cluster)
+}
+
 /// `[access_log]`: one line per request with what happened to it, the file reopened on
 /// reload (rotation loses no line), JSON or HAProxy's layout.
 #[test]
 fn the_access_log_records_every_request_and_follows_rotation() {
-    let mut tb = Testbed::new(2, &[VIP]);
-    tb.add_local_vip(VIP);
-    let cluster = websphere::Clones::new(2);
-    tb.start_websphere(&cluster, BACKEND_PORT);
+    let (mut tb, cluster) = clone_bed(2);
     let log = tb.workdir.join("access.log");
     let (instance, backends) = (tb.instance().to_string(), tb.backend_config_with_clones(&[], &cluster.clone_ids));
     let config = |format: &str| {
@@ -891,6 +894,119 @@ fn halog_reads_the_haproxy_access_log() {
     }
     assert_eq!(served, OK, "{srv}\n{text}");
     assert!(srv.lines().any(|l| l.starts_with("app/<NOSRV> ")), "the dispatcher's own answers: {srv}");
+}
+
+/// An RFC 5424 message's header fields, checked: `<PRI>1 TIMESTAMP HOST APP PROCID
+/// MSGID - MSG`; returns (PRI, APP-NAME, MSG).
+fn rfc5424(datagram: &[u8]) -> (u32, String, String) {
+    let text = String::from_utf8(datagram.to_vec()).expect("UTF-8");
+    let rest = text.strip_prefix('<').unwrap_or_else(|| panic!("no PRI: {text}"));
+    let (pri, rest) = rest.split_once('>').unwrap();
+    let pri: u32 = pri.parse().unwrap_or_else(|_| panic!("PRI: {text}"));
+    let f: Vec<&str> = rest.splitn(8, ' ').collect();
+    assert_eq!(f.len(), 8, "{text}");
+    assert_eq!((f[0], f[5], f[6]), ("1", "access", "-"), "version, MSGID, no structured data: {text}");
+    // TIMESTAMP: 2026-12-03T12:02:33.400Z, within a minute of now.
+    let t = f[1].as_bytes();
+    let shape = t.len() == 24 && t[4] == b'-' && t[7] == b'-' && t[10] == b'T' && t[19] == b'.' && t[23] == b'Z';
+    assert!(shape, "timestamp: {text}");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let (h, m, sec): (u64, u64, u64) =
+        (f[1][11..13].parse().unwrap(), f[1][14..16].parse().unwrap(), f[1][17..19].parse().unwrap());
+    let diff = ((h * 3600 + m * 60 + sec) as i64 - (now % 86_400) as i64).rem_euclid(86_400);
+    assert!(!(60..=86_340).contains(&diff), "timestamp not now: {text}");
+    assert!(!f[2].is_empty() && f[4].parse::<u32>().is_ok(), "hostname, PROCID: {text}");
+    (pri, f[3].to_string(), f[7].to_string())
+}
+
+/// `[access_log] syslog`: RFC 5424 datagrams to a Unix datagram socket and to a UDP
+/// address (the test's own sockets, in the agent's namespace), with the request in them;
+/// a socket that vanishes costs lines (counted), never requests.
+#[test]
+fn the_access_log_goes_to_syslog_over_a_unix_socket_and_udp() {
+    let (mut tb, _cluster) = clone_bed(2);
+    let sock_path = tb.workdir.join("log.sock");
+    let unix = std::os::unix::net::UnixDatagram::bind(&sock_path).unwrap();
+    unix.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    // Bound inside the agent's namespace: its loopback.
+    let udp = tb.lb.run(|| std::net::UdpSocket::bind("127.0.0.1:0").unwrap());
+    udp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let udp_addr = udp.local_addr().unwrap();
+    let file = tb.workdir.join("access.log");
+    let (instance, backends) = (tb.instance().to_string(), tb.backend_config(&[]));
+    let config = |log: &str| {
+        format!(
+            "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{instance}\"\n\n[access_log]\n{log}\n{backends}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = {PORT}\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\n"
+        )
+    };
+    let path = tb.write_config(&config(&format!(
+        "syslog = \"{}\"\nformat = \"haproxy\"\nfacility = \"local3\"\ntag = \"disp-test\"\n",
+        sock_path.display()
+    )));
+    tb.start_dispatcher(&path);
+    let cfg = path.to_str().unwrap().to_string();
+    let addr: SocketAddr = format!("{VIP}:{PORT}").parse().unwrap();
+    let mut buf = vec![0u8; 70_000];
+    for i in 0..2 {
+        let mut c = Client::new(&tb.client, addr);
+        assert_eq!(c.get(&format!("/unix/{i}")).unwrap().status, 200);
+        let n = unix.recv(&mut buf).expect("a syslog message on the Unix socket");
+        let (pri, app, msg) = rfc5424(&buf[..n]);
+        assert_eq!((pri, app.as_str()), (19 * 8 + 6, "disp-test"), "local3.info: {msg}");
+        assert!(msg.starts_with(dispatcher_testbed::netns::CLIENT_IP), "the httplog line, no file header: {msg}");
+        assert!(msg.ends_with(&format!("\"GET /unix/{i} HTTP/1.1\"")) && msg.contains(" 200 "), "{msg}");
+    }
+    // The socket vanishes: requests go on, the lines are counted as dropped, and the
+    // agent says so once.
+    drop(unix);
+    std::fs::remove_file(&sock_path).unwrap();
+    for i in 0..3 {
+        let mut c = Client::new(&tb.client, addr);
+        assert_eq!(c.get(&format!("/gone/{i}")).unwrap().status, 200);
+    }
+    let dropped = || {
+        let metrics = tb.dispatcher_cmd(&["metrics", "--config", &cfg]);
+        let line = metrics.lines().find(|l| l.starts_with("dispatcher_access_log_dropped_total ")).unwrap().to_string();
+        line.rsplit(' ').next().unwrap().parse::<u64>().unwrap()
+    };
+    let t = Instant::now();
+    while dropped() < 3 && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(dropped(), 3);
+    let said = tb.log("dispatcher").matches("syslog receiver does not take its lines").count();
+    assert_eq!(said, 1, "{}", tb.log("dispatcher"));
+
+    // Reloaded to UDP beside a file, JSON, messages cut at 480 bytes: both get each line.
+    let long = "/udp/".to_string() + &"x".repeat(600);
+    std::fs::write(
+        &path,
+        config(&format!(
+            "path = \"{}\"\nsyslog = \"{udp_addr}\"\nformat = \"json\"\nmax_message = 480\n",
+            file.display()
+        )),
+    )
+    .unwrap();
+    let out = tb.dispatcher_cmd(&["reload", "--config", &cfg]);
+    assert!(out.contains("reloaded"), "{out}");
+    let mut c = Client::new(&tb.client, addr);
+    assert_eq!(c.get("/udp/short").unwrap().status, 200);
+    let (n, _) = udp.recv_from(&mut buf).expect("a syslog message over UDP");
+    let (pri, app, msg) = rfc5424(&buf[..n]);
+    assert_eq!((pri, app.as_str()), (16 * 8 + 6, "dispatcher"), "the defaults: local0.info");
+    let v: serde_json::Value = serde_json::from_str(&msg).expect(&msg);
+    assert_eq!((v["request"].as_str(), v["status"].as_u64()), (Some("GET /udp/short"), Some(200)));
+    assert_eq!(c.get(&long).unwrap().status, 200);
+    let (n, _) = udp.recv_from(&mut buf).unwrap();
+    assert_eq!(n, 480, "cut at max_message");
+    assert!(rfc5424(&buf[..n]).2.contains("GET /udp/xxx"));
+    let t = Instant::now();
+    while std::fs::read_to_string(&file).unwrap_or_default().lines().count() < 2 && t.elapsed() < Duration::from_secs(5)
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.lines().count() == 2 && text.lines().last().unwrap().contains(&long), "{text}");
 }
 
 /// A testbed of `n` clones behind a VIP with `insert_cookie = "SRV"`; `backends` edits
