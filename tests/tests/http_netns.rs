@@ -876,6 +876,8 @@ fn halog_reads_the_haproxy_access_log() {
     let want = |pairs: &[(&str, usize)]| pairs.iter().map(|(k, n)| (k.to_string(), *n)).collect::<HashMap<_, _>>();
     assert_eq!(counts(&halog("-st")), want(&[("200", OK), ("404", 1), ("503", 1), ("400", 1)]), "{text}");
     assert_eq!(counts(&halog("-tc")), want(&[("--", OK), ("PR", 1), ("SC", 1), ("CR", 1)]), "{text}");
+    // The session's part of the state: no session, balanced (N), or not routed (-).
+    assert_eq!(counts(&halog("-cc")), want(&[("N-", OK + 1), ("--", 2)]), "{text}");
     // Per server: every request through the live servers is OK (no timer at -1) and a
     // 2xx; the dead one's is a 5xx and not OK.
     let srv = halog("-srv");
