@@ -862,7 +862,9 @@ impl<'c> Rounds<'c> {
             be.requests.fetch_add(1, Ordering::Relaxed);
             build_request(down.out, req.head, req.buf, req.peer.ip(), &ctx.host, &ctx.forwarded);
             let mut attempt = Attempt { queue_deadline, connected: None };
-            trace.connecting = Some(Instant::now());
+            if ctx.log.is_some() {
+                trace.connecting = Some(Instant::now());
+            }
             let s = &farm.settings;
             let sent =
                 send(ctx, s, req.head, backend, down.reborrow(), req.buffered_body.as_deref(), &mut attempt).await;
