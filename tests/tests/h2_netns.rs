@@ -353,7 +353,7 @@ fn one_connection_keeps_its_session_across_a_clones_death() {
     // The access log: 40 HTTP/2.0 requests, 20 by each clone, failed over after the death.
     let logged = log_lines(&b, "\"GET /app/counter HTTP/2.0\"", 40);
     assert_eq!(logged.len(), 40, "{logged:?}");
-    let at = |i: usize| logged.iter().filter(|l| l.contains(&format!(" shop b{i}/"))).count();
+    let at = |i: usize| logged.iter().filter(|l| l.contains(&format!(" shop~ shop/b{i} "))).count();
     assert_eq!((at(owner), at(replica)), (20, 20), "{logged:?}");
     assert!(logged[20..].iter().any(|l| l.contains("failed_over")), "{logged:?}");
     // Metrics: one h2 connection, 40 h2 requests, nothing left open, no misroute.

@@ -225,12 +225,37 @@ pub struct Config {
 /// `[access_log]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AccessLogSettings {
-    /// A file (appended to, reopened on every reload), or `None` for standard output.
-    pub path: Option<PathBuf>,
+    /// `path`: a file or standard output; `None`: to syslog only.
+    pub output: Option<AccessLogOutput>,
+    /// `syslog`: to syslog (too, with `path`).
+    pub syslog: Option<SyslogTarget>,
     pub format: AccessLogFormat,
     /// Lines waiting for the writer; beyond, lines are dropped and counted (the request
     /// path never waits for the disk).
     pub buffer: usize,
+    /// The program name the lines carry: syslog's APP-NAME, and the `haproxy` format's
+    /// syslog header in a file (`tag[pid]:`).
+    pub tag: String,
+    /// The syslog facility's code (`local0`: 16); the severity is always informational.
+    pub facility: u8,
+    /// The longest syslog message sent, in bytes (header included); longer ones are cut.
+    pub max_message: usize,
+}
+
+/// Where `path` writes the access log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AccessLogOutput {
+    Stdout,
+    /// Appended to, reopened on every reload.
+    File(PathBuf),
+}
+
+/// RFC 5424 messages, one datagram per line, to a Unix datagram socket (`/dev/log`) or a
+/// UDP address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SyslogTarget {
+    Unix(PathBuf),
+    Udp(SocketAddr),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -243,6 +268,34 @@ pub enum AccessLogFormat {
 
 impl AccessLogSettings {
     pub const DEFAULT_BUFFER: usize = 65_536;
+    pub const DEFAULT_TAG: &'static str = "dispatcher";
+    /// `local0`.
+    pub const DEFAULT_FACILITY: u8 = 16;
+    /// What RFC 5424 says every receiver should take.
+    pub const DEFAULT_MAX_MESSAGE: usize = 2048;
+    /// The syslog facilities by name, with their codes (RFC 5424 6.2.1).
+    pub const FACILITIES: [(&'static str, u8); 20] = [
+        ("kern", 0),
+        ("user", 1),
+        ("mail", 2),
+        ("daemon", 3),
+        ("auth", 4),
+        ("syslog", 5),
+        ("lpr", 6),
+        ("news", 7),
+        ("uucp", 8),
+        ("cron", 9),
+        ("authpriv", 10),
+        ("ftp", 11),
+        ("local0", 16),
+        ("local1", 17),
+        ("local2", 18),
+        ("local3", 19),
+        ("local4", 20),
+        ("local5", 21),
+        ("local6", 22),
+        ("local7", 23),
+    ];
 }
 
 /// `[cluster]`: the shared store and this dispatcher's place in it (see `shared`).

@@ -136,7 +136,7 @@ impl Ctx<'_> {
         if let Some(a) = &announce {
             self.shared_address_warnings(a, &vips);
         }
-        let access_log = raw.access_log.as_ref().map(|a| self.access_log(a.get_ref()));
+        let access_log = raw.access_log.as_ref().map(|a| self.access_log(a.get_ref(), a.span()));
         // Farms and routes: the TOML's, then the plugin-cfg.xml's, then one of each for
         // every HTTP VIP no route applies to.
         let mut taken = farms::Taken::default();
