@@ -329,15 +329,21 @@ fn operator_drain_and_disable_reach_the_request_path() {
     }
 }
 
-#[test]
-fn admin_endpoint_serves_metrics_status_and_commands() {
+/// Two backends that served five requests, and the configuration file's path.
+fn two_backends_after_five_requests() -> (Testbed, String) {
     let (tb, _cluster, addr) = http_testbed(2, false, "");
-    let cfg = tb.workdir.join("dispatcher.toml");
-    let cfg = cfg.to_str().unwrap();
+    let cfg = tb.workdir.join("dispatcher.toml").to_str().unwrap().to_string();
     let mut c = Client::new(&tb.client, addr);
     for _ in 0..5 {
         assert_eq!(c.get("/").unwrap().status, 200);
     }
+    (tb, cfg)
+}
+
+#[test]
+fn admin_endpoint_serves_metrics_status_and_commands() {
+    let (tb, cfg) = two_backends_after_five_requests();
+    let cfg = cfg.as_str();
     // Owner-only Unix socket: nothing listens on the network for the admin side.
     let sock = format!("/run/dispatcher/{}.sock", tb.instance());
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -891,4 +897,46 @@ fn an_inserted_cookie_without_a_replica_is_redispatched_while_its_backend_is_out
         assert_eq!((clone, set.as_deref()), (1, Some("b1")), "balanced to the other, and told so");
     }
     assert_eq!(cookie_get(&ns, addr, Some("b1")), (1, None));
+}
+
+/// CSV as Python's csv module reads it: a list of rows, each a field-name -> value map.
+fn parse_csv(text: &str) -> Vec<HashMap<String, String>> {
+    let mut py = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", "import csv, json, sys; print(json.dumps(list(csv.DictReader(sys.stdin))))"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    py.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = py.wait_with_output().unwrap();
+    assert!(out.status.success(), "python's csv module refused:\n{text}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn status_as_csv_has_a_row_per_vip_and_backend() {
+    let (tb, cfg) = two_backends_after_five_requests();
+    let cfg = cfg.as_str();
+    tb.dispatcher_cmd(&["drain", "--config", cfg, "b1"]);
+    let text = tb.dispatcher_cmd(&["status", "--config", cfg, "--csv"]);
+    assert!(text.starts_with("type,name,address,mode,state,health,operator,weight,replica,"), "{text}");
+    let rows = parse_csv(&text);
+    assert_eq!(rows.len(), 3, "one VIP and two backends: {text}");
+    let vip = &rows[0];
+    assert_eq!((vip["type"].as_str(), vip["name"].as_str(), vip["mode"].as_str()), ("vip", "app", "http"), "{text}");
+    assert_eq!(vip["address"], format!("{VIP}:{PORT}/tcp"));
+    assert_eq!(vip["requests"], "5", "{text}");
+    let names: Vec<(&str, &str)> = rows[1..].iter().map(|r| (r["type"].as_str(), r["name"].as_str())).collect();
+    assert_eq!(names, [("backend", "b0"), ("backend", "b1")]);
+    assert_eq!((rows[1]["state"].as_str(), rows[1]["operator"].as_str()), ("up", "none"), "{text}");
+    assert_eq!((rows[2]["state"].as_str(), rows[2]["operator"].as_str()), ("drain", "drain"), "{text}");
+    assert_eq!(rows[2]["last_change"], "up -> drain: operator drain", "{text}");
+    let requests: u64 = rows[1..].iter().map(|r| r["requests"].parse::<u64>().unwrap()).sum();
+    assert_eq!(requests, 5, "{text}");
+    // The admin endpoint gives the same table.
+    let (code, body) = tb.admin("GET", "/status?format=csv").expect("agent answers");
+    assert_eq!(code, 200, "{body}");
+    let admin_rows = parse_csv(&body);
+    assert_eq!(admin_rows.len(), 3, "{body}");
+    assert_eq!(admin_rows[2]["state"], "drain", "{body}");
 }

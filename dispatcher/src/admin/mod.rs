@@ -3,7 +3,8 @@
 //!
 //! - `GET /metrics`: Prometheus text exposition (XDP counters, requests and latency per
 //!   VIP and backend, health, holds, retries, failovers, misroutes).
-//! - `GET /status`: the agent's view as JSON (`dispatcher status` merges it with the maps).
+//! - `GET /status`: the agent's view as JSON (`dispatcher status` merges it with the maps);
+//!   `?format=csv`: the status table as CSV (`csv`).
 //! - `POST /backends/NAME/drain|disable|enable`: operator commands.
 //! - `POST /reload`: re-read the configuration file.
 //! - `POST /stop` (`?detach=true`): the agent exits, leaving (or removing) the data plane.
@@ -14,6 +15,7 @@
 //! connection budgets, so that scrapers can never lock the operator out.
 
 pub mod client;
+pub mod csv;
 mod process;
 pub mod views;
 
@@ -386,6 +388,14 @@ async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
     match (method.as_str(), parts.as_slice()) {
         ("GET", ["metrics"]) => respond(&mut s, 200, "text/plain; version=0.0.4", &views::metrics(admin)).await,
+        ("GET", ["status"]) if query.split('&').any(|kv| kv == "format=csv") => {
+            let (cfg, status) = (admin.current().0, views::status(admin));
+            let text = csv::status_csv(&cfg, &admin.tables.lock().unwrap(), Some(&status));
+            match text {
+                Ok(text) => respond(&mut s, 200, "text/csv; charset=utf-8", &text).await,
+                Err(e) => respond(&mut s, 500, "application/json", &err(format!("reading the maps: {e}"))).await,
+            }
+        }
         ("GET", ["status"]) => respond(&mut s, 200, "application/json", &to_json(&views::status(admin))).await,
         ("POST", ["reload"]) => {
             let (tx, rx) = oneshot::channel();

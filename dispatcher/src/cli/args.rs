@@ -77,6 +77,9 @@ pub enum Command {
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
+        /// The table as CSV (RFC 4180): a header line, one row per VIP and per backend.
+        #[arg(long, conflicts_with = "json")]
+        csv: bool,
         /// Refresh every SECS seconds (on a terminal, in place) until interrupted.
         #[arg(long, short, value_name = "SECS")]
         watch: Option<f64>,

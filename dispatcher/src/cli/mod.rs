@@ -23,7 +23,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Check { file, config } => check::check(&config_file::for_check(file, &config)?),
         Command::Import { file } => import::import(&file),
         Command::Decap { iface, generic } => decap::decap(&iface, generic),
-        Command::Status { config, json, watch, count } => status::status(&resolve(&config)?, json, watch, count),
+        Command::Status { config, json, csv, watch, count } => {
+            status::status(&resolve(&config)?, status::Format::of(json, csv), watch, count)
+        }
         Command::Drain { config, backend } => operator::control(&resolve(&config)?, &backend, operator::Action::Drain),
         Command::Disable { config, backend } => {
             operator::control(&resolve(&config)?, &backend, operator::Action::Disable)
