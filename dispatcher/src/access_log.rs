@@ -457,7 +457,7 @@ fn split(t: SystemTime) -> (i64, u64, u32) {
 }
 
 /// `2026-12-01T05:30:00.123Z`.
-fn rfc3339(o: &mut String, t: SystemTime) {
+pub fn rfc3339(o: &mut String, t: SystemTime) {
     let (days, secs, ms) = split(t);
     let (y, m, d) = civil(days);
     let _ = write!(o, "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{ms:03}Z", secs / 3600, secs / 60 % 60, secs % 60);

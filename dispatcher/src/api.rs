@@ -342,3 +342,37 @@ mod tests {
         assert_eq!(serde_json::from_value::<AgentStatus>(json).unwrap(), s);
     }
 }
+
+/// `GET /errors`: the last requests the dispatcher refused as malformed or hostile,
+/// oldest first (`refusals`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ErrorsReply {
+    /// Refusals since the agent started.
+    pub total: u64,
+    /// How many the agent keeps.
+    pub kept: usize,
+    pub errors: Vec<RefusedRequest>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RefusedRequest {
+    /// When, RFC 3339 UTC.
+    pub at: String,
+    pub vip: String,
+    /// The client's address:port.
+    pub client: String,
+    /// `h1` or `h2`.
+    pub protocol: String,
+    /// The status it was answered with.
+    pub status: u16,
+    /// Why, in words.
+    pub reason: String,
+    /// The offset in `bytes` (before escaping) of the first byte no head may hold, when
+    /// there is one.
+    pub position: Option<usize>,
+    /// How many bytes had arrived, and how many of them are kept (the first 1 KiB).
+    pub received: usize,
+    pub captured: usize,
+    /// What arrived, printable ASCII as it is, every other byte (and `\`) as `\xNN`.
+    pub bytes: String,
+}

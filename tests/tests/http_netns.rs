@@ -940,3 +940,60 @@ fn status_as_csv_has_a_row_per_vip_and_backend() {
     assert_eq!(admin_rows.len(), 3, "{body}");
     assert_eq!(admin_rows[2]["state"], "drain", "{body}");
 }
+
+#[test]
+fn refused_requests_are_shown_with_their_reason_and_escaped_bytes() {
+    let (tb, cluster, addr) = http_testbed(2, false, "");
+    let cfg = tb.workdir.join("dispatcher.toml");
+    let cfg = cfg.to_str().unwrap();
+    assert_eq!(raw_status(&tb, addr, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"), 200, "a good request is not kept");
+    let cases: &[(&[u8], &str, Option<usize>, &str)] = &[
+        (b"GET / HTTP/1.1\nHost: x\n\n", "bare LF", Some(14), "GET / HTTP/1.1\\x0aHost: x\\x0a\\x0a"),
+        (
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n",
+            "more than one Content-Length",
+            None,
+            "POST / HTTP/1.1\\x0d\\x0aHost: x\\x0d\\x0aContent-Length: 0\\x0d\\x0aContent-Length: 0\\x0d\\x0a\\x0d\\x0a",
+        ),
+        (
+            b"GET / HTTP/1.1\r\nHost: x\r\nX: a\0b\r\n\r\n",
+            "malformed request head",
+            Some(29),
+            "GET / HTTP/1.1\\x0d\\x0aHost: x\\x0d\\x0aX: a\\x00b\\x0d\\x0a\\x0d\\x0a",
+        ),
+    ];
+    for (bytes, _, _, _) in cases {
+        assert_eq!(raw_status(&tb, addr, bytes), 400);
+    }
+    let (code, body) = tb.admin("GET", "/errors").expect("agent answers");
+    assert_eq!(code, 200, "{body}");
+    let r: dispatcher::api::ErrorsReply = serde_json::from_str(&body).unwrap();
+    assert_eq!((r.total, r.errors.len()), (3, 3), "{body}");
+    for (e, (bytes, reason, position, escaped)) in r.errors.iter().zip(cases) {
+        assert_eq!((e.status, e.reason.as_str(), e.position), (400, *reason, *position), "{body}");
+        assert_eq!(e.bytes, *escaped);
+        assert_eq!((e.vip.as_str(), e.protocol.as_str(), e.received), ("app", "h1", bytes.len()));
+        assert!(e.client.starts_with(&format!("{}:", dispatcher_testbed::netns::CLIENT_IP)), "{}", e.client);
+    }
+    // The CLI shows them readably: one line per refusal, the head line by line.
+    let text = tb.dispatcher_cmd(&["errors", "--config", cfg]);
+    assert!(text.starts_with("3 requests refused as malformed since the agent started"), "{text}");
+    assert!(text.contains("VIP app client 10.99.0.2:"), "{text}");
+    assert!(
+        text.contains("h1: answered 400: bare LF at byte 14 (24 bytes received)\n    GET / HTTP/1.1\\x0a\n"),
+        "{text}"
+    );
+    // Many more: the ring stays bounded, each head cut to 1 KiB.
+    let long = format!("GET /{} HTTP/1.1\nHost: x\n\n", "a".repeat(3000));
+    for _ in 0..40 {
+        assert_eq!(raw_status(&tb, addr, long.as_bytes()), 400);
+    }
+    let (_, body) = tb.admin("GET", "/errors").unwrap();
+    let r: dispatcher::api::ErrorsReply = serde_json::from_str(&body).unwrap();
+    assert_eq!((r.total, r.kept, r.errors.len()), (43, 32, 32));
+    let last = r.errors.last().unwrap();
+    assert_eq!((last.received, last.captured, last.bytes.len()), (long.len(), 1024, 1024));
+    assert!(cluster.hits().len() == 1, "only the good request reached a backend");
+    // Client data: not for loopback readers over TCP, only for operators on the socket.
+    assert!(!dispatcher::admin::allowed(dispatcher::admin::Peer::LocalReader, "GET", "/errors"));
+}

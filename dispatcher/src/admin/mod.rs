@@ -6,6 +6,8 @@
 //! - `GET /status`: the agent's view as JSON (`dispatcher status` merges it with the maps);
 //!   `?format=csv`: the status table as CSV (`csv`).
 //! - `POST /backends/NAME/drain|disable|enable`: operator commands.
+//! - `GET /errors`: the last requests refused as malformed (`refusals`; client data:
+//!   operators only).
 //! - `POST /reload`: re-read the configuration file.
 //! - `POST /stop` (`?detach=true`): the agent exits, leaving (or removing) the data plane.
 //!
@@ -396,6 +398,9 @@ async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
                 Err(e) => respond(&mut s, 500, "application/json", &err(format!("reading the maps: {e}"))).await,
             }
         }
+        ("GET", ["errors"]) => {
+            respond(&mut s, 200, "application/json", &to_json(&admin.capacity().refusals.reply())).await
+        }
         ("GET", ["status"]) => respond(&mut s, 200, "application/json", &to_json(&views::status(admin))).await,
         ("POST", ["reload"]) => {
             let (tx, rx) = oneshot::channel();
@@ -587,9 +592,13 @@ mod tests {
         assert_eq!(tcp_peer("[::ffff:10.0.0.5]:1".parse().unwrap()), Peer::Remote);
         assert!(allowed(remote, "GET", "/metrics") && allowed(local, "GET", "/metrics"));
         assert!(allowed(local, "GET", "/status") && !allowed(remote, "GET", "/status"));
-        for (m, p) in
-            [("POST", "/reload"), ("POST", "/stop"), ("POST", "/backends/a/drain"), ("GET", "/backends/a/drain")]
-        {
+        for (m, p) in [
+            ("POST", "/reload"),
+            ("POST", "/stop"),
+            ("POST", "/backends/a/drain"),
+            ("GET", "/backends/a/drain"),
+            ("GET", "/errors"),
+        ] {
             assert!(!allowed(remote, m, p), "{m} {p}");
             assert!(!allowed(local, m, p), "{m} {p} over loopback TCP");
             assert!(allowed(Peer::Operator, m, p), "{m} {p}");

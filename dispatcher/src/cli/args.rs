@@ -118,6 +118,12 @@ pub enum Command {
         #[command(flatten)]
         config: ConfigFile,
     },
+    /// Print the last requests the agent refused as malformed (HAProxy's `show errors`):
+    /// when, VIP, client, status, why, and what arrived, escaped.
+    Errors {
+        #[command(flatten)]
+        config: ConfigFile,
+    },
     /// Take this dispatcher out of a group behind ECMP: withdraw its VIPs, give its place
     /// in the ownership table to the others, and close each client connection after its
     /// next response; connections opened before go on meanwhile.

@@ -10,6 +10,7 @@ mod import;
 mod operator;
 mod run;
 mod status;
+mod tables;
 
 use std::process::ExitCode;
 
@@ -35,6 +36,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Stop { config, detach } => endpoint::stop(&resolve(&config)?, detach),
         Command::Metrics { config } => endpoint::metrics(&resolve(&config)?),
+        Command::Errors { config } => tables::errors(&resolve(&config)?),
         Command::Reload { config } => endpoint::reload(&resolve(&config)?),
         Command::GenerateCompletions { out } => completions::generate(&out),
         Command::Leave { config, wait } => endpoint::membership(&resolve(&config)?, false, wait),
