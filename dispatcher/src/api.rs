@@ -376,3 +376,36 @@ pub struct RefusedRequest {
     /// What arrived, printable ASCII as it is, every other byte (and `\`) as `\xNN`.
     pub bytes: String,
 }
+
+/// `GET /clones[?table=sip&offset=N&limit=N]`: a page of the clone table (clone and
+/// partition IDs) or of the SIP logical-name table, sorted by ID.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClonesReply {
+    /// `clones` or `sip`.
+    pub table: String,
+    /// Entries in that table, and where this page starts.
+    pub total: usize,
+    pub offset: usize,
+    pub entries: Vec<CloneStatus>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CloneStatus {
+    /// The ID, or `#` and its hash in hex (an entry an earlier agent left: only the hash).
+    pub id: String,
+    pub backend: String,
+    pub replica: Option<String>,
+    /// `configured` or `learned`.
+    pub kind: String,
+    /// Where from: `clone_ids`, `logical_names`, `partition`; `local (Set-Cookie)`,
+    /// `local (SIP check)`, `store`, `pinned (earlier agent)`.
+    pub from: String,
+    /// Seconds since it was configured or learned (none: not known).
+    pub age_s: Option<u64>,
+}
+
+/// `POST /clones/delete?id=ID`: the entry forgotten.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CloneDeleted {
+    pub deleted: CloneStatus,
+}

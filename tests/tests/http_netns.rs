@@ -81,22 +81,24 @@ fn sessions_stay_with_their_clone_across_connections() {
     assert_eq!(used.len(), 4, "{CLIENTS} sessions spread over the 4 clones: {owner:?}");
 }
 
-#[test]
-fn a_learned_clone_id_routes_every_later_request() {
-    let (tb, _cluster, addr) = http_testbed(4, false, "");
-    // New sessions are balanced; find one that b2 created (its Set-Cookie teaches the
-    // dispatcher that clone2x is b2).
-    let mut b2_cookie = None;
+/// The cookie of a new session that `clone` created (its Set-Cookie teaches the
+/// dispatcher which backend the clone ID is): new sessions are balanced round robin.
+fn a_session_on(tb: &Testbed, addr: SocketAddr, clone: &str) -> String {
     for _ in 0..8 {
         let mut fresh = Client::new(&tb.client, addr);
         let r = fresh.get("/").unwrap();
-        if r.field("clone") == Some("clone2x") {
-            b2_cookie = fresh.jar.clone();
-            break;
+        if r.field("clone") == Some(clone) {
+            return fresh.jar.expect("a session cookie");
         }
     }
+    panic!("round robin reaches {clone} within 8 new sessions");
+}
+
+#[test]
+fn a_learned_clone_id_routes_every_later_request() {
+    let (tb, _cluster, addr) = http_testbed(4, false, "");
     let mut c = Client::new(&tb.client, addr);
-    c.jar = Some(b2_cookie.expect("round robin reaches b2 within 8 new sessions"));
+    c.jar = Some(a_session_on(&tb, addr, "clone2x"));
     for _ in 0..20 {
         c.reconnect();
         assert_eq!(c.get("/").unwrap().field("clone"), Some("clone2x"));
@@ -996,4 +998,81 @@ fn refused_requests_are_shown_with_their_reason_and_escaped_bytes() {
     assert!(cluster.hits().len() == 1, "only the good request reached a backend");
     // Client data: not for loopback readers over TCP, only for operators on the socket.
     assert!(!dispatcher::admin::allowed(dispatcher::admin::Peer::LocalReader, "GET", "/errors"));
+}
+
+/// `dispatcher clones ARGS` as the operator runs it: (exit code, stdout and stderr).
+fn clones_cmd(tb: &Testbed, args: &[&str]) -> (Option<i32>, String) {
+    let cfg = tb.workdir.join("dispatcher.toml");
+    let out = tb
+        .lb
+        .command(dispatcher_testbed::netns::dispatcher_bin())
+        .args(["clones", "--config", cfg.to_str().unwrap()])
+        .args(args)
+        .output()
+        .unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
+}
+
+/// The agent's `balanced` and `affinity_hits` counters.
+fn routing_counts(tb: &Testbed) -> (u64, u64) {
+    let (_, body) = tb.admin("GET", "/status").expect("agent answers");
+    let st: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let c = &st["counters"];
+    (c["balanced"].as_u64().unwrap(), c["affinity_hits"].as_u64().unwrap())
+}
+
+#[test]
+fn a_learned_clone_id_is_listed_deleted_then_routed_as_unknown_and_learned_again() {
+    let (tb, _cluster, addr) = http_testbed(4, false, "");
+    let cookie = a_session_on(&tb, addr, "clone2x");
+    let (code, list) = clones_cmd(&tb, &[]);
+    assert_eq!(code, Some(0), "{list}");
+    let row = list.lines().find(|l| l.starts_with("clone2x ")).unwrap_or_else(|| panic!("clone2x listed: {list}"));
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cols[..6], ["clone2x", "b2", "b3", "learned", "local", "(Set-Cookie)"], "{list}");
+    assert!(list.starts_with("clone table: "), "{list}");
+    let (_, body) = tb.admin("GET", "/clones?limit=1").unwrap();
+    let page: dispatcher::api::ClonesReply = serde_json::from_str(&body).unwrap();
+    assert!(page.total >= 1 && page.entries.len() == 1, "a page of one, and the total: {body}");
+
+    let (code, out) = clones_cmd(&tb, &["delete", "clone2x"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.starts_with("deleted clone2x (learned from local (Set-Cookie), backend b2)"), "{out}");
+    assert!(!clones_cmd(&tb, &[]).1.contains("clone2x "), "no longer listed");
+    let data = aya::maps::MapData::from_pin(tb.pin_dir().join("CLONES")).expect("pinned CLONES");
+    let map: aya::maps::HashMap<_, u64, dispatcher_common::CloneValue> =
+        aya::maps::HashMap::try_from(aya::maps::Map::from_map_data(data).unwrap()).unwrap();
+    assert!(map.get(&dispatcher_common::hash::cookie_hash(b"clone2x"), 0).is_err(), "gone from CLONES too");
+    // The next request carrying it is routed as an unknown clone ID: balanced.
+    let before = routing_counts(&tb);
+    let mut c = Client::new(&tb.client, addr);
+    c.jar = Some(cookie);
+    assert_eq!(c.get("/").unwrap().status, 200);
+    let after = routing_counts(&tb);
+    assert_eq!((after.0 - before.0, after.1 - before.1), (1, 0), "balanced, not by affinity");
+    // Its owner's next Set-Cookie teaches it again.
+    a_session_on(&tb, addr, "clone2x");
+    let list = clones_cmd(&tb, &[]).1;
+    assert!(list.lines().any(|l| l.starts_with("clone2x ") && l.contains(" learned ")), "learned again: {list}");
+    let (code, out) = clones_cmd(&tb, &["delete", "nosuch"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("no clone ID or logical name \"nosuch\" in the table"), "{out}");
+}
+
+#[test]
+fn a_configured_clone_id_is_listed_and_cannot_be_deleted() {
+    let (tb, _cluster, addr) = http_testbed(2, true, "");
+    assert_eq!(Client::new(&tb.client, addr).get("/").unwrap().status, 200);
+    let (code, list) = clones_cmd(&tb, &[]);
+    assert_eq!(code, Some(0), "{list}");
+    assert!(list.starts_with("clone table: 2 entries (1 to 2 shown, sorted by ID)"), "{list}");
+    let row = list.lines().find(|l| l.starts_with("clone0x ")).unwrap_or_else(|| panic!("{list}"));
+    assert_eq!(row.split_whitespace().take(5).collect::<Vec<_>>(), ["clone0x", "b0", "b1", "configured", "clone_ids"]);
+    let (code, out) = clones_cmd(&tb, &["delete", "clone0x"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("\"clone0x\" is configured (in b0's clone_ids): it cannot be deleted"), "{out}");
+    assert!(clones_cmd(&tb, &[]).1.contains("clone0x "), "still there");
+    let (code, out) = clones_cmd(&tb, &["--limit", "1", "--offset", "1"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.starts_with("clone table: 2 entries (2 to 2 shown") && out.contains("clone1x "), "{out}");
 }

@@ -8,6 +8,8 @@
 //! - `POST /backends/NAME/drain|disable|enable`: operator commands.
 //! - `GET /errors`: the last requests refused as malformed (`refusals`; client data:
 //!   operators only).
+//! - `GET /clones`, `POST /clones/delete?id=ID`: the clone table listed, a learned entry
+//!   forgotten (`clones`).
 //! - `POST /reload`: re-read the configuration file.
 //! - `POST /stop` (`?detach=true`): the agent exits, leaving (or removing) the data plane.
 //!
@@ -17,6 +19,7 @@
 //! connection budgets, so that scrapers can never lock the operator out.
 
 pub mod client;
+pub mod clones;
 pub mod csv;
 mod process;
 pub mod views;
@@ -396,6 +399,18 @@ async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
             match text {
                 Ok(text) => respond(&mut s, 200, "text/csv; charset=utf-8", &text).await,
                 Err(e) => respond(&mut s, 500, "application/json", &err(format!("reading the maps: {e}"))).await,
+            }
+        }
+        ("GET", ["clones"]) => match clones::list(&admin.current().1, query) {
+            Ok(r) => respond(&mut s, 200, "application/json", &to_json(&r)).await,
+            Err(why) => respond(&mut s, 400, "application/json", &err(why)).await,
+        },
+        ("POST", ["clones", "delete"]) => {
+            let (cfg, servers, _) = admin.current();
+            let prefix = cfg.cluster.as_ref().map(|c| c.key_prefix.as_str());
+            match clones::delete(&servers, query, prefix) {
+                Ok(r) => respond(&mut s, 200, "application/json", &to_json(&r)).await,
+                Err(why) => respond(&mut s, 409, "application/json", &err(why)).await,
             }
         }
         ("GET", ["errors"]) => {

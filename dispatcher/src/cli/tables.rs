@@ -1,5 +1,6 @@
 //! What the running agent keeps in its tables, shown and (the clone table) edited through
-//! its admin socket: `errors` (the last refused requests) and `clones`.
+//! its admin socket: `errors` (the last refused requests) and `clones` (the clone and
+//! logical-name tables; `clones delete ID`).
 
 use std::{fmt::Write as _, path::Path, process::ExitCode};
 
@@ -49,6 +50,63 @@ fn render_errors(r: &ErrorsReply) -> String {
         for line in e.bytes.split_inclusive("\\x0a") {
             let _ = writeln!(o, "    {line}");
         }
+    }
+    o
+}
+
+/// `dispatcher clones [--sip] [--offset N] [--limit N]`, or `dispatcher clones delete ID`.
+pub fn clones(path: &Path, delete: Option<&str>, sip: bool, offset: usize, limit: usize) -> anyhow::Result<ExitCode> {
+    let cfg = Config::load(path)?;
+    if let Some(id) = delete {
+        let target = format!("/clones/delete?id={}", dispatcher::admin::clones::encode(id));
+        return match ask(&cfg, "POST", &target)? {
+            Ok(body) => {
+                let r: dispatcher::api::CloneDeleted = serde_json::from_str(&body).context("the agent's answer")?;
+                let d = &r.deleted;
+                println!(
+                    "deleted {} ({} from {}, backend {}): the next request carrying it is routed as an unknown ID, and its owner's next answer teaches it again",
+                    d.id, d.kind, d.from, d.backend
+                );
+                Ok(ExitCode::SUCCESS)
+            }
+            Err(why) => {
+                eprintln!("clones delete {id}: {why}");
+                Ok(ExitCode::from(1))
+            }
+        };
+    }
+    let target = format!("/clones?table={}&offset={offset}&limit={limit}", if sip { "sip" } else { "clones" });
+    let body = match ask(&cfg, "GET", &target)? {
+        Ok(body) => body,
+        Err(why) => anyhow::bail!("the agent refused: {why}"),
+    };
+    let r: dispatcher::api::ClonesReply = serde_json::from_str(&body).context("the agent's answer to GET /clones")?;
+    print!("{}", render_clones(&r));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A header line (how many, which are shown), then one aligned row per entry.
+fn render_clones(r: &dispatcher::api::ClonesReply) -> String {
+    let what = if r.table == "sip" { "SIP logical-name table" } else { "clone table" };
+    let mut o = String::new();
+    let shown = match r.entries.len() {
+        0 => "none shown".to_string(),
+        n => format!("{} to {} shown", r.offset + 1, r.offset + n),
+    };
+    let _ = writeln!(o, "{what}: {} entries ({shown}, sorted by ID)", r.total);
+    if r.entries.is_empty() {
+        return o;
+    }
+    let w = r.entries.iter().map(|e| e.id.len()).max().unwrap_or(2).max(2);
+    let _ = writeln!(o, "{:<w$}  {:<12} {:<12} {:<10} {:<22} AGE", "ID", "BACKEND", "REPLICA", "KIND", "FROM");
+    for e in &r.entries {
+        let age = e.age_s.map_or_else(|| "-".to_string(), |s| format!("{s} s"));
+        let replica = e.replica.as_deref().unwrap_or("-");
+        let _ = writeln!(o, "{:<w$}  {:<12} {:<12} {:<10} {:<22} {age}", e.id, e.backend, replica, e.kind, e.from);
+    }
+    if r.offset + r.entries.len() < r.total {
+        let next = r.offset + r.entries.len();
+        let _ = writeln!(o, "... {} more (--offset {next})", r.total - next);
     }
     o
 }
