@@ -105,7 +105,7 @@ fn dialogs_survive_their_containers_death_and_never_reach_a_stranger() {
 fn a_frozen_container_is_waited_for_then_its_replica_serves() {
     // Suspect for about 600 ms (four checks 200 ms apart): SIPp's retransmissions of the
     // messages the frozen container swallowed arrive in that window and are held.
-    let (mut tb, sip, path) = sip_bed(2, 4);
+    let (mut tb, sip, _) = sip_bed(2, 4);
 
     // Calls of 4 s; container 0 stops answering (as under SIGSTOP) for 3 s mid-call:
     // while it is suspect its messages are held (SIPp retransmits), then its replica
