@@ -985,6 +985,14 @@ fn refused_requests_are_shown_with_their_reason_and_escaped_bytes() {
         text.contains("h1: answered 400: bare LF at byte 14 (24 bytes received)\n    GET / HTTP/1.1\\x0a\n"),
         "{text}"
     );
+    // A body whose chunked framing is bad: kept with its head (the body is not kept).
+    let head = "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+    assert_eq!(raw_status(&tb, addr, format!("{head}Z\r\n\r\n").as_bytes()), 400);
+    let (_, body) = tb.admin("GET", "/errors").unwrap();
+    let r: dispatcher::api::ErrorsReply = serde_json::from_str(&body).unwrap();
+    let e = r.errors.last().unwrap();
+    assert_eq!((r.total, e.status, e.reason.as_str(), e.received), (4, 400, "chunk size is not hex", head.len()));
+    assert_eq!(e.bytes, head.replace("\r\n", "\\x0d\\x0a"));
     // Many more: the ring stays bounded, each head cut to 1 KiB.
     let long = format!("GET /{} HTTP/1.1\nHost: x\n\n", "a".repeat(3000));
     for _ in 0..40 {
@@ -992,7 +1000,7 @@ fn refused_requests_are_shown_with_their_reason_and_escaped_bytes() {
     }
     let (_, body) = tb.admin("GET", "/errors").unwrap();
     let r: dispatcher::api::ErrorsReply = serde_json::from_str(&body).unwrap();
-    assert_eq!((r.total, r.kept, r.errors.len()), (43, 32, 32));
+    assert_eq!((r.total, r.kept, r.errors.len()), (44, 32, 32));
     let last = r.errors.last().unwrap();
     assert_eq!((last.received, last.captured, last.bytes.len()), (long.len(), 1024, 1024));
     assert!(cluster.hits().len() == 1, "only the good request reached a backend");
