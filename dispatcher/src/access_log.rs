@@ -665,7 +665,7 @@ impl Clock {
 }
 
 /// `2026-12-01T05:30:00.123Z`.
-fn rfc3339(o: &mut String, t: SystemTime) {
+pub fn rfc3339(o: &mut String, t: SystemTime) {
     let c = Clock::of(t);
     let _ = write!(
         o,

@@ -366,3 +366,70 @@ mod tests {
         assert_eq!(serde_json::from_value::<AgentStatus>(json).unwrap(), s);
     }
 }
+
+/// `GET /errors`: the last requests the dispatcher refused as malformed or hostile,
+/// oldest first (`refusals`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ErrorsReply {
+    /// Refusals since the agent started.
+    pub total: u64,
+    /// How many the agent keeps.
+    pub kept: usize,
+    pub errors: Vec<RefusedRequest>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RefusedRequest {
+    /// When, RFC 3339 UTC.
+    pub at: String,
+    pub vip: String,
+    /// The client's address:port.
+    pub client: String,
+    /// `h1` or `h2`.
+    pub protocol: String,
+    /// The status it was answered with.
+    pub status: u16,
+    /// Why, in words.
+    pub reason: String,
+    /// The offset in `bytes` (before escaping) of the first byte no head may hold, when
+    /// there is one.
+    pub position: Option<usize>,
+    /// How many bytes had arrived, and how many of them are kept (the first 1 KiB).
+    pub received: usize,
+    pub captured: usize,
+    /// What arrived, printable ASCII as it is, every other byte (and `\`) as `\xNN`.
+    pub bytes: String,
+}
+
+/// `GET /clones[?table=sip&offset=N&limit=N]`: a page of the clone table (clone and
+/// partition IDs) or of the SIP logical-name table, sorted by ID.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClonesReply {
+    /// `clones` or `sip`.
+    pub table: String,
+    /// Entries in that table, and where this page starts.
+    pub total: usize,
+    pub offset: usize,
+    pub entries: Vec<CloneStatus>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CloneStatus {
+    /// The ID, or `#` and its hash in hex (an entry an earlier agent left: only the hash).
+    pub id: String,
+    pub backend: String,
+    pub replica: Option<String>,
+    /// `configured` or `learned`.
+    pub kind: String,
+    /// Where from: `clone_ids`, `logical_names`, `partition`; `local (Set-Cookie)`,
+    /// `local (SIP check)`, `store`, `pinned (earlier agent)`.
+    pub from: String,
+    /// Seconds since it was configured or learned (none: not known).
+    pub age_s: Option<u64>,
+}
+
+/// `POST /clones/delete?id=ID`: the entry forgotten.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CloneDeleted {
+    pub deleted: CloneStatus,
+}

@@ -279,7 +279,7 @@ async fn probe_loop(
         if let Some(ln) = logical_name {
             // The container says which logical name it serves: its own answer, the one
             // place this is known for sure.
-            servers.learn(ln.as_bytes(), b);
+            servers.learn_logical_name(ln.as_bytes(), b);
         }
         let result = match verdict {
             // Says nothing about the backend: no streak, no state change.

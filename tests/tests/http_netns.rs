@@ -81,22 +81,24 @@ fn sessions_stay_with_their_clone_across_connections() {
     assert_eq!(used.len(), 4, "{CLIENTS} sessions spread over the 4 clones: {owner:?}");
 }
 
-#[test]
-fn a_learned_clone_id_routes_every_later_request() {
-    let (tb, _cluster, addr) = http_testbed(4, false, "");
-    // New sessions are balanced; find one that b2 created (its Set-Cookie teaches the
-    // dispatcher that clone2x is b2).
-    let mut b2_cookie = None;
+/// The cookie of a new session that `clone` created (its Set-Cookie teaches the
+/// dispatcher which backend the clone ID is): new sessions are balanced round robin.
+fn a_session_on(tb: &Testbed, addr: SocketAddr, clone: &str) -> String {
     for _ in 0..8 {
         let mut fresh = Client::new(&tb.client, addr);
         let r = fresh.get("/").unwrap();
-        if r.field("clone") == Some("clone2x") {
-            b2_cookie = fresh.jar.clone();
-            break;
+        if r.field("clone") == Some(clone) {
+            return fresh.jar.expect("a session cookie");
         }
     }
+    panic!("round robin reaches {clone} within 8 new sessions");
+}
+
+#[test]
+fn a_learned_clone_id_routes_every_later_request() {
+    let (tb, _cluster, addr) = http_testbed(4, false, "");
     let mut c = Client::new(&tb.client, addr);
-    c.jar = Some(b2_cookie.expect("round robin reaches b2 within 8 new sessions"));
+    c.jar = Some(a_session_on(&tb, addr, "clone2x"));
     for _ in 0..20 {
         c.reconnect();
         assert_eq!(c.get("/").unwrap().field("clone"), Some("clone2x"));
@@ -329,15 +331,21 @@ fn operator_drain_and_disable_reach_the_request_path() {
     }
 }
 
-#[test]
-fn admin_endpoint_serves_metrics_status_and_commands() {
+/// Two backends that served five requests, and the configuration file's path.
+fn two_backends_after_five_requests() -> (Testbed, String) {
     let (tb, _cluster, addr) = http_testbed(2, false, "");
-    let cfg = tb.workdir.join("dispatcher.toml");
-    let cfg = cfg.to_str().unwrap();
+    let cfg = tb.workdir.join("dispatcher.toml").to_str().unwrap().to_string();
     let mut c = Client::new(&tb.client, addr);
     for _ in 0..5 {
         assert_eq!(c.get("/").unwrap().status, 200);
     }
+    (tb, cfg)
+}
+
+#[test]
+fn admin_endpoint_serves_metrics_status_and_commands() {
+    let (tb, cfg) = two_backends_after_five_requests();
+    let cfg = cfg.as_str();
     // Owner-only Unix socket: nothing listens on the network for the admin side.
     let sock = format!("/run/dispatcher/{}.sock", tb.instance());
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -1106,4 +1114,188 @@ fn an_inserted_cookie_without_a_replica_is_redispatched_while_its_backend_is_out
         assert_eq!((clone, set.as_deref()), (1, Some("b1")), "balanced to the other, and told so");
     }
     assert_eq!(cookie_get(&ns, addr, Some("b1")), (1, None));
+}
+
+/// CSV as Python's csv module reads it: a list of rows, each a field-name -> value map.
+fn parse_csv(text: &str) -> Vec<HashMap<String, String>> {
+    let mut py = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", "import csv, json, sys; print(json.dumps(list(csv.DictReader(sys.stdin))))"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    py.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = py.wait_with_output().unwrap();
+    assert!(out.status.success(), "python's csv module refused:\n{text}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn status_as_csv_has_a_row_per_vip_and_backend() {
+    let (tb, cfg) = two_backends_after_five_requests();
+    let cfg = cfg.as_str();
+    tb.dispatcher_cmd(&["drain", "--config", cfg, "b1"]);
+    let text = tb.dispatcher_cmd(&["status", "--config", cfg, "--csv"]);
+    assert!(text.starts_with("type,name,address,mode,state,health,operator,weight,replica,"), "{text}");
+    let rows = parse_csv(&text);
+    assert_eq!(rows.len(), 3, "one VIP and two backends: {text}");
+    let vip = &rows[0];
+    assert_eq!((vip["type"].as_str(), vip["name"].as_str(), vip["mode"].as_str()), ("vip", "app", "http"), "{text}");
+    assert_eq!(vip["address"], format!("{VIP}:{PORT}/tcp"));
+    assert_eq!(vip["requests"], "5", "{text}");
+    let names: Vec<(&str, &str)> = rows[1..].iter().map(|r| (r["type"].as_str(), r["name"].as_str())).collect();
+    assert_eq!(names, [("backend", "b0"), ("backend", "b1")]);
+    assert_eq!((rows[1]["state"].as_str(), rows[1]["operator"].as_str()), ("up", "none"), "{text}");
+    assert_eq!((rows[2]["state"].as_str(), rows[2]["operator"].as_str()), ("drain", "drain"), "{text}");
+    assert_eq!(rows[2]["last_change"], "up -> drain: operator drain", "{text}");
+    let requests: u64 = rows[1..].iter().map(|r| r["requests"].parse::<u64>().unwrap()).sum();
+    assert_eq!(requests, 5, "{text}");
+    // The admin endpoint gives the same table.
+    let (code, body) = tb.admin("GET", "/status?format=csv").expect("agent answers");
+    assert_eq!(code, 200, "{body}");
+    let admin_rows = parse_csv(&body);
+    assert_eq!(admin_rows.len(), 3, "{body}");
+    assert_eq!(admin_rows[2]["state"], "drain", "{body}");
+}
+
+#[test]
+fn refused_requests_are_shown_with_their_reason_and_escaped_bytes() {
+    let (tb, cluster, addr) = http_testbed(2, false, "");
+    let cfg = tb.workdir.join("dispatcher.toml");
+    let cfg = cfg.to_str().unwrap();
+    assert_eq!(raw_status(&tb, addr, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"), 200, "a good request is not kept");
+    let cases: &[(&[u8], &str, Option<usize>, &str)] = &[
+        (b"GET / HTTP/1.1\nHost: x\n\n", "bare LF", Some(14), "GET / HTTP/1.1\\x0aHost: x\\x0a\\x0a"),
+        (
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n",
+            "more than one Content-Length",
+            None,
+            "POST / HTTP/1.1\\x0d\\x0aHost: x\\x0d\\x0aContent-Length: 0\\x0d\\x0aContent-Length: 0\\x0d\\x0a\\x0d\\x0a",
+        ),
+        (
+            b"GET / HTTP/1.1\r\nHost: x\r\nX: a\0b\r\n\r\n",
+            "malformed request head",
+            Some(29),
+            "GET / HTTP/1.1\\x0d\\x0aHost: x\\x0d\\x0aX: a\\x00b\\x0d\\x0a\\x0d\\x0a",
+        ),
+    ];
+    for (bytes, _, _, _) in cases {
+        assert_eq!(raw_status(&tb, addr, bytes), 400);
+    }
+    let (code, body) = tb.admin("GET", "/errors").expect("agent answers");
+    assert_eq!(code, 200, "{body}");
+    let r: dispatcher::api::ErrorsReply = serde_json::from_str(&body).unwrap();
+    assert_eq!((r.total, r.errors.len()), (3, 3), "{body}");
+    for (e, (bytes, reason, position, escaped)) in r.errors.iter().zip(cases) {
+        assert_eq!((e.status, e.reason.as_str(), e.position), (400, *reason, *position), "{body}");
+        assert_eq!(e.bytes, *escaped);
+        assert_eq!((e.vip.as_str(), e.protocol.as_str(), e.received), ("app", "h1", bytes.len()));
+        assert!(e.client.starts_with(&format!("{}:", dispatcher_testbed::netns::CLIENT_IP)), "{}", e.client);
+    }
+    // The CLI shows them readably: one line per refusal, the head line by line.
+    let text = tb.dispatcher_cmd(&["errors", "--config", cfg]);
+    assert!(text.starts_with("3 requests refused as malformed since the agent started"), "{text}");
+    assert!(text.contains("VIP app client 10.99.0.2:"), "{text}");
+    assert!(
+        text.contains("h1: answered 400: bare LF at byte 14 (24 bytes received)\n    GET / HTTP/1.1\\x0a\n"),
+        "{text}"
+    );
+    // A body whose chunked framing is bad: kept with its head (the body is not kept).
+    let head = "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+    assert_eq!(raw_status(&tb, addr, format!("{head}Z\r\n\r\n").as_bytes()), 400);
+    let (_, body) = tb.admin("GET", "/errors").unwrap();
+    let r: dispatcher::api::ErrorsReply = serde_json::from_str(&body).unwrap();
+    let e = r.errors.last().unwrap();
+    assert_eq!((r.total, e.status, e.reason.as_str(), e.received), (4, 400, "chunk size is not hex", head.len()));
+    assert_eq!(e.bytes, head.replace("\r\n", "\\x0d\\x0a"));
+    // Many more: the ring stays bounded, each head cut to 1 KiB.
+    let long = format!("GET /{} HTTP/1.1\nHost: x\n\n", "a".repeat(3000));
+    for _ in 0..40 {
+        assert_eq!(raw_status(&tb, addr, long.as_bytes()), 400);
+    }
+    let (_, body) = tb.admin("GET", "/errors").unwrap();
+    let r: dispatcher::api::ErrorsReply = serde_json::from_str(&body).unwrap();
+    assert_eq!((r.total, r.kept, r.errors.len()), (44, 32, 32));
+    let last = r.errors.last().unwrap();
+    assert_eq!((last.received, last.captured, last.bytes.len()), (long.len(), 1024, 1024));
+    assert!(cluster.hits().len() == 1, "only the good request reached a backend");
+    // Client data: not for loopback readers over TCP, only for operators on the socket.
+    assert!(!dispatcher::admin::allowed(dispatcher::admin::Peer::LocalReader, "GET", "/errors"));
+}
+
+/// `dispatcher clones ARGS` as the operator runs it: (exit code, stdout and stderr).
+fn clones_cmd(tb: &Testbed, args: &[&str]) -> (Option<i32>, String) {
+    let cfg = tb.workdir.join("dispatcher.toml");
+    let out = tb
+        .lb
+        .command(dispatcher_testbed::netns::dispatcher_bin())
+        .args(["clones", "--config", cfg.to_str().unwrap()])
+        .args(args)
+        .output()
+        .unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
+}
+
+/// The agent's `balanced` and `affinity_hits` counters.
+fn routing_counts(tb: &Testbed) -> (u64, u64) {
+    let (_, body) = tb.admin("GET", "/status").expect("agent answers");
+    let st: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let c = &st["counters"];
+    (c["balanced"].as_u64().unwrap(), c["affinity_hits"].as_u64().unwrap())
+}
+
+#[test]
+fn a_learned_clone_id_is_listed_deleted_then_routed_as_unknown_and_learned_again() {
+    let (tb, _cluster, addr) = http_testbed(4, false, "");
+    let cookie = a_session_on(&tb, addr, "clone2x");
+    let (code, list) = clones_cmd(&tb, &[]);
+    assert_eq!(code, Some(0), "{list}");
+    let row = list.lines().find(|l| l.starts_with("clone2x ")).unwrap_or_else(|| panic!("clone2x listed: {list}"));
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cols[..6], ["clone2x", "b2", "b3", "learned", "local", "(Set-Cookie)"], "{list}");
+    assert!(list.starts_with("clone table: "), "{list}");
+    let (_, body) = tb.admin("GET", "/clones?limit=1").unwrap();
+    let page: dispatcher::api::ClonesReply = serde_json::from_str(&body).unwrap();
+    assert!(page.total >= 1 && page.entries.len() == 1, "a page of one, and the total: {body}");
+
+    let (code, out) = clones_cmd(&tb, &["delete", "clone2x"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.starts_with("deleted clone2x (learned from local (Set-Cookie), backend b2)"), "{out}");
+    assert!(!clones_cmd(&tb, &[]).1.contains("clone2x "), "no longer listed");
+    let data = aya::maps::MapData::from_pin(tb.pin_dir().join("CLONES")).expect("pinned CLONES");
+    let map: aya::maps::HashMap<_, u64, dispatcher_common::CloneValue> =
+        aya::maps::HashMap::try_from(aya::maps::Map::from_map_data(data).unwrap()).unwrap();
+    assert!(map.get(&dispatcher_common::hash::cookie_hash(b"clone2x"), 0).is_err(), "gone from CLONES too");
+    // The next request carrying it is routed as an unknown clone ID: balanced.
+    let before = routing_counts(&tb);
+    let mut c = Client::new(&tb.client, addr);
+    c.jar = Some(cookie);
+    assert_eq!(c.get("/").unwrap().status, 200);
+    let after = routing_counts(&tb);
+    assert_eq!((after.0 - before.0, after.1 - before.1), (1, 0), "balanced, not by affinity");
+    // Its owner's next Set-Cookie teaches it again.
+    a_session_on(&tb, addr, "clone2x");
+    let list = clones_cmd(&tb, &[]).1;
+    assert!(list.lines().any(|l| l.starts_with("clone2x ") && l.contains(" learned ")), "learned again: {list}");
+    let (code, out) = clones_cmd(&tb, &["delete", "nosuch"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("no clone ID or logical name \"nosuch\" in the table"), "{out}");
+}
+
+#[test]
+fn a_configured_clone_id_is_listed_and_cannot_be_deleted() {
+    let (tb, _cluster, addr) = http_testbed(2, true, "");
+    assert_eq!(Client::new(&tb.client, addr).get("/").unwrap().status, 200);
+    let (code, list) = clones_cmd(&tb, &[]);
+    assert_eq!(code, Some(0), "{list}");
+    assert!(list.starts_with("clone table: 2 entries (1 to 2 shown, sorted by ID)"), "{list}");
+    let row = list.lines().find(|l| l.starts_with("clone0x ")).unwrap_or_else(|| panic!("{list}"));
+    assert_eq!(row.split_whitespace().take(5).collect::<Vec<_>>(), ["clone0x", "b0", "b1", "configured", "clone_ids"]);
+    let (code, out) = clones_cmd(&tb, &["delete", "clone0x"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("\"clone0x\" is configured (in b0's clone_ids): it cannot be deleted"), "{out}");
+    assert!(clones_cmd(&tb, &[]).1.contains("clone0x "), "still there");
+    let (code, out) = clones_cmd(&tb, &["--limit", "1", "--offset", "1"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.starts_with("clone table: 2 entries (2 to 2 shown") && out.contains("clone1x "), "{out}");
 }

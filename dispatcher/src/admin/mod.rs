@@ -3,11 +3,16 @@
 //!
 //! - `GET /metrics`: Prometheus text exposition (XDP counters, requests and latency per
 //!   VIP and backend, health, holds, retries, failovers, misroutes).
-//! - `GET /status`: the agent's view as JSON (`dispatcher status` merges it with the maps).
+//! - `GET /status`: the agent's view as JSON (`dispatcher status` merges it with the maps);
+//!   `?format=csv`: the status table as CSV (`csv`).
 //! - `POST /backends/NAME/drain|disable|enable`: operator commands;
 //!   `.../weight?value=N`, `.../maxconn?value=N|none`, `.../disable-checks|enable-checks`:
 //!   runtime settings until the next reload (`settings`).
 //! - `POST /counters/clear` (`?all=true`: the XDP counters too): counters to zero.
+//! - `GET /errors`: the last requests refused as malformed (`refusals`; client data:
+//!   operators only).
+//! - `GET /clones`, `POST /clones/delete?id=ID`: the clone table listed, a learned entry
+//!   forgotten (`clones`).
 //! - `POST /reload`: re-read the configuration file.
 //! - `POST /stop` (`?detach=true`): the agent exits, leaving (or removing) the data plane.
 //!
@@ -17,6 +22,8 @@
 //! connection budgets, so that scrapers can never lock the operator out.
 
 pub mod client;
+pub mod clones;
+pub mod csv;
 mod process;
 pub mod settings;
 pub mod views;
@@ -395,6 +402,29 @@ async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
     match (method.as_str(), parts.as_slice()) {
         ("GET", ["metrics"]) => respond(&mut s, 200, "text/plain; version=0.0.4", &views::metrics(admin)).await,
+        ("GET", ["status"]) if query.split('&').any(|kv| kv == "format=csv") => {
+            let (cfg, status) = (admin.current().0, views::status(admin));
+            let text = csv::status_csv(&cfg, &admin.tables.lock().unwrap(), Some(&status));
+            match text {
+                Ok(text) => respond(&mut s, 200, "text/csv; charset=utf-8", &text).await,
+                Err(e) => respond(&mut s, 500, "application/json", &err(format!("reading the maps: {e}"))).await,
+            }
+        }
+        ("GET", ["clones"]) => match clones::list(&admin.current().1, query) {
+            Ok(r) => respond(&mut s, 200, "application/json", &to_json(&r)).await,
+            Err(why) => respond(&mut s, 400, "application/json", &err(why)).await,
+        },
+        ("POST", ["clones", "delete"]) => {
+            let (cfg, servers, _) = admin.current();
+            let prefix = cfg.cluster.as_ref().map(|c| c.key_prefix.as_str());
+            match clones::delete(&servers, query, prefix) {
+                Ok(r) => respond(&mut s, 200, "application/json", &to_json(&r)).await,
+                Err(why) => respond(&mut s, 409, "application/json", &err(why)).await,
+            }
+        }
+        ("GET", ["errors"]) => {
+            respond(&mut s, 200, "application/json", &to_json(&admin.capacity().refusals.reply())).await
+        }
         ("GET", ["status"]) => respond(&mut s, 200, "application/json", &to_json(&views::status(admin))).await,
         ("POST", ["reload"]) => {
             let (tx, rx) = oneshot::channel();
@@ -622,9 +652,13 @@ mod tests {
         assert_eq!(tcp_peer("[::ffff:10.0.0.5]:1".parse().unwrap()), Peer::Remote);
         assert!(allowed(remote, "GET", "/metrics") && allowed(local, "GET", "/metrics"));
         assert!(allowed(local, "GET", "/status") && !allowed(remote, "GET", "/status"));
-        for (m, p) in
-            [("POST", "/reload"), ("POST", "/stop"), ("POST", "/backends/a/drain"), ("GET", "/backends/a/drain")]
-        {
+        for (m, p) in [
+            ("POST", "/reload"),
+            ("POST", "/stop"),
+            ("POST", "/backends/a/drain"),
+            ("GET", "/backends/a/drain"),
+            ("GET", "/errors"),
+        ] {
             assert!(!allowed(remote, m, p), "{m} {p}");
             assert!(!allowed(local, m, p), "{m} {p} over loopback TCP");
             assert!(allowed(Peer::Operator, m, p), "{m} {p}");

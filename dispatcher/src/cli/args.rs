@@ -96,6 +96,9 @@ pub enum Command {
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
+        /// The table as CSV (RFC 4180): a header line, one row per VIP and per backend.
+        #[arg(long, conflicts_with = "json")]
+        csv: bool,
         /// Refresh every SECS seconds (on a terminal, in place) until interrupted.
         #[arg(long, short, value_name = "SECS")]
         watch: Option<f64>,
@@ -170,6 +173,34 @@ pub enum Command {
     },
     /// Print the agent's Prometheus metrics (from its admin socket).
     Metrics {
+        #[command(flatten)]
+        config: ConfigFile,
+    },
+    /// List the clone table (clone and partition IDs -> backends: configured, learned
+    /// here, taken from the store), or the SIP logical-name table; `delete ID` forgets a
+    /// learned entry.
+    Clones {
+        #[command(flatten)]
+        config: ConfigFile,
+        /// `delete`: forget the learned entry ID (a configured one is refused).
+        #[arg(value_name = "ACTION", value_parser = ["delete"], requires = "id")]
+        action: Option<String>,
+        /// The clone ID or logical name to delete (`#HASH` for an entry listed so).
+        #[arg(value_name = "ID", requires = "action")]
+        id: Option<String>,
+        /// The SIP logical-name table instead of the clone table.
+        #[arg(long)]
+        sip: bool,
+        /// Skip the first N entries (sorted by ID).
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        offset: usize,
+        /// Show at most N entries (1 to 10000).
+        #[arg(long, value_name = "N", default_value_t = 100)]
+        limit: usize,
+    },
+    /// Print the last requests the agent refused as malformed (HAProxy's `show errors`):
+    /// when, VIP, client, status, why, and what arrived, escaped.
+    Errors {
         #[command(flatten)]
         config: ConfigFile,
     },

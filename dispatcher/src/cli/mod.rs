@@ -10,6 +10,7 @@ mod import;
 mod operator;
 mod run;
 mod status;
+mod tables;
 mod xdp_pass;
 
 use std::process::ExitCode;
@@ -25,7 +26,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Import { file } => import::import(&file),
         Command::Decap { iface, generic } => decap::decap(&iface, generic),
         Command::XdpPass { iface, netns, detach } => xdp_pass::xdp_pass(&iface, netns.as_deref(), detach),
-        Command::Status { config, json, watch, count } => status::status(&resolve(&config)?, json, watch, count),
+        Command::Status { config, json, csv, watch, count } => {
+            status::status(&resolve(&config)?, status::Format::of(json, csv), watch, count)
+        }
         Command::Drain { config, backend } => operator::control(&resolve(&config)?, &backend, operator::Action::Drain),
         Command::Disable { config, backend } => {
             operator::control(&resolve(&config)?, &backend, operator::Action::Disable)
@@ -51,6 +54,11 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::ClearCounters { config, all } => endpoint::clear_counters(&resolve(&config)?, all),
         Command::Stop { config, detach } => endpoint::stop(&resolve(&config)?, detach),
         Command::Metrics { config } => endpoint::metrics(&resolve(&config)?),
+        Command::Errors { config } => tables::errors(&resolve(&config)?),
+        Command::Clones { config, action, id, sip, offset, limit } => {
+            let delete = action.and(id);
+            tables::clones(&resolve(&config)?, delete.as_deref(), sip, offset, limit)
+        }
         Command::Reload { config } => endpoint::reload(&resolve(&config)?),
         Command::GenerateCompletions { out } => completions::generate(&out),
         Command::Leave { config, wait } => endpoint::membership(&resolve(&config)?, false, wait),

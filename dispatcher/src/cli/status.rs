@@ -41,25 +41,43 @@ fn state_name(v: u8) -> &'static str {
     dispatcher_common::BackendState::from_u8(v).name()
 }
 
+/// How a frame is printed: the aligned tables, one line of JSON, or CSV.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Table,
+    Json,
+    Csv,
+}
+
+impl Format {
+    pub fn of(json: bool, csv: bool) -> Format {
+        match (json, csv) {
+            (true, _) => Format::Json,
+            (_, true) => Format::Csv,
+            _ => Format::Table,
+        }
+    }
+}
+
 /// `status`, once or (`--watch SECS`) every SECS seconds, `count` times or until
 /// interrupted; on a terminal each frame replaces the previous one.
-pub fn status(path: &Path, json: bool, watch: Option<f64>, count: Option<u64>) -> anyhow::Result<ExitCode> {
+pub fn status(path: &Path, format: Format, watch: Option<f64>, count: Option<u64>) -> anyhow::Result<ExitCode> {
     // Ids as the pinned maps know them (by name), not file positions.
     let cfg = dispatcher::dataplane::ids::placed(Config::load(path)?).map_err(|e| anyhow::anyhow!(e))?;
     let Some(every) = watch else {
-        print!("{}", render(&cfg, json)?);
+        print!("{}", render(&cfg, format)?);
         return Ok(ExitCode::SUCCESS);
     };
     anyhow::ensure!(every.is_finite() && every >= 0.1, "--watch takes seconds, at least 0.1");
-    let tty = std::io::stdout().is_terminal() && !json;
+    let tty = std::io::stdout().is_terminal() && format == Format::Table;
     let mut frames = 0u64;
     loop {
         // An agent or maps that go away while watching are shown, not fatal.
-        let frame = render(&cfg, json).unwrap_or_else(|e| format!("{e:#}\n"));
+        let frame = render(&cfg, format).unwrap_or_else(|e| format!("{e:#}\n"));
         let stamp = utc_clock();
         if tty {
             print!("\x1b[H\x1b[2J{stamp}  (every {every} s; Ctrl-C to stop)\n\n{frame}");
-        } else if json {
+        } else if format != Format::Table {
             print!("{frame}");
         } else {
             print!("--- {stamp}\n{frame}\n");
@@ -128,13 +146,17 @@ struct Frame<'c> {
     unanswered: Option<String>,
 }
 
-/// One status frame: the aligned tables, or one line of JSON.
-fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
+/// One status frame: the aligned tables, one line of JSON, or CSV.
+fn render(cfg: &Config, format: Format) -> anyhow::Result<String> {
     let f = Frame::read(cfg)?;
     let mut o = String::new();
-    if json {
-        f.json(&mut o);
-        return Ok(o);
+    match format {
+        Format::Json => {
+            f.json(&mut o);
+            return Ok(o);
+        }
+        Format::Csv => return Ok(dispatcher::admin::csv::status_csv(cfg, &f.tables, f.agent.as_ref())?),
+        Format::Table => {}
     }
     f.header(&mut o);
     f.vip_table(&mut o)?;

@@ -375,6 +375,7 @@ pub async fn serve_http1(
             HeadRead::Head(h, t) => (h, t),
             HeadRead::Closed => return,
             HeadRead::Reject(r, started) => {
+                conn.refused(r.status, r.reason, &conn.client.buf);
                 let written0 = conn.w.written;
                 send_error(&mut conn.w, r.status, r.reason, None).await;
                 // HAProxy's `<BADREQ>`: what arrived is not a request line to show.
@@ -574,6 +575,11 @@ impl Drop for InFlight<'_> {
 }
 
 impl ClientConn {
+    /// Keeps a request refused as malformed for `GET /errors` (what arrived of it).
+    fn refused(&self, status: u16, reason: &'static str, bytes: &[u8]) {
+        keep_refusal(&self.ctx, self.peer, self.protocol, (status, reason), bytes);
+    }
+
     /// Counts a request the dispatcher answered itself (a refused head, a redirect), and
     /// logs it when the VIP has an access log.
     /// `request`: the request line logged, and the head it is from (`None`: refused).
@@ -657,7 +663,7 @@ impl ClientConn {
     /// Routes and forwards one request (`buf` holds the head `head` was parsed from):
     /// the body read ahead, the routing rounds (`Rounds::forward`), then the response.
     async fn routed(&mut self, head: &RequestHead, buf: &BytesMut, closing: bool, trace: &mut Trace) -> Next {
-        let ClientConn { ctx, peer, steer_slot, client, w, out, scratch, .. } = self;
+        let ClientConn { ctx, peer, steer_slot, client, w, out, scratch, protocol } = self;
         let ctx: &VipCtx = ctx;
         let s = &ctx.settings;
         if crate::http1::rewrite::looped(head, buf) {
@@ -690,6 +696,7 @@ impl ClientConn {
         let buffered_body = match read_ahead(client, head, idempotent, s).await {
             Ok(body) => body,
             Err(answer) => {
+                keep_body_refusal(ctx, *peer, *protocol, answer.as_ref(), &buf[..head.len]);
                 trace.ended(match &answer {
                     Some(a) if a.status == Answer::BODY_TIMEOUT.status => term::CLIENT_DATA_TIMEOUT,
                     Some(_) => term::PROXY_REQUEST,
@@ -706,8 +713,26 @@ impl ClientConn {
         let mut rounds = Rounds::new(s);
         match rounds.forward(ctx, &req, down.reborrow(), trace).await {
             Ok(sent) => respond(ctx, &req, sent, down, trace).await,
-            Err(answer) => answered(down.w, trace, answer).await,
+            Err(answer) => {
+                keep_body_refusal(ctx, peer, *protocol, answer.as_ref(), &buf[..head.len]);
+                answered(down.w, trace, answer).await
+            }
         }
+    }
+}
+
+/// Keeps a refused request for `GET /errors` (`refusals`): `bytes`, what arrived of it.
+fn keep_refusal(ctx: &VipCtx, client: SocketAddr, p: Protocol, (status, reason): (u16, &'static str), bytes: &[u8]) {
+    let protocol = crate::metrics::PROTOCOLS[p as usize];
+    ctx.capacity.refusals.record(crate::refusals::Refused { vip: &ctx.name, client, protocol, status, reason, bytes });
+}
+
+/// A request's body refused as malformed or too slow (its framing, its deadline): kept
+/// with its head for `GET /errors`. Other answers of our own (no server, no route) are
+/// not about what the client sent.
+fn keep_body_refusal(ctx: &VipCtx, client: SocketAddr, p: Protocol, answer: Option<&Answer>, head: &[u8]) {
+    if let Some(a) = answer.filter(|a| matches!(a.status, 400 | 408 | 413)) {
+        keep_refusal(ctx, client, p, (a.status, a.why), head);
     }
 }
 
