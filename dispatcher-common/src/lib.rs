@@ -441,7 +441,8 @@ pub mod stats {
     pub const DROP_NO_BACKEND: u32 = 9;
     pub const DROP_ENCAP_FAILED: u32 = 10;
     pub const DROP_BAD_VERSION: u32 = 11;
-    /// The IP length disagrees with the frame or is shorter than the headers.
+    /// The IP length disagrees with the frame or is shorter than the headers, or a UDP
+    /// length is under 8 or past the IP payload.
     pub const DROP_BAD_LENGTH: u32 = 12;
     /// A broadcast or multicast destination MAC on VIP traffic.
     pub const DROP_GROUP_MAC: u32 = 13;

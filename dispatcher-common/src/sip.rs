@@ -512,6 +512,11 @@ impl Scan {
             return None;
         }
         let f = self.found;
+        // RFC 3261 8.1.1: every request and response carries a Call-ID; a message without
+        // one is not SIP, whatever names it carries.
+        if f & F_CALL_ID == 0 {
+            return None;
+        }
         if self.response == 0 {
             if f & F_ROUTE != 0 {
                 return Some((SRC_ROUTE, self.route));
@@ -533,10 +538,7 @@ impl Scan {
                 return Some((SRC_TO_TAG, self.to));
             }
         }
-        if f & F_CALL_ID != 0 {
-            return Some((SRC_CALL_ID, self.call_id));
-        }
-        None
+        Some((SRC_CALL_ID, self.call_id))
     }
 }
 
@@ -660,6 +662,9 @@ mod tests {
         assert_eq!(scan(b"GET / HTTP/1.1\r\nCall-ID: c\r\n\r\n").affinity(), None, "not SIP");
         assert_eq!(scan(b"BYE sip:x SIP/2.0\r\nCall-ID: c\r\n").affinity(), None, "no end of headers");
         assert_eq!(scan(b"BYE sip:x SIP/2.0\r\nCSeq: 1 BYE\r\n\r\n").affinity(), None, "no Call-ID");
+        let named = b"BYE sip:x SIP/2.0\r\nRoute: <sip:h;lr;ibmsid=ln2.1_2_3>\r\nTo: <sip:a@b>;tag=ln3.1_2_3\r\n\r\n";
+        assert_eq!(scan(named).affinity(), None, "logical names without a Call-ID (RFC 3261 8.1.1)");
+        assert_eq!(scan(b"SIP/2.0 200 OK\r\nVia: SIP/2.0/UDP h;ibmsid=ln2.1_2_3\r\n\r\n").affinity(), None);
         assert_eq!(scan(b"").affinity(), None);
         assert_eq!(scan(&[0xffu8; 100]).affinity(), None);
         let mut long: Vec<u8> = b"BYE sip:x SIP/2.0\r\nX-Pad: ".to_vec();

@@ -11,8 +11,8 @@ use crate::{
     forward,
     maps::VIPS,
     parse::{
-        be16, parse_l2, ptr_at, read_word, Ipv4Hdr, Ipv6Hdr, Ports, ETH_P_IP, ETH_P_IPV6, IPV4_HLEN, IPV6_HLEN, L3,
-        TCP_HLEN, UDP_HLEN,
+        be16, parse_l2, ptr_at, read_word, Ipv4Hdr, Ipv6Hdr, ETH_P_IP, ETH_P_IPV6, IPV4_HLEN, IPV6_HLEN, L3, TCP_HLEN,
+        UDP_HLEN,
     },
     select, sip,
     stats::count,
@@ -173,13 +173,14 @@ pub fn try_dispatch(ctx: &XdpContext) -> Result<u32, ()> {
             None => pass(stats::PASS_NON_VIP, len),
         };
     }
-    // The ports, and for TCP the data offset and flags (bytes 12 and 13), in one read.
-    let (sport, dport, tcp_bits) = if l3.proto == IPPROTO_TCP {
+    // The ports, and for TCP the data offset and flags (bytes 12 and 13), for UDP the
+    // datagram's length (bytes 4 and 5), in one read.
+    let (sport, dport, l4_bits) = if l3.proto == IPPROTO_TCP {
         let t = unsafe { &*ptr_at::<[u8; 14]>(ctx, l3.l4_off)? };
         ([t[0], t[1]], [t[2], t[3]], [t[12], t[13]])
     } else {
-        let p = unsafe { &*ptr_at::<Ports>(ctx, l3.l4_off)? };
-        (p.src, p.dst, [0, 0])
+        let u = unsafe { &*ptr_at::<[u8; 6]>(ctx, l3.l4_off)? };
+        ([u[0], u[1]], [u[2], u[3]], [u[4], u[5]])
     };
     let key = FlowKey {
         src: l3.src,
@@ -207,6 +208,13 @@ pub fn try_dispatch(ctx: &XdpContext) -> Result<u32, ()> {
     if l3.ip_len < headers || l3.ip_len > in_frame {
         return drop_vip(vip.id, stats::DROP_BAD_LENGTH, len);
     }
+    // A UDP length must cover its header and fit in the IP payload (RFC 768; the kernel
+    // drops a longer one and ignores bytes past a shorter one, and so does SIP's scan).
+    let udp_len = u16::from_be_bytes(l4_bits) as u32;
+    let ip_payload = l3.ip_len - (l3.l4_off - l2.l3_off) as u32;
+    if l3.proto == IPPROTO_UDP && (udp_len < UDP_HLEN as u32 || udp_len > ip_payload) {
+        return drop_vip(vip.id, stats::DROP_BAD_LENGTH, len);
+    }
     if l2.group_dst {
         return drop_vip(vip.id, stats::DROP_GROUP_MAC, len);
     }
@@ -216,7 +224,7 @@ pub fn try_dispatch(ctx: &XdpContext) -> Result<u32, ()> {
     let mut syn = false;
     if l3.proto == IPPROTO_TCP {
         // Data offset is the high nibble of byte 12; the flags are byte 13.
-        let [doff, flags] = tcp_bits;
+        let [doff, flags] = l4_bits;
         if doff >> 4 < 5 {
             return drop_vip(vip.id, stats::DROP_BAD_TCP_DOFF, len);
         }
@@ -232,7 +240,7 @@ pub fn try_dispatch(ctx: &XdpContext) -> Result<u32, ()> {
     }
 
     if vip.mode == MODE_SIP && l3.proto == IPPROTO_UDP {
-        return sip::dispatch(ctx, &l2, &l3, vip, &vkey, len);
+        return sip::dispatch(ctx, &l2, &l3, vip, &vkey, udp_len, len);
     }
 
     let Some((backend_id, backend, hit)) = select::select_backend(vip, &key, syn, 0) else {

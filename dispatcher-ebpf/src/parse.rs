@@ -52,13 +52,6 @@ pub struct Ipv6Hdr {
     pub dst: [u8; 16],
 }
 
-/// The part of TCP and UDP headers common to both: the ports.
-#[repr(C)]
-pub struct Ports {
-    pub src: [u8; 2],
-    pub dst: [u8; 2],
-}
-
 #[inline(always)]
 pub fn ptr_at<T>(ctx: &XdpContext, offset: usize) -> Result<*mut T, ()> {
     let start = ctx.data();

@@ -99,11 +99,19 @@ fn owner_of(v: &CloneValue) -> Result<Option<select::Chosen>, ()> {
     Err(())
 }
 
-pub fn dispatch(ctx: &XdpContext, l2: &L2, l3: &L3, vip: &VipInfo, vkey: &VipKey, len: u64) -> Result<u32, ()> {
+/// `udp_len`: the datagram's UDP length, checked by the caller against the IP length
+/// (which was checked against the frame).
+pub fn dispatch(
+    ctx: &XdpContext,
+    l2: &L2,
+    l3: &L3,
+    vip: &VipInfo,
+    vkey: &VipKey,
+    udp_len: u32,
+    len: u64,
+) -> Result<u32, ()> {
     let off = l3.l4_off + UDP_HLEN;
-    let ip_hdrs = (off - l2.l3_off) as u32;
-    // The IP length was checked against the frame and the headers by the caller.
-    let mut n = l3.ip_len.saturating_sub(ip_hdrs) as usize;
+    let mut n = udp_len.saturating_sub(UDP_HLEN as u32) as usize;
     let too_long = n > SIP_SCAN_MAX;
     if too_long {
         n = SIP_SCAN_MAX;

@@ -40,7 +40,9 @@ pub async fn shutdown_signal() -> anyhow::Result<&'static str> {
 /// Runs the agent for the configuration at `path` until SIGTERM/SIGINT or `POST /stop`:
 /// loads (or adopts) the data plane, serves the HTTP VIPs, the control loop and the admin
 /// endpoint. `keep_dataplane`: on a signal, leave the program attached and the maps pinned.
-pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
+/// `stay_out`: serve, but join the group only on `dispatcher join` (as after an operator's
+/// `leave`, which a restart keeps: `instance::left_mark`).
+pub fn run(path: &Path, keep_dataplane: bool, stay_out: bool) -> anyhow::Result<()> {
     let mut cfg = Config::load(path)?;
     // The plugin-cfg.xml as it was read: a change from here on is seen.
     let plugin_watch = PluginWatch::new(&cfg);
@@ -75,8 +77,11 @@ pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<()> {
     }
     dp.write(&cfg, &servers)?;
     let attached = dp.attach(&cfg, store.steer_mac.is_some())?;
+    if let Some(trap) = dataplane::veth_trap(&cfg, store.steer_mac.is_some()) {
+        tracing::warn!("{trap}");
+    }
     let tables = Arc::new(std::sync::Mutex::new(dp.tables));
-    let mut group = Group::start(&cfg, store, &tables, &rt)?;
+    let mut group = Group::start(&cfg, store, &tables, &rt, stay_out)?;
     let access_log = cfg.access_log.as_ref().map(|s| AccessLog::start(s, servers.counters.clone())).transpose()?;
     let env = Env { tables: tables.clone(), rt: rt.handle().clone(), ownership: group.ownership.clone() };
     let capacity = Arc::new(Capacity::new(&cfg));
@@ -337,6 +342,8 @@ struct Group {
     join_pending: bool,
     /// When this dispatcher last left (`dispatcher leave`), for the grace at stop.
     left_at: Option<std::time::Instant>,
+    /// `instance::left_mark`: written by an operator's leave, removed by a join.
+    left_mark: std::path::PathBuf,
 }
 
 impl Group {
@@ -345,6 +352,7 @@ impl Group {
         store: Store,
         tables: &Arc<std::sync::Mutex<Tables>>,
         rt: &tokio::runtime::Runtime,
+        stay_out: bool,
     ) -> anyhow::Result<Group> {
         let ownership = Arc::new(crate::steering::Ownership::default());
         let steering = match (&store.shared, &cfg.cluster, store.steer_mac) {
@@ -367,9 +375,31 @@ impl Group {
             Some(a) => Some(crate::announce::Announcer::start(a).context("creating the announcement interfaces")?),
             None => None,
         };
-        let join_pending = announcer.is_some() || store.shared.is_some();
+        let in_a_group = announcer.is_some() || store.shared.is_some();
+        let left_mark = crate::instance::left_mark(&cfg.instance);
+        let left = left_mark.exists();
+        if in_a_group && (stay_out || left) {
+            let why = if left {
+                format!("an operator's `dispatcher leave` ({}), kept until `dispatcher join`", left_mark.display())
+            } else {
+                "started with --stay-out".to_string()
+            };
+            tracing::warn!(
+                "staying out of the group ({why}): serving, not announced, no slots; `dispatcher join` joins"
+            );
+        }
+        let join_pending = in_a_group && !stay_out && !left;
         let joined = store.joined;
-        Ok(Group { joined, ownership, announcer, shared: store.shared, steering, join_pending, left_at: None })
+        Ok(Group {
+            joined,
+            ownership,
+            announcer,
+            shared: store.shared,
+            steering,
+            join_pending,
+            left_at: None,
+            left_mark,
+        })
     }
 
     /// Steering off, or this dispatcher's own table in place.
@@ -415,13 +445,28 @@ impl Group {
     fn operator(&mut self, join: bool) -> Result<String, String> {
         self.join_pending = false;
         let was_in = self.joined.load(std::sync::atomic::Ordering::Relaxed);
-        let r = self.membership(join);
-        if r.is_ok() && was_in && !join {
+        let what = self.membership(join)?;
+        if was_in && !join {
             self.left_at = Some(std::time::Instant::now());
-        } else if r.is_ok() && join {
+        } else if join {
             self.left_at = None;
         }
-        r
+        // Kept across a restart of the agent until the operator joins again.
+        let mark = &self.left_mark;
+        let marked = if join {
+            std::fs::remove_file(mark)
+                .or_else(|e| if e.kind() == std::io::ErrorKind::NotFound { Ok(()) } else { Err(e) })
+        } else {
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+            std::fs::write(mark, format!("left at unix time {now}\n"))
+        };
+        Ok(match marked {
+            Ok(()) if join => what,
+            Ok(()) => format!("{what}; stays out across a restart of the agent until `dispatcher join`"),
+            Err(e) => {
+                format!("{what}; but {} could not be {}: {e}", mark.display(), if join { "removed" } else { "written" })
+            }
+        })
     }
 
     /// `dispatcher join` / `leave` (and stop): announcements, the member key, the local
@@ -707,6 +752,8 @@ impl Running {
             tracing::warn!(error = %e, "recording the id table");
         }
         servers.adopt_map(&self.servers);
+        // Said before the configuration's limits replace a runtime maxconn on the shared slots.
+        let ended = crate::admin::settings::ended(&self.cfg, &self.servers, &merged);
         servers.apply_limits(&merged);
         let (per_source, rate) = crate::http::listener::source_limits(&merged);
         capacity.sources.configure(per_source, rate);
@@ -714,7 +761,8 @@ impl Running {
             log.switch(r);
         }
         let summary = self.summary(&merged);
-        let changes = merged.changes_from(&self.cfg);
+        let mut changes = merged.changes_from(&self.cfg);
+        changes.extend(ended);
         let mut old = std::mem::replace(self, next);
         old.control.abort();
         if let Some(server) = old.server.take() {

@@ -19,6 +19,9 @@ pub struct AgentStatus {
     /// Pins removed under the agent that it could not restore (empty: all there).
     #[serde(default)]
     pub pins_missing: Vec<String>,
+    /// What the agent finds wrong with its setup right now, in words (the veth trap).
+    #[serde(default)]
+    pub warnings: Vec<String>,
     pub backends: Vec<BackendStatus>,
     /// HTTP VIPs.
     pub vips: Vec<VipStatus>,
@@ -156,6 +159,18 @@ pub struct BackendStatus {
     /// Final statuses it returned, by class (1xx .. 5xx, other).
     #[serde(default)]
     pub responses: std::collections::BTreeMap<String, u64>,
+    /// The weight it is balanced by, and the configuration's (they differ after
+    /// `dispatcher weight`, until a reload).
+    #[serde(default)]
+    pub weight: u32,
+    #[serde(default)]
+    pub configured_weight: u32,
+    /// The configuration's `maxconn` (`queue.maxconn` is the one in force).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub configured_maxconn: Option<u64>,
+    /// Its health checks are disabled by the operator (until a reload).
+    #[serde(default)]
+    pub checks_disabled: bool,
 }
 
 /// A backend's change of state: from, to, why, what the deciding check took, when.
@@ -288,12 +303,21 @@ pub struct CertificateStatus {
 /// (`metrics::Counters`), as the `/metrics` exposition is.
 pub use crate::metrics::CounterStatus;
 
-/// `POST /backends/NAME/drain|disable|enable`: the backend's state before and after.
+/// `POST /backends/NAME/ACTION`: the backend's state before and after.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CommandReply {
     pub backend: String,
     pub from: String,
     pub to: String,
+    /// A runtime setting (weight, maxconn, checks): what changed, in words.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub change: String,
+}
+
+/// `POST /counters/clear`: which counters were cleared.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClearReply {
+    pub cleared: String,
 }
 
 /// `POST /reload` that took effect: what changed.
@@ -364,4 +388,71 @@ mod tests {
         assert_eq!(json["counters"]["misroutes"], 0);
         assert_eq!(serde_json::from_value::<AgentStatus>(json).unwrap(), s);
     }
+}
+
+/// `GET /errors`: the last requests the dispatcher refused as malformed or hostile,
+/// oldest first (`refusals`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ErrorsReply {
+    /// Refusals since the agent started.
+    pub total: u64,
+    /// How many the agent keeps.
+    pub kept: usize,
+    pub errors: Vec<RefusedRequest>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RefusedRequest {
+    /// When, RFC 3339 UTC.
+    pub at: String,
+    pub vip: String,
+    /// The client's address:port.
+    pub client: String,
+    /// `h1` or `h2`.
+    pub protocol: String,
+    /// The status it was answered with.
+    pub status: u16,
+    /// Why, in words.
+    pub reason: String,
+    /// The offset in `bytes` (before escaping) of the first byte no head may hold, when
+    /// there is one.
+    pub position: Option<usize>,
+    /// How many bytes had arrived, and how many of them are kept (the first 1 KiB).
+    pub received: usize,
+    pub captured: usize,
+    /// What arrived, printable ASCII as it is, every other byte (and `\`) as `\xNN`.
+    pub bytes: String,
+}
+
+/// `GET /clones[?table=sip&offset=N&limit=N]`: a page of the clone table (clone and
+/// partition IDs) or of the SIP logical-name table, sorted by ID.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClonesReply {
+    /// `clones` or `sip`.
+    pub table: String,
+    /// Entries in that table, and where this page starts.
+    pub total: usize,
+    pub offset: usize,
+    pub entries: Vec<CloneStatus>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CloneStatus {
+    /// The ID, or `#` and its hash in hex (an entry an earlier agent left: only the hash).
+    pub id: String,
+    pub backend: String,
+    pub replica: Option<String>,
+    /// `configured` or `learned`.
+    pub kind: String,
+    /// Where from: `clone_ids`, `logical_names`, `partition`; `local (Set-Cookie)`,
+    /// `local (SIP check)`, `store`, `pinned (earlier agent)`.
+    pub from: String,
+    /// Seconds since it was configured or learned (none: not known).
+    pub age_s: Option<u64>,
+}
+
+/// `POST /clones/delete?id=ID`: the entry forgotten.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CloneDeleted {
+    pub deleted: CloneStatus,
 }

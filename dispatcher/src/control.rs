@@ -46,12 +46,8 @@ impl Control {
         );
         self.servers.counters.transitions.fetch_add(1, Ordering::Relaxed);
         let mut t = self.tables.lock().unwrap();
-        let op = self.servers.backends[b].operator();
-        let info = backend_info(&self.cfg.backends[b], new as u8, op as u8);
-        if let Err(e) = t.set_backend(b as u32, &info) {
-            tracing::warn!(error = %e, "writing BACKENDS");
-        }
         self.written[b] = new;
+        self.write_backend(&mut t, b);
         drop(t);
         self.rebuild_rings_of(b);
         if new.is_out() && !old.is_out() {
@@ -59,6 +55,60 @@ impl Control {
         } else if !new.is_out() && old.is_out() {
             self.give_back(b);
         }
+    }
+
+    /// Writes `b`'s BACKENDS entry: the state last written, its operator's state and
+    /// its weight now.
+    fn write_backend(&self, t: &mut Tables, b: usize) {
+        let be = &self.servers.backends[b];
+        let mut info = backend_info(&self.cfg.backends[b], self.written[b] as u8, be.operator() as u8);
+        info.weight = be.weight();
+        if let Err(e) = t.set_backend(b as u32, &info) {
+            tracing::warn!(error = %e, "writing BACKENDS");
+        }
+    }
+
+    /// Carries out an operator's order on `b` (`streak`: its checks' run); returns what
+    /// a runtime setting changed, in words (logged too).
+    fn order(&mut self, b: usize, order: Order, streak: &mut Streak) -> String {
+        let servers = self.servers.clone();
+        let (be, conf) = (&servers.backends[b], &self.cfg.backends[b]);
+        let change = match order {
+            Order::Operator(op) => {
+                tracing::info!(backend = %be.name, operator = op.name(), "operator command");
+                // Every dispatcher of a cluster takes the operator's word (news).
+                if let Some((old, new)) = servers.operator_command(b, op) {
+                    self.apply(b, old, new, Reason::Operator(op), None);
+                }
+                return String::new();
+            }
+            Order::Weight(w) => {
+                let old = be.set_weight(w);
+                self.write_backend(&mut self.tables.lock().unwrap(), b);
+                self.rebuild_rings_of(b);
+                format!("weight {old} -> {w} {}", until_reload(&w.to_string(), &conf.weight.to_string()))
+            }
+            Order::Maxconn(m) => {
+                let old = be.slots.max();
+                // Requests in flight keep their slots; waiters get the slots a raised
+                // limit frees at once.
+                be.slots.set_limits(m.map(u64::from), conf.maxqueue.into());
+                let (now, configured) = (limit_name(m.map(u64::from)), limit_name(conf.maxconn.map(u64::from)));
+                format!("maxconn {} -> {now} {}", limit_name(old), until_reload(&now, &configured))
+            }
+            Order::ChecksDisabled(off) => {
+                let old = be.checks_disabled();
+                // Enabled again: `rise`/`fall` count from the next check.
+                *streak = Streak::default();
+                if let Some((from, to)) = servers.set_checks_disabled(b, off) {
+                    self.apply(b, from, to, Reason::Checks(off), None);
+                }
+                let now = checks_name(off);
+                format!("health checks {} -> {now} {}", checks_name(old), until_reload(now, "enabled"))
+            }
+        };
+        tracing::info!(backend = %be.name, "operator: {change}");
+        change
     }
 
     fn rebuild_rings_of(&self, b: usize) {
@@ -219,6 +269,9 @@ async fn probe_loop(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
+        if servers.backends[b].checks_disabled() {
+            continue;
+        }
         let started = std::time::Instant::now();
         let (verdict, logical_name) = health::check(&probe, &s).await;
         let took = started.elapsed();
@@ -226,7 +279,7 @@ async fn probe_loop(
         if let Some(ln) = logical_name {
             // The container says which logical name it serves: its own answer, the one
             // place this is known for sure.
-            servers.learn(ln.as_bytes(), b);
+            servers.learn_logical_name(ln.as_bytes(), b);
         }
         let result = match verdict {
             // Says nothing about the backend: no streak, no state change.
@@ -248,7 +301,7 @@ fn rebuild_rings_of(cfg: &Config, servers: &Servers, tables: &Mutex<Tables>, b: 
     let now = crate::metrics::mono_ns();
     for (i, v) in cfg.vips.iter().enumerate().filter(|(_, v)| v.backends.contains(&b)) {
         let weight = |m: usize| {
-            let w = servers.backends[m].ramped_weight(cfg.backends[m].weight, v.slow_start_of(cfg, m), now);
+            let w = servers.backends[m].ramped_weight(servers.backends[m].weight(), v.slow_start_of(cfg, m), now);
             w.min(u32::MAX as u64) as u32
         };
         if let Err(e) = t.rebuild_ring_weighted(i as u32, v, cfg, &states, weight) {
@@ -267,12 +320,57 @@ pub fn rebuild_ramping_rings(cfg: &Config, servers: &Servers, tables: &Mutex<Tab
     }
 }
 
-/// An operator's command through the admin endpoint: set a backend's override (0 clears
-/// it); the reply is the backend's state before and after.
+/// What an operator orders for one backend. The runtime settings (weight, maxconn,
+/// checks) last until a reload, which returns the backend to its configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    /// Drain, disable, enable (`Operator::None`).
+    Operator(Operator),
+    /// The weight its new sessions and L4 flows are balanced by (1..=10000).
+    Weight(u32),
+    /// Requests in flight to it at once (`None`: no limit).
+    Maxconn(Option<u32>),
+    /// Health checks disabled (`true`) or enabled again.
+    ChecksDisabled(bool),
+}
+
+/// An operator's order through the admin endpoint; the reply is the backend's state
+/// before and after, and for a runtime setting what changed, in words.
 pub struct AdminCommand {
     pub backend: usize,
-    pub op: Operator,
-    pub reply: tokio::sync::oneshot::Sender<(BackendState, BackendState)>,
+    pub order: Order,
+    pub reply: tokio::sync::oneshot::Sender<Done>,
+}
+
+/// What an order did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Done {
+    pub from: BackendState,
+    pub to: BackendState,
+    /// A runtime setting: `weight 100 -> 50 (until reload)`; empty for drain, disable
+    /// and enable.
+    pub change: String,
+}
+
+/// A runtime setting's value against the configuration's: said with the change.
+fn until_reload(now: &str, configured: &str) -> String {
+    if now == configured {
+        "(the configuration's)".into()
+    } else {
+        format!("(until reload; configured {configured})")
+    }
+}
+
+fn limit_name(m: Option<u64>) -> String {
+    m.map_or_else(|| "none".into(), |m| m.to_string())
+}
+
+fn checks_name(disabled: bool) -> &'static str {
+    if disabled {
+        "disabled"
+    } else {
+        "enabled"
+    }
 }
 
 /// Runs until the task is aborted.
@@ -304,6 +402,10 @@ pub async fn run(
         tokio::select! {
             _ = ramp.tick() => ctl.ramp_step(),
             Some((b, result, started, took)) = checks.recv() => {
+                if servers.backends[b].checks_disabled() {
+                    // Began before the operator disabled the checks: ignored.
+                    continue;
+                }
                 let ok = result.is_ok();
                 if ok && servers.failed_since(b, started) {
                     // A check that began before a request saw the backend fail says
@@ -343,13 +445,10 @@ pub async fn run(
                 }
             }
             Some(cmd) = commands.recv() => {
-                let before = servers.backends[cmd.backend].state();
-                tracing::info!(backend = %servers.backends[cmd.backend].name, operator = cmd.op.name(), "operator command");
-                // Every dispatcher of a cluster takes the operator's word (news).
-                if let Some((old, new)) = servers.operator_command(cmd.backend, cmd.op) {
-                    ctl.apply(cmd.backend, old, new, Reason::Operator(cmd.op), None);
-                }
-                let _ = cmd.reply.send((before, servers.backends[cmd.backend].state()));
+                let b = cmd.backend;
+                let before = servers.backends[b].state();
+                let change = ctl.order(b, cmd.order, &mut streaks[b]);
+                let _ = cmd.reply.send(Done { from: before, to: servers.backends[b].state(), change });
             }
         }
     }

@@ -22,6 +22,12 @@ pub fn lock_path(instance: &str) -> PathBuf {
     PathBuf::from(format!("/run/dispatcher/{instance}.lock"))
 }
 
+/// The mark of an operator's `dispatcher leave`, kept until `dispatcher join`: an agent
+/// (re)started while it is there stays out of the group. Under /run: a reboot forgets it.
+pub fn left_mark(instance: &str) -> PathBuf {
+    PathBuf::from(format!("/run/dispatcher/{instance}.left"))
+}
+
 /// The lock, held until dropped.
 pub struct InstanceLock {
     _lock: Flock<File>,

@@ -10,7 +10,8 @@
 //! `control` (health checks from `health`, failed requests, operator commands).
 //! HTTPS: `tls` (termination on HTTP VIPs, TLS to backends), under `http1`'s `io` halves.
 //! Running under systemd: `notify` (readiness, watchdog) and `logging` (journal format).
-//! What happened to each request: `access_log` (written off the request path).
+//! What happened to each request: `access_log` (written off the request path); the
+//! last requests refused as malformed: `refusals`.
 
 pub(crate) mod access_log;
 pub mod admin;
@@ -29,9 +30,10 @@ pub mod logging;
 pub(crate) mod mac;
 pub(crate) mod maglev;
 pub(crate) mod metrics;
-pub(crate) mod netif;
+pub mod netif;
 pub(crate) mod notify;
 pub(crate) mod ratelimit;
+pub(crate) mod refusals;
 pub mod routes;
 pub mod shared;
 pub mod state;

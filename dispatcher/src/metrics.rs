@@ -342,10 +342,12 @@ counters! {
     /// Clone IDs not kept: empty, longer than `MAX_CLONE_ID_LEN` or not printable.
     clone_ids_refused: counter "dispatcher_clone_ids_refused_total" => clone_ids_refused,
         "Clone IDs not kept: empty, too long or not printable.";
-    /// Access log lines written, and dropped because the writer was behind.
-    access_log_lines: counter "dispatcher_access_log_lines_total" => access_log_lines, "Access log lines written.";
+    /// Access log lines written (once per destination that took it), and dropped because
+    /// the writer was behind or a destination did not take them.
+    access_log_lines: counter "dispatcher_access_log_lines_total" => access_log_lines,
+        "Access log lines written (to a file or standard output, and sent to syslog: once per destination).";
     access_log_dropped: counter "dispatcher_access_log_dropped_total" => access_log_dropped,
-        "Access log lines dropped because the writer was behind (requests are never delayed for the log).";
+        "Access log lines dropped because the writer was behind or syslog did not take them (requests are never delayed for the log).";
     /// Requests answered 503 "busy": their backend stayed at its connection limit for the
     /// whole queue timeout.
     queue_timeouts: counter "dispatcher_queue_timeouts_total" => queue_timeouts,

@@ -12,7 +12,7 @@ use std::{
     collections::HashMap,
     net::Ipv4Addr,
     sync::{
-        atomic::{AtomicU64, AtomicU8, Ordering},
+        atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering},
         Arc, Mutex, RwLock,
     },
 };
@@ -32,7 +32,12 @@ use crate::{
 pub struct Backend {
     pub name: String,
     pub address: Ipv4Addr,
-    pub weight: u32,
+    /// The weight new sessions and L4 flows are balanced by: the configuration's, or an
+    /// operator's (`dispatcher weight`, until a reload builds the servers again).
+    weight: AtomicU32,
+    /// Health checks disabled by the operator (`dispatcher checks disable`, until a
+    /// reload): none are sent, passive failures are ignored and it counts as healthy.
+    checks_off: std::sync::atomic::AtomicBool,
     pub replica: Option<usize>,
     /// What routing obeys: `effective_state(operator, health)` (a `BackendState` byte;
     /// read it with `state()`).
@@ -143,6 +148,21 @@ impl Backend {
         ((weight as f64 * share).ceil() as u64).max(1)
     }
 
+    /// The weight it is balanced by now (before any ramp-up).
+    pub fn weight(&self) -> u32 {
+        self.weight.load(Ordering::Relaxed)
+    }
+
+    /// An operator's weight; returns the one it replaces.
+    pub fn set_weight(&self, weight: u32) -> u32 {
+        self.weight.swap(weight, Ordering::Relaxed)
+    }
+
+    /// Its health checks are disabled by the operator.
+    pub fn checks_disabled(&self) -> bool {
+        self.checks_off.load(Ordering::SeqCst)
+    }
+
     /// Takes new sessions and unbound requests.
     pub fn is_up(&self) -> bool {
         self.state() == BackendState::Up
@@ -171,12 +191,86 @@ impl Backend {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct CloneEntry {
     owner: usize,
     replica: Option<usize>,
     /// From the configuration (`clone_ids`, partitions): learning never overrides it.
     configured: bool,
+    /// Where it comes from, and since when (seconds since the epoch; 0: not known), for
+    /// `dispatcher clones`.
+    origin: Origin,
+    since: u64,
+    /// The ID as text (the table is keyed by its hash); `None` for an entry an earlier
+    /// agent left in CLONES, which keeps only the hash.
+    id: Option<Arc<str>>,
+}
+
+/// Where a clone-table entry comes from (`dispatcher clones`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// A backend's `clone_ids`.
+    ConfiguredClone,
+    /// A backend's `logical_names` (SIP).
+    ConfiguredLogicalName,
+    /// A `[[partition]]`.
+    ConfiguredPartition,
+    /// Learned here from a backend's `Set-Cookie`.
+    Response,
+    /// Learned here from a SIP container's answer to a health check (a logical name).
+    SipCheck,
+    /// Taken from the shared store (`[cluster]`): learned by another dispatcher first.
+    Store,
+    /// Left in the pinned CLONES map by an earlier agent (only its hash is known).
+    Pinned,
+}
+
+impl Origin {
+    /// `configured` or `learned`, and from where.
+    pub fn words(self) -> (&'static str, &'static str) {
+        match self {
+            Origin::ConfiguredClone => ("configured", "clone_ids"),
+            Origin::ConfiguredLogicalName => ("configured", "logical_names"),
+            Origin::ConfiguredPartition => ("configured", "partition"),
+            Origin::Response => ("learned", "local (Set-Cookie)"),
+            Origin::SipCheck => ("learned", "local (SIP check)"),
+            Origin::Store => ("learned", "store"),
+            Origin::Pinned => ("learned", "pinned (earlier agent)"),
+        }
+    }
+
+    /// A SIP logical name rather than a clone or partition ID.
+    pub fn logical_name(self) -> bool {
+        matches!(self, Origin::ConfiguredLogicalName | Origin::SipCheck)
+    }
+}
+
+/// One entry of the clone table as `dispatcher clones` lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CloneRow {
+    /// The ID, or `#` and its hash in hex when only the hash is known.
+    pub id: String,
+    pub owner: usize,
+    pub replica: Option<usize>,
+    pub origin: Origin,
+    pub since: u64,
+}
+
+/// An entry as `dispatcher clones` lists it.
+fn row((key, e): (&u64, &CloneEntry)) -> CloneRow {
+    let id = e.id.as_deref().map_or_else(|| format!("#{key:016x}"), str::to_string);
+    CloneRow { id, owner: e.owner, replica: e.replica, origin: e.origin, since: e.since }
+}
+
+/// Seconds since the epoch.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// A new entry, learned now.
+fn learned(owner: usize, replica: Option<usize>, origin: Origin, id: &[u8]) -> CloneEntry {
+    let id = Some(String::from_utf8_lossy(id).into());
+    CloneEntry { owner, replica, configured: false, origin, since: unix_now(), id }
 }
 
 /// What the control loop hears from the request path and the shared state.
@@ -274,7 +368,8 @@ impl Servers {
             .map(|(b, h, a)| Backend {
                 name: b.name.clone(),
                 address: b.address,
-                weight: b.weight,
+                weight: AtomicU32::new(b.weight),
+                checks_off: Default::default(),
                 replica: b.replica,
                 state: AtomicU8::new(effective_state(a, h) as u8),
                 health: AtomicU8::new(h as u8),
@@ -303,15 +398,15 @@ impl Servers {
         for (i, b) in cfg.backends.iter().enumerate() {
             // Logical names share the table (and CLONES) with clone IDs: XDP reads them
             // for SIP, the proxy for `ibmappid`.
-            for id in b.clone_ids.iter().chain(&b.logical_names) {
-                table.insert(cookie_hash(id.as_bytes()), CloneEntry { owner: i, replica: b.replica, configured: true });
+            let ids = b.clone_ids.iter().map(|id| (id, Origin::ConfiguredClone));
+            for (id, origin) in ids.chain(b.logical_names.iter().map(|id| (id, Origin::ConfiguredLogicalName))) {
+                let e = CloneEntry { configured: true, ..learned(i, b.replica, origin, id.as_bytes()) };
+                table.insert(cookie_hash(id.as_bytes()), e);
             }
         }
         for p in &cfg.partitions {
-            table.insert(
-                cookie_hash(p.id.as_bytes()),
-                CloneEntry { owner: p.primary, replica: p.replica, configured: true },
-            );
+            let e = learned(p.primary, p.replica, Origin::ConfiguredPartition, p.id.as_bytes());
+            table.insert(cookie_hash(p.id.as_bytes()), CloneEntry { configured: true, ..e });
         }
         let servers = Servers {
             backends,
@@ -354,7 +449,8 @@ impl Servers {
                 (id(v.owner), id(v.replica))
             };
             if let Some(owner) = owner {
-                t.insert(key, CloneEntry { owner, replica, configured: false });
+                let e = CloneEntry { owner, replica, configured: false, origin: Origin::Pinned, since: 0, id: None };
+                t.insert(key, e);
             }
         }
     }
@@ -374,7 +470,12 @@ impl Servers {
     /// wakes the requests held on it).
     fn settle(&self, backend: usize) -> Option<(BackendState, BackendState)> {
         let b = &self.backends[backend];
-        let health = if b.peers_out() { Health::Down } else { b.health() };
+        // With its checks disabled, no verdict counts (HAProxy's `disable health`).
+        let health = match (b.checks_disabled(), b.peers_out()) {
+            (true, _) => Health::Up,
+            (false, true) => Health::Down,
+            (false, false) => b.health(),
+        };
         let new = effective_state(b.operator(), health);
         let old = BackendState::from_u8(b.state.swap(new as u8, Ordering::SeqCst));
         if old == new {
@@ -401,6 +502,14 @@ impl Servers {
         changed
     }
 
+    /// An operator disables (`true`) or enables the backend's health checks: while
+    /// disabled, it counts as healthy whatever the checks said; once enabled, the checks
+    /// go on from the health they left. Returns the change of state, if any.
+    pub fn set_checks_disabled(&self, backend: usize, disabled: bool) -> Option<(BackendState, BackendState)> {
+        self.backends[backend].checks_off.store(disabled, Ordering::SeqCst);
+        self.settle(backend)
+    }
+
     /// The operator's state (`Operator::None` clears it).
     pub fn set_admin(&self, backend: usize, op: Operator) -> Option<(BackendState, BackendState)> {
         self.backends[backend].admin.store(op as u8, Ordering::SeqCst);
@@ -412,6 +521,10 @@ impl Servers {
     /// checks.
     pub fn passive_failure(&self, backend: usize, cause: Cause) {
         let b = &self.backends[backend];
+        if b.checks_disabled() {
+            // No check would clear the suspicion: failures are the requests' only.
+            return;
+        }
         b.failed_at.store(self.epoch.elapsed().as_nanos() as u64 + 1, Ordering::SeqCst);
         let (up, suspect) = (Health::Up as u8, Health::Suspect as u8);
         if b.health.compare_exchange(up, suspect, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
@@ -469,7 +582,7 @@ impl Servers {
     /// the same everywhere and is kept). Returns whether the table changed.
     pub fn adopt_shared_clone(&self, id: &[u8], backend: usize) -> bool {
         let key = cookie_hash(id);
-        let entry = CloneEntry { owner: backend, replica: self.backends[backend].replica, configured: false };
+        let entry = learned(backend, self.backends[backend].replica, Origin::Store, id);
         if !clone_id_ok(id) {
             self.refuse_clone_id(id);
             return false;
@@ -496,7 +609,7 @@ impl Servers {
                 }
                 None => {}
             }
-            t.insert(key, entry);
+            t.insert(key, entry.clone());
         }
         self.write_through(key, entry);
         self.clones_changed.notify_waiters();
@@ -511,7 +624,12 @@ impl Servers {
     /// one stays). The way out of a table filled with junk: delete the keys. Returns
     /// whether the table changed.
     pub fn forget_shared_clone(&self, id: &[u8]) -> bool {
-        let key = cookie_hash(id);
+        self.forget_key(cookie_hash(id))
+    }
+
+    /// Forgets a learned entry here, in CLONES and in the successors (a configured one
+    /// stays). Returns whether the table changed.
+    fn forget_key(&self, key: u64) -> bool {
         {
             let mut t = self.clones.write().unwrap();
             match t.get(&key) {
@@ -526,9 +644,51 @@ impl Servers {
         }
         let next = self.successor.lock().unwrap().clone();
         if let Some(next) = next {
-            next.forget_shared_clone(id);
+            next.forget_key(key);
         }
         true
+    }
+
+    /// The clone table as `dispatcher clones` lists it: the SIP logical names (`sip`) or
+    /// the clone and partition IDs, sorted by ID, `limit` of them from `offset`; and how
+    /// many there are in all.
+    pub fn clone_rows(&self, sip: bool, offset: usize, limit: usize) -> (usize, Vec<CloneRow>) {
+        let t = self.clones.read().unwrap();
+        let mut rows: Vec<CloneRow> = t.iter().filter(|(_, e)| e.origin.logical_name() == sip).map(row).collect();
+        drop(t);
+        rows.sort_unstable_by(|a, b| a.id.cmp(&b.id));
+        let total = rows.len();
+        (total, rows.into_iter().skip(offset).take(limit).collect())
+    }
+
+    /// `dispatcher clones delete ID`: a learned entry forgotten (here, in the successors
+    /// a reload made, in CLONES): the next request that carries it is routed as one with
+    /// an unknown ID (balanced), and its owner's next `Set-Cookie` (or SIP answer) teaches
+    /// it again. `id` may be `#` and the hash in hex (an entry an earlier agent left, whose
+    /// text is not known). A configured entry is refused, as is an ID not in the table.
+    pub fn delete_learned(&self, id: &str) -> Result<CloneRow, String> {
+        let key = match id.strip_prefix('#') {
+            Some(hex) if hex.len() == 16 => {
+                u64::from_str_radix(hex, 16).map_err(|_| format!("{id:?}: # and 16 hex digits name a hash"))?
+            }
+            _ => cookie_hash(id.as_bytes()),
+        };
+        let found = self.clones.read().unwrap().get(&key).cloned();
+        let Some(e) = found else {
+            return Err(format!(
+                "no clone ID or logical name {id:?} in the table ({} entries; `dispatcher clones` lists them)",
+                self.clone_count()
+            ));
+        };
+        if e.configured {
+            let owner = &self.backends[e.owner].name;
+            return Err(match e.origin {
+                Origin::ConfiguredPartition => format!("{id:?} is a configured partition (primary {owner}): it cannot be deleted; remove its [[partition]] and reload"),
+                o => format!("{id:?} is configured (in {}'s {}): it cannot be deleted; remove it from the configuration and reload", owner, o.words().1),
+            });
+        }
+        self.forget_key(key);
+        Ok(row((&key, &e)))
     }
 
     /// Did a request see `backend` fail after `t` (when a check began)?
@@ -603,7 +763,7 @@ impl Servers {
 
     fn inherit(&self, old: &Servers) {
         let learned: Vec<(u64, CloneEntry)> =
-            old.clones.read().unwrap().iter().filter(|(_, e)| !e.configured).map(|(k, e)| (*k, *e)).collect();
+            old.clones.read().unwrap().iter().filter(|(_, e)| !e.configured).map(|(k, e)| (*k, e.clone())).collect();
         {
             let mut t = self.clones.write().unwrap();
             for (k, e) in learned {
@@ -639,17 +799,25 @@ impl Servers {
     /// Rewrites the CLONES entries owned by `backend` (its state changed: they name its
     /// replica while it is out, itself again when it is back); returns how many.
     pub fn rewrite_clones_of(&self, backend: usize) -> u64 {
-        let owned: Vec<(u64, CloneEntry)> =
-            self.clones.read().unwrap().iter().filter(|(_, e)| e.owner == backend).map(|(k, e)| (*k, *e)).collect();
-        for &(k, e) in &owned {
+        let owned: Vec<(u64, CloneEntry)> = self
+            .clones
+            .read()
+            .unwrap()
+            .iter()
+            .filter(|(_, e)| e.owner == backend)
+            .map(|(k, e)| (*k, e.clone()))
+            .collect();
+        let n = owned.len() as u64;
+        for (k, e) in owned {
             self.write_through(k, e);
         }
-        owned.len() as u64
+        n
     }
 
     /// Rewrites every CLONES entry from the table and the current states.
     pub fn rewrite_all_clones(&self) {
-        let entries: Vec<(u64, CloneEntry)> = self.clones.read().unwrap().iter().map(|(k, v)| (*k, *v)).collect();
+        let entries: Vec<(u64, CloneEntry)> =
+            self.clones.read().unwrap().iter().map(|(k, v)| (*k, v.clone())).collect();
         for (k, e) in entries {
             self.write_through(k, e);
         }
@@ -661,12 +829,17 @@ impl Servers {
 
     /// Records that `backend` issued a session cookie naming `id` as its clone ID.
     pub fn learn(&self, id: &[u8], backend: usize) -> Learned {
-        self.learn_as(id, backend, true)
+        self.learn_as(id, backend, true, Origin::Response)
+    }
+
+    /// Records that SIP container `backend` said it serves logical name `ln`.
+    pub fn learn_logical_name(&self, ln: &[u8], backend: usize) -> Learned {
+        self.learn_as(ln, backend, true, Origin::SipCheck)
     }
 
     /// `counted`: false for what a predecessor passes on (it counted it already; the
     /// counters are shared).
-    fn learn_as(&self, id: &[u8], backend: usize, counted: bool) -> Learned {
+    fn learn_as(&self, id: &[u8], backend: usize, counted: bool, origin: Origin) -> Learned {
         if !clone_id_ok(id) {
             if counted {
                 self.refuse_clone_id(id);
@@ -682,7 +855,7 @@ impl Servers {
                 (false, false) => Learned::Conflict { owner: e.owner },
             };
         }
-        let entry = CloneEntry { owner: backend, replica: self.backends[backend].replica, configured: false };
+        let entry = learned(backend, self.backends[backend].replica, origin, id);
         {
             let mut t = self.clones.write().unwrap();
             if let Some(e) = t.get(&key) {
@@ -697,7 +870,7 @@ impl Servers {
                 }
                 return Learned::Refused;
             }
-            t.insert(key, entry);
+            t.insert(key, entry.clone());
         }
         self.write_through(key, entry);
         self.clones_changed.notify_waiters();
@@ -712,7 +885,7 @@ impl Servers {
         }
         let next = self.successor.lock().unwrap().clone();
         if let Some(next) = next.filter(|n| backend < n.backends.len()) {
-            next.learn_as(id, backend, false);
+            next.learn_as(id, backend, false, origin);
         }
         Learned::New
     }
@@ -789,6 +962,32 @@ mod tests {
     use super::*;
 
     const CFG: &str = "[dispatcher]\ninterface = \"lo\"\n\n[[backend]]\nname = \"a\"\naddress = \"10.0.0.1\"\nreplica = \"b\"\n\n[[backend]]\nname = \"b\"\naddress = \"10.0.0.2\"\nreplica = \"a\"\n\n[[vip]]\nname = \"app\"\naddress = \"10.0.100.1\"\nport = 80\nmode = \"http\"\n";
+
+    /// `dispatcher clones`: entries listed by ID with where they come from; a learned one
+    /// deleted (learned again afterwards), a configured one refused, an unknown one too.
+    #[test]
+    fn learned_entries_are_listed_and_deleted_configured_ones_stay() {
+        let text =
+            CFG.replace("replica = \"b\"\n", "replica = \"b\"\nclone_ids = [\"ca\"]\nlogical_names = [\"lna\"]\n");
+        let cfg = Config::parse(&text, "t").unwrap();
+        let c = Servers::new(&cfg, &[], &[], None);
+        assert_eq!(c.learn(b"cb", 1), Learned::New);
+        assert_eq!(c.learn_logical_name(b"lnb", 1), Learned::New);
+        let (total, rows) = c.clone_rows(false, 0, 10);
+        let seen: Vec<(&str, usize, Origin)> = rows.iter().map(|r| (r.id.as_str(), r.owner, r.origin)).collect();
+        assert_eq!((total, seen), (2, vec![("ca", 0, Origin::ConfiguredClone), ("cb", 1, Origin::Response)]));
+        assert!(rows[1].since > 0 && rows[1].replica == Some(0));
+        let (total, rows) = c.clone_rows(true, 1, 10);
+        assert_eq!((total, rows.len(), rows[0].origin), (2, 1, Origin::SipCheck), "a page from offset 1");
+        assert_eq!(c.delete_learned("cb").unwrap().owner, 1);
+        assert_eq!(c.owner(b"cb"), None, "forgotten: routed as unknown");
+        assert_eq!(c.learn(b"cb", 1), Learned::New, "and learned again");
+        assert!(c.delete_learned("ca").unwrap_err().contains("\"ca\" is configured (in a's clone_ids)"));
+        assert!(c.delete_learned("lna").unwrap_err().contains("logical_names"));
+        assert!(c.delete_learned("nosuch").unwrap_err().starts_with("no clone ID or logical name \"nosuch\""));
+        assert_eq!(c.delete_learned(&format!("#{:016x}", cookie_hash(b"lnb"))).unwrap().id, "lnb", "by its hash");
+        assert_eq!(c.owner(b"ca"), Some((0, Some(1))));
+    }
 
     /// The clone table holds as many IDs as `CLONES`: a new one past that is not kept (and
     /// counted), a known one still routes; a malformed ID is never kept.

@@ -351,10 +351,15 @@ impl Multi {
 
     /// Starts dispatcher `i` and waits until it serves.
     pub fn start_dispatcher(&mut self, i: usize) {
+        self.start_dispatcher_with(i, &[]);
+    }
+
+    /// The same with more `dispatcher run` arguments (`--stay-out`).
+    pub fn start_dispatcher_with(&mut self, i: usize, extra: &[&str]) {
         let d = &self.dispatchers[i];
         let what = format!("dispatcher-d{i}");
         let mut cmd = d.ns.command(dispatcher_bin());
-        cmd.arg("run").arg("--config").arg(&d.config);
+        cmd.arg("run").arg("--config").arg(&d.config).args(extra);
         let _ = std::fs::rename(
             self.tb.workdir.join(format!("{what}.log")),
             self.tb.workdir.join(format!("{what}.previous.log")),

@@ -181,13 +181,17 @@ pub fn cleanup_stale() {
     if let Ok(entries) = std::fs::read_dir("/run/dispatcher") {
         for e in entries.flatten() {
             let file = e.file_name().to_string_lossy().into_owned();
-            let name =
-                file.trim_end_matches(".sock").trim_end_matches(".lock").trim_end_matches(".ids.json").to_string();
-            if owner_dead(&name) {
+            if owner_dead(run_file_instance(&file)) {
                 let _ = std::fs::remove_file(e.path());
             }
         }
     }
+}
+
+/// The instance a file of /run/dispatcher belongs to (`<instance>.sock`, `.lock`,
+/// `.ids.json`, `.left`).
+fn run_file_instance(file: &str) -> &str {
+    [".sock", ".lock", ".ids.json", ".left"].iter().find_map(|s| file.strip_suffix(s)).unwrap_or(file)
 }
 
 /// A name prefix no other testbed uses (`dt<pid>-<n>`), after removing what testbeds of
@@ -349,8 +353,7 @@ impl Testbed {
         if let Ok(entries) = std::fs::read_dir("/run/dispatcher") {
             for e in entries.flatten() {
                 let file = e.file_name().to_string_lossy().into_owned();
-                let inst = file.trim_end_matches(".sock").trim_end_matches(".lock").trim_end_matches(".ids.json");
-                if ours(inst) {
+                if ours(run_file_instance(&file)) {
                     let _ = std::fs::remove_file(e.path());
                 }
             }
@@ -613,6 +616,12 @@ impl Testbed {
         std::thread::sleep(Duration::from_millis(100));
     }
 
+    /// Takes the `pass` program off the switch side of the dispatcher's veth: the veth
+    /// trap, as an operator without the testbed meets it.
+    pub fn remove_switch_pass(&mut self) {
+        self.pass = None;
+    }
+
     /// Lets frames sent by XDP_TX from the client's interface through the switch (the
     /// benchmark's in-kernel packet generator): `pass` on the client's switch port.
     pub fn enable_xdp_tx_from_client(&mut self) {
@@ -698,6 +707,7 @@ impl Drop for Testbed {
         for inst in std::iter::once(&self.prefix).chain(self.extra_instances.iter()) {
             let _ = std::fs::remove_file(format!("/run/dispatcher/{inst}.sock"));
             let _ = std::fs::remove_file(dispatcher::instance::lock_path(inst));
+            let _ = std::fs::remove_file(dispatcher::instance::left_mark(inst));
             dispatcher::dataplane::ids::remove(inst);
         }
         let _ = std::fs::remove_dir_all(&self.workdir);

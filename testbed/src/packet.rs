@@ -30,6 +30,8 @@ pub struct Packet {
     pub truncate: Option<usize>,
     /// Overrides the IPv4 total length (checksum fixed) or the IPv6 payload length.
     pub ip_len: Option<u16>,
+    /// Overrides the UDP length field.
+    pub udp_len: Option<u16>,
 }
 
 pub const TCP_SYN: u8 = 0x02;
@@ -56,6 +58,7 @@ impl Packet {
             payload: Vec::new(),
             truncate: None,
             ip_len: None,
+            udp_len: None,
         }
     }
 
@@ -87,7 +90,7 @@ impl Packet {
                 l4.extend(std::iter::repeat_n(1u8, opts)); // NOPs
             }
             17 => {
-                l4.extend_from_slice(&((8 + self.payload.len()) as u16).to_be_bytes());
+                l4.extend_from_slice(&self.udp_len.unwrap_or((8 + self.payload.len()) as u16).to_be_bytes());
                 l4.extend_from_slice(&[0, 0]);
             }
             _ => {}

@@ -293,7 +293,7 @@ fn every_validation_message_names_line_and_field() {
         ("slow_start = \"1m\"", 0, "slow_start = \"soon\"", "vip[1].slow_start: `soon` is not a duration", None),
         ("maxconn = 100\n", 0, "", "backend[0].maxqueue: applies with maxconn only (no limit, no queue)", Some("maxqueue = 50")),
         ("mode = \"http\"", 0, "protocol = \"tcp\"\nmode = \"sip\"", "vip[1].protocol: sip VIPs are SIP over UDP", None),
-        ("mac = \"02:00:00:00:00:12\"\n", 0, "", "backend[1].mac: required: backend `b` serves L4 VIP `l4`", Some("[[backend]]\nname = \"b\"")),
+        ("mac = \"02:00:00:00:00:12\"\n", 0, "", "backend[1].mac: required: backend `b` serves L4 VIP `l4` (XDP forwards to the backend's MAC)", Some("[[backend]]\nname = \"b\"")),
         // [[vip]]
         ("name = \"web\"", 0, "name = \"l4\"", "vip[1].name: `l4` is defined twice", None),
         ("address = \"10.0.100.1\"", 0, "address = \"10.0.100\"", "vip[0].address: `10.0.100` is not an IP address", None),
@@ -380,6 +380,14 @@ fn every_validation_message_names_line_and_field() {
         ("path = \"/var/log/dispatcher/access.log\"", 0, "path = \"access.log\"", "access_log.path: must be an absolute path, or \"-\" for standard output", None),
         ("format = \"json\"", 0, "format = \"clf\"", "access_log.format: `clf` is not one of json, haproxy", None),
         ("buffer = 65536", 0, "buffer = 1", "access_log.buffer: must be 16..=4194304 (lines waiting for the writer)", None),
+        ("buffer = 65536", 0, "buffer = 65536\nsyslog = \"/dev/log\"\nmax_message = 100", "access_log.max_message: must be 480..=65000 (bytes of a syslog message, its header included)", Some("max_message")),
+        ("buffer = 65536", 0, "buffer = 65536\nsyslog = \"/dev/log\"\nfacility = \"local9\"", "access_log.facility: `local9` is not one of kern, user, mail, daemon, auth, syslog, lpr, news, uucp, cron, authpriv, ftp, local0,", Some("facility")),
+        ("buffer = 65536", 0, "buffer = 65536\nsyslog = \"loghost:514\"", "access_log.syslog: `loghost:514` is neither a socket path (`/dev/log`) nor a UDP address:port (`127.0.0.1:514`, `[::1]:514`)", Some("syslog")),
+        ("buffer = 65536", 0, "buffer = 65536\nsyslog = \"127.0.0.1:0\"", "access_log.syslog: `127.0.0.1:0`: needs a port and a unicast address", Some("syslog")),
+        ("buffer = 65536", 0, "buffer = 65536\nsyslog = \"/run/../dev/log\"", "access_log.syslog: must not contain `.` or `..` components", Some("syslog")),
+        ("buffer = 65536", 0, "buffer = 65536\nfacility = \"local0\"", "access_log.facility: applies to `syslog` only, which is not set", Some("facility")),
+        ("buffer = 65536", 0, "buffer = 65536\ntag = \"my app\"", "access_log.tag: must be 1 to 48 printable ASCII characters without spaces, `[`, `]` or `:` (syslog's APP-NAME)", Some("tag")),
+        ("path = \"/var/log/dispatcher/access.log\"\n", 0, "", "access_log.path: required: a file (\"-\" for standard output), unless `syslog` is set", Some("[access_log]")),
         // The file's shape (from the TOML parser).
         // Each in words, with the section and the field, and the fix when it is obvious.
         ("weight = 100", 0, "wieght = 100", "backend[0].wieght: unknown field; did you mean `weight`?", None),

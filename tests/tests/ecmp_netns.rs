@@ -244,3 +244,54 @@ fn a_dispatcher_started_without_the_store_joins_only_once_it_is_back() {
         ms(t)
     );
 }
+
+/// Staging (issue 31): a dispatcher started with `--stay-out` serves but is neither routed
+/// to nor in anybody's ownership table until `dispatcher join`; an operator's `leave`
+/// outlives a restart of the agent until `join`.
+#[test]
+fn a_staged_or_left_dispatcher_stays_out_until_it_joins() {
+    let mut e = Ecmp::new(3, 4, true);
+    e.up(2);
+    e.m.start_dispatcher_with(2, &["--stay-out"]);
+    e.start_bird(2);
+    std::thread::sleep(Duration::from_secs(3));
+    e.wait_next_hops(&[0, 1], Duration::from_secs(1));
+    let st = e.m.status(2);
+    assert_eq!(st.announced, Some(false), "a staged dispatcher announces nothing");
+    assert!(!st.steering.unwrap().joined);
+    for i in 0..2 {
+        e.wait_table(i, &["d0", "d1"], Duration::from_secs(1));
+    }
+    assert!(e.m.log(2).contains("staying out of the group (started with --stay-out)"), "{}", e.m.log(2));
+    let out = e.m.cmd(2, &["join"]);
+    assert!(out.status.success(), "join: {}", String::from_utf8_lossy(&out.stderr));
+    e.wait_next_hops(&[0, 1, 2], Duration::from_secs(20));
+    for i in 0..3 {
+        e.wait_table(i, &["d0", "d1", "d2"], Duration::from_secs(10));
+    }
+
+    // d1 leaves, and its agent restarts: it stays out until it is told to join.
+    let out = e.m.cmd(1, &["leave"]);
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success() && said.contains("stays out across a restart"), "leave: {said}");
+    e.wait_next_hops(&[0, 2], Duration::from_secs(5));
+    e.m.stop_dispatcher(1);
+    e.m.start_dispatcher(1);
+    std::thread::sleep(Duration::from_secs(3));
+    e.wait_next_hops(&[0, 2], Duration::from_secs(1));
+    assert_eq!(e.m.status(1).announced, Some(false), "restarted after a leave: still out");
+    for i in [0, 2] {
+        e.wait_table(i, &["d0", "d2"], Duration::from_secs(1));
+    }
+    assert!(e.m.log(1).contains("staying out of the group (an operator's `dispatcher leave`"), "{}", e.m.log(1));
+    let out = e.m.cmd(1, &["join"]);
+    assert!(out.status.success(), "join: {}", String::from_utf8_lossy(&out.stderr));
+    e.wait_next_hops(&[0, 1, 2], Duration::from_secs(20));
+    for i in 0..3 {
+        e.wait_table(i, &["d0", "d1", "d2"], Duration::from_secs(10));
+    }
+    // Joined, the mark is gone: the next restart joins by itself.
+    e.m.stop_dispatcher(1);
+    e.m.start_dispatcher(1);
+    e.wait_next_hops(&[0, 1, 2], Duration::from_secs(20));
+}

@@ -150,8 +150,27 @@ fn a_killed_clone_hands_its_sessions_to_its_replica() {
     assert_eq!(st["agent"]["counters"]["misroutes"], 0);
     assert_eq!(st["agent"]["counters"]["held_now"], 0);
     assert_eq!(st["agent"]["backends"][0]["state"], "down");
-    // Every hold was timed.
+    // The change says why, in the status, the log and the metrics (issue 33: HAProxy's
+    // "Server b0 is DOWN, reason: Layer4 connection problem ... 3 active servers left").
+    let b0 = st["agent"]["backends"][0]["name"].as_str().unwrap().to_string();
+    let last = &st["agent"]["backends"][0]["last_change"];
+    assert_eq!(last["to"], "down", "{last}");
+    let kind = last["reason_kind"].as_str().unwrap_or_default();
+    assert!(["refused", "reset", "closed", "timeout", "passive"].contains(&kind), "why b0 went down: {last}");
+    assert!(!last["reason"].as_str().unwrap_or_default().is_empty(), "{last}");
+    let log = tb.log("dispatcher");
+    let line =
+        log.lines().find(|l| l.contains(&format!("backend {b0} ")) && l.contains("-> down: ")).unwrap_or_default();
+    assert!(line.contains("of 4 servers of VIP"), "the log line names the reason and what is left: {line:?}\n{log}");
     let metrics = tb.dispatcher_cmd(&["metrics", "--config", &cfg]);
+    assert!(
+        metrics.lines().any(|l| l.starts_with("dispatcher_backend_transitions_total{")
+            && l.contains(&format!("backend=\"{b0}\""))
+            && l.contains("to=\"down\"")
+            && l.contains(&format!("reason_kind=\"{kind}\""))),
+        "transitions by reason:\n{metrics}"
+    );
+    // Every hold was timed.
     let timed: u64 = metrics
         .lines()
         .find_map(|l| l.strip_prefix("dispatcher_hold_seconds_count{scope=\"all\"} "))

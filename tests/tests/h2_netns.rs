@@ -353,7 +353,7 @@ fn one_connection_keeps_its_session_across_a_clones_death() {
     // The access log: 40 HTTP/2.0 requests, 20 by each clone, failed over after the death.
     let logged = log_lines(&b, "\"GET /app/counter HTTP/2.0\"", 40);
     assert_eq!(logged.len(), 40, "{logged:?}");
-    let at = |i: usize| logged.iter().filter(|l| l.contains(&format!(" shop b{i}/"))).count();
+    let at = |i: usize| logged.iter().filter(|l| l.contains(&format!(" shop~ shop/b{i} "))).count();
     assert_eq!((at(owner), at(replica)), (20, 20), "{logged:?}");
     assert!(logged[20..].iter().any(|l| l.contains("failed_over")), "{logged:?}");
     // Metrics: one h2 connection, 40 h2 requests, nothing left open, no misroute.
@@ -860,6 +860,13 @@ fn requests_that_cannot_be_translated_reach_no_clone() {
     assert_eq!(paths, ["/app/t?good".to_string(), "/app/t?host-only".to_string()].into());
     let answered = status.values().filter(|&&s| s == 400 || s == 501).count() as u64;
     assert_eq!(metric(b.tb(), "dispatcher_h2_requests_refused_total"), answered);
+    // The translator's refusals are among the last refused requests, their heads as text.
+    let (_, body) = b.tb().admin("GET", "/errors").expect("agent answers");
+    let errors: dispatcher::api::ErrorsReply = serde_json::from_str(&body).unwrap();
+    let e = errors.errors.iter().find(|e| e.reason == "the request has neither :authority nor Host");
+    let e = e.unwrap_or_else(|| panic!("the refusal without :authority is kept: {body}"));
+    assert_eq!((e.protocol.as_str(), e.status), ("h2", 400), "{body}");
+    assert!(e.bytes.contains(" HTTP/2\\x0d\\x0a"), "{body}");
 }
 
 /// What could smuggle a second request or field into the HTTP/1.1 translation (CR, LF

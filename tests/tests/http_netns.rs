@@ -83,22 +83,24 @@ fn sessions_stay_with_their_clone_across_connections() {
     assert_eq!(used.len(), 4, "{CLIENTS} sessions spread over the 4 clones: {owner:?}");
 }
 
-#[test]
-fn a_learned_clone_id_routes_every_later_request() {
-    let (tb, _cluster, addr) = http_testbed(4, false, "");
-    // New sessions are balanced; find one that b2 created (its Set-Cookie teaches the
-    // dispatcher that clone2x is b2).
-    let mut b2_cookie = None;
+/// The cookie of a new session that `clone` created (its Set-Cookie teaches the
+/// dispatcher which backend the clone ID is): new sessions are balanced round robin.
+fn a_session_on(tb: &Testbed, addr: SocketAddr, clone: &str) -> String {
     for _ in 0..8 {
         let mut fresh = Client::new(&tb.client, addr);
         let r = fresh.get("/").unwrap();
-        if r.field("clone") == Some("clone2x") {
-            b2_cookie = fresh.jar.clone();
-            break;
+        if r.field("clone") == Some(clone) {
+            return fresh.jar.expect("a session cookie");
         }
     }
+    panic!("round robin reaches {clone} within 8 new sessions");
+}
+
+#[test]
+fn a_learned_clone_id_routes_every_later_request() {
+    let (tb, _cluster, addr) = http_testbed(4, false, "");
     let mut c = Client::new(&tb.client, addr);
-    c.jar = Some(b2_cookie.expect("round robin reaches b2 within 8 new sessions"));
+    c.jar = Some(a_session_on(&tb, addr, "clone2x"));
     for _ in 0..20 {
         c.reconnect();
         assert_eq!(c.get("/").unwrap().field("clone"), Some("clone2x"));
@@ -331,15 +333,21 @@ fn operator_drain_and_disable_reach_the_request_path() {
     }
 }
 
-#[test]
-fn admin_endpoint_serves_metrics_status_and_commands() {
+/// Two backends that served five requests, and the configuration file's path.
+fn two_backends_after_five_requests() -> (Testbed, String) {
     let (tb, _cluster, addr) = http_testbed(2, false, "");
-    let cfg = tb.workdir.join("dispatcher.toml");
-    let cfg = cfg.to_str().unwrap();
+    let cfg = tb.workdir.join("dispatcher.toml").to_str().unwrap().to_string();
     let mut c = Client::new(&tb.client, addr);
     for _ in 0..5 {
         assert_eq!(c.get("/").unwrap().status, 200);
     }
+    (tb, cfg)
+}
+
+#[test]
+fn admin_endpoint_serves_metrics_status_and_commands() {
+    let (tb, cfg) = two_backends_after_five_requests();
+    let cfg = cfg.as_str();
     // Owner-only Unix socket: nothing listens on the network for the admin side.
     let sock = format!("/run/dispatcher/{}.sock", tb.instance());
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -732,10 +740,7 @@ fn an_agent_killed_hard_is_replaced_without_losing_learned_clones() {
 /// session go to a server with room meanwhile.
 #[test]
 fn maxconn_queues_a_sessions_requests_at_its_owner_and_balances_the_rest_elsewhere() {
-    let mut tb = Testbed::new(2, &[VIP]);
-    tb.add_local_vip(VIP);
-    let cluster = websphere::Clones::new(2);
-    tb.start_websphere(&cluster, BACKEND_PORT);
+    let (mut tb, cluster) = clone_bed(2);
     let backends = tb.backend_config_with(&[], |i| {
         let limits = if i == 0 { "maxconn = 2\nmaxqueue = 2\n" } else { "" };
         format!("clone_ids = [\"{}\"]\n{limits}", cluster.clone_ids[i])
@@ -862,14 +867,20 @@ fn maxconn_queues_a_sessions_requests_at_its_owner_and_balances_the_rest_elsewhe
     }
 }
 
+/// `n` WebSphere-like clones answering at `BACKEND_PORT` behind the local `VIP`.
+fn clone_bed(n: usize) -> (Testbed, std::sync::Arc<websphere::Clones>) {
+    let mut tb = Testbed::new(n, &[VIP]);
+    tb.add_local_vip(VIP);
+    let cluster = websphere::Clones::new(n);
+    tb.start_websphere(&cluster, BACKEND_PORT);
+    (tb, cluster)
+}
+
 /// `[access_log]`: one line per request with what happened to it, the file reopened on
 /// reload (rotation loses no line), JSON or HAProxy's layout.
 #[test]
 fn the_access_log_records_every_request_and_follows_rotation() {
-    let mut tb = Testbed::new(2, &[VIP]);
-    tb.add_local_vip(VIP);
-    let cluster = websphere::Clones::new(2);
-    tb.start_websphere(&cluster, BACKEND_PORT);
+    let (mut tb, cluster) = clone_bed(2);
     let log = tb.workdir.join("access.log");
     let (instance, backends) = (tb.instance().to_string(), tb.backend_config_with_clones(&[], &cluster.clone_ids));
     let config = |format: &str| {
@@ -958,14 +969,17 @@ fn the_access_log_records_every_request_and_follows_rotation() {
     assert_eq!(fresh.get("/new").unwrap().status, 200);
     let text = wait_lines(&log, 1);
     assert_eq!(std::fs::read_to_string(&rotated).unwrap().lines().count(), 5);
-    let line = text.lines().next().unwrap();
+    // After syslog's header (`Mon DD HH:MM:SS host tag[pid]:`), HAProxy's httplog.
+    let line = text.lines().next().unwrap().split_once("]: ").unwrap().1;
     let client = format!("{}:", dispatcher_testbed::netns::CLIENT_IP);
     assert!(
-        line.starts_with(&client) && line.contains("] app b") && line.ends_with(" balanced \"GET /new HTTP/1.1\""),
+        line.starts_with(&client)
+            && line.contains("] app app/b")
+            && line.ends_with(" {balanced|-} \"GET /new HTTP/1.1\""),
         "{line}"
     );
     let timers = line.split(' ').nth(4).unwrap();
-    assert_eq!(timers.split('/').count(), 5, "Th/Tw/Tc/Tr/Ta: {line}");
+    assert_eq!(timers.split('/').count(), 5, "TR/Tw/Tc/Tr/Ta: {line}");
 
     // A path that cannot be opened refuses the reload, and logging goes on in the old file.
     std::fs::write(&path, config("json").replace(&log.display().to_string(), "/nonexistent/dir/access.log")).unwrap();
@@ -980,10 +994,219 @@ fn the_access_log_records_every_request_and_follows_rotation() {
     assert_eq!(raw_status(&tb, addr, bad.as_bytes()), 400);
     let text = wait_lines(&log, 3);
     let line = text.lines().nth(2).unwrap();
-    assert!(line.contains(" app -/- ") && line.contains(" 400 ") && line.ends_with("none \"<BADREQ>\""), "{line}");
+    assert!(line.contains(" app app/<NOSRV> ") && line.contains(" 400 ") && line.contains(" PR-- "), "{line}");
+    assert!(line.ends_with("{none|-} \"<BADREQ>\""), "{line}");
     let metrics = tb.dispatcher_cmd(&["metrics", "--config", &cfg]);
     assert!(metrics.lines().any(|l| l == "dispatcher_access_log_lines_total 8"), "{metrics}");
     assert!(metrics.lines().any(|l| l == "dispatcher_access_log_dropped_total 0"));
+}
+
+/// HAProxy's `halog` reads the `haproxy` format: a known mix of requests (200s through
+/// a farm of live servers, a 404 without a route, a 503 from a farm whose server is
+/// dead, a client that closes inside its head) and halog's counts per server, status
+/// and termination state are what was sent.
+#[test]
+fn halog_reads_the_haproxy_access_log() {
+    let mut tb = Testbed::new(3, &[VIP]);
+    tb.add_local_vip(VIP);
+    let cluster = websphere::Clones::new(3);
+    // b2 is never started: its farm's requests find nobody listening.
+    for i in 0..2 {
+        tb.start_websphere_on(&cluster, i, BACKEND_PORT);
+    }
+    let log = tb.workdir.join("access.log");
+    let config = format!(
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[health]\nenabled = false\n\n[access_log]\npath = \"{}\"\nformat = \"haproxy\"\n\n{}\n[[farm]]\nname = \"shop\"\nservers = [\"b0\", \"b1\"]\nport = {BACKEND_PORT}\n\n[[farm]]\nname = \"gone\"\nservers = [\"b2\"]\nport = {BACKEND_PORT}\n\n[[route]]\nname = \"app\"\nhosts = [\"*:80\"]\nuris = [\"/app/*\"]\nfarm = \"shop\"\n\n[[route]]\nname = \"dead\"\nhosts = [\"*:80\"]\nuris = [\"/dead/*\"]\nfarm = \"gone\"\n\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = {PORT}\nmode = \"http\"\n",
+        tb.instance(),
+        log.display(),
+        tb.backend_config(&[]),
+    );
+    let path = tb.write_config(&config);
+    tb.start_dispatcher(&path);
+    let addr: SocketAddr = format!("{VIP}:{PORT}").parse().unwrap();
+    const OK: usize = 6;
+    for i in 0..OK {
+        // A new client each time: balanced over both servers.
+        let mut c = Client::new(&tb.client, addr);
+        assert_eq!(c.get(&format!("/app/{i}")).unwrap().status, 200);
+    }
+    let mut c = Client::new(&tb.client, addr);
+    assert_eq!(c.get("/nowhere").unwrap().status, 404);
+    assert_eq!(c.get("/dead/x").unwrap().status, 503);
+    // A client that closes inside its request head.
+    let aborted = tb.client.run(move || {
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(b"GET /app/x HTTP/1.1\r\nHo").unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut got = Vec::new();
+        let _ = s.read_to_end(&mut got);
+        got
+    });
+    assert!(aborted.starts_with(b"HTTP/1.1 400"), "{}", String::from_utf8_lossy(&aborted));
+    let total = OK + 3;
+    let t = Instant::now();
+    while std::fs::read_to_string(&log).unwrap_or_default().lines().count() < total
+        && t.elapsed() < Duration::from_secs(5)
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(text.lines().count(), total, "{text}");
+    let halog = |flag: &str| {
+        let out = std::process::Command::new("halog")
+            .arg(flag)
+            .stdin(std::fs::File::open(&log).unwrap())
+            .output()
+            .expect("halog (package haproxy, installed by `cargo xtask setup`)");
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "halog {flag}: {err}");
+        assert!(
+            err.contains(&format!("{total} lines in")) && err.contains(" 0 parsing errors"),
+            "halog {flag}: {err}\n{text}"
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    // Per status and per termination state.
+    let counts = |out: &str| -> HashMap<String, usize> {
+        out.lines().map(|l| l.split_once(' ').unwrap()).map(|(k, n)| (k.to_string(), n.parse().unwrap())).collect()
+    };
+    let want = |pairs: &[(&str, usize)]| pairs.iter().map(|(k, n)| (k.to_string(), *n)).collect::<HashMap<_, _>>();
+    assert_eq!(counts(&halog("-st")), want(&[("200", OK), ("404", 1), ("503", 1), ("400", 1)]), "{text}");
+    assert_eq!(counts(&halog("-tc")), want(&[("--", OK), ("PR", 1), ("SC", 1), ("CR", 1)]), "{text}");
+    // The session's part of the state: no session, balanced (N), or not routed (-).
+    assert_eq!(counts(&halog("-cc")), want(&[("N-", OK + 1), ("--", 2)]), "{text}");
+    // Per server: every request through the live servers is OK (no timer at -1) and a
+    // 2xx; the dead one's is a 5xx and not OK.
+    let srv = halog("-srv");
+    let mut served = 0;
+    for l in srv.lines().skip(1) {
+        // name 1xx 2xx 3xx 4xx 5xx other tot_req req_ok pct_ok avg_ct avg_rt
+        let f: Vec<&str> = l.split(' ').collect();
+        match f[0] {
+            "shop/b0" | "shop/b1" => {
+                assert_eq!((f[2], f[8], f[9]), (f[7], f[7], "100.0"), "{srv}\n{text}");
+                served += f[7].parse::<usize>().unwrap();
+            }
+            "gone/b2" => assert_eq!((f[5], f[7], f[8]), ("1", "1", "0"), "{srv}"),
+            _ => {}
+        }
+    }
+    assert_eq!(served, OK, "{srv}\n{text}");
+    assert!(srv.lines().any(|l| l.starts_with("app/<NOSRV> ")), "the dispatcher's own answers: {srv}");
+}
+
+/// An RFC 5424 message's header fields, checked: `<PRI>1 TIMESTAMP HOST APP PROCID
+/// MSGID - MSG`; returns (PRI, APP-NAME, MSG).
+fn rfc5424(datagram: &[u8]) -> (u32, String, String) {
+    let text = String::from_utf8(datagram.to_vec()).expect("UTF-8");
+    let rest = text.strip_prefix('<').unwrap_or_else(|| panic!("no PRI: {text}"));
+    let (pri, rest) = rest.split_once('>').unwrap();
+    let pri: u32 = pri.parse().unwrap_or_else(|_| panic!("PRI: {text}"));
+    let f: Vec<&str> = rest.splitn(8, ' ').collect();
+    assert_eq!(f.len(), 8, "{text}");
+    assert_eq!((f[0], f[5], f[6]), ("1", "access", "-"), "version, MSGID, no structured data: {text}");
+    // TIMESTAMP: 2026-12-03T12:02:33.400Z, within a minute of now.
+    let t = f[1].as_bytes();
+    let shape = t.len() == 24 && t[4] == b'-' && t[7] == b'-' && t[10] == b'T' && t[19] == b'.' && t[23] == b'Z';
+    assert!(shape, "timestamp: {text}");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let (h, m, sec): (u64, u64, u64) =
+        (f[1][11..13].parse().unwrap(), f[1][14..16].parse().unwrap(), f[1][17..19].parse().unwrap());
+    let diff = ((h * 3600 + m * 60 + sec) as i64 - (now % 86_400) as i64).rem_euclid(86_400);
+    assert!(!(60..=86_340).contains(&diff), "timestamp not now: {text}");
+    assert!(!f[2].is_empty() && f[4].parse::<u32>().is_ok(), "hostname, PROCID: {text}");
+    (pri, f[3].to_string(), f[7].to_string())
+}
+
+/// `[access_log] syslog`: RFC 5424 datagrams to a Unix datagram socket and to a UDP
+/// address (the test's own sockets, in the agent's namespace), with the request in them;
+/// a socket that vanishes costs lines (counted), never requests.
+#[test]
+fn the_access_log_goes_to_syslog_over_a_unix_socket_and_udp() {
+    let (mut tb, _cluster) = clone_bed(2);
+    let sock_path = tb.workdir.join("log.sock");
+    let unix = std::os::unix::net::UnixDatagram::bind(&sock_path).unwrap();
+    unix.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    // Bound inside the agent's namespace: its loopback.
+    let udp = tb.lb.run(|| std::net::UdpSocket::bind("127.0.0.1:0").unwrap());
+    udp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let udp_addr = udp.local_addr().unwrap();
+    let file = tb.workdir.join("access.log");
+    let (instance, backends) = (tb.instance().to_string(), tb.backend_config(&[]));
+    let config = |log: &str| {
+        format!(
+            "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{instance}\"\n\n[access_log]\n{log}\n{backends}\n[[vip]]\nname = \"app\"\naddress = \"{VIP}\"\nport = {PORT}\nmode = \"http\"\nbackend_port = {BACKEND_PORT}\n"
+        )
+    };
+    let path = tb.write_config(&config(&format!(
+        "syslog = \"{}\"\nformat = \"haproxy\"\nfacility = \"local3\"\ntag = \"disp-test\"\n",
+        sock_path.display()
+    )));
+    tb.start_dispatcher(&path);
+    let cfg = path.to_str().unwrap().to_string();
+    let addr: SocketAddr = format!("{VIP}:{PORT}").parse().unwrap();
+    let mut buf = vec![0u8; 70_000];
+    for i in 0..2 {
+        let mut c = Client::new(&tb.client, addr);
+        assert_eq!(c.get(&format!("/unix/{i}")).unwrap().status, 200);
+        let n = unix.recv(&mut buf).expect("a syslog message on the Unix socket");
+        let (pri, app, msg) = rfc5424(&buf[..n]);
+        assert_eq!((pri, app.as_str()), (19 * 8 + 6, "disp-test"), "local3.info: {msg}");
+        assert!(msg.starts_with(dispatcher_testbed::netns::CLIENT_IP), "the httplog line, no file header: {msg}");
+        assert!(msg.ends_with(&format!("\"GET /unix/{i} HTTP/1.1\"")) && msg.contains(" 200 "), "{msg}");
+    }
+    // The socket vanishes: requests go on, the lines are counted as dropped, and the
+    // agent says so once.
+    drop(unix);
+    std::fs::remove_file(&sock_path).unwrap();
+    for i in 0..3 {
+        let mut c = Client::new(&tb.client, addr);
+        assert_eq!(c.get(&format!("/gone/{i}")).unwrap().status, 200);
+    }
+    let dropped = || {
+        let metrics = tb.dispatcher_cmd(&["metrics", "--config", &cfg]);
+        let line = metrics.lines().find(|l| l.starts_with("dispatcher_access_log_dropped_total ")).unwrap().to_string();
+        line.rsplit(' ').next().unwrap().parse::<u64>().unwrap()
+    };
+    let t = Instant::now();
+    while dropped() < 3 && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(dropped(), 3);
+    let said = tb.log("dispatcher").matches("syslog receiver does not take its lines").count();
+    assert_eq!(said, 1, "{}", tb.log("dispatcher"));
+
+    // Reloaded to UDP beside a file, JSON, messages cut at 480 bytes: both get each line.
+    let long = "/udp/".to_string() + &"x".repeat(600);
+    std::fs::write(
+        &path,
+        config(&format!(
+            "path = \"{}\"\nsyslog = \"{udp_addr}\"\nformat = \"json\"\nmax_message = 480\n",
+            file.display()
+        )),
+    )
+    .unwrap();
+    let out = tb.dispatcher_cmd(&["reload", "--config", &cfg]);
+    assert!(out.contains("reloaded"), "{out}");
+    let mut c = Client::new(&tb.client, addr);
+    assert_eq!(c.get("/udp/short").unwrap().status, 200);
+    let (n, _) = udp.recv_from(&mut buf).expect("a syslog message over UDP");
+    let (pri, app, msg) = rfc5424(&buf[..n]);
+    assert_eq!((pri, app.as_str()), (16 * 8 + 6, "dispatcher"), "the defaults: local0.info");
+    let v: serde_json::Value = serde_json::from_str(&msg).expect(&msg);
+    assert_eq!((v["request"].as_str(), v["status"].as_u64()), (Some("GET /udp/short"), Some(200)));
+    assert_eq!(c.get(&long).unwrap().status, 200);
+    let (n, _) = udp.recv_from(&mut buf).unwrap();
+    assert_eq!(n, 480, "cut at max_message");
+    assert!(rfc5424(&buf[..n]).2.contains("GET /udp/xxx"));
+    let t = Instant::now();
+    while std::fs::read_to_string(&file).unwrap_or_default().lines().count() < 2 && t.elapsed() < Duration::from_secs(5)
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.lines().count() == 2 && text.lines().last().unwrap().contains(&long), "{text}");
 }
 
 /// A testbed of `n` clones behind a VIP with `insert_cookie = "SRV"`; `backends` edits
@@ -1081,4 +1304,188 @@ fn an_inserted_cookie_without_a_replica_is_redispatched_while_its_backend_is_out
         assert_eq!((clone, set.as_deref()), (1, Some("b1")), "balanced to the other, and told so");
     }
     assert_eq!(cookie_get(&ns, addr, Some("b1")), (1, None));
+}
+
+/// CSV as Python's csv module reads it: a list of rows, each a field-name -> value map.
+fn parse_csv(text: &str) -> Vec<HashMap<String, String>> {
+    let mut py = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", "import csv, json, sys; print(json.dumps(list(csv.DictReader(sys.stdin))))"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    py.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = py.wait_with_output().unwrap();
+    assert!(out.status.success(), "python's csv module refused:\n{text}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn status_as_csv_has_a_row_per_vip_and_backend() {
+    let (tb, cfg) = two_backends_after_five_requests();
+    let cfg = cfg.as_str();
+    tb.dispatcher_cmd(&["drain", "--config", cfg, "b1"]);
+    let text = tb.dispatcher_cmd(&["status", "--config", cfg, "--csv"]);
+    assert!(text.starts_with("type,name,address,mode,state,health,operator,weight,replica,"), "{text}");
+    let rows = parse_csv(&text);
+    assert_eq!(rows.len(), 3, "one VIP and two backends: {text}");
+    let vip = &rows[0];
+    assert_eq!((vip["type"].as_str(), vip["name"].as_str(), vip["mode"].as_str()), ("vip", "app", "http"), "{text}");
+    assert_eq!(vip["address"], format!("{VIP}:{PORT}/tcp"));
+    assert_eq!(vip["requests"], "5", "{text}");
+    let names: Vec<(&str, &str)> = rows[1..].iter().map(|r| (r["type"].as_str(), r["name"].as_str())).collect();
+    assert_eq!(names, [("backend", "b0"), ("backend", "b1")]);
+    assert_eq!((rows[1]["state"].as_str(), rows[1]["operator"].as_str()), ("up", "none"), "{text}");
+    assert_eq!((rows[2]["state"].as_str(), rows[2]["operator"].as_str()), ("drain", "drain"), "{text}");
+    assert_eq!(rows[2]["last_change"], "up -> drain: operator drain", "{text}");
+    let requests: u64 = rows[1..].iter().map(|r| r["requests"].parse::<u64>().unwrap()).sum();
+    assert_eq!(requests, 5, "{text}");
+    // The admin endpoint gives the same table.
+    let (code, body) = tb.admin("GET", "/status?format=csv").expect("agent answers");
+    assert_eq!(code, 200, "{body}");
+    let admin_rows = parse_csv(&body);
+    assert_eq!(admin_rows.len(), 3, "{body}");
+    assert_eq!(admin_rows[2]["state"], "drain", "{body}");
+}
+
+#[test]
+fn refused_requests_are_shown_with_their_reason_and_escaped_bytes() {
+    let (tb, cluster, addr) = http_testbed(2, false, "");
+    let cfg = tb.workdir.join("dispatcher.toml");
+    let cfg = cfg.to_str().unwrap();
+    assert_eq!(raw_status(&tb, addr, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"), 200, "a good request is not kept");
+    let cases: &[(&[u8], &str, Option<usize>, &str)] = &[
+        (b"GET / HTTP/1.1\nHost: x\n\n", "bare LF", Some(14), "GET / HTTP/1.1\\x0aHost: x\\x0a\\x0a"),
+        (
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n",
+            "more than one Content-Length",
+            None,
+            "POST / HTTP/1.1\\x0d\\x0aHost: x\\x0d\\x0aContent-Length: 0\\x0d\\x0aContent-Length: 0\\x0d\\x0a\\x0d\\x0a",
+        ),
+        (
+            b"GET / HTTP/1.1\r\nHost: x\r\nX: a\0b\r\n\r\n",
+            "malformed request head",
+            Some(29),
+            "GET / HTTP/1.1\\x0d\\x0aHost: x\\x0d\\x0aX: a\\x00b\\x0d\\x0a\\x0d\\x0a",
+        ),
+    ];
+    for (bytes, _, _, _) in cases {
+        assert_eq!(raw_status(&tb, addr, bytes), 400);
+    }
+    let (code, body) = tb.admin("GET", "/errors").expect("agent answers");
+    assert_eq!(code, 200, "{body}");
+    let r: dispatcher::api::ErrorsReply = serde_json::from_str(&body).unwrap();
+    assert_eq!((r.total, r.errors.len()), (3, 3), "{body}");
+    for (e, (bytes, reason, position, escaped)) in r.errors.iter().zip(cases) {
+        assert_eq!((e.status, e.reason.as_str(), e.position), (400, *reason, *position), "{body}");
+        assert_eq!(e.bytes, *escaped);
+        assert_eq!((e.vip.as_str(), e.protocol.as_str(), e.received), ("app", "h1", bytes.len()));
+        assert!(e.client.starts_with(&format!("{}:", dispatcher_testbed::netns::CLIENT_IP)), "{}", e.client);
+    }
+    // The CLI shows them readably: one line per refusal, the head line by line.
+    let text = tb.dispatcher_cmd(&["errors", "--config", cfg]);
+    assert!(text.starts_with("3 requests refused as malformed since the agent started"), "{text}");
+    assert!(text.contains("VIP app client 10.99.0.2:"), "{text}");
+    assert!(
+        text.contains("h1: answered 400: bare LF at byte 14 (24 bytes received)\n    GET / HTTP/1.1\\x0a\n"),
+        "{text}"
+    );
+    // A body whose chunked framing is bad: kept with its head (the body is not kept).
+    let head = "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+    assert_eq!(raw_status(&tb, addr, format!("{head}Z\r\n\r\n").as_bytes()), 400);
+    let (_, body) = tb.admin("GET", "/errors").unwrap();
+    let r: dispatcher::api::ErrorsReply = serde_json::from_str(&body).unwrap();
+    let e = r.errors.last().unwrap();
+    assert_eq!((r.total, e.status, e.reason.as_str(), e.received), (4, 400, "chunk size is not hex", head.len()));
+    assert_eq!(e.bytes, head.replace("\r\n", "\\x0d\\x0a"));
+    // Many more: the ring stays bounded, each head cut to 1 KiB.
+    let long = format!("GET /{} HTTP/1.1\nHost: x\n\n", "a".repeat(3000));
+    for _ in 0..40 {
+        assert_eq!(raw_status(&tb, addr, long.as_bytes()), 400);
+    }
+    let (_, body) = tb.admin("GET", "/errors").unwrap();
+    let r: dispatcher::api::ErrorsReply = serde_json::from_str(&body).unwrap();
+    assert_eq!((r.total, r.kept, r.errors.len()), (44, 32, 32));
+    let last = r.errors.last().unwrap();
+    assert_eq!((last.received, last.captured, last.bytes.len()), (long.len(), 1024, 1024));
+    assert!(cluster.hits().len() == 1, "only the good request reached a backend");
+    // Client data: not for loopback readers over TCP, only for operators on the socket.
+    assert!(!dispatcher::admin::allowed(dispatcher::admin::Peer::LocalReader, "GET", "/errors"));
+}
+
+/// `dispatcher clones ARGS` as the operator runs it: (exit code, stdout and stderr).
+fn clones_cmd(tb: &Testbed, args: &[&str]) -> (Option<i32>, String) {
+    let cfg = tb.workdir.join("dispatcher.toml");
+    let out = tb
+        .lb
+        .command(dispatcher_testbed::netns::dispatcher_bin())
+        .args(["clones", "--config", cfg.to_str().unwrap()])
+        .args(args)
+        .output()
+        .unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
+}
+
+/// The agent's `balanced` and `affinity_hits` counters.
+fn routing_counts(tb: &Testbed) -> (u64, u64) {
+    let (_, body) = tb.admin("GET", "/status").expect("agent answers");
+    let st: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let c = &st["counters"];
+    (c["balanced"].as_u64().unwrap(), c["affinity_hits"].as_u64().unwrap())
+}
+
+#[test]
+fn a_learned_clone_id_is_listed_deleted_then_routed_as_unknown_and_learned_again() {
+    let (tb, _cluster, addr) = http_testbed(4, false, "");
+    let cookie = a_session_on(&tb, addr, "clone2x");
+    let (code, list) = clones_cmd(&tb, &[]);
+    assert_eq!(code, Some(0), "{list}");
+    let row = list.lines().find(|l| l.starts_with("clone2x ")).unwrap_or_else(|| panic!("clone2x listed: {list}"));
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cols[..6], ["clone2x", "b2", "b3", "learned", "local", "(Set-Cookie)"], "{list}");
+    assert!(list.starts_with("clone table: "), "{list}");
+    let (_, body) = tb.admin("GET", "/clones?limit=1").unwrap();
+    let page: dispatcher::api::ClonesReply = serde_json::from_str(&body).unwrap();
+    assert!(page.total >= 1 && page.entries.len() == 1, "a page of one, and the total: {body}");
+
+    let (code, out) = clones_cmd(&tb, &["delete", "clone2x"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.starts_with("deleted clone2x (learned from local (Set-Cookie), backend b2)"), "{out}");
+    assert!(!clones_cmd(&tb, &[]).1.contains("clone2x "), "no longer listed");
+    let data = aya::maps::MapData::from_pin(tb.pin_dir().join("CLONES")).expect("pinned CLONES");
+    let map: aya::maps::HashMap<_, u64, dispatcher_common::CloneValue> =
+        aya::maps::HashMap::try_from(aya::maps::Map::from_map_data(data).unwrap()).unwrap();
+    assert!(map.get(&dispatcher_common::hash::cookie_hash(b"clone2x"), 0).is_err(), "gone from CLONES too");
+    // The next request carrying it is routed as an unknown clone ID: balanced.
+    let before = routing_counts(&tb);
+    let mut c = Client::new(&tb.client, addr);
+    c.jar = Some(cookie);
+    assert_eq!(c.get("/").unwrap().status, 200);
+    let after = routing_counts(&tb);
+    assert_eq!((after.0 - before.0, after.1 - before.1), (1, 0), "balanced, not by affinity");
+    // Its owner's next Set-Cookie teaches it again.
+    a_session_on(&tb, addr, "clone2x");
+    let list = clones_cmd(&tb, &[]).1;
+    assert!(list.lines().any(|l| l.starts_with("clone2x ") && l.contains(" learned ")), "learned again: {list}");
+    let (code, out) = clones_cmd(&tb, &["delete", "nosuch"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("no clone ID or logical name \"nosuch\" in the table"), "{out}");
+}
+
+#[test]
+fn a_configured_clone_id_is_listed_and_cannot_be_deleted() {
+    let (tb, _cluster, addr) = http_testbed(2, true, "");
+    assert_eq!(Client::new(&tb.client, addr).get("/").unwrap().status, 200);
+    let (code, list) = clones_cmd(&tb, &[]);
+    assert_eq!(code, Some(0), "{list}");
+    assert!(list.starts_with("clone table: 2 entries (1 to 2 shown, sorted by ID)"), "{list}");
+    let row = list.lines().find(|l| l.starts_with("clone0x ")).unwrap_or_else(|| panic!("{list}"));
+    assert_eq!(row.split_whitespace().take(5).collect::<Vec<_>>(), ["clone0x", "b0", "b1", "configured", "clone_ids"]);
+    let (code, out) = clones_cmd(&tb, &["delete", "clone0x"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("\"clone0x\" is configured (in b0's clone_ids): it cannot be deleted"), "{out}");
+    assert!(clones_cmd(&tb, &[]).1.contains("clone0x "), "still there");
+    let (code, out) = clones_cmd(&tb, &["--limit", "1", "--offset", "1"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.starts_with("clone table: 2 entries (2 to 2 shown") && out.contains("clone1x "), "{out}");
 }

@@ -459,3 +459,57 @@ fn a_failover_with_a_million_flows_leaves_the_agent_responsive() {
          admin /status slowest {slowest:?} over {polls} requests during the walk"
     );
 }
+
+/// The veth trap: native XDP on a veth whose peer runs no XDP program loses every
+/// forwarded frame without a count. The agent says so (log and status, naming the peer and
+/// the ways out), and `dispatcher xdp-pass` is the way out.
+#[test]
+fn the_veth_trap_is_reported_and_xdp_pass_gets_the_frames_through() {
+    let mut tb = Testbed::new(2, &[VIP_MAC]);
+    tb.remove_switch_pass();
+    let text = config(&tb, &[100, 100], &web_and_dns());
+    let path = tb.write_config(&text);
+    tb.start_servers(&[80], &[(VIP_MAC, 53)]);
+    tb.start_dispatcher(&path);
+    let sw = tb.switch.name.clone();
+    let cfg = path.to_str().unwrap();
+    let connects = |tb: &Testbed| {
+        let addr: SocketAddr = format!("{VIP_MAC}:80").parse().unwrap();
+        tb.client.run(move || TcpStream::connect_timeout(&addr, Duration::from_secs(1))).is_ok()
+    };
+    assert!(!connects(&tb), "the trap: forwarded SYNs are dropped at the peer");
+    let way_out = format!("`dispatcher xdp-pass --netns {sw} lb`");
+    let log = tb.log("dispatcher");
+    assert!(
+        log.contains(&format!("its peer lb (in network namespace {sw}) runs no XDP program")) && log.contains(&way_out),
+        "the agent names the peer and the way out:\n{log}"
+    );
+    let warning = |tb: &Testbed| {
+        let st: serde_json::Value = serde_json::from_str(&tb.dispatcher_cmd(&["status", "-c", cfg, "--json"])).unwrap();
+        st["agent"]["warnings"]
+            .as_array()
+            .expect("warnings in status")
+            .iter()
+            .any(|w| w.as_str().unwrap().contains(&way_out))
+    };
+    assert!(warning(&tb), "status --json carries the warning");
+    assert!(tb.dispatcher_cmd(&["status", "-c", cfg]).contains("WARNING: eth0 is a veth"), "and status says it");
+
+    let out = tb.dispatcher_cmd(&["xdp-pass", "--netns", &sw, "lb"]);
+    assert!(out.contains("pass program attached in native mode"), "{out}");
+    assert!(tb.switch.ip(&["link", "show", "lb"]).contains("prog/xdp"), "attached, and it stays after the command");
+    let mut c = Conn::open(&tb, VIP_MAC, 80);
+    assert!(c.ask().starts_with('b'), "frames get through");
+    assert!(!warning(&tb), "status no longer warns");
+    let again = tb.dispatcher_cmd(&["xdp-pass", "--netns", &sw, "lb"]);
+    assert!(again.contains("already runs the pass program"), "idempotent: {again}");
+
+    let out = tb.dispatcher_cmd(&["xdp-pass", "--netns", &sw, "--detach", "lb"]);
+    assert!(out.contains("pass program removed"), "{out}");
+    assert!(!tb.switch.ip(&["link", "show", "lb"]).contains("prog/xdp"));
+    assert!(warning(&tb), "the trap again, said again");
+    let bad =
+        tb.lb.command(dispatcher_testbed::netns::dispatcher_bin()).args(["xdp-pass", "nosuch0"]).output().unwrap();
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && err.contains("no interface named nosuch0"), "{err}");
+}

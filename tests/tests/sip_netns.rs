@@ -40,6 +40,18 @@ fn wait_for_learned(tb: &Testbed, n: u64) {
     tb.wait_for_clone_table(n, Duration::from_secs(10));
 }
 
+/// `n` containers in replica pairs behind the SIP VIP (`fall`: as `config`), and a
+/// dispatcher that has learned their logical names; its configuration file.
+fn sip_bed(n: usize, fall: u32) -> (Testbed, std::sync::Arc<SipCluster>, std::path::PathBuf) {
+    let mut tb = Testbed::new(n, &[VIP]);
+    let sip = SipCluster::new(n);
+    tb.start_sip(&sip, VIP, 5060);
+    let path = tb.write_config(&config(&tb, fall));
+    tb.start_dispatcher(&path);
+    wait_for_learned(&tb, n as u64);
+    (tb, sip, path)
+}
+
 /// SIPp's verdict and the containers' logs: every call completed, no 481, no message
 /// to a container that neither created its dialog nor holds its replica.
 fn assert_calls_kept(
@@ -58,12 +70,7 @@ fn assert_calls_kept(
 
 #[test]
 fn dialogs_survive_their_containers_death_and_never_reach_a_stranger() {
-    let mut tb = Testbed::new(4, &[VIP]);
-    let sip = SipCluster::new(4);
-    tb.start_sip(&sip, VIP, 5060);
-    let path = tb.write_config(&config(&tb, 2));
-    tb.start_dispatcher(&path);
-    wait_for_learned(&tb, 4);
+    let (mut tb, sip, path) = sip_bed(4, 2);
 
     // 150 calls of 3 s at 25 calls/s; container 0 dies while about 75 are up.
     sipp(&mut tb, 150, 25, 3000, "sipp-kill");
@@ -96,14 +103,9 @@ fn dialogs_survive_their_containers_death_and_never_reach_a_stranger() {
 
 #[test]
 fn a_frozen_container_is_waited_for_then_its_replica_serves() {
-    let mut tb = Testbed::new(2, &[VIP]);
-    let sip = SipCluster::new(2);
-    tb.start_sip(&sip, VIP, 5060);
     // Suspect for about 600 ms (four checks 200 ms apart): SIPp's retransmissions of the
     // messages the frozen container swallowed arrive in that window and are held.
-    let path = tb.write_config(&config(&tb, 4));
-    tb.start_dispatcher(&path);
-    wait_for_learned(&tb, 2);
+    let (mut tb, sip, _) = sip_bed(2, 4);
 
     // Calls of 4 s; container 0 stops answering (as under SIGSTOP) for 3 s mid-call:
     // while it is suspect its messages are held (SIPp retransmits), then its replica
@@ -210,4 +212,20 @@ fn a_converged_applications_sip_and_http_fail_over_together() {
             assert!(served.iter().all(|c| *c == "clone2x"), "ln2 stays on b2: {served:?}");
         }
     }
+}
+
+#[test]
+fn the_learned_logical_names_are_listed_apart_from_the_clone_table() {
+    let (tb, _sip, path) = sip_bed(2, 2);
+    let cfg = path.to_str().unwrap();
+    let list = tb.dispatcher_cmd(&["clones", "--config", cfg, "--sip"]);
+    assert!(list.starts_with("SIP logical-name table: 2 entries"), "{list}");
+    for (i, replica) in [(0, "b1"), (1, "b0")] {
+        let ln = SipCluster::logical_name(i);
+        let row = list.lines().find(|l| l.starts_with(&format!("{ln} "))).unwrap_or_else(|| panic!("{ln}: {list}"));
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(cols[1..7], [format!("b{i}").as_str(), replica, "learned", "local", "(SIP", "check)"], "{list}");
+    }
+    let clones = tb.dispatcher_cmd(&["clones", "--config", cfg]);
+    assert!(clones.starts_with("clone table: 0 entries"), "logical names are not clone IDs: {clones}");
 }

@@ -193,6 +193,34 @@ fn malformed_sip_gets_a_defined_counted_verdict() {
         assert_eq!(count(&fx, stats::VIP_SIP_INVALID) - before.1, 1, "{what}: counted on the VIP");
         assert_eq!(count(&fx, stats::VIP_DROPS) - before.2, 1, "{what}");
     }
+    // The UDP length must cover its header and fit in the IP payload; bytes past a shorter
+    // one are not the message (the receiving kernel ignores them too).
+    let msg = invite("udp-len");
+    for (what, udp_len) in [("UDP length past the IP payload", msg.len() + 9), ("UDP length under its header", 7)] {
+        let before = (fx.count(stats::DROP_BAD_LENGTH), count(&fx, stats::VIP_DROPS));
+        let p = sip_packet(5061, &msg).with(|p| p.udp_len = Some(udp_len as u16));
+        assert_eq!(fx.run(&p).verdict, XDP_DROP, "{what}");
+        assert_eq!(
+            (fx.count(stats::DROP_BAD_LENGTH) - before.0, count(&fx, stats::VIP_DROPS) - before.1),
+            (1, 1),
+            "{what}"
+        );
+    }
+    let cut_before_the_end = sip_packet(5061, &msg).with(|p| p.udp_len = Some((8 + msg.len() - 2) as u16));
+    assert_eq!(fx.run(&cut_before_the_end).verdict, XDP_DROP, "the message ends where the UDP length says");
+    let padded =
+        sip_packet(5061, &format!("{msg}Call-ID: not-this-one\r\n")).with(|p| p.udp_len = Some((8 + msg.len()) as u16));
+    assert_eq!(fx.run(&padded).verdict, XDP_TX, "bytes past the UDP length are ignored");
+    assert!(
+        fx.sip_pin(SIP, "udp-len").is_some() && fx.sip_pin(SIP, "not-this-one").is_none(),
+        "pinned by the message's own Call-ID"
+    );
+    // RFC 3261 8.1.1: no Call-ID, no SIP message, even with a logical name that has an owner.
+    fx.set_clone("lnA", B0, Some(B1), false);
+    let before = fx.count(stats::DROP_SIP_INVALID);
+    let p = sip_packet(5061, "BYE sip:x@h SIP/2.0\r\nRoute: <sip:p;lr;ibmsid=lnA.1_2_3>\r\nCSeq: 1 BYE\r\n\r\n");
+    assert_eq!(fx.run(&p).verdict, XDP_DROP, "a known ibmsid without a Call-ID");
+    assert_eq!(fx.count(stats::DROP_SIP_INVALID) - before, 1);
     // A UDP header cut short: the generic truncation rule.
     let p = sip_packet(5061, &invite("t")).with(|p| p.truncate = Some(14 + 20 + 4));
     assert_eq!(fx.run(&p).verdict, XDP_DROP);

@@ -56,6 +56,9 @@ const PACKAGES: &[&str] = &[
     "dpkg-dev",
     // The capability test records the agent's system calls against its unit's filter.
     "strace",
+    // halog (in the haproxy package) reads the access log's `haproxy` format in the
+    // access-log test; the benchmarks also measure haproxy itself.
+    "haproxy",
     // Headless Chromium: the status page's test loads it in a real browser.
     "chromium",
 ];

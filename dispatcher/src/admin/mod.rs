@@ -3,10 +3,18 @@
 //!
 //! - `GET /metrics`: Prometheus text exposition (XDP counters, requests and latency per
 //!   VIP and backend, health, holds, retries, failovers, misroutes).
-//! - `GET /status`: the agent's view as JSON (`dispatcher status` merges it with the maps).
+//! - `GET /status`: the agent's view as JSON (`dispatcher status` merges it with the maps);
+//!   `?format=csv`: the status table as CSV (`csv`).
 //! - `GET /` (or `/status.html`): the status page, an HTML view of `/status` that polls it
 //!   (`page`), served to whoever may read `/status`.
-//! - `POST /backends/NAME/drain|disable|enable`: operator commands.
+//! - `POST /backends/NAME/drain|disable|enable`: operator commands;
+//!   `.../weight?value=N`, `.../maxconn?value=N|none`, `.../disable-checks|enable-checks`:
+//!   runtime settings until the next reload (`settings`).
+//! - `POST /counters/clear` (`?all=true`: the XDP counters too): counters to zero.
+//! - `GET /errors`: the last requests refused as malformed (`refusals`; client data:
+//!   operators only).
+//! - `GET /clones`, `POST /clones/delete?id=ID`: the clone table listed, a learned entry
+//!   forgotten (`clones`).
 //! - `POST /reload`: re-read the configuration file.
 //! - `POST /stop` (`?detach=true`): the agent exits, leaving (or removing) the data plane.
 //!
@@ -17,8 +25,11 @@
 //! connection budgets, so that scrapers can never lock the operator out.
 
 pub mod client;
+pub mod clones;
+pub mod csv;
 mod page;
 mod process;
+pub mod settings;
 pub mod views;
 
 use std::{
@@ -34,13 +45,18 @@ use tokio::{
     sync::{mpsc, oneshot},
 };
 
-use crate::api::{to_json, CommandReply, ErrorReply, MembershipReply, ReloadReply, StopReply};
+use crate::api::{to_json, ClearReply, CommandReply, ErrorReply, MembershipReply, ReloadReply, StopReply};
 use crate::http1::{
     body::{HeadError, Inbound, RelayError},
     closing_answer,
     head::{parse_request, HeadLimits},
 };
-use crate::{config::Config, control::AdminCommand, dataplane::tables::Tables, state::Servers};
+use crate::{
+    config::Config,
+    control::{AdminCommand, Order},
+    dataplane::tables::Tables,
+    state::Servers,
+};
 use dispatcher_common::Operator;
 
 pub struct Admin {
@@ -428,6 +444,29 @@ async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
     match (method.as_str(), parts.as_slice()) {
         ("GET", ["metrics"]) => respond(&mut s, 200, "text/plain; version=0.0.4", &views::metrics(admin)).await,
+        ("GET", ["status"]) if query.split('&').any(|kv| kv == "format=csv") => {
+            let (cfg, status) = (admin.current().0, views::status(admin));
+            let text = csv::status_csv(&cfg, &admin.tables.lock().unwrap(), Some(&status));
+            match text {
+                Ok(text) => respond(&mut s, 200, "text/csv; charset=utf-8", &text).await,
+                Err(e) => respond(&mut s, 500, "application/json", &err(format!("reading the maps: {e}"))).await,
+            }
+        }
+        ("GET", ["clones"]) => match clones::list(&admin.current().1, query) {
+            Ok(r) => respond(&mut s, 200, "application/json", &to_json(&r)).await,
+            Err(why) => respond(&mut s, 400, "application/json", &err(why)).await,
+        },
+        ("POST", ["clones", "delete"]) => {
+            let (cfg, servers, _) = admin.current();
+            let prefix = cfg.cluster.as_ref().map(|c| c.key_prefix.as_str());
+            match clones::delete(&servers, query, prefix) {
+                Ok(r) => respond(&mut s, 200, "application/json", &to_json(&r)).await,
+                Err(why) => respond(&mut s, 409, "application/json", &err(why)).await,
+            }
+        }
+        ("GET", ["errors"]) => {
+            respond(&mut s, 200, "application/json", &to_json(&admin.capacity().refusals.reply())).await
+        }
         ("GET", ["status"]) => respond(&mut s, 200, "application/json", &to_json(&views::status(admin))).await,
         ("GET", [""] | ["status.html"]) => {
             respond_with(&mut s, 200, page::CONTENT_TYPE, page::fields(), page::HTML).await
@@ -467,10 +506,17 @@ async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
                 _ => respond(&mut s, 503, "application/json", &err("no reply")).await,
             }
         }
-        ("POST", ["backends", name, action]) => backend_command(admin, &mut s, name, action).await,
+        ("POST", ["backends", name, action]) => backend_command(admin, &mut s, name, action, query).await,
         // `farm/server`.
         ("POST", ["backends", farm, server, action]) => {
-            backend_command(admin, &mut s, &format!("{farm}/{server}"), action).await
+            backend_command(admin, &mut s, &format!("{farm}/{server}"), action, query).await
+        }
+        ("POST", ["counters", "clear"]) => {
+            let all = query.split('&').any(|kv| kv == "all=true" || kv == "all=1");
+            match clear_counters(admin, all) {
+                Ok(cleared) => respond(&mut s, 200, "application/json", &to_json(&ClearReply { cleared })).await,
+                Err(why) => respond(&mut s, 500, "application/json", &err(why)).await,
+            }
         }
         _ => respond(&mut s, 404, "text/plain", "not found\n").await,
     }
@@ -481,29 +527,58 @@ async fn backend_command<S: AsyncWrite + Unpin>(
     s: &mut S,
     name: &str,
     action: &str,
+    query: &str,
 ) -> std::io::Result<()> {
     let (cfg, _, commands) = admin.current();
     let b = match server_named(&cfg, name) {
         Ok(b) => b,
         Err(why) => return respond(s, 404, "application/json", &err(why)).await,
     };
-    let op = match action {
-        "drain" => Operator::Drain,
-        "disable" => Operator::Disabled,
-        "enable" => Operator::None,
-        _ => return respond(s, 404, "application/json", &err("unknown action")).await,
+    let order = match action {
+        "drain" => Order::Operator(Operator::Drain),
+        "disable" => Order::Operator(Operator::Disabled),
+        "enable" => Order::Operator(Operator::None),
+        _ => match settings::order(action, query) {
+            Some(Ok(order)) => order,
+            Some(Err(why)) => return respond(s, 400, "application/json", &err(why)).await,
+            None => {
+                let why = format!("no backend action {action:?}; there are: {}", settings::ACTIONS);
+                return respond(s, 404, "application/json", &err(why)).await;
+            }
+        },
     };
     let (tx, rx) = oneshot::channel();
-    if commands.send(AdminCommand { backend: b, op, reply: tx }).is_err() {
+    if commands.send(AdminCommand { backend: b, order, reply: tx }).is_err() {
         return respond(s, 503, "application/json", &err("control loop stopped")).await;
     }
     match rx.await {
-        Ok((from, to)) => {
-            let body = CommandReply { backend: name.to_string(), from: from.name().into(), to: to.name().into() };
+        Ok(done) => {
+            let (from, to) = (done.from.name().into(), done.to.name().into());
+            let body = CommandReply { backend: name.to_string(), from, to, change: done.change };
             respond(s, 200, "application/json", &to_json(&body)).await
         }
         Err(_) => respond(s, 503, "application/json", &err("no reply")).await,
     }
+}
+
+/// `POST /counters/clear`: the agent's counters, and with `all` the XDP counters in the
+/// maps; the reply says which.
+fn clear_counters(admin: &Admin, all: bool) -> Result<String, String> {
+    let (_, servers, _) = admin.current();
+    settings::clear_counters(&servers, &admin.capacity());
+    let mut cleared =
+        "the agent's counters (requests, errors, responses, failovers, retries, holds, queues)".to_string();
+    if all {
+        admin
+            .tables
+            .lock()
+            .unwrap()
+            .clear_counters()
+            .map_err(|e| format!("{cleared} cleared; the XDP counters not: {e}"))?;
+        cleared.push_str(" and the XDP counters (packets, bytes, flows, drops)");
+    }
+    tracing::info!("operator: counters cleared: {cleared}");
+    Ok(cleared)
 }
 
 /// The backend an operator names: by its name when one backend has it, else as
@@ -636,9 +711,13 @@ mod tests {
             assert!(allowed(local, "GET", readable) && !allowed(remote, "GET", readable), "{readable}");
             assert!(!allowed(local, "POST", readable), "POST {readable}");
         }
-        for (m, p) in
-            [("POST", "/reload"), ("POST", "/stop"), ("POST", "/backends/a/drain"), ("GET", "/backends/a/drain")]
-        {
+        for (m, p) in [
+            ("POST", "/reload"),
+            ("POST", "/stop"),
+            ("POST", "/backends/a/drain"),
+            ("GET", "/backends/a/drain"),
+            ("GET", "/errors"),
+        ] {
             assert!(!allowed(remote, m, p), "{m} {p}");
             assert!(!allowed(local, m, p), "{m} {p} over loopback TCP");
             assert!(allowed(Peer::Operator, m, p), "{m} {p}");

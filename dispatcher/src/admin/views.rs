@@ -45,7 +45,8 @@ pub fn status(a: &Admin) -> AgentStatus {
     let backends = c
         .backends
         .iter()
-        .map(|b| BackendStatus {
+        .zip(&cfg.backends)
+        .map(|(b, conf)| BackendStatus {
             name: b.name.clone(),
             state: b.state().name().into(),
             health: b.health().name().into(),
@@ -79,6 +80,10 @@ pub fn status(a: &Admin) -> AgentStatus {
             }),
             last_check_ms: last_check(b).map(|s| s * 1000.0),
             responses: classes(&b.responses),
+            weight: b.weight(),
+            configured_weight: conf.weight,
+            configured_maxconn: conf.maxconn.map(u64::from),
+            checks_disabled: b.checks_disabled(),
         })
         .collect();
     let vips = cfg
@@ -105,6 +110,7 @@ pub fn status(a: &Admin) -> AgentStatus {
         version: env!("CARGO_PKG_VERSION").into(),
         clones: c.clone_count(),
         pins_missing: a.pins_missing.lock().unwrap().iter().map(|p| p.to_string()).collect(),
+        warnings: crate::dataplane::veth_trap(&cfg, a.steering.is_some()).into_iter().collect(),
         backends,
         vips,
         farms,
@@ -224,7 +230,7 @@ fn clients_and_clones(o: &mut Exposition, c: &Servers, cap: &Capacity) {
 /// Families with one series per backend, and where each one's value comes from.
 type PerBackend = (Family, fn(&Backend) -> u64);
 
-const BACKEND_SERIES: [PerBackend; 5] = [
+const BACKEND_SERIES: [PerBackend; 7] = [
     (
         Family::gauge(
             "dispatcher_backend_state",
@@ -244,6 +250,20 @@ const BACKEND_SERIES: [PerBackend; 5] = [
     (Family::gauge("dispatcher_backend_connections", "Open upstream connections to the backend."), |b| {
         b.connections.load(Ordering::Relaxed)
     }),
+    (
+        Family::gauge(
+            "dispatcher_backend_weight",
+            "The weight the backend is balanced by (an operator's until reload).",
+        ),
+        |b| b.weight() as u64,
+    ),
+    (
+        Family::gauge(
+            "dispatcher_backend_checks_disabled",
+            "1 while an operator has disabled the backend's health checks.",
+        ),
+        |b| b.checks_disabled() as u64,
+    ),
 ];
 const BACKEND_RESPONSE_SECONDS: Family =
     Family::histogram("dispatcher_backend_response_seconds", "Time to the response head, per backend.");

@@ -2,8 +2,9 @@
 //! worker and handed to a reload's successor: the client connections open, the TLS
 //! handshakes in progress, the descriptor budget of idle upstream connections
 //! (`Capacity`, owned by the HTTP server's generation), `maxconn` slots with their queue
-//! per backend (`queue`), and per-source client connection limits (`sources`). Depends on
-//! the configuration, the metrics and the TLS statistics only.
+//! per backend (`queue`), and per-source client connection limits (`sources`); it carries
+//! the ring of refused requests (`refusals`) across reloads. Depends on the configuration,
+//! the metrics, the TLS statistics and that ring only.
 
 pub mod queue;
 pub mod sources;
@@ -36,6 +37,8 @@ pub struct Capacity {
     /// matches (a route), so that totals go on.
     pub farms: Vec<Keyed<PathStats>>,
     pub routes: Vec<Keyed<PathStats>>,
+    /// The last requests refused as malformed (`GET /errors`), kept across reloads.
+    pub refusals: Arc<crate::refusals::Refusals>,
 }
 
 /// Statistics and what identifies their subject across a reload.
@@ -94,6 +97,7 @@ impl Capacity {
             // A route's identity across reloads is its name: its counters go on when its
             // patterns change, and stay its own when routes are inserted before it.
             routes: (cfg.routes.iter()).map(|r| Keyed { key: r.name.clone(), stats: Default::default() }).collect(),
+            refusals: Default::default(),
         }
     }
 
@@ -105,6 +109,7 @@ impl Capacity {
         c.client_connections = self.client_connections.clone();
         c.sources = self.sources.clone();
         c.idle_budget = self.idle_budget.clone();
+        c.refusals = self.refusals.clone();
         if c.tls_handshakes.0 == self.tls_handshakes.0 {
             c.tls_handshakes = self.tls_handshakes.clone();
         }

@@ -45,6 +45,10 @@ pub enum Command {
         /// On exit, leave the program attached and the maps pinned (L4 forwarding goes on).
         #[arg(long)]
         keep_dataplane: bool,
+        /// Serve, but do not join the group ([announce], [cluster]) until `dispatcher
+        /// join`: a staged dispatcher.
+        #[arg(long)]
+        stay_out: bool,
     },
     /// Validate a configuration file; errors name the line and the field.
     Check {
@@ -70,6 +74,21 @@ pub enum Command {
         #[arg(long)]
         generic: bool,
     },
+    /// Attach the trivial pass program to a veth peer in native mode, so that the frames
+    /// a dispatcher on the other end forwards with XDP are not dropped (the veth trap). It
+    /// stays attached after the command exits, until --detach or the link goes away.
+    XdpPass {
+        /// The interface: the peer of the dispatcher's veth.
+        #[arg(value_name = "IFACE")]
+        iface: String,
+        /// Act in network namespace NAME (/run/netns/NAME, as `ip netns` names it) or the
+        /// one a path names.
+        #[arg(long, value_name = "NAME")]
+        netns: Option<String>,
+        /// Remove the pass program instead (only the project's own).
+        #[arg(long)]
+        detach: bool,
+    },
     /// Show VIPs, backends and XDP counters from the pinned maps.
     Status {
         #[command(flatten)]
@@ -77,6 +96,9 @@ pub enum Command {
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
+        /// The table as CSV (RFC 4180): a header line, one row per VIP and per backend.
+        #[arg(long, conflicts_with = "json")]
+        csv: bool,
         /// Refresh every SECS seconds (on a terminal, in place) until interrupted.
         #[arg(long, short, value_name = "SECS")]
         watch: Option<f64>,
@@ -105,6 +127,45 @@ pub enum Command {
         /// A backend's name, or FARM/SERVER when several farms have a server of that name.
         backend: String,
     },
+    /// Set a backend's weight (1..=10000) in the running agent, for new sessions and L4
+    /// flows, until the next reload restores the configuration's.
+    Weight {
+        #[command(flatten)]
+        config: ConfigFile,
+        /// A backend's name, or FARM/SERVER when several farms have a server of that name.
+        backend: String,
+        /// The weight, 1..=10000 (to take no new sessions, drain the backend).
+        weight: String,
+    },
+    /// Set a backend's maxconn (requests in flight at once, 1..=1000000, or none) in the
+    /// running agent, until the next reload restores the configuration's.
+    Maxconn {
+        #[command(flatten)]
+        config: ConfigFile,
+        /// A backend's name, or FARM/SERVER when several farms have a server of that name.
+        backend: String,
+        /// Requests in flight at once, 1..=1000000, or none for no limit.
+        maxconn: String,
+    },
+    /// Disable a backend's health checks (it counts as healthy; none are sent, failed
+    /// requests are ignored) or enable them again, until the next reload.
+    Checks {
+        #[command(flatten)]
+        config: ConfigFile,
+        /// disable or enable.
+        action: ChecksAction,
+        /// A backend's name, or FARM/SERVER when several farms have a server of that name.
+        backend: String,
+    },
+    /// Set the running agent's counters to zero (requests, errors, responses, failovers,
+    /// retries, holds, queues); gauges stay.
+    ClearCounters {
+        #[command(flatten)]
+        config: ConfigFile,
+        /// The XDP counters in the maps too (packets, bytes, flows, drops).
+        #[arg(long)]
+        all: bool,
+    },
     /// Make the running agent re-read its configuration file and apply the difference.
     Reload {
         #[command(flatten)]
@@ -112,6 +173,34 @@ pub enum Command {
     },
     /// Print the agent's Prometheus metrics (from its admin socket).
     Metrics {
+        #[command(flatten)]
+        config: ConfigFile,
+    },
+    /// List the clone table (clone and partition IDs -> backends: configured, learned
+    /// here, taken from the store), or the SIP logical-name table; `delete ID` forgets a
+    /// learned entry.
+    Clones {
+        #[command(flatten)]
+        config: ConfigFile,
+        /// `delete`: forget the learned entry ID (a configured one is refused).
+        #[arg(value_name = "ACTION", value_parser = ["delete"], requires = "id")]
+        action: Option<String>,
+        /// The clone ID or logical name to delete (`#HASH` for an entry listed so).
+        #[arg(value_name = "ID", requires = "action")]
+        id: Option<String>,
+        /// The SIP logical-name table instead of the clone table.
+        #[arg(long)]
+        sip: bool,
+        /// Skip the first N entries (sorted by ID).
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        offset: usize,
+        /// Show at most N entries (1 to 10000).
+        #[arg(long, value_name = "N", default_value_t = 100)]
+        limit: usize,
+    },
+    /// Print the last requests the agent refused as malformed (HAProxy's `show errors`):
+    /// when, VIP, client, status, why, and what arrived, escaped.
+    Errors {
         #[command(flatten)]
         config: ConfigFile,
     },
@@ -152,4 +241,11 @@ pub enum Command {
         #[arg(long)]
         detach: bool,
     },
+}
+
+/// `dispatcher checks disable|enable`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum ChecksAction {
+    Disable,
+    Enable,
 }

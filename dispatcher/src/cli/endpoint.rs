@@ -1,5 +1,5 @@
 //! Commands that ask the running agent (through its admin socket): `metrics`, `reload`,
-//! `stop`, `join`, `leave`.
+//! `stop`, `join`, `leave`, `clear-counters`.
 
 use std::{path::Path, process::ExitCode, time::Duration};
 
@@ -159,4 +159,19 @@ fn alive(pid: i32) -> bool {
         Ok(stat) => stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()) != Some('Z'),
         Err(_) => false,
     }
+}
+
+/// `clear-counters` (`--all`: the XDP counters too).
+pub fn clear_counters(path: &Path, all: bool) -> anyhow::Result<ExitCode> {
+    let cfg = Config::load(path)?;
+    let target = if all { "/counters/clear?all=true" } else { "/counters/clear" };
+    let (code, body) =
+        request(&cfg.admin_socket, "POST", target).map_err(|e| anyhow::anyhow!(explain(&e, &cfg.instance)))?;
+    if code != 200 {
+        eprintln!("clear-counters refused: {}", refusal(&body));
+        return Ok(ExitCode::from(1));
+    }
+    let v: dispatcher::api::ClearReply = serde_json::from_str(&body).context("the agent's answer to clear-counters")?;
+    println!("cleared: {}", v.cleared);
+    Ok(ExitCode::SUCCESS)
 }

@@ -1,6 +1,7 @@
 //! `drain`, `disable`, `enable`: through the agent's admin endpoint; with no agent
 //! running, directly on the pinned maps (state and rings), which the XDP program reads on
-//! every packet and a starting agent adopts.
+//! every packet and a starting agent adopts. `weight`, `maxconn`, `checks`: the running
+//! agent's only (they last until its next reload).
 
 use std::{path::Path, process::ExitCode};
 
@@ -80,4 +81,41 @@ pub fn control(path: &Path, backend: &str, action: Action) -> anyhow::Result<Exi
     }
     println!("{backend}: {} -> {}", old.name(), state.name());
     Ok(ExitCode::SUCCESS)
+}
+
+/// What the operator typed, as a query value: passed on when it is plain (the agent
+/// checks the range), else replaced by a mark the agent refuses in words.
+pub fn query_value(v: &str) -> String {
+    if !v.is_empty()
+        && v.len() <= 24
+        && v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'+' || b == b'.')
+    {
+        v.to_string()
+    } else {
+        "(unreadable)".into()
+    }
+}
+
+/// `weight`, `maxconn`, `checks`: `action` (with its query) on the running agent.
+pub fn setting(path: &Path, backend: &str, action: &str) -> anyhow::Result<ExitCode> {
+    let cfg = Config::load(path)?;
+    let verb = action.split('?').next().unwrap_or(action);
+    match dispatcher::admin::client::request(&cfg.admin_socket, "POST", &format!("/backends/{backend}/{action}")) {
+        Ok((200, body)) => {
+            let v: dispatcher::api::CommandReply = serde_json::from_str(&body)?;
+            println!("backend {backend}: {}", v.change);
+            if v.from != v.to {
+                println!("backend {backend}: {} -> {}", v.from, v.to);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Ok((_, body)) => {
+            eprintln!("{verb} {backend}: {}", dispatcher::admin::client::refusal(&body));
+            Ok(ExitCode::from(1))
+        }
+        Err(e) => anyhow::bail!(
+            "{}; nothing changed (a runtime {verb} is the running agent's, until its next reload)",
+            dispatcher::admin::client::explain(&e, &cfg.instance)
+        ),
+    }
 }

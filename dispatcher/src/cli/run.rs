@@ -2,7 +2,7 @@
 
 use std::{path::Path, process::ExitCode};
 
-pub fn run(path: &Path, keep_dataplane: bool) -> anyhow::Result<ExitCode> {
-    dispatcher::agent::run(path, keep_dataplane)?;
+pub fn run(path: &Path, keep_dataplane: bool, stay_out: bool) -> anyhow::Result<ExitCode> {
+    dispatcher::agent::run(path, keep_dataplane, stay_out)?;
     Ok(ExitCode::SUCCESS)
 }

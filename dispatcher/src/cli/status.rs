@@ -41,25 +41,43 @@ fn state_name(v: u8) -> &'static str {
     dispatcher_common::BackendState::from_u8(v).name()
 }
 
+/// How a frame is printed: the aligned tables, one line of JSON, or CSV.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Table,
+    Json,
+    Csv,
+}
+
+impl Format {
+    pub fn of(json: bool, csv: bool) -> Format {
+        match (json, csv) {
+            (true, _) => Format::Json,
+            (_, true) => Format::Csv,
+            _ => Format::Table,
+        }
+    }
+}
+
 /// `status`, once or (`--watch SECS`) every SECS seconds, `count` times or until
 /// interrupted; on a terminal each frame replaces the previous one.
-pub fn status(path: &Path, json: bool, watch: Option<f64>, count: Option<u64>) -> anyhow::Result<ExitCode> {
+pub fn status(path: &Path, format: Format, watch: Option<f64>, count: Option<u64>) -> anyhow::Result<ExitCode> {
     // Ids as the pinned maps know them (by name), not file positions.
     let cfg = dispatcher::dataplane::ids::placed(Config::load(path)?).map_err(|e| anyhow::anyhow!(e))?;
     let Some(every) = watch else {
-        print!("{}", render(&cfg, json)?);
+        print!("{}", render(&cfg, format)?);
         return Ok(ExitCode::SUCCESS);
     };
     anyhow::ensure!(every.is_finite() && every >= 0.1, "--watch takes seconds, at least 0.1");
-    let tty = std::io::stdout().is_terminal() && !json;
+    let tty = std::io::stdout().is_terminal() && format == Format::Table;
     let mut frames = 0u64;
     loop {
         // An agent or maps that go away while watching are shown, not fatal.
-        let frame = render(&cfg, json).unwrap_or_else(|e| format!("{e:#}\n"));
+        let frame = render(&cfg, format).unwrap_or_else(|e| format!("{e:#}\n"));
         let stamp = utc_clock();
         if tty {
             print!("\x1b[H\x1b[2J{stamp}  (every {every} s; Ctrl-C to stop)\n\n{frame}");
-        } else if json {
+        } else if format != Format::Table {
             print!("{frame}");
         } else {
             print!("--- {stamp}\n{frame}\n");
@@ -128,13 +146,17 @@ struct Frame<'c> {
     unanswered: Option<String>,
 }
 
-/// One status frame: the aligned tables, or one line of JSON.
-fn render(cfg: &Config, json: bool) -> anyhow::Result<String> {
+/// One status frame: the aligned tables, one line of JSON, or CSV.
+fn render(cfg: &Config, format: Format) -> anyhow::Result<String> {
     let f = Frame::read(cfg)?;
     let mut o = String::new();
-    if json {
-        f.json(&mut o);
-        return Ok(o);
+    match format {
+        Format::Json => {
+            f.json(&mut o);
+            return Ok(o);
+        }
+        Format::Csv => return Ok(dispatcher::admin::csv::status_csv(cfg, &f.tables, f.agent.as_ref())?),
+        Format::Table => {}
     }
     f.header(&mut o);
     f.vip_table(&mut o)?;
@@ -292,6 +314,9 @@ impl<'c> Frame<'c> {
                 missing.join(", ")
             );
         }
+        for w in self.agent.iter().flat_map(|a| &a.warnings) {
+            let _ = writeln!(o, "WARNING: {w}");
+        }
         let _ = writeln!(o);
     }
 
@@ -391,8 +416,30 @@ impl<'c> Frame<'c> {
                 q.in_flight, q.maxconn, q.queued, q.maxqueue, q.queued_total, q.wait_mean_ms, q.refused_full, q.refused_timeout, q.refused_left
             );
         }
+        for line in self.agent.iter().flat_map(|a| &a.backends).filter_map(runtime_line) {
+            let _ = writeln!(o, "{line}");
+        }
         let _ = writeln!(o);
     }
+}
+
+/// What an operator set at runtime on a backend and the configuration says otherwise
+/// (until the next reload): `backend b1: weight 50 (runtime; configured 100), health
+/// checks disabled; until reload`; none when it runs as configured.
+fn runtime_line(b: &BackendStatus) -> Option<String> {
+    let limit = |m: Option<u64>| m.map_or_else(|| "none".to_string(), |m| m.to_string());
+    let mut said = Vec::new();
+    if b.weight != b.configured_weight && b.configured_weight != 0 {
+        said.push(format!("weight {} (runtime; configured {})", b.weight, b.configured_weight));
+    }
+    let maxconn = b.queue.as_ref().map(|q| q.maxconn);
+    if maxconn != b.configured_maxconn {
+        said.push(format!("maxconn {} (runtime; configured {})", limit(maxconn), limit(b.configured_maxconn)));
+    }
+    if b.checks_disabled {
+        said.push("health checks disabled".into());
+    }
+    (!said.is_empty()).then(|| format!("backend {}: {}; until reload", b.name, said.join(", ")))
 }
 
 /// A backend's last change of state, beside its state: `up -> suspect: timeout after
@@ -529,6 +576,21 @@ fn protocols_line(c: &dispatcher::api::CounterStatus) -> Option<String> {
 #[cfg(test)]
 mod protocol_tests {
     use super::*;
+
+    #[test]
+    fn runtime_settings_are_said_against_the_configuration() {
+        let b = BackendStatus { name: "b1".into(), weight: 100, configured_weight: 100, ..Default::default() };
+        assert_eq!(runtime_line(&b), None, "as configured");
+        let q = dispatcher::api::QueueStatus { maxconn: 1, ..Default::default() };
+        let b = BackendStatus { weight: 50, queue: Some(q), checks_disabled: true, ..b };
+        assert_eq!(
+            runtime_line(&b).unwrap(),
+            "backend b1: weight 50 (runtime; configured 100), maxconn 1 (runtime; configured none), \
+             health checks disabled; until reload"
+        );
+        let b = BackendStatus { weight: 100, queue: None, checks_disabled: false, configured_maxconn: Some(5), ..b };
+        assert_eq!(runtime_line(&b).unwrap(), "backend b1: maxconn none (runtime; configured 5); until reload");
+    }
 
     #[test]
     fn the_protocols_line_appears_once_a_client_spoke_http2_and_names_each_reason() {

@@ -225,12 +225,37 @@ pub struct Config {
 /// `[access_log]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AccessLogSettings {
-    /// A file (appended to, reopened on every reload), or `None` for standard output.
-    pub path: Option<PathBuf>,
+    /// `path`: a file or standard output; `None`: to syslog only.
+    pub output: Option<AccessLogOutput>,
+    /// `syslog`: to syslog (too, with `path`).
+    pub syslog: Option<SyslogTarget>,
     pub format: AccessLogFormat,
     /// Lines waiting for the writer; beyond, lines are dropped and counted (the request
     /// path never waits for the disk).
     pub buffer: usize,
+    /// The program name the lines carry: syslog's APP-NAME, and the `haproxy` format's
+    /// syslog header in a file (`tag[pid]:`).
+    pub tag: String,
+    /// The syslog facility's code (`local0`: 16); the severity is always informational.
+    pub facility: u8,
+    /// The longest syslog message sent, in bytes (header included); longer ones are cut.
+    pub max_message: usize,
+}
+
+/// Where `path` writes the access log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AccessLogOutput {
+    Stdout,
+    /// Appended to, reopened on every reload.
+    File(PathBuf),
+}
+
+/// RFC 5424 messages, one datagram per line, to a Unix datagram socket (`/dev/log`) or a
+/// UDP address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SyslogTarget {
+    Unix(PathBuf),
+    Udp(SocketAddr),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -243,6 +268,34 @@ pub enum AccessLogFormat {
 
 impl AccessLogSettings {
     pub const DEFAULT_BUFFER: usize = 65_536;
+    pub const DEFAULT_TAG: &'static str = "dispatcher";
+    /// `local0`.
+    pub const DEFAULT_FACILITY: u8 = 16;
+    /// What RFC 5424 says every receiver should take.
+    pub const DEFAULT_MAX_MESSAGE: usize = 2048;
+    /// The syslog facilities by name, with their codes (RFC 5424 6.2.1).
+    pub const FACILITIES: [(&'static str, u8); 20] = [
+        ("kern", 0),
+        ("user", 1),
+        ("mail", 2),
+        ("daemon", 3),
+        ("auth", 4),
+        ("syslog", 5),
+        ("lpr", 6),
+        ("news", 7),
+        ("uucp", 8),
+        ("cron", 9),
+        ("authpriv", 10),
+        ("ftp", 11),
+        ("local0", 16),
+        ("local1", 17),
+        ("local2", 18),
+        ("local3", 19),
+        ("local4", 20),
+        ("local5", 21),
+        ("local6", 22),
+        ("local7", 23),
+    ];
 }
 
 /// `[cluster]`: the shared store and this dispatcher's place in it (see `shared`).
@@ -945,6 +998,22 @@ port_group = "g"
         assert!(e.contains("vip[0].session_format: applies to HTTP VIPs only"), "{e}");
     }
 
+    /// An L4 VIP on an HTTP VIP's address goes with the HTTP interface (issue 31): said.
+    #[test]
+    fn an_l4_vip_on_an_http_vips_address_is_warned_about_when_announced() {
+        let http = "\n[[vip]]\nname = \"app\"\naddress = \"10.0.100.1\"\nport = 8080\nmode = \"http\"\n";
+        let c = Config::parse(&format!("{GOOD}{http}"), "x.toml").unwrap();
+        assert!(!c.warnings.iter().any(|w| w.contains("shares address")), "nothing announced: {:?}", c.warnings);
+        let c = Config::parse(&format!("{GOOD}{http}\n[announce]\n"), "x.toml").unwrap();
+        let w: Vec<_> = c.warnings.iter().filter(|w| w.contains("shares address")).collect();
+        assert_eq!(w.len(), 2, "web and tls: {w:?}");
+        assert!(w[0].starts_with("VIP `web` shares address 10.0.100.1 with HTTP VIP `app`"), "{}", w[0]);
+        assert!(w[0].contains("give it an address of its own"), "{}", w[0]);
+        let own = http.replace("10.0.100.1", "10.0.100.9");
+        let c = Config::parse(&format!("{GOOD}{own}\n[announce]\n"), "x.toml").unwrap();
+        assert!(!c.warnings.iter().any(|w| w.contains("shares address")), "{:?}", c.warnings);
+    }
+
     /// Each mode's settings are on its kind: an L4 VIP's forwarding, an HTTP VIP's backend
     /// port, TLS and redirect; the XDP keys of an HTTP VIP are checked, not kept.
     #[test]
@@ -971,6 +1040,17 @@ port_group = "g"
         assert_eq!(sip.l4().and_then(|s| s.sticky_time), Some(Duration::from_secs(5)));
         let e = err_of(&text.replace("ring_size = 1009", "ring_size = 250"));
         assert!(e.contains("vip[2].ring_size: 250 must be a prime"), "checked on an HTTP VIP too: {e}");
+        // A SIP VIP is called a SIP VIP (issue 30): only it needs b's MAC here.
+        let sip_only = text
+            .replacen("port = 80\nring_size = 251", "port = 80\nmode = \"http\"\nring_size = 251", 1)
+            .replacen("forwarding = \"ipip\"\nencap_source = \"10.0.0.1\"\n", "mode = \"http\"\n", 1);
+        let e = err_of(&sip_only.replace("mac = \"02:00:00:00:00:12\"\n", ""));
+        assert!(
+            e.contains(
+                "backend[1].mac: required: backend `b` serves SIP VIP `sip` (XDP forwards to the backend's MAC)"
+            ),
+            "{e}"
+        );
     }
 
     #[test]

@@ -58,9 +58,13 @@ pub(super) struct RawRoute {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawAccessLog {
-    pub(super) path: Spanned<String>,
+    pub(super) path: Option<Spanned<String>>,
+    pub(super) syslog: Option<Spanned<String>>,
     pub(super) format: Option<Spanned<String>>,
     pub(super) buffer: Option<Spanned<usize>>,
+    pub(super) tag: Option<Spanned<String>>,
+    pub(super) facility: Option<Spanned<String>>,
+    pub(super) max_message: Option<Spanned<usize>>,
 }
 
 #[derive(Debug, Deserialize)]

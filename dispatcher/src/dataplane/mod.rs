@@ -328,6 +328,22 @@ pub fn attach(
     }
 }
 
+/// The veth trap (`netif::veth`), in words, when the XDP program forwards anything (an
+/// L4 or SIP VIP, or steering) out of `dispatcher.interface` and would lose it there.
+pub fn veth_trap(cfg: &crate::config::Config, steering: bool) -> Option<String> {
+    let forwards = steering || cfg.vips.iter().any(|v| v.mode() != crate::config::VipMode::Http);
+    if !forwards {
+        return None;
+    }
+    match crate::netif::veth::trap(&cfg.interface) {
+        Ok(trap) => trap.map(|t| t.warning()),
+        Err(e) => {
+            tracing::debug!(interface = %cfg.interface, error = %e, "cannot tell whether the interface is a veth in the trap");
+            None
+        }
+    }
+}
+
 /// Removes what `load_dispatcher` pinned under `dir` (and a pinned link), then the
 /// directory itself. Missing files are fine: cleanup must be repeatable.
 pub fn unpin_all(dir: &Path) -> Result<(), DataplaneError> {

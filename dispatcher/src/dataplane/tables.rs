@@ -289,6 +289,19 @@ impl Tables {
         stale.iter().filter(|k| self.vips.remove(k).is_ok()).count()
     }
 
+    /// Zeroes every XDP counter (`dispatcher clear-counters --all`); what XDP counts on
+    /// another CPU meanwhile may be lost with it.
+    pub fn clear_counters(&mut self) -> Result<(), DataplaneError> {
+        let cpus = aya::util::nr_cpus()
+            .map_err(|(what, source)| DataplaneError::Io { what: format!("counting the CPUs ({what})"), source })?;
+        for slot in 0..stats::TOTAL_SLOTS {
+            let zeros = aya::maps::PerCpuValues::try_from(vec![Counter::default(); cpus])
+                .map_err(|source| DataplaneError::Io { what: "zeroing STATS".into(), source })?;
+            self.stats.set(slot, zeros, 0).map_err(map_err("STATS"))?;
+        }
+        Ok(())
+    }
+
     /// One counter summed over all CPUs.
     pub fn counter(&self, slot: u32) -> Result<Counter, DataplaneError> {
         let per_cpu = self.stats.get(&slot, 0).map_err(map_err("STATS"))?;

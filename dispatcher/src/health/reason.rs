@@ -130,10 +130,14 @@ pub enum Reason {
     SharedOperator(Operator),
     /// The shared rule: most live dispatchers see it down (`true`), or no longer.
     Peers(bool),
+    /// An operator disabled its health checks (`true`: it counts as healthy), or
+    /// enabled them again.
+    Checks(bool),
 }
 
 /// `Reason::kind` values that are not a cause's.
-pub const OTHER_KINDS: [&str; 5] = ["passed", "operator", "shared_operator", "peers_down", "peers_up"];
+pub const OTHER_KINDS: [&str; 7] =
+    ["passed", "operator", "shared_operator", "peers_down", "peers_up", "checks_disabled", "checks_enabled"];
 
 impl Reason {
     /// A metric label: bounded (`CAUSE_KINDS`, `PASSIVE_KINDS`, `OTHER_KINDS`).
@@ -146,6 +150,8 @@ impl Reason {
             Reason::SharedOperator(_) => OTHER_KINDS[2],
             Reason::Peers(true) => OTHER_KINDS[3],
             Reason::Peers(false) => OTHER_KINDS[4],
+            Reason::Checks(true) => OTHER_KINDS[5],
+            Reason::Checks(false) => OTHER_KINDS[6],
         }
     }
 }
@@ -169,6 +175,8 @@ impl fmt::Display for Reason {
             Reason::SharedOperator(op) => write!(f, "operator {} (another dispatcher)", verb(*op)),
             Reason::Peers(true) => f.write_str("most dispatchers see it down"),
             Reason::Peers(false) => f.write_str("most dispatchers no longer see it down"),
+            Reason::Checks(true) => f.write_str("operator disabled its health checks"),
+            Reason::Checks(false) => f.write_str("operator enabled its health checks"),
         }
     }
 }
@@ -196,6 +204,8 @@ mod tests {
             (Reason::Operator(Operator::None), "operator enable", "operator"),
             (Reason::SharedOperator(Operator::Disabled), "operator disable (another dispatcher)", "shared_operator"),
             (Reason::Peers(true), "most dispatchers see it down", "peers_down"),
+            (Reason::Checks(true), "operator disabled its health checks", "checks_disabled"),
+            (Reason::Checks(false), "operator enabled its health checks", "checks_enabled"),
         ];
         for (r, text, kind) in cases {
             assert_eq!((r.to_string().as_str(), r.kind()), (text, kind), "{r:?}");

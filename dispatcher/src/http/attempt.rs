@@ -95,6 +95,20 @@ impl SendFail {
         })
     }
 
+    /// How the request ended, as HAProxy's termination state says it (who, which phase).
+    pub fn term(&self) -> [u8; 2] {
+        use crate::access_log::term;
+        match self {
+            SendFail::Unreachable(e) if e.is_busy() => term::QUEUE_TIMEOUT,
+            SendFail::Unreachable(e) if e.is_local() => term::RESOURCE_CONNECT,
+            SendFail::Unreachable(_) => term::SERVER_CONNECT,
+            SendFail::Closed => term::SERVER_HEADERS,
+            SendFail::Timeout => term::SERVER_HEADERS_TIMEOUT,
+            SendFail::Bad(_) => term::PROXY_HEADERS,
+            SendFail::Answered => term::CLIENT_DATA,
+        }
+    }
+
     /// What the failure says of `backend` (its health, its idle connections) and of this
     /// host (the counters, the log).
     pub fn blame(&self, ctx: &VipCtx, backend: usize) {

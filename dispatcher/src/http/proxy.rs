@@ -35,7 +35,7 @@ use crate::http1::{
     send_error, write_client, ERROR_WRITE_DEADLINE,
 };
 use crate::{
-    access_log::{AccessLog, Decision as LogDecision, Entry, MAX_REQUEST_LINE},
+    access_log::{term, AccessLog, Conns, Decision as LogDecision, Entry, MAX_REQUEST_LINE},
     config::{HttpSettings, Redirect, SessionFormat},
     state::{Backend, Servers},
     tls::server::ServerTls,
@@ -128,8 +128,15 @@ struct Trace {
     response: Option<Instant>,
     status: u16,
     /// The farm and the route it was routed by (filled only when logging).
-    farm: Option<Arc<str>>,
+    farm: Option<Arc<super::route::FarmCtx>>,
     route: Option<Arc<str>>,
+    /// When its last attempt asked for a server connection (the connect time runs from
+    /// here).
+    connecting: Option<Instant>,
+    /// Its retries went to another server than the first.
+    redispatched: bool,
+    /// HAProxy's termination state: who or what ended it, in which phase (`--`: normal).
+    term: [u8; 2],
 }
 
 impl Trace {
@@ -148,6 +155,16 @@ impl Trace {
             status: 0,
             farm: None,
             route: None,
+            connecting: None,
+            redispatched: false,
+            term: term::NORMAL,
+        }
+    }
+
+    /// Records how it ended, unless an earlier step said so already.
+    fn ended(&mut self, how: [u8; 2]) {
+        if self.term == term::NORMAL {
+            self.term = how;
         }
     }
 
@@ -157,9 +174,10 @@ impl Trace {
         if ctx.log.is_none() {
             return;
         }
+        self.redispatched |= self.backend.is_some_and(|b| b != backend);
         self.backend = Some(backend);
         self.decision = kind;
-        self.farm = Some(req.route.farm.name.clone());
+        self.farm = Some(req.route.farm.clone());
         self.route = req.route.label.clone();
         let sess = req.sess.as_ref();
         let c = &ctx.servers;
@@ -224,32 +242,66 @@ fn owned_by<'a>(c: &Servers, s: &session::SessionId<'a>, backend: usize) -> Opti
 impl LogTo {
     /// `request`: the request line as logged (`request_line`, or `<BADREQ>` for a head
     /// that was refused).
-    fn entry(&self, t: &Trace, (request, protocol): (Box<[u8]>, &'static str), client: SocketAddr, io: (u64, u64)) {
+    fn entry(
+        &self,
+        ctx: &VipCtx,
+        t: &Trace,
+        (request, protocol): (Box<[u8]>, &'static str),
+        client: SocketAddr,
+        io: (u64, u64),
+    ) {
         let (bytes_in, bytes_out) = io;
         let us = |i: Instant| i.saturating_duration_since(t.started).as_micros() as u64;
         self.sink.log(Entry {
             at: std::time::SystemTime::now() - t.started.elapsed(),
             vip: self.vip.clone(),
+            tls: ctx.tls.is_some(),
             client,
             request,
             protocol,
             backend: t.backend.and_then(|b| self.backends.get(b).cloned()),
             session: t.session.clone(),
             decision: t.decision,
-            farm: t.farm.clone(),
+            farm: t.farm.as_ref().map(|f| f.name.clone()),
             route: t.route.clone(),
             held: t.held,
             retries: t.retries,
+            redispatched: t.redispatched,
+            term: t.term,
+            conns: conns(ctx, t),
             status: t.status,
             bytes_in,
             bytes_out,
             head_us: us(t.head_done),
             wait_us: t.held.then_some(t.wait.as_micros() as u64),
+            connecting_us: t.connecting.map(us),
             connect_us: t.connected.map(us),
             response_us: t.response.map(us),
             total_us: t.started.elapsed().as_micros() as u64,
         });
     }
+}
+
+/// The connection and queue counts a logged request is shown with, as they are when it
+/// is logged: the agent's and the VIP's client connections, the requests in flight on
+/// its farm and its server, and the requests queued for them (`maxconn`).
+fn conns(ctx: &VipCtx, t: &Trace) -> Conns {
+    let c = &ctx.servers;
+    let vip = ctx.capacity.vips.get(ctx.vip_index);
+    let mut n = Conns {
+        active: ctx.capacity.client_connections.load(Ordering::Relaxed) as u64,
+        frontend: vip.map_or(0, |v| v.connections.load(Ordering::Relaxed)),
+        ..Conns::default()
+    };
+    if let Some(be) = t.backend.and_then(|b| c.backends.get(b)) {
+        n.server = be.outstanding.load(Ordering::Relaxed);
+        n.server_queue = be.slots.queued();
+    }
+    for be in t.farm.iter().flat_map(|f| f.route.members.iter()).filter_map(|&b| c.backends.get(b)) {
+        n.backend += be.outstanding.load(Ordering::Relaxed);
+        n.backend_queue += be.slots.queued();
+    }
+    n
 }
 
 /// One client connection: the VIP it came to, the client's two halves, and the buffers
@@ -323,11 +375,17 @@ pub async fn serve_http1(
             HeadRead::Head(h, t) => (h, t),
             HeadRead::Closed => return,
             HeadRead::Reject(r, started) => {
+                conn.refused(r.status, r.reason, &conn.client.buf);
                 let written0 = conn.w.written;
                 send_error(&mut conn.w, r.status, r.reason, None).await;
                 // HAProxy's `<BADREQ>`: what arrived is not a request line to show.
                 let received = conn.client.buf.len() as u64;
-                conn.log_answer(started, r.status, (b"<BADREQ>"[..].into(), None), received, written0);
+                let how = match r.status {
+                    408 => term::CLIENT_REQUEST_TIMEOUT,
+                    _ if r.reason == CLOSED_INSIDE_HEAD => term::CLIENT_REQUEST,
+                    _ => term::PROXY_REQUEST,
+                };
+                conn.log_answer(started, (r.status, how), (b"<BADREQ>"[..].into(), None), received, written0);
                 return;
             }
         };
@@ -459,7 +517,7 @@ async fn read_head(
             Err(RelayError::Timeout) if deadline.is_none() => return HeadRead::Closed,
             Ok(0) if client.buf.is_empty() => return HeadRead::Closed,
             Ok(0) => {
-                let r = Reject { status: 400, reason: "connection closed inside the request head" };
+                let r = Reject { status: 400, reason: CLOSED_INSIDE_HEAD };
                 return HeadRead::Reject(r, head_started(deadline, ctx));
             }
             Ok(_) => {}
@@ -471,6 +529,9 @@ async fn read_head(
         }
     }
 }
+
+/// Why a head was refused when the client closed its connection inside it.
+const CLOSED_INSIDE_HEAD: &str = "connection closed inside the request head";
 
 /// When the head being read began: its deadline less the header timeout.
 fn head_started(deadline: Option<Instant>, ctx: &VipCtx) -> Instant {
@@ -514,13 +575,18 @@ impl Drop for InFlight<'_> {
 }
 
 impl ClientConn {
+    /// Keeps a request refused as malformed for `GET /errors` (what arrived of it).
+    fn refused(&self, status: u16, reason: &'static str, bytes: &[u8]) {
+        keep_refusal(&self.ctx, self.peer, self.protocol, (status, reason), bytes);
+    }
+
     /// Counts a request the dispatcher answered itself (a refused head, a redirect), and
     /// logs it when the VIP has an access log.
     /// `request`: the request line logged, and the head it is from (`None`: refused).
     fn log_answer(
         &self,
         started: Instant,
-        status: u16,
+        (status, how): (u16, [u8; 2]),
         request: (Box<[u8]>, Option<&RequestHead>),
         bytes_in: u64,
         written0: u64,
@@ -529,8 +595,9 @@ impl ClientConn {
         if let Some(log) = &self.ctx.log {
             let mut t = Trace::new(started);
             t.status = status;
+            t.term = how;
             let protocol = self.protocol_of(request.1);
-            log.entry(&t, (request.0, protocol), self.peer, (bytes_in, self.w.written - written0));
+            log.entry(&self.ctx, &t, (request.0, protocol), self.peer, (bytes_in, self.w.written - written0));
         }
     }
 
@@ -551,7 +618,7 @@ impl ClientConn {
         let written0 = self.w.written;
         let sent = write_client(&mut self.w, answer.as_bytes(), ERROR_WRITE_DEADLINE).await;
         let line = request_line(head, head_bytes);
-        self.log_answer(started, 308, (line, Some(head)), head.len as u64, written0);
+        self.log_answer(started, (308, term::LOCAL), (line, Some(head)), head.len as u64, written0);
         if sent {
             let _ = self.w.shutdown().await;
             // What the client still sends (a body) is read and dropped for a moment,
@@ -588,7 +655,7 @@ impl ClientConn {
         let consumed =
             (buffered0 as u64 + (self.client.total_read - read0)).saturating_sub(self.client.buf.len() as u64);
         let line = (request_line(head, buf), self.protocol_of(Some(head)));
-        log.entry(&t, line, self.peer, (head.len as u64 + consumed, self.w.written - written0));
+        log.entry(&self.ctx, &t, line, self.peer, (head.len as u64 + consumed, self.w.written - written0));
         count_status(&self.ctx, t.status);
         next
     }
@@ -596,7 +663,7 @@ impl ClientConn {
     /// Routes and forwards one request (`buf` holds the head `head` was parsed from):
     /// the body read ahead, the routing rounds (`Rounds::forward`), then the response.
     async fn routed(&mut self, head: &RequestHead, buf: &BytesMut, closing: bool, trace: &mut Trace) -> Next {
-        let ClientConn { ctx, peer, steer_slot, client, w, out, scratch, .. } = self;
+        let ClientConn { ctx, peer, steer_slot, client, w, out, scratch, protocol } = self;
         let ctx: &VipCtx = ctx;
         let s = &ctx.settings;
         if crate::http1::rewrite::looped(head, buf) {
@@ -628,7 +695,15 @@ impl ClientConn {
         let idempotent = is_idempotent(&buf[head.method.clone()]);
         let buffered_body = match read_ahead(client, head, idempotent, s).await {
             Ok(body) => body,
-            Err(answer) => return answered(w, trace, answer).await,
+            Err(answer) => {
+                keep_body_refusal(ctx, *peer, *protocol, answer.as_ref(), &buf[..head.len]);
+                trace.ended(match &answer {
+                    Some(a) if a.status == Answer::BODY_TIMEOUT.status => term::CLIENT_DATA_TIMEOUT,
+                    Some(_) => term::PROXY_REQUEST,
+                    None => term::CLIENT_DATA,
+                });
+                return answered(w, trace, answer).await;
+            }
         };
         let (peer, steer_slot) = (*peer, *steer_slot);
         let req =
@@ -638,8 +713,26 @@ impl ClientConn {
         let mut rounds = Rounds::new(s);
         match rounds.forward(ctx, &req, down.reborrow(), trace).await {
             Ok(sent) => respond(ctx, &req, sent, down, trace).await,
-            Err(answer) => answered(down.w, trace, answer).await,
+            Err(answer) => {
+                keep_body_refusal(ctx, peer, *protocol, answer.as_ref(), &buf[..head.len]);
+                answered(down.w, trace, answer).await
+            }
         }
+    }
+}
+
+/// Keeps a refused request for `GET /errors` (`refusals`): `bytes`, what arrived of it.
+fn keep_refusal(ctx: &VipCtx, client: SocketAddr, p: Protocol, (status, reason): (u16, &'static str), bytes: &[u8]) {
+    let protocol = crate::metrics::PROTOCOLS[p as usize];
+    ctx.capacity.refusals.record(crate::refusals::Refused { vip: &ctx.name, client, protocol, status, reason, bytes });
+}
+
+/// A request's body refused as malformed or too slow (its framing, its deadline): kept
+/// with its head for `GET /errors`. Other answers of our own (no server, no route) are
+/// not about what the client sent.
+fn keep_body_refusal(ctx: &VipCtx, client: SocketAddr, p: Protocol, answer: Option<&Answer>, head: &[u8]) {
+    if let Some(a) = answer.filter(|a| matches!(a.status, 400 | 408 | 413)) {
+        keep_refusal(ctx, client, p, (a.status, a.why), head);
     }
 }
 
@@ -655,7 +748,10 @@ pub fn count_status(ctx: &VipCtx, status: u16) {
 
 /// Ends a request early: with the proxy's own answer (recorded for the access log), or
 /// without one (the client is gone, or was answered already). The connection closes.
+/// Unless the step that ended it said how: the dispatcher refused it (an answer), or the
+/// client left.
 async fn answered<W: AsyncWrite + Unpin>(w: &mut W, trace: &mut Trace, answer: Option<Answer>) -> Next {
+    trace.ended(if answer.is_some() { term::PROXY_REQUEST } else { term::CLIENT_REQUEST });
     if let Some(a) = answer {
         refuse(w, trace, a).await;
     }
@@ -791,6 +887,9 @@ impl<'c> Rounds<'c> {
             be.requests.fetch_add(1, Ordering::Relaxed);
             build_request(down.out, req.head, req.buf, req.peer.ip(), &ctx.host, &ctx.forwarded);
             let mut attempt = Attempt { queue_deadline, connected: None };
+            if ctx.log.is_some() {
+                trace.connecting = Some(Instant::now());
+            }
             let s = &farm.settings;
             let sent =
                 send(ctx, s, req.head, backend, down.reborrow(), req.buffered_body.as_deref(), &mut attempt).await;
@@ -810,6 +909,7 @@ impl<'c> Rounds<'c> {
                 trace.retries = self.retries.extra;
                 continue;
             }
+            trace.ended(failure.term());
             return Err(failure.answer());
         }
     }
@@ -833,8 +933,14 @@ impl<'c> Rounds<'c> {
         let waiting = Instant::now();
         let end = match decision {
             Decision::Affinity(b) | Decision::Balanced(b) => return Ok(Some((b, decision))),
-            Decision::SessionUnavailable => return Err(Some(Answer::SESSION_UNAVAILABLE)),
-            Decision::NoBackend => return Err(Some(Answer::NO_BACKEND)),
+            Decision::SessionUnavailable => {
+                trace.ended(term::SERVER_CONNECT);
+                return Err(Some(Answer::SESSION_UNAVAILABLE));
+            }
+            Decision::NoBackend => {
+                trace.ended(term::SERVER_CONNECT);
+                return Err(Some(Answer::NO_BACKEND));
+            }
             Decision::AwaitShared => {
                 trace.held = true;
                 let deadline = *self.learn_deadline.get_or_insert_with(|| {
@@ -855,7 +961,10 @@ impl<'c> Rounds<'c> {
         trace.wait += waiting.elapsed();
         match (end, decision) {
             (HoldEnd::Changed, _) => {}
-            (HoldEnd::ClientGone, _) => return Err(None),
+            (HoldEnd::ClientGone, _) => {
+                trace.ended(term::CLIENT_QUEUE);
+                return Err(None);
+            }
             // Not shared in time (an ID no dispatcher knows), or too many waiting:
             // balanced, as an unknown clone ID is.
             (HoldEnd::Expired | HoldEnd::Full, Decision::AwaitShared) => self.learn_waited = true,
@@ -863,7 +972,10 @@ impl<'c> Rounds<'c> {
                 c.counters.hold_timeouts.fetch_add(1, Ordering::Relaxed);
                 self.hold_expired = true;
             }
-            (HoldEnd::Full, _) => return Err(Some(Answer::HOLD_FULL)),
+            (HoldEnd::Full, _) => {
+                trace.ended(term::PROXY_QUEUE);
+                return Err(Some(Answer::HOLD_FULL));
+            }
         }
         Ok(None)
     }
@@ -910,6 +1022,11 @@ impl<'c> Rounds<'c> {
             }
             Ok(slot) => Ok(Some((slot, queue_deadline))),
             Err(why) => {
+                trace.ended(match why {
+                    Refused::Timeout => term::QUEUE_TIMEOUT,
+                    Refused::QueueFull => term::PROXY_QUEUE,
+                    Refused::Left => term::SERVER_QUEUE,
+                });
                 if why == Refused::Left {
                     be.slots.refused_left.fetch_add(1, Ordering::Relaxed);
                 } else {
@@ -936,6 +1053,7 @@ async fn respond<R: AsyncRead + Unpin>(
     let Sent { backend, reply: (mut up, res, body_skipped), held: _held } = sent;
     let be = &c.backends[backend];
     let Some(res) = forward_interim(&mut up.r, w, res, head, &ctx.limits, scratch, s).await else {
+        trace.ended(term::SERVER_HEADERS);
         return Next::Close;
     };
     let took = req.started.elapsed();
@@ -956,18 +1074,23 @@ async fn respond<R: AsyncRead + Unpin>(
         if !head.upgrade {
             // Switching protocols nobody asked for: the stream can no longer be trusted.
             be.errors.fetch_add(1, Ordering::Relaxed);
+            trace.ended(term::PROXY_HEADERS);
             return answered(w, trace, Some(Answer::UNSOLICITED_101)).await;
         }
         upgrade(client, w, out, up, (&res, &res_buf), s).await;
         return Next::Close;
     }
-    deliver_final(ctx, req, backend, up, (&res, &res_buf, body_skipped), w, out).await
+    deliver_final(ctx, req, backend, up, (&res, &res_buf, body_skipped), w, out).await.unwrap_or_else(|how| {
+        trace.ended(how);
+        Next::Close
+    })
 }
 
 /// The final response to the client: its head (the persistence cookie added, a small
 /// body at hand inlined), then the rest of its body relayed. The backend connection (and
 /// its share of the backend's connection limit) goes back to the pool as soon as the
 /// whole response is in hand, so a client that reads slowly holds no backend connection.
+/// `Err`: the response did not reach the client whole (how it ended, for the log).
 async fn deliver_final(
     ctx: &VipCtx,
     req: &Request<'_>,
@@ -976,7 +1099,7 @@ async fn deliver_final(
     (res, res_buf, body_skipped): (&ResponseHead, &[u8], bool),
     w: &mut WriteSide,
     out: &mut Vec<u8>,
-) -> Next {
+) -> Result<Next, [u8; 2]> {
     let head = req.head;
     let be = &ctx.servers.backends[backend];
     let pool = ctx.pools[backend].as_ref().expect("a pool for the chosen backend");
@@ -1002,21 +1125,22 @@ async fn deliver_final(
     };
     match deliver(w, out, up.as_mut().map(|up| &mut up.r), (framing, dechunk), &req.route.farm.settings).await {
         Ok(()) => {}
-        Err(Undelivered::Head) => return Next::Close,
+        Err(Undelivered::Head) => return Err(term::CLIENT_DATA),
         Err(Undelivered::Body(e)) => {
             be.errors.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(backend = %be.name, error = %e, "response body relay failed");
-            return Next::Close;
+            return Err(match e {
+                RelayError::Write(_) => term::CLIENT_DATA,
+                RelayError::Timeout => term::SERVER_DATA_TIMEOUT,
+                RelayError::Chunk(_) => term::PROXY_DATA,
+                RelayError::Read(_) | RelayError::Eof => term::SERVER_DATA,
+            });
         }
     }
     if let Some(up) = up.filter(|_| keep_upstream) {
         pool.put(up);
     }
-    if close {
-        Next::Close
-    } else {
-        Next::KeepAlive
-    }
+    Ok(if close { Next::Close } else { Next::KeepAlive })
 }
 
 /// Clone IDs from `Set-Cookie` of the route's session cookie: the last ID is the

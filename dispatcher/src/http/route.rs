@@ -301,8 +301,8 @@ impl FarmRoute {
         let now = if self.slow.is_some() { crate::metrics::mono_ns() } else { 0 };
         let weight = |i: usize, be: &Backend| -> u64 {
             match &self.slow {
-                None => be.weight as u64,
-                Some(slow) => be.ramped_weight(be.weight, slow[i], now),
+                None => be.weight() as u64,
+                Some(slow) => be.ramped_weight(be.weight(), slow[i], now),
             }
         };
         // The eligible members of the range: (index in `members`, backend, weight).

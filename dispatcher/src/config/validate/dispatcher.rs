@@ -162,19 +162,17 @@ impl Ctx<'_> {
         AnnounceSettings { http_interface, l4_interface }
     }
 
-    /// `[access_log]`.
-    pub(super) fn access_log(&self, a: &RawAccessLog) -> AccessLogSettings {
-        let p = a.path.get_ref();
-        let path = if p == "-" {
-            None
-        } else {
-            if !p.starts_with('/') {
-                self.report(a.path.span(), "access_log.path", "must be an absolute path, or \"-\" for standard output");
-            } else if let Err(e) = check_log_path(std::path::Path::new(p)) {
-                self.report(a.path.span(), "access_log.path", e);
-            }
-            Some(PathBuf::from(p))
-        };
+    /// `[access_log]`: a file or standard output (`path`), syslog (`syslog`), or both.
+    pub(super) fn access_log(&self, a: &RawAccessLog, section: Range<usize>) -> AccessLogSettings {
+        if a.path.is_none() && a.syslog.is_none() {
+            self.report(
+                section,
+                "access_log.path",
+                "required: a file (\"-\" for standard output), unless `syslog` is set",
+            );
+        }
+        let output = a.path.as_ref().map(|p| self.access_log_path(p));
+        let syslog = a.syslog.as_ref().map(|s| self.syslog_target(s));
         let format = self.choice(
             &a.format,
             "access_log.format",
@@ -189,6 +187,94 @@ impl Ctx<'_> {
             Some(b) => *b.get_ref(),
             None => AccessLogSettings::DEFAULT_BUFFER,
         };
-        AccessLogSettings { path, format, buffer }
+        let tag = match &a.tag {
+            Some(t)
+                if t.get_ref().is_empty()
+                    || t.get_ref().len() > 48
+                    || !t.get_ref().bytes().all(|b| b.is_ascii_graphic() && b != b'[' && b != b']' && b != b':') =>
+            {
+                self.report(
+                    t.span(),
+                    "access_log.tag",
+                    "must be 1 to 48 printable ASCII characters without spaces, `[`, `]` or `:` (syslog's APP-NAME)",
+                );
+                AccessLogSettings::DEFAULT_TAG.to_string()
+            }
+            Some(t) => t.get_ref().clone(),
+            None => AccessLogSettings::DEFAULT_TAG.to_string(),
+        };
+        let facility = self.choice(
+            &a.facility,
+            "access_log.facility",
+            AccessLogSettings::DEFAULT_FACILITY,
+            &AccessLogSettings::FACILITIES,
+        );
+        let max_message = match &a.max_message {
+            Some(m) if !(480..=65_000).contains(m.get_ref()) => {
+                self.report(
+                    m.span(),
+                    "access_log.max_message",
+                    "must be 480..=65000 (bytes of a syslog message, its header included)",
+                );
+                AccessLogSettings::DEFAULT_MAX_MESSAGE
+            }
+            Some(m) => *m.get_ref(),
+            None => AccessLogSettings::DEFAULT_MAX_MESSAGE,
+        };
+        if a.syslog.is_none() {
+            for (v, field) in [
+                (a.facility.as_ref().map(|v| v.span()), "facility"),
+                (a.max_message.as_ref().map(|v| v.span()), "max_message"),
+            ] {
+                if let Some(span) = v {
+                    self.report(span, &format!("access_log.{field}"), "applies to `syslog` only, which is not set");
+                }
+            }
+        }
+        AccessLogSettings { output, syslog, format, buffer, tag, facility, max_message }
+    }
+
+    /// `path`: an absolute file path, or `-` for standard output.
+    fn access_log_path(&self, p: &Spanned<String>) -> AccessLogOutput {
+        let path = p.get_ref();
+        if path == "-" {
+            return AccessLogOutput::Stdout;
+        }
+        if !path.starts_with('/') {
+            self.report(p.span(), "access_log.path", "must be an absolute path, or \"-\" for standard output");
+        } else if let Err(e) = check_log_path(std::path::Path::new(path)) {
+            self.report(p.span(), "access_log.path", e);
+        }
+        AccessLogOutput::File(PathBuf::from(path))
+    }
+
+    /// `syslog`: a Unix datagram socket's absolute path (`/dev/log`), or a UDP
+    /// `address:port` (an IP address: no name is looked up).
+    fn syslog_target(&self, s: &Spanned<String>) -> SyslogTarget {
+        let v = s.get_ref();
+        if v.starts_with('/') {
+            let path = std::path::Path::new(v);
+            if v.len() > 107 {
+                self.report(s.span(), "access_log.syslog", "a socket path is at most 107 bytes long");
+            } else if path
+                .components()
+                .any(|c| matches!(c, std::path::Component::ParentDir | std::path::Component::CurDir))
+            {
+                self.report(s.span(), "access_log.syslog", "must not contain `.` or `..` components");
+            }
+            SyslogTarget::Unix(path.to_path_buf())
+        } else {
+            match v.parse::<SocketAddr>() {
+                Ok(a) if a.port() != 0 && !a.ip().is_unspecified() && !a.ip().is_multicast() => SyslogTarget::Udp(a),
+                Ok(_) => {
+                    self.report(s.span(), "access_log.syslog", format!("`{v}`: needs a port and a unicast address"));
+                    SyslogTarget::Udp(SocketAddr::from(([127, 0, 0, 1], 514)))
+                }
+                Err(_) => {
+                    self.report(s.span(), "access_log.syslog", format!("`{}` is neither a socket path (`/dev/log`) nor a UDP address:port (`127.0.0.1:514`, `[::1]:514`)", v.escape_debug()));
+                    SyslogTarget::Udp(SocketAddr::from(([127, 0, 0, 1], 514)))
+                }
+            }
+        }
     }
 }

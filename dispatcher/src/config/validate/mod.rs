@@ -133,7 +133,10 @@ impl Ctx<'_> {
         let cluster = raw.cluster.as_ref().map(|c| self.cluster(c.get_ref()));
         http.learn_wait = cluster.as_ref().map(|c| c.learn_wait).unwrap_or_default();
         let announce = raw.announce.as_ref().map(|a| self.announce(a.get_ref()));
-        let access_log = raw.access_log.as_ref().map(|a| self.access_log(a.get_ref()));
+        if let Some(a) = &announce {
+            self.shared_address_warnings(a, &vips);
+        }
+        let access_log = raw.access_log.as_ref().map(|a| self.access_log(a.get_ref(), a.span()));
         // Farms and routes: the TOML's, then the plugin-cfg.xml's, then one of each for
         // every HTTP VIP no route applies to.
         let mut taken = farms::Taken::default();

@@ -205,7 +205,8 @@ impl Ctx<'_> {
                 let span = v.forwarding.as_ref().unwrap().span();
                 self.report(span, &f("encap_source"), "required with forwarding = \"ipip\"");
             }
-            self.xdp_members(v, address.is_ipv6() && forwarding == Forwarding::Ipip, members, m);
+            let kind = if mode == VipMode::Sip { "SIP" } else { "L4" };
+            self.xdp_members(v, kind, address.is_ipv6() && forwarding == Forwarding::Ipip, members, m);
         }
         let sticky_time = v.sticky_time.as_ref().and_then(|s| {
             let d = self.duration(s, &f("sticky_time"), Duration::from_secs(1))?;
@@ -224,7 +225,8 @@ impl Ctx<'_> {
     }
 
     /// XDP writes each member's MAC (and its IPv6 address, to encapsulate IPv6).
-    fn xdp_members(&self, v: &RawVip, ipip6: bool, members: &[usize], m: &Members) {
+    /// `kind`: "L4" or "SIP", as the operator wrote the VIP.
+    fn xdp_members(&self, v: &RawVip, kind: &str, ipip6: bool, members: &[usize], m: &Members) {
         for &bi in members {
             let b = &m.backends[bi];
             let span = m.raw[bi].span();
@@ -232,7 +234,11 @@ impl Ctx<'_> {
                 self.report(
                     span.clone(),
                     &format!("backend[{bi}].mac"),
-                    format!("required: backend `{}` serves L4 VIP `{}`", b.name, v.name.get_ref()),
+                    format!(
+                        "required: backend `{}` serves {kind} VIP `{}` (XDP forwards to the backend's MAC)",
+                        b.name,
+                        v.name.get_ref()
+                    ),
                 );
             }
             if ipip6 && b.address6.is_none() {
@@ -291,6 +297,23 @@ impl Ctx<'_> {
                         ),
                     );
                 }
+            }
+        }
+    }
+
+    /// An address with an HTTP VIP is announced through the HTTP interface, which goes
+    /// when the agent dies (its connections die with it): L4 and SIP VIPs sharing that
+    /// address are withdrawn with it, though XDP would go on forwarding them.
+    pub(super) fn shared_address_warnings(&self, a: &AnnounceSettings, vips: &[Vip]) {
+        if a.http_interface.is_none() || a.l4_interface.is_none() {
+            return;
+        }
+        for v in vips.iter().filter(|v| v.mode() != VipMode::Http) {
+            if let Some(h) = vips.iter().find(|h| h.mode() == VipMode::Http && h.address == v.address) {
+                self.warn(format!(
+                    "VIP `{}` shares address {} with HTTP VIP `{}`: the address is announced through announce.http_interface, withdrawn when the agent stops or dies, and `{}` with it (XDP would go on forwarding it); give it an address of its own to keep it announced across an agent crash",
+                    v.name, v.address, h.name, v.name
+                ));
             }
         }
     }

@@ -57,6 +57,15 @@ pub async fn serve(
         Err(r) => {
             counters.h2_refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             crate::http::proxy::count_status(&ctx, r.status);
+            let refused = crate::refusals::Refused {
+                vip: &ctx.name,
+                client: at.peer,
+                protocol: "h2",
+                status: r.status,
+                reason: r.reason,
+                bytes: &as_text(&parts),
+            };
+            ctx.capacity.refusals.record(refused);
             refuse(&mut respond, r.status, r.reason);
             return;
         }
@@ -275,4 +284,20 @@ async fn send(out: &mut SendStream<Bytes>, mut data: Bytes, end: bool, window_wa
         out.send_data(piece, end && data.is_empty()).map_err(|_| Reason::CANCEL)?;
     }
     Ok(())
+}
+
+/// An HTTP/2 request's head as text, for `GET /errors`: `METHOD URI HTTP/2`, then one
+/// `name: value` line per field, CRLF-ended (the first `refusals::CAPTURE` bytes).
+fn as_text(parts: &http::request::Parts) -> Vec<u8> {
+    let mut o = format!("{} {} HTTP/2\r\n", parts.method, parts.uri).into_bytes();
+    for (name, value) in &parts.headers {
+        if o.len() >= crate::refusals::CAPTURE {
+            break;
+        }
+        o.extend_from_slice(name.as_str().as_bytes());
+        o.extend_from_slice(b": ");
+        o.extend_from_slice(value.as_bytes());
+        o.extend_from_slice(b"\r\n");
+    }
+    o
 }

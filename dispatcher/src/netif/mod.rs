@@ -1,6 +1,11 @@
 //! The interfaces of this process's network namespace, by ioctl (sysfs may show another
 //! namespace's): up and down, MAC address, TUN devices. Used by the announcements
-//! (`announce`) and by steering (this dispatcher's MAC).
+//! (`announce`) and by steering (this dispatcher's MAC). `rtnl` asks rtnetlink what
+//! ioctls cannot tell (a veth's peer, the XDP program of a link); `veth` finds the veth
+//! trap with it.
+
+pub mod rtnl;
+pub mod veth;
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
