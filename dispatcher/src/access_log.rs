@@ -529,7 +529,7 @@ fn json_str(o: &mut String, b: &[u8]) {
 
 /// `Dec  3 05:30:07 host tag[pid]: `: the header syslog puts before HAProxy's lines in a
 /// file, which halog counts its fields after (UTC, like the rest of the line).
-fn legacy_header(o: &mut String, t: SystemTime, ident: &str) {
+pub(super) fn legacy_header(o: &mut String, t: SystemTime, ident: &str) {
     let c = Clock::of(t);
     let _ = write!(o, "{} {:>2} {:02}:{:02}:{:02} {ident} ", c.month_name(), c.day, c.hour, c.minute, c.second);
 }
@@ -840,6 +840,7 @@ mod tests {
             tag: "dispatcher".into(),
             facility: 16,
             max_message: 2048,
+            syslog_format: crate::config::SyslogFormat::Rfc5424,
         };
         let counters = Arc::new(Counters::default());
         let log = AccessLog::start(&settings, counters.clone()).unwrap();

@@ -666,7 +666,10 @@ impl Servers {
     /// an unknown ID (balanced), and its owner's next `Set-Cookie` (or SIP answer) teaches
     /// it again. `id` may be `#` and the hash in hex (an entry an earlier agent left, whose
     /// text is not known). A configured entry is refused, as is an ID not in the table.
-    pub fn delete_learned(&self, id: &str) -> Result<CloneRow, String> {
+    /// Never to a non-owner: while its owner or the owner's replica can serve (neither down
+    /// nor disabled), its sessions would go to servers that do not hold them, so it is
+    /// refused unless `force`.
+    pub fn delete_learned(&self, id: &str, force: bool) -> Result<CloneRow, String> {
         let key = match id.strip_prefix('#') {
             Some(hex) if hex.len() == 16 => {
                 u64::from_str_radix(hex, 16).map_err(|_| format!("{id:?}: # and 16 hex digits name a hash"))?
@@ -686,6 +689,18 @@ impl Servers {
                 Origin::ConfiguredPartition => format!("{id:?} is a configured partition (primary {owner}): it cannot be deleted; remove its [[partition]] and reload"),
                 o => format!("{id:?} is configured (in {}'s {}): it cannot be deleted; remove it from the configuration and reload", owner, o.words().1),
             });
+        }
+        let serving = |b: usize| {
+            self.backends.get(b).is_some_and(|x| !matches!(x.state(), BackendState::Down | BackendState::Disabled))
+        };
+        let holders = std::iter::once(e.owner).chain(e.replica).filter(|&b| serving(b));
+        let holders: Vec<&str> = holders.map(|b| self.backends[b].name.as_str()).collect();
+        if !holders.is_empty() && !force {
+            return Err(format!(
+                "{id:?} belongs to {}, which can serve its sessions ({} now): deleted, its requests would be balanced to servers that do not hold them; nothing deleted. Disable or drain them first, or add --force (?force=true)",
+                self.backends[e.owner].name,
+                holders.join(" and ")
+            ));
         }
         self.forget_key(key);
         Ok(row((&key, &e)))
@@ -979,13 +994,24 @@ mod tests {
         assert!(rows[1].since > 0 && rows[1].replica == Some(0));
         let (total, rows) = c.clone_rows(true, 1, 10);
         assert_eq!((total, rows.len(), rows[0].origin), (2, 1, Origin::SipCheck), "a page from offset 1");
-        assert_eq!(c.delete_learned("cb").unwrap().owner, 1);
+        // Never to a non-owner: refused while the owner or its replica can serve.
+        let why = c.delete_learned("cb", false).unwrap_err();
+        assert!(why.contains("\"cb\" belongs to b, which can serve its sessions (b and a now)"), "{why}");
+        assert_eq!(c.owner(b"cb"), Some((1, Some(0))), "kept");
+        c.set_admin(1, Operator::Disabled);
+        assert!(c.delete_learned("cb", false).unwrap_err().contains("(a now)"), "the replica can still serve");
+        c.set_admin(0, Operator::Disabled);
+        assert_eq!(c.delete_learned("cb", false).unwrap().owner, 1, "both out: deleted");
+        c.set_admin(0, Operator::None);
+        c.set_admin(1, Operator::None);
         assert_eq!(c.owner(b"cb"), None, "forgotten: routed as unknown");
         assert_eq!(c.learn(b"cb", 1), Learned::New, "and learned again");
-        assert!(c.delete_learned("ca").unwrap_err().contains("\"ca\" is configured (in a's clone_ids)"));
-        assert!(c.delete_learned("lna").unwrap_err().contains("logical_names"));
-        assert!(c.delete_learned("nosuch").unwrap_err().starts_with("no clone ID or logical name \"nosuch\""));
-        assert_eq!(c.delete_learned(&format!("#{:016x}", cookie_hash(b"lnb"))).unwrap().id, "lnb", "by its hash");
+        assert_eq!(c.delete_learned("cb", true).unwrap().owner, 1, "--force");
+        assert!(c.delete_learned("ca", true).unwrap_err().contains("\"ca\" is configured (in a's clone_ids)"));
+        assert!(c.delete_learned("lna", true).unwrap_err().contains("logical_names"));
+        assert!(c.delete_learned("nosuch", true).unwrap_err().starts_with("no clone ID or logical name \"nosuch\""));
+        let by_hash = format!("#{:016x}", cookie_hash(b"lnb"));
+        assert_eq!(c.delete_learned(&by_hash, true).unwrap().id, "lnb", "by its hash");
         assert_eq!(c.owner(b"ca"), Some((0, Some(1))));
     }
 

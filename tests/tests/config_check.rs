@@ -386,6 +386,8 @@ fn every_validation_message_names_line_and_field() {
         ("buffer = 65536", 0, "buffer = 65536\nsyslog = \"127.0.0.1:0\"", "access_log.syslog: `127.0.0.1:0`: needs a port and a unicast address", Some("syslog")),
         ("buffer = 65536", 0, "buffer = 65536\nsyslog = \"/run/../dev/log\"", "access_log.syslog: must not contain `.` or `..` components", Some("syslog")),
         ("buffer = 65536", 0, "buffer = 65536\nfacility = \"local0\"", "access_log.facility: applies to `syslog` only, which is not set", Some("facility")),
+        ("buffer = 65536", 0, "buffer = 65536\nsyslog = \"/dev/log\"\nsyslog_format = \"bsd\"", "access_log.syslog_format: `bsd` is not one of rfc5424, rfc3164", Some("syslog_format")),
+        ("buffer = 65536", 0, "buffer = 65536\nsyslog_format = \"rfc3164\"", "access_log.syslog_format: applies to `syslog` only, which is not set", Some("syslog_format")),
         ("buffer = 65536", 0, "buffer = 65536\ntag = \"my app\"", "access_log.tag: must be 1 to 48 printable ASCII characters without spaces, `[`, `]` or `:` (syslog's APP-NAME)", Some("tag")),
         ("path = \"/var/log/dispatcher/access.log\"\n", 0, "", "access_log.path: required: a file (\"-\" for standard output), unless `syslog` is set", Some("[access_log]")),
         // The file's shape (from the TOML parser).

@@ -1207,6 +1207,23 @@ fn the_access_log_goes_to_syslog_over_a_unix_socket_and_udp() {
     }
     let text = std::fs::read_to_string(&file).unwrap();
     assert!(text.lines().count() == 2 && text.lines().last().unwrap().contains(&long), "{text}");
+
+    // The local RFC 3164 form, for journald's /dev/log: `<PRI>Mmm dd hh:mm:ss TAG[PID]: `.
+    std::fs::write(&path, config(&format!("syslog = \"{udp_addr}\"\nsyslog_format = \"rfc3164\"\n"))).unwrap();
+    assert!(tb.dispatcher_cmd(&["reload", "--config", &cfg]).contains("reloaded"));
+    assert_eq!(Client::new(&tb.client, addr).get("/udp/bsd").unwrap().status, 200);
+    let (n, _) = udp.recv_from(&mut buf).expect("an RFC 3164 message");
+    let m = String::from_utf8_lossy(&buf[..n]).into_owned();
+    let pid = tb.pid_of("dispatcher").unwrap();
+    let (head, rest) =
+        m.split_at(m.find(&format!(" dispatcher[{pid}]: ")).unwrap_or_else(|| panic!("TAG[PID]: in {m:?}")));
+    let stamp = head.strip_prefix("<134>").unwrap_or_else(|| panic!("local0.info first: {m:?}"));
+    let months = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+    assert!(
+        stamp.len() == 15 && months.contains(&&stamp[..3]) && stamp.as_bytes()[9] == b':',
+        "Mmm dd hh:mm:ss: {m:?}"
+    );
+    assert!(rest.contains("GET /udp/bsd"), "{m:?}");
 }
 
 /// A testbed of `n` clones behind a VIP with `insert_cookie = "SRV"`; `backends` edits
@@ -1448,7 +1465,13 @@ fn a_learned_clone_id_is_listed_deleted_then_routed_as_unknown_and_learned_again
     let page: dispatcher::api::ClonesReply = serde_json::from_str(&body).unwrap();
     assert!(page.total >= 1 && page.entries.len() == 1, "a page of one, and the total: {body}");
 
+    // Never to a non-owner: while b2 (or its replica b3) can serve the session, a deletion
+    // would send its requests to servers that do not hold it.
     let (code, out) = clones_cmd(&tb, &["delete", "clone2x"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("\"clone2x\" belongs to b2, which can serve its sessions (b2 and b3 now)"), "{out}");
+    assert!(clones_cmd(&tb, &[]).1.contains("clone2x "), "still there");
+    let (code, out) = clones_cmd(&tb, &["delete", "clone2x", "--force"]);
     assert_eq!(code, Some(0), "{out}");
     assert!(out.starts_with("deleted clone2x (learned from local (Set-Cookie), backend b2)"), "{out}");
     assert!(!clones_cmd(&tb, &[]).1.contains("clone2x "), "no longer listed");

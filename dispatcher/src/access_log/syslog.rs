@@ -1,6 +1,8 @@
-//! The access log's syslog destination: one RFC 5424 message per line
-//! (`<PRI>1 TIMESTAMP HOSTNAME APP-NAME PROCID MSGID - MSG`), one datagram each, to a
-//! Unix datagram socket (`/dev/log`) or a UDP address.
+//! The access log's syslog destination: one message per line, one datagram each, to a
+//! Unix datagram socket (`/dev/log`) or a UDP address; RFC 5424
+//! (`<PRI>1 TIMESTAMP HOSTNAME APP-NAME PROCID MSGID - MSG`) or, for receivers that read
+//! only that (journald on /dev/log), the local RFC 3164 form glibc's `syslog()` sends
+//! (`<PRI>Mmm dd hh:mm:ss TAG[PID]: MSG`).
 //!
 //! Failure model: the socket is non-blocking and never connected, so each send names its
 //! receiver. A receiver that is missing (no socket file, nobody bound to it), full
@@ -19,9 +21,9 @@ use std::{
 
 use anyhow::Context as _;
 
-use super::{haproxy, json, rfc3339, Entry};
+use super::{haproxy, json, legacy_header, rfc3339, Entry};
 use crate::{
-    config::{AccessLogFormat, AccessLogSettings, SyslogTarget},
+    config::{AccessLogFormat, AccessLogSettings, SyslogFormat, SyslogTarget},
     metrics::Counters,
 };
 
@@ -32,8 +34,9 @@ pub struct Syslog {
     socket: Socket,
     /// `<PRI>`'s value: facility * 8 + severity.
     pri: u8,
-    /// `HOSTNAME APP-NAME PROCID MSGID`.
+    /// `HOSTNAME APP-NAME PROCID MSGID` (RFC 5424), or `TAG[PID]:` (RFC 3164).
     ident: String,
+    form: SyslogFormat,
     max_message: usize,
     failing: bool,
 }
@@ -63,7 +66,11 @@ impl Syslog {
         Ok(Syslog {
             socket,
             pri: settings.facility * 8 + SEVERITY_INFO,
-            ident: format!("{host} {} {} access", settings.tag, std::process::id()),
+            ident: match settings.syslog_format {
+                SyslogFormat::Rfc5424 => format!("{host} {} {} access", settings.tag, std::process::id()),
+                SyslogFormat::Rfc3164 => format!("{}[{}]:", settings.tag, std::process::id()),
+            },
+            form: settings.syslog_format,
             max_message: settings.max_message,
             failing: false,
         })
@@ -71,7 +78,10 @@ impl Syslog {
 
     /// Formats `e` after the header into `msg`, cut to `max_message` bytes, and sends it.
     pub fn send(&mut self, msg: &mut String, e: &Entry, format: AccessLogFormat, counters: &Counters) {
-        header(msg, self.pri, SystemTime::now(), &self.ident);
+        match self.form {
+            SyslogFormat::Rfc5424 => header(msg, self.pri, SystemTime::now(), &self.ident),
+            SyslogFormat::Rfc3164 => header3164(msg, self.pri, SystemTime::now(), &self.ident),
+        }
         match format {
             AccessLogFormat::Json => json(msg, e),
             AccessLogFormat::Haproxy => haproxy(msg, e),
@@ -110,6 +120,13 @@ pub fn header(o: &mut String, pri: u8, at: SystemTime, ident: &str) {
     let _ = write!(o, " {ident} - ");
 }
 
+/// `<PRI>Mmm dd hh:mm:ss TAG[PID]: ` (UTC).
+pub fn header3164(o: &mut String, pri: u8, at: SystemTime, ident: &str) {
+    use std::fmt::Write as _;
+    let _ = write!(o, "<{pri}>");
+    legacy_header(o, at, ident);
+}
+
 /// Cuts `msg` to at most `max` bytes, at a character boundary.
 fn truncate(msg: &mut String, max: usize) {
     if msg.len() > max {
@@ -131,6 +148,9 @@ mod tests {
         let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(1_796_103_007_250);
         header(&mut s, 16 * 8 + SEVERITY_INFO, at, "h dispatcher 42 access");
         assert_eq!(s, "<134>1 2026-12-01T05:30:07.250Z h dispatcher 42 access - ");
+        let mut s = String::new();
+        header3164(&mut s, 16 * 8 + SEVERITY_INFO, at, "dispatcher[42]:");
+        assert_eq!(s, "<134>Dec  1 05:30:07 dispatcher[42]: ", "the local form glibc's syslog() sends");
         let mut m = "ab\u{e9}c".to_string();
         truncate(&mut m, 3);
         assert_eq!(m, "ab", "never inside a character");

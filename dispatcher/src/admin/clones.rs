@@ -107,7 +107,8 @@ pub fn delete(servers: &Servers, query: &str, cluster_prefix: Option<&str>) -> R
             crate::shared::view::clone_key(prefix, &id)
         ));
     }
-    let row = servers.delete_learned(&id)?;
+    let force = params(query)?.into_iter().any(|(k, v)| k == "force" && (v == "true" || v == "1"));
+    let row = servers.delete_learned(&id, force)?;
     tracing::info!(clone = %row.id, "clone table entry deleted by the operator");
     Ok(CloneDeleted { deleted: status(servers, row, now()) })
 }
@@ -139,7 +140,8 @@ mod tests {
         let why = delete(&servers, "id=cx", Some("/dispatcher/shop")).unwrap_err();
         assert!(why.contains("nothing deleted. Delete the store key /dispatcher/shop/clones/cx instead"), "{why}");
         assert_eq!(servers.owner(b"cx").map(|o| o.0), Some(0), "still routed to its owner");
-        assert_eq!(delete(&servers, "id=cx", None).unwrap().deleted.backend, "a");
+        assert!(delete(&servers, "id=cx", None).unwrap_err().contains("can serve its sessions"), "its owner is up");
+        assert_eq!(delete(&servers, "id=cx&force=true", None).unwrap().deleted.backend, "a");
         assert_eq!(delete(&servers, "", None).unwrap_err(), "say which entry: ?id=ID");
         assert!(list(&servers, "limit=0").unwrap_err().starts_with("limit=0: 1 to 10000"));
         assert!(list(&servers, "table=x").is_err() && list(&servers, "nope=1").is_err());

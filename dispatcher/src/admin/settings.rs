@@ -94,7 +94,11 @@ fn zero_histogram(h: &Histogram) {
 /// and route. Gauges (in flight, connections, queued, states) are states, not counts:
 /// they stay.
 pub fn clear_counters(servers: &Servers, cap: &Capacity) {
-    for atomics in servers.counters.values() {
+    // The declared gauges (held now, in flight, retries in flight, h2 connections and
+    // streams) are decremented by what holds them: zeroed under a request in flight they
+    // would wrap, and every hold and retry would then be refused.
+    let declared = crate::metrics::Counters::DECLARED.iter().zip(servers.counters.values());
+    for (_, atomics) in declared.filter(|(d, _)| d.family.kind != crate::metrics::Kind::Gauge) {
         zero(atomics);
     }
     zero_histogram(&servers.hold_time);
@@ -145,6 +149,29 @@ mod tests {
         assert_eq!(s.set_checks_disabled(0, false), Some((BackendState::Up, BackendState::Down)));
         s.passive_failure(1, Cause::Refused);
         assert_eq!(s.backends[1].state(), BackendState::Suspect, "checks enabled: passive health as before");
+    }
+
+    /// Counters go to zero, gauges stay: a request still in flight (held, retrying) ends
+    /// later, and its gauge must not wrap.
+    #[test]
+    fn clearing_counters_leaves_the_gauges_of_requests_in_flight() {
+        let cfg = Config::parse(CFG, "t").unwrap();
+        let s = Servers::new(&cfg, &[], &[], None);
+        let cap = Capacity::new(&cfg);
+        let c = &s.counters;
+        for a in [&c.held_now, &c.in_flight, &c.retries_in_flight, &c.h2_streams_in_flight, &c.failovers, &c.holds] {
+            a.store(2, Ordering::Relaxed);
+        }
+        clear_counters(&s, &cap);
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        assert_eq!((load(&c.failovers), load(&c.holds)), (0, 0), "counters cleared");
+        assert_eq!(
+            (load(&c.held_now), load(&c.in_flight), load(&c.retries_in_flight), load(&c.h2_streams_in_flight)),
+            (2, 2, 2, 2),
+            "gauges stay"
+        );
+        let gauges = crate::metrics::Counters::DECLARED.iter().filter(|d| d.family.kind == crate::metrics::Kind::Gauge);
+        assert!(gauges.count() >= 5, "the declared gauges are known as such");
     }
 
     /// A reload says which runtime settings it ends.

@@ -197,6 +197,10 @@ pub enum Command {
         /// Show at most N entries (1 to 10000).
         #[arg(long, value_name = "N", default_value_t = 100)]
         limit: usize,
+        /// `delete`: also when its owner or the owner's replica can still serve its
+        /// sessions (they are then balanced to servers that do not hold them).
+        #[arg(long, requires = "action")]
+        force: bool,
     },
     /// Print the last requests the agent refused as malformed (HAProxy's `show errors`):
     /// when, VIP, client, status, why, and what arrived, escaped.

@@ -55,9 +55,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Stop { config, detach } => endpoint::stop(&resolve(&config)?, detach),
         Command::Metrics { config } => endpoint::metrics(&resolve(&config)?),
         Command::Errors { config } => tables::errors(&resolve(&config)?),
-        Command::Clones { config, action, id, sip, offset, limit } => {
+        Command::Clones { config, action, id, sip, offset, limit, force } => {
             let delete = action.and(id);
-            tables::clones(&resolve(&config)?, delete.as_deref(), sip, offset, limit)
+            tables::clones(&resolve(&config)?, delete.as_deref(), force, sip, offset, limit)
         }
         Command::Reload { config } => endpoint::reload(&resolve(&config)?),
         Command::GenerateCompletions { out } => completions::generate(&out),

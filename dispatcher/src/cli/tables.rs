@@ -55,10 +55,18 @@ fn render_errors(r: &ErrorsReply) -> String {
 }
 
 /// `dispatcher clones [--sip] [--offset N] [--limit N]`, or `dispatcher clones delete ID`.
-pub fn clones(path: &Path, delete: Option<&str>, sip: bool, offset: usize, limit: usize) -> anyhow::Result<ExitCode> {
+pub fn clones(
+    path: &Path,
+    delete: Option<&str>,
+    force: bool,
+    sip: bool,
+    offset: usize,
+    limit: usize,
+) -> anyhow::Result<ExitCode> {
     let cfg = Config::load(path)?;
     if let Some(id) = delete {
-        let target = format!("/clones/delete?id={}", dispatcher::admin::clones::encode(id));
+        let force = if force { "&force=true" } else { "" };
+        let target = format!("/clones/delete?id={}{force}", dispatcher::admin::clones::encode(id));
         return match ask(&cfg, "POST", &target)? {
             Ok(body) => {
                 let r: dispatcher::api::CloneDeleted = serde_json::from_str(&body).context("the agent's answer")?;

@@ -30,7 +30,9 @@ pub fn xdp_pass(iface: &str, netns: Option<&str>, detach: bool) -> anyhow::Resul
             .find(|p| p.id() == id)
             .map(|p| (id, p.tag(), p.name_as_str().map(str::to_string)))
     });
-    let is_ours = running.as_ref().is_some_and(|(_, tag, _)| *tag == ours);
+    // The tag hashes the instructions only (any program that returns XDP_PASS has it):
+    // the name too.
+    let is_ours = running.as_ref().is_some_and(|(_, tag, name)| *tag == ours && name.as_deref() == Some("pass"));
     let describe = |r: &Option<(u32, u64, Option<String>)>| match r {
         Some((id, _, name)) => format!("program id {id}, {}", name.as_deref().unwrap_or("no name")),
         None => "a program".to_string(),

@@ -240,6 +240,18 @@ pub struct AccessLogSettings {
     pub facility: u8,
     /// The longest syslog message sent, in bytes (header included); longer ones are cut.
     pub max_message: usize,
+    /// The syslog header's form.
+    pub syslog_format: SyslogFormat,
+}
+
+/// `[access_log] syslog_format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyslogFormat {
+    /// `<PRI>1 TIMESTAMP HOSTNAME APP-NAME PROCID MSGID - MSG`.
+    Rfc5424,
+    /// `<PRI>Mmm dd hh:mm:ss TAG[PID]: MSG`: the local form glibc's `syslog()` sends, the
+    /// one journald reads on /dev/log.
+    Rfc3164,
 }
 
 /// Where `path` writes the access log.

@@ -65,6 +65,7 @@ pub(super) struct RawAccessLog {
     pub(super) tag: Option<Spanned<String>>,
     pub(super) facility: Option<Spanned<String>>,
     pub(super) max_message: Option<Spanned<usize>>,
+    pub(super) syslog_format: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]

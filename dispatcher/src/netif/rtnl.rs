@@ -194,7 +194,7 @@ fn first_message(buf: &[u8]) -> io::Result<(u16, Vec<u8>)> {
         }
         let errno = i32::from_ne_bytes(payload[0..4].try_into().unwrap());
         if errno != 0 {
-            return Err(io::Error::from_raw_os_error(-errno));
+            return Err(io::Error::from_raw_os_error(errno.wrapping_neg()));
         }
         return Ok((NLMSG_ERROR, Vec::new()));
     }

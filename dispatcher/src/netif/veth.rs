@@ -22,21 +22,26 @@ pub struct Trap {
 }
 
 impl Trap {
-    /// What the operator reads: the symptom, and the two ways out.
+    /// What the operator reads: the symptom, and the two ways out. The peer's names come
+    /// from whoever runs its namespace: printed escaped (no terminal control bytes).
     pub fn warning(&self) -> String {
+        let peer = self.peer.escape_debug().to_string();
         let (where_, netns_flag) = match &self.peer_netns {
             None => ("in this network namespace".to_string(), String::new()),
             Some(ns) if ns.starts_with("id ") => (
                 format!("in the network namespace with {ns} (`ip netns list-id`)"),
                 " (run in that namespace)".to_string(),
             ),
-            Some(ns) => (format!("in network namespace {ns}"), format!(" --netns {ns}")),
+            Some(ns) => {
+                let ns = ns.escape_debug();
+                (format!("in network namespace {ns}"), format!(" --netns {ns}"))
+            }
         };
         format!(
             "{} is a veth running the XDP program in native mode, and its peer {} ({where_}) runs no XDP program in native mode: \
              the kernel drops every frame the dispatcher forwards out of {} (L4 and SIP VIPs, steering) without counting it. \
              Attach the pass program to the peer: `dispatcher xdp-pass{netns_flag} {}`, or set dispatcher.xdp_mode = \"generic\"",
-            self.iface, self.peer, self.iface, self.peer
+            self.iface, peer, self.iface, peer
         )
     }
 }
@@ -78,6 +83,9 @@ mod tests {
         assert!(anon.warning().contains("with id 3 (`ip netns list-id`)"), "{}", anon.warning());
         let here = Trap { peer_netns: None, ..t };
         assert!(here.warning().contains("`dispatcher xdp-pass lb`"), "{}", here.warning());
+        let hostile = Trap { peer: "x\u{1b}[2J".into(), peer_netns: Some("n\u{7}".into()), ..here };
+        let w = hostile.warning();
+        assert!(!w.chars().any(|c| c.is_control()) && w.contains("peer x\\u{1b}[2J"), "{w}");
     }
 
     #[test]

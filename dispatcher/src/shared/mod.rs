@@ -412,7 +412,9 @@ fn member_value(inner: &Inner) -> String {
     let down = servers
         .backends
         .iter()
-        .filter(|b| b.health() == dispatcher_common::Health::Down)
+        // A backend whose checks an operator disabled here has no verdict of this
+        // dispatcher's: it abstains (its last health would vote on).
+        .filter(|b| b.health() == dispatcher_common::Health::Down && !b.checks_disabled())
         .map(|b| b.name.clone())
         .collect();
     let m = view::Member {

@@ -221,17 +221,24 @@ impl Ctx<'_> {
             Some(m) => *m.get_ref(),
             None => AccessLogSettings::DEFAULT_MAX_MESSAGE,
         };
+        let syslog_format = self.choice(
+            &a.syslog_format,
+            "access_log.syslog_format",
+            SyslogFormat::Rfc5424,
+            &[("rfc5424", SyslogFormat::Rfc5424), ("rfc3164", SyslogFormat::Rfc3164)],
+        );
         if a.syslog.is_none() {
             for (v, field) in [
                 (a.facility.as_ref().map(|v| v.span()), "facility"),
                 (a.max_message.as_ref().map(|v| v.span()), "max_message"),
+                (a.syslog_format.as_ref().map(|v| v.span()), "syslog_format"),
             ] {
                 if let Some(span) = v {
                     self.report(span, &format!("access_log.{field}"), "applies to `syslog` only, which is not set");
                 }
             }
         }
-        AccessLogSettings { output, syslog, format, buffer, tag, facility, max_message }
+        AccessLogSettings { output, syslog, format, buffer, tag, facility, max_message, syslog_format }
     }
 
     /// `path`: an absolute file path, or `-` for standard output.
