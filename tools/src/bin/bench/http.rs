@@ -47,6 +47,9 @@ struct Measured {
     errors: u64,
     /// Of the sampled requests, the share that reached the clone their cookie names.
     affinity: f64,
+    /// Microseconds of CPU (user + system, all its threads; nginx: its worker) per
+    /// request over the wrk run.
+    cpu_us: f64,
 }
 
 /// nginx on each of the testbed's four backends, configured by `backend_conf`.
@@ -149,6 +152,16 @@ pub fn cookies_script(tb: &Testbed) -> PathBuf {
 /// wrk from the client namespace against the HTTP VIP's `port`.
 pub fn wrk(tb: &Testbed, port: u16, secs: u64, script: &Path, connections: usize) -> Wrk {
     wrk::run(tb.client.command("wrk"), &format!("http://{VIP}:{port}/"), connections, secs, Some(script))
+}
+
+/// The process whose CPU a system's requests cost: the agent, HAProxy, nginx's worker.
+fn cpu_pid(tb: &Testbed, s: &System) -> u32 {
+    let pid = tb.pid_of(s.log).unwrap_or_else(|| panic!("{} is not running", s.name));
+    if s.name == "nginx" {
+        crate::tls::nginx_worker(pid)
+    } else {
+        pid
+    }
 }
 
 /// Sends requests naming each clone and counts those that reached it.
@@ -338,13 +351,16 @@ pub fn run(quick: bool) -> (String, String) {
     for s in &SYSTEMS {
         wait_ready(&tb, s.port, s.log);
         let aff = affinity(&tb, s.port);
-        let Wrk { rps, p50_ms: p50, p99_ms: p99, errors } = wrk(&tb, s.port, secs, &script, CONNECTIONS);
+        let pid = cpu_pid(&tb, s);
+        let before = crate::p99::counters(pid).ticks;
+        let Wrk { rps, p50_ms: p50, p99_ms: p99, errors, requests } = wrk(&tb, s.port, secs, &script, CONNECTIONS);
+        let cpu_us = (crate::p99::counters(pid).ticks - before) as f64 * 10_000.0 / requests.max(1) as f64;
         eprintln!(
-            "    {:<11} {rps:>10.0} req/s  p50 {p50:.3} ms  p99 {p99:.3} ms  errors {errors}  affinity {:.0}%",
+            "    {:<11} {rps:>10.0} req/s  p50 {p50:.3} ms  p99 {p99:.3} ms  errors {errors}  affinity {:.0}%  CPU {cpu_us:.1} µs/request",
             s.name,
             aff * 100.0
         );
-        results.push(Measured { rps, p50_ms: p50, p99_ms: p99, errors, affinity: aff });
+        results.push(Measured { rps, p50_ms: p50, p99_ms: p99, errors, affinity: aff, cpu_us });
     }
     // Fixed offered loads: 25/50/75/90% of each system's own maximum; and the
     // dispatcher also at HAProxy's levels, for p99 at the same offered load.
@@ -385,7 +401,7 @@ pub fn run(quick: bool) -> (String, String) {
         }
     }
 
-    let base = &results[1];
+    let (base, nginx) = (&results[1], &results[2]);
     let systems: Vec<Row> = SYSTEMS
         .iter()
         .zip(&results)
@@ -398,7 +414,10 @@ pub fn run(quick: bool) -> (String, String) {
                 .int("errors", "errors", m.errors)
                 .md("routed to the cookie's clone", format!("{:.0}%", m.affinity * 100.0))
                 .json("affinity", format!("{:.3}", m.affinity))
+                .num("CPU µs per request", "cpu_us_per_request", m.cpu_us, 1, 2)
                 .md("req/s vs HAProxy", format!("{:.2}", m.rps / base.rps))
+                .md("req/s vs nginx", format!("{:.2}", m.rps / nginx.rps))
+                .md("CPU vs HAProxy", format!("{:.2}", m.cpu_us / base.cpu_us))
                 .md("p99 vs HAProxy", format!("{:.2}", m.p99_ms / base.p99_ms))
         })
         .collect();
@@ -456,7 +475,7 @@ pub fn run(quick: bool) -> (String, String) {
     }
     table += &report::markdown(&conc_rows);
     table += &format!(
-        "\nworkers: {WORKERS} each; wrk: 1 thread, {CONNECTIONS} connections, {secs} s, cookies naming the 4 clones in turn.\nDispatcher RSS: {rss_before} KiB idle, {rss_after} KiB with 1,000 idle keep-alive client connections (target < 65,536 KiB); {}.\n",
+        "\nworkers: {WORKERS} each; wrk: 1 thread, {CONNECTIONS} connections, {secs} s, cookies naming the 4 clones in turn; CPU per request: user + system time of the process (all its threads; nginx: its worker) over the wrk run, divided by the requests wrk completed.\nDispatcher RSS: {rss_before} KiB idle, {rss_after} KiB with 1,000 idle keep-alive client connections (target < 65,536 KiB); {}.\n",
         curve.join(", ")
     );
     println!("\n{table}");

@@ -220,7 +220,7 @@ pub fn server_pid(tb: &Testbed, s: &System) -> u32 {
 }
 
 /// nginx's worker (the master's child).
-fn nginx_worker(master: u32) -> u32 {
+pub fn nginx_worker(master: u32) -> u32 {
     let children = std::fs::read_to_string(format!("/proc/{master}/task/{master}/children")).unwrap_or_default();
     children.split_whitespace().next().and_then(|p| p.parse().ok()).expect("an nginx worker")
 }

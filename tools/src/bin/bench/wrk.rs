@@ -11,6 +11,8 @@ pub struct Wrk {
     pub p99_ms: f64,
     /// Non-2xx/3xx responses and socket errors.
     pub errors: u64,
+    /// Requests completed (wrk's `N requests in`).
+    pub requests: u64,
 }
 
 /// Runs wrk as `cmd` (a command for `wrk`, in the client's namespace, with whatever
@@ -48,7 +50,7 @@ pub fn spread(runs: &[Wrk]) -> (f64, f64) {
 
 /// wrk's output (with `--latency`).
 pub fn parse(out: &str) -> Wrk {
-    let mut r = Wrk { rps: f64::NAN, p50_ms: f64::NAN, p99_ms: f64::NAN, errors: 0 };
+    let mut r = Wrk { rps: f64::NAN, p50_ms: f64::NAN, p99_ms: f64::NAN, errors: 0, requests: 0 };
     for line in out.lines() {
         let t = line.trim();
         if let Some(v) = t.strip_prefix("Requests/sec:") {
@@ -57,6 +59,8 @@ pub fn parse(out: &str) -> Wrk {
             r.p50_ms = ms(v.trim());
         } else if let Some(v) = t.strip_prefix("99%") {
             r.p99_ms = ms(v.trim());
+        } else if let Some((n, _)) = t.split_once(" requests in ") {
+            r.requests = n.trim().parse().unwrap_or(0);
         } else if let Some(v) = t.strip_prefix("Non-2xx or 3xx responses:") {
             r.errors += v.trim().parse::<u64>().unwrap_or(0);
         } else if t.starts_with("Socket errors:") {
@@ -91,6 +95,7 @@ mod tests {
         assert_eq!(r.p50_ms, 0.456);
         assert_eq!(r.p99_ms, 2.5);
         assert_eq!(r.errors, 10);
+        assert_eq!(r.requests, 1000);
         assert!(parse("").rps.is_nan());
     }
 }
