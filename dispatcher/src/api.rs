@@ -25,6 +25,9 @@ pub struct AgentStatus {
     pub backends: Vec<BackendStatus>,
     /// HTTP VIPs.
     pub vips: Vec<VipStatus>,
+    /// L4 and SIP VIPs: what XDP forwarded (the pinned maps' counters).
+    #[serde(default)]
+    pub xdp_vips: Vec<XdpVipStatus>,
     /// Farms (an implicit farm is its VIP's own backends, under the VIP's name).
     #[serde(default)]
     pub farms: Vec<FarmStatus>,
@@ -276,6 +279,27 @@ pub struct RouteStatus {
     pub cookie: String,
     #[serde(flatten)]
     pub counts: PathCounts,
+}
+
+/// An L4 or SIP VIP as XDP counts it (summed over CPUs).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct XdpVipStatus {
+    pub name: String,
+    pub address: String,
+    pub port: u16,
+    /// `tcp` or `udp`.
+    pub protocol: String,
+    /// `l4` or `sip`.
+    pub mode: String,
+    /// Packets and bytes forwarded (new flows and pinned ones).
+    pub packets: u64,
+    pub bytes: u64,
+    pub new_flows: u64,
+    pub drops: u64,
+    /// SIP VIPs: messages by outcome (forwarded by affinity source, held, unknown_ln,
+    /// invalid).
+    pub sip: std::collections::BTreeMap<String, u64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -588,8 +588,21 @@ fn the_status_page_shows_a_backend_going_down_in_a_browser() {
         return n; })()";
     page.wait_for("a request rate on the chart", Duration::from_secs(10), LINE_PIXELS, |v| v.as_u64() > Some(30));
 
-    // b1 fails while the page stays open.
+    // L4 and SIP VIPs (forwarded in XDP) have a table of their own: one added by a reload
+    // appears in it.
     let cfg = tb.workdir.join("dispatcher.toml");
+    assert_eq!(page.eval("document.getElementById('xdp-vips').hidden"), true, "no L4 VIP yet: no table");
+    let l4 = "\n[[vip]]\nname = \"fwd\"\naddress = \"10.99.100.30\"\nport = 9000\nring_size = 1009\n";
+    std::fs::write(&cfg, std::fs::read_to_string(&cfg).unwrap() + l4).unwrap();
+    let out = tb.dispatcher_cmd(&["reload", "--config", cfg.to_str().unwrap()]);
+    assert!(out.contains("reloaded"), "{out}");
+    const XDP_ROWS: &str =
+        "[...document.querySelectorAll('#xdp-vips tbody tr')].map(r => [...r.cells].map(c => c.textContent))";
+    let xdp = page.wait_for("the L4 VIP shown", Duration::from_secs(10), XDP_ROWS, |v| rows(v).len() == 1);
+    assert_eq!(rows(&xdp)[0][..6], ["fwd", "10.99.100.30", "9000", "tcp", "l4", "0"], "{xdp}");
+    assert_eq!(page.eval("document.getElementById('xdp-vips').hidden"), false);
+
+    // b1 fails while the page stays open.
     tb.kill_servers_of(1);
     let shown =
         page.wait_for("b1 shown down", Duration::from_secs(20), ROWS, |v| state_of(v, "b1").as_deref() == Some("down"));

@@ -104,6 +104,7 @@ pub fn status(a: &Admin) -> AgentStatus {
         })
         .collect();
     let (farms, routes) = farms_and_routes(&cfg, &cap);
+    let xdp_vips = xdp_vips(a, &cfg);
     AgentStatus {
         pid: std::process::id(),
         uptime_s: a.started.elapsed().as_secs(),
@@ -113,6 +114,7 @@ pub fn status(a: &Admin) -> AgentStatus {
         warnings: crate::dataplane::veth_trap(&cfg, a.steering.is_some()).into_iter().collect(),
         backends,
         vips,
+        xdp_vips,
         farms,
         routes,
         counters: c.counters.status(),
@@ -120,6 +122,39 @@ pub fn status(a: &Admin) -> AgentStatus {
         steering: a.steering.as_ref().map(|st| st.status(steer_counters(a))),
         announced: *a.announced.lock().unwrap(),
     }
+}
+
+/// The L4 and SIP VIPs with what XDP counted for them (a counter the maps cannot give
+/// reads 0).
+fn xdp_vips(a: &Admin, cfg: &Config) -> Vec<crate::api::XdpVipStatus> {
+    let t = a.tables.lock().unwrap();
+    let count = |i: u32, slot: u32| t.counter(stats::vip_slot(i, slot)).map(|c| c.packets).unwrap_or(0);
+    cfg.vips
+        .iter()
+        .enumerate()
+        .filter(|(_, v)| !v.retired && v.mode() != VipMode::Http)
+        .map(|(i, v)| {
+            let id = i as u32;
+            let forwarded = t.vip_forwarded(id).unwrap_or_default();
+            let sip = if v.mode() == VipMode::Sip {
+                t.sip_counters(id).unwrap_or_default().into_iter().map(|(k, n)| (k.to_string(), n)).collect()
+            } else {
+                Default::default()
+            };
+            crate::api::XdpVipStatus {
+                name: v.name.clone(),
+                address: v.address.to_string(),
+                port: v.port,
+                protocol: if v.protocol == crate::config::Protocol::Udp { "udp" } else { "tcp" }.into(),
+                mode: if v.mode() == VipMode::Sip { "sip" } else { "l4" }.into(),
+                packets: forwarded.packets,
+                bytes: forwarded.bytes,
+                new_flows: count(id, stats::VIP_NEW_FLOWS),
+                drops: count(id, stats::VIP_DROPS),
+                sip,
+            }
+        })
+        .collect()
 }
 
 /// Responses by class, for the status view.
