@@ -219,9 +219,14 @@ impl Clones {
                 (sid, c, Vec::new())
             }
         };
-        // Synchronous replication of the write to the peer.
+        // Synchronous replication of the write to the peer. Versioned, as DRS's copies
+        // are: two requests of a session served at once replicate in either order, and
+        // the older write must not replace the newer one (the replica would then resume
+        // the session from a stale count).
         if let Some(p) = self.peers[me].filter(|&p| self.alive[p].load(Ordering::SeqCst)) {
-            self.stores[p].lock().unwrap().replica.insert(sid.clone(), count);
+            let mut peer = self.stores[p].lock().unwrap();
+            let kept = peer.replica.entry(sid.clone()).or_insert(count);
+            *kept = (*kept).max(count);
         }
         if lost {
             headers.push("X-Session-Lost: 1".into());
