@@ -128,14 +128,13 @@ pub fn status(a: &Admin) -> AgentStatus {
 /// reads 0).
 fn xdp_vips(a: &Admin, cfg: &Config) -> Vec<crate::api::XdpVipStatus> {
     let t = a.tables.lock().unwrap();
-    let count = |i: u32, slot: u32| t.counter(stats::vip_slot(i, slot)).map(|c| c.packets).unwrap_or(0);
     cfg.vips
         .iter()
         .enumerate()
         .filter(|(_, v)| !v.retired && v.mode() != VipMode::Http)
         .map(|(i, v)| {
             let id = i as u32;
-            let forwarded = t.vip_forwarded(id).unwrap_or_default();
+            let f = t.vip_figures(id).unwrap_or_default();
             let sip = if v.mode() == VipMode::Sip {
                 t.sip_counters(id).unwrap_or_default().into_iter().map(|(k, n)| (k.to_string(), n)).collect()
             } else {
@@ -147,10 +146,10 @@ fn xdp_vips(a: &Admin, cfg: &Config) -> Vec<crate::api::XdpVipStatus> {
                 port: v.port,
                 protocol: if v.protocol == crate::config::Protocol::Udp { "udp" } else { "tcp" }.into(),
                 mode: if v.mode() == VipMode::Sip { "sip" } else { "l4" }.into(),
-                packets: forwarded.packets,
-                bytes: forwarded.bytes,
-                new_flows: count(id, stats::VIP_NEW_FLOWS),
-                drops: count(id, stats::VIP_DROPS),
+                packets: f.forwarded.packets,
+                bytes: f.forwarded.bytes,
+                new_flows: f.new_flows,
+                drops: f.drops,
                 sip,
             }
         })

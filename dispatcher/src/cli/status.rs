@@ -127,7 +127,7 @@ fn utc_clock() -> String {
 }
 
 /// One VIP's XDP figures: forwarded packets and bytes, new flows, flow hits, drops.
-type VipRow<'c> = (&'c Vip, Counter, u64, u64, u64);
+type VipRow<'c> = (&'c Vip, dispatcher::dataplane::tables::VipFigures);
 /// One backend's map entry and XDP figures: packets and bytes, new flows.
 type BackendRow<'c> = (&'c dispatcher::config::Backend, BackendInfo, Counter, u64);
 
@@ -207,14 +207,7 @@ impl<'c> Frame<'c> {
         let mut vips = Vec::new();
         for (i, v) in cfg.vips.iter().enumerate() {
             let id = i as u32;
-            let c = |what| tables.counter(stats::vip_slot(id, what));
-            vips.push((
-                v,
-                tables.vip_forwarded(id)?,
-                c(stats::VIP_NEW_FLOWS)?.packets,
-                c(stats::VIP_FLOW_HITS)?.packets,
-                c(stats::VIP_DROPS)?.packets,
-            ));
+            vips.push((v, tables.vip_figures(id)?));
         }
         let mut backends = Vec::new();
         for (i, b) in cfg.backends.iter().enumerate() {
@@ -245,9 +238,9 @@ impl<'c> Frame<'c> {
             .vips
             .iter()
             .enumerate()
-            .map(|(i, (v, p, nf, hits, drops))| {
-                let mut j = serde_json::json!({"name": v.name, "address": v.address.to_string(), "port": v.port, "packets": p.packets,
-                    "bytes": p.bytes, "new_flows": nf, "flow_hits": hits, "drops": drops});
+            .map(|(i, (v, f))| {
+                let mut j = serde_json::json!({"name": v.name, "address": v.address.to_string(), "port": v.port, "packets": f.forwarded.packets,
+                    "bytes": f.forwarded.bytes, "new_flows": f.new_flows, "flow_hits": f.flow_hits, "drops": f.drops});
                 if v.mode() == VipMode::Sip {
                     let sip: serde_json::Map<String, serde_json::Value> =
                         self.tables.sip_counters(i as u32).unwrap_or_default().into_iter().map(|(n, c)| (n.to_string(), c.into())).collect();
@@ -330,7 +323,8 @@ impl<'c> Frame<'c> {
             "{:<16} {:<28} {:<5} {:>12} {:>14} {:>10} {:>10} {:>8} {:>9} {:>6}",
             "VIP", "ADDRESS", "MODE", "PACKETS", "BYTES", "NEW FLOWS", "FLOW HITS", "DROPS", "REQUESTS", "CONNS"
         );
-        for (v, p, nf, hits, drops) in &self.vips {
+        for (v, f) in &self.vips {
+            let (p, nf, hits, drops) = (&f.forwarded, f.new_flows, f.flow_hits, f.drops);
             let addr = format!("{}:{}/{:?}", v.address, v.port, v.protocol).to_lowercase();
             let a = agent_vip(&v.name);
             let field = |f: fn(&VipStatus) -> u64| a.map(|x| f(x).to_string()).unwrap_or_else(|| "-".into());

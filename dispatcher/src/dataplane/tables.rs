@@ -115,6 +115,16 @@ pub const SIP_COUNTERS: [(&str, u32); 8] = [
     ("invalid", stats::VIP_SIP_INVALID),
 ];
 
+/// What XDP counted for one VIP (summed over CPUs).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct VipFigures {
+    /// Packets and bytes forwarded, on new flows and pinned ones.
+    pub forwarded: Counter,
+    pub new_flows: u64,
+    pub flow_hits: u64,
+    pub drops: u64,
+}
+
 impl Tables {
     fn open(
         mut open: impl FnMut(&'static str) -> Result<aya::maps::Map, DataplaneError>,
@@ -319,6 +329,17 @@ impl Tables {
             self.counter(stats::vip_slot(vip, stats::VIP_FLOW_HITS))?,
         );
         Ok(Counter { packets: a.packets + b.packets, bytes: a.bytes + b.bytes })
+    }
+
+    /// A VIP's XDP figures, as `status` and the status page show them.
+    pub fn vip_figures(&self, vip: u32) -> Result<VipFigures, DataplaneError> {
+        let c = |what| self.counter(stats::vip_slot(vip, what)).map(|c| c.packets);
+        Ok(VipFigures {
+            forwarded: self.vip_forwarded(vip)?,
+            new_flows: c(stats::VIP_NEW_FLOWS)?,
+            flow_hits: c(stats::VIP_FLOW_HITS)?,
+            drops: c(stats::VIP_DROPS)?,
+        })
     }
 
     /// A SIP VIP's message counts: forwarded by affinity source, then held (owner
