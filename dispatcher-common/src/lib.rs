@@ -418,6 +418,78 @@ pub const fn steer_sel3(current: u32, previous: u32, previous2: u32, flags: u32)
     (current & 0xf) | ((previous & 0xf) << 4) | ((previous2 & 0xf) << 12) | flags
 }
 
+/// `FRAGS` key: one IP datagram in fragments (RFC 791's reassembly key; IPv6's 32-bit
+/// identification, RFC 8200 4.5). The addresses are held as 64-bit words (`new`): the
+/// BPF compiler merges stores of known-zero words (an IPv4 address's upper three) into
+/// 8-byte stores, which the verifier takes on the stack only aligned.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct FragKey {
+    pub src: [u64; 2],
+    pub dst: [u64; 2],
+    /// The IP ID as read from the header (memory order of the wire bytes).
+    pub id: u32,
+    pub proto: u8,
+    pub family: u8,
+    pub _pad: u16,
+}
+
+impl FragKey {
+    /// From addresses as `FlowKey` holds them (wire bytes in memory order).
+    #[inline(always)]
+    pub const fn new(src: &[u32; 4], dst: &[u32; 4], id: u32, proto: u8, family: u8) -> FragKey {
+        const fn pair(a: u32, b: u32) -> u64 {
+            // Little and big endian alike: the two words' bytes in their order.
+            if cfg!(target_endian = "little") {
+                a as u64 | (b as u64) << 32
+            } else {
+                (a as u64) << 32 | b as u64
+            }
+        }
+        FragKey {
+            src: [pair(src[0], src[1]), pair(src[2], src[3])],
+            dst: [pair(dst[0], dst[1]), pair(dst[2], dst[3])],
+            id,
+            proto,
+            family,
+            _pad: 0,
+        }
+    }
+}
+
+/// `FRAGS` value: where the datagram's first fragment went.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FragValue {
+    /// The backend, or `NO_BACKEND`: the first fragment went to the host stack (a port of
+    /// a VIP address that is no VIP), and so do the others.
+    pub backend: u32,
+    pub vip: u32,
+    /// bpf_ktime_get_coarse_ns() when the first fragment was seen.
+    pub created_ns: u64,
+    /// The VIP's port (network order): with the address and protocol, its `VIPS` key.
+    pub port: u16,
+    pub _pad: [u16; 3],
+}
+
+/// `FRAG_BUDGET` value (per CPU): first fragments recorded in the current second.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FragBudget {
+    pub window_ns: u64,
+    pub used: u64,
+}
+
+/// Entries of `FRAGS` (an LRU hash shared by all CPUs).
+pub const FRAG_ENTRIES: u32 = 65536;
+/// New `FRAGS` entries a CPU may make per second; first fragments beyond it are dropped
+/// (`drop_frag_budget`). With C CPUs a live entry survives at least
+/// `FRAG_ENTRIES / (C * FRAG_BUDGET_PER_SEC)` seconds of a flood (8 s / C).
+pub const FRAG_BUDGET_PER_SEC: u64 = 8192;
+/// How long the later fragments of a datagram follow its first one (the kernel's
+/// `ipfrag_time` is 30 s; fragments of one datagram leave their sender back to back).
+pub const FRAG_LIFETIME_NS: u64 = 2_000_000_000;
+
 /// `STATS` value (per CPU).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -470,9 +542,19 @@ pub mod stats {
     pub const DROP_SIP_HELD: u32 = 22;
     /// SIP messages naming a logical name nobody owns (and no dialog pinned here).
     pub const DROP_SIP_UNKNOWN_LN: u32 = 23;
-    pub const GLOBAL_SLOTS: u32 = 24;
+    /// First fragments of a UDP datagram to an L4 or SIP VIP, forwarded and recorded in
+    /// `FRAGS`.
+    pub const FRAG_FIRST: u32 = 24;
+    /// Later fragments forwarded where their first fragment went (`FRAGS`).
+    pub const FRAG_FOLLOWED: u32 = 25;
+    /// Later fragments to a VIP address with no live record of their first fragment (it
+    /// has not come yet, was dropped, or is older than `FRAG_LIFETIME_NS`).
+    pub const DROP_FRAG_NO_FIRST: u32 = 26;
+    /// First fragments beyond this CPU's `FRAG_BUDGET_PER_SEC`.
+    pub const DROP_FRAG_BUDGET: u32 = 27;
+    pub const GLOBAL_SLOTS: u32 = 28;
 
-    pub const GLOBAL_NAMES: [&str; 24] = [
+    pub const GLOBAL_NAMES: [&str; 28] = [
         "pass_non_vip",
         "pass_non_ip",
         "pass_http",
@@ -497,6 +579,10 @@ pub mod stats {
         "drop_sip_too_long",
         "drop_sip_held",
         "drop_sip_unknown_ln",
+        "frag_first",
+        "frag_followed",
+        "drop_frag_no_first",
+        "drop_frag_budget",
     ];
 
     /// Per VIP: forwarded packets/bytes other than on a pinned flow, new flows, packets and
@@ -520,7 +606,14 @@ pub mod stats {
     pub const VIP_SIP_HELD: u32 = 11;
     pub const VIP_SIP_UNKNOWN_LN: u32 = 12;
     pub const VIP_SIP_INVALID: u32 = 13;
-    pub const VIP_SLOTS: u32 = 14;
+    /// UDP VIPs (L4 and SIP): first fragments recorded, later fragments forwarded after
+    /// them, later fragments dropped with no first, first fragments over the budget (each
+    /// drop also in `VIP_DROPS`; on a later fragment's address, the id its marker names).
+    pub const VIP_FRAG_FIRST: u32 = 14;
+    pub const VIP_FRAG_FOLLOWED: u32 = 15;
+    pub const VIP_FRAG_NO_FIRST: u32 = 16;
+    pub const VIP_FRAG_BUDGET: u32 = 17;
+    pub const VIP_SLOTS: u32 = 18;
 
     /// The per-VIP slot counting messages routed by affinity source `src` (`sip::SRC_*`).
     #[inline(always)]
@@ -560,6 +653,8 @@ mod pod {
     unsafe impl aya::Pod for AffinityValue {}
     unsafe impl aya::Pod for CloneValue {}
     unsafe impl aya::Pod for Counter {}
+    unsafe impl aya::Pod for FragKey {}
+    unsafe impl aya::Pod for FragValue {}
     unsafe impl aya::Pod for SteerSlot {}
     unsafe impl aya::Pod for SteerConf {}
 }
@@ -573,4 +668,6 @@ const _: () = assert!(core::mem::size_of::<FlowValue>() == 24);
 const _: () = assert!(core::mem::size_of::<AffinityKey>() == 24);
 const _: () = assert!(core::mem::size_of::<AffinityValue>() == 16);
 const _: () = assert!(core::mem::size_of::<SteerSlot>() == 8);
+const _: () = assert!(core::mem::size_of::<FragKey>() == 40);
+const _: () = assert!(core::mem::size_of::<FragValue>() == 24);
 const _: () = assert!(core::mem::size_of::<SteerConf>() == 24);

@@ -508,7 +508,18 @@ impl Scan {
     /// (`SRC_CALL_ID`). `None`: not SIP, the header section did not end, or no Call-ID.
     #[inline(always)]
     pub fn affinity(&self) -> Option<(u8, u64)> {
-        if self.sip == 0 || self.done == 0 {
+        if self.done == 0 {
+            return None;
+        }
+        self.affinity_so_far()
+    }
+
+    /// As `affinity`, from the headers read so far whether or not the header section
+    /// ended: a datagram's first fragment, whose header section may go on in the next
+    /// one (a Route or Via `ibmsid` past it is not seen; the Call-ID must have been).
+    #[inline(always)]
+    pub fn affinity_so_far(&self) -> Option<(u8, u64)> {
+        if self.sip == 0 {
             return None;
         }
         let f = self.found;

@@ -8,11 +8,11 @@ use dispatcher_common::{
 };
 
 use crate::{
-    forward,
+    forward, frag,
     maps::VIPS,
     parse::{
-        be16, parse_l2, ptr_at, read_word, Ipv4Hdr, Ipv6Hdr, ETH_P_IP, ETH_P_IPV6, IPV4_HLEN, IPV6_HLEN, L3, TCP_HLEN,
-        UDP_HLEN,
+        be16, parse_l2, ptr_at, read_word, Ipv4Hdr, Ipv6Hdr, ETH_P_IP, ETH_P_IPV6, IPV4_HLEN, IPV6_HLEN, L2, L3,
+        TCP_HLEN, UDP_HLEN,
     },
     select, sip,
     stats::count,
@@ -23,6 +23,9 @@ const PASS: u32 = xdp_action::XDP_PASS;
 const DROP: u32 = xdp_action::XDP_DROP;
 const TCP_SYN: u8 = 0x02;
 const TCP_ACK: u8 = 0x10;
+/// IPv6 Fragment extension header (RFC 8200 4.5).
+const IPV6_FRAGMENT: u8 = 44;
+const IPV6_FRAG_HLEN: usize = 8;
 
 #[inline(always)]
 fn pass(slot: u32, len: u64) -> Result<u32, ()> {
@@ -104,8 +107,33 @@ fn unusual_ipv4(ver_ihl: u8, proto: u8, dst: &[u32; 4], len: u64) -> u32 {
     verdict
 }
 
+/// A later fragment (offset > 0) of a UDP datagram: it carries no ports, so its VIP is
+/// known by address and protocol only. To an address with UDP VIPs it follows its first
+/// fragment (`frag`); elsewhere it is not ours.
+#[inline(always)]
+fn later_fragment(ctx: &XdpContext, l2: &L2, l3: &L3, id: u32, len: u64) -> Result<u32, ()> {
+    let Some(marker) = vip_of_addr(l3.family, &l3.dst, IPPROTO_UDP) else {
+        return pass(stats::PASS_NON_VIP, len);
+    };
+    let in_frame = (ctx.data_end() - ctx.data() - l2.l3_off) as u32;
+    if l3.ip_len <= (l3.l4_off - l2.l3_off) as u32 || l3.ip_len > in_frame {
+        return drop_vip(marker, stats::DROP_BAD_LENGTH, len);
+    }
+    if l2.group_dst {
+        return drop_vip(marker, stats::DROP_GROUP_MAC, len);
+    }
+    Ok(frag::later(ctx, l2, l3, id, marker, len))
+}
+
 pub fn try_dispatch(ctx: &XdpContext) -> Result<u32, ()> {
     let len = (ctx.data_end() - ctx.data()) as u64;
+    // The IP ID of a UDP datagram's first fragment (offset 0, more to come).
+    let mut first: Option<u32> = None;
+    // The IP ID of a later fragment (offset > 0) of a UDP datagram: no ports to read. Its
+    // L3 is made by the same code as every packet's (the families' words unknown to the
+    // compiler, which would otherwise write known-zero words in misaligned 8-byte stores
+    // the verifier refuses).
+    let mut later: Option<u32> = None;
     let Some(l2) = parse_l2(ctx) else {
         return pass(stats::PASS_NON_IP, len);
     };
@@ -116,12 +144,7 @@ pub fn try_dispatch(ctx: &XdpContext) -> Result<u32, ()> {
             };
             let ip = unsafe { &*ip };
             let dst = [read_word(&ip.dst), 0, 0, 0];
-            // Common case first: version 4, no options, not a fragment. Only a packet that
-            // is not asks whether its address carries VIPs (one more lookup).
-            if ip.ver_ihl != 0x45 || be16(ip.frag_off) & 0x3fff != 0 {
-                return Ok(unusual_ipv4(ip.ver_ihl, ip.proto, &dst, len));
-            }
-            L3 {
+            let l3 = L3 {
                 family: AF_INET,
                 proto: ip.proto,
                 l4_off: l2.l3_off + IPV4_HLEN,
@@ -129,7 +152,25 @@ pub fn try_dispatch(ctx: &XdpContext) -> Result<u32, ()> {
                 src: [read_word(&ip.src), 0, 0, 0],
                 dst,
                 head: [ip.ver_ihl, ip.tos, ip.tot_len[0], ip.tot_len[1]],
+            };
+            // Common case first: version 4, no options, not a fragment. Only a packet that
+            // is not asks whether its address carries VIPs (one more lookup).
+            let frag_off = be16(ip.frag_off);
+            if ip.ver_ihl != 0x45 || frag_off & 0x3fff != 0 {
+                // A UDP fragment with a plain header goes where its datagram's first
+                // fragment goes; the rest keep their defined verdict (TCP fragments too).
+                if ip.ver_ihl != 0x45 || ip.proto != IPPROTO_UDP {
+                    return Ok(unusual_ipv4(ip.ver_ihl, ip.proto, &dst, len));
+                }
+                let id = u16::from_ne_bytes(ip.id) as u32;
+                if frag_off & 0x1fff != 0 {
+                    later = Some(id);
+                } else {
+                    // Offset 0 with more fragments: the first, dispatched below.
+                    first = Some(id);
+                }
             }
+            l3
         }
         ETH_P_IPV6 => {
             let Ok(ip) = ptr_at::<Ipv6Hdr>(ctx, l2.l3_off) else {
@@ -137,7 +178,30 @@ pub fn try_dispatch(ctx: &XdpContext) -> Result<u32, ()> {
             };
             let ip = unsafe { &*ip };
             let dst = addr_words(&ip.dst);
-            if ip.next_hdr != IPPROTO_TCP && ip.next_hdr != IPPROTO_UDP {
+            let mut proto = ip.next_hdr;
+            let mut l4_off = l2.l3_off + IPV6_HLEN;
+            // A Fragment header right after the fixed header, of a UDP datagram: the
+            // datagram's first fragment is dispatched, the later ones follow it. Any other
+            // chain of extension headers keeps its defined verdict below.
+            if proto == IPV6_FRAGMENT && ip.ver_tc_flow[0] >> 4 == 6 {
+                if let Ok(fh) = ptr_at::<[u8; IPV6_FRAG_HLEN]>(ctx, l4_off) {
+                    let fh = unsafe { &*fh };
+                    if fh[0] == IPPROTO_UDP {
+                        proto = IPPROTO_UDP;
+                        l4_off += IPV6_FRAG_HLEN;
+                        let id = u32::from_ne_bytes([fh[4], fh[5], fh[6], fh[7]]);
+                        let off_m = be16([fh[2], fh[3]]);
+                        if off_m & 0xfff8 != 0 {
+                            later = Some(id);
+                        } else if off_m & 1 != 0 {
+                            first = Some(id);
+                        }
+                        // Offset 0 and no more fragments: an atomic fragment (RFC 6946),
+                        // a whole datagram.
+                    }
+                }
+            }
+            if proto != IPPROTO_TCP && proto != IPPROTO_UDP {
                 let ours = ipv6_extension(ip.next_hdr)
                     && (is_vip_addr(AF_INET6, &dst, IPPROTO_TCP) || is_vip_addr(AF_INET6, &dst, IPPROTO_UDP));
                 return pass(if ours { stats::PASS_IPV6_EXT } else { stats::PASS_NON_VIP }, len);
@@ -149,18 +213,13 @@ pub fn try_dispatch(ctx: &XdpContext) -> Result<u32, ()> {
                 };
             }
             let ip_len = be16(ip.payload_len) as u32 + IPV6_HLEN as u32;
-            L3 {
-                family: AF_INET6,
-                proto: ip.next_hdr,
-                l4_off: l2.l3_off + IPV6_HLEN,
-                ip_len,
-                src: addr_words(&ip.src),
-                dst,
-                head: ip.ver_tc_flow,
-            }
+            L3 { family: AF_INET6, proto, l4_off, ip_len, src: addr_words(&ip.src), dst, head: ip.ver_tc_flow }
         }
         _ => return pass(stats::PASS_NON_IP, len),
     };
+    if let Some(id) = later {
+        return later_fragment(ctx, &l2, &l3, id, len);
+    }
     if l3.proto != IPPROTO_TCP && l3.proto != IPPROTO_UDP {
         return pass(stats::PASS_NON_VIP, len);
     }
@@ -194,12 +253,10 @@ pub fn try_dispatch(ctx: &XdpContext) -> Result<u32, ()> {
 
     let vkey = VipKey { addr: key.dst, port: key.dport, proto: l3.proto, family: l3.family };
     // Read in place (no copy onto the stack).
-    let Some(vip) = (unsafe { VIPS.get(&vkey) }) else {
-        return pass(stats::PASS_NON_VIP, len);
+    let vip = match unsafe { VIPS.get(&vkey) } {
+        Some(v) if v.mode != MODE_ADDR_MARKER => v,
+        _ => return Ok(first.map_or_else(|| count_pass(stats::PASS_NON_VIP, len), |id| host_first(&l3, id, len))),
     };
-    if vip.mode == MODE_ADDR_MARKER {
-        return pass(stats::PASS_NON_VIP, len);
-    }
     // VIP traffic only from here: what no sane sender sends is dropped and counted.
     // The IP length must cover the headers and fit in the frame (a longer frame is link
     // padding); it is what an IPIP outer header is computed from.
@@ -210,9 +267,11 @@ pub fn try_dispatch(ctx: &XdpContext) -> Result<u32, ()> {
     }
     // A UDP length must cover its header and fit in the IP payload (RFC 768; the kernel
     // drops a longer one and ignores bytes past a shorter one, and so does SIP's scan).
+    // A first fragment holds only the start of its datagram: its UDP length must name
+    // more than it carries.
     let udp_len = u16::from_be_bytes(l4_bits) as u32;
     let ip_payload = l3.ip_len - (l3.l4_off - l2.l3_off) as u32;
-    if l3.proto == IPPROTO_UDP && (udp_len < UDP_HLEN as u32 || udp_len > ip_payload) {
+    if l3.proto == IPPROTO_UDP && (udp_len < UDP_HLEN as u32 || (udp_len <= ip_payload) == first.is_some()) {
         return drop_vip(vip.id, stats::DROP_BAD_LENGTH, len);
     }
     if l2.group_dst {
@@ -239,8 +298,14 @@ pub fn try_dispatch(ctx: &XdpContext) -> Result<u32, ()> {
         return pass(stats::PASS_HTTP, len);
     }
 
+    if first.is_some() && !frag::take_budget() {
+        return Ok(frag::drop_over_budget(vip.id, len));
+    }
+
     if vip.mode == MODE_SIP && l3.proto == IPPROTO_UDP {
-        return sip::dispatch(ctx, &l2, &l3, vip, &vkey, udp_len, len);
+        // A first fragment's message is what it carries (the UDP length names the whole).
+        let msg_len = if first.is_some() { ip_payload } else { udp_len };
+        return sip::dispatch(ctx, &l2, &l3, vip, &vkey, msg_len, first, len);
     }
 
     let Some((backend_id, backend, hit)) = select::select_backend(vip, &key, syn, 0) else {
@@ -254,6 +319,29 @@ pub fn try_dispatch(ctx: &XdpContext) -> Result<u32, ()> {
     } else {
         count(vip_slot(vip.id, if hit { stats::VIP_FLOW_HITS } else { stats::VIP_PACKETS }), len);
         count(stats::backend_slot(backend_id, stats::BACKEND_PACKETS), len);
+        if let Some(id) = first {
+            frag::recorded(&l3, id, vip.id, vkey.port, backend_id, len);
+        }
     }
     Ok(verdict)
+}
+
+#[inline(always)]
+fn count_pass(slot: u32, len: u64) -> u32 {
+    count(slot, len);
+    PASS
+}
+
+/// The first fragment of a UDP datagram for no VIP: to the host stack, and if its address
+/// carries UDP VIPs, its later fragments (which that address would take for VIP traffic)
+/// are recorded to follow it there.
+#[inline(always)]
+fn host_first(l3: &L3, id: u32, len: u64) -> u32 {
+    if let Some(marker) = vip_of_addr(l3.family, &l3.dst, IPPROTO_UDP) {
+        if frag::take_budget() {
+            frag::record(l3, id, marker, 0, dispatcher_common::NO_BACKEND);
+        }
+        return count_pass(stats::PASS_FRAGMENT, len);
+    }
+    count_pass(stats::PASS_NON_VIP, len)
 }

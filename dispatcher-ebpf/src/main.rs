@@ -5,6 +5,8 @@
 //! ring, backend state) -> `forward` (MAC rewrite or IPIP encapsulation, XDP_TX). HTTP
 //! VIPs shared by several dispatchers go through `steer` first (to the owner dispatcher).
 //! SIP VIPs go through `sip` (the message's logical name or Call-ID picks the backend).
+//! UDP datagrams in IP fragments: the first is dispatched and recorded, the later ones
+//! follow it (`frag`).
 //! Every verdict is counted in `STATS` (`stats`).
 #![no_std]
 #![no_main]
@@ -16,6 +18,7 @@ mod rt;
 
 mod dispatch;
 mod forward;
+mod frag;
 mod maps;
 mod parse;
 mod select;

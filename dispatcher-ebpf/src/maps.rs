@@ -7,9 +7,9 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
 use dispatcher_common::{
-    stats, AffinityKey, AffinityValue, BackendInfo, CloneValue, Counter, FlowKey, FlowValue, SteerConf, SteerSlot,
-    VipInfo, VipKey, DEFAULT_MAX_AFFINITY, DEFAULT_MAX_FLOWS, MAX_BACKENDS, MAX_CLONES, MAX_RING_SIZE, MAX_VIPS,
-    STEER_SIZE, STEER_TABLES,
+    stats, AffinityKey, AffinityValue, BackendInfo, CloneValue, Counter, FlowKey, FlowValue, FragBudget, FragKey,
+    FragValue, SteerConf, SteerSlot, VipInfo, VipKey, DEFAULT_MAX_AFFINITY, DEFAULT_MAX_FLOWS, FRAG_ENTRIES,
+    MAX_BACKENDS, MAX_CLONES, MAX_RING_SIZE, MAX_VIPS, STEER_SIZE, STEER_TABLES,
 };
 
 #[map]
@@ -59,3 +59,14 @@ pub struct SipScratch {
 
 #[map]
 pub static SIP_SCRATCH: PerCpuArray<SipScratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// Where each fragmented UDP datagram's first fragment went (`frag`), so that its later
+/// fragments, which carry no ports, follow it. One LRU over all CPUs; entries older than
+/// `FRAG_LIFETIME_NS` are not followed, and new ones are rationed (`FRAG_BUDGET`).
+#[map]
+pub static FRAGS: LruHashMap<FragKey, FragValue> = LruHashMap::with_max_entries(FRAG_ENTRIES, 0);
+
+/// Each CPU's count of new `FRAGS` entries in the current second (not pinned: a restart
+/// starts a fresh second).
+#[map]
+pub static FRAG_BUDGET: PerCpuArray<FragBudget> = PerCpuArray::with_max_entries(1, 0);

@@ -99,8 +99,12 @@ fn owner_of(v: &CloneValue) -> Result<Option<select::Chosen>, ()> {
     Err(())
 }
 
-/// `udp_len`: the datagram's UDP length, checked by the caller against the IP length
-/// (which was checked against the frame).
+/// `udp_len`: the message's length with its UDP header, checked by the caller against the
+/// IP length (which was checked against the frame): the datagram's UDP length, or for a
+/// first fragment (`first`: its IP ID) what the fragment carries. A first fragment's
+/// header section may go on in the next fragment: its affinity is what it holds
+/// (`Scan::affinity_so_far`).
+#[allow(clippy::too_many_arguments)]
 pub fn dispatch(
     ctx: &XdpContext,
     l2: &L2,
@@ -108,6 +112,7 @@ pub fn dispatch(
     vip: &VipInfo,
     vkey: &VipKey,
     udp_len: u32,
+    first: Option<u32>,
     len: u64,
 ) -> Result<u32, ()> {
     let off = l3.l4_off + UDP_HLEN;
@@ -135,7 +140,8 @@ pub fn dispatch(
     let cb = step as *const () as *mut c_void;
     unsafe { bpf_loop(n.div_ceil(CHUNK) as u32, cb, core::ptr::null_mut(), 0) };
     let walk = w;
-    let Some((src, hash)) = walk.scan.affinity() else {
+    let affinity = if first.is_some() { walk.scan.affinity_so_far() } else { walk.scan.affinity() };
+    let Some((src, hash)) = affinity else {
         let (what, global) = if too_long && walk.scan.done == 0 {
             (stats::VIP_SIP_INVALID, stats::DROP_SIP_TOO_LONG)
         } else {
@@ -193,6 +199,9 @@ pub fn dispatch(
         count(vip_slot(vip.id, if hit { stats::VIP_FLOW_HITS } else { stats::VIP_PACKETS }), len);
         count(vip_slot(vip.id, stats::vip_sip_source(src)), len);
         count(stats::backend_slot(backend_id, stats::BACKEND_PACKETS), len);
+        if let Some(id) = first {
+            crate::frag::recorded(l3, id, vip.id, vkey.port, backend_id, len);
+        }
     }
     Ok(verdict)
 }

@@ -19,7 +19,7 @@ use dispatcher::{
 };
 use dispatcher_common::{
     hash::{cookie_hash, flow_hash},
-    sip_call_key, AffinityKey, AffinityValue, CloneValue, FlowKey, FlowValue, SteerConf, SteerSlot,
+    sip_call_key, AffinityKey, AffinityValue, CloneValue, FlowKey, FlowValue, FragKey, FragValue, SteerConf, SteerSlot,
     CLONE_F_FAILED_OVER, NO_BACKEND, STEER_SIZE,
 };
 
@@ -257,6 +257,23 @@ impl Fixture {
     pub fn sip_pin(&self, vip: usize, call_id: &str) -> Option<FlowValue> {
         let key = sip_call_key(&vip_key(&self.cfg.vips[vip]), cookie_hash(call_id.as_bytes()));
         self.tables.flows.get(&key, 0).ok()
+    }
+
+    /// Where the first fragment of `p`'s datagram with IP ID `id` went (`FRAGS`), if it
+    /// was recorded.
+    pub fn frag_record(&mut self, p: &Packet, id: u32) -> Option<FragValue> {
+        let (src, family) = addr_key(p.src);
+        let (dst, _) = addr_key(p.dst);
+        // The ID as the wire carries it (IPv4: 16 bits), read in memory order.
+        let id = if family == dispatcher_common::AF_INET {
+            u16::from_ne_bytes((id as u16).to_be_bytes()) as u32
+        } else {
+            u32::from_ne_bytes(id.to_be_bytes())
+        };
+        let key = FragKey::new(&src, &dst, id, p.proto, family);
+        let map: HashMap<&MapData, FragKey, FragValue> =
+            HashMap::try_from(self.ebpf.map("FRAGS").expect("FRAGS map")).expect("FRAGS type");
+        map.get(&key, 0).ok()
     }
 
     pub fn flow(&self, p: &Packet) -> Option<FlowValue> {

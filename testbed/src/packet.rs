@@ -132,6 +132,44 @@ impl Packet {
         }
     }
 
+    /// The datagram cut into IP fragments (RFC 791; IPv6: a Fragment header right after
+    /// the fixed header, RFC 8200 4.5), in order: frames whose IP payloads hold at most
+    /// `chunk` bytes of the datagram (a multiple of 8), all with IP ID `id` (IPv4: its low
+    /// 16 bits).
+    pub fn fragments(&self, chunk: usize, id: u32) -> Vec<Vec<u8>> {
+        assert!(chunk > 0 && chunk.is_multiple_of(8), "fragment data is counted in 8-byte units");
+        let whole = self.ip_packet();
+        let (v4, hlen) = if self.src.is_ipv4() { (true, 20) } else { (false, 40) };
+        let data = &whole[hlen..];
+        let mut frames = Vec::new();
+        for (i, part) in data.chunks(chunk).enumerate() {
+            let off = i * chunk;
+            let more = off + part.len() < data.len();
+            let mut f = self.link_header(if v4 { 0x0800 } else { 0x86dd });
+            match (self.src, self.dst) {
+                (IpAddr::V4(s), IpAddr::V4(d)) => {
+                    let bits = (off / 8) as u16 | if more { 0x2000 } else { 0 };
+                    let mut h = ipv4_header(s, d, self.proto, self.tos, (20 + part.len()) as u16, bits);
+                    h[4..6].copy_from_slice(&(id as u16).to_be_bytes());
+                    h[10..12].copy_from_slice(&[0, 0]);
+                    let c = csum(&h);
+                    h[10..12].copy_from_slice(&c.to_be_bytes());
+                    f.extend_from_slice(&h);
+                }
+                (IpAddr::V6(s), IpAddr::V6(d)) => {
+                    f.extend_from_slice(&ipv6_header(s, d, 44, (8 + part.len()) as u16));
+                    f.extend_from_slice(&[self.proto, 0]);
+                    f.extend_from_slice(&((off as u16) | more as u16).to_be_bytes());
+                    f.extend_from_slice(&id.to_be_bytes());
+                }
+                _ => panic!("mixed address families"),
+            }
+            f.extend_from_slice(part);
+            frames.push(f);
+        }
+        frames
+    }
+
     pub fn link_header(&self, ethertype: u16) -> Vec<u8> {
         let mut f = Vec::new();
         f.extend_from_slice(&self.eth_dst);

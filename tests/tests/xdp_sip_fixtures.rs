@@ -1,12 +1,12 @@
 //! SIP VIP fixtures for the XDP program (BPF_PROG_TEST_RUN, needs root): every affinity
 //! form, the owner's states, unknown names, and malformed input, each with its verdict,
-//! output bytes and counters.
+//! output bytes and counters; UDP datagrams in IP fragments on SIP and L4 VIPs.
 
 use dispatcher_common::{
     hash::cookie_hash,
     sip::{SIP_SCAN_MAX, SRC_CALL_ID, SRC_FROM_TAG, SRC_ROUTE, SRC_TO_TAG, SRC_VIA},
     stats::{self, vip_sip_source, vip_slot},
-    STATE_DOWN, STATE_SUSPECT, STATE_UP,
+    FRAG_BUDGET_PER_SEC, NO_BACKEND, STATE_DOWN, STATE_SUSPECT, STATE_UP,
 };
 use dispatcher_testbed::{
     fixture::{Fixture, CONFIG, XDP_DROP, XDP_PASS, XDP_TX},
@@ -232,4 +232,300 @@ fn malformed_sip_gets_a_defined_counted_verdict() {
     let p = Packet::tcp("10.0.0.2", 5061, VIP, 5060).with(|p| p.payload = invite("tcp").into_bytes());
     assert_eq!(fx.run(&p).verdict, XDP_PASS);
     assert_eq!(fx.count(stats::PASS_NON_VIP) - before, 1);
+}
+
+// ---- UDP datagrams in IP fragments (issue 30) ----
+
+/// The fixtures' VIPs and, after them, an IPv6 SIP VIP and two IPv4 L4 UDP VIPs (MAC and
+/// IPIP forwarding).
+fn frag_fixture() -> Fixture {
+    let extra = r#"
+[[vip]]
+name = "sip6"
+address = "fd00::500"
+port = 5060
+mode = "sip"
+ring_size = 1009
+
+[[vip]]
+name = "udp4"
+address = "10.0.100.6"
+port = 53
+protocol = "udp"
+ring_size = 1009
+
+[[vip]]
+name = "udp4-ipip"
+address = "10.0.100.7"
+port = 53
+protocol = "udp"
+forwarding = "ipip"
+encap_source = "10.0.0.1"
+ring_size = 1009
+"#;
+    Fixture::new(&format!("{CONFIG}{extra}"))
+}
+const MAC6: usize = 2;
+const SIP6: usize = 8;
+const UDP4: usize = 9;
+const UDP4_IPIP: usize = 10;
+
+/// An INVITE with a 3 KB SDP offer (several codecs, ICE candidates' worth of lines):
+/// more than one 1,500-byte MTU holds.
+fn large_invite(call_id: &str, vip: &str) -> String {
+    let mut sdp = String::from(
+        "v=0\r\no=- 1 1 IN IP4 10.0.0.2\r\ns=-\r\nc=IN IP4 10.0.0.2\r\nt=0 0\r\nm=audio 6000 RTP/AVP 0 8 18 101\r\n",
+    );
+    for i in 0.. {
+        if sdp.len() >= 3000 {
+            break;
+        }
+        sdp.push_str(&format!("a=candidate:{i} 1 UDP 2130706431 10.0.0.2 {} typ host generation 0\r\n", 6000 + i));
+    }
+    format!(
+        "INVITE sip:service@{vip}:5060 SIP/2.0\r\nVia: SIP/2.0/UDP 10.0.0.2:5061;branch=z9hG4bK-{call_id}\r\nFrom: sipp <sip:sipp@10.0.0.2:5061>;tag=77\r\nTo: sut <sip:service@{vip}:5060>\r\nCall-ID: {call_id}\r\nCSeq: 1 INVITE\r\nContact: <sip:sipp@10.0.0.2:5061>\r\nMax-Forwards: 70\r\nContent-Type: application/sdp\r\nContent-Length: {}\r\n\r\n{sdp}",
+        sdp.len()
+    )
+}
+
+/// Fragments of at most this many bytes of the datagram: what a 1,500-byte MTU carries
+/// (IPv4: 1,480; IPv6 with its Fragment header: 1,448).
+fn mtu_chunk(p: &Packet) -> usize {
+    if p.src.is_ipv4() {
+        1480
+    } else {
+        1448
+    }
+}
+
+#[test]
+fn every_fragment_of_a_large_sip_message_reaches_the_container_its_first_one_went_to() {
+    let mut fx = frag_fixture();
+    for (vip, vip_addr, client) in [(SIP, VIP, "10.0.0.2"), (SIP6, "fd00::500", "fd00::2")] {
+        let before = (fx.count(stats::FRAG_FIRST), fx.count(stats::FRAG_FOLLOWED));
+        let vip_before = (
+            fx.count(vip_slot(vip as u32, stats::VIP_FRAG_FIRST)),
+            fx.count(vip_slot(vip as u32, stats::VIP_FRAG_FOLLOWED)),
+        );
+        let mut used = std::collections::HashSet::new();
+        let mut later_sent = 0;
+        for i in 0..12u32 {
+            let call_id = format!("{i}-large@{client}");
+            let p = Packet::udp(client, 5061, vip_addr, 5060)
+                .with(|p| p.payload = large_invite(&call_id, vip_addr).into_bytes());
+            let id = 0x1000 + i;
+            let frames = p.fragments(mtu_chunk(&p), id);
+            assert!(frames.len() >= 3, "a 3 KB SDP takes three fragments: {}", frames.len());
+            let o = fx.run_bytes(&frames[0]);
+            assert_eq!(o.verdict, XDP_TX, "{call_id}: the first fragment is dispatched");
+            let owner = sent_to(&fx, &frames[0], &o.out);
+            used.insert(owner);
+            let rec = fx.frag_record(&p, id).expect("the first fragment's choice is recorded");
+            assert_eq!((rec.backend as usize, rec.vip as usize), (owner, vip), "{call_id}");
+            assert_eq!(
+                fx.sip_pin(vip, &call_id).map(|f| f.backend as usize),
+                Some(owner),
+                "the dialog is pinned by its Call-ID"
+            );
+            // The later fragments, the last one first: each to the same container, untouched.
+            for f in frames[1..].iter().rev() {
+                let o = fx.run_bytes(f);
+                assert_eq!(o.verdict, XDP_TX, "{call_id}: a later fragment is forwarded");
+                assert_eq!(sent_to(&fx, f, &o.out), owner, "{call_id}: where its first fragment went");
+                later_sent += 1;
+            }
+        }
+        assert!(used.len() >= 2, "the calls spread over the containers: {used:?}");
+        assert_eq!(fx.count(stats::FRAG_FIRST) - before.0, 12);
+        assert_eq!(fx.count(stats::FRAG_FOLLOWED) - before.1, later_sent);
+        assert_eq!(fx.count(vip_slot(vip as u32, stats::VIP_FRAG_FIRST)) - vip_before.0, 12);
+        assert_eq!(fx.count(vip_slot(vip as u32, stats::VIP_FRAG_FOLLOWED)) - vip_before.1, later_sent);
+    }
+}
+
+#[test]
+fn a_header_section_that_goes_on_past_the_first_fragment_is_read_as_far_as_it_holds() {
+    let mut fx = frag_fixture();
+    fx.set_clone("lnA", B1, Some(B0), false);
+    // 50 long Route entries after the one that names the LN: the header section ends in
+    // the second fragment.
+    let mut msg = format!("BYE sip:service@{VIP}:5060 SIP/2.0\r\nVia: SIP/2.0/UDP 10.0.0.2:5061;branch=z9hG4bK-r\r\nCall-ID: routes-1\r\nRoute: <sip:{VIP}:5060;transport=udp;ibmsid=lnA.1138119214953.4_2_2;lr>\r\n");
+    for i in 0..50 {
+        msg.push_str(&format!(
+            "Route: <sip:proxy-{i}.carrier.example.net:5060;transport=udp;lr;x-long-parameter=abcdefghij>\r\n"
+        ));
+    }
+    msg.push_str("CSeq: 2 BYE\r\nContent-Length: 0\r\n\r\n");
+    let p = sip_packet(5061, &msg);
+    let frames = p.fragments(1480, 77);
+    assert!(frames.len() >= 3);
+    let o = fx.run_bytes(&frames[0]);
+    assert_eq!(o.verdict, XDP_TX, "the first fragment holds the LN and the Call-ID");
+    assert_eq!(sent_to(&fx, &frames[0], &o.out), B1, "to the LN's owner");
+    for f in &frames[1..] {
+        let o = fx.run_bytes(f);
+        assert_eq!(sent_to(&fx, f, &o.out), B1);
+    }
+    assert_eq!(count(&fx, vip_sip_source(SRC_ROUTE)), 1);
+    // Without a Call-ID in the first fragment it is no SIP message it can route.
+    let no_call_id = msg.replace("Call-ID: routes-1\r\n", "").replace("CSeq: 2 BYE", "Call-ID: late\r\nCSeq: 2 BYE");
+    let frames = sip_packet(5061, &no_call_id).fragments(1480, 78);
+    let before = fx.count(stats::DROP_SIP_INVALID);
+    assert_eq!(fx.run_bytes(&frames[0]).verdict, XDP_DROP);
+    assert_eq!(fx.count(stats::DROP_SIP_INVALID) - before, 1);
+    assert_eq!(fx.run_bytes(&frames[1]).verdict, XDP_DROP, "its later fragments have no first to follow");
+}
+
+#[test]
+fn a_fragment_with_no_first_before_it_is_dropped_and_counted_never_passed() {
+    let mut fx = frag_fixture();
+    let p = sip_packet(5061, &large_invite("orphan-1", VIP));
+    let frames = p.fragments(1480, 4242);
+    let snap = |fx: &Fixture| {
+        (fx.count(stats::DROP_FRAG_NO_FIRST), count(fx, stats::VIP_FRAG_NO_FIRST), count(fx, stats::VIP_DROPS))
+    };
+    let before = snap(&fx);
+    assert_eq!(fx.run_bytes(&frames[2]).verdict, XDP_DROP, "the last fragment before the first: dropped");
+    assert_eq!(fx.run_bytes(&frames[1]).verdict, XDP_DROP);
+    let after = snap(&fx);
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1, after.2 - before.2),
+        (2, 2, 2),
+        "counted by reason and on the VIP"
+    );
+    assert_eq!(fx.frag_record(&p, 4242), None, "an orphan records nothing");
+    // The retransmission (SIP over UDP resends the whole message) goes through.
+    let o = fx.run_bytes(&frames[0]);
+    assert_eq!(o.verdict, XDP_TX);
+    let owner = sent_to(&fx, &frames[0], &o.out);
+    for f in &frames[1..] {
+        let o = fx.run_bytes(f);
+        assert_eq!(sent_to(&fx, f, &o.out), owner);
+    }
+    // Another source with the same IP ID is another datagram.
+    let other = Packet::udp("10.0.0.3", 5061, VIP, 5060).with(|q| q.payload = p.payload.clone()).fragments(1480, 4242);
+    assert_eq!(fx.run_bytes(&other[1]).verdict, XDP_DROP, "the key holds the source");
+
+    // A later fragment to an address with no VIP is not ours: passed as before.
+    let elsewhere =
+        Packet::udp("10.0.0.2", 5061, "10.0.0.99", 5060).with(|q| q.payload = p.payload.clone()).fragments(1480, 1);
+    let before = fx.count(stats::PASS_NON_VIP);
+    assert_eq!(fx.run_bytes(&elsewhere[1]).verdict, XDP_PASS);
+    assert_eq!(fx.count(stats::PASS_NON_VIP) - before, 1);
+    // A port of the VIP address that is no VIP: the host's, with all its fragments.
+    let host = Packet::udp("10.0.0.2", 5061, VIP, 5070).with(|q| q.payload = p.payload.clone());
+    let frames_host = host.fragments(1480, 9);
+    let before = fx.count(stats::PASS_FRAGMENT);
+    assert_eq!(fx.run_bytes(&frames_host[0]).verdict, XDP_PASS);
+    assert_eq!(fx.frag_record(&host, 9).map(|r| r.backend), Some(NO_BACKEND), "recorded as the host's");
+    assert_eq!(fx.run_bytes(&frames_host[1]).verdict, XDP_PASS, "follows its first fragment to the host");
+    assert_eq!(fx.count(stats::PASS_FRAGMENT) - before, 2);
+
+    // A first fragment whose UDP length fits in it is no first fragment: impossible.
+    let fits = sip_packet(5061, &invite("fits")).with(|q| q.frag_off = 0x2000).build();
+    let before = fx.count(stats::DROP_BAD_LENGTH);
+    assert_eq!(fx.run_bytes(&fits).verdict, XDP_DROP);
+    assert_eq!(fx.count(stats::DROP_BAD_LENGTH) - before, 1);
+
+    // A record lives FRAG_LIFETIME_NS (2 s): a later fragment after that has no first.
+    let late = sip_packet(5061, &large_invite("late-1", VIP)).fragments(1480, 5151);
+    assert_eq!(fx.run_bytes(&late[0]).verdict, XDP_TX);
+    std::thread::sleep(std::time::Duration::from_millis(2300));
+    let before = fx.count(stats::DROP_FRAG_NO_FIRST);
+    assert_eq!(fx.run_bytes(&late[1]).verdict, XDP_DROP, "too late to follow");
+    assert_eq!(fx.count(stats::DROP_FRAG_NO_FIRST) - before, 1);
+}
+
+/// Runs on CPU 0 only: `FRAG_BUDGET` is per CPU.
+fn pin_to_one_cpu() {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(0).unwrap();
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).expect("sched_setaffinity");
+}
+
+#[test]
+fn a_flood_of_first_fragments_is_rationed_and_cannot_evict_a_live_datagram() {
+    pin_to_one_cpu();
+    let small =
+        |src: &str, sport: u16| Packet::udp(src, sport, "10.0.100.6", 53).with(|p| p.payload = (0..24u8).collect());
+    // The budget is per second: a run that takes longer than that (a loaded machine) is
+    // made again, at most three times.
+    for attempt in 0.. {
+        let mut fx = frag_fixture();
+        let started = std::time::Instant::now();
+        let live = small("10.0.0.2", 7000);
+        let live_frames = live.fragments(16, 1);
+        let o = fx.run_bytes(&live_frames[0]);
+        assert_eq!(o.verdict, XDP_TX);
+        let owner = sent_to(&fx, &live_frames[0], &o.out);
+        // A flood of first fragments never completed, each of another datagram.
+        let mut accepted = 1u64;
+        let mut dropped = 0u64;
+        for i in 0..(FRAG_BUDGET_PER_SEC + 500) {
+            let src = format!("10.1.{}.{}", (i >> 8) & 0xff, i & 0xff);
+            let f = &small(&src, 7001).fragments(16, i as u32)[0];
+            match fx.run_bytes(f).verdict {
+                XDP_TX => accepted += 1,
+                XDP_DROP => dropped += 1,
+                v => panic!("verdict {v}"),
+            }
+        }
+        if started.elapsed() >= std::time::Duration::from_millis(900) && attempt < 2 {
+            continue;
+        }
+        assert_eq!(accepted, FRAG_BUDGET_PER_SEC, "one CPU makes at most its budget of new entries a second");
+        assert_eq!(dropped, 501);
+        assert_eq!(fx.count(stats::DROP_FRAG_BUDGET), 501, "counted by reason");
+        assert_eq!(fx.count(vip_slot(UDP4 as u32, stats::VIP_FRAG_BUDGET)), 501, "and on the VIP");
+        // The live datagram's entry is still there: its last fragment follows.
+        let o = fx.run_bytes(&live_frames[1]);
+        assert_eq!(o.verdict, XDP_TX, "a live entry survives the flood");
+        assert_eq!(sent_to(&fx, &live_frames[1], &o.out), owner);
+        // The next second brings a new budget.
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        let f = &small("10.2.0.1", 7002).fragments(16, 9)[0];
+        assert_eq!(fx.run_bytes(f).verdict, XDP_TX, "a new second, a new budget");
+        return;
+    }
+}
+
+#[test]
+fn an_l4_udp_vips_fragments_follow_the_first_ones_choice() {
+    let mut fx = frag_fixture();
+    for (vip, client, addr) in [(UDP4, "10.0.0.2", "10.0.100.6"), (MAC6, "fd00::2", "fd00::100")] {
+        let mut used = std::collections::HashSet::new();
+        for i in 0..16u16 {
+            let p = Packet::udp(client, 20000 + i, addr, 53).with(|p| p.payload = vec![0x5a; 4000]);
+            let frames = p.fragments(mtu_chunk(&p), 300 + i as u32);
+            let o = fx.run_bytes(&frames[0]);
+            assert_eq!(o.verdict, XDP_TX);
+            let b = sent_to(&fx, &frames[0], &o.out);
+            assert_eq!(b, fx.ring_choice(vip, &p), "the first fragment goes by its ports, as a whole datagram would");
+            used.insert(b);
+            for f in &frames[1..] {
+                let o = fx.run_bytes(f);
+                assert_eq!(o.verdict, XDP_TX);
+                assert_eq!(sent_to(&fx, f, &o.out), b, "a later fragment follows its first");
+            }
+        }
+        assert!(used.len() >= 2, "{used:?}");
+        assert_eq!(fx.count(vip_slot(vip as u32, stats::VIP_FRAG_FIRST)), 16);
+    }
+    // IPIP: a later fragment is encapsulated to the same backend as its first.
+    let p = Packet::udp("10.0.0.2", 20001, "10.0.100.7", 53).with(|p| p.payload = vec![0x5a; 3000]);
+    let frames = p.fragments(1480, 99);
+    let b = fx.ring_choice(UDP4_IPIP, &p);
+    for f in &frames {
+        let o = fx.run_bytes(f);
+        assert_eq!(o.verdict, XDP_TX);
+        assert_eq!(o.out.len(), f.len() + 20, "one outer IPv4 header: 20 bytes more than the fragment");
+        assert_eq!(&o.out[14 + 20..], &f[14..], "the fragment inside, unchanged");
+        assert_eq!(&o.out[14 + 16..14 + 20], &fx.cfg.backends[b].address.octets(), "outer destination: the backend");
+        assert_eq!(&o.out[0..6], &fx.mac(b));
+    }
+    // TCP fragments keep their verdict: to the host stack, counted.
+    let before = fx.count(stats::PASS_FRAGMENT);
+    let tcp = Packet::tcp("10.0.0.2", 40000, "10.0.100.1", 80).with(|p| p.frag_off = 0x2000);
+    assert_eq!(fx.run(&tcp).verdict, XDP_PASS);
+    assert_eq!(fx.count(stats::PASS_FRAGMENT) - before, 1);
 }

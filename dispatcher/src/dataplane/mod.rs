@@ -35,8 +35,8 @@ pub enum DataplaneError {
 }
 
 /// The map names, as the design brief fixed them (docs/design.md, "Who owns what").
-pub const MAP_NAMES: [&str; 9] =
-    ["VIPS", "BACKENDS", "RINGS", "FLOWS", "AFFINITY", "CLONES", "STATS", "STEER", "STEER_CONF"];
+pub const MAP_NAMES: [&str; 10] =
+    ["VIPS", "BACKENDS", "RINGS", "FLOWS", "AFFINITY", "CLONES", "STATS", "STEER", "STEER_CONF", "FRAGS"];
 
 /// How the program was attached.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -226,6 +226,7 @@ fn expected_shape(name: &str) -> Option<(u32, u32, Option<u32>)> {
         "STATS" => (4, sz(size_of::<Counter>()), Some(stats::TOTAL_SLOTS)),
         "STEER" => (4, sz(size_of::<SteerSlot>()), Some(STEER_TABLES * STEER_SIZE)),
         "STEER_CONF" => (4, sz(size_of::<SteerConf>()), Some(1)),
+        "FRAGS" => (sz(size_of::<FragKey>()), sz(size_of::<FragValue>()), Some(FRAG_ENTRIES)),
         _ => return None,
     })
 }
