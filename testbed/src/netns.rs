@@ -32,6 +32,14 @@ pub fn backend_ip(i: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 99, 0, 10 + i as u8)
 }
 
+/// The testbed's IPv6 subnet (`Testbed::add_ipv6`): fd99::/64, the same host numbers.
+pub const LB_IP6: &str = "fd99::1";
+pub const CLIENT_IP6: &str = "fd99::2";
+
+pub fn backend_ip6(i: usize) -> std::net::Ipv6Addr {
+    std::net::Ipv6Addr::new(0xfd99, 0, 0, 0, 0, 0, 0, 0x10 + i as u16)
+}
+
 pub fn backend_mac(i: usize) -> String {
     format!("02:99:00:00:00:{:02x}", 0x10 + i)
 }
@@ -600,7 +608,7 @@ impl Testbed {
 
     /// Backend `i` runs its SIP container (again, after `kill_servers_of`).
     pub fn start_sip_on(&mut self, cluster: &Arc<crate::sipcontainer::SipCluster>, vip: &str, i: usize, port: u16) {
-        for addr in [vip.parse().expect("VIP address"), backend_ip(i)] {
+        for addr in [vip.parse().expect("VIP address"), std::net::IpAddr::V4(backend_ip(i))] {
             let c = cluster.clone();
             self.spawn_task(i, move |stop| crate::sipcontainer::serve(c, i, addr, port, stop));
         }
@@ -636,6 +644,34 @@ impl Testbed {
             dispatcher::dataplane::attach(p, "pass", &port_, dispatcher::config::XdpAttachMode::Native).map(|(l, _)| l)
         });
         self.extra_pass.push((pass, link.unwrap_or_else(|e| panic!("attach pass to switch port {port}: {e}"))));
+    }
+
+    /// IPv6 beside IPv4: every host gets its fd99::/64 address on eth0 (no duplicate
+    /// address detection: usable at once), the client routes each of `vips` (IPv6) through
+    /// the dispatcher, and the backends hold them on `lo`.
+    pub fn add_ipv6(&self, vips: &[&str]) {
+        let mut hosts = vec![(self.client.clone(), CLIENT_IP6.to_string()), (self.lb.clone(), LB_IP6.to_string())];
+        hosts.extend(self.backends.iter().enumerate().map(|(i, b)| (b.clone(), backend_ip6(i).to_string())));
+        for (ns, ip) in &hosts {
+            ns.ip(&["-6", "addr", "add", &format!("{ip}/64"), "dev", "eth0", "nodad"]);
+        }
+        for v in vips {
+            self.client.ip(&["-6", "route", "add", &format!("{v}/128"), "via", LB_IP6]);
+            for b in &self.backends {
+                b.ip(&["-6", "addr", "add", &format!("{v}/128"), "dev", "lo", "nodad"]);
+            }
+        }
+    }
+
+    /// Every backend's SIP container also serves `addr`:`port` (another VIP, e.g. an
+    /// IPv6 one), with the same state.
+    pub fn start_sip_also_on(&mut self, cluster: &Arc<crate::sipcontainer::SipCluster>, addr: &str, port: u16) {
+        let addr: std::net::IpAddr = addr.parse().expect("VIP address");
+        for i in 0..self.backends.len() {
+            let c = cluster.clone();
+            self.spawn_task(i, move |stop| crate::sipcontainer::serve(c, i, addr, port, stop));
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
 
     /// An HTTP VIP terminates on the dispatcher: its address must be local there.

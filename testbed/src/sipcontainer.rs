@@ -8,7 +8,7 @@
 
 use std::{
     collections::HashMap,
-    net::{Ipv4Addr, SocketAddr, UdpSocket},
+    net::{IpAddr, SocketAddr, UdpSocket},
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
         Arc, Mutex,
@@ -26,6 +26,9 @@ pub struct Seen {
     pub dialog_owner: Option<usize>,
     /// An in-dialog request for a dialog this container does not hold: a misroute.
     pub unknown_dialog: bool,
+    /// The message's size as the container's socket read it (a datagram the kernel
+    /// reassembled from IP fragments arrives whole, or not at all).
+    pub bytes: usize,
 }
 
 pub struct SipCluster {
@@ -108,6 +111,7 @@ impl SipCluster {
     }
 
     fn answer(&self, i: usize, msg: &str) -> Option<String> {
+        let bytes = msg.len();
         let first = msg.lines().next()?;
         if first.starts_with("SIP/2.0") {
             return None;
@@ -117,7 +121,7 @@ impl SipCluster {
         let to_has_tag = header(msg, &["to", "t"]).is_some_and(|t| t.to_ascii_lowercase().contains(";tag="));
         if method == "OPTIONS" {
             let tag = format!("{}.0_0_0", Self::logical_name(i));
-            self.record(i, &method, &call_id, None, false);
+            self.record(i, &method, &call_id, None, false, bytes);
             return Some(response(msg, "200 OK", Some(&tag)));
         }
         let held = self.dialogs[i].lock().unwrap().get(&call_id).cloned();
@@ -135,18 +139,18 @@ impl SipCluster {
                     (i, tag)
                 }
             };
-            self.record(i, &method, &call_id, Some(owner).filter(|&o| o != i), false);
+            self.record(i, &method, &call_id, Some(owner).filter(|&o| o != i), false, bytes);
             return Some(response(msg, "200 OK", Some(&tag)));
         }
         let Some((owner, tag)) = held else {
-            self.record(i, &method, &call_id, None, true);
+            self.record(i, &method, &call_id, None, true, bytes);
             if method == "ACK" {
                 return None;
             }
             self.not_found.fetch_add(1, Ordering::SeqCst);
             return Some(response(msg, "481 Call/Transaction Does Not Exist", None));
         };
-        self.record(i, &method, &call_id, Some(owner), false);
+        self.record(i, &method, &call_id, Some(owner), false, bytes);
         match method.as_str() {
             "ACK" => None,
             "BYE" => {
@@ -160,13 +164,14 @@ impl SipCluster {
         }
     }
 
-    fn record(&self, i: usize, method: &str, call_id: &str, owner: Option<usize>, unknown: bool) {
+    fn record(&self, i: usize, method: &str, call_id: &str, owner: Option<usize>, unknown: bool, bytes: usize) {
         self.log.lock().unwrap().push(Seen {
             container: i,
             method: method.to_string(),
             call_id: call_id.to_string(),
             dialog_owner: owner,
             unknown_dialog: unknown,
+            bytes,
         });
     }
 }
@@ -215,7 +220,7 @@ fn response(req: &str, status: &str, tag: Option<&str>) -> String {
 
 /// Container `i` on `addr`:5060 (the VIP its frames arrive for, or its own address for
 /// health checks) until `stop`. Answers leave from `addr`.
-pub fn serve(cluster: Arc<SipCluster>, i: usize, addr: Ipv4Addr, port: u16, stop: Arc<AtomicBool>) {
+pub fn serve(cluster: Arc<SipCluster>, i: usize, addr: IpAddr, port: u16, stop: Arc<AtomicBool>) {
     let sock = UdpSocket::bind(SocketAddr::from((addr, port))).expect("bind the SIP container's socket");
     sock.set_read_timeout(Some(POLL)).unwrap();
     let mut buf = vec![0u8; 65535];

@@ -20,6 +20,8 @@ pub struct Run<'a> {
     pub calls: u32,
     pub rate: u32,
     pub pause_ms: u32,
+    /// A scenario file (`-sf`); `None`: SIPp's built-in UAC.
+    pub scenario: Option<&'a Path>,
 }
 
 /// The statistics file of the run started as testbed process `tag`.
@@ -31,13 +33,43 @@ pub fn stats_file(tb: &Testbed, tag: &str) -> PathBuf {
 pub fn start(tb: &mut Testbed, run: &Run, tag: &str) {
     let stf = stats_file(tb, tag);
     let mut cmd = run.ns.command("sipp");
-    cmd.args(["-sn", "uac", run.target, "-i", run.local_ip, "-p", "5061"])
+    match run.scenario {
+        Some(f) => cmd.arg("-sf").arg(f),
+        None => cmd.args(["-sn", "uac"]),
+    };
+    cmd.args([run.target, "-i", run.local_ip, "-p", "5061"])
         .args(["-m", &run.calls.to_string(), "-r", &run.rate.to_string(), "-d", &run.pause_ms.to_string()])
         .args(["-nostdin", "-timeout", "90s", "-timeout_error", "-trace_stat", "-trace_err", "-fd", "1"])
         .arg("-stf")
         .arg(&stf)
         .current_dir(&tb.workdir);
     tb.start(tag, cmd);
+}
+
+/// A UAC scenario like SIPp's built-in one (INVITE, optional provisional answers, 200,
+/// ACK, pause, BYE, 200) whose INVITE carries an SDP offer of at least `sdp_bytes` bytes
+/// (codecs and ICE candidates: an INVITE larger than a 1,500-byte MTU goes out in IP
+/// fragments). Written by the tests into their working directory.
+pub fn large_invite_scenario(sdp_bytes: usize) -> String {
+    let mut sdp = String::from(
+        "v=0\no=user1 53655765 2353687637 IN IP[local_ip_type] [local_ip]\ns=-\nc=IN IP[media_ip_type] [media_ip]\nt=0 0\nm=audio [media_port] RTP/AVP 0 8 18 101\na=rtpmap:0 PCMU/8000\na=rtpmap:8 PCMA/8000\na=rtpmap:18 G729/8000\na=rtpmap:101 telephone-event/8000\n",
+    );
+    let mut i = 0;
+    while sdp.len() < sdp_bytes {
+        sdp += &format!("a=candidate:{i} 1 UDP {} [local_ip] {} typ host generation 0\n", 2130706431 - i, 7000 + 2 * i);
+        i += 1;
+    }
+    let head = |method: &str, cseq: &str, to_tag: &str| {
+        format!(
+            "{method} sip:[service]@[remote_ip]:[remote_port] SIP/2.0\nVia: SIP/2.0/[transport] [local_ip]:[local_port];branch=[branch]\nFrom: sipp <sip:sipp@[local_ip]:[local_port]>;tag=[pid]SIPpTag00[call_number]\nTo: [service] <sip:[service]@[remote_ip]:[remote_port]>{to_tag}\nCall-ID: [call_id]\nCSeq: {cseq}\nContact: sip:sipp@[local_ip]:[local_port]\nMax-Forwards: 70\n"
+        )
+    };
+    format!(
+        "<?xml version=\"1.0\" encoding=\"ISO-8859-1\" ?>\n<scenario name=\"UAC with a large INVITE\">\n<send retrans=\"500\"><![CDATA[\n\n{}Content-Type: application/sdp\nContent-Length: [len]\n\n{sdp}\n]]></send>\n<recv response=\"100\" optional=\"true\"/>\n<recv response=\"180\" optional=\"true\"/>\n<recv response=\"200\" rtd=\"true\"/>\n<send><![CDATA[\n\n{}Content-Length: 0\n\n]]></send>\n<pause/>\n<send retrans=\"500\"><![CDATA[\n\n{}Content-Length: 0\n\n]]></send>\n<recv response=\"200\" crlf=\"true\"/>\n</scenario>\n",
+        head("INVITE", "1 INVITE", ""),
+        head("ACK", "1 ACK", "[peer_tag_param]"),
+        head("BYE", "2 BYE", "[peer_tag_param]")
+    )
 }
 
 /// Waits (at most `limit`) for the run to finish: SIPp's exit status and counters.

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use dispatcher_testbed::{
-    netns::{Testbed, CLIENT_IP},
+    netns::{Testbed, CLIENT_IP, CLIENT_IP6},
     sipcontainer::SipCluster,
     sipp,
     websphere::{self, Client},
@@ -28,7 +28,11 @@ fn config(tb: &Testbed, fall: u32) -> String {
 fn sipp(tb: &mut Testbed, calls: u32, rate: u32, pause_ms: u32, tag: &str) {
     let client = tb.client.clone();
     let target = format!("{VIP}:5060");
-    sipp::start(tb, &sipp::Run { ns: &client, target: &target, local_ip: CLIENT_IP, calls, rate, pause_ms }, tag);
+    sipp::start(
+        tb,
+        &sipp::Run { ns: &client, target: &target, local_ip: CLIENT_IP, calls, rate, pause_ms, scenario: None },
+        tag,
+    );
 }
 
 fn finish(tb: &mut Testbed, tag: &str) -> (std::process::ExitStatus, std::collections::HashMap<String, u64>) {
@@ -228,4 +232,78 @@ fn the_learned_logical_names_are_listed_apart_from_the_clone_table() {
     }
     let clones = tb.dispatcher_cmd(&["clones", "--config", cfg]);
     assert!(clones.starts_with("clone table: 0 entries"), "logical names are not clone IDs: {clones}");
+}
+
+const VIP6: &str = "fd99:150::1";
+
+/// SIP messages larger than the MTU (issue 30): INVITEs with a 3 KB SDP offer, over IPv4
+/// and IPv6 at once, leave the caller in IP fragments that XDP forwards, every fragment
+/// to the container its first one went to; container 0 dies mid-call. Every call
+/// completes, every container got its INVITEs whole, no in-dialog request reaches a
+/// stranger.
+#[test]
+fn large_invites_in_ip_fragments_reach_their_containers_and_survive_a_death() {
+    let mut tb = Testbed::new(4, &[VIP]);
+    tb.add_ipv6(&[VIP6]);
+    let sip = SipCluster::new(4);
+    tb.start_sip(&sip, VIP, 5060);
+    tb.start_sip_also_on(&sip, VIP6, 5060);
+    let text = format!(
+        "{}[[vip]]\nname = \"sip6\"\naddress = \"{VIP6}\"\nport = 5060\nmode = \"sip\"\nring_size = 1009\n",
+        config(&tb, 2)
+    );
+    let path = tb.write_config(&text);
+    tb.start_dispatcher(&path);
+    wait_for_learned(&tb, 4);
+
+    let scenario = tb.workdir.join("uac-large-invite.xml");
+    std::fs::write(&scenario, sipp::large_invite_scenario(3000)).unwrap();
+    let client = tb.client.clone();
+    let target6 = format!("[{VIP6}]:5060");
+    let target4 = format!("{VIP}:5060");
+    let runs = [("sipp-large4", target4.as_str(), CLIENT_IP), ("sipp-large6", target6.as_str(), CLIENT_IP6)];
+    for (tag, target, local_ip) in runs {
+        let run = sipp::Run {
+            ns: &client,
+            target,
+            local_ip,
+            calls: 100,
+            rate: 20,
+            pause_ms: 3000,
+            scenario: Some(&scenario),
+        };
+        sipp::start(&mut tb, &run, tag);
+    }
+    std::thread::sleep(Duration::from_millis(3500));
+    let on_b0 = sip.seen().iter().filter(|s| s.container == 0 && s.method == "INVITE").count();
+    tb.kill_servers_of(0);
+    let mut results = Vec::new();
+    for (tag, _, _) in runs {
+        let (status, c) = finish(&mut tb, tag);
+        eprintln!("{tag}: {c:?}");
+        results.push((status, c));
+    }
+    eprintln!("container 0 had taken {on_b0} INVITEs");
+    assert!(on_b0 > 5, "container 0 owned dialogs when it died: {on_b0}");
+    for (status, c) in &results {
+        assert_calls_kept(&sip, 100, *status, c);
+    }
+    assert!(sip.served_for_peer(1) > 0, "the replica took over container 0's dialogs");
+
+    // The containers' logs: every INVITE arrived whole (more than an MTU), 200 calls' worth.
+    let invites: Vec<usize> = sip.seen().iter().filter(|s| s.method == "INVITE").map(|s| s.bytes).collect();
+    assert!(invites.len() >= 200, "{} INVITEs", invites.len());
+    assert!(invites.iter().all(|&b| b > 3000), "every INVITE reached its container whole: {invites:?}");
+
+    // XDP forwarded them as fragments: a first fragment recorded per INVITE, its later
+    // fragments followed it (two per INVITE at least, IPv4 and IPv6 alike).
+    let st: serde_json::Value =
+        serde_json::from_str(&tb.dispatcher_cmd(&["status", "--config", path.to_str().unwrap(), "--json"])).unwrap();
+    let xdp = &st["xdp"];
+    let (first, followed) = (xdp["frag_first"].as_u64().unwrap(), xdp["frag_followed"].as_u64().unwrap());
+    assert!(first >= 200 && followed >= 2 * first, "{xdp}");
+    for v in 0..2 {
+        let frags = &st["vips"][v]["fragments"];
+        assert!(frags["first"].as_u64().unwrap() >= 100, "{}: {frags}", st["vips"][v]["name"]);
+    }
 }

@@ -593,6 +593,10 @@ const SIP_MESSAGES: Family = Family::counter(
     "dispatcher_sip_messages_total",
     "SIP messages on a SIP VIP by outcome: forwarded by where their affinity came from (route, via, to_tag, from_tag, call_id), or dropped (held: owner suspect; unknown_ln; invalid).",
 );
+const XDP_FRAGMENTS: Family = Family::counter(
+    "dispatcher_xdp_fragments_total",
+    "IP fragments of UDP datagrams to an L4 or SIP VIP by outcome: first (dispatched and recorded), followed (a later fragment sent where its first went), no_first (a later fragment dropped: no live record of its first), over_budget (a first fragment dropped beyond the per-CPU budget of new records).",
+);
 const XDP_BACKEND_PACKETS: Family =
     Family::counter("dispatcher_xdp_backend_packets_total", "Packets XDP forwarded to the backend.");
 
@@ -622,6 +626,15 @@ fn xdp_section(o: &mut Exposition, a: &Admin, cfg: &Config) {
         o.family(&SIP_MESSAGES);
         for (i, v) in &sip {
             for (what, n) in t.sip_counters(*i as u32).unwrap_or_default() {
+                o.sample(&[("vip", &v.name), ("outcome", what)], n);
+            }
+        }
+    }
+    let udp: Vec<_> = cfg.vips.iter().enumerate().filter(|(_, v)| v.takes_fragments()).collect();
+    if !udp.is_empty() {
+        o.family(&XDP_FRAGMENTS);
+        for (i, v) in &udp {
+            for (what, n) in t.fragment_counters(*i as u32).unwrap_or_default() {
                 o.sample(&[("vip", &v.name), ("outcome", what)], n);
             }
         }

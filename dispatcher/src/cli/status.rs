@@ -246,6 +246,16 @@ impl<'c> Frame<'c> {
                         self.tables.sip_counters(i as u32).unwrap_or_default().into_iter().map(|(n, c)| (n.to_string(), c.into())).collect();
                     j["sip"] = sip.into();
                 }
+                if v.takes_fragments() {
+                    let frags: serde_json::Map<String, serde_json::Value> = self
+                        .tables
+                        .fragment_counters(i as u32)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|(n, c)| (n.to_string(), c.into()))
+                        .collect();
+                    j["fragments"] = frags.into();
+                }
                 j
             })
             .collect();
@@ -351,6 +361,14 @@ impl<'c> Frame<'c> {
             let counts = self.tables.sip_counters(i as u32)?;
             let line: Vec<String> = counts.iter().map(|(n, c)| format!("{n} {c}")).collect();
             let _ = writeln!(o, "sip {}: {}", v.name, line.join(", "));
+        }
+        for (i, v) in self.cfg.vips.iter().enumerate().filter(|(_, v)| v.takes_fragments()) {
+            let counts = self.tables.fragment_counters(i as u32)?;
+            if counts.iter().all(|(_, c)| *c == 0) {
+                continue;
+            }
+            let line: Vec<String> = counts.iter().map(|(n, c)| format!("{n} {c}")).collect();
+            let _ = writeln!(o, "fragments {}: {}", v.name, line.join(", "));
         }
         let _ = writeln!(o);
         Ok(())

@@ -808,6 +808,12 @@ impl Vip {
         }
     }
 
+    /// A UDP VIP forwarded in XDP (L4 or SIP): its datagrams' IP fragments follow their
+    /// first fragment (`FRAGS`), and it has fragment counters.
+    pub fn takes_fragments(&self) -> bool {
+        self.l4().is_some() && self.protocol == Protocol::Udp
+    }
+
     /// An L4 or SIP VIP's forwarding settings.
     pub fn l4(&self) -> Option<&L4Settings> {
         match &self.kind {

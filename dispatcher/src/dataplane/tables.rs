@@ -115,6 +115,16 @@ pub const SIP_COUNTERS: [(&str, u32); 8] = [
     ("invalid", stats::VIP_SIP_INVALID),
 ];
 
+/// The per-VIP counts of UDP datagrams in IP fragments by name (`Tables::fragment_counters`):
+/// first fragments recorded, later fragments that followed them, later fragments dropped
+/// with no first, first fragments dropped over the budget.
+pub const FRAG_COUNTERS: [(&str, u32); 4] = [
+    ("first", stats::VIP_FRAG_FIRST),
+    ("followed", stats::VIP_FRAG_FOLLOWED),
+    ("no_first", stats::VIP_FRAG_NO_FIRST),
+    ("over_budget", stats::VIP_FRAG_BUDGET),
+];
+
 /// What XDP counted for one VIP (summed over CPUs).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct VipFigures {
@@ -346,6 +356,11 @@ impl Tables {
     /// suspect), unknown logical name, invalid.
     pub fn sip_counters(&self, vip: u32) -> Result<Vec<(&'static str, u64)>, DataplaneError> {
         SIP_COUNTERS.iter().map(|&(n, slot)| Ok((n, self.counter(stats::vip_slot(vip, slot))?.packets))).collect()
+    }
+
+    /// A UDP VIP's fragment counts (`FRAG_COUNTERS`).
+    pub fn fragment_counters(&self, vip: u32) -> Result<Vec<(&'static str, u64)>, DataplaneError> {
+        FRAG_COUNTERS.iter().map(|&(n, slot)| Ok((n, self.counter(stats::vip_slot(vip, slot))?.packets))).collect()
     }
 
     pub fn global_counters(&self) -> Result<Vec<(&'static str, Counter)>, DataplaneError> {

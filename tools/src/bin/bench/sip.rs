@@ -142,7 +142,8 @@ fn load(
 ) -> Load {
     let (client, before_req, before_cpu, before_bal) = (tb.client.clone(), delivered(sip), machine_ns(), balancer(tb));
     let start = Instant::now();
-    let run = sipp::Run { ns: &client, target, local_ip: CLIENT_IP, calls: rate * secs, rate, pause_ms: 0 };
+    let run =
+        sipp::Run { ns: &client, target, local_ip: CLIENT_IP, calls: rate * secs, rate, pause_ms: 0, scenario: None };
     sipp::start(tb, &run, "sipp-load");
     let (_, c) = sipp::finish(tb, "sipp-load", Duration::from_secs(secs as u64 + 60));
     let took = start.elapsed().as_secs_f64();
@@ -171,7 +172,7 @@ fn failover(tb: &mut Testbed, sip: &SipCluster, target: &str, victim: usize) -> 
     let client = tb.client.clone();
     let (nf0, mis0) = (sip.not_found.load(Ordering::SeqCst), sip.misroutes().len());
     let calls = 150;
-    let run = sipp::Run { ns: &client, target, local_ip: CLIENT_IP, calls, rate: 25, pause_ms: 3000 };
+    let run = sipp::Run { ns: &client, target, local_ip: CLIENT_IP, calls, rate: 25, pause_ms: 3000, scenario: None };
     sipp::start(tb, &run, "sipp-failover");
     std::thread::sleep(Duration::from_millis(3500));
     let died_at = sip.log.lock().unwrap().len();

@@ -38,7 +38,15 @@ pub fn start(tb: &mut Testbed, seconds: u64) -> Calls {
     tb.start_sip(&cluster, SIP_VIP, 5060);
     let calls = RATE * (seconds as u32 - 3);
     let (client, target) = (tb.client.clone(), format!("{SIP_VIP}:5060"));
-    let run = sipp::Run { ns: &client, target: &target, local_ip: CLIENT_IP, calls, rate: RATE, pause_ms: CALL_MS };
+    let run = sipp::Run {
+        ns: &client,
+        target: &target,
+        local_ip: CLIENT_IP,
+        calls,
+        rate: RATE,
+        pause_ms: CALL_MS,
+        scenario: None,
+    };
     sipp::start(tb, &run, "sipp");
     Calls { cluster, calls }
 }
