@@ -12,6 +12,7 @@
 //! Running under systemd: `notify` (readiness, watchdog) and `logging` (journal format).
 //! What happened to each request: `access_log` (written off the request path); the
 //! last requests refused as malformed: `refusals`.
+//! SIP logical names learned from the dialogs the XDP program saw: `sip_learn`.
 
 pub(crate) mod access_log;
 pub mod admin;
@@ -36,6 +37,7 @@ pub(crate) mod ratelimit;
 pub(crate) mod refusals;
 pub mod routes;
 pub mod shared;
+pub(crate) mod sip_learn;
 pub mod state;
 pub mod steering;
 pub mod tls;
