@@ -13,6 +13,7 @@
 //! What happened to each request: `access_log` (written off the request path); the
 //! last requests refused as malformed: `refusals`.
 //! SIP logical names learned from the dialogs the XDP program saw: `sip_learn`.
+//! A dead dispatcher's idle connections continued elsewhere: `takeover` (TCP_REPAIR).
 
 pub(crate) mod access_log;
 pub mod admin;
@@ -40,4 +41,5 @@ pub mod shared;
 pub(crate) mod sip_learn;
 pub mod state;
 pub mod steering;
+pub mod takeover;
 pub mod tls;
