@@ -358,6 +358,38 @@ pub struct CloneValue {
 }
 
 pub const CLONE_F_FAILED_OVER: u32 = 1;
+/// Learned (from a check's answer, a response, a dialog, another dispatcher), not
+/// configured: for SIP, a dialog pinned here (`FLOWS`, by its Call-ID) to another live
+/// container goes where it began rather than where the learned name says (the pin was
+/// seen first-hand; a learned name may come from a message anyone could send).
+pub const CLONE_F_LEARNED: u32 = 2;
+
+/// What the XDP program reports on `SIP_LEARN` (a ring buffer): a SIP message naming a
+/// logical name nobody owns yet, forwarded by its dialog's pin to the container that took
+/// the dialog's first request. The agent checks it (the name's hash against the message,
+/// the ids against its configuration) and learns the name for that container.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct SipLearnEvent {
+    pub vip: u32,
+    pub backend: u32,
+    /// `hash::cookie_hash` of the logical name, and of the Call-ID (the scanner's).
+    pub ln: u64,
+    pub call_id: u64,
+    /// Bytes of `msg` that hold the message (at most `sip::SIP_SCAN_MAX`).
+    pub len: u32,
+    /// Where the name was found (`sip::SRC_*`).
+    pub src: u32,
+    pub msg: [u8; sip::SIP_SCAN_MAX],
+}
+
+/// `SIP_LEARN`'s size in bytes (a power of two, a multiple of the page size): room for
+/// about 120 reports waiting for the agent; more are dropped and counted.
+pub const SIP_LEARN_RING_BYTES: u32 = 256 * 1024;
+/// At most this many reports per CPU per second (the rest counted), and one per logical
+/// name per second (`SIP_LEARN_SEEN`, an LRU of this many names).
+pub const SIP_LEARN_PER_CPU_PER_SEC: u64 = 64;
+pub const SIP_LEARN_SEEN_ENTRIES: u32 = 1024;
 
 /// Slots of one dispatcher-ownership table (a prime): `STEER` holds `STEER_TABLES` of
 /// them: four that take turns as the current one, the two previous ones and the one being
@@ -542,19 +574,27 @@ pub mod stats {
     pub const DROP_SIP_HELD: u32 = 22;
     /// SIP messages naming a logical name nobody owns (and no dialog pinned here).
     pub const DROP_SIP_UNKNOWN_LN: u32 = 23;
+    /// SIP messages naming a logical name nobody owns yet, forwarded by their dialog's pin
+    /// and reported to the agent to learn the name (`SIP_LEARN`).
+    pub const SIP_LEARN_REPORTED: u32 = 24;
+    /// Such reports not made: the per-CPU budget was spent or the ring buffer was full.
+    pub const SIP_LEARN_SKIPPED: u32 = 25;
+    /// SIP messages whose learned logical name names another container than the one their
+    /// dialog is pinned to here: sent where the dialog began (`CLONE_F_LEARNED`).
+    pub const SIP_PIN_OVER_LEARNED: u32 = 26;
     /// First fragments of a UDP datagram to an L4 or SIP VIP, forwarded and recorded in
     /// `FRAGS`.
-    pub const FRAG_FIRST: u32 = 24;
+    pub const FRAG_FIRST: u32 = 27;
     /// Later fragments forwarded where their first fragment went (`FRAGS`).
-    pub const FRAG_FOLLOWED: u32 = 25;
+    pub const FRAG_FOLLOWED: u32 = 28;
     /// Later fragments to a VIP address with no live record of their first fragment (it
     /// has not come yet, was dropped, or is older than `FRAG_LIFETIME_NS`).
-    pub const DROP_FRAG_NO_FIRST: u32 = 26;
+    pub const DROP_FRAG_NO_FIRST: u32 = 29;
     /// First fragments beyond this CPU's `FRAG_BUDGET_PER_SEC`.
-    pub const DROP_FRAG_BUDGET: u32 = 27;
-    pub const GLOBAL_SLOTS: u32 = 28;
+    pub const DROP_FRAG_BUDGET: u32 = 30;
+    pub const GLOBAL_SLOTS: u32 = 31;
 
-    pub const GLOBAL_NAMES: [&str; 28] = [
+    pub const GLOBAL_NAMES: [&str; 31] = [
         "pass_non_vip",
         "pass_non_ip",
         "pass_http",
@@ -579,6 +619,9 @@ pub mod stats {
         "drop_sip_too_long",
         "drop_sip_held",
         "drop_sip_unknown_ln",
+        "sip_learn_reported",
+        "sip_learn_skipped",
+        "sip_pin_over_learned",
         "frag_first",
         "frag_followed",
         "drop_frag_no_first",
@@ -606,14 +649,20 @@ pub mod stats {
     pub const VIP_SIP_HELD: u32 = 11;
     pub const VIP_SIP_UNKNOWN_LN: u32 = 12;
     pub const VIP_SIP_INVALID: u32 = 13;
+    /// SIP VIPs: forwarded messages by how their container was chosen — by logical name
+    /// (`CLONES`), by their dialog's pin (`FLOWS`, Call-ID), placed on the ring (a new
+    /// dialog). Each forwarded message is counted under exactly one of them.
+    pub const VIP_SIP_BY_LN: u32 = 14;
+    pub const VIP_SIP_BY_PIN: u32 = 15;
+    pub const VIP_SIP_BY_RING: u32 = 16;
     /// UDP VIPs (L4 and SIP): first fragments recorded, later fragments forwarded after
     /// them, later fragments dropped with no first, first fragments over the budget (each
     /// drop also in `VIP_DROPS`; on a later fragment's address, the id its marker names).
-    pub const VIP_FRAG_FIRST: u32 = 14;
-    pub const VIP_FRAG_FOLLOWED: u32 = 15;
-    pub const VIP_FRAG_NO_FIRST: u32 = 16;
-    pub const VIP_FRAG_BUDGET: u32 = 17;
-    pub const VIP_SLOTS: u32 = 18;
+    pub const VIP_FRAG_FIRST: u32 = 17;
+    pub const VIP_FRAG_FOLLOWED: u32 = 18;
+    pub const VIP_FRAG_NO_FIRST: u32 = 19;
+    pub const VIP_FRAG_BUDGET: u32 = 20;
+    pub const VIP_SLOTS: u32 = 21;
 
     /// The per-VIP slot counting messages routed by affinity source `src` (`sip::SRC_*`).
     #[inline(always)]
@@ -621,10 +670,13 @@ pub mod stats {
         VIP_SIP_ROUTE + src as u32 - 1
     }
 
-    /// Per backend: forwarded packets/bytes, new flows.
+    /// Per backend: forwarded packets/bytes, new flows, and SIP `ACK`s forwarded to it (a
+    /// caller acknowledges a final answer it received: the container answered — the
+    /// passive evidence the SIP health check counts).
     pub const BACKEND_PACKETS: u32 = 0;
     pub const BACKEND_NEW_FLOWS: u32 = 1;
-    pub const BACKEND_SLOTS: u32 = 2;
+    pub const BACKEND_SIP_ACKS: u32 = 2;
+    pub const BACKEND_SLOTS: u32 = 3;
 
     pub const VIP_BASE: u32 = GLOBAL_SLOTS;
     pub const BACKEND_BASE: u32 = VIP_BASE + super::MAX_VIPS * VIP_SLOTS;
@@ -657,6 +709,7 @@ mod pod {
     unsafe impl aya::Pod for FragValue {}
     unsafe impl aya::Pod for SteerSlot {}
     unsafe impl aya::Pod for SteerConf {}
+    unsafe impl aya::Pod for SipLearnEvent {}
 }
 
 // No implicit padding anywhere: the sizes are the sums of the fields.
@@ -671,3 +724,4 @@ const _: () = assert!(core::mem::size_of::<SteerSlot>() == 8);
 const _: () = assert!(core::mem::size_of::<FragKey>() == 40);
 const _: () = assert!(core::mem::size_of::<FragValue>() == 24);
 const _: () = assert!(core::mem::size_of::<SteerConf>() == 24);
+const _: () = assert!(core::mem::size_of::<SipLearnEvent>() == 32 + sip::SIP_SCAN_MAX);

@@ -588,6 +588,37 @@ pub fn logical_name(session_id: &[u8]) -> Option<&[u8]> {
     }
 }
 
+/// The logical name whose hash (`hash::cookie_hash`, as the scanner computes it) is
+/// `hash`, found among the `ibmsid=` and `tag=` parameter values of `msg` (host side: the
+/// agent names what the XDP program reported by its hash). `None`: no such value.
+pub fn logical_name_with_hash(msg: &[u8], hash: u64) -> Option<&[u8]> {
+    let msg = &msg[..msg.len().min(SIP_SCAN_MAX)];
+    let mut i = 0;
+    while i < msg.len() {
+        let rest = &msg[i..];
+        let key = if rest.len() >= 7 && rest[..7].eq_ignore_ascii_case(b"ibmsid=") {
+            7
+        } else if rest.len() >= 4 && rest[..4].eq_ignore_ascii_case(b"tag=") {
+            4
+        } else {
+            i += 1;
+            continue;
+        };
+        let value = &rest[key..];
+        let end = value
+            .iter()
+            .position(|b| matches!(b, b';' | b',' | b'>' | b'<' | b'?' | b'&' | b'"' | b' ' | b'\t' | b'\r' | b'\n'))
+            .unwrap_or(value.len());
+        if let Some(ln) = logical_name(&value[..end]) {
+            if crate::hash::cookie_hash(ln) == hash {
+                return Some(ln);
+            }
+        }
+        i += key + end;
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     extern crate std;
@@ -607,6 +638,18 @@ mod tests {
         Call-ID: 1-42@10.0.0.9\r\n\
         CSeq: 1 INVITE\r\n\
         Content-Length: 0\r\n\r\n";
+
+    #[test]
+    fn a_logical_name_is_found_by_its_hash_among_the_ibmsids_and_tags() {
+        let m = b"BYE sip:x SIP/2.0\r\nRoute: <sip:h;IBMSID=lnR.1138119214953.4_2_2;lr>\r\nTo: <sip:a@b>;tag=lnT.1_2_3\r\nFrom: <sip:c@d>;tag=99\r\nCall-ID: c\r\n\r\n";
+        assert_eq!(logical_name_with_hash(m, ln("lnR")), Some(&b"lnR"[..]));
+        assert_eq!(logical_name_with_hash(m, ln("lnT")), Some(&b"lnT"[..]));
+        assert_eq!(logical_name_with_hash(m, ln("99")), None, "a tag of another shape names no LN");
+        assert_eq!(logical_name_with_hash(m, ln("lnX")), None);
+        // What the scanner hashes is what is found.
+        let s = scan(m);
+        assert_eq!(logical_name_with_hash(m, s.route), Some(&b"lnR"[..]));
+    }
 
     #[test]
     fn an_initial_request_goes_by_its_call_id() {

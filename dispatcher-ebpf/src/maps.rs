@@ -4,12 +4,13 @@
 use aya_ebpf::{
     bindings::BPF_F_NO_COMMON_LRU,
     macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use dispatcher_common::{
     stats, AffinityKey, AffinityValue, BackendInfo, CloneValue, Counter, FlowKey, FlowValue, FragBudget, FragKey,
     FragValue, SteerConf, SteerSlot, VipInfo, VipKey, DEFAULT_MAX_AFFINITY, DEFAULT_MAX_FLOWS, FRAG_ENTRIES,
-    MAX_BACKENDS, MAX_CLONES, MAX_RING_SIZE, MAX_VIPS, STEER_SIZE, STEER_TABLES,
+    MAX_BACKENDS, MAX_CLONES, MAX_RING_SIZE, MAX_VIPS, SIP_LEARN_RING_BYTES, SIP_LEARN_SEEN_ENTRIES, STEER_SIZE,
+    STEER_TABLES,
 };
 
 #[map]
@@ -70,3 +71,18 @@ pub static FRAGS: LruHashMap<FragKey, FragValue> = LruHashMap::with_max_entries(
 /// starts a fresh second).
 #[map]
 pub static FRAG_BUDGET: PerCpuArray<FragBudget> = PerCpuArray::with_max_entries(1, 0);
+
+/// Logical names seen in dialogs pinned here and not owned by anybody yet, reported to the
+/// agent (`SipLearnEvent`), which learns them.
+#[map]
+pub static SIP_LEARN: RingBuf = RingBuf::with_byte_size(SIP_LEARN_RING_BYTES, 0);
+
+/// When each logical name was last reported (`bpf_ktime_get_coarse_ns`): once a second at
+/// most per name.
+#[map]
+pub static SIP_LEARN_SEEN: LruHashMap<u64, u64> = LruHashMap::with_max_entries(SIP_LEARN_SEEN_ENTRIES, 0);
+
+/// This CPU's report budget: the second it counts (coarse ns / 10^9) and the reports made
+/// in it.
+#[map]
+pub static SIP_LEARN_BUDGET: PerCpuArray<[u64; 2]> = PerCpuArray::with_max_entries(1, 0);

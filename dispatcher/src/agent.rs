@@ -66,12 +66,15 @@ pub fn run(path: &Path, keep_dataplane: bool, stay_out: bool) -> anyhow::Result<
     // state is taken before anything is written or served.
     let clones = dp.ebpf.take_map("CLONES").ok_or_else(|| anyhow::anyhow!("CLONES map missing"))?;
     let clones = aya::maps::HashMap::try_from(clones).context("CLONES map")?;
+    let sip_learn = dp.ebpf.take_map("SIP_LEARN").ok_or_else(|| anyhow::anyhow!("SIP_LEARN map missing"))?;
+    let sip_learn = aya::maps::RingBuf::try_from(sip_learn).context("SIP_LEARN map")?;
     let servers = Arc::new(Servers::new(&cfg, &health, &admin, Some(clones)));
     // The control runtime (signals, state, admin, the shared store); the request path has
     // its own event loops (`http::listener`).
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the runtime")?;
     let current: crate::shared::Current = Arc::new(std::sync::RwLock::new((Arc::new(cfg.clone()), servers.clone())));
     let store = Store::start(&cfg, &rt, &current)?;
+    rt.spawn(crate::sip_learn::run(sip_learn, current.clone()));
     if store.shared.is_some() {
         servers.rewrite_all_clones();
     }

@@ -5,7 +5,7 @@
 
 use std::sync::{atomic::Ordering, Arc, Mutex};
 
-use dispatcher_common::{BackendState, FlowValue, Operator};
+use dispatcher_common::{stats, BackendState, FlowValue, Operator};
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -382,7 +382,13 @@ pub async fn run(
 ) {
     let mut events = servers.subscribe_events();
     let (tx, mut checks) = mpsc::unbounded_channel();
-    for (b, p) in health::probes(&cfg).into_iter().enumerate() {
+    let probes = health::probes(&cfg);
+    // SIP containers: ACKs forwarded to them excuse checks that time out (`AckEvidence`).
+    let mut acks: Vec<Option<health::sip::AckEvidence>> = probes
+        .iter()
+        .map(|p| p.as_ref().filter(|p| p.kind == health::ProbeKind::Sip).map(|_| Default::default()))
+        .collect();
+    for (b, p) in probes.into_iter().enumerate() {
         if let Some(p) = p {
             tokio::spawn(probe_loop(b, p, servers.clone(), cfg.health.clone(), tx.clone()));
         }
@@ -407,6 +413,16 @@ pub async fn run(
                     continue;
                 }
                 let ok = result.is_ok();
+                if let Some(e) = acks.get_mut(b).and_then(Option::as_mut) {
+                    let slot = stats::backend_slot(b as u32, stats::BACKEND_SIP_ACKS);
+                    let n = ctl.tables.lock().unwrap().counter(slot).map_or(0, |c| c.packets);
+                    let timed_out = matches!(result, Err(Cause::Timeout(_)));
+                    if e.excuses(ok, timed_out, n, std::time::Instant::now()) {
+                        servers.counters.sip_check_failures_excused.fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(backend = %servers.backends[b].name, "SIP check timed out; ACKs forwarded to it since the last one: not counted");
+                        continue;
+                    }
+                }
                 if ok && servers.failed_since(b, started) {
                     // A check that began before a request saw the backend fail says
                     // nothing of it since: suspicion stands until a later one passes.

@@ -12,6 +12,8 @@
 //! Running under systemd: `notify` (readiness, watchdog) and `logging` (journal format).
 //! What happened to each request: `access_log` (written off the request path); the
 //! last requests refused as malformed: `refusals`.
+//! SIP logical names learned from the dialogs the XDP program saw: `sip_learn`.
+//! A dead dispatcher's idle connections continued elsewhere: `takeover` (TCP_REPAIR).
 
 pub(crate) mod access_log;
 pub mod admin;
@@ -36,6 +38,8 @@ pub(crate) mod ratelimit;
 pub(crate) mod refusals;
 pub mod routes;
 pub mod shared;
+pub(crate) mod sip_learn;
 pub mod state;
 pub mod steering;
+pub mod takeover;
 pub mod tls;

@@ -336,6 +336,13 @@ counters! {
     learned: counter "dispatcher_learned_clones_total" => learned_clones, "Clone IDs learned from Set-Cookie.";
     learn_conflicts: counter "dispatcher_learn_conflicts_total" => learn_conflicts,
         "Clone IDs claimed by a second backend.";
+    /// Reports of a SIP dialog's logical name (`SIP_LEARN`) that did not hold together.
+    sip_learn_refused: counter "dispatcher_sip_learn_reports_refused_total" => sip_learn_refused,
+        "Reports of a SIP dialog's logical name from the XDP program not learned: cut short, ids not of a SIP VIP, or a message that does not name what was reported.";
+    /// SIP health checks that failed while callers kept acknowledging the container's
+    /// answers: not counted against it.
+    sip_check_failures_excused: counter "dispatcher_sip_check_failures_excused_total" => sip_check_failures_excused,
+        "Failed SIP OPTIONS checks not counted against a container because callers acknowledged its answers (ACKs forwarded to it) since the previous check.";
     /// Clone IDs not kept: the table was full (`MAX_CLONES`, the size of `CLONES`).
     clones_full: counter "dispatcher_clones_table_full_total" => clones_full,
         "New clone IDs not kept because the clone table was full (its sessions are balanced).";

@@ -19,8 +19,8 @@ use std::{
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use dispatcher_common::{
-    effective_state, hash::cookie_hash, BackendState, CloneValue, Health, Operator, CLONE_F_FAILED_OVER, MAX_CLONES,
-    NO_BACKEND,
+    effective_state, hash::cookie_hash, BackendState, CloneValue, Health, Operator, CLONE_F_FAILED_OVER,
+    CLONE_F_LEARNED, MAX_CLONES, NO_BACKEND,
 };
 
 use crate::{
@@ -219,6 +219,9 @@ pub enum Origin {
     Response,
     /// Learned here from a SIP container's answer to a health check (a logical name).
     SipCheck,
+    /// Learned here from a SIP dialog: a request naming it reached the container that
+    /// took the dialog's first request (reported by the XDP program, `sip_learn`).
+    SipDialog,
     /// Taken from the shared store (`[cluster]`): learned by another dispatcher first.
     Store,
     /// Left in the pinned CLONES map by an earlier agent (only its hash is known).
@@ -234,6 +237,7 @@ impl Origin {
             Origin::ConfiguredPartition => ("configured", "partition"),
             Origin::Response => ("learned", "local (Set-Cookie)"),
             Origin::SipCheck => ("learned", "local (SIP check)"),
+            Origin::SipDialog => ("learned", "local (SIP dialog)"),
             Origin::Store => ("learned", "store"),
             Origin::Pinned => ("learned", "pinned (earlier agent)"),
         }
@@ -241,7 +245,7 @@ impl Origin {
 
     /// A SIP logical name rather than a clone or partition ID.
     pub fn logical_name(self) -> bool {
-        matches!(self, Origin::ConfiguredLogicalName | Origin::SipCheck)
+        matches!(self, Origin::ConfiguredLogicalName | Origin::SipCheck | Origin::SipDialog)
     }
 }
 
@@ -852,6 +856,12 @@ impl Servers {
         self.learn_as(ln, backend, true, Origin::SipCheck)
     }
 
+    /// Records that a SIP dialog naming `ln` belongs to container `backend` (the one that
+    /// took its first request).
+    pub fn learn_logical_name_from_dialog(&self, ln: &[u8], backend: usize) -> Learned {
+        self.learn_as(ln, backend, true, Origin::SipDialog)
+    }
+
     /// `counted`: false for what a predecessor passes on (it counted it already; the
     /// counters are shared).
     fn learn_as(&self, id: &[u8], backend: usize, counted: bool, origin: Origin) -> Learned {
@@ -965,6 +975,8 @@ impl Servers {
                     _pad: 0,
                 },
             };
+            // A learned name yields to a dialog pinned elsewhere (dispatcher-ebpf/src/sip.rs).
+            let v = CloneValue { flags: v.flags | if e.configured { 0 } else { CLONE_F_LEARNED }, ..v };
             if let Err(err) = map.insert(key, v, 0) {
                 tracing::warn!(error = %err, "writing CLONES");
             }

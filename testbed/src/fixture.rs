@@ -242,12 +242,17 @@ impl Fixture {
     /// A `CLONES` entry, as the agent writes it: `name` (clone ID or logical name) owned
     /// by `owner`, with `replica`; `failed_over`: the entry names the stand-in.
     pub fn set_clone(&mut self, name: &str, owner: usize, replica: Option<usize>, failed_over: bool) {
+        self.set_clone_flags(name, owner, replica, if failed_over { CLONE_F_FAILED_OVER } else { 0 });
+    }
+
+    /// A `CLONES` entry with these flags (`CLONE_F_*`).
+    pub fn set_clone_flags(&mut self, name: &str, owner: usize, replica: Option<usize>, flags: u32) {
         let mut map: HashMap<&mut MapData, u64, CloneValue> =
             HashMap::try_from(self.ebpf.map_mut("CLONES").expect("CLONES map")).expect("CLONES type");
         let v = CloneValue {
             owner: owner as u32,
             replica: replica.map(|r| r as u32).unwrap_or(NO_BACKEND),
-            flags: if failed_over { CLONE_F_FAILED_OVER } else { 0 },
+            flags,
             _pad: 0,
         };
         map.insert(cookie_hash(name.as_bytes()), v, 0).expect("CLONES insert");
@@ -278,5 +283,21 @@ impl Fixture {
 
     pub fn flow(&self, p: &Packet) -> Option<FlowValue> {
         self.tables.flows.get(&flow_key(p), 0).ok()
+    }
+
+    /// The reports waiting on `SIP_LEARN`, each as its bytes.
+    pub fn sip_learn_reports(&mut self) -> Vec<Vec<u8>> {
+        let mut ring = aya::maps::RingBuf::try_from(self.ebpf.map_mut("SIP_LEARN").expect("SIP_LEARN map"))
+            .expect("SIP_LEARN type");
+        let mut out = Vec::new();
+        while let Some(item) = ring.next() {
+            out.push(item.to_vec());
+        }
+        out
+    }
+
+    /// Packets counted in backend `backend`'s slot `what` (`stats::BACKEND_*`), all CPUs.
+    pub fn backend_count(&self, backend: usize, what: u32) -> u64 {
+        self.count(dispatcher_common::stats::backend_slot(backend as u32, what))
     }
 }

@@ -4,7 +4,8 @@
 //! Does Not Exist` to an in-dialog request for a dialog it holds neither as owner nor as
 //! replica (so a misroute shows in SIPp's counts), and logs every message it receives.
 //! `OPTIONS` (the dispatcher's health check) is answered `200 OK` with the container's
-//! session-ID-shaped To tag.
+//! session-ID-shaped To tag (or, as some containers do, without one; or not at all while
+//! calls are served, as under an overload).
 
 use std::{
     collections::HashMap,
@@ -42,6 +43,12 @@ pub struct SipCluster {
     next: AtomicU64,
     /// 481 answers sent.
     pub not_found: AtomicU64,
+    /// `OPTIONS` answered without a To tag (containers that do not name their logical
+    /// name there: the dispatcher must learn it from the dialogs).
+    pub untagged_options: AtomicBool,
+    /// Per container: `OPTIONS` left unanswered while calls are served (an overload
+    /// that delays the checks' answers past their timeout).
+    options_muted: Vec<AtomicBool>,
 }
 
 const POLL: Duration = Duration::from_millis(50);
@@ -57,6 +64,8 @@ impl SipCluster {
             log: Mutex::new(Vec::new()),
             next: AtomicU64::new(1),
             not_found: AtomicU64::new(0),
+            untagged_options: AtomicBool::new(false),
+            options_muted: (0..n).map(|_| AtomicBool::new(false)).collect(),
         })
     }
 
@@ -110,6 +119,11 @@ impl SipCluster {
         self.frozen[i].store(frozen, Ordering::SeqCst);
     }
 
+    /// Container `i` leaves `OPTIONS` unanswered (`true`) while it serves calls.
+    pub fn mute_options(&self, i: usize, muted: bool) {
+        self.options_muted[i].store(muted, Ordering::SeqCst);
+    }
+
     fn answer(&self, i: usize, msg: &str) -> Option<String> {
         let bytes = msg.len();
         let first = msg.lines().next()?;
@@ -120,9 +134,13 @@ impl SipCluster {
         let call_id = header(msg, &["call-id", "i"])?.to_string();
         let to_has_tag = header(msg, &["to", "t"]).is_some_and(|t| t.to_ascii_lowercase().contains(";tag="));
         if method == "OPTIONS" {
-            let tag = format!("{}.0_0_0", Self::logical_name(i));
             self.record(i, &method, &call_id, None, false, bytes);
-            return Some(response(msg, "200 OK", Some(&tag)));
+            if self.options_muted[i].load(Ordering::SeqCst) {
+                return None;
+            }
+            let tag = format!("{}.0_0_0", Self::logical_name(i));
+            let tag = Some(tag.as_str()).filter(|_| !self.untagged_options.load(Ordering::SeqCst));
+            return Some(response(msg, "200 OK", tag));
         }
         let held = self.dialogs[i].lock().unwrap().get(&call_id).cloned();
         if method == "INVITE" && !to_has_tag {

@@ -307,3 +307,107 @@ fn large_invites_in_ip_fragments_reach_their_containers_and_survive_a_death() {
         assert!(frags["first"].as_u64().unwrap() >= 100, "{}: {frags}", st["vips"][v]["name"]);
     }
 }
+
+/// The sum of a metric family's samples whose line contains `filter` (`""`: all).
+fn metric(tb: &Testbed, family: &str, filter: &str) -> f64 {
+    let (_, body) = tb.admin("GET", "/metrics").expect("metrics");
+    body.lines()
+        .filter(|l| l.starts_with(family) && l[family.len()..].starts_with(['{', ' ']) && l.contains(filter))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Issue 30 part 3: containers that answer `OPTIONS` without naming their logical name
+/// teach nothing through the checks; the dispatcher learns each name from the first
+/// in-dialog request of a call (its To tag names it, its Call-ID is pinned to the
+/// container that took the INVITE). The learned names then carry the dialogs across a
+/// container's death to its replica, and the status says truthfully how each message
+/// was routed.
+#[test]
+fn logical_names_are_learned_from_the_dialogs_when_the_containers_do_not_say_them() {
+    let mut tb = Testbed::new(4, &[VIP]);
+    let sip = SipCluster::new(4);
+    sip.untagged_options.store(true, std::sync::atomic::Ordering::SeqCst);
+    tb.start_sip(&sip, VIP, 5060);
+    let path = tb.write_config(&config(&tb, 2));
+    tb.start_dispatcher(&path);
+    let cfg = path.to_str().unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    let list = tb.dispatcher_cmd(&["clones", "--config", cfg, "--sip"]);
+    assert!(list.starts_with("SIP logical-name table: 0 entries"), "the checks name nothing: {list}");
+
+    // A first round of calls: every container that took an INVITE gets its name learned
+    // from the ACK and BYE that follow.
+    sipp(&mut tb, 40, 20, 500, "sipp-learn");
+    let (status, c) = finish(&mut tb, "sipp-learn");
+    assert_calls_kept(&sip, 40, status, &c);
+    let took: std::collections::BTreeSet<usize> =
+        sip.seen().iter().filter(|s| s.method == "INVITE").map(|s| s.container).collect();
+    assert_eq!(took.len(), 4, "the ring spread 40 calls over the 4 containers: {took:?}");
+    tb.wait_for_clone_table(4, Duration::from_secs(5));
+    let list = tb.dispatcher_cmd(&["clones", "--config", cfg, "--sip"]);
+    for i in 0..4 {
+        let ln = SipCluster::logical_name(i);
+        let row = list.lines().find(|l| l.starts_with(&format!("{ln} "))).unwrap_or_else(|| panic!("{ln}: {list}"));
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(
+            cols[1..7],
+            [format!("b{i}").as_str(), &format!("b{}", i ^ 1), "learned", "local", "(SIP", "dialog)"],
+            "{list}"
+        );
+    }
+    let by = |tb: &Testbed, what: &str| metric(tb, "dispatcher_sip_routed_total", &format!("by=\"{what}\""));
+    let (ring, pin) = (by(&tb, "ring"), by(&tb, "pin"));
+    assert!(ring >= 40.0, "every INVITE placed on the ring: {ring}");
+    assert!(pin > 0.0, "the first in-dialog requests went by their pin: {pin}");
+    assert!(metric(&tb, "dispatcher_xdp_events_total", "sip_learn_reported") >= 4.0);
+    assert_eq!(metric(&tb, "dispatcher_sip_learn_reports_refused_total", ""), 0.0);
+
+    // Calls with the names known: in-dialog requests go by name; container 0 dies
+    // mid-call and its dialogs finish on its replica.
+    sipp(&mut tb, 100, 25, 3000, "sipp-kill");
+    std::thread::sleep(Duration::from_millis(3500));
+    tb.kill_servers_of(0);
+    let (status, c) = finish(&mut tb, "sipp-kill");
+    eprintln!("SIPp: {c:?}");
+    assert_calls_kept(&sip, 100, status, &c);
+    assert!(sip.served_for_peer(1) > 0, "the replica took over container 0's dialogs");
+    let ln = by(&tb, "ln");
+    assert!(ln >= 150.0, "in-dialog requests went by their learned names: {ln}");
+    assert_eq!(metric(&tb, "dispatcher_sip_messages_total", "outcome=\"unknown_ln\""), 0.0);
+}
+
+/// Issue 30 part 4: a container whose `OPTIONS` answers stop coming in time while it
+/// answers calls (callers keep acknowledging its answers) is not made suspect — no
+/// message of it dropped, no state change; once the calls stop, the same silence takes it
+/// out as before.
+#[test]
+fn a_container_answering_calls_is_not_suspect_when_its_checks_time_out() {
+    let (mut tb, sip, _) = sip_bed(2, 2);
+    let transitions = |tb: &Testbed| metric(tb, "dispatcher_state_transitions_total", "");
+    let before = transitions(&tb);
+    sipp(&mut tb, 120, 40, 500, "sipp-busy");
+    std::thread::sleep(Duration::from_millis(700));
+    sip.mute_options(0, true);
+    std::thread::sleep(Duration::from_millis(2000));
+    sip.mute_options(0, false);
+    let (status, c) = finish(&mut tb, "sipp-busy");
+    assert_calls_kept(&sip, 120, status, &c);
+    let excused = metric(&tb, "dispatcher_sip_check_failures_excused_total", "");
+    assert!(excused >= 3.0, "about ten checks timed out while ACKs flowed: {excused} excused");
+    assert_eq!(transitions(&tb), before, "no state change while the container answered calls");
+    assert_eq!(metric(&tb, "dispatcher_xdp_events_total", "drop_sip_held"), 0.0, "nothing held");
+
+    // No calls: silence is silence.
+    sip.mute_options(0, true);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let st: serde_json::Value =
+            serde_json::from_str(&tb.admin("GET", "/status").expect("status").1).expect("status JSON");
+        if st["backends"][0]["health"] == "down" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "a silent container with no calls goes down: {}", st["backends"][0]);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

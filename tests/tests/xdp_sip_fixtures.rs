@@ -6,7 +6,7 @@ use dispatcher_common::{
     hash::cookie_hash,
     sip::{SIP_SCAN_MAX, SRC_CALL_ID, SRC_FROM_TAG, SRC_ROUTE, SRC_TO_TAG, SRC_VIA},
     stats::{self, vip_sip_source, vip_slot},
-    FRAG_BUDGET_PER_SEC, NO_BACKEND, STATE_DOWN, STATE_SUSPECT, STATE_UP,
+    CLONE_F_LEARNED, FRAG_BUDGET_PER_SEC, NO_BACKEND, STATE_DOWN, STATE_SUSPECT, STATE_UP,
 };
 use dispatcher_testbed::{
     fixture::{Fixture, CONFIG, XDP_DROP, XDP_PASS, XDP_TX},
@@ -168,6 +168,95 @@ fn an_unknown_logical_name_goes_where_its_dialog_began_or_nowhere() {
     let o = fx.run_bytes(&input);
     assert_eq!(o.verdict, XDP_TX);
     assert_eq!(sent_to(&fx, &input, &o.out), first, "the container that created the session");
+}
+
+/// Issue 30 part 3: a name nobody owns, in a dialog pinned here, is reported to the agent
+/// (once a second per name) with the container the dialog began on; a learned name never
+/// takes a dialog pinned here away from its container; every forwarded message counts
+/// once by how its container was chosen.
+#[test]
+fn a_dialogs_unknown_name_is_reported_for_learning_and_a_learned_name_yields_to_its_pin() {
+    let mut fx = Fixture::new(CONFIG);
+    let bye = |call_id: &str, ln: &str| {
+        format!("BYE sip:x@h SIP/2.0\r\nRoute: <sip:{VIP};ibmsid={ln}.1138119214953.4_2_2;lr>\r\nCall-ID: {call_id}\r\n\r\n")
+    };
+    let input = sip_packet(5061, &invite("learn-1")).build();
+    let o = fx.run_bytes(&input);
+    let first = sent_to(&fx, &input, &o.out);
+    assert_eq!(
+        (count(&fx, stats::VIP_SIP_BY_RING), count(&fx, stats::VIP_SIP_BY_PIN)),
+        (1, 0),
+        "a new dialog: the ring"
+    );
+    assert!(fx.sip_learn_reports().is_empty(), "an initial request names nothing");
+
+    let input = sip_packet(5061, &bye("learn-1", "lnZ")).build();
+    let o = fx.run_bytes(&input);
+    assert_eq!(o.verdict, XDP_TX);
+    assert_eq!(sent_to(&fx, &input, &o.out), first, "by the dialog's pin");
+    assert_eq!(count(&fx, stats::VIP_SIP_BY_PIN), 1);
+    let reports = fx.sip_learn_reports();
+    assert_eq!(reports.len(), 1, "reported once");
+    let r = &reports[0];
+    let word = |at: usize| u32::from_ne_bytes(r[at..at + 4].try_into().unwrap());
+    let dword = |at: usize| u64::from_ne_bytes(r[at..at + 8].try_into().unwrap());
+    assert_eq!((word(0) as usize, word(4) as usize), (SIP, first), "the VIP and the dialog's container");
+    assert_eq!((dword(8), dword(16)), (cookie_hash(b"lnZ"), cookie_hash(b"learn-1")));
+    let msg = bye("learn-1", "lnZ");
+    assert_eq!((word(24) as usize, word(28) as u8), (msg.len(), SRC_ROUTE));
+    assert_eq!(&r[32..32 + msg.len()], msg.as_bytes(), "the message as it came");
+    assert_eq!(fx.count(stats::SIP_LEARN_REPORTED), 1);
+    // The same name again within the second: forwarded, not reported again.
+    let o = fx.run(&sip_packet(5061, &bye("learn-1", "lnZ")));
+    assert_eq!(o.verdict, XDP_TX);
+    assert!(fx.sip_learn_reports().is_empty(), "once a second per name");
+    // A dialog pinned to a container that is not up (suspect: held) teaches nothing.
+    fx.set_state(first, STATE_SUSPECT, false);
+    assert_eq!(fx.run(&sip_packet(5061, &bye("learn-1", "lnW"))).verdict, XDP_DROP);
+    assert!(fx.sip_learn_reports().is_empty());
+    fx.set_state(first, STATE_UP, false);
+
+    // A learned name owned by another container than the one this dialog is pinned to:
+    // the dialog goes where it began (counted); a configured name goes to its owner.
+    let other = (0..4).find(|&b| b != first && b != (first ^ 1)).unwrap();
+    fx.set_clone_flags("lnL", other, Some(other ^ 1), CLONE_F_LEARNED);
+    let input = sip_packet(5061, &bye("learn-1", "lnL")).build();
+    let o = fx.run_bytes(&input);
+    assert_eq!(sent_to(&fx, &input, &o.out), first, "a learned name yields to the pin");
+    assert_eq!(fx.count(stats::SIP_PIN_OVER_LEARNED), 1);
+    fx.set_clone_flags("lnC", other, Some(other ^ 1), 0);
+    let input = sip_packet(5061, &bye("learn-1", "lnC")).build();
+    let o = fx.run_bytes(&input);
+    assert_eq!(sent_to(&fx, &input, &o.out), other, "a configured name is the owner's");
+    // No pin (another dialog): the learned name decides.
+    let input = sip_packet(5061, &bye("elsewhere", "lnL")).build();
+    let o = fx.run_bytes(&input);
+    assert_eq!(sent_to(&fx, &input, &o.out), other);
+    assert_eq!(count(&fx, stats::VIP_SIP_BY_LN), 2);
+    // Every forwarded message counted once by how it was placed.
+    let forwarded = count(&fx, stats::VIP_PACKETS) + count(&fx, stats::VIP_FLOW_HITS);
+    let by = count(&fx, stats::VIP_SIP_BY_LN) + count(&fx, stats::VIP_SIP_BY_PIN) + count(&fx, stats::VIP_SIP_BY_RING);
+    assert_eq!(by, forwarded);
+}
+
+/// Issue 30 part 4: an ACK forwarded to a container counts as evidence that it answers
+/// (the SIP health check reads it); other messages do not.
+#[test]
+fn acks_forwarded_to_a_container_are_counted_as_its_answers_evidence() {
+    let mut fx = Fixture::new(CONFIG);
+    let input = sip_packet(5061, &invite("ack-1")).build();
+    let o = fx.run_bytes(&input);
+    let first = sent_to(&fx, &input, &o.out);
+    assert_eq!(fx.backend_count(first, stats::BACKEND_SIP_ACKS), 0, "an INVITE is no evidence");
+    let ack = invite("ack-1").replacen("INVITE sip", "ACK sip", 1).replacen("1 INVITE", "1 ACK", 1);
+    assert_eq!(fx.run(&sip_packet(5061, &ack)).verdict, XDP_TX);
+    assert_eq!(fx.backend_count(first, stats::BACKEND_SIP_ACKS), 1);
+    // A response whose reason phrase begins "ACK " is not an ACK.
+    let response = "SIP/2.0 200 OK\r\nVia: SIP/2.0/UDP 10.0.0.2\r\nCall-ID: ack-1\r\nCSeq: 1 ACK\r\n\r\n";
+    assert_eq!(fx.run(&sip_packet(5061, response)).verdict, XDP_TX);
+    let other = invite("ack-1").replacen("INVITE sip", "ACKX sip", 1);
+    assert_eq!(fx.run(&sip_packet(5061, &other)).verdict, XDP_TX);
+    assert_eq!(fx.backend_count(first, stats::BACKEND_SIP_ACKS), 1);
 }
 
 #[test]

@@ -13,6 +13,7 @@ use crate::api::{
 use crate::{
     capacity::{Capacity, PathStats, VipStats},
     config::{Config, Vip, VipMode},
+    dataplane::tables::SIP_ROUTED_BY,
     metrics::{Exposition, Family, StatusClasses},
     state::{Backend, Servers},
 };
@@ -593,6 +594,10 @@ const SIP_MESSAGES: Family = Family::counter(
     "dispatcher_sip_messages_total",
     "SIP messages on a SIP VIP by outcome: forwarded by where their affinity came from (route, via, to_tag, from_tag, call_id), or dropped (held: owner suspect; unknown_ln; invalid).",
 );
+const SIP_ROUTED: Family = Family::counter(
+    "dispatcher_sip_routed_total",
+    "SIP messages a SIP VIP forwarded, by how their container was chosen: by logical name (ln), by their dialog's pin (pin: Call-ID), placed on the ring (ring: a new dialog).",
+);
 const XDP_FRAGMENTS: Family = Family::counter(
     "dispatcher_xdp_fragments_total",
     "IP fragments of UDP datagrams to an L4 or SIP VIP by outcome: first (dispatched and recorded), followed (a later fragment sent where its first went), no_first (a later fragment dropped: no live record of its first), over_budget (a first fragment dropped beyond the per-CPU budget of new records).",
@@ -623,10 +628,17 @@ fn xdp_section(o: &mut Exposition, a: &Admin, cfg: &Config) {
     }
     let sip: Vec<_> = cfg.vips.iter().enumerate().filter(|(_, v)| v.mode() == VipMode::Sip).collect();
     if !sip.is_empty() {
+        let counts: Vec<_> = sip.iter().map(|(i, v)| (v, t.sip_counters(*i as u32).unwrap_or_default())).collect();
         o.family(&SIP_MESSAGES);
-        for (i, v) in &sip {
-            for (what, n) in t.sip_counters(*i as u32).unwrap_or_default() {
-                o.sample(&[("vip", &v.name), ("outcome", what)], n);
+        for (v, c) in &counts {
+            for (what, n) in c.iter().filter(|(w, _)| !w.starts_with(SIP_ROUTED_BY)) {
+                o.sample(&[("vip", &v.name), ("outcome", what)], *n);
+            }
+        }
+        o.family(&SIP_ROUTED);
+        for (v, c) in &counts {
+            for (what, n) in c.iter().filter_map(|(w, n)| Some((w.strip_prefix(SIP_ROUTED_BY)?, n))) {
+                o.sample(&[("vip", &v.name), ("by", what)], *n);
             }
         }
     }

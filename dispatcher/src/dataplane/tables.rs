@@ -103,8 +103,10 @@ pub fn backend_info(b: &Backend, state: u8, admin: u8) -> BackendInfo {
     }
 }
 
-/// The per-VIP SIP counters by name (`Tables::sip_counters`).
-pub const SIP_COUNTERS: [(&str, u32); 8] = [
+/// The per-VIP SIP counters by name (`Tables::sip_counters`): forwarded by where the
+/// affinity came from, dropped by why, then (`by_*`, `SIP_ROUTED_BY`) forwarded by how the
+/// container was chosen — each forwarded message counts once in each of the two groups.
+pub const SIP_COUNTERS: [(&str, u32); 11] = [
     ("route", stats::VIP_SIP_ROUTE),
     ("via", stats::VIP_SIP_VIA),
     ("to_tag", stats::VIP_SIP_TO_TAG),
@@ -113,7 +115,13 @@ pub const SIP_COUNTERS: [(&str, u32); 8] = [
     ("held", stats::VIP_SIP_HELD),
     ("unknown_ln", stats::VIP_SIP_UNKNOWN_LN),
     ("invalid", stats::VIP_SIP_INVALID),
+    ("by_ln", stats::VIP_SIP_BY_LN),
+    ("by_pin", stats::VIP_SIP_BY_PIN),
+    ("by_ring", stats::VIP_SIP_BY_RING),
 ];
+
+/// The prefix of the `SIP_COUNTERS` that say how the container was chosen.
+pub const SIP_ROUTED_BY: &str = "by_";
 
 /// The per-VIP counts of UDP datagrams in IP fragments by name (`Tables::fragment_counters`):
 /// first fragments recorded, later fragments that followed them, later fragments dropped

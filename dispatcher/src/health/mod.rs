@@ -7,7 +7,7 @@
 //! check confirms it down (then its replica serves them) or clears it.
 
 mod reason;
-mod sip;
+pub mod sip;
 
 pub use reason::{Cause, Reason};
 

@@ -65,6 +65,45 @@ pub async fn options(to: SocketAddr) -> (Verdict, Option<String>) {
     }
 }
 
+/// How long ACKs may excuse a SIP container's checks that time out, counted from the first
+/// failure they excused (a passing check ends the stretch): a container that answers calls
+/// rides through an overload where its `OPTIONS` answers come late, and one whose ACKs
+/// come from elsewhere (forged, or late ones of a container that froze) is judged by its
+/// checks again after this.
+pub const ACK_EXCUSE_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Passive evidence that a SIP container answers calls: the XDP program counts the ACKs it
+/// forwards to it (`stats::BACKEND_SIP_ACKS`). A caller sends an ACK only for a final
+/// answer it received, so an ACK forwarded since the previous check means the container
+/// answered since about then: a check that timed out meanwhile says it is slow, not dead,
+/// and is not counted against it. Only timeouts are excused: a refused check (ICMP port
+/// unreachable: nothing listens) or a bad answer counts as always.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AckEvidence {
+    /// The ACK count at the previous check.
+    last: Option<u64>,
+    /// When the current stretch of excused failures began.
+    excusing_since: Option<std::time::Instant>,
+}
+
+impl AckEvidence {
+    /// After a check that `passed` (or timed out: `timed_out`), with `acks` forwarded to
+    /// the container so far: whether its failure is excused.
+    pub fn excuses(&mut self, passed: bool, timed_out: bool, acks: u64, now: std::time::Instant) -> bool {
+        let fresh = self.last.is_some_and(|l| acks > l);
+        self.last = Some(acks);
+        if passed {
+            self.excusing_since = None;
+            return false;
+        }
+        if !timed_out || !fresh {
+            return false;
+        }
+        let since = *self.excusing_since.get_or_insert(now);
+        now.duration_since(since) < ACK_EXCUSE_MAX
+    }
+}
+
 fn rand_u64() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
@@ -109,6 +148,26 @@ pub fn to_tag(msg: &[u8]) -> Option<&[u8]> {
 mod tests {
     use super::*;
     use dispatcher_common::{hash::cookie_hash, sip::SRC_TO_TAG};
+
+    #[test]
+    fn acks_excuse_timeouts_for_a_bounded_time_and_nothing_else() {
+        let t0 = std::time::Instant::now();
+        let at = |s: u64| t0 + std::time::Duration::from_secs(s);
+        let mut e = AckEvidence::default();
+        assert!(!e.excuses(false, true, 5, at(0)), "no earlier count: no evidence yet");
+        assert!(e.excuses(false, true, 9, at(1)), "ACKs since the last check excuse a timeout");
+        assert!(!e.excuses(false, true, 9, at(2)), "none since: the timeout counts");
+        assert!(!e.excuses(false, false, 12, at(3)), "a refused check is never excused");
+        assert!(e.excuses(false, true, 14, at(4)));
+        // The stretch began at 1 s: excused until ACK_EXCUSE_MAX after it, then judged.
+        let end = 1 + ACK_EXCUSE_MAX.as_secs();
+        assert!(e.excuses(false, true, 20, at(end - 1)));
+        assert!(!e.excuses(false, true, 30, at(end)), "bounded");
+        assert!(!e.excuses(false, true, 40, at(end + 1)));
+        // A passing check ends the stretch: a later overload is excused again.
+        assert!(!e.excuses(true, false, 41, at(end + 2)));
+        assert!(e.excuses(false, true, 50, at(end + 3)));
+    }
 
     #[test]
     fn the_to_tag_of_an_answer_names_the_logical_name() {

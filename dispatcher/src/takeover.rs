@@ -1,0 +1,286 @@
+//! Connection takeover (issue 31 part 1): what a dispatcher must know to continue, on
+//! another host, a client's TCP connection whose dispatcher died between two requests,
+//! and the socket rebuilt from it with `TCP_REPAIR` (CONFIG_CHECKPOINT_RESTORE).
+//!
+//! An idle keep-alive connection is fully described by its tuple, the options agreed in
+//! the handshake (MSS, window scales, SACK and timestamps permitted: `Handshake`, read
+//! from `TCP_INFO` once at accept) and three numbers the client's next segment carries
+//! (`Resume`): its sequence number is the next byte the dead dispatcher expected, its
+//! acknowledgement the next byte the dead dispatcher would have sent, its timestamp echo
+//! the dead host's last TSval. `rebuild` makes an established socket from them without a
+//! handshake, so the client's retransmission of that segment lands on it.
+//!
+//! What this module does not do yet: carry `Handshake` records to the dispatcher that
+//! takes over a slot, and let the XDP program hand it the client's segment. See
+//! docs/cluster.md ("When a dispatcher dies").
+
+use std::{
+    io,
+    net::{SocketAddr, TcpStream},
+    os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
+};
+
+// linux/tcp.h (not all in the libc crate).
+const TCP_REPAIR: libc::c_int = 19;
+const TCP_REPAIR_QUEUE: libc::c_int = 20;
+const TCP_QUEUE_SEQ: libc::c_int = 21;
+const TCP_REPAIR_OPTIONS: libc::c_int = 22;
+const TCP_TIMESTAMP: libc::c_int = 24;
+const TCP_REPAIR_WINDOW: libc::c_int = 29;
+const TCP_RECV_QUEUE: libc::c_int = 1;
+const TCP_SEND_QUEUE: libc::c_int = 2;
+const TCP_REPAIR_ON: libc::c_int = 1;
+const TCP_REPAIR_OFF: libc::c_int = 0;
+const TCPOPT_MAXSEG: u32 = 2;
+const TCPOPT_WINDOW: u32 = 3;
+const TCPOPT_SACK_PERM: u32 = 4;
+const TCPOPT_TIMESTAMP: u32 = 8;
+const TCPI_OPT_TIMESTAMPS: u8 = 1;
+const TCPI_OPT_SACK: u8 = 2;
+const TCPI_OPT_WSCALE: u8 = 4;
+/// RFC 7323 2.3: a window scale above 14 is taken as 14; the kernel refuses more.
+const MAX_WSCALE: u8 = 14;
+
+/// The options a connection's handshake agreed, as the accepting dispatcher saw them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Handshake {
+    /// The segment size this side sends (the peer's MSS, less the options' room).
+    pub mss: u16,
+    /// The client's window scale (applied to the windows it advertises) and ours.
+    pub snd_wscale: u8,
+    pub rcv_wscale: u8,
+    pub sack: bool,
+    pub timestamps: bool,
+    /// Window scaling was agreed at all (both scales are meaningless without it).
+    pub wscale: bool,
+}
+
+impl Handshake {
+    /// Read from an established socket's `TCP_INFO` (one call, at accept).
+    pub fn of(fd: RawFd) -> io::Result<Handshake> {
+        let mut info = [0u8; 104];
+        let mut len = info.len() as libc::socklen_t;
+        // SAFETY: `info` is writable for `len` bytes; the kernel writes at most that.
+        let r = unsafe { libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_INFO, info.as_mut_ptr().cast(), &mut len) };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Handshake::from_tcp_info(&info[..len as usize])
+    }
+
+    /// `struct tcp_info`: options at byte 5, the two scales at byte 6 (send in the low
+    /// nibble), the send MSS at byte 16.
+    pub fn from_tcp_info(info: &[u8]) -> io::Result<Handshake> {
+        if info.len() < 20 {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "TCP_INFO too short"));
+        }
+        let options = info[5];
+        let mss = u32::from_ne_bytes(info[16..20].try_into().unwrap());
+        let wscale = options & TCPI_OPT_WSCALE != 0;
+        Ok(Handshake {
+            mss: mss.clamp(1, u16::MAX as u32) as u16,
+            snd_wscale: if wscale { (info[6] & 0xf).min(MAX_WSCALE) } else { 0 },
+            rcv_wscale: if wscale { (info[6] >> 4).min(MAX_WSCALE) } else { 0 },
+            sack: options & TCPI_OPT_SACK != 0,
+            timestamps: options & TCPI_OPT_TIMESTAMPS != 0,
+            wscale,
+        })
+    }
+}
+
+/// What the client's next segment says of the connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Resume {
+    /// The segment's sequence number: the next byte expected from the client.
+    pub rcv_nxt: u32,
+    /// Its acknowledgement number: the next byte to send to the client.
+    pub snd_nxt: u32,
+    /// Its timestamp echo (the dead host's last TSval), when timestamps are on.
+    pub ts_echo: Option<u32>,
+    /// The window it advertises, unscaled.
+    pub window: u16,
+}
+
+fn setsockopt<T>(fd: RawFd, name: libc::c_int, value: &T, what: &str) -> io::Result<()> {
+    // SAFETY: `value` is a live `T` of the size passed.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            name,
+            (value as *const T).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("{what}: {e}")));
+    }
+    Ok(())
+}
+
+fn sockaddr(a: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: all-zero is a valid sockaddr_storage.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match a {
+        SocketAddr::V4(v4) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: v4.port().to_be(),
+                sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(v4.ip().octets()) },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than sockaddr_in and suitably aligned.
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin) };
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(v6) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: v6.port().to_be(),
+                sin6_flowinfo: v6.flowinfo(),
+                sin6_addr: libc::in6_addr { s6_addr: v6.ip().octets() },
+                sin6_scope_id: v6.scope_id(),
+            };
+            // SAFETY: as above.
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin6) };
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}
+
+/// An established socket for `local` <- `peer`, continuing where the client's segment
+/// says, with the handshake's options; made without a handshake (`TCP_REPAIR`, which
+/// needs CAP_NET_ADMIN). The client's retransmission then lands on it.
+pub fn rebuild(local: SocketAddr, peer: SocketAddr, h: &Handshake, r: &Resume) -> io::Result<TcpStream> {
+    let family = if local.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    // SAFETY: a plain socket call; the descriptor is owned at once.
+    let raw = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a fresh descriptor nobody else owns.
+    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
+    let fd = sock.as_raw_fd();
+    setsockopt(fd, TCP_REPAIR, &TCP_REPAIR_ON, "TCP_REPAIR on")?;
+    // Repair mode binds beside the VIP's listener (the kernel forces the reuse).
+    let (addr, len) = sockaddr(local);
+    // SAFETY: `addr` holds `len` valid bytes.
+    if unsafe { libc::bind(fd, (&addr as *const libc::sockaddr_storage).cast(), len) } != 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("bind {local}: {e}")));
+    }
+    setsockopt(fd, TCP_REPAIR_QUEUE, &TCP_SEND_QUEUE, "TCP_REPAIR_QUEUE send")?;
+    setsockopt(fd, TCP_QUEUE_SEQ, &r.snd_nxt, "TCP_QUEUE_SEQ send")?;
+    setsockopt(fd, TCP_REPAIR_QUEUE, &TCP_RECV_QUEUE, "TCP_REPAIR_QUEUE recv")?;
+    setsockopt(fd, TCP_QUEUE_SEQ, &r.rcv_nxt, "TCP_QUEUE_SEQ recv")?;
+    // In repair mode connect sends nothing: the socket is established at once.
+    let (addr, len) = sockaddr(peer);
+    // SAFETY: as above.
+    if unsafe { libc::connect(fd, (&addr as *const libc::sockaddr_storage).cast(), len) } != 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("connect {peer} (repair): {e}")));
+    }
+    let mut opts: Vec<[u32; 2]> = vec![[TCPOPT_MAXSEG, h.mss as u32]];
+    if h.wscale {
+        opts.push([TCPOPT_WINDOW, h.snd_wscale as u32 | (h.rcv_wscale as u32) << 16]);
+    }
+    if h.sack {
+        opts.push([TCPOPT_SACK_PERM, 0]);
+    }
+    if h.timestamps {
+        opts.push([TCPOPT_TIMESTAMP, 0]);
+    }
+    // SAFETY: `opts` is an array of `struct tcp_repair_opt` (two u32 each).
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            TCP_REPAIR_OPTIONS,
+            opts.as_ptr().cast(),
+            (opts.len() * 8) as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("TCP_REPAIR_OPTIONS: {e}")));
+    }
+    if let (true, Some(echo)) = (h.timestamps, r.ts_echo) {
+        // Our TSvals go on from the dead host's last one (the client's PAWS check).
+        setsockopt(fd, TCP_TIMESTAMP, &echo.wrapping_add(1), "TCP_TIMESTAMP")?;
+    }
+    // The client's window as it advertised it, scaled; ours opens as the kernel's own.
+    let snd_wnd = (r.window as u32) << h.snd_wscale;
+    let window: [u32; 5] = [r.rcv_nxt, snd_wnd, snd_wnd, 65535 << h.rcv_wscale.min(2), r.rcv_nxt];
+    setsockopt(fd, TCP_REPAIR_WINDOW, &window, "TCP_REPAIR_WINDOW")?;
+    setsockopt(fd, TCP_REPAIR, &TCP_REPAIR_OFF, "TCP_REPAIR off")?;
+    Ok(TcpStream::from(sock))
+}
+
+fn getsockopt_u32(fd: RawFd, name: libc::c_int, what: &str) -> io::Result<u32> {
+    let mut v: u32 = 0;
+    let mut len = std::mem::size_of::<u32>() as libc::socklen_t;
+    // SAFETY: `v` is writable for `len` bytes.
+    let r = unsafe { libc::getsockopt(fd, libc::IPPROTO_TCP, name, (&mut v as *mut u32).cast(), &mut len) };
+    if r != 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("{what}: {e}")));
+    }
+    Ok(v)
+}
+
+/// Closes an idle connection's socket without a word to its peer (no FIN, no RST), as a
+/// dead host's connection ends, and returns what the client's next segment will say
+/// (read in repair mode: the next byte expected and the next to send, the last TSval, the
+/// client's last window unscaled).
+pub fn vanish(fd: OwnedFd) -> io::Result<Resume> {
+    let raw = fd.as_raw_fd();
+    let h = Handshake::of(raw)?;
+    setsockopt(raw, TCP_REPAIR, &TCP_REPAIR_ON, "TCP_REPAIR on")?;
+    setsockopt(raw, TCP_REPAIR_QUEUE, &TCP_RECV_QUEUE, "TCP_REPAIR_QUEUE recv")?;
+    let rcv_nxt = getsockopt_u32(raw, TCP_QUEUE_SEQ, "TCP_QUEUE_SEQ recv")?;
+    setsockopt(raw, TCP_REPAIR_QUEUE, &TCP_SEND_QUEUE, "TCP_REPAIR_QUEUE send")?;
+    let snd_nxt = getsockopt_u32(raw, TCP_QUEUE_SEQ, "TCP_QUEUE_SEQ send")?;
+    let ts = getsockopt_u32(raw, TCP_TIMESTAMP, "TCP_TIMESTAMP")?;
+    let mut window = [0u32; 5];
+    let mut len = std::mem::size_of_val(&window) as libc::socklen_t;
+    // SAFETY: `window` is writable for `len` bytes.
+    let r =
+        unsafe { libc::getsockopt(raw, libc::IPPROTO_TCP, TCP_REPAIR_WINDOW, window.as_mut_ptr().cast(), &mut len) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    drop(fd);
+    Ok(Resume {
+        rcv_nxt,
+        snd_nxt,
+        ts_echo: h.timestamps.then_some(ts),
+        window: (window[1] >> h.snd_wscale).min(u16::MAX as u32) as u16,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tcp_info_says_the_handshakes_options() {
+        let mut info = [0u8; 104];
+        info[5] = TCPI_OPT_TIMESTAMPS | TCPI_OPT_SACK | TCPI_OPT_WSCALE;
+        info[6] = 7 | (9 << 4);
+        info[16..20].copy_from_slice(&1448u32.to_ne_bytes());
+        let h = Handshake::from_tcp_info(&info).unwrap();
+        assert_eq!(
+            h,
+            Handshake { mss: 1448, snd_wscale: 7, rcv_wscale: 9, sack: true, timestamps: true, wscale: true }
+        );
+        // No window scaling agreed: the nibbles mean nothing; a scale past 14 is 14.
+        info[5] = TCPI_OPT_SACK;
+        assert_eq!(Handshake::from_tcp_info(&info).unwrap().snd_wscale, 0);
+        info[5] = TCPI_OPT_WSCALE;
+        info[6] = 15;
+        assert_eq!(Handshake::from_tcp_info(&info).unwrap().snd_wscale, 14);
+        assert!(Handshake::from_tcp_info(&info[..12]).is_err(), "cut short");
+    }
+}
