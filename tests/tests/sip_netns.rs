@@ -306,6 +306,11 @@ fn large_invites_in_ip_fragments_reach_their_containers_and_survive_a_death() {
         let frags = &st["vips"][v]["fragments"];
         assert!(frags["first"].as_u64().unwrap() >= 100, "{}: {frags}", st["vips"][v]["name"]);
     }
+    // The records are in the map pinned with the others (what a restarted agent adopts).
+    let pinned = aya::maps::MapData::from_pin(tb.pin_dir().join("FRAGS")).expect("FRAGS is pinned");
+    let frags: aya::maps::HashMap<_, dispatcher_common::FragKey, dispatcher_common::FragValue> =
+        aya::maps::HashMap::try_from(aya::maps::Map::LruHashMap(pinned)).expect("FRAGS type");
+    assert!(frags.keys().flatten().count() >= 200, "the pinned FRAGS holds the INVITEs' records");
 }
 
 /// The sum of a metric family's samples whose line contains `filter` (`""`: all).
