@@ -489,6 +489,25 @@ impl FragKey {
     }
 }
 
+#[cfg(test)]
+mod frag_key_tests {
+    use super::*;
+
+    /// The key holds the addresses' bytes in their order, whatever the words' grouping.
+    #[test]
+    fn a_frag_key_holds_the_address_bytes_in_order() {
+        let src = [u32::from_ne_bytes([10, 0, 0, 2]), 0, 0, 0];
+        let dst = [1, 2, 3, u32::from_ne_bytes([9, 8, 7, 6])];
+        let k = FragKey::new(&src, &dst, 7, IPPROTO_UDP, AF_INET);
+        let bytes: [u8; 40] = unsafe { core::mem::transmute(k) };
+        let words: [u32; 8] = [src[0], src[1], src[2], src[3], dst[0], dst[1], dst[2], dst[3]];
+        for (i, w) in words.iter().enumerate() {
+            assert_eq!(bytes[i * 4..i * 4 + 4], w.to_ne_bytes(), "word {i}");
+        }
+        assert_eq!(bytes[32..38], [7, 0, 0, 0, IPPROTO_UDP, AF_INET]);
+    }
+}
+
 /// `FRAGS` value: where the datagram's first fragment went.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

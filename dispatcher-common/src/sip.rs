@@ -631,6 +631,25 @@ mod tests {
         cookie_hash(s.as_bytes())
     }
 
+    /// A first fragment's header section, cut anywhere: the affinity of what it holds, a
+    /// value cut short never taken, and nothing without the Call-ID.
+    #[test]
+    fn a_header_section_cut_short_gives_the_affinity_of_what_it_holds() {
+        let msg = b"BYE sip:x@h SIP/2.0\r\nCall-ID: cut-1\r\nTo: <sip:a@b>;tag=lnA.1_2_2\r\nRoute: <sip:p;lr>\r\n";
+        let whole = scan(msg);
+        assert_eq!(whole.affinity(), None, "no end of the header section: no complete message");
+        assert_eq!(whole.affinity_so_far(), Some((SRC_TO_TAG, ln("lnA"))));
+        // Cut inside the To tag: the tag is not taken (its end was not seen).
+        let in_tag = msg.len() - "2_2\r\nRoute: <sip:p;lr>\r\n".len();
+        assert_eq!(scan(&msg[..in_tag]).affinity_so_far().map(|a| a.0), Some(SRC_CALL_ID));
+        // Cut inside the Call-ID: no Call-ID, no message.
+        let in_call_id = "BYE sip:x@h SIP/2.0\r\nCall-ID: cu".len();
+        assert_eq!(scan(&msg[..in_call_id]).affinity_so_far(), None);
+        // A complete one reads the same either way.
+        let done = scan(b"BYE sip:x@h SIP/2.0\r\nCall-ID: c\r\nTo: <sip:a@b>;tag=lnA.1_2_2\r\n\r\n");
+        assert_eq!(done.affinity(), done.affinity_so_far());
+    }
+
     const INVITE: &str = "INVITE sip:service@10.0.0.1:5060 SIP/2.0\r\n\
         Via: SIP/2.0/UDP 10.0.0.9:5061;branch=z9hG4bK-1\r\n\
         From: sipp <sip:sipp@10.0.0.9:5061>;tag=1\r\n\
