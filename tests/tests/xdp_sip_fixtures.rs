@@ -600,6 +600,18 @@ fn an_l4_udp_vips_fragments_follow_the_first_ones_choice() {
         assert!(used.len() >= 2, "{used:?}");
         assert_eq!(fx.count(vip_slot(vip as u32, stats::VIP_FRAG_FIRST)), 16);
     }
+    // IPv6: a Fragment header behind another extension header (here hop-by-hop) is not
+    // walked to: such a packet keeps its verdict, to the host stack (documented limit).
+    let p = Packet::udp("fd00::7", 20500, "fd00::100", 53).with(|p| p.payload = vec![0x5a; 3000]);
+    let mut g = p.fragments(1440, 4711)[0].clone();
+    g[14 + 6] = 0; // next header: hop-by-hop
+    let plen = u16::from_be_bytes([g[14 + 4], g[14 + 5]]) + 8;
+    g[14 + 4..14 + 6].copy_from_slice(&plen.to_be_bytes());
+    g.splice(14 + 40..14 + 40, [44, 0, 1, 4, 0, 0, 0, 0]); // next: Fragment; PadN
+    let before = fx.count(stats::PASS_IPV6_EXT);
+    assert_eq!(fx.run_bytes(&g).verdict, XDP_PASS);
+    assert_eq!(fx.count(stats::PASS_IPV6_EXT) - before, 1);
+
     // IPIP: a later fragment is encapsulated to the same backend as its first.
     let p = Packet::udp("10.0.0.2", 20001, "10.0.100.7", 53).with(|p| p.payload = vec![0x5a; 3000]);
     let frames = p.fragments(1480, 99);
