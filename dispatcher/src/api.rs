@@ -61,6 +61,10 @@ pub struct SteeringStatus {
     pub previous: Vec<String>,
     pub second_chance_left_s: Option<f64>,
     pub changed_s_ago: Option<f64>,
+    /// What the last change did: `+d3`, `-d2` (why a dispatcher went: `cluster`'s
+    /// `out_unreachable`, or its lease, or its `leave`).
+    #[serde(default)]
+    pub last_change: Option<String>,
     /// Packets sent on to their owner, by second chance, kept here against the table
     /// (a connection from before the change), and not sent for want of TTL.
     pub steered: u64,

@@ -310,6 +310,9 @@ pub struct Load {
     pub errors: Arc<Mutex<Vec<String>>>,
     /// When each refused attempt began (before its SYN left).
     refused_at: Arc<Mutex<Vec<Instant>>>,
+    /// When each request that had to open a new connection and failed began (refused,
+    /// timed out connecting, or reset before its answer).
+    failed_new_at: Arc<Mutex<Vec<Instant>>>,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
 }
@@ -323,10 +326,11 @@ impl Load {
         let started = Instant::now();
         let last_served: Arc<Vec<AtomicU64>> = Arc::new((0..http_conns).map(|_| AtomicU64::new(0)).collect());
         let refused_at = Arc::new(Mutex::new(Vec::new()));
+        let failed_new_at = Arc::new(Mutex::new(Vec::new()));
         let http: SocketAddr = format!("{VIP}:80").parse().unwrap();
         for n in 0..http_conns {
             let (counts, errors, stop, ns) = (counts.clone(), errors.clone(), stop.clone(), clients.clone());
-            let (last, refused_at) = (last_served.clone(), refused_at.clone());
+            let (last, refused_at, failed_new_at) = (last_served.clone(), refused_at.clone(), failed_new_at.clone());
             threads.push(std::thread::spawn(move || {
                 let src = CLIENT_IPS[n % CLIENT_IPS.len()];
                 let mut c = crate::websphere::Client::new(&ns, http).bound_to(src.parse().unwrap());
@@ -334,6 +338,7 @@ impl Load {
                 while !stop.load(Ordering::Relaxed) {
                     let path = if first { "/app/new" } else { "/app/again" };
                     let asked = Instant::now();
+                    let fresh = !c.connected();
                     match c.get(path) {
                         Ok(r) => {
                             counts.requests.fetch_add(1, Ordering::Relaxed);
@@ -356,6 +361,9 @@ impl Load {
                             if e.kind() == std::io::ErrorKind::ConnectionRefused {
                                 counts.refused.fetch_add(1, Ordering::Relaxed);
                                 refused_at.lock().unwrap().push(asked);
+                            }
+                            if fresh {
+                                failed_new_at.lock().unwrap().push(asked);
                             }
                             counts.failed.fetch_add(1, Ordering::Relaxed);
                             errors.lock().unwrap().push(format!("client {n}: {e}"));
@@ -445,12 +453,19 @@ impl Load {
                 }
             }));
         }
-        Load { counts, last_served, started, errors, refused_at, stop, threads }
+        Load { counts, last_served, started, errors, refused_at, failed_new_at, stop, threads }
     }
 
     /// When the refused attempts began that began after `t`, as offsets from `t`.
     pub fn refused_after(&self, t: Instant) -> Vec<Duration> {
         self.refused_at.lock().unwrap().iter().filter(|a| **a > t).map(|a| *a - t).collect()
+    }
+
+    /// When the failed attempts on new connections began that began after `t`, as
+    /// offsets from `t` (an attempt is recorded when it fails: up to the 3 s connect
+    /// timeout later).
+    pub fn failed_new_after(&self, t: Instant) -> Vec<Duration> {
+        self.failed_new_at.lock().unwrap().iter().filter(|a| **a > t).map(|a| *a - t).collect()
     }
 
     pub fn snapshot(&self) -> Snapshot {

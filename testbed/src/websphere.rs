@@ -560,6 +560,11 @@ impl Client {
         self
     }
 
+    /// It holds an open connection (the next request does not open one).
+    pub fn connected(&self) -> bool {
+        self.conn.is_some()
+    }
+
     /// Drops the connection; the next request opens a new one.
     pub fn reconnect(&mut self) {
         self.conn = None;

@@ -406,6 +406,12 @@ pub(crate) fn publish_peers(inner: &Inner, v: &view::View) {
         if cur.as_ref() == Some(&peers) {
             return false;
         }
+        let out = v.out_unreachable();
+        if !out.is_empty() {
+            let why: Vec<String> =
+                out.iter().map(|n| format!("{n} (unreachable for {})", v.unreachable_by(n).join(","))).collect();
+            tracing::info!(out = ?why, "steering membership: dispatchers out by the others' heartbeats");
+        }
         *cur = Some(peers);
         true
     });
