@@ -319,17 +319,26 @@ pub struct Load {
 
 impl Load {
     pub fn start(clients: &Ns, http_conns: usize, l4_flows: usize, pace: Duration) -> Load {
+        Load::start_with_new(clients, http_conns, 0, l4_flows, pace)
+    }
+
+    /// The same, and `new_conns` more HTTP clients with sessions that open a new
+    /// connection for every request (at a quarter of the pace): new connections all the
+    /// time, as many short-lived clients make them.
+    pub fn start_with_new(clients: &Ns, http_conns: usize, new_conns: usize, l4_flows: usize, pace: Duration) -> Load {
         let counts = Arc::new(Counts::default());
         let errors = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
         let started = Instant::now();
-        let last_served: Arc<Vec<AtomicU64>> = Arc::new((0..http_conns).map(|_| AtomicU64::new(0)).collect());
+        let last_served: Arc<Vec<AtomicU64>> =
+            Arc::new((0..http_conns + new_conns).map(|_| AtomicU64::new(0)).collect());
         let refused_at = Arc::new(Mutex::new(Vec::new()));
         let failed_new_at = Arc::new(Mutex::new(Vec::new()));
         let http: SocketAddr = format!("{VIP}:80").parse().unwrap();
-        for n in 0..http_conns {
+        for n in 0..http_conns + new_conns {
             let (counts, errors, stop, ns) = (counts.clone(), errors.clone(), stop.clone(), clients.clone());
+            let short_lived = n >= http_conns;
             let (last, refused_at, failed_new_at) = (last_served.clone(), refused_at.clone(), failed_new_at.clone());
             threads.push(std::thread::spawn(move || {
                 let src = CLIENT_IPS[n % CLIENT_IPS.len()];
@@ -337,6 +346,9 @@ impl Load {
                 let mut first = true;
                 while !stop.load(Ordering::Relaxed) {
                     let path = if first { "/app/new" } else { "/app/again" };
+                    if short_lived {
+                        c.reconnect();
+                    }
                     let asked = Instant::now();
                     let fresh = !c.connected();
                     match c.get(path) {
@@ -370,7 +382,7 @@ impl Load {
                             std::thread::sleep(Duration::from_millis(100));
                         }
                     }
-                    std::thread::sleep(pace);
+                    std::thread::sleep(if short_lived { pace * 4 } else { pace });
                 }
             }));
         }
