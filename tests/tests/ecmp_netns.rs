@@ -124,7 +124,10 @@ fn steering_keeps_connections_through_joins_leaves_and_deaths() {
     // (before, only when its lease expired: lease_ttl, 5 s here).
     for i in [0, 3] {
         e.wait_table(i, &["d0", "d3"], Duration::from_secs(10));
-        eprintln!("agent killed: d{i}'s table without d2 {} ms after the kill", table_changed_after(&e, i, killed).as_millis());
+        eprintln!(
+            "agent killed: d{i}'s table without d2 {} ms after the kill",
+            table_changed_after(&e, i, killed).as_millis()
+        );
     }
     std::thread::sleep(Duration::from_secs(2));
     let kill = load.snapshot() - before;
@@ -160,6 +163,9 @@ fn steering_keeps_connections_through_joins_leaves_and_deaths() {
     // reconnect and keep their sessions. The survivors stop steering to it once most of
     // them miss its heartbeats: no new connection fails that begins later than
     // NO_FAILURE_AFTER after the death.
+    // A SYN steered to the dead host is a failed connection, not one its retransmission
+    // after 1 s saves.
+    load.set_new_connect_timeout(Duration::from_millis(900));
     let held = e.held(3);
     let before = load.snapshot();
     let died = Instant::now();
@@ -172,6 +178,15 @@ fn steering_keeps_connections_through_joins_leaves_and_deaths() {
         changed.push(table_changed_after(&e, i, died));
     }
     eprintln!("host died: d0's and d2's tables without d3 after {changed:?}");
+    // Before d3's lease expires: status says who cannot reach whom and why d3 is out.
+    let said = String::from_utf8_lossy(&e.m.cmd(0, &["status"]).stdout).into_owned();
+    let said: Vec<&str> = said
+        .lines()
+        .filter(|l| {
+            l.contains("dispatchers (") || l.contains("heartbeats") || l.contains("out of") || l.contains("change")
+        })
+        .collect();
+    eprintln!("host died: d0's status:\n{}", said.join("\n"));
     let served_all = load.wait_recovered(before, Duration::from_secs(15));
     let death = load.snapshot() - before;
     eprintln!("host died ({held} client connections on it): {death:?} errors {:?}", load.take_errors());
@@ -186,6 +201,12 @@ fn steering_keeps_connections_through_joins_leaves_and_deaths() {
     assert!(
         failed.iter().all(|ms| *ms <= NO_FAILURE_AFTER.as_millis()),
         "new connections that began more than {NO_FAILURE_AFTER:?} after the death failed: {failed:?} ms after it; tables changed after {changed:?}"
+    );
+    assert!(
+        said.iter().any(|l| l.contains("out of the ownership table: d3 (unreachable for d0,d2)"))
+            && said.iter().any(|l| l.contains("d3 UNREACHABLE"))
+            && said.iter().any(|l| l.contains("last change: -d3")),
+        "{said:?}"
     );
     // Besides those, only the connections the dead host held break.
     assert!(

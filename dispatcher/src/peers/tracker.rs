@@ -254,8 +254,15 @@ mod tests {
         assert_eq!(t.heard(SocketAddr::from(([10, 99, 0, 5], 9)), &heartbeat("d2"), t0), Err(Refusal::UnknownSender));
         let mut long = heartbeat("d2");
         long.extend_from_slice(&[0; 100]);
-        for bad in [&b""[..], b"DSPL", b"DSPL\x02\x01\x02d2", b"DSPL\x01\x07\x02d2", b"DSPL\x01\x01\x05d2", b"XXXX\x01\x01\x02d2", &long]
-        {
+        for bad in [
+            &b""[..],
+            b"DSPL",
+            b"DSPL\x02\x01\x02d2",
+            b"DSPL\x01\x07\x02d2",
+            b"DSPL\x01\x01\x05d2",
+            b"XXXX\x01\x01\x02d2",
+            &long,
+        ] {
             assert_eq!(t.heard(addr(5), bad, t0), Err(Refusal::Malformed), "{bad:?}");
         }
         assert_eq!(t.peers()["d2"].received, 0);

@@ -609,7 +609,8 @@ mod tests {
 
     #[test]
     fn heartbeat_addresses_are_unicast_hosts() {
-        for bad in ["127.0.0.1:7405", "0.0.0.0:7405", "255.255.255.255:7405", "224.0.0.1:7405", "10.0.0.1:0", "10.0.0.1", "x"]
+        for bad in
+            ["127.0.0.1:7405", "0.0.0.0:7405", "255.255.255.255:7405", "224.0.0.1:7405", "10.0.0.1:0", "10.0.0.1", "x"]
         {
             assert!(heartbeat_address(bad).is_none(), "{bad}");
             let mut m = serde_json::from_str::<Member>(&member_json("d2", &[], None)).unwrap();
