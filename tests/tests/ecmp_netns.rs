@@ -122,13 +122,14 @@ fn steering_keeps_connections_through_joins_leaves_and_deaths() {
     eprintln!("agent killed: HTTP VIP withdrawn after {} ms", withdrawn.as_millis());
     // The survivors stop hearing its heartbeats and take it out of their tables together
     // (before, only when its lease expired: lease_ttl, 5 s here).
+    let mut kill_changed = Duration::ZERO;
     for i in [0, 3] {
         e.wait_table(i, &["d0", "d3"], Duration::from_secs(10));
-        eprintln!(
-            "agent killed: d{i}'s table without d2 {} ms after the kill",
-            table_changed_after(&e, i, killed).as_millis()
-        );
+        let changed = table_changed_after(&e, i, killed);
+        eprintln!("agent killed: d{i}'s table without d2 {} ms after the kill", changed.as_millis());
+        kill_changed = kill_changed.max(changed);
     }
+    assert!(kill_changed < NO_FAILURE_AFTER, "the killed agent's host left the tables {kill_changed:?} after the kill");
     std::thread::sleep(Duration::from_secs(2));
     let kill = load.snapshot() - before;
     let errors = load.take_errors();
@@ -149,6 +150,11 @@ fn steering_keeps_connections_through_joins_leaves_and_deaths() {
     assert!(
         refused.iter().all(|ms| *ms <= stale.as_millis() + 100),
         "attempts refused that began after the beacon went stale: {refused:?} ms after the kill; {errors:?}"
+    );
+    // Nor after the others took it out of their tables: no SYN is steered to it then.
+    assert!(
+        refused.iter().all(|ms| *ms <= (kill_changed + Duration::from_millis(100)).as_millis()),
+        "attempts refused that began after the tables changed ({kill_changed:?}): {refused:?} ms after the kill"
     );
 
     // d2's agent starts again (its BIRD never stopped): three dispatchers for the death.
@@ -178,6 +184,10 @@ fn steering_keeps_connections_through_joins_leaves_and_deaths() {
         changed.push(table_changed_after(&e, i, died));
     }
     eprintln!("host died: d0's and d2's tables without d3 after {changed:?}");
+    assert!(
+        changed.iter().all(|c| *c < NO_FAILURE_AFTER),
+        "the survivors' tables dropped the dead host {changed:?} after its death"
+    );
     // Before d3's lease expires: status says who cannot reach whom and why d3 is out.
     let said = String::from_utf8_lossy(&e.m.cmd(0, &["status"]).stdout).into_owned();
     let said: Vec<&str> = said
