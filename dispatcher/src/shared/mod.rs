@@ -274,12 +274,7 @@ impl Observer {
                 unreachable: m.unreachable.clone(),
             })
             .collect();
-        let out_unreachable = st
-            .view
-            .out_unreachable()
-            .into_iter()
-            .map(|n| format!("{n} (unreachable for {})", st.view.unreachable_by(&n).join(",")))
-            .collect();
+        let out_unreachable = st.view.out_unreachable_why();
         let liveness = i.liveness.as_ref();
         // Where the dispatchers' own checks disagree.
         let differing = backends
@@ -406,10 +401,8 @@ pub(crate) fn publish_peers(inner: &Inner, v: &view::View) {
         if cur.as_ref() == Some(&peers) {
             return false;
         }
-        let out = v.out_unreachable();
-        if !out.is_empty() {
-            let why: Vec<String> =
-                out.iter().map(|n| format!("{n} (unreachable for {})", v.unreachable_by(n).join(","))).collect();
+        let why = v.out_unreachable_why();
+        if !why.is_empty() {
             tracing::info!(out = ?why, "steering membership: dispatchers out by the others' heartbeats");
         }
         *cur = Some(peers);

@@ -382,6 +382,14 @@ impl View {
         }
     }
 
+    /// `out_unreachable` with who says so, in words: `d2 (unreachable for d0,d3)`.
+    pub fn out_unreachable_why(&self) -> Vec<String> {
+        self.out_unreachable()
+            .into_iter()
+            .map(|n| format!("{n} (unreachable for {})", self.unreachable_by(&n).join(",")))
+            .collect()
+    }
+
     /// Who publishes `name` unreachable.
     pub fn unreachable_by(&self, name: &str) -> Vec<String> {
         self.members.values().filter(|m| m.unreachable.iter().any(|u| u == name)).map(|m| m.name.clone()).collect()
@@ -553,6 +561,7 @@ mod tests {
         assert_eq!(v.out_unreachable(), BTreeSet::from(["d".to_string()]));
         assert_eq!(names(&v), ["a", "b", "c"]);
         assert_eq!(v.unreachable_by("d"), ["a", "b"]);
+        assert_eq!(v.out_unreachable_why(), ["d (unreachable for a,b)"]);
         // Its heartbeats come back: it is in again.
         checker(&mut v, "a", &[]);
         assert_eq!(names(&v), ["a", "b", "c", "d"]);
