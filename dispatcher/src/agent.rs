@@ -325,8 +325,22 @@ impl Store {
         if let (Some(c), Some(mac)) = (&cfg.cluster, steer_mac) {
             Running::own_pin_matches(c, &cfg.interface, mac)?;
         }
+        // Peer heartbeats on the segment steering uses (`peers`): started before the store's
+        // link, which tells them whom to watch and publishes what they hear.
+        let liveness = match (&cfg.cluster, steer_mac) {
+            (Some(c), Some(_)) => {
+                let ip = crate::netif::host_address(&cfg.interface)?;
+                let local = std::net::SocketAddr::new(ip, c.heartbeat_port);
+                let _rt = rt.enter();
+                Some(
+                    crate::peers::Liveness::start(&c.name, local, c.heartbeat_interval, c.heartbeat_misses)
+                        .with_context(|| format!("binding the peer heartbeats to {local} (udp)"))?,
+                )
+            }
+            _ => None,
+        };
         let shared = cfg.cluster.clone().map(|s| {
-            let me = crate::shared::Identity { mac: steer_mac, joined: joined.clone() };
+            let me = crate::shared::Identity { mac: steer_mac, joined: joined.clone(), liveness: liveness.clone() };
             rt.block_on(crate::shared::Shared::start(s, current.clone(), me))
         });
         Ok(Store { shared, steer_mac, joined })

@@ -61,6 +61,10 @@ pub struct SteeringStatus {
     pub previous: Vec<String>,
     pub second_chance_left_s: Option<f64>,
     pub changed_s_ago: Option<f64>,
+    /// What the last change did: `+d3`, `-d2` (why a dispatcher went: `cluster`'s
+    /// `out_unreachable`, or its lease, or its `leave`).
+    #[serde(default)]
+    pub last_change: Option<String>,
     /// Packets sent on to their owner, by second chance, kept here against the table
     /// (a connection from before the change), and not sent for want of TTL.
     pub steered: u64,
@@ -117,6 +121,37 @@ pub struct ClusterStatus {
     /// `[cluster] peers`: the only names a member key may have.
     #[serde(default)]
     pub peers: Vec<String>,
+    /// Where this dispatcher takes peer heartbeats (none: it does not steer).
+    #[serde(default)]
+    pub heartbeat_address: Option<String>,
+    /// The peers whose heartbeats this dispatcher watches, as it hears them.
+    #[serde(default)]
+    pub heartbeats: Vec<PeerStatus>,
+    /// Heartbeats sent, taken, and datagrams refused by reason (`peers::tracker::Refusal`).
+    #[serde(default)]
+    pub heartbeats_sent: u64,
+    #[serde(default)]
+    pub heartbeats_received: u64,
+    #[serde(default)]
+    pub heartbeats_refused: Vec<(String, u64)>,
+    /// Dispatchers out of every ownership table because most others cannot reach them,
+    /// each with who says so: `d2 (unreachable for d0,d3)`.
+    #[serde(default)]
+    pub out_unreachable: Vec<String>,
+}
+
+/// A peer's heartbeats, as this dispatcher hears them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PeerStatus {
+    pub name: String,
+    /// Its published heartbeat address.
+    pub address: String,
+    pub reachable: bool,
+    /// Since its last heartbeat (none: not heard yet).
+    pub last_heard_ms: Option<u64>,
+    pub received: u64,
+    /// Since it last went unreachable or came back.
+    pub changed_s_ago: Option<f64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -134,6 +169,9 @@ pub struct MemberStatus {
     /// It takes connections (false after `dispatcher leave`).
     #[serde(default)]
     pub joined: bool,
+    /// The peers its heartbeats do not reach.
+    #[serde(default)]
+    pub unreachable: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

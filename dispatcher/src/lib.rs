@@ -34,6 +34,7 @@ pub(crate) mod maglev;
 pub(crate) mod metrics;
 pub mod netif;
 pub(crate) mod notify;
+pub mod peers;
 pub(crate) mod ratelimit;
 pub(crate) mod refusals;
 pub mod routes;

@@ -310,30 +310,53 @@ pub struct Load {
     pub errors: Arc<Mutex<Vec<String>>>,
     /// When each refused attempt began (before its SYN left).
     refused_at: Arc<Mutex<Vec<Instant>>>,
+    /// When each request that had to open a new connection and failed began (refused,
+    /// timed out connecting, or reset before its answer).
+    failed_new_at: Arc<Mutex<Vec<Instant>>>,
+    /// How long the short-lived clients give a connection to open, in ms.
+    new_connect_ms: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
 }
 
 impl Load {
     pub fn start(clients: &Ns, http_conns: usize, l4_flows: usize, pace: Duration) -> Load {
+        Load::start_with_new(clients, http_conns, 0, l4_flows, pace)
+    }
+
+    /// The same, and `new_conns` more HTTP clients with sessions that open a new
+    /// connection for every request (at a quarter of the pace): new connections all the
+    /// time, as many short-lived clients make them.
+    pub fn start_with_new(clients: &Ns, http_conns: usize, new_conns: usize, l4_flows: usize, pace: Duration) -> Load {
         let counts = Arc::new(Counts::default());
         let errors = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
         let started = Instant::now();
-        let last_served: Arc<Vec<AtomicU64>> = Arc::new((0..http_conns).map(|_| AtomicU64::new(0)).collect());
+        let last_served: Arc<Vec<AtomicU64>> =
+            Arc::new((0..http_conns + new_conns).map(|_| AtomicU64::new(0)).collect());
         let refused_at = Arc::new(Mutex::new(Vec::new()));
+        let failed_new_at = Arc::new(Mutex::new(Vec::new()));
+        let new_connect_ms = Arc::new(AtomicU64::new(3000));
         let http: SocketAddr = format!("{VIP}:80").parse().unwrap();
-        for n in 0..http_conns {
+        for n in 0..http_conns + new_conns {
             let (counts, errors, stop, ns) = (counts.clone(), errors.clone(), stop.clone(), clients.clone());
-            let (last, refused_at) = (last_served.clone(), refused_at.clone());
+            let short_lived = n >= http_conns;
+            let new_connect_ms = new_connect_ms.clone();
+            let (last, refused_at, failed_new_at) = (last_served.clone(), refused_at.clone(), failed_new_at.clone());
             threads.push(std::thread::spawn(move || {
                 let src = CLIENT_IPS[n % CLIENT_IPS.len()];
                 let mut c = crate::websphere::Client::new(&ns, http).bound_to(src.parse().unwrap());
+
                 let mut first = true;
                 while !stop.load(Ordering::Relaxed) {
                     let path = if first { "/app/new" } else { "/app/again" };
+                    if short_lived {
+                        c.reconnect();
+                        c = c.with_connect_timeout(Duration::from_millis(new_connect_ms.load(Ordering::Relaxed)));
+                    }
                     let asked = Instant::now();
+                    let fresh = !c.connected();
                     match c.get(path) {
                         Ok(r) => {
                             counts.requests.fetch_add(1, Ordering::Relaxed);
@@ -357,12 +380,15 @@ impl Load {
                                 counts.refused.fetch_add(1, Ordering::Relaxed);
                                 refused_at.lock().unwrap().push(asked);
                             }
+                            if fresh {
+                                failed_new_at.lock().unwrap().push(asked);
+                            }
                             counts.failed.fetch_add(1, Ordering::Relaxed);
                             errors.lock().unwrap().push(format!("client {n}: {e}"));
                             std::thread::sleep(Duration::from_millis(100));
                         }
                     }
-                    std::thread::sleep(pace);
+                    std::thread::sleep(if short_lived { pace * 4 } else { pace });
                 }
             }));
         }
@@ -445,12 +471,27 @@ impl Load {
                 }
             }));
         }
-        Load { counts, last_served, started, errors, refused_at, stop, threads }
+        Load { counts, last_served, started, errors, refused_at, failed_new_at, new_connect_ms, stop, threads }
     }
 
     /// When the refused attempts began that began after `t`, as offsets from `t`.
     pub fn refused_after(&self, t: Instant) -> Vec<Duration> {
         self.refused_at.lock().unwrap().iter().filter(|a| **a > t).map(|a| *a - t).collect()
+    }
+
+    /// How long the short-lived clients give a new connection to open (3 s at first).
+    /// Under TCP's first SYN retransmission (1 s), a SYN lost is a failed attempt rather
+    /// than a slow one, and a client is not stuck for long on one attempt: what a death
+    /// test wants to count.
+    pub fn set_new_connect_timeout(&self, t: Duration) {
+        self.new_connect_ms.store(t.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// When the failed attempts on new connections began that began after `t`, as
+    /// offsets from `t` (an attempt is recorded when it fails: up to the 3 s connect
+    /// timeout later).
+    pub fn failed_new_after(&self, t: Instant) -> Vec<Duration> {
+        self.failed_new_at.lock().unwrap().iter().filter(|a| **a > t).map(|a| *a - t).collect()
     }
 
     pub fn snapshot(&self) -> Snapshot {

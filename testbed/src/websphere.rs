@@ -439,6 +439,8 @@ pub struct Client {
     host: Option<String>,
     /// The session cookie `jar` holds (`with_cookie`; default `JSESSIONID`).
     pub cookie: String,
+    /// How long opening a connection may take (`with_connect_timeout`; default 3 s).
+    connect_timeout: Duration,
 }
 
 /// A client connection, plain or TLS (rustls, verifying the server's certificate).
@@ -492,11 +494,21 @@ pub fn tls_client_config(ca_file: &std::path::Path) -> std::sync::Arc<rustls::Cl
 
 /// A TCP connection from `src` (any port) to `to`, within 3 s.
 pub fn connect_from(src: std::net::Ipv4Addr, to: std::net::SocketAddr) -> std::io::Result<TcpStream> {
+    connect_from_within(src, to, Duration::from_secs(3))
+}
+
+/// The same, giving up after `within`.
+pub fn connect_from_within(
+    src: std::net::Ipv4Addr,
+    to: std::net::SocketAddr,
+    within: Duration,
+) -> std::io::Result<TcpStream> {
     use nix::sys::socket::{bind, connect, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, SockaddrIn};
     let fd = socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_CLOEXEC, None)?;
     bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrIn::from(std::net::SocketAddrV4::new(src, 0)))?;
     // connect(2) gives up after the send timeout.
-    setsockopt(&fd, sockopt::SendTimeout, &nix::sys::time::TimeVal::new(3, 0))?;
+    let within = nix::sys::time::TimeVal::new(within.as_secs() as _, within.subsec_micros() as _);
+    setsockopt(&fd, sockopt::SendTimeout, &within)?;
     let std::net::SocketAddr::V4(to) = to else { return Err(std::io::ErrorKind::InvalidInput.into()) };
     connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrIn::from(to))?;
     setsockopt(&fd, sockopt::SendTimeout, &nix::sys::time::TimeVal::new(10, 0))?;
@@ -533,7 +545,15 @@ impl Client {
             tls: None,
             host: None,
             cookie: "JSESSIONID".to_string(),
+            connect_timeout: Duration::from_secs(3),
         }
+    }
+
+    /// Opening a connection fails after `t` (under the 1 s of TCP's first SYN
+    /// retransmission: a SYN lost is a failed connection, not a slow one).
+    pub fn with_connect_timeout(mut self, t: Duration) -> Client {
+        self.connect_timeout = t;
+        self
     }
 
     /// Requests say `Host: <host>` (a virtual host of the cell, `name[:port]`).
@@ -560,6 +580,11 @@ impl Client {
         self
     }
 
+    /// It holds an open connection (the next request does not open one).
+    pub fn connected(&self) -> bool {
+        self.conn.is_some()
+    }
+
     /// Drops the connection; the next request opens a new one.
     pub fn reconnect(&mut self) {
         self.conn = None;
@@ -567,10 +592,10 @@ impl Client {
 
     pub fn get(&mut self, path: &str) -> std::io::Result<Response> {
         if self.conn.is_none() {
-            let (addr, source) = (self.addr, self.source);
+            let (addr, source, within) = (self.addr, self.source, self.connect_timeout);
             let s = self.ns.run(move || match source {
-                Some(src) => connect_from(src, addr),
-                None => TcpStream::connect_timeout(&addr, Duration::from_secs(3)),
+                Some(src) => connect_from_within(src, addr, within),
+                None => TcpStream::connect_timeout(&addr, within),
             })?;
             s.set_read_timeout(Some(Duration::from_secs(10)))?;
             let conn = match &self.tls {

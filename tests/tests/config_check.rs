@@ -103,6 +103,9 @@ insecure_plaintext = true
 steering = true
 second_chance = "300s"
 learn_wait = "250ms"
+heartbeat_interval = "100ms"
+heartbeat_misses = 3
+heartbeat_port = 7405
 
 [announce]
 http_interface = "dsp-http"
@@ -372,6 +375,11 @@ fn every_validation_message_names_line_and_field() {
         ("peers = [\"lb1\", \"lb2@02:00:00:00:00:02\"]", 0, "peers = [\"lb1\", \"lb2@ff:ff:ff:ff:ff:ff\"]", "cluster.peers: `lb2@ff:ff:ff:ff:ff:ff`: write name or name@MAC with a unicast, non-zero MAC", None),
         ("second_chance = \"300s\"", 0, "second_chance = \"10ms\"", "cluster.second_chance: must be at least 1s", None),
         ("learn_wait = \"250ms\"", 0, "learn_wait = \"10s\"", "cluster.learn_wait: must be at most 5s", None),
+        ("heartbeat_interval = \"100ms\"", 0, "heartbeat_interval = \"5ms\"", "cluster.heartbeat_interval: must be at least 10ms", None),
+        ("heartbeat_interval = \"100ms\"", 0, "heartbeat_interval = \"2s\"", "cluster.heartbeat_interval: must be at most 1s (a dead peer is noticed after heartbeat_misses of them)", None),
+        ("heartbeat_misses = 3", 0, "heartbeat_misses = 0", "cluster.heartbeat_misses: must be from 1 to 50", None),
+        ("heartbeat_interval = \"100ms\"\nheartbeat_misses = 3", 0, "heartbeat_interval = \"1s\"\nheartbeat_misses = 20", "cluster.heartbeat_interval: heartbeat_interval x heartbeat_misses must be at most 10s", None),
+        ("heartbeat_port = 7405", 0, "heartbeat_port = 70000", "cluster.heartbeat_port: must be a UDP port from 1 to 65535", None),
         ("steering = true", 0, "steering = \"yes\"", "cluster.steering: expected true or false, got the text \"yes\" (write true without quotes)", None),
         ("http_interface = \"dsp-http\"", 0, "http_interface = \"a-very-long-ifname\"", "announce.http_interface: an interface name: 1 to 15 of [A-Za-z0-9._-]", None),
         ("l4_interface = \"dsp-l4\"", 0, "l4_interface = \"fifteen-chars-x\"", "announce.l4_interface: an interface name: 1 to 14 of [A-Za-z0-9._-]", None),

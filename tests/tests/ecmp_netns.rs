@@ -10,6 +10,9 @@ use dispatcher_testbed::{
 };
 
 const HTTP_CONNS: usize = 24;
+/// Clients that open a new connection for every request: new connections at every moment
+/// of a death.
+const NEW_CONNS: usize = 6;
 const L4_FLOWS: usize = 6;
 const PACE: Duration = Duration::from_millis(25);
 
@@ -20,11 +23,23 @@ fn no_misroutes_or_lost_sessions(e: &Ecmp) {
     assert_eq!(lost, 0, "sessions lost");
 }
 
+/// When dispatcher `i`'s current ownership table was installed, as an offset from `t`
+/// (from its own `status`, not from when a poll saw it).
+fn table_changed_after(e: &Ecmp, i: usize, t: Instant) -> Duration {
+    let ago = e.m.status(i).steering.and_then(|s| s.changed_s_ago).expect("a table");
+    (Instant::now() - Duration::from_secs_f64(ago)).saturating_duration_since(t)
+}
+
+/// The target of issue 31 part 2: a new connection that begins later than this after a
+/// dispatcher's death does not fail (the router's BFD takes 0.5 s; the survivors' peer
+/// heartbeats take it out of their tables within about as long).
+const NO_FAILURE_AFTER: Duration = Duration::from_secs(1);
+
 #[test]
 fn steering_keeps_connections_through_joins_leaves_and_deaths() {
     let mut e = Ecmp::new(4, 4, true);
     e.up(3);
-    let load = Load::start(&e.clients, HTTP_CONNS, L4_FLOWS, PACE);
+    let load = Load::start_with_new(&e.clients, HTTP_CONNS, NEW_CONNS, L4_FLOWS, PACE);
     let warm = load.during(Duration::from_secs(2));
     assert!(warm.requests > 100 && warm.failed == 0, "warm-up: {warm:?} {:?}", load.take_errors());
 
@@ -105,9 +120,16 @@ fn steering_keeps_connections_through_joins_leaves_and_deaths() {
     let withdrawn =
         e.m.wait_for("d2's HTTP VIP withdrawn", Duration::from_secs(2), || !e.next_hops().contains(&dispatcher_ip(2)));
     eprintln!("agent killed: HTTP VIP withdrawn after {} ms", withdrawn.as_millis());
+    // The survivors stop hearing its heartbeats and take it out of their tables together
+    // (before, only when its lease expired: lease_ttl, 5 s here).
+    let mut kill_changed = Duration::ZERO;
     for i in [0, 3] {
         e.wait_table(i, &["d0", "d3"], Duration::from_secs(10));
+        let changed = table_changed_after(&e, i, killed);
+        eprintln!("agent killed: d{i}'s table without d2 {} ms after the kill", changed.as_millis());
+        kill_changed = kill_changed.max(changed);
     }
+    assert!(kill_changed < NO_FAILURE_AFTER, "the killed agent's host left the tables {kill_changed:?} after the kill");
     std::thread::sleep(Duration::from_secs(2));
     let kill = load.snapshot() - before;
     let errors = load.take_errors();
@@ -129,22 +151,79 @@ fn steering_keeps_connections_through_joins_leaves_and_deaths() {
         refused.iter().all(|ms| *ms <= stale.as_millis() + 100),
         "attempts refused that began after the beacon went stale: {refused:?} ms after the kill; {errors:?}"
     );
+    // Nor after the others took it out of their tables: no SYN is steered to it then.
+    assert!(
+        refused.iter().all(|ms| *ms <= (kill_changed + Duration::from_millis(100)).as_millis()),
+        "attempts refused that began after the tables changed ({kill_changed:?}): {refused:?} ms after the kill"
+    );
+
+    // d2's agent starts again (its BIRD never stopped): three dispatchers for the death.
+    e.m.start_dispatcher(2);
+    e.wait_next_hops(&[0, 2, 3], Duration::from_secs(20));
+    for i in [0, 2, 3] {
+        e.wait_table(i, &["d0", "d2", "d3"], Duration::from_secs(10));
+    }
+    std::thread::sleep(Duration::from_secs(1));
 
     // d3's host dies (its link goes down): only connections it terminated break; clients
-    // reconnect and keep their sessions.
+    // reconnect and keep their sessions. The survivors stop steering to it once most of
+    // them miss its heartbeats: no new connection fails that begins later than
+    // NO_FAILURE_AFTER after the death.
+    // A SYN steered to the dead host is a failed connection, not one its retransmission
+    // after 1 s saves.
+    load.set_new_connect_timeout(Duration::from_millis(900));
     let held = e.held(3);
     let before = load.snapshot();
+    let died = Instant::now();
     e.cut_host(3);
-    e.wait_next_hops(&[0], Duration::from_secs(5));
-    e.wait_table(0, &["d0"], Duration::from_secs(10));
+    let routed = e.wait_next_hops(&[0, 2], Duration::from_secs(5));
+    eprintln!("host died: the router dropped it after {} ms", routed.as_millis());
+    let mut changed = Vec::new();
+    for i in [0, 2] {
+        e.wait_table(i, &["d0", "d2"], Duration::from_secs(10));
+        changed.push(table_changed_after(&e, i, died));
+    }
+    eprintln!("host died: d0's and d2's tables without d3 after {changed:?}");
+    assert!(
+        changed.iter().all(|c| *c < NO_FAILURE_AFTER),
+        "the survivors' tables dropped the dead host {changed:?} after its death"
+    );
+    // Before d3's lease expires: status says who cannot reach whom and why d3 is out.
+    let said = String::from_utf8_lossy(&e.m.cmd(0, &["status"]).stdout).into_owned();
+    let said: Vec<&str> = said
+        .lines()
+        .filter(|l| {
+            l.contains("dispatchers (") || l.contains("heartbeats") || l.contains("out of") || l.contains("change")
+        })
+        .collect();
+    eprintln!("host died: d0's status:\n{}", said.join("\n"));
     let served_all = load.wait_recovered(before, Duration::from_secs(15));
     let death = load.snapshot() - before;
     eprintln!("host died ({held} client connections on it): {death:?} errors {:?}", load.take_errors());
     assert!(served_all, "every client is served again after the host died: {death:?}");
-    assert!(death.broken <= held, "only the dead host's connections break ({held}): {death:?}");
     assert_eq!(death.l4_broken, 0, "L4 flows do not terminate on a dispatcher\n{}", e.state_changes());
     let after = load.during(Duration::from_secs(2));
-    assert!(after.failed == 0 && after.requests > 100, "after the death, all served by d0: {after:?}");
+    assert!(after.failed == 0 && after.requests > 100, "after the death, all served by d0 and d2: {after:?}");
+    // Every failed attempt of a new connection has been counted by now (the connect
+    // timeout is 3 s).
+    let failed: Vec<u128> = load.failed_new_after(died).iter().map(|d| d.as_millis()).collect();
+    eprintln!("host died: {} new connections failed, begun {failed:?} ms after the death", failed.len());
+    assert!(
+        failed.iter().all(|ms| *ms <= NO_FAILURE_AFTER.as_millis()),
+        "new connections that began more than {NO_FAILURE_AFTER:?} after the death failed: {failed:?} ms after it; tables changed after {changed:?}"
+    );
+    assert!(
+        said.iter().any(|l| l.contains("out of the ownership table: d3 (unreachable for d0,d2)"))
+            && said.iter().any(|l| l.contains("d3 UNREACHABLE"))
+            && said.iter().any(|l| l.contains("last change: -d3")),
+        "{said:?}"
+    );
+    // Besides those, only the connections the dead host held break.
+    assert!(
+        death.broken <= held + failed.len() as u64,
+        "only the dead host's connections break ({held}, and {} new ones in the first second): {death:?}",
+        failed.len()
+    );
     let total = load.stop();
     eprintln!("total: {total:?}");
     // The backend set never changed: an L4 flow got the same backend from whichever

@@ -769,8 +769,35 @@ const CLUSTER_BACKEND_OUT: Family = Family::gauge(
     "Backends out by the shared rule (most live dispatchers see them down).",
 );
 
+const PEER_REACHABLE: Family = Family::gauge(
+    "dispatcher_peer_reachable",
+    "1 while this dispatcher hears a peer's heartbeats, 0 once it missed heartbeat_misses of them.",
+);
+const PEER_HEARTBEATS: Family =
+    Family::counter("dispatcher_peer_heartbeats_total", "Peer heartbeats sent and received (taken).");
+const PEER_REFUSED: Family =
+    Family::counter("dispatcher_peer_datagrams_refused_total", "Datagrams on the peer channel not taken, by reason.");
+const PEER_OUT: Family = Family::gauge(
+    "dispatcher_steering_out_unreachable",
+    "Dispatchers out of every ownership table because most of the others cannot reach them.",
+);
+
 /// `[cluster]`: the shared store and the shared rule.
 fn cluster_section(o: &mut Exposition, s: &crate::api::ClusterStatus, c: &Servers) {
+    if s.heartbeat_address.is_some() {
+        o.family(&PEER_REACHABLE);
+        for p in &s.heartbeats {
+            o.sample(&[("peer", &p.name)], p.reachable as u64);
+        }
+        o.family(&PEER_HEARTBEATS);
+        o.sample(&[("direction", "sent")], s.heartbeats_sent);
+        o.sample(&[("direction", "received")], s.heartbeats_received);
+        o.family(&PEER_REFUSED);
+        for (reason, n) in &s.heartbeats_refused {
+            o.sample(&[("reason", reason)], n);
+        }
+        o.single(&PEER_OUT, s.out_unreachable.len());
+    }
     for (family, value) in &CLUSTER_SERIES {
         o.single(family, value(s));
     }
@@ -830,6 +857,11 @@ mod tests {
         let cluster = crate::api::ClusterStatus {
             store: "connected".into(),
             refused_keys: vec![("bad\"key".into(), 2)],
+            heartbeat_address: Some("10.99.0.3:7405".into()),
+            heartbeats: vec![crate::api::PeerStatus { name: "d2".into(), reachable: false, ..Default::default() }],
+            heartbeats_sent: 5,
+            heartbeats_refused: vec![("unknown_sender".into(), 1)],
+            out_unreachable: vec!["d2 (unreachable for d0,d1)".into()],
             ..Default::default()
         };
         cluster_section(&mut o, &cluster, &c);
@@ -849,6 +881,10 @@ mod tests {
         assert_eq!(get("dispatcher_route_requests_total", "route=\"0\",farm=\"app\""), None, "no configured route");
         assert_eq!(get("dispatcher_cluster_store_up", ""), Some(1.0));
         assert_eq!(get("dispatcher_cluster_refused_keys_total", "reason=\"bad\\\"key\""), Some(2.0));
+        assert_eq!(get("dispatcher_peer_reachable", "peer=\"d2\""), Some(0.0));
+        assert_eq!(get("dispatcher_peer_heartbeats_total", "direction=\"sent\""), Some(5.0));
+        assert_eq!(get("dispatcher_peer_datagrams_refused_total", "reason=\"unknown_sender\""), Some(1.0));
+        assert_eq!(get("dispatcher_steering_out_unreachable", ""), Some(1.0));
         assert_eq!(get("dispatcher_client_connections_refused_total", "reason=\"source_rate\""), Some(0.0));
         assert!(!text.contains("dispatcher_tls_"), "no HTTPS VIP, no TLS families");
         let version = format!("version=\"{}\"", env!("CARGO_PKG_VERSION"));

@@ -479,6 +479,9 @@ fn steering_section(o: &mut String, s: Option<&dispatcher::api::SteeringStatus>,
         "steering: {}; table {table}",
         if s.joined { "joined" } else { "LEFT (connections close after their next response)" }
     );
+    if let (Some(ago), Some(what)) = (s.changed_s_ago, &s.last_change) {
+        let _ = writeln!(o, "  last change: {what}, {ago:.1} s ago");
+    }
     if !s.previous.is_empty() {
         let _ = writeln!(
             o,
@@ -520,16 +523,47 @@ fn cluster_section(o: &mut String, c: &dispatcher::api::ClusterStatus) {
         .iter()
         .map(|m| {
             let left = if m.mac.is_some() && !m.joined { " [left]" } else { "" };
-            if m.down.is_empty() {
+            let mut says = Vec::new();
+            if !m.down.is_empty() {
+                says.push(format!("sees down: {}", m.down.join(",")));
+            }
+            if !m.unreachable.is_empty() {
+                says.push(format!("cannot reach: {}", m.unreachable.join(",")));
+            }
+            if says.is_empty() {
                 format!("{}{left}", m.name)
             } else {
-                format!("{}{left} (sees down: {})", m.name, m.down.join(","))
+                format!("{}{left} ({})", m.name, says.join("; "))
             }
         })
         .collect();
     let _ = writeln!(o, "  live dispatchers ({}): {}", c.members.len(), members.join(", "));
     for d in &c.differing {
         let _ = writeln!(o, "  views differ: {d}");
+    }
+    if let Some(a) = &c.heartbeat_address {
+        let peers: Vec<String> = c
+            .heartbeats
+            .iter()
+            .map(|p| {
+                let heard = p.last_heard_ms.map_or("never heard".to_string(), |ms| format!("heard {ms} ms ago"));
+                let state = if p.reachable { "alive" } else { "UNREACHABLE" };
+                format!("{} {state} ({heard})", p.name)
+            })
+            .collect();
+        let refused: Vec<String> =
+            c.heartbeats_refused.iter().filter(|(_, n)| *n > 0).map(|(r, n)| format!(" {r}={n}")).collect();
+        let _ = writeln!(
+            o,
+            "  heartbeats on {a}: {}; sent {}, received {}{}",
+            if peers.is_empty() { "no peer".to_string() } else { peers.join(", ") },
+            c.heartbeats_sent,
+            c.heartbeats_received,
+            if refused.is_empty() { String::new() } else { format!(", refused{}", refused.join("")) }
+        );
+    }
+    for d in &c.out_unreachable {
+        let _ = writeln!(o, "  out of the ownership table: {d}");
     }
     let ops = if c.operators.is_empty() { "none".to_string() } else { c.operators.join(" ") };
     let _ = writeln!(

@@ -341,6 +341,13 @@ pub struct ClusterSettings {
     pub second_chance: Duration,
     /// How long a request whose clone IDs no one here knows waits for the shared table.
     pub learn_wait: Duration,
+    /// Peer liveness (`peers`): a heartbeat to every other steering dispatcher this often,
+    /// over UDP on the segment steering uses.
+    pub heartbeat_interval: Duration,
+    /// Heartbeats missed in a row before a peer is published unreachable.
+    pub heartbeat_misses: u32,
+    /// The UDP port the heartbeats are sent from and to (the same on every dispatcher).
+    pub heartbeat_port: u16,
 }
 
 /// How the link to etcd is secured (`[cluster]` `ca_file`, `cert`/`key`, `username` +
@@ -408,6 +415,15 @@ impl ClusterSettings {
     pub const DEFAULT_SECOND_CHANCE: Duration = Duration::from_secs(300);
     /// Well above the time a learned ID takes to reach the others (tens of ms measured).
     pub const DEFAULT_LEARN_WAIT: Duration = Duration::from_millis(250);
+    /// With `DEFAULT_HEARTBEAT_MISSES`: a dead peer is published unreachable 300-400 ms
+    /// after its death, within the router's BFD time (500 ms).
+    pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_millis(100);
+    pub const DEFAULT_HEARTBEAT_MISSES: u32 = 3;
+    pub const DEFAULT_HEARTBEAT_PORT: u16 = 7405;
+    /// Bounds of `heartbeat_interval` and `heartbeat_misses`.
+    pub const MIN_HEARTBEAT_INTERVAL: Duration = Duration::from_millis(10);
+    pub const MAX_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
+    pub const MAX_HEARTBEAT_MISSES: u32 = 50;
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -80,6 +80,25 @@ pub fn hardware_address(name: &str) -> anyhow::Result<[u8; 6]> {
     Ok([data[0] as u8, data[1] as u8, data[2] as u8, data[3] as u8, data[4] as u8, data[5] as u8])
 }
 
+/// The first IPv4 address of `name` (else its first IPv6 address that is not
+/// link-local): where the peer channel listens on the segment steering uses.
+pub fn host_address(name: &str) -> anyhow::Result<std::net::IpAddr> {
+    let mut v6 = None;
+    for a in nix::ifaddrs::getifaddrs()?.filter(|a| a.interface_name == name) {
+        let Some(addr) = a.address else { continue };
+        if let Some(v4) = addr.as_sockaddr_in() {
+            return Ok(std::net::IpAddr::V4(v4.ip()));
+        }
+        if let Some(s6) = addr.as_sockaddr_in6() {
+            let ip = s6.ip();
+            if v6.is_none() && (ip.segments()[0] & 0xffc0) != 0xfe80 {
+                v6 = Some(std::net::IpAddr::V6(ip));
+            }
+        }
+    }
+    v6.ok_or_else(|| anyhow::anyhow!("{name} has no IP address (the peer heartbeats go from and to it)"))
+}
+
 pub fn exists(name: &str) -> bool {
     nix::net::if_::if_nametoindex(name).is_ok()
 }

@@ -10,7 +10,10 @@
 //!   under its membership lease; a backend is out everywhere when more than half of the
 //!   live dispatchers see it down (`view::View::out_by_majority`), and out here at once
 //!   when this dispatcher's own checks see it down;
-//! - membership: one leased key per dispatcher.
+//! - membership: one leased key per dispatcher; with steering, it also says where the
+//!   dispatcher takes peer heartbeats and which peers it cannot reach (`peers`); a peer
+//!   most others cannot reach is out of every ownership table
+//!   (`view::View::out_unreachable`).
 //!
 //! Nothing per request goes to the store: writes happen on learning a new ID, on a change
 //! of a verdict or an operator's state, and at a session's start; leases are renewed.
@@ -105,12 +108,15 @@ pub(crate) struct Inner {
     pub(crate) joined: Arc<std::sync::atomic::AtomicBool>,
     /// The steering membership, on every change of the members.
     pub(crate) peers: tokio::sync::watch::Sender<Option<Vec<crate::steering::Peer>>>,
+    /// Peer heartbeats (with steering): told the live members, read for the member key.
+    pub(crate) liveness: Option<Arc<crate::peers::Liveness>>,
 }
 
 /// Who this dispatcher is besides its name: what steering needs from the others.
 pub struct Identity {
     pub mac: Option<[u8; 6]>,
     pub joined: Arc<std::sync::atomic::AtomicBool>,
+    pub liveness: Option<Arc<crate::peers::Liveness>>,
 }
 
 pub(crate) struct StoreState {
@@ -133,6 +139,8 @@ pub struct Shared {
     listener: tokio::task::JoinHandle<()>,
     /// `task`'s inbox, for what the link and the agent ask for themselves.
     inbox: mpsc::UnboundedSender<Publish>,
+    /// Writes the member key again when the peers this dispatcher cannot reach change.
+    heartbeats: Option<tokio::task::JoinHandle<()>>,
     lease: Arc<Mutex<Option<(etcd_client::Client, i64)>>>,
 }
 
@@ -170,10 +178,22 @@ impl Shared {
             mac: me.mac,
             joined: me.joined,
             peers: tokio::sync::watch::Sender::new(None),
+            liveness: me.liveness.clone(),
             started_unix: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
+        });
+        let heartbeats = me.liveness.map(|l| {
+            let to_task = tx.clone();
+            tokio::spawn(async move {
+                loop {
+                    l.changed().await;
+                    if to_task.send(Publish::Verdicts).is_err() {
+                        return;
+                    }
+                }
+            })
         });
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         let lease = Arc::new(Mutex::new(None));
@@ -186,7 +206,7 @@ impl Shared {
                 "the shared store did not answer: serving with this dispatcher's own state until it does"
             ),
         }
-        Shared { inner, task, listener, inbox: tx, lease }
+        Shared { inner, task, listener, inbox: tx, heartbeats, lease }
     }
 
     /// Leaves the cluster: the lease is revoked, so that the others stop counting this
@@ -194,6 +214,9 @@ impl Shared {
     pub async fn leave(self) {
         self.task.abort();
         self.listener.abort();
+        if let Some(h) = &self.heartbeats {
+            h.abort();
+        }
         let held = self.lease.lock().unwrap().take();
         if let Some((mut client, id)) = held {
             let t = self.inner.settings.request_timeout;
@@ -248,8 +271,11 @@ impl Observer {
                 down: m.down.clone(),
                 mac: m.mac.clone(),
                 joined: m.joined,
+                unreachable: m.unreachable.clone(),
             })
             .collect();
+        let out_unreachable = st.view.out_unreachable_why();
+        let liveness = i.liveness.as_ref();
         // Where the dispatchers' own checks disagree.
         let differing = backends
             .iter()
@@ -291,6 +317,12 @@ impl Observer {
             security: i.settings.security.describe(),
             insecure: i.settings.security.insecure(),
             peers: i.current.read().unwrap().0.cluster.as_ref().map(|c| c.peers.clone()).unwrap_or_default(),
+            heartbeat_address: liveness.map(|l| l.address().to_string()),
+            heartbeats: liveness.map(|l| l.status()).unwrap_or_default(),
+            heartbeats_sent: liveness.map_or(0, |l| l.counters.sent.load(Ordering::Relaxed)),
+            heartbeats_received: liveness.map_or(0, |l| l.counters.received.load(Ordering::Relaxed)),
+            heartbeats_refused: liveness.map(|l| l.refused()).unwrap_or_default(),
+            out_unreachable,
         }
     }
 }
@@ -358,12 +390,20 @@ fn keep_pending(inner: &Inner, p: Publish) {
     q.push_back(p);
 }
 
-/// Tells steering the membership (when it changed).
+/// Tells steering the membership (when it changed), and the peer heartbeats whom to
+/// watch.
 pub(crate) fn publish_peers(inner: &Inner, v: &view::View) {
+    if let Some(l) = &inner.liveness {
+        l.set_targets(&v.heartbeat_targets(&inner.settings.name));
+    }
     let peers = v.steering_peers();
     inner.peers.send_if_modified(|cur| {
         if cur.as_ref() == Some(&peers) {
             return false;
+        }
+        let why = v.out_unreachable_why();
+        if !why.is_empty() {
+            tracing::info!(out = ?why, "steering membership: dispatchers out by the others' heartbeats");
         }
         *cur = Some(peers);
         true
@@ -425,6 +465,8 @@ fn member_value(inner: &Inner) -> String {
         down,
         mac: inner.mac.map(|m| crate::mac::format_mac(&m)),
         joined: inner.joined.load(Ordering::Relaxed),
+        heartbeat: inner.liveness.as_ref().map(|l| l.address().to_string()),
+        unreachable: inner.liveness.as_ref().map(|l| l.unreachable()).unwrap_or_default(),
     };
     serde_json::to_string(&m).unwrap_or_default()
 }

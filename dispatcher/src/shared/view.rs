@@ -5,7 +5,7 @@
 //!
 //! | key | value | written by | lifetime |
 //! |---|---|---|---|
-//! | `members/<dispatcher>` | JSON `Member`: who, and the backends its own checks see down | that dispatcher, at start and on a change of its verdicts | its lease |
+//! | `members/<dispatcher>` | JSON `Member`: who, the backends its own checks see down, the peers its heartbeats do not reach | that dispatcher, at start and on a change of its verdicts | its lease |
 //! | `operator/<backend>` | `drain` or `disabled` (absent: none) | any dispatcher, on an operator's command | until the next command |
 //! | `clones/<clone or partition ID>` | backend name | the first dispatcher that learned it (create-if-absent) | kept |
 //!
@@ -44,6 +44,14 @@ pub struct Member {
     /// `dispatcher leave`, while its own connections finish).
     #[serde(default)]
     pub joined: bool,
+    /// Where it sends and takes peer heartbeats (`peers`): `ip:port` on the segment it
+    /// steers over; none: it checks nobody and nobody checks it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat: Option<String>,
+    /// The peers its heartbeats do not reach (`peers::Tracker`): a peer is out of every
+    /// ownership table when most of the others say so (`View::out_unreachable`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreachable: Vec<String>,
 }
 
 /// Why a key was not taken.
@@ -61,6 +69,8 @@ pub enum Refusal {
     UnknownMember,
     /// A member MAC that is not a unicast, non-zero address.
     BadMac,
+    /// A member heartbeat address that is not `ip:port` of a unicast host address.
+    BadAddress,
     /// An operator key or a clone for a backend the configuration does not have.
     UnknownBackend,
     /// A clone ID that is empty, too long or not printable.
@@ -70,13 +80,14 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    pub const ALL: [Refusal; 9] = [
+    pub const ALL: [Refusal; 10] = [
         Refusal::UnknownKey,
         Refusal::Malformed,
         Refusal::TooLarge,
         Refusal::NoLease,
         Refusal::UnknownMember,
         Refusal::BadMac,
+        Refusal::BadAddress,
         Refusal::UnknownBackend,
         Refusal::BadId,
         Refusal::TableFull,
@@ -91,6 +102,7 @@ impl Refusal {
             Refusal::NoLease => "no_lease",
             Refusal::UnknownMember => "unknown_member",
             Refusal::BadMac => "bad_mac",
+            Refusal::BadAddress => "bad_address",
             Refusal::UnknownBackend => "unknown_backend",
             Refusal::BadId => "bad_id",
             Refusal::TableFull => "table_full",
@@ -184,11 +196,13 @@ pub fn operator_value(op: Operator) -> Option<&'static str> {
 }
 
 impl View {
-    /// The dispatchers that take HTTP connections: joined, with a MAC.
+    /// The dispatchers that take HTTP connections: joined, with a MAC, and not
+    /// unreachable by the others' word (`out_unreachable`).
     pub fn steering_peers(&self) -> Vec<crate::steering::Peer> {
+        let out = self.out_unreachable();
         self.members
             .values()
-            .filter(|m| m.joined)
+            .filter(|m| m.joined && !out.contains(&m.name))
             .filter_map(|m| {
                 let mac = crate::mac::parse_mac(m.mac.as_deref()?).ok()?;
                 Some(crate::steering::Peer { name: m.name.clone(), mac })
@@ -274,10 +288,17 @@ impl View {
                 return Err(Refusal::BadMac);
             }
         }
-        // Verdicts on backends this configuration does not have decide nothing.
+        if let Some(a) = &m.heartbeat {
+            heartbeat_address(a).ok_or(Refusal::BadAddress)?;
+        }
+        // Verdicts on backends this configuration does not have decide nothing, nor do
+        // words on peers it does not list (nor on itself).
         m.down.retain(|b| policy.backends.contains(b));
         m.down.sort();
         m.down.dedup();
+        m.unreachable.retain(|p| policy.peers.contains(p) && p != name);
+        m.unreachable.sort();
+        m.unreachable.dedup();
         self.members.insert(name.to_string(), m);
         Ok(Change::Verdicts)
     }
@@ -327,6 +348,62 @@ impl View {
         live > 0 && down * 2 > live
     }
 
+    /// The dispatchers out of every ownership table because their heartbeats do not reach
+    /// the others: a dispatcher that sends heartbeats (`Member::heartbeat`) is out when
+    /// more than half of the other live ones that send heartbeats, and are not out
+    /// themselves, publish it unreachable. Those out are taken one at a time, the most
+    /// accused first (then by name), until no one else qualifies, so that two that only
+    /// lost each other (a split of two) do not both go: the second has no accuser left.
+    /// The last one is never out. Every dispatcher evaluates this on the same keys and so
+    /// installs the same table; one that alone misses a peer's heartbeats moves nothing.
+    pub fn out_unreachable(&self) -> BTreeSet<String> {
+        let checkers: Vec<&Member> = self.members.values().filter(|m| m.heartbeat.is_some()).collect();
+        let mut out = BTreeSet::new();
+        // (accusers, others) of `name`, among those not out.
+        let tally = |name: &str, out: &BTreeSet<String>| {
+            let others = checkers.iter().filter(|c| c.name != name && !out.contains(&c.name));
+            let accusers = others.clone().filter(|c| c.unreachable.iter().any(|u| u == name)).count();
+            (accusers, others.count())
+        };
+        loop {
+            let next = checkers
+                .iter()
+                .filter(|m| !out.contains(&m.name))
+                .map(|m| (tally(&m.name, &out), &m.name))
+                .filter(|((accusers, others), _)| accusers * 2 > *others)
+                // The most accused first, then by name.
+                .min_by(|((a, _), x), ((b, _), y)| b.cmp(a).then(x.cmp(y)));
+            match next {
+                Some((_, name)) => {
+                    out.insert(name.clone());
+                }
+                None => return out,
+            }
+        }
+    }
+
+    /// `out_unreachable` with who says so, in words: `d2 (unreachable for d0,d3)`.
+    pub fn out_unreachable_why(&self) -> Vec<String> {
+        self.out_unreachable()
+            .into_iter()
+            .map(|n| format!("{n} (unreachable for {})", self.unreachable_by(&n).join(",")))
+            .collect()
+    }
+
+    /// Who publishes `name` unreachable.
+    pub fn unreachable_by(&self, name: &str) -> Vec<String> {
+        self.members.values().filter(|m| m.unreachable.iter().any(|u| u == name)).map(|m| m.name.clone()).collect()
+    }
+
+    /// Where to send heartbeats: every other live member that takes them (`me` excluded).
+    pub fn heartbeat_targets(&self, me: &str) -> Vec<(String, std::net::SocketAddr)> {
+        self.members
+            .values()
+            .filter(|m| m.name != me)
+            .filter_map(|m| Some((m.name.clone(), heartbeat_address(m.heartbeat.as_deref()?)?)))
+            .collect()
+    }
+
     /// The live dispatchers that see `backend` down.
     pub fn seen_down_by(&self, backend: &str) -> Vec<String> {
         self.members.values().filter(|m| m.down.iter().any(|d| d == backend)).map(|m| m.name.clone()).collect()
@@ -336,6 +413,18 @@ impl View {
 /// The member name of a `members/<name>` key under `prefix`.
 fn member_name<'a>(prefix: &str, key: &'a [u8]) -> Option<&'a str> {
     std::str::from_utf8(key).ok()?.strip_prefix(prefix)?.strip_prefix("/members/").filter(|n| !n.contains('/'))
+}
+
+/// A member's heartbeat address: `ip:port` of a unicast host address (never loopback,
+/// unspecified, multicast or broadcast: heartbeats go there), port not 0.
+pub fn heartbeat_address(a: &str) -> Option<std::net::SocketAddr> {
+    let sa: std::net::SocketAddr = a.parse().ok()?;
+    let ip = sa.ip();
+    let bad = ip.is_loopback()
+        || ip.is_unspecified()
+        || ip.is_multicast()
+        || matches!(ip, std::net::IpAddr::V4(v4) if v4.is_broadcast());
+    (!bad && sa.port() != 0).then_some(sa)
 }
 
 /// A clone, partition or logical-server ID as the dispatchers share and keep it: 1 to
@@ -366,6 +455,8 @@ mod tests {
             down: down.iter().map(|d| d.to_string()).collect(),
             mac: Some(format!("02:00:00:00:00:{:02x}", name.len())),
             joined: name != "left",
+            heartbeat: None,
+            unreachable: Vec::new(),
         };
         let json = serde_json::to_string(&m).unwrap();
         assert_eq!(v.apply(&pol(), P, member_key(P, name).as_bytes(), Some(json.as_bytes()), 7), Change::Verdicts);
@@ -433,6 +524,122 @@ mod tests {
         assert!(!v.out_by_majority("b1"), "another backend's verdicts are not this one's");
     }
 
+    /// A member that sends heartbeats from `02:..`'s address and publishes `unreachable`.
+    fn checker(v: &mut View, name: &str, unreachable: &[&str]) {
+        let m = Member {
+            name: name.into(),
+            started: 1,
+            pid: 2,
+            version: "x".into(),
+            down: Vec::new(),
+            mac: Some(format!("02:00:00:00:00:{:02x}", name.len())),
+            joined: true,
+            heartbeat: Some("10.0.0.1:7405".into()),
+            unreachable: unreachable.iter().map(|u| u.to_string()).collect(),
+        };
+        let json = serde_json::to_string(&m).unwrap();
+        assert_eq!(v.apply(&pol(), P, member_key(P, name).as_bytes(), Some(json.as_bytes()), 7), Change::Verdicts);
+    }
+
+    fn names(v: &View) -> Vec<String> {
+        v.steering_peers().into_iter().map(|p| p.name).collect()
+    }
+
+    #[test]
+    fn a_peer_is_out_of_the_table_when_most_others_cannot_reach_it() {
+        let mut v = View::default();
+        for m in ["a", "b", "c", "d"] {
+            checker(&mut v, m, &[]);
+        }
+        // One of three others losing d's heartbeats moves nothing (it alone would steer
+        // differently from the others).
+        checker(&mut v, "a", &["d"]);
+        assert!(v.out_unreachable().is_empty());
+        assert_eq!(names(&v), ["a", "b", "c", "d"]);
+        // Two of three: out, from everybody's table, d's own included.
+        checker(&mut v, "b", &["d"]);
+        assert_eq!(v.out_unreachable(), BTreeSet::from(["d".to_string()]));
+        assert_eq!(names(&v), ["a", "b", "c"]);
+        assert_eq!(v.unreachable_by("d"), ["a", "b"]);
+        assert_eq!(v.out_unreachable_why(), ["d (unreachable for a,b)"]);
+        // Its heartbeats come back: it is in again.
+        checker(&mut v, "a", &[]);
+        assert_eq!(names(&v), ["a", "b", "c", "d"]);
+        // A dead dispatcher's last word still counts as a voice, not as an accusation:
+        // the three others all see it gone.
+        checker(&mut v, "a", &["d"]);
+        checker(&mut v, "c", &["d"]);
+        checker(&mut v, "b", &["d"]);
+        assert_eq!(names(&v), ["a", "b", "c"]);
+        // Its lease expires: it is gone as a member, and the words on it decide nothing.
+        v.apply(&pol(), P, member_key(P, "d").as_bytes(), None, 0);
+        assert_eq!(names(&v), ["a", "b", "c"]);
+        assert!(v.out_unreachable().is_empty());
+
+        // Two left: the one the other cannot reach is out.
+        let mut v = View::default();
+        checker(&mut v, "a", &["b"]);
+        checker(&mut v, "b", &[]);
+        assert_eq!(names(&v), ["a"]);
+        // Two that lost each other (both alive, a split): only one goes, the same one
+        // for everybody, and never both.
+        checker(&mut v, "b", &["a"]);
+        assert_eq!(names(&v), ["b"], "the first by name goes; the other has no accuser left");
+        // One alone is never out, whatever it says.
+        let mut v = View::default();
+        checker(&mut v, "a", &["a"]);
+        assert_eq!(names(&v), ["a"]);
+
+        // A dispatcher that accuses everybody (its own receiving side is broken) takes
+        // nobody out; the others' word on it decides.
+        let mut v = View::default();
+        checker(&mut v, "a", &["b", "c", "d"]);
+        for m in ["b", "c", "d"] {
+            checker(&mut v, m, &[]);
+        }
+        assert_eq!(names(&v), ["a", "b", "c", "d"]);
+        // Taken one at a time: with d gone silent for all, d goes first; then c, whom a
+        // and b cannot reach, is out by two of the two others left (2 of 3 before d went
+        // would have been enough too).
+        checker(&mut v, "a", &["c", "d"]);
+        checker(&mut v, "b", &["c", "d"]);
+        checker(&mut v, "c", &["d"]);
+        assert_eq!(names(&v), ["a", "b"]);
+        // Members without heartbeats (an older version) are neither judged nor judges.
+        let mut v = View::default();
+        member(&mut v, "d1");
+        checker(&mut v, "a", &["d1"]);
+        checker(&mut v, "b", &["d1"]);
+        assert_eq!(names(&v), ["a", "b", "d1"]);
+        // Names the configuration does not list, and itself, are dropped from its word.
+        checker(&mut v, "c", &["evil", "c", "a"]);
+        assert_eq!(v.members["c"].unreachable, ["a"]);
+    }
+
+    #[test]
+    fn heartbeat_addresses_are_unicast_hosts() {
+        for bad in
+            ["127.0.0.1:7405", "0.0.0.0:7405", "255.255.255.255:7405", "224.0.0.1:7405", "10.0.0.1:0", "10.0.0.1", "x"]
+        {
+            assert!(heartbeat_address(bad).is_none(), "{bad}");
+            let mut m = serde_json::from_str::<Member>(&member_json("d2", &[], None)).unwrap();
+            m.heartbeat = Some(bad.into());
+            let json = serde_json::to_string(&m).unwrap();
+            let mut v = View::default();
+            assert_eq!(
+                v.apply(&pol(), P, member_key(P, "d2").as_bytes(), Some(json.as_bytes()), 5),
+                Change::Refused(Refusal::BadAddress),
+                "{bad}"
+            );
+        }
+        assert!(heartbeat_address("10.99.0.3:7405").is_some());
+        assert!(heartbeat_address("[fd00::3]:7405").is_some());
+        let mut v = View::default();
+        checker(&mut v, "a", &[]);
+        checker(&mut v, "b", &[]);
+        assert_eq!(v.heartbeat_targets("a"), vec![("b".to_string(), "10.0.0.1:7405".parse().unwrap())]);
+    }
+
     #[test]
     fn keys_parse_and_bad_values_are_ignored() {
         let mut v = View::default();
@@ -468,6 +675,8 @@ mod tests {
             down: vec![],
             mac: None,
             joined: true,
+            heartbeat: None,
+            unreachable: Vec::new(),
         })
         .unwrap();
         assert_eq!(
@@ -488,6 +697,8 @@ mod tests {
             down: down.iter().map(|d| d.to_string()).collect(),
             mac: mac.map(str::to_string),
             joined: true,
+            heartbeat: None,
+            unreachable: Vec::new(),
         })
         .unwrap()
     }

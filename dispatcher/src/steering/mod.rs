@@ -77,6 +77,8 @@ struct State {
     previous: Vec<(Installed, Instant)>,
     generation: u32,
     changed: Option<Instant>,
+    /// What the last change did (`+d3 -d2`).
+    change: Option<String>,
 }
 
 /// Earlier tables kept at once: two changes within the second-chance time lose nothing.
@@ -129,7 +131,7 @@ impl Steering {
             mac,
             second_chance,
             joined,
-            state: Mutex::new(State { current: None, previous: Vec::new(), generation, changed: None }),
+            state: Mutex::new(State { current: None, previous: Vec::new(), generation, changed: None, change: None }),
             last: Mutex::new(None),
             conf: Mutex::new(SteerConf::default()),
             wake: tokio::sync::Notify::new(),
@@ -221,11 +223,20 @@ impl Steering {
             previous.insert(0, (c.clone(), Instant::now() + self.second_chance));
         }
         previous.truncate(KEPT_PREVIOUS);
+        let was = st.current.as_ref().map(|c| c.table.names()).unwrap_or_default();
+        let now = table.names();
+        let change: Vec<String> = now
+            .iter()
+            .filter(|n| !was.contains(n))
+            .map(|n| format!("+{n}"))
+            .chain(was.iter().filter(|n| !now.contains(n)).map(|n| format!("-{n}")))
+            .collect();
         let next = State {
             current: Some(Installed { index, table: table.clone() }),
             previous,
             generation: st.generation.wrapping_add(1),
             changed: Some(Instant::now()),
+            change: Some(change.join(" ")),
         };
         if let Err(e) = self.write_state(&next) {
             tracing::warn!(error = %e, "writing STEER_CONF: the membership change is not applied");
@@ -261,8 +272,13 @@ impl Steering {
         let now = Instant::now();
         if st.previous.iter().any(|(_, u)| *u <= now) {
             let kept: Vec<(Installed, Instant)> = st.previous.clone().into_iter().filter(|(_, u)| *u > now).collect();
-            let next =
-                State { current: st.current.clone(), previous: kept, generation: st.generation, changed: st.changed };
+            let next = State {
+                current: st.current.clone(),
+                previous: kept,
+                generation: st.generation,
+                changed: st.changed,
+                change: st.change.clone(),
+            };
             match self.write_state(&next) {
                 Ok(()) => {
                     tracing::info!(generation = st.generation, "earlier ownership table dropped (second chance over)");
@@ -288,6 +304,7 @@ impl Steering {
                 .map(|(_, u)| u.saturating_duration_since(Instant::now()).as_secs_f64())
                 .reduce(f64::max),
             changed_s_ago: st.changed.map(|c| c.elapsed().as_secs_f64()),
+            last_change: st.change.clone(),
             steered: counters[0],
             second_chances: counters[1],
             kept_local: counters[2],

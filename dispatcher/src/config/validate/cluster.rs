@@ -52,8 +52,12 @@ impl Ctx<'_> {
             ClusterSettings::DEFAULT_SECOND_CHANCE,
         );
         let learn_wait = self.learn_wait(c);
+        let (heartbeat_interval, heartbeat_misses, heartbeat_port) = self.heartbeats(c);
         ClusterSettings {
             learn_wait,
+            heartbeat_interval,
+            heartbeat_misses,
+            heartbeat_port,
             name: c.name.get_ref().clone(),
             endpoints,
             peers,
@@ -185,6 +189,62 @@ impl Ctx<'_> {
                 d
             }
         }
+    }
+
+    /// `heartbeat_interval`, `heartbeat_misses`, `heartbeat_port`: peer liveness
+    /// (`peers`), bounded so that a dead peer is noticed within seconds at most and the
+    /// heartbeats cost a fixed, small rate.
+    fn heartbeats(&self, c: &RawCluster) -> (Duration, u32, u16) {
+        let interval = match &c.heartbeat_interval {
+            None => ClusterSettings::DEFAULT_HEARTBEAT_INTERVAL,
+            Some(v) => {
+                let d = self
+                    .duration(v, "cluster.heartbeat_interval", ClusterSettings::MIN_HEARTBEAT_INTERVAL)
+                    .unwrap_or(ClusterSettings::DEFAULT_HEARTBEAT_INTERVAL);
+                if d > ClusterSettings::MAX_HEARTBEAT_INTERVAL {
+                    self.report(
+                        v.span(),
+                        "cluster.heartbeat_interval",
+                        "must be at most 1s (a dead peer is noticed after heartbeat_misses of them)",
+                    );
+                }
+                d
+            }
+        };
+        let misses = match &c.heartbeat_misses {
+            None => ClusterSettings::DEFAULT_HEARTBEAT_MISSES,
+            Some(v) => match u32::try_from(*v.get_ref()) {
+                Ok(n) if (1..=ClusterSettings::MAX_HEARTBEAT_MISSES).contains(&n) => n,
+                _ => {
+                    self.report(
+                        v.span(),
+                        "cluster.heartbeat_misses",
+                        format!("must be from 1 to {}", ClusterSettings::MAX_HEARTBEAT_MISSES),
+                    );
+                    ClusterSettings::DEFAULT_HEARTBEAT_MISSES
+                }
+            },
+        };
+        if let (Some(v), Some(_)) = (&c.heartbeat_interval, &c.heartbeat_misses) {
+            if interval * misses > Duration::from_secs(10) {
+                self.report(
+                    v.span(),
+                    "cluster.heartbeat_interval",
+                    "heartbeat_interval x heartbeat_misses must be at most 10s (the time a dead peer keeps its slots)",
+                );
+            }
+        }
+        let port = match &c.heartbeat_port {
+            None => ClusterSettings::DEFAULT_HEARTBEAT_PORT,
+            Some(v) => match u16::try_from(*v.get_ref()) {
+                Ok(p) if p != 0 => p,
+                _ => {
+                    self.report(v.span(), "cluster.heartbeat_port", "must be a UDP port from 1 to 65535");
+                    ClusterSettings::DEFAULT_HEARTBEAT_PORT
+                }
+            },
+        };
+        (interval, misses, port)
     }
 
     /// `[cluster]`'s TLS files and credentials; `plaintext`: the endpoints are `http://`.
