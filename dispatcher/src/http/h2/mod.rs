@@ -1,9 +1,10 @@
 //! HTTP/2 from clients (RFC 9113), by ALPN `h2` on HTTPS VIPs or by prior knowledge on
-//! `h2c` VIPs, with the `h2` crate as the codec. Each stream is one request: translated
-//! into HTTP/1.1 (`translate`) and served by the HTTP/1.1 proxy through a pair of
-//! in-process pipes (`stream`), so that a stream is routed, held, retried, queued,
-//! learned from and logged exactly as an HTTP/1.1 request is, and goes upstream over
-//! the same HTTP/1.1 pools. Streams of one connection are independent: each carries its
+//! `h2c` VIPs, with the `h2` crate as the codec. Each stream is one request: its head
+//! written once as the HTTP/1.1 head that goes upstream and checked as every request
+//! head is (`translate`), then served by the proxy's own phases with the stream as its
+//! client side (`stream`, `http::client`), so that a stream is routed, held, retried,
+//! queued, learned from and logged exactly as an HTTP/1.1 request is, and goes upstream
+//! over the same HTTP/1.1 pools. Streams of one connection are independent: each carries its
 //! own session and may reach its own clone.
 //!
 //! The bounds (`[http] h2_*`, `max_header_bytes`): streams open at once
@@ -17,8 +18,11 @@
 //! `client_idle_timeout` gets a graceful GOAWAY, as do all on stop, reload and leave.
 
 mod frames;
-mod stream;
+pub mod stream;
 mod translate;
+
+pub use stream::{body_at_hand, respond};
+pub use translate::response_fields;
 
 use std::{
     net::SocketAddr,
