@@ -482,7 +482,10 @@ pub(super) mod tests {
         let mut up = Inbound::new(io);
         let r = await_continue(&mut up, &mut w, &head, &HeadLimits::default(), &mut Vec::new(), &quick()).await;
         drop(w);
-        (r.map(|h| h.map(|h| h.status)).map_err(|f| format!("{f:?}")), crate::http::client::tests::read_all(client).await)
+        (
+            r.map(|h| h.map(|h| h.status)).map_err(|f| format!("{f:?}")),
+            crate::http::client::tests::read_all(client).await,
+        )
     }
 
     #[tokio::test]

@@ -9,11 +9,7 @@ use std::{
 };
 
 use bytes::{Bytes, BytesMut};
-use tokio::{
-    io::AsyncRead,
-    net::TcpStream,
-    sync::watch,
-};
+use tokio::{io::AsyncRead, net::TcpStream, sync::watch};
 use tracing::Instrument as _;
 
 use super::{
@@ -409,7 +405,8 @@ pub async fn serve_stream(
     stop: &watch::Receiver<bool>,
 ) {
     let started = Instant::now();
-    let mut conn = ClientConn { ctx, peer, steer_slot, client, out: Vec::new(), scratch: Vec::new(), protocol: Protocol::H2 };
+    let mut conn =
+        ClientConn { ctx, peer, steer_slot, client, out: Vec::new(), scratch: Vec::new(), protocol: Protocol::H2 };
     match head {
         Ok(head) => {
             let closing = *stop.borrow();
@@ -592,7 +589,14 @@ impl ClientConn<'_> {
 
     /// One request whose head is read: counted, then redirected (a redirecting VIP) or
     /// routed and forwarded (`exchange`). `n`: its number on the connection.
-    async fn request(&mut self, head: &RequestHead, head_bytes: &BytesMut, closing: bool, started: Instant, n: u64) -> Next {
+    async fn request(
+        &mut self,
+        head: &RequestHead,
+        head_bytes: &BytesMut,
+        closing: bool,
+        started: Instant,
+        n: u64,
+    ) -> Next {
         self.ctx.capacity.vips[self.ctx.vip_index].requests.fetch_add(1, Ordering::Relaxed);
         self.ctx.servers.counters.requests_by_protocol[self.protocol as usize].fetch_add(1, Ordering::Relaxed);
         if self.ctx.redirect.is_some() {

@@ -247,7 +247,8 @@ pub fn parse_request(
     let target = req.path.ok_or(reject(400, "no request target"))?;
     let minor = req.version.ok_or(reject(400, "no version"))?;
     collect_headers(buf, req.headers, scratch);
-    let line = RequestLine { method: range_of(buf, method.as_bytes()), target: range_of(buf, target.as_bytes()), minor };
+    let line =
+        RequestLine { method: range_of(buf, method.as_bytes()), target: range_of(buf, target.as_bytes()), minor };
     check_request(buf, len, line, std::mem::take(scratch), limits).map(Some)
 }
 

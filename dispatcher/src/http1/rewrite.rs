@@ -169,7 +169,12 @@ pub fn build_response(out: &mut Vec<u8>, res: &ResponseHead, buf: &[u8], close: 
 /// names (`Upgrade` stays on a 101), nor `Transfer-Encoding` when the body is
 /// de-chunked. `Via` is not among them: its values are returned, for a `Via` that ends
 /// with ours (`VIA`).
-pub fn response_fields<'b>(res: &ResponseHead, buf: &'b [u8], dechunk: bool, mut each: impl FnMut(&Header)) -> Vec<&'b [u8]> {
+pub fn response_fields<'b>(
+    res: &ResponseHead,
+    buf: &'b [u8],
+    dechunk: bool,
+    mut each: impl FnMut(&Header),
+) -> Vec<&'b [u8]> {
     let listed = connection_listed(buf, &res.headers);
     let mut via: Vec<&[u8]> = Vec::new();
     for h in &res.headers {

@@ -74,7 +74,13 @@ pub async fn serve(
             return;
         }
     };
-    let body = Body { recv, respond: Some(respond), chunked: framing == Framing::Chunked, state: Part::Data, pending: Bytes::new() };
+    let body = Body {
+        recv,
+        respond: Some(respond),
+        chunked: framing == Framing::Chunked,
+        state: Part::Data,
+        pending: Bytes::new(),
+    };
     // DATA frames are at most 16 KiB (SETTINGS_MAX_FRAME_SIZE's default).
     let r = Inbound::with_chunk(ClientRead::H2(body), 16 * 1024);
     let out = Out { written: 0, is_head: parts.method == http::Method::HEAD };
@@ -374,4 +380,71 @@ fn as_text(parts: &http::request::Parts) -> Vec<u8> {
         o.extend_from_slice(b"\r\n");
     }
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    type Stream = (http::Request<RecvStream>, SendResponse<Bytes>);
+
+    /// An h2 client over an in-process pipe, and the streams its server accepts.
+    async fn pair() -> (h2::client::SendRequest<Bytes>, tokio::sync::mpsc::UnboundedReceiver<Stream>) {
+        let (c, s) = tokio::io::duplex(1 << 16);
+        let server = tokio::spawn(h2::server::handshake(s));
+        let (client, conn) = h2::client::handshake(c).await.unwrap();
+        tokio::spawn(conn);
+        let mut conn = server.await.unwrap().unwrap();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Some(Ok(s)) = conn.accept().await {
+                let _ = tx.send(s);
+            }
+        });
+        (client.ready().await.unwrap(), rx)
+    }
+
+    fn body(s: Stream, chunked: bool) -> Body {
+        let (req, respond) = s;
+        Body { recv: req.into_body(), respond: Some(respond), chunked, state: Part::Data, pending: Bytes::new() }
+    }
+
+    /// A body without content-length reaches the proxy chunked, one chunk per DATA
+    /// frame, the client's trailers as the trailer section; the client's window reopens
+    /// as the proxy reads.
+    #[tokio::test]
+    async fn a_body_is_read_as_http1_frames_it() {
+        let (mut client, mut streams) = pair().await;
+        let (_res, mut send) = client.send_request(http::Request::post("http://a/x").body(()).unwrap(), false).unwrap();
+        send.send_data(Bytes::from_static(b"he"), false).unwrap();
+        send.send_data(Bytes::from_static(b"llo"), false).unwrap();
+        let mut trailers = HeaderMap::new();
+        trailers.insert("x-sum", HeaderValue::from_static("5"));
+        send.send_trailers(trailers).unwrap();
+        let mut b = body(streams.recv().await.unwrap(), true);
+        let want = "2\r\nhe\r\n3\r\nllo\r\n0\r\nx-sum: 5\r\n\r\n";
+        let mut got = vec![0u8; want.len()];
+        tokio::time::timeout(Duration::from_secs(5), b.read_exact(&mut got)).await.unwrap().unwrap();
+        assert_eq!(String::from_utf8(got).unwrap(), want);
+    }
+
+    /// Once the body is whole, a read waits (a held request waits with it) until the
+    /// client resets the stream, which ends it as a closed connection would.
+    #[tokio::test]
+    async fn a_whole_body_waits_for_the_client_to_leave() {
+        let (mut client, mut streams) = pair().await;
+        let (_res, mut send) = client.send_request(http::Request::get("http://a/x").body(()).unwrap(), false).unwrap();
+        send.send_data(Bytes::from_static(b"ok"), true).unwrap();
+        let mut b = body(streams.recv().await.unwrap(), false);
+        let mut got = [0u8; 2];
+        b.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"ok");
+        let mut more = [0u8; 1];
+        let early = tokio::time::timeout(Duration::from_millis(100), b.read(&mut more)).await;
+        assert!(early.is_err(), "nothing more, and no end while the client stays: {early:?}");
+        send.send_reset(Reason::CANCEL);
+        let n = tokio::time::timeout(Duration::from_secs(5), b.read(&mut more)).await.unwrap().unwrap();
+        assert_eq!(n, 0, "the reset ends the read");
+    }
 }

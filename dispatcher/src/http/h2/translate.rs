@@ -96,9 +96,7 @@ pub fn request(
         Framing::Chunked => w.field(b"Transfer-Encoding", &[b"chunked"]),
         // A method whose body means something, sent without one: said, as an HTTP/1.1
         // client says it (RFC 9110 8.6).
-        _ if [Method::POST, Method::PUT, Method::PATCH].contains(&parts.method) => {
-            w.field(b"Content-Length", &[b"0"])
-        }
+        _ if [Method::POST, Method::PUT, Method::PATCH].contains(&parts.method) => w.field(b"Content-Length", &[b"0"]),
         _ => {}
     }
     w.out.put_slice(b"\r\n");
@@ -241,7 +239,10 @@ mod tests {
         // The ranges written are those the HTTP/1.1 parser finds in the same bytes.
         let head = head.unwrap();
         let parsed = parse_request(buf.as_bytes(), &HeadLimits::default(), &mut Vec::new()).unwrap().unwrap();
-        assert_eq!((head.len, head.method.clone(), head.target.clone()), (parsed.len, parsed.method.clone(), parsed.target.clone()));
+        assert_eq!(
+            (head.len, head.method.clone(), head.target.clone()),
+            (parsed.len, parsed.method.clone(), parsed.target.clone())
+        );
         assert_eq!((head.path.clone(), head.authority.clone()), (parsed.path.clone(), parsed.authority.clone()));
         let fields = |h: &RequestHead| h.headers.iter().map(|f| (f.name.clone(), f.value.clone())).collect::<Vec<_>>();
         assert_eq!(fields(&head), fields(&parsed));
