@@ -34,8 +34,9 @@ pub struct Client {
 pub enum ClientRead {
     /// An HTTP/1.x connection (plain or TLS).
     Conn(ReadSide),
-    /// An HTTP/2 stream's DATA, framed as HTTP/1.1 (`h2::stream::Body`).
-    H2(stream::Body),
+    /// An HTTP/2 stream's DATA, framed as HTTP/1.1 (`h2::stream::Body`). Boxed: every
+    /// HTTP/1.x connection's task would carry its size otherwise, idle or not.
+    H2(Box<stream::Body>),
 }
 
 /// Where a request's answer goes.
@@ -48,7 +49,7 @@ impl AsyncRead for ClientRead {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             ClientRead::Conn(r) => Pin::new(r).poll_read(cx, buf),
-            ClientRead::H2(b) => Pin::new(b).poll_read(cx, buf),
+            ClientRead::H2(b) => Pin::new(&mut **b).poll_read(cx, buf),
         }
     }
 }
@@ -80,7 +81,7 @@ impl Client {
     /// An HTTP/2 stream's two sides, `None` on an HTTP/1.x connection.
     pub fn h2(&mut self) -> Option<(&mut stream::Body, &mut stream::Out)> {
         match (&mut self.r.io, &mut self.w) {
-            (ClientRead::H2(b), Sink::H2(o)) => Some((b, o)),
+            (ClientRead::H2(b), Sink::H2(o)) => Some((&mut **b, o)),
             _ => None,
         }
     }

@@ -82,7 +82,7 @@ pub async fn serve(
         pending: Bytes::new(),
     };
     // DATA frames are at most 16 KiB (SETTINGS_MAX_FRAME_SIZE's default).
-    let r = Inbound::with_chunk(ClientRead::H2(body), 16 * 1024);
+    let r = Inbound::with_chunk(ClientRead::H2(Box::new(body)), 16 * 1024);
     let out = Out { written: 0, is_head: parts.method == http::Method::HEAD };
     let mut client = Client { r, w: Sink::H2(out) };
     serve_stream(ctx, &mut client, (head, buf), at.peer, at.steer_slot, &stop).await;
