@@ -109,4 +109,22 @@ mod tests {
             "HTTP/1.1 200 OK\r\nSet-Cookie: SRV=b0; Path=/; HttpOnly; Secure\r\n\r\n"
         );
     }
+
+    /// An HTTP/2 response gets the same fields in its header map.
+    #[test]
+    fn insert_field_adds_the_same_fields_to_a_header_map() {
+        let mut map = http::HeaderMap::new();
+        p().insert_field(&mut map, 2);
+        assert_eq!(map.get("set-cookie").unwrap(), "SRV=web-2; Path=/; HttpOnly");
+        assert_eq!(map.get("cache-control").unwrap(), "private");
+        let mut map = http::HeaderMap::new();
+        map.insert(http::header::CACHE_CONTROL, http::HeaderValue::from_static("no-store"));
+        Persist::new("SRV", [(0, "b0".to_string())].into_iter(), true).insert_field(&mut map, 0);
+        assert_eq!(map.get("set-cookie").unwrap(), "SRV=b0; Path=/; HttpOnly; Secure");
+        assert_eq!(map.get_all("cache-control").iter().collect::<Vec<_>>(), ["no-store"]);
+        // Not a member: nothing.
+        let mut map = http::HeaderMap::new();
+        p().insert_field(&mut map, 7);
+        assert!(map.is_empty());
+    }
 }

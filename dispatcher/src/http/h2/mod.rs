@@ -150,7 +150,8 @@ fn builder(ctx: &VipCtx) -> h2::server::Builder {
         .initial_connection_window_size(h2.initial_window_size.saturating_mul(4).min((1 << 31) - 1))
         .max_header_list_size(s.max_header_bytes as u32)
         // What a stream's response may hold in the crate's buffer beyond the client's
-        // window: the proxy's pipe keeps the rest, and the backend the remainder.
+        // window: the proxy keeps what it has read of the backend's body (one read), and
+        // the backend the remainder.
         .max_send_buffer_size(64 * 1024);
     b
 }
