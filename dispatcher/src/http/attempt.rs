@@ -6,10 +6,11 @@
 
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::AsyncRead;
 
 use super::{
     answer::Answer,
+    client::Client,
     pool::{PoolError, Upstream},
     proxy::VipCtx,
 };
@@ -17,7 +18,6 @@ use crate::config::HttpSettings;
 use crate::http1::{
     body::{precheck_chunked, read_body, relay_body, within_rate, Inbound, RelayError, Timeouts},
     head::{parse_response, Framing, HeadLimits, Header, Reject, RequestHead, ResponseHead},
-    io::WriteSide,
     write_client,
 };
 use dispatcher_common::BackendState;
@@ -149,17 +149,16 @@ impl SendFail {
 }
 
 /// The client side as one attempt on a backend uses it.
-pub struct Downstream<'a, R> {
-    pub client: &'a mut Inbound<R>,
-    pub w: &'a mut WriteSide,
+pub struct Downstream<'a> {
+    pub client: &'a mut Client,
     pub scratch: &'a mut Vec<Header>,
     /// The head being forwarded or answered.
     pub out: &'a mut Vec<u8>,
 }
 
-impl<R> Downstream<'_, R> {
-    pub fn reborrow(&mut self) -> Downstream<'_, R> {
-        Downstream { client: self.client, w: self.w, scratch: self.scratch, out: self.out }
+impl Downstream<'_> {
+    pub fn reborrow(&mut self) -> Downstream<'_> {
+        Downstream { client: self.client, scratch: self.scratch, out: self.out }
     }
 }
 
@@ -243,16 +242,16 @@ pub async fn read_response<R: AsyncRead + Unpin>(
 /// Sends the request (head in `down.out`, body from the client) to `backend` and reads
 /// the response head. A pooled connection found closed is replaced once by a fresh one,
 /// only when nothing of the request could have been consumed (no body).
-pub async fn send<R: AsyncRead + Unpin>(
+pub async fn send(
     ctx: &VipCtx,
     s: &HttpSettings,
     head: &RequestHead,
     backend: usize,
-    down: Downstream<'_, R>,
+    down: Downstream<'_>,
     buffered_body: Option<&[u8]>,
     attempt: &mut Attempt,
 ) -> Result<Reply, SendFail> {
-    let Downstream { client, w, scratch, out } = down;
+    let Downstream { client, scratch, out } = down;
     let be = &ctx.servers.backends[backend];
     let pool = ctx.pools[backend].as_ref().ok_or(SendFail::Answered)?;
     // A body read ahead into the retry buffer is sent like part of the head: nothing of
@@ -281,7 +280,7 @@ pub async fn send<R: AsyncRead + Unpin>(
         }
         let mut early = None;
         if has_body {
-            (up, early) = send_body(ctx, s, head, up, client, w, scratch).await?;
+            (up, early) = send_body(ctx, s, head, up, client, scratch).await?;
         }
         let skipped = early.is_some();
         let res = match early {
@@ -303,17 +302,16 @@ pub async fn send<R: AsyncRead + Unpin>(
 
 /// The streamed request body, after the `100 Continue` exchange when the client asked
 /// for one. A final answer that came before it (the body left unread) is handed back.
-async fn send_body<R: AsyncRead + Unpin>(
+async fn send_body(
     ctx: &VipCtx,
     s: &HttpSettings,
     head: &RequestHead,
     mut up: Upstream,
-    client: &mut Inbound<R>,
-    w: &mut WriteSide,
+    client: &mut Client,
     scratch: &mut Vec<Header>,
 ) -> Result<(Upstream, Option<ResponseHead>), SendFail> {
     if head.expect_continue {
-        match await_continue(&mut up.r, w, head, &ctx.limits, scratch, s).await {
+        match await_continue(&mut up.r, client, head, &ctx.limits, scratch, s).await {
             Ok(Some(early)) => return Ok((up, Some(early))),
             Ok(None) => {}
             Err(SendFail::Answered) => {
@@ -327,8 +325,8 @@ async fn send_body<R: AsyncRead + Unpin>(
     // trickling one byte at a time cannot keep a request and its server connection, a
     // large upload goes on).
     let t = Timeouts { read: s.client_timeout, write: s.server_timeout };
-    let meter = client.meter();
-    let relay = relay_body(head.framing, client, &mut up.w, t, false);
+    let meter = client.r.meter();
+    let relay = relay_body(head.framing, &mut client.r, &mut up.w, t, false);
     match within_rate(relay, &meter, s.body_timeout, s.body_min_rate).await {
         Ok(()) => Ok((up, None)),
         Err(RelayError::Write(_)) => Err(SendFail::Closed),
@@ -338,7 +336,7 @@ async fn send_body<R: AsyncRead + Unpin>(
             up.abort();
             drop(up);
             if let Some(a) = Answer::body_failed(&e) {
-                a.send(w).await;
+                client.answer(a).await;
             }
             Err(SendFail::Answered)
         }
@@ -350,9 +348,9 @@ async fn send_body<R: AsyncRead + Unpin>(
 /// body stays unread), or nothing within `CONTINUE_WAIT` (send it anyway). Other interim
 /// responses (103 Early Hints) go to the client while the wait goes on. `Answered`: the
 /// client could not be written to.
-async fn await_continue<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+async fn await_continue<R: AsyncRead + Unpin>(
     up: &mut Inbound<R>,
-    w: &mut W,
+    client: &mut Client,
     head: &RequestHead,
     limits: &HeadLimits,
     scratch: &mut Vec<Header>,
@@ -364,17 +362,17 @@ async fn await_continue<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         let interim = match tokio::time::timeout_at(until, verdict).await {
             Ok(Ok(r)) if r.status == 100 => {
                 bytes::Buf::advance(&mut up.buf, r.len);
-                return match write_client(w, b"HTTP/1.1 100 Continue\r\n\r\n", s.client_timeout).await {
+                return match client.go_on(s.client_timeout).await {
                     true => Ok(None),
                     false => Err(SendFail::Answered),
                 };
             }
-            Ok(Ok(r)) if (102..200).contains(&r.status) => up.buf.split_to(r.len),
+            Ok(Ok(r)) if (102..200).contains(&r.status) => (up.buf.split_to(r.len).freeze(), r),
             Ok(Ok(r)) => return Ok(Some(r)),
             Ok(Err(f)) => return Err(f.into()),
             Err(_) => return Ok(None),
         };
-        if !write_client(w, &interim, s.client_timeout).await {
+        if !client.interim(&interim.1, &interim.0, s.client_timeout).await {
             return Err(SendFail::Answered);
         }
     }
@@ -480,11 +478,14 @@ pub(super) mod tests {
         let (mut backend, io) = tokio::io::duplex(1 << 16);
         backend.write_all(from_backend).await.unwrap();
         let _open = (!close).then_some(backend);
-        let (mut w, client) = tokio::io::duplex(1 << 16);
+        let (mut w, client) = crate::http::client::tests::over_tcp().await;
         let mut up = Inbound::new(io);
         let r = await_continue(&mut up, &mut w, &head, &HeadLimits::default(), &mut Vec::new(), &quick()).await;
         drop(w);
-        (r.map(|h| h.map(|h| h.status)).map_err(|f| format!("{f:?}")), drain(client).await)
+        (
+            r.map(|h| h.map(|h| h.status)).map_err(|f| format!("{f:?}")),
+            crate::http::client::tests::read_all(client).await,
+        )
     }
 
     #[tokio::test]

@@ -7,11 +7,13 @@
 //! session's owner is suspect, `retry` says what may be replayed, `tunnel` carries
 //! upgraded connections. The HTTP/1.1 messages themselves (heads, bodies, the forwarded
 //! heads, the bytes of an answer of our own, a connection's plain or TLS halves) are the
-//! codec's (`http1`). `h2` serves HTTP/2 clients: each stream is translated into an
-//! HTTP/1.1 exchange that `proxy` serves like any other.
+//! codec's (`http1`). `client` is the client side of one request as the phases see it:
+//! an HTTP/1.x connection or an HTTP/2 stream; `h2` serves HTTP/2 clients, each stream
+//! one request that `proxy` serves like any other.
 
 pub mod answer;
 pub mod attempt;
+pub mod client;
 pub mod h2;
 pub mod hold;
 pub mod listener;

@@ -34,22 +34,39 @@ impl Persist {
     /// with the blank line), and `Cache-Control: private` when the response has no
     /// Cache-Control (a shared cache must not hand one client's cookie to others).
     pub fn insert(&self, out: &mut Vec<u8>, backend: usize, has_cache_control: bool) {
-        let Some((value, _)) = self.values.iter().find(|(_, b)| *b == backend) else { return };
+        let Some(cookie) = self.set_cookie(backend) else { return };
         debug_assert!(out.ends_with(b"\r\n\r\n"));
         out.truncate(out.len() - 2);
         out.extend_from_slice(b"Set-Cookie: ");
-        out.extend_from_slice(&self.name);
-        out.push(b'=');
-        out.extend_from_slice(value);
-        out.extend_from_slice(b"; Path=/; HttpOnly");
-        if self.secure {
-            out.extend_from_slice(b"; Secure");
-        }
+        out.extend_from_slice(&cookie);
         out.extend_from_slice(b"\r\n");
         if !has_cache_control {
             out.extend_from_slice(b"Cache-Control: private\r\n");
         }
         out.extend_from_slice(b"\r\n");
+    }
+
+    /// The same fields in an HTTP/2 response's header map.
+    pub fn insert_field(&self, map: &mut http::HeaderMap, backend: usize) {
+        let Some(v) = self.set_cookie(backend).and_then(|c| http::HeaderValue::from_bytes(&c).ok()) else { return };
+        map.append(http::header::SET_COOKIE, v);
+        if !map.contains_key(http::header::CACHE_CONTROL) {
+            map.insert(http::header::CACHE_CONTROL, http::HeaderValue::from_static("private"));
+        }
+    }
+
+    /// The `Set-Cookie` value naming `backend`, if it is a member.
+    fn set_cookie(&self, backend: usize) -> Option<Vec<u8>> {
+        let (value, _) = self.values.iter().find(|(_, b)| *b == backend)?;
+        let mut c = Vec::with_capacity(self.name.len() + value.len() + 32);
+        c.extend_from_slice(&self.name);
+        c.push(b'=');
+        c.extend_from_slice(value);
+        c.extend_from_slice(b"; Path=/; HttpOnly");
+        if self.secure {
+            c.extend_from_slice(b"; Secure");
+        }
+        Some(c)
     }
 }
 
@@ -91,5 +108,23 @@ mod tests {
             String::from_utf8(out).unwrap(),
             "HTTP/1.1 200 OK\r\nSet-Cookie: SRV=b0; Path=/; HttpOnly; Secure\r\n\r\n"
         );
+    }
+
+    /// An HTTP/2 response gets the same fields in its header map.
+    #[test]
+    fn insert_field_adds_the_same_fields_to_a_header_map() {
+        let mut map = http::HeaderMap::new();
+        p().insert_field(&mut map, 2);
+        assert_eq!(map.get("set-cookie").unwrap(), "SRV=web-2; Path=/; HttpOnly");
+        assert_eq!(map.get("cache-control").unwrap(), "private");
+        let mut map = http::HeaderMap::new();
+        map.insert(http::header::CACHE_CONTROL, http::HeaderValue::from_static("no-store"));
+        Persist::new("SRV", [(0, "b0".to_string())].into_iter(), true).insert_field(&mut map, 0);
+        assert_eq!(map.get("set-cookie").unwrap(), "SRV=b0; Path=/; HttpOnly; Secure");
+        assert_eq!(map.get_all("cache-control").iter().collect::<Vec<_>>(), ["no-store"]);
+        // Not a member: nothing.
+        let mut map = http::HeaderMap::new();
+        p().insert_field(&mut map, 7);
+        assert!(map.is_empty());
     }
 }

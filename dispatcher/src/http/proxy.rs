@@ -8,17 +8,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use bytes::BytesMut;
-use tokio::{
-    io::{AsyncRead, AsyncWrite, AsyncWriteExt},
-    net::TcpStream,
-    sync::watch,
-};
+use bytes::{Bytes, BytesMut};
+use tokio::{io::AsyncRead, net::TcpStream, sync::watch};
 use tracing::Instrument as _;
 
 use super::{
     answer::Answer,
     attempt::{read_ahead, send, Attempt, Downstream, Reply},
+    client::{Client, ClientRead, Sink},
     hold::{await_shared, hold, HoldEnd},
     pool::{Pool, Upstream},
     respond::{closes, deliver, forward_interim, inline_small_body, upgrade, Undelivered},
@@ -28,11 +25,11 @@ use super::{
 };
 use crate::capacity::queue::{Refused, Slot};
 use crate::http1::{
-    body::{Inbound, RelayError},
+    body::{Inbound, RelayError, Timeouts},
     head::{parse_request, Framing, HeadLimits, Header, Reject, RequestHead, ResponseHead},
     io::{ReadSide, WriteSide},
     rewrite::{build_request, build_response, is},
-    send_error, write_client, ERROR_WRITE_DEADLINE,
+    write_client, ERROR_WRITE_DEADLINE,
 };
 use crate::{
     access_log::{term, AccessLog, Conns, Decision as LogDecision, Entry, MAX_REQUEST_LINE},
@@ -98,9 +95,9 @@ enum HeadRead {
 }
 
 /// The dispatcher's own answer to a request, as the access log records it.
-async fn refuse<W: AsyncWrite + Unpin>(w: &mut W, t: &mut Trace, answer: Answer) {
+async fn refuse(client: &mut Client, t: &mut Trace, answer: Answer) {
     t.status = answer.status;
-    answer.send(w).await;
+    client.answer(answer).await;
 }
 
 /// An HTTP VIP's access log: the writer, and the names its entries carry.
@@ -304,20 +301,19 @@ fn conns(ctx: &VipCtx, t: &Trace) -> Conns {
     n
 }
 
-/// One client connection: the VIP it came to, the client's two halves, and the buffers
-/// its requests reuse.
-struct ClientConn {
+/// One client connection (or HTTP/2 stream): the VIP it came to, its client side, and
+/// the buffers its requests reuse.
+struct ClientConn<'a> {
     ctx: Arc<VipCtx>,
     peer: SocketAddr,
     /// Its slot in the dispatchers' ownership table (`steering::keeps`).
     steer_slot: usize,
-    client: Inbound<ReadSide>,
-    w: WriteSide,
+    client: &'a mut Client,
     /// The head being forwarded or answered.
     out: Vec<u8>,
     /// The header index of the head being parsed.
     scratch: Vec<Header>,
-    /// HTTP/1.x, or an HTTP/2 stream translated (the access log's protocol).
+    /// HTTP/1.x, or an HTTP/2 stream (the access log's protocol).
     protocol: Protocol,
 }
 
@@ -348,73 +344,78 @@ pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, stop: 
         },
     };
     counted(Protocol::H1);
-    serve_http1(ctx, (r, w), peer, steer_slot, stop, Protocol::H1).await
+    serve_http1(ctx, (r, w), peer, steer_slot, stop).await
 }
 
-/// HTTP/1.x requests on one connection (or one HTTP/2 stream's, translated: `protocol`
-/// says which), until either side ends it.
-pub async fn serve_http1(
+/// HTTP/1.x requests on one connection, until either side ends it.
+async fn serve_http1(
     ctx: Arc<VipCtx>,
     (r, w): (ReadSide, WriteSide),
     peer: SocketAddr,
     steer_slot: usize,
     mut stop: watch::Receiver<bool>,
-    protocol: Protocol,
 ) {
-    // Request heads are small: 4 KiB reads (more for bodies), allocated at the first
-    // read, keep many idle keep-alive clients cheap.
-    let client = Inbound::with_chunk(r, 4096);
-    let mut conn = ClientConn { ctx, peer, steer_slot, client, w, out: Vec::new(), scratch: Vec::new(), protocol };
-    // Each request's log lines say which of the connection's requests they are about
-    // (inside the connection's span, which says the VIP and the client). At debug level
-    // only: an enabled span costs about 0.4 µs per request (measured: tracing 0.1 with
-    // the fmt layer, 1,000,000 spans), 1.5% of a request's CPU; a disabled one 5 ns.
+    let mut client = Client::conn(r, w);
+    let mut conn = ClientConn {
+        ctx,
+        peer,
+        steer_slot,
+        client: &mut client,
+        out: Vec::new(),
+        scratch: Vec::new(),
+        protocol: Protocol::H1,
+    };
     let mut requests = 0u64;
     loop {
-        let (head, head_started) = match read_head(&conn.ctx, &mut conn.client, &mut conn.scratch, &mut stop).await {
+        let (head, head_started) = match read_head(&conn.ctx, &mut conn.client.r, &mut conn.scratch, &mut stop).await {
             HeadRead::Head(h, t) => (h, t),
             HeadRead::Closed => return,
             HeadRead::Reject(r, started) => {
-                conn.refused(r.status, r.reason, &conn.client.buf);
-                let written0 = conn.w.written;
-                send_error(&mut conn.w, r.status, r.reason, None).await;
-                // HAProxy's `<BADREQ>`: what arrived is not a request line to show.
-                let received = conn.client.buf.len() as u64;
-                let how = match r.status {
-                    408 => term::CLIENT_REQUEST_TIMEOUT,
-                    _ if r.reason == CLOSED_INSIDE_HEAD => term::CLIENT_REQUEST,
-                    _ => term::PROXY_REQUEST,
-                };
-                conn.log_answer(started, (r.status, how), (b"<BADREQ>"[..].into(), None), received, written0);
+                // What arrived; the connection closes after the answer.
+                let received = conn.client.r.buf.split();
+                conn.reject(r, started, &received).await;
                 return;
             }
         };
-        let head_bytes = conn.client.buf.split_to(head.len);
-        conn.ctx.capacity.vips[conn.ctx.vip_index].requests.fetch_add(1, Ordering::Relaxed);
-        conn.ctx.servers.counters.requests_by_protocol[protocol as usize].fetch_add(1, Ordering::Relaxed);
-        if conn.ctx.redirect.is_some() {
-            conn.redirect(&head, &head_bytes, head_started).await;
-            return;
-        }
-        let closing = *stop.borrow();
-        // Boxed: the exchange's (large) state exists only while a request is in flight,
-        // so an idle keep-alive connection's task stays small.
+        let head_bytes = conn.client.r.buf.split_to(head.len);
         requests += 1;
-        let span = tracing::debug_span!("request", n = requests);
-        let next = Box::pin(conn.exchange(&head, &head_bytes, closing, head_started).instrument(span)).await;
-        if protocol == Protocol::H2 {
-            // An HTTP/2 stream is one request.
-            return;
-        }
+        let closing = *stop.borrow();
+        let next = conn.request(&head, &head_bytes, closing, head_started, requests).await;
         // Keep the header index's allocation for the next request.
         conn.scratch = head.headers;
         match next {
             Next::KeepAlive => {}
             _ => {
-                let _ = conn.w.shutdown().await;
+                conn.client.shutdown().await;
                 return;
             }
         }
+    }
+}
+
+/// One HTTP/2 stream's request (`h2::stream`), its head written and checked
+/// (`http1::head::check_request`, or why it is refused) from `buf`: served by the same
+/// phases as an HTTP/1.x request, its answer sent on `client`.
+pub async fn serve_stream(
+    ctx: Arc<VipCtx>,
+    client: &mut Client,
+    (head, buf): (Result<RequestHead, Reject>, BytesMut),
+    peer: SocketAddr,
+    steer_slot: usize,
+    stop: &watch::Receiver<bool>,
+) {
+    let started = Instant::now();
+    let mut conn =
+        ClientConn { ctx, peer, steer_slot, client, out: Vec::new(), scratch: Vec::new(), protocol: Protocol::H2 };
+    match head {
+        // Not boxed as a connection's requests are: the stream's task is its request's
+        // (a redirecting VIP speaks HTTP/1.1 only, `config`).
+        Ok(head) => {
+            let closing = *stop.borrow();
+            conn.count_request();
+            conn.exchange(&head, &buf, closing, started).await;
+        }
+        Err(r) => conn.reject(r, started, &buf).await,
     }
 }
 
@@ -574,7 +575,52 @@ impl Drop for InFlight<'_> {
     }
 }
 
-impl ClientConn {
+impl ClientConn<'_> {
+    /// A refused head (`bytes`: what arrived of it) answered, kept for `GET /errors` and
+    /// logged as HAProxy's `<BADREQ>`: what arrived is not a request line to show.
+    async fn reject(&mut self, r: Reject, started: Instant, bytes: &[u8]) {
+        self.refused(r.status, r.reason, bytes);
+        let written0 = self.client.written();
+        self.client.answer(Answer::new(r.status, r.reason)).await;
+        let how = match r.status {
+            408 => term::CLIENT_REQUEST_TIMEOUT,
+            _ if r.reason == CLOSED_INSIDE_HEAD => term::CLIENT_REQUEST,
+            _ => term::PROXY_REQUEST,
+        };
+        self.log_answer(started, (r.status, how), (b"<BADREQ>"[..].into(), None), bytes.len() as u64, written0);
+    }
+
+    /// One request whose head is read: counted, then redirected (a redirecting VIP) or
+    /// routed and forwarded (`exchange`). `n`: its number on the connection.
+    async fn request(
+        &mut self,
+        head: &RequestHead,
+        head_bytes: &BytesMut,
+        closing: bool,
+        started: Instant,
+        n: u64,
+    ) -> Next {
+        self.count_request();
+        if self.ctx.redirect.is_some() {
+            self.redirect(head, head_bytes, started).await;
+            return Next::Close;
+        }
+        // Boxed: the exchange's (large) state exists only while a request is in flight,
+        // so an idle keep-alive connection's task stays small. Each request's log lines
+        // say which of the connection's requests they are about (inside the connection's
+        // span, which says the VIP and the client). At debug level only: an enabled span
+        // costs about 0.4 µs per request (measured: tracing 0.1 with the fmt layer,
+        // 1,000,000 spans), 1.5% of a request's CPU; a disabled one 5 ns.
+        let span = tracing::debug_span!("request", n);
+        Box::pin(self.exchange(head, head_bytes, closing, started).instrument(span)).await
+    }
+
+    /// Counts a request whose head is read, on its VIP and by protocol.
+    fn count_request(&self) {
+        self.ctx.capacity.vips[self.ctx.vip_index].requests.fetch_add(1, Ordering::Relaxed);
+        self.ctx.servers.counters.requests_by_protocol[self.protocol as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Keeps a request refused as malformed for `GET /errors` (what arrived of it).
     fn refused(&self, status: u16, reason: &'static str, bytes: &[u8]) {
         keep_refusal(&self.ctx, self.peer, self.protocol, (status, reason), bytes);
@@ -597,7 +643,7 @@ impl ClientConn {
             t.status = status;
             t.term = how;
             let protocol = self.protocol_of(request.1);
-            log.entry(&self.ctx, &t, (request.0, protocol), self.peer, (bytes_in, self.w.written - written0));
+            log.entry(&self.ctx, &t, (request.0, protocol), self.peer, (bytes_in, self.client.written() - written0));
         }
     }
 
@@ -613,24 +659,25 @@ impl ClientConn {
 
     /// A redirecting VIP's answer (`redirect_answer`), logged; then the connection closes.
     async fn redirect(&mut self, head: &RequestHead, head_bytes: &[u8], started: Instant) {
-        let Some(to) = &self.ctx.redirect else { return };
+        // A redirecting VIP speaks HTTP/1.1 only (`config`).
+        let (Some(to), Some(w)) = (&self.ctx.redirect, self.client.conn_w()) else { return };
         let answer = redirect_answer(head, head_bytes, to);
-        let written0 = self.w.written;
-        let sent = write_client(&mut self.w, answer.as_bytes(), ERROR_WRITE_DEADLINE).await;
+        let written0 = w.written;
+        let sent = write_client(w, answer.as_bytes(), ERROR_WRITE_DEADLINE).await;
         let line = request_line(head, head_bytes);
         self.log_answer(started, (308, term::LOCAL), (line, Some(head)), head.len as u64, written0);
         if sent {
-            let _ = self.w.shutdown().await;
+            self.client.shutdown().await;
             // What the client still sends (a body) is read and dropped for a moment,
             // so that the close does not turn into a reset that loses the answer.
             let drain = async {
                 let mut left = 64 * 1024usize;
-                self.client.buf.clear();
+                self.client.r.buf.clear();
                 while left > 0 {
-                    match self.client.fill(Duration::from_secs(1)).await {
+                    match self.client.r.fill(Duration::from_secs(1)).await {
                         Ok(n) if n > 0 => {
                             left = left.saturating_sub(n);
-                            self.client.buf.clear();
+                            self.client.r.buf.clear();
                         }
                         _ => break,
                     }
@@ -648,14 +695,14 @@ impl ClientConn {
             count_status(&self.ctx, t.status);
             return next;
         };
-        let (read0, buffered0, written0) = (self.client.total_read, self.client.buf.len(), self.w.written);
+        let (read0, buffered0, written0) = (self.client.r.total_read, self.client.r.buf.len(), self.client.written());
         let next = self.routed(head, buf, closing, &mut t).await;
         // What this request took from the client's stream: its head, and whatever of the
         // buffer and of later reads it consumed (a pipelined next request stays).
         let consumed =
-            (buffered0 as u64 + (self.client.total_read - read0)).saturating_sub(self.client.buf.len() as u64);
+            (buffered0 as u64 + (self.client.r.total_read - read0)).saturating_sub(self.client.r.buf.len() as u64);
         let line = (request_line(head, buf), self.protocol_of(Some(head)));
-        log.entry(&self.ctx, &t, line, self.peer, (head.len as u64 + consumed, self.w.written - written0));
+        log.entry(&self.ctx, &t, line, self.peer, (head.len as u64 + consumed, self.client.written() - written0));
         count_status(&self.ctx, t.status);
         next
     }
@@ -663,7 +710,7 @@ impl ClientConn {
     /// Routes and forwards one request (`buf` holds the head `head` was parsed from):
     /// the body read ahead, the routing rounds (`Rounds::forward`), then the response.
     async fn routed(&mut self, head: &RequestHead, buf: &BytesMut, closing: bool, trace: &mut Trace) -> Next {
-        let ClientConn { ctx, peer, steer_slot, client, w, out, scratch, protocol } = self;
+        let ClientConn { ctx, peer, steer_slot, client, out, scratch, protocol } = self;
         let ctx: &VipCtx = ctx;
         let s = &ctx.settings;
         if crate::http1::rewrite::looped(head, buf) {
@@ -675,7 +722,7 @@ impl ClientConn {
                 "forwarding loop: a request came back with this dispatcher's own Via marker (answered 508); forwarding",
                 &format_args!("VIP {}, from {peer}", ctx.host),
             );
-            return answered(w, trace, Some(Answer::LOOP)).await;
+            return answered(client, trace, Some(Answer::LOOP)).await;
         }
         let Some(route) = route_of(ctx, head, buf) else {
             // No route: answered, never a guess.
@@ -683,7 +730,7 @@ impl ClientConn {
             if let Some(v) = ctx.capacity.vips.get(ctx.vip_index) {
                 v.no_route.fetch_add(1, Ordering::Relaxed);
             }
-            return answered(w, trace, Some(Answer::NO_ROUTE)).await;
+            return answered(client, trace, Some(Answer::NO_ROUTE)).await;
         };
         route.stats.requests.fetch_add(1, Ordering::Relaxed);
         route.farm.stats.requests.fetch_add(1, Ordering::Relaxed);
@@ -693,7 +740,7 @@ impl ClientConn {
         c.counters.in_flight.fetch_add(1, Ordering::Relaxed);
         let _request = Counted(&c.counters.in_flight);
         let idempotent = is_idempotent(&buf[head.method.clone()]);
-        let buffered_body = match read_ahead(client, head, idempotent, s).await {
+        let buffered_body = match read_ahead(&mut client.r, head, idempotent, s).await {
             Ok(body) => body,
             Err(answer) => {
                 keep_body_refusal(ctx, *peer, *protocol, answer.as_ref(), &buf[..head.len]);
@@ -702,20 +749,20 @@ impl ClientConn {
                     Some(_) => term::PROXY_REQUEST,
                     None => term::CLIENT_DATA,
                 });
-                return answered(w, trace, answer).await;
+                return answered(client, trace, answer).await;
             }
         };
         let (peer, steer_slot) = (*peer, *steer_slot);
         let req =
             Request { head, route, buf, sess, pinned, idempotent, buffered_body, peer, steer_slot, closing, started };
-        let mut down = Downstream { client, w, scratch, out };
+        let mut down = Downstream { client, scratch, out };
         // Its retries in flight are counted until the response is relayed.
         let mut rounds = Rounds::new(s);
         match rounds.forward(ctx, &req, down.reborrow(), trace).await {
             Ok(sent) => respond(ctx, &req, sent, down, trace).await,
             Err(answer) => {
                 keep_body_refusal(ctx, peer, *protocol, answer.as_ref(), &buf[..head.len]);
-                answered(down.w, trace, answer).await
+                answered(down.client, trace, answer).await
             }
         }
     }
@@ -750,10 +797,10 @@ pub fn count_status(ctx: &VipCtx, status: u16) {
 /// without one (the client is gone, or was answered already). The connection closes.
 /// Unless the step that ended it said how: the dispatcher refused it (an answer), or the
 /// client left.
-async fn answered<W: AsyncWrite + Unpin>(w: &mut W, trace: &mut Trace, answer: Option<Answer>) -> Next {
+async fn answered(client: &mut Client, trace: &mut Trace, answer: Option<Answer>) -> Next {
     trace.ended(if answer.is_some() { term::PROXY_REQUEST } else { term::CLIENT_REQUEST });
     if let Some(a) = answer {
-        refuse(w, trace, a).await;
+        refuse(client, trace, a).await;
     }
     Next::Close
 }
@@ -853,16 +900,16 @@ impl<'c> Rounds<'c> {
     /// before any response byte is retried after re-routing (bounded, budgeted, idempotent
     /// requests whose body, if any, was read ahead). A server that timed out is never
     /// retried: no replays. `Err`: the request ends, with the answer it is owed, if any.
-    async fn forward<R: AsyncRead + Unpin>(
+    async fn forward(
         &mut self,
         ctx: &'c VipCtx,
         req: &Request<'_>,
-        mut down: Downstream<'_, R>,
+        mut down: Downstream<'_>,
         trace: &mut Trace,
     ) -> Result<Sent<'c>, Option<Answer>> {
         let c = &ctx.servers;
         loop {
-            let Some((backend, decision)) = self.choose(ctx, req, down.client, trace).await? else {
+            let Some((backend, decision)) = self.choose(ctx, req, &mut down.client.r, trace).await? else {
                 continue;
             };
             let farm = &req.route.farm;
@@ -917,11 +964,11 @@ impl<'c> Rounds<'c> {
     /// Routes the request. While its session's owner is suspect (hold), or its clone IDs
     /// may be on their way from another dispatcher (await), waits, then `None`: route
     /// again.
-    async fn choose<R: AsyncRead + Unpin>(
+    async fn choose(
         &mut self,
         ctx: &VipCtx,
         req: &Request<'_>,
-        client: &mut Inbound<R>,
+        client: &mut Inbound<ClientRead>,
         trace: &mut Trace,
     ) -> Result<Option<(usize, Decision)>, Option<Answer>> {
         let (c, s) = (&ctx.servers, &ctx.settings);
@@ -1040,19 +1087,13 @@ impl<'c> Rounds<'c> {
 
 /// The response phase: interim responses, the backend's latency and health, the clone
 /// IDs it sets, then the upgrade, or the response delivered to the client (`deliver_final`).
-async fn respond<R: AsyncRead + Unpin>(
-    ctx: &VipCtx,
-    req: &Request<'_>,
-    sent: Sent<'_>,
-    down: Downstream<'_, R>,
-    trace: &mut Trace,
-) -> Next {
-    let Downstream { client, w, scratch, out } = down;
+async fn respond(ctx: &VipCtx, req: &Request<'_>, sent: Sent<'_>, down: Downstream<'_>, trace: &mut Trace) -> Next {
+    let Downstream { client, scratch, out } = down;
     // The farm's settings: its servers' timeouts.
     let (c, s, head) = (&ctx.servers, &*req.route.farm.settings, req.head);
     let Sent { backend, reply: (mut up, res, body_skipped), held: _held } = sent;
     let be = &c.backends[backend];
-    let Some(res) = forward_interim(&mut up.r, w, res, head, &ctx.limits, scratch, s).await else {
+    let Some(res) = forward_interim(&mut up.r, client, res, head, &ctx.limits, scratch, s).await else {
         trace.ended(term::SERVER_HEADERS);
         return Next::Close;
     };
@@ -1068,62 +1109,90 @@ async fn respond<R: AsyncRead + Unpin>(
         // The configured passive 5xx policy: the answer is relayed, the backend is suspect.
         c.passive_failure(backend, crate::health::Cause::Status(res.status));
     }
-    let res_buf = up.r.buf.split_to(res.len);
+    let res_buf = up.r.buf.split_to(res.len).freeze();
     learn(ctx, req.route, &res, &res_buf, backend);
     if res.status == 101 {
-        if !head.upgrade {
+        // Only an HTTP/1.1 request asks for an upgrade (HTTP/2 refuses `Upgrade`).
+        let (Client { r, w: Sink::Conn(w) }, true) = (&mut *client, head.upgrade) else {
             // Switching protocols nobody asked for: the stream can no longer be trusted.
             be.errors.fetch_add(1, Ordering::Relaxed);
             trace.ended(term::PROXY_HEADERS);
-            return answered(w, trace, Some(Answer::UNSOLICITED_101)).await;
-        }
-        upgrade(client, w, out, up, (&res, &res_buf), s).await;
+            return answered(client, trace, Some(Answer::UNSOLICITED_101)).await;
+        };
+        upgrade(r, w, out, up, (&res, &res_buf), s).await;
         return Next::Close;
     }
-    deliver_final(ctx, req, backend, up, (&res, &res_buf, body_skipped), w, out).await.unwrap_or_else(|how| {
+    deliver_final(ctx, req, backend, up, (&res, &res_buf, body_skipped), client, out).await.unwrap_or_else(|how| {
         trace.ended(how);
         Next::Close
     })
 }
 
-/// The final response to the client: its head (the persistence cookie added, a small
-/// body at hand inlined), then the rest of its body relayed. The backend connection (and
-/// its share of the backend's connection limit) goes back to the pool as soon as the
-/// whole response is in hand, so a client that reads slowly holds no backend connection.
-/// `Err`: the response did not reach the client whole (how it ended, for the log).
+/// The final response to the client: its head (the persistence cookie added), then its
+/// body: to an HTTP/1.x client as bytes (a small body at hand inlined with the head), on
+/// an HTTP/2 stream as a header map and DATA frames (a body at hand sent at once). The
+/// backend connection (and its share of the backend's connection limit) goes back to
+/// the pool as soon as the whole response is in hand, so a client that reads slowly
+/// holds no backend connection. `Err`: the response did not reach the client whole (how
+/// it ended, for the log).
 async fn deliver_final(
     ctx: &VipCtx,
     req: &Request<'_>,
     backend: usize,
     mut up: Upstream,
-    (res, res_buf, body_skipped): (&ResponseHead, &[u8], bool),
-    w: &mut WriteSide,
+    (res, res_buf, body_skipped): (&ResponseHead, &Bytes, bool),
+    client: &mut Client,
     out: &mut Vec<u8>,
 ) -> Result<Next, [u8; 2]> {
     let head = req.head;
     let be = &ctx.servers.backends[backend];
     let pool = ctx.pools[backend].as_ref().expect("a pool for the chosen backend");
+    let s = &req.route.farm.settings;
     let (close, dechunk) = closes(head, res, body_skipped, req.closing, ctx.ownership.keeps(req.steer_slot));
-    build_response(out, res, res_buf, close, dechunk, head.minor == 0);
-    if let (Some(p), None) = (&ctx.persist, &req.sess) {
-        // A client without the cookie, or whose cookie names another backend (it
-        // failed over), is told where it is now.
-        if req.pinned != Some(backend) {
+    // A client without the cookie, or whose cookie names another backend (it failed
+    // over), is told where it is now.
+    let persist = match (&ctx.persist, &req.sess) {
+        (Some(p), None) if req.pinned != Some(backend) => Some(p),
+        _ => None,
+    };
+    let keep_upstream = !res.close && !body_skipped;
+    let (delivered, up) = if let Some((body, o)) = client.h2() {
+        let mut fields = super::h2::response_fields(res, res_buf);
+        if let Some(p) = persist {
+            p.insert_field(&mut fields, backend);
+        }
+        let at_hand = super::h2::body_at_hand(&mut up.r.buf, res.framing);
+        let mut up = match at_hand {
+            Some(_) => {
+                if keep_upstream {
+                    pool.put(up);
+                }
+                None
+            }
+            None => Some(up),
+        };
+        let rest = up.as_mut().map(|up| (&mut up.r, res.framing));
+        let t = Timeouts { read: s.server_timeout, write: s.client_timeout };
+        (super::h2::respond(body, o, (res.status, fields), at_hand, rest, t).await, up)
+    } else {
+        let Some(w) = client.conn_w() else { return Err(term::CLIENT_DATA) };
+        build_response(out, res, res_buf, close, dechunk, head.minor == 0);
+        if let Some(p) = persist {
             p.insert(out, backend, super::persist::has_cache_control(res, res_buf));
         }
-    }
-    let framing = inline_small_body(out, &mut up.r.buf, if dechunk { Framing::Chunked } else { res.framing });
-    let keep_upstream = !res.close && !body_skipped;
-    let mut up = match framing {
-        Framing::None => {
-            if keep_upstream {
-                pool.put(up);
+        let framing = inline_small_body(out, &mut up.r.buf, if dechunk { Framing::Chunked } else { res.framing });
+        let mut up = match framing {
+            Framing::None => {
+                if keep_upstream {
+                    pool.put(up);
+                }
+                None
             }
-            None
-        }
-        _ => Some(up),
+            _ => Some(up),
+        };
+        (deliver(w, out, up.as_mut().map(|up| &mut up.r), (framing, dechunk), s).await, up)
     };
-    match deliver(w, out, up.as_mut().map(|up| &mut up.r), (framing, dechunk), &req.route.farm.settings).await {
+    match delivered {
         Ok(()) => {}
         Err(Undelivered::Head) => return Err(term::CLIENT_DATA),
         Err(Undelivered::Body(e)) => {

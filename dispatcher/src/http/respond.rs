@@ -7,6 +7,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::{
     attempt::read_response,
+    client::{Client, ClientRead},
     pool::Upstream,
     tunnel::{tunnel, TunnelTimeouts},
 };
@@ -22,9 +23,9 @@ use crate::http1::{
 /// Interim responses (other than 101) go to the client as they are; the final one (or
 /// a 101) is returned. `None`: the client could not be written to, or no further head
 /// came from the backend.
-pub async fn forward_interim<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+pub async fn forward_interim<R: AsyncRead + Unpin>(
     up: &mut Inbound<R>,
-    w: &mut W,
+    client: &mut Client,
     mut res: ResponseHead,
     head: &RequestHead,
     limits: &HeadLimits,
@@ -32,8 +33,8 @@ pub async fn forward_interim<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     s: &HttpSettings,
 ) -> Option<ResponseHead> {
     while (100..200).contains(&res.status) && res.status != 101 {
-        let interim = up.buf.split_to(res.len);
-        if !write_client(w, &interim, s.client_timeout).await {
+        let interim = up.buf.split_to(res.len).freeze();
+        if !client.interim(&res, &interim, s.client_timeout).await {
             return None;
         }
         res = read_response(up, head, limits, scratch, s.server_timeout).await.ok()?;
@@ -43,8 +44,8 @@ pub async fn forward_interim<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
 
 /// `101 Switching Protocols` to a request that asked for it: its head goes to the
 /// client, then the connection is a tunnel until either side is done.
-pub async fn upgrade<R: AsyncRead + Unpin>(
-    client: &mut Inbound<R>,
+pub async fn upgrade(
+    client: &mut Inbound<ClientRead>,
     w: &mut WriteSide,
     out: &mut Vec<u8>,
     up: Upstream,
@@ -120,6 +121,7 @@ pub async fn deliver<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
 mod tests {
     use super::*;
     use crate::http::attempt::tests::{drain, request};
+    use crate::http::client::tests::{over_tcp, read_all};
     use crate::http1::head::parse_response;
     use std::time::Duration;
     use tokio::io::AsyncWriteExt;
@@ -141,7 +143,7 @@ mod tests {
         let (mut backend, io) = tokio::io::duplex(1 << 16);
         backend.write_all(format!("{interim}HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok").as_bytes()).await.unwrap();
         let mut up = Inbound::new(io);
-        let (mut w, client) = tokio::io::duplex(1 << 16);
+        let (mut w, client) = over_tcp().await;
         let s = HttpSettings::default();
         let first = next_head(&mut up, &req).await;
         assert_eq!(first.status, 100);
@@ -149,18 +151,18 @@ mod tests {
         assert_eq!(last.map(|r| r.status), Some(200));
         assert!(up.buf.starts_with(b"HTTP/1.1 200 OK\r\n"), "the final head stays for the caller");
         drop(w);
-        assert_eq!(drain(client).await, interim);
+        assert_eq!(read_all(client).await, interim);
         // A 101 is not interim: it is returned as it is, nothing written.
         let (mut backend, io) = tokio::io::duplex(1024);
         backend.write_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n").await.unwrap();
         let mut up = Inbound::new(io);
         let res = next_head(&mut up, &req).await;
-        let (mut w, client) = tokio::io::duplex(1024);
+        let (mut w, client) = over_tcp().await;
         let limits = HeadLimits::default();
         let got = forward_interim(&mut up, &mut w, res, &req, &limits, &mut Vec::new(), &s).await;
         assert_eq!(got.map(|r| r.status), Some(101));
         drop(w);
-        assert_eq!(drain(client).await, "");
+        assert_eq!(read_all(client).await, "");
     }
 
     #[tokio::test]
@@ -171,7 +173,7 @@ mod tests {
         drop(backend);
         let mut up = Inbound::new(io);
         let first = next_head(&mut up, &req).await;
-        let (mut w, _client) = tokio::io::duplex(1024);
+        let (mut w, _client) = over_tcp().await;
         let s = HttpSettings::default();
         let got = forward_interim(&mut up, &mut w, first, &req, &HeadLimits::default(), &mut Vec::new(), &s).await;
         assert!(got.is_none());

@@ -87,17 +87,6 @@ impl<R: AsyncRead + Unpin> Inbound<R> {
         }
     }
 
-    /// Reads more bytes into the buffer, however long they take (a reader whose other end
-    /// bounds its own waits: an in-process pipe); `Ok(0)` at end of stream.
-    pub async fn fill_unbounded(&mut self) -> Result<usize, RelayError> {
-        if self.buf.capacity() - self.buf.len() < 1024 {
-            self.buf.reserve(self.chunk);
-        }
-        let n = self.io.read_buf(&mut self.buf).await.map_err(RelayError::Read)?;
-        self.total_read += n as u64;
-        Ok(n)
-    }
-
     /// Reads until `parse` finds a whole head at the start of the buffer (`parse_request`
     /// or `parse_response` with the caller's limits); each read waits at most `timeout`.
     /// The head's bytes stay in the buffer (`len` of the head returned).
@@ -314,7 +303,7 @@ fn forbidden_trailer(name: &[u8]) -> bool {
 fn check_trailer(line: &[u8]) -> Result<&[u8], RelayError> {
     let colon = line.iter().position(|&b| b == b':').ok_or(RelayError::Chunk("trailer line without a colon"))?;
     let name = &line[..colon];
-    if name.is_empty() || !name.iter().all(|&b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)) {
+    if name.is_empty() || !name.iter().all(|&b| super::head::is_tchar(b)) {
         return Err(RelayError::Chunk("bad trailer field name"));
     }
     if !line[colon + 1..].iter().all(|&b| b == b'\t' || b == b' ' || (0x21..=0x7e).contains(&b) || b >= 0x80) {

@@ -56,27 +56,6 @@ pub struct RequestHead {
     pub path: Range<usize>,
 }
 
-impl RequestHead {
-    /// What `parse_response` needs of a request it answers and that was not parsed here
-    /// (an HTTP/2 stream's): whether it was `HEAD`.
-    pub fn answered(is_head: bool) -> RequestHead {
-        RequestHead {
-            len: 0,
-            method: 0..0,
-            target: 0..0,
-            minor: 1,
-            headers: Vec::new(),
-            framing: Framing::None,
-            keep_alive: true,
-            expect_continue: false,
-            upgrade: false,
-            is_head,
-            authority: None,
-            path: 0..0,
-        }
-    }
-}
-
 #[derive(Clone, Debug)]
 pub struct ResponseHead {
     pub len: usize,
@@ -263,16 +242,65 @@ pub fn parse_request(
         Err(httparse::Error::Version) => return Err(reject(400, "bad HTTP version")),
         Err(_) => return Err(reject(400, "malformed request head")),
     };
-    if len > limits.max_bytes {
-        return Err(reject(431, "request header section too large"));
-    }
     check_line_endings(&buf[..len])?;
     let method = req.method.ok_or(reject(400, "no method"))?;
     let target = req.path.ok_or(reject(400, "no request target"))?;
     let minor = req.version.ok_or(reject(400, "no version"))?;
-    let (authority, path) = request_target(buf, method, target)?;
     collect_headers(buf, req.headers, scratch);
-    let f = scan(buf, scratch, true)?;
+    let line =
+        RequestLine { method: range_of(buf, method.as_bytes()), target: range_of(buf, target.as_bytes()), minor };
+    check_request(buf, len, line, std::mem::take(scratch), limits).map(Some)
+}
+
+/// A request line's parts, as ranges of the buffer the head is in.
+#[derive(Clone, Debug)]
+pub struct RequestLine {
+    pub method: Range<usize>,
+    pub target: Range<usize>,
+    /// 0 for HTTP/1.0, 1 for HTTP/1.1.
+    pub minor: u8,
+}
+
+/// The checks every request head passes before it is routed, whichever way it came: an
+/// HTTP/1.x head parsed by `parse_request`, or an HTTP/2 request whose fields were
+/// written into `buf` (`http::h2`). `buf[..len]` holds the head; `line` and `headers`
+/// are ranges of it. Enforced here for both: the size and count limits, field names
+/// that are tokens and values without CR, LF, NUL or other controls, the target's form,
+/// one framing (never both, one `Content-Length`, `Transfer-Encoding` only `chunked`),
+/// `Connection` never naming a framing field or Host, one valid Host (an HTTP/1.1
+/// request has one), and the expectations understood.
+pub fn check_request(
+    buf: &[u8],
+    len: usize,
+    line: RequestLine,
+    headers: Vec<Header>,
+    limits: &HeadLimits,
+) -> Result<RequestHead, Reject> {
+    if len > limits.max_bytes {
+        return Err(reject(431, "request header section too large"));
+    }
+    if headers.len() > limits.max_headers.min(MAX_HEADERS) {
+        return Err(reject(431, "too many header fields"));
+    }
+    let (method, target, minor) = (&buf[line.method.clone()], &buf[line.target.clone()], line.minor);
+    if method.is_empty() || !method.iter().all(|&b| is_tchar(b)) {
+        return Err(reject(400, "malformed request head"));
+    }
+    if target.is_empty() || target.iter().any(|&b| b <= b' ' || b == 0x7f) {
+        return Err(reject(400, "bad request target"));
+    }
+    for h in &headers {
+        let (name, value) = (&buf[h.name.clone()], &buf[h.value.clone()]);
+        if name.is_empty() || !name.iter().all(|&b| is_tchar(b)) {
+            return Err(reject(400, "malformed request head"));
+        }
+        // Visible characters, spaces, tabs and obs-text (RFC 9110 5.5): no CR, LF, NUL.
+        if !value.iter().all(|&b| b == b'\t' || b >= b' ' && b != 0x7f) {
+            return Err(reject(400, "control character in a field value"));
+        }
+    }
+    let (authority, path) = request_target(buf, method, line.target.clone())?;
+    let f = scan(buf, &headers, true)?;
     if f.hosts > 1 {
         return Err(reject(400, "more than one Host"));
     }
@@ -291,41 +319,50 @@ pub fn parse_request(
         (false, Some(n)) => Framing::Length(n),
     };
     let keep_alive = if minor == 1 { !f.conn_close } else { f.conn_keep_alive && !f.conn_close };
-    Ok(Some(RequestHead {
+    Ok(RequestHead {
         len,
-        method: range_of(buf, method.as_bytes()),
-        target: range_of(buf, target.as_bytes()),
+        method: line.method,
+        target: line.target,
         minor,
-        headers: std::mem::take(scratch),
+        headers,
         framing,
         keep_alive,
         expect_continue: f.expect_continue && minor == 1,
         upgrade: f.conn_upgrade && f.has_upgrade,
-        is_head: method == "HEAD",
+        is_head: method == b"HEAD",
         authority,
         path,
-    }))
+    })
+}
+
+/// A token character (RFC 9110 5.6.2): what a method and a field name are made of.
+pub fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
 /// The request target's forms (RFC 9112 3.2): origin-form, `*` for OPTIONS only, or
 /// absolute-form (`absolute_form`); no CONNECT (authority-form), no fragment. The
 /// absolute-form authority's range, if any, and the range of the part that is sent.
-fn request_target(buf: &[u8], method: &str, target: &str) -> Result<(Option<Range<usize>>, Range<usize>), Reject> {
-    if method == "CONNECT" {
+fn request_target(
+    buf: &[u8],
+    method: &[u8],
+    target_range: Range<usize>,
+) -> Result<(Option<Range<usize>>, Range<usize>), Reject> {
+    let target = &buf[target_range.clone()];
+    if method == b"CONNECT" {
         return Err(reject(405, "CONNECT is not supported"));
     }
-    if target == "*" && method != "OPTIONS" {
+    if target == b"*" && method != b"OPTIONS" {
         return Err(reject(400, "asterisk-form target outside OPTIONS"));
     }
-    if target.contains('#') {
+    if target.contains(&b'#') {
         // A fragment is never part of a request target (RFC 9112 3.2).
         return Err(reject(400, "fragment in the request target"));
     }
-    let target_range = range_of(buf, target.as_bytes());
-    if target.starts_with('/') || target == "*" {
+    if target.starts_with(b"/") || target == b"*" {
         return Ok((None, target_range));
     }
-    let (a, p) = absolute_form(target.as_bytes()).ok_or(reject(400, "bad request target"))?;
+    let (a, p) = absolute_form(target).ok_or(reject(400, "bad request target"))?;
     let base = target_range.start;
     Ok((Some(base + a.start..base + a.end), base + p.start..base + p.end))
 }
@@ -629,6 +666,32 @@ mod tests {
     /// A head is judged the same whatever the reads split it into: every prefix of a head
     /// that parses is "more needed", never a verdict of its own. Random heads from
     /// fragments (valid and hostile), deterministic seed.
+    /// The checks a head written by another path (an HTTP/2 request's) goes through:
+    /// names that are tokens, values without controls, a method that is a token, a
+    /// target without spaces.
+    #[test]
+    fn a_head_not_parsed_here_is_checked_all_the_same() {
+        // Offsets into `GET /x HTTP/1.1\r\nHost: a\r\nx-a: b\r\n\r\n` (and the same with other
+        // bytes in their places).
+        let check = |text: &str| {
+            let line = RequestLine { method: 0..3, target: 4..6, minor: 1 };
+            let headers = vec![Header { name: 17..21, value: 23..24 }, Header { name: 26..29, value: 31..32 }];
+            check_request(text.as_bytes(), text.len(), line, headers, &HeadLimits::default()).map(|_| ())
+        };
+        let ok = "GET /x HTTP/1.1\r\nHost: a\r\nx-a: b\r\n\r\n";
+        assert_eq!(check(ok), Ok(()));
+        for (text, why) in [
+            ("GET /x HTTP/1.1\r\nHost: a\r\nx-a: \0\r\n\r\n", "control character in a field value"),
+            ("GET /x HTTP/1.1\r\nHost: a\r\nx-a: \r\r\n\r\n", "control character in a field value"),
+            ("GET /x HTTP/1.1\r\nHost: a\r\nx-a: \n\r\n\r\n", "control character in a field value"),
+            ("GET /x HTTP/1.1\r\nHost: a\r\nx a: b\r\n\r\n", "malformed request head"),
+            ("G T /x HTTP/1.1\r\nHost: a\r\nx-a: b\r\n\r\n", "malformed request head"),
+            ("GET / HTTP/1.1\r\n Host: a\r\nx-a: b\r\n\r\n", "bad request target"),
+        ] {
+            assert_eq!(check(text).map_err(|r| r.reason), Err(why), "{text:?}");
+        }
+    }
+
     #[test]
     fn a_head_is_judged_the_same_at_every_split() {
         let pieces = [

@@ -12,7 +12,7 @@ use std::{
 };
 
 use tokio::{
-    io::{AsyncRead, AsyncWrite, DuplexStream, ReadBuf},
+    io::{AsyncRead, AsyncWrite, ReadBuf},
     net::{
         tcp::{OwnedReadHalf, OwnedWriteHalf},
         TcpStream,
@@ -25,8 +25,6 @@ pub type TlsConn = tokio_rustls::TlsStream<TcpStream>;
 pub enum ReadSide {
     Plain(OwnedReadHalf),
     Tls(tokio::io::ReadHalf<TlsConn>),
-    /// An in-process pipe: an HTTP/2 stream translated into HTTP/1.1 (`http::h2`).
-    Pipe(tokio::io::ReadHalf<DuplexStream>),
 }
 
 /// The write half, and how many bytes it has taken (the access log's bytes out).
@@ -38,7 +36,6 @@ pub struct WriteSide {
 enum WriteHalf {
     Plain(OwnedWriteHalf),
     Tls(tokio::io::WriteHalf<TlsConn>),
-    Pipe(tokio::io::WriteHalf<DuplexStream>),
 }
 
 /// A connection's halves and its socket's descriptor (for socket options and peeks that
@@ -53,14 +50,6 @@ pub fn split_tls(s: TlsConn) -> (ReadSide, WriteSide, RawFd) {
     let fd = s.get_ref().0.as_raw_fd();
     let (r, w) = tokio::io::split(s);
     (ReadSide::Tls(r), WriteSide { half: WriteHalf::Tls(w), written: 0 }, fd)
-}
-
-/// The HTTP/1.1 side of an HTTP/2 stream: its end of an in-process pipe, requests in,
-/// responses out. When both halves are gone, the other end reads its end and writes
-/// fail.
-pub fn pipe_sides(pipe: DuplexStream) -> (ReadSide, WriteSide) {
-    let (r, w) = tokio::io::split(pipe);
-    (ReadSide::Pipe(r), WriteSide { half: WriteHalf::Pipe(w), written: 0 })
 }
 
 impl ReadSide {
@@ -83,7 +72,6 @@ impl AsyncRead for ReadSide {
         match self.get_mut() {
             ReadSide::Plain(r) => Pin::new(r).poll_read(cx, buf),
             ReadSide::Tls(r) => Pin::new(r).poll_read(cx, buf),
-            ReadSide::Pipe(r) => Pin::new(r).poll_read(cx, buf),
         }
     }
 }
@@ -94,7 +82,6 @@ impl AsyncWrite for WriteSide {
         let r = match &mut me.half {
             WriteHalf::Plain(w) => Pin::new(w).poll_write(cx, buf),
             WriteHalf::Tls(w) => Pin::new(w).poll_write(cx, buf),
-            WriteHalf::Pipe(w) => Pin::new(w).poll_write(cx, buf),
         };
         if let Poll::Ready(Ok(n)) = r {
             me.written += n as u64;
@@ -111,7 +98,6 @@ impl AsyncWrite for WriteSide {
         let r = match &mut me.half {
             WriteHalf::Plain(w) => Pin::new(w).poll_write_vectored(cx, bufs),
             WriteHalf::Tls(w) => Pin::new(w).poll_write_vectored(cx, bufs),
-            WriteHalf::Pipe(w) => Pin::new(w).poll_write_vectored(cx, bufs),
         };
         if let Poll::Ready(Ok(n)) = r {
             me.written += n as u64;
@@ -123,7 +109,6 @@ impl AsyncWrite for WriteSide {
         match &self.half {
             WriteHalf::Plain(w) => w.is_write_vectored(),
             WriteHalf::Tls(w) => w.is_write_vectored(),
-            WriteHalf::Pipe(w) => w.is_write_vectored(),
         }
     }
 
@@ -131,7 +116,6 @@ impl AsyncWrite for WriteSide {
         match &mut self.get_mut().half {
             WriteHalf::Plain(w) => Pin::new(w).poll_flush(cx),
             WriteHalf::Tls(w) => Pin::new(w).poll_flush(cx),
-            WriteHalf::Pipe(w) => Pin::new(w).poll_flush(cx),
         }
     }
 
@@ -140,7 +124,6 @@ impl AsyncWrite for WriteSide {
         match &mut self.get_mut().half {
             WriteHalf::Plain(w) => Pin::new(w).poll_shutdown(cx),
             WriteHalf::Tls(w) => Pin::new(w).poll_shutdown(cx),
-            WriteHalf::Pipe(w) => Pin::new(w).poll_shutdown(cx),
         }
     }
 }

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use super::head::{framing_field, tokens, Header, RequestHead, ResponseHead};
 
 /// The `Via` element of the responses this proxy relays.
-const VIA: &str = "1.1 dispatcher";
+pub const VIA: &str = "1.1 dispatcher";
 
 /// This process's name in the `Via` of the requests it forwards: a pseudonym (RFC 9110
 /// 7.6.3) with the instance and a random part, `dispatcher-<instance>-<16 hex digits>`,
@@ -152,19 +152,7 @@ pub fn build_response(out: &mut Vec<u8>, res: &ResponseHead, buf: &[u8], close: 
     let _ = std::io::Write::write_fmt(out, format_args!("HTTP/1.1 {} ", res.status));
     out.extend_from_slice(&buf[res.reason.clone()]);
     out.extend_from_slice(b"\r\n");
-    let listed = connection_listed(buf, &res.headers);
-    let mut via: Vec<&[u8]> = Vec::new();
-    for h in &res.headers {
-        let (name, value) = (&buf[h.name.clone()], &buf[h.value.clone()]);
-        if is(name, "via") {
-            via.push(value);
-        } else if is(name, "upgrade") && res.status == 101 {
-            write_header(out, name, value);
-        } else if listed.iter().any(|l| name.eq_ignore_ascii_case(l)) || (dechunk && is(name, "transfer-encoding")) {
-        } else if !hop_by_hop(name) {
-            write_header(out, name, value);
-        }
-    }
+    let via = response_fields(res, buf, dechunk, |h| write_header(out, &buf[h.name.clone()], &buf[h.value.clone()]));
     write_list(out, b"Via", &via, format_args!("{VIA}"));
     if res.status == 101 {
         out.extend_from_slice(b"Connection: upgrade\r\n");
@@ -174,6 +162,33 @@ pub fn build_response(out: &mut Vec<u8>, res: &ResponseHead, buf: &[u8], close: 
         out.extend_from_slice(b"Connection: keep-alive\r\n");
     }
     out.extend_from_slice(b"\r\n");
+}
+
+/// The fields of a response head (in `buf`) that go to the client, whatever its
+/// protocol, each given to `each`: not the hop-by-hop ones nor those its `Connection`
+/// names (`Upgrade` stays on a 101), nor `Transfer-Encoding` when the body is
+/// de-chunked. `Via` is not among them: its values are returned, for a `Via` that ends
+/// with ours (`VIA`).
+pub fn response_fields<'b>(
+    res: &ResponseHead,
+    buf: &'b [u8],
+    dechunk: bool,
+    mut each: impl FnMut(&Header),
+) -> Vec<&'b [u8]> {
+    let listed = connection_listed(buf, &res.headers);
+    let mut via: Vec<&[u8]> = Vec::new();
+    for h in &res.headers {
+        let (name, value) = (&buf[h.name.clone()], &buf[h.value.clone()]);
+        if is(name, "via") {
+            via.push(value);
+        } else if is(name, "upgrade") && res.status == 101 {
+            each(h);
+        } else if listed.iter().any(|l| name.eq_ignore_ascii_case(l)) || (dechunk && is(name, "transfer-encoding")) {
+        } else if !hop_by_hop(name) {
+            each(h);
+        }
+    }
+    via
 }
 
 /// `Name: earlier values, ours` — one field carrying the list (X-Forwarded-For, Via).

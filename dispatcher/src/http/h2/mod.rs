@@ -1,9 +1,10 @@
 //! HTTP/2 from clients (RFC 9113), by ALPN `h2` on HTTPS VIPs or by prior knowledge on
-//! `h2c` VIPs, with the `h2` crate as the codec. Each stream is one request: translated
-//! into HTTP/1.1 (`translate`) and served by the HTTP/1.1 proxy through a pair of
-//! in-process pipes (`stream`), so that a stream is routed, held, retried, queued,
-//! learned from and logged exactly as an HTTP/1.1 request is, and goes upstream over
-//! the same HTTP/1.1 pools. Streams of one connection are independent: each carries its
+//! `h2c` VIPs, with the `h2` crate as the codec. Each stream is one request: its head
+//! written once as the HTTP/1.1 head that goes upstream and checked as every request
+//! head is (`translate`), then served by the proxy's own phases with the stream as its
+//! client side (`stream`, `http::client`), so that a stream is routed, held, retried,
+//! queued, learned from and logged exactly as an HTTP/1.1 request is, and goes upstream
+//! over the same HTTP/1.1 pools. Streams of one connection are independent: each carries its
 //! own session and may reach its own clone.
 //!
 //! The bounds (`[http] h2_*`, `max_header_bytes`): streams open at once
@@ -17,8 +18,11 @@
 //! `client_idle_timeout` gets a graceful GOAWAY, as do all on stop, reload and leave.
 
 mod frames;
-mod stream;
+pub mod stream;
 mod translate;
+
+pub use stream::{body_at_hand, respond};
+pub use translate::response_fields;
 
 use std::{
     net::SocketAddr,
@@ -146,7 +150,8 @@ fn builder(ctx: &VipCtx) -> h2::server::Builder {
         .initial_connection_window_size(h2.initial_window_size.saturating_mul(4).min((1 << 31) - 1))
         .max_header_list_size(s.max_header_bytes as u32)
         // What a stream's response may hold in the crate's buffer beyond the client's
-        // window: the proxy's pipe keeps the rest, and the backend the remainder.
+        // window: the proxy keeps what it has read of the backend's body (one read), and
+        // the backend the remainder.
         .max_send_buffer_size(64 * 1024);
     b
 }

@@ -1,38 +1,44 @@
-//! One HTTP/2 stream: its request translated into HTTP/1.1 and written into an
-//! in-process pipe whose other end the HTTP/1.1 proxy serves as a client connection
-//! (`proxy::serve_http1`), the proxy's answer read back from it and sent on the stream.
-//! The stream's end drops its end of the pipe: the proxy reads the end of its client and
-//! its writes fail, so it stops whatever it was doing. Flow control holds both ways:
-//! the client's window reopens only as the proxy takes the body (the pipe is bounded),
-//! and a response goes out as the client's window allows, never buffered whole. A body
-//! cut short either way resets the stream: a truncated message never looks complete.
+//! One HTTP/2 stream served straight by the proxy's phases (`proxy::serve_stream`): its
+//! request head written once as the HTTP/1.1 head that goes upstream and checked by the
+//! validation every request passes (`translate::request`), its body read by the proxy
+//! from the stream's DATA (`Body`), and its answer sent on the stream: interim
+//! responses and the final head as header maps made from the backend's parsed head,
+//! the body as DATA frames (`respond`), never serialized into HTTP/1.1 and parsed again.
+//! Flow control holds both ways: the client's window reopens only as the proxy takes the
+//! body, and a response goes out as the client's window allows, never buffered whole (a
+//! window that stays shut for `client_timeout` resets the stream). A body cut short
+//! either way resets the stream: a truncated message never looks complete.
 
-use std::{future::poll_fn, sync::Arc, task::Poll, time::Duration};
-
-use bytes::{Buf as _, Bytes};
-use h2::{server::SendResponse, Reason, RecvStream, SendStream};
-use tokio::{
-    io::{AsyncWriteExt, DuplexStream, ReadHalf, WriteHalf},
-    sync::watch,
+use std::{
+    future::poll_fn,
+    io,
+    pin::Pin,
+    sync::Arc,
+    task::{ready, Context, Poll},
+    time::Duration,
 };
 
+use bytes::{Buf as _, BufMut as _, Bytes, BytesMut};
+use h2::{server::SendResponse, Reason, RecvStream, SendStream};
+use http::{header, HeaderMap, HeaderValue, StatusCode};
+use tokio::{io::ReadBuf, sync::watch};
+
 use super::{
-    translate::{last_chunk, request_head, response_fields, trailer_fields},
+    translate::{last_chunk, request, response_fields, trailer_fields},
     At,
 };
 use crate::http::{
-    proxy::{serve_http1, VipCtx},
-    Counted, Protocol,
+    answer::Answer,
+    client::{Client, ClientRead, Sink},
+    proxy::{serve_stream, VipCtx},
+    respond::Undelivered,
+    Counted,
 };
 use crate::http1::{
-    body::{ChunkedDecoder, Inbound, RelayError},
-    head::{parse_response, Framing, HeadLimits, RequestHead, MAX_HEADERS},
-    io::pipe_sides,
+    body::{ChunkedDecoder, Inbound, RelayError, Timeouts},
+    head::{Framing, ResponseHead},
+    io::ReadSide,
 };
-
-/// The pipe's buffer each way: what the proxy may write ahead of the client's window,
-/// and the client ahead of the proxy.
-const PIPE: usize = 64 * 1024;
 
 /// Serves one stream (its task: the connection goes on meanwhile).
 pub async fn serve(
@@ -49,10 +55,8 @@ pub async fn serve(
     if poll_fn(|cx| Poll::Ready(respond.poll_reset(cx).is_ready())).await {
         return;
     }
-    let (parts, body) = req.into_parts();
-    // The proxy parses the head as it parses any (and answers what it refuses); the
-    // answer's framing depends on whether it was HEAD.
-    let (head, framing) = match request_head(&parts, body.is_end_stream()) {
+    let (parts, recv) = req.into_parts();
+    let (buf, head, framing) = match request(&parts, recv.is_end_stream(), &ctx.limits) {
         Ok(t) => t,
         Err(r) => {
             counters.h2_refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -70,31 +74,24 @@ pub async fn serve(
             return;
         }
     };
-    let parsed = RequestHead::answered(parts.method == http::Method::HEAD);
-    let (ours, theirs) = tokio::io::duplex(PIPE);
-    let proxy = serve_http1(ctx.clone(), pipe_sides(theirs), at.peer, at.steer_slot, stop, Protocol::H2);
-    let exchange = async {
-        let (res_r, mut req_w) = tokio::io::split(ours);
-        let upload = async {
-            // A request the client gave up on: the proxy reads the end of its client.
-            if !upload(head, framing, body, &mut req_w).await {
-                let _ = req_w.shutdown().await;
-            }
-        };
-        let download = download(&ctx, res_r, &mut respond, &parsed);
-        tokio::pin!(upload, download);
-        // The pipe stays open until the response is through (its end would tell the
-        // proxy that the client left); a client still sending then is cut off.
-        let mut uploading = true;
-        loop {
-            tokio::select! {
-                () = &mut upload, if uploading => uploading = false,
-                () = &mut download => break,
-            }
-        }
+    let body = Body {
+        recv,
+        respond: Some(respond),
+        chunked: framing == Framing::Chunked,
+        state: Part::Data,
+        pending: Bytes::new(),
     };
-    // The exchange's end drops our end of the pipe: the proxy stops.
-    tokio::join!(proxy, exchange);
+    // DATA frames are at most 16 KiB (SETTINGS_MAX_FRAME_SIZE's default).
+    let r = Inbound::with_chunk(ClientRead::H2(Box::new(body)), 16 * 1024);
+    let out = Out { written: 0, is_head: parts.method == http::Method::HEAD };
+    let mut client = Client { r, w: Sink::H2(out) };
+    serve_stream(ctx, &mut client, (head, buf), at.peer, at.steer_slot, &stop).await;
+    if let Some((body, _)) = client.h2() {
+        // The proxy ended without an answer (the client is gone, or it gave up).
+        if let Some(mut r) = body.respond.take() {
+            r.send_reset(Reason::INTERNAL_ERROR);
+        }
+    }
 }
 
 /// The dispatcher's own answer on a stream (a request it will not translate).
@@ -102,8 +99,8 @@ fn refuse(respond: &mut SendResponse<Bytes>, status: u16, reason: &str) {
     let body = Bytes::from(format!("{status} {reason}\n"));
     let res = http::Response::builder()
         .status(status)
-        .header(http::header::CONTENT_TYPE, "text/plain")
-        .header(http::header::CONTENT_LENGTH, body.len())
+        .header(header::CONTENT_TYPE, "text/plain")
+        .header(header::CONTENT_LENGTH, body.len())
         .body(())
         .expect("a valid status and fields");
     if let Ok(mut s) = respond.send_response(res, false) {
@@ -111,118 +108,177 @@ fn refuse(respond: &mut SendResponse<Bytes>, status: u16, reason: &str) {
     }
 }
 
-/// The request into the proxy's pipe: its head, then its body as DATA frames come
-/// (chunked, with the client's trailers, when it has no `content-length`). `true`: the
-/// whole request written; `false`: the client reset the stream or the proxy stopped
-/// reading.
-async fn upload(head: Vec<u8>, framing: Framing, body: RecvStream, w: &mut WriteHalf<DuplexStream>) -> bool {
-    upload_all(head, framing, body, w).await.is_some()
+/// Where a request body is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Part {
+    Data,
+    Trailers,
+    Done,
 }
 
-async fn upload_all(
-    head: Vec<u8>,
-    framing: Framing,
-    mut body: RecvStream,
-    w: &mut WriteHalf<DuplexStream>,
-) -> Option<()> {
-    w.write_all(&head).await.ok()?;
-    if framing == Framing::None {
-        return Some(());
-    }
-    let chunked = framing == Framing::Chunked;
-    while let Some(data) = body.data().await {
-        let data = data.ok()?;
-        let n = data.len();
-        if n == 0 {
-            continue;
-        }
-        if chunked {
-            w.write_all(format!("{n:x}\r\n").as_bytes()).await.ok()?;
-        }
-        w.write_all(&data).await.ok()?;
-        if chunked {
-            w.write_all(b"\r\n").await.ok()?;
-        }
-        // The client may send as much again once the proxy has it.
-        let _ = body.flow_control().release_capacity(n);
-    }
-    if chunked {
-        let trailers = body.trailers().await.ok()?;
-        w.write_all(&last_chunk(trailers.as_ref())).await.ok()?;
-    }
-    Some(())
+/// A stream's request body as the proxy reads a client's: its DATA as they come, as
+/// they are when the request has a `content-length`, else chunked with the client's
+/// trailers as the trailer section (the proxy checks and forwards what a client sends,
+/// whatever its protocol). The client's window reopens as the proxy takes the bytes.
+/// Once the body is whole, a read waits until the client resets the stream, then ends
+/// (a held request's client leaving, as an HTTP/1.1 client's close ends its read).
+pub struct Body {
+    recv: RecvStream,
+    /// The stream's sending half until the response begins.
+    respond: Option<SendResponse<Bytes>>,
+    chunked: bool,
+    state: Part,
+    /// Bytes taken from the stream and not yet read.
+    pending: Bytes,
 }
 
-/// The proxy's answer onto the stream: interim responses, the final head, its body.
-async fn download(ctx: &VipCtx, res_r: ReadHalf<DuplexStream>, respond: &mut SendResponse<Bytes>, req: &RequestHead) {
-    // Reads from the pipe need no deadline: the proxy bounds its own waits (server,
-    // queue and hold timeouts) and ends its side when it gives up.
-    let mut src = Inbound::with_chunk(res_r, 8 * 1024);
-    // The proxy's head may be a little larger than the backend's (fields it adds).
-    let limits = HeadLimits { max_bytes: ctx.limits.max_bytes * 2 + 4096, max_headers: MAX_HEADERS };
-    let mut scratch = Vec::new();
-    let (res, buf) = loop {
-        match parse_response(&src.buf, req, &limits, &mut scratch) {
-            Ok(Some(res)) => {
-                let buf = src.buf.split_to(res.len);
-                if (100..200).contains(&res.status) {
-                    let mut interim = http::Response::new(());
-                    *interim.status_mut() = http::StatusCode::from_u16(res.status).expect("1xx");
-                    *interim.headers_mut() = response_fields(&res, &buf);
-                    if respond.send_informational(interim).is_err() {
-                        return;
-                    }
-                    continue;
-                }
-                break (res, buf);
+impl tokio::io::AsyncRead for Body {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let me = self.get_mut();
+        loop {
+            if !me.pending.is_empty() {
+                let n = me.pending.len().min(buf.remaining());
+                buf.put_slice(&me.pending[..n]);
+                me.pending.advance(n);
+                return Poll::Ready(Ok(()));
             }
-            Ok(None) => {}
-            Err(_) => return respond.send_reset(Reason::INTERNAL_ERROR),
+            match me.state {
+                Part::Data => match ready!(me.recv.poll_data(cx)) {
+                    Some(Ok(data)) => {
+                        let _ = me.recv.flow_control().release_capacity(data.len());
+                        me.pending = match me.chunked {
+                            true if !data.is_empty() => chunk(&data),
+                            _ => data,
+                        };
+                    }
+                    Some(Err(e)) => return Poll::Ready(Err(io::Error::other(e))),
+                    None if me.chunked => me.state = Part::Trailers,
+                    None => me.state = Part::Done,
+                },
+                Part::Trailers => {
+                    let trailers = ready!(me.recv.poll_trailers(cx)).map_err(io::Error::other)?;
+                    me.pending = Bytes::from(last_chunk(trailers.as_ref()));
+                    me.state = Part::Done;
+                }
+                Part::Done => {
+                    if let Some(r) = me.respond.as_mut() {
+                        let _ = ready!(r.poll_reset(cx));
+                    }
+                    return Poll::Ready(Ok(()));
+                }
+            }
         }
-        tokio::select! {
-            filled = src.fill_unbounded() => match filled {
-                Ok(n) if n > 0 => {}
-                // The proxy ended without an answer (the client is gone, or it gave up).
-                _ => return respond.send_reset(Reason::INTERNAL_ERROR),
-            },
-            // The client reset the stream: the pipes close, the proxy stops.
-            _ = poll_fn(|cx| respond.poll_reset(cx)) => return,
-        }
-    };
-    let mut head = http::Response::new(());
-    *head.status_mut() = match http::StatusCode::from_u16(res.status) {
-        Ok(s) => s,
-        Err(_) => return respond.send_reset(Reason::INTERNAL_ERROR),
-    };
-    *head.headers_mut() = response_fields(&res, &buf);
-    let no_body = res.framing == Framing::None;
-    let Ok(mut out) = respond.send_response(head, no_body) else { return };
-    if no_body {
-        return;
-    }
-    if let Err(reason) = body(&mut src, &mut out, res.framing, ctx.settings.client_timeout).await {
-        out.send_reset(reason);
     }
 }
 
-/// The response body, as its HTTP/1.1 framing delimits it, in DATA frames (and trailers).
-async fn body(
-    src: &mut Inbound<ReadHalf<DuplexStream>>,
+/// One DATA frame's payload as a chunk.
+fn chunk(data: &[u8]) -> Bytes {
+    let mut c = BytesMut::with_capacity(data.len() + 20);
+    let _ = std::fmt::Write::write_fmt(&mut c, format_args!("{:x}\r\n", data.len()));
+    c.put_slice(data);
+    c.put_slice(b"\r\n");
+    c.freeze()
+}
+
+/// A stream's response side once it began: its DATA, and what it has sent.
+pub struct Out {
+    /// DATA bytes sent (the access log's bytes out).
+    pub written: u64,
+    /// A `HEAD` request: answers without a body.
+    is_head: bool,
+}
+
+/// An answer of the proxy's own: status, `Retry-After`, the short text body (the same
+/// as an HTTP/1.1 client reads).
+pub fn answer(body: &mut Body, out: &mut Out, a: Answer) {
+    let Some(mut respond) = body.respond.take() else { return };
+    let text = Bytes::from(format!("{} {}: {}\n", a.status, crate::http1::answer::reason(a.status), a.why));
+    let mut res = http::Response::new(());
+    *res.status_mut() = StatusCode::from_u16(a.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let h = res.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(text.len()));
+    if let Some(s) = a.retry_after {
+        h.insert(header::RETRY_AFTER, HeaderValue::from(s));
+    }
+    if let Ok(mut s) = respond.send_response(res, out.is_head) {
+        if !out.is_head {
+            out.written += text.len() as u64;
+            let _ = s.send_data(text, true);
+        }
+    }
+}
+
+/// An interim response passed on (its fields as the client gets them).
+pub fn interim(body: &mut Body, res: &ResponseHead, buf: &Bytes) -> bool {
+    informational(body, res.status, response_fields(res, buf))
+}
+
+/// `100 Continue`.
+pub fn go_on(body: &mut Body) -> bool {
+    informational(body, 100, HeaderMap::new())
+}
+
+fn informational(body: &mut Body, status: u16, fields: HeaderMap) -> bool {
+    let (Some(r), Ok(status)) = (body.respond.as_mut(), StatusCode::from_u16(status)) else { return false };
+    let mut res = http::Response::new(());
+    *res.status_mut() = status;
+    *res.headers_mut() = fields;
+    r.send_informational(res).is_ok()
+}
+
+/// The final response: its head (`fields`), then its body: `at_hand` (the whole body,
+/// already read), or what `rest` delivers as `framing` delimits it, read within
+/// `t.read` and sent as the client's window opens within `t.write`.
+pub async fn respond(
+    body: &mut Body,
+    out: &mut Out,
+    (status, fields): (u16, HeaderMap),
+    at_hand: Option<Bytes>,
+    rest: Option<(&mut Inbound<ReadSide>, Framing)>,
+    t: Timeouts,
+) -> Result<(), Undelivered> {
+    let Some(mut respond) = body.respond.take() else { return Err(Undelivered::Head) };
+    let mut head = http::Response::new(());
+    *head.status_mut() = StatusCode::from_u16(status).map_err(|_| Undelivered::Head)?;
+    *head.headers_mut() = fields;
+    let empty = rest.is_none() && at_hand.as_ref().is_none_or(Bytes::is_empty);
+    let mut send = respond.send_response(head, empty).map_err(|_| Undelivered::Head)?;
+    if empty {
+        return Ok(());
+    }
+    let sent = match (at_hand, rest) {
+        (Some(all), _) => self::send(&mut send, out, all, true, t.write).await,
+        (None, Some((src, framing))) => relay(src, &mut send, out, framing, t).await,
+        (None, None) => Ok(()),
+    };
+    sent.map_err(|e| {
+        // The client's window stayed shut, or it left: CANCEL; the backend's body failed:
+        // INTERNAL_ERROR.
+        send.send_reset(if matches!(e, RelayError::Write(_)) { Reason::CANCEL } else { Reason::INTERNAL_ERROR });
+        Undelivered::Body(e)
+    })
+}
+
+/// The response body from the backend, as its HTTP/1.1 framing delimits it, in DATA
+/// frames (a chunked body's trailer section as trailers).
+async fn relay(
+    src: &mut Inbound<ReadSide>,
     out: &mut SendStream<Bytes>,
+    o: &mut Out,
     framing: Framing,
-    window_wait: Duration,
-) -> Result<(), Reason> {
-    // A body the proxy could not deliver whole (its chunks bad, its pipe cut).
-    let cut = |_: RelayError| Reason::INTERNAL_ERROR;
+    t: Timeouts,
+) -> Result<(), RelayError> {
     match framing {
+        Framing::None => out.send_data(Bytes::new(), true).map_err(gone),
         Framing::Length(mut n) => {
             while n > 0 {
-                if src.buf.is_empty() && src.fill_unbounded().await.map_err(cut)? == 0 {
-                    return Err(Reason::INTERNAL_ERROR);
+                if src.buf.is_empty() && src.fill(t.read).await? == 0 {
+                    return Err(RelayError::Eof);
                 }
                 let take = (src.buf.len() as u64).min(n) as usize;
                 n -= take as u64;
-                send(out, src.buf.split_to(take).freeze(), n == 0, window_wait).await?;
+                send(out, o, src.buf.split_to(take).freeze(), n == 0, t.write).await?;
             }
             Ok(())
         }
@@ -230,16 +286,16 @@ async fn body(
             let mut dec = ChunkedDecoder::keeping_trailers();
             loop {
                 let mut data = Vec::new();
-                let used = dec.feed(&src.buf, Some(&mut data), true).map_err(cut)?;
+                let used = dec.feed(&src.buf, Some(&mut data), true)?;
                 src.buf.advance(used);
                 if !data.is_empty() {
-                    send(out, Bytes::from(data), false, window_wait).await?;
+                    send(out, o, Bytes::from(data), false, t.write).await?;
                 }
                 if dec.is_done() {
                     break;
                 }
-                if src.fill_unbounded().await.map_err(cut)? == 0 {
-                    return Err(Reason::INTERNAL_ERROR);
+                if src.fill(t.read).await? == 0 {
+                    return Err(RelayError::Eof);
                 }
             }
             let trailers = trailer_fields(dec.trailers.as_deref().unwrap_or_default());
@@ -247,43 +303,67 @@ async fn body(
                 true => out.send_data(Bytes::new(), true),
                 false => out.send_trailers(trailers),
             }
-            .map_err(|_| Reason::CANCEL)
+            .map_err(gone)
         }
-        _ => loop {
+        Framing::UntilClose => loop {
             if !src.buf.is_empty() {
                 let all = src.buf.split().freeze();
-                send(out, all, false, window_wait).await?;
+                send(out, o, all, false, t.write).await?;
             }
-            if src.fill_unbounded().await.map_err(cut)? == 0 {
-                return out.send_data(Bytes::new(), true).map_err(|_| Reason::CANCEL);
+            if src.fill(t.read).await? == 0 {
+                return out.send_data(Bytes::new(), true).map_err(gone);
             }
         },
     }
 }
 
+/// The stream can no longer be sent on (the client reset it, the connection ended).
+fn gone(e: h2::Error) -> RelayError {
+    RelayError::Write(io::Error::other(e))
+}
+
 /// Sends `data` as the client's window opens (`end`: the last of the body). A window
-/// that stays shut for `window_wait` (a client that does not read) resets the stream.
-async fn send(out: &mut SendStream<Bytes>, mut data: Bytes, end: bool, window_wait: Duration) -> Result<(), Reason> {
+/// that stays shut for `window_wait` (a client that does not read) ends it with a
+/// write timeout.
+async fn send(
+    out: &mut SendStream<Bytes>,
+    o: &mut Out,
+    mut data: Bytes,
+    end: bool,
+    window_wait: Duration,
+) -> Result<(), RelayError> {
     if data.is_empty() {
-        return if end { out.send_data(data, true).map_err(|_| Reason::CANCEL) } else { Ok(()) };
+        return if end { out.send_data(data, true).map_err(gone) } else { Ok(()) };
     }
     while !data.is_empty() {
         out.reserve_capacity(data.len());
         let granted = match tokio::time::timeout(window_wait, poll_fn(|cx| out.poll_capacity(cx))).await {
             Err(_) => {
                 tracing::debug!("HTTP/2 client kept its window shut past client_timeout: stream reset");
-                return Err(Reason::CANCEL);
+                return Err(RelayError::Write(io::ErrorKind::TimedOut.into()));
             }
             Ok(Some(Ok(n))) => n,
-            Ok(_) => return Err(Reason::CANCEL),
+            Ok(Some(Err(e))) => return Err(gone(e)),
+            Ok(None) => return Err(RelayError::Write(io::ErrorKind::BrokenPipe.into())),
         };
         if granted == 0 {
             continue;
         }
         let piece = data.split_to(granted.min(data.len()));
-        out.send_data(piece, end && data.is_empty()).map_err(|_| Reason::CANCEL)?;
+        o.written += piece.len() as u64;
+        out.send_data(piece, end && data.is_empty()).map_err(gone)?;
     }
     Ok(())
+}
+
+/// The whole response body when it is already read (or there is none): taken from
+/// `buf`, so that the backend connection can go back to its pool before it is sent.
+pub fn body_at_hand(buf: &mut BytesMut, framing: Framing) -> Option<Bytes> {
+    match framing {
+        Framing::None => Some(Bytes::new()),
+        Framing::Length(n) if buf.len() as u64 >= n => Some(buf.split_to(n as usize).freeze()),
+        _ => None,
+    }
 }
 
 /// An HTTP/2 request's head as text, for `GET /errors`: `METHOD URI HTTP/2`, then one
@@ -300,4 +380,71 @@ fn as_text(parts: &http::request::Parts) -> Vec<u8> {
         o.extend_from_slice(b"\r\n");
     }
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    type Stream = (http::Request<RecvStream>, SendResponse<Bytes>);
+
+    /// An h2 client over an in-process pipe, and the streams its server accepts.
+    async fn pair() -> (h2::client::SendRequest<Bytes>, tokio::sync::mpsc::UnboundedReceiver<Stream>) {
+        let (c, s) = tokio::io::duplex(1 << 16);
+        let server = tokio::spawn(h2::server::handshake(s));
+        let (client, conn) = h2::client::handshake(c).await.unwrap();
+        tokio::spawn(conn);
+        let mut conn = server.await.unwrap().unwrap();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Some(Ok(s)) = conn.accept().await {
+                let _ = tx.send(s);
+            }
+        });
+        (client.ready().await.unwrap(), rx)
+    }
+
+    fn body(s: Stream, chunked: bool) -> Body {
+        let (req, respond) = s;
+        Body { recv: req.into_body(), respond: Some(respond), chunked, state: Part::Data, pending: Bytes::new() }
+    }
+
+    /// A body without content-length reaches the proxy chunked, one chunk per DATA
+    /// frame, the client's trailers as the trailer section; the client's window reopens
+    /// as the proxy reads.
+    #[tokio::test]
+    async fn a_body_is_read_as_http1_frames_it() {
+        let (mut client, mut streams) = pair().await;
+        let (_res, mut send) = client.send_request(http::Request::post("http://a/x").body(()).unwrap(), false).unwrap();
+        send.send_data(Bytes::from_static(b"he"), false).unwrap();
+        send.send_data(Bytes::from_static(b"llo"), false).unwrap();
+        let mut trailers = HeaderMap::new();
+        trailers.insert("x-sum", HeaderValue::from_static("5"));
+        send.send_trailers(trailers).unwrap();
+        let mut b = body(streams.recv().await.unwrap(), true);
+        let want = "2\r\nhe\r\n3\r\nllo\r\n0\r\nx-sum: 5\r\n\r\n";
+        let mut got = vec![0u8; want.len()];
+        tokio::time::timeout(Duration::from_secs(5), b.read_exact(&mut got)).await.unwrap().unwrap();
+        assert_eq!(String::from_utf8(got).unwrap(), want);
+    }
+
+    /// Once the body is whole, a read waits (a held request waits with it) until the
+    /// client resets the stream, which ends it as a closed connection would.
+    #[tokio::test]
+    async fn a_whole_body_waits_for_the_client_to_leave() {
+        let (mut client, mut streams) = pair().await;
+        let (_res, mut send) = client.send_request(http::Request::get("http://a/x").body(()).unwrap(), false).unwrap();
+        send.send_data(Bytes::from_static(b"ok"), true).unwrap();
+        let mut b = body(streams.recv().await.unwrap(), false);
+        let mut got = [0u8; 2];
+        b.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"ok");
+        let mut more = [0u8; 1];
+        let early = tokio::time::timeout(Duration::from_millis(100), b.read(&mut more)).await;
+        assert!(early.is_err(), "nothing more, and no end while the client stays: {early:?}");
+        send.send_reset(Reason::CANCEL);
+        let n = tokio::time::timeout(Duration::from_secs(5), b.read(&mut more)).await.unwrap().unwrap();
+        assert_eq!(n, 0, "the reset ends the read");
+    }
 }
