@@ -36,6 +36,7 @@ pub(crate) mod ratelimit;
 pub(crate) mod refusals;
 pub mod routes;
 pub mod shared;
+pub mod sip;
 pub mod state;
 pub mod steering;
 pub mod tls;

@@ -241,7 +241,7 @@ impl<'c> Frame<'c> {
             .map(|(i, (v, f))| {
                 let mut j = serde_json::json!({"name": v.name, "address": v.address.to_string(), "port": v.port, "packets": f.forwarded.packets,
                     "bytes": f.forwarded.bytes, "new_flows": f.new_flows, "flow_hits": f.flow_hits, "drops": f.drops});
-                if v.mode() == VipMode::Sip {
+                if v.mode() == VipMode::Sip && v.in_xdp() {
                     let sip: serde_json::Map<String, serde_json::Value> =
                         self.tables.sip_counters(i as u32).unwrap_or_default().into_iter().map(|(n, c)| (n.to_string(), c.into())).collect();
                     j["sip"] = sip.into();
@@ -347,7 +347,7 @@ impl<'c> Frame<'c> {
         for t in self.agent.iter().flat_map(|a| &a.vips).filter_map(|v| Some((&v.name, v.tls.as_ref()?))) {
             let _ = writeln!(o, "{}", tls_line(t.0, t.1));
         }
-        for (i, v) in self.cfg.vips.iter().enumerate().filter(|(_, v)| v.mode() == VipMode::Sip) {
+        for (i, v) in self.cfg.vips.iter().enumerate().filter(|(_, v)| v.mode() == VipMode::Sip && v.in_xdp()) {
             let counts = self.tables.sip_counters(i as u32)?;
             let line: Vec<String> = counts.iter().map(|(n, c)| format!("{n} {c}")).collect();
             let _ = writeln!(o, "sip {}: {}", v.name, line.join(", "));
