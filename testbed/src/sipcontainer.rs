@@ -33,6 +33,9 @@ pub struct Seen {
     pub unknown_dialog: bool,
 }
 
+/// A dialog's creating container, its INVITE, and the connection it came on.
+type Invite = (usize, String, Arc<Mutex<TcpStream>>);
+
 pub struct SipCluster {
     peers: Vec<Option<usize>>,
     /// Per container: Call-ID -> (creating container, To tag), own and replicated.
@@ -45,7 +48,7 @@ pub struct SipCluster {
     /// 481 answers sent.
     pub not_found: AtomicU64,
     /// Over TCP: each dialog's INVITE and the connection it came on (for `uas_bye`).
-    invites: Mutex<HashMap<String, (usize, String, Arc<Mutex<TcpStream>>)>>,
+    invites: Mutex<HashMap<String, Invite>>,
     /// Responses received (to a container's own BYE), by status line.
     pub responses: Mutex<Vec<(usize, String)>>,
 }

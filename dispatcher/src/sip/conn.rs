@@ -19,6 +19,11 @@ use super::{
 };
 use crate::health::Cause;
 
+/// Room for the first read of a message (what an idle connection holds).
+const IDLE_READ: usize = 512;
+/// Room for each further read.
+const READ: usize = 4096;
+
 /// Serves caller connection `id` on VIP `vi` until it closes or breaks a rule.
 pub async fn serve<S: AsyncRead + AsyncWrite + Send + 'static>(
     hub: &std::sync::Arc<Hub>,
@@ -56,8 +61,9 @@ async fn read_loop<R: AsyncRead + Unpin>(
     tx: &tokio::sync::mpsc::Sender<Vec<u8>>,
 ) {
     let b = hub.bounds;
+    // No read buffer of its own: reads go into `buf`'s spare room, which an idle
+    // connection keeps small.
     let mut buf: Vec<u8> = Vec::new();
-    let mut chunk = [0u8; 4096];
     // When the message now in `buf` began.
     let mut started: Option<Instant> = None;
     loop {
@@ -87,7 +93,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
         }
         if buf.is_empty() {
             started = None;
-            if buf.capacity() > 16 * 1024 {
+            if buf.capacity() > 2 * READ {
                 buf = Vec::new();
             }
         } else if started.is_none() {
@@ -101,9 +107,10 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 (t + limit).into()
             }
         };
-        match tokio::time::timeout_at(deadline, rd.read(&mut chunk)).await {
+        buf.reserve(if buf.is_empty() { IDLE_READ } else { READ });
+        match tokio::time::timeout_at(deadline, rd.read_buf(&mut buf)).await {
             Ok(Ok(0)) | Ok(Err(_)) => return,
-            Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+            Ok(Ok(_)) => {}
             Err(_) => {
                 if started.is_some() {
                     hub.count("incomplete");

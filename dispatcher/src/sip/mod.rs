@@ -72,6 +72,9 @@ pub struct Bounds {
     pub max_held: usize,
 }
 
+/// A caller's connection as the others reach it: its writer's queue, and its VIP.
+pub type Caller = (tokio::sync::mpsc::Sender<Vec<u8>>, usize);
+
 /// What every connection shares: the servers, the callers' connections by id (where
 /// responses and containers' requests go), the pins, the pool.
 pub struct Hub {
@@ -79,7 +82,7 @@ pub struct Hub {
     pub vips: Vec<SipVip>,
     pub bounds: Bounds,
     /// Caller connection id -> its queue and its VIP.
-    pub clients: Mutex<HashMap<u64, (tokio::sync::mpsc::Sender<Vec<u8>>, usize)>>,
+    pub clients: Mutex<HashMap<u64, Caller>>,
     next_client: AtomicU64,
     pub pins: Mutex<route::Pins>,
     pub pool: upstream::Pool,
@@ -235,11 +238,13 @@ async fn accept(hub: Arc<Hub>, vi: usize, listener: TcpListener) {
             let counters = hub.servers.counters.clone();
             counters.sip_stream_connections.fetch_add(1, Ordering::Relaxed);
             let _ = stream.set_nodelay(true);
+            // Boxed, each: a plain connection's task does not carry the size of the TLS
+            // handshake's state, nor of the other kind of connection.
             match hub.vips[vi].tls.clone() {
-                None => conn::serve(&hub, vi, id, stream).await,
+                None => Box::pin(conn::serve(&hub, vi, id, stream)).await,
                 Some(tls) => {
-                    if let Some(s) = tls.accept(stream).await {
-                        conn::serve(&hub, vi, id, s).await;
+                    if let Some(s) = Box::pin(tls.accept(stream)).await {
+                        Box::pin(conn::serve(&hub, vi, id, s)).await;
                     }
                 }
             }
