@@ -268,6 +268,18 @@ fn hostile_streams_end_as_they_should_and_reach_no_container() {
     let (gone, said) = closed(&mut s, Duration::from_secs(3));
     assert!(gone && said.starts_with("SIP/2.0 400 Missing Content-Length\r\n"), "{gone} {said}");
     assert!(said.contains("Call-ID: h-nolen"), "{said}");
+    // Max-Forwards 0: 483, not forwarded, and the connection goes on (a CRLF ping after
+    // it is answered).
+    let mut s = connect(&tb, PORT);
+    let mut buf = Vec::new();
+    s.write_all(invite("h-hops").replace("Max-Forwards: 70", "Max-Forwards: 0").as_bytes()).unwrap();
+    let hops = read_msg(&mut s, &mut buf).expect("an answer");
+    assert!(hops.starts_with("SIP/2.0 483 Too Many Hops\r\n"), "{hops}");
+    s.write_all(b"\r\n\r\n").unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut pong = [0u8; 8];
+    assert_eq!(s.read(&mut pong).ok(), Some(2), "the connection goes on");
+    drop(s);
     // A header section without end.
     let mut s = connect(&tb, PORT);
     let mut endless = format!("INVITE sip:svc@{VIP} SIP/2.0\r\nCall-ID: h-endless\r\n");
@@ -305,7 +317,7 @@ fn hostile_streams_end_as_they_should_and_reach_no_container() {
     assert!(t0.elapsed() < Duration::from_secs(3), "at the header deadline: {:?}", t0.elapsed());
 
     let o = outcomes(&tb);
-    assert_eq!((o["no_length"], o["too_large"]), (1, 1), "{o:?}");
+    assert_eq!((o["no_length"], o["too_large"], o["invalid"]), (1, 1, 1), "{o:?}");
     assert_eq!(o["incomplete"], 2, "{o:?}");
     let reached: Vec<_> = sip.seen().into_iter().filter(|x| x.call_id.starts_with("h-")).collect();
     assert!(reached.is_empty(), "nothing of these reached a container: {reached:?}");
@@ -356,4 +368,26 @@ fn calls_over_tls_survive_a_containers_death() {
     assert_calls_kept(&sip, 80, status, &c);
     assert!(sip.served_for_peer(1) > 0, "the replica took over container 0's dialogs");
     assert!(o.get("to_tag").copied().unwrap_or(0) >= 160, "ACK and BYE of each call went over TLS: {o:?}");
+}
+
+/// Over TLS, container 0 stops answering for 3 s while the calls' BYEs come: held, routed
+/// again, served by its replica; 0 failed calls.
+#[test]
+fn calls_over_tls_survive_a_frozen_container() {
+    let Bed { mut tb, sip, pki } = bed(2, 4, "hold_time = \"5s\"\n", true, "");
+    let relay: SocketAddr = "127.0.0.1:15062".parse().unwrap();
+    let target: SocketAddr = format!("{VIP}:{TLS_PORT}").parse().unwrap();
+    let client = tb.client.clone();
+    sipp::start_tls_relay(&mut tb, &client, relay, target, &pki.dir.join("ca.pem"));
+    sipp_run(&mut tb, &relay.to_string(), "127.0.0.1", 60, 20, 4000, "sipp-tls-freeze");
+    std::thread::sleep(Duration::from_millis(4500));
+    sip.freeze(0, true);
+    std::thread::sleep(Duration::from_millis(3000));
+    sip.freeze(0, false);
+    let (status, c) = sipp::finish(&mut tb, "sipp-tls-freeze", Duration::from_secs(100));
+    let o = outcomes(&tb);
+    eprintln!("SIPp: {c:?}; outcomes {o:?}");
+    assert_calls_kept(&sip, 60, status, &c);
+    assert!(sip.served_for_peer(1) > 0, "the replica took over container 0's dialogs");
+    assert!(o.get("rerouted").copied().unwrap_or(0) + o.get("held").copied().unwrap_or(0) > 0, "{o:?}");
 }

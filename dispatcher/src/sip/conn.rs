@@ -138,7 +138,17 @@ async fn from_caller(hub: &std::sync::Arc<Hub>, vi: usize, id: u64, msg: Vec<u8>
         Some((_, rest)) => rest,
         None => msg,
     };
-    dispatch(hub.clone(), vi, id, msg).await;
+    // A hop fewer (16.6); none left: 483, never forwarded (a loop ends here).
+    match message::take_hop(&msg) {
+        Ok(msg) => dispatch(hub.clone(), vi, id, msg).await,
+        Err(()) => {
+            hub.count("invalid");
+            if !message::method(&msg).eq_ignore_ascii_case(b"ACK") {
+                let head = &msg[..framing::header_end(&msg).unwrap_or(msg.len())];
+                hub.to_client(id, message::answer(head, 483, "Too Many Hops", None));
+            }
+        }
+    }
 }
 
 /// Routes a caller's request and sends it; answers it ourselves when no container may
