@@ -92,6 +92,23 @@ impl SipCluster {
             .collect()
     }
 
+    /// SIPp's verdict (`sipp::finish`) and the containers' logs: every one of `calls`
+    /// completed, no 481, no message to a container that neither created its dialog nor
+    /// holds its replica.
+    pub fn assert_calls_kept(
+        &self,
+        calls: u64,
+        status: std::process::ExitStatus,
+        c: &std::collections::HashMap<String, u64>,
+    ) {
+        assert_eq!(c.get("SuccessfulCall"), Some(&calls), "every call completed: {c:?}");
+        assert_eq!(c.get("FailedCall"), Some(&0), "{c:?}");
+        assert!(status.success(), "SIPp's exit status: {status}");
+        assert_eq!(self.not_found.load(Ordering::SeqCst), 0, "no 481");
+        let misroutes = self.misroutes();
+        assert!(misroutes.is_empty(), "from the containers' logs: {misroutes:?}");
+    }
+
     /// Messages container `i` served for dialogs its peer created (after a failover).
     pub fn served_for_peer(&self, i: usize) -> usize {
         self.seen().iter().filter(|s| s.container == i && s.dialog_owner.is_some_and(|o| o != i)).count()

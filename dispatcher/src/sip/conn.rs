@@ -140,8 +140,8 @@ async fn from_caller(hub: &std::sync::Arc<Hub>, vi: usize, id: u64, msg: Vec<u8>
     };
     // A hop fewer (16.6); none left: 483, never forwarded (a loop ends here).
     match message::take_hop(&msg) {
-        Ok(msg) => dispatch(hub.clone(), vi, id, msg).await,
-        Err(()) => {
+        Some(msg) => dispatch(hub.clone(), vi, id, msg).await,
+        None => {
             hub.count("invalid");
             if !message::method(&msg).eq_ignore_ascii_case(b"ACK") {
                 let head = &msg[..framing::header_end(&msg).unwrap_or(msg.len())];
@@ -170,7 +170,15 @@ async fn route_and_send(hub: std::sync::Arc<Hub>, vi: usize, id: u64, msg: Vec<u
     let is_ack = message::method(&msg).eq_ignore_ascii_case(b"ACK");
     let deadline = Instant::now() + hub.bounds.hold_time;
     let v = &hub.vips[vi];
-    let mut held = false;
+    // One of `max_held` while it waits, given back however it ends.
+    let mut held: Option<Held> = None;
+    // Our own answer instead of a container's (none to an ACK), counted.
+    let refuse = |outcome: &str, status: u16, reason: &str, retry_after: Option<u32>| {
+        hub.count(outcome);
+        if !is_ack {
+            hub.to_client(id, message::answer(&msg[..head_len], status, reason, retry_after));
+        }
+    };
     // Each round either sends, answers, or waits for a state change; bounded.
     for _ in 0..16 {
         let (choice, src) = route::choose(&hub.servers, &v.members, &hub.pins, &scan);
@@ -194,12 +202,13 @@ async fn route_and_send(hub: std::sync::Arc<Hub>, vi: usize, id: u64, msg: Vec<u
                 }
             }
             Choice::Hold(b) => {
-                if !held {
-                    if hub.servers.counters.held_now.fetch_add(1, Ordering::SeqCst) >= hub.bounds.max_held as u64 {
-                        hub.servers.counters.held_now.fetch_sub(1, Ordering::SeqCst);
+                if held.is_none() {
+                    let now = &hub.servers.counters.held_now;
+                    if now.fetch_add(1, Ordering::SeqCst) >= hub.bounds.max_held as u64 {
+                        now.fetch_sub(1, Ordering::SeqCst);
                         break;
                     }
-                    held = true;
+                    held = Some(Held(hub.clone()));
                     hub.count("held");
                 }
                 let be = &hub.servers.backends[b];
@@ -214,34 +223,19 @@ async fn route_and_send(hub: std::sync::Arc<Hub>, vi: usize, id: u64, msg: Vec<u
                 }
             }
             Choice::NoBackend => break,
-            Choice::UnknownLn => {
-                hub.count("unknown_ln");
-                release(&hub, held);
-                if !is_ack {
-                    hub.to_client(id, message::answer(&msg[..head_len], 481, "Call/Transaction Does Not Exist", None));
-                }
-                return;
-            }
-            Choice::Invalid => {
-                hub.count("invalid");
-                release(&hub, held);
-                if !is_ack {
-                    hub.to_client(id, message::answer(&msg[..head_len], 400, "Bad Request", None));
-                }
-                return;
-            }
+            Choice::UnknownLn => return refuse("unknown_ln", 481, "Call/Transaction Does Not Exist", None),
+            Choice::Invalid => return refuse("invalid", 400, "Bad Request", None),
         }
     }
-    release(&hub, held);
-    hub.count("rejected");
-    if !is_ack {
-        hub.to_client(id, message::answer(&msg[..head_len], 503, "Service Unavailable", Some(5)));
-    }
+    refuse("rejected", 503, "Service Unavailable", Some(5));
 }
 
-fn release(hub: &Hub, held: bool) {
-    if held {
-        hub.servers.counters.held_now.fetch_sub(1, Ordering::SeqCst);
+/// A message held (`held_now`), counted down when it is dropped.
+struct Held(std::sync::Arc<Hub>);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.servers.counters.held_now.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

@@ -140,24 +140,24 @@ fn creates_dialog(method: &[u8]) -> bool {
 }
 
 /// `Max-Forwards` taken down by one (RFC 3261 16.6 step 3; 70 when absent, which adds
-/// none); `Err(())` when it was already 0 or is not a number (the caller answers 483).
-pub fn take_hop(msg: &[u8]) -> Result<Vec<u8>, ()> {
+/// none); `None` when it was already 0 or is not a number (the caller answers 483).
+pub fn take_hop(msg: &[u8]) -> Option<Vec<u8>> {
     let Some((range, _)) = header_spans(msg).into_iter().filter(|(_, named)| *named).find(|(r, _)| {
         split_header(msg[r.clone()].trim_ascii_end()).is_some_and(|(n, _)| n.eq_ignore_ascii_case(b"max-forwards"))
     }) else {
-        return Ok(msg.to_vec());
+        return Some(msg.to_vec());
     };
     let line = msg[range.clone()].trim_ascii_end();
-    let (_, value) = split_header(line).ok_or(())?;
-    let n: u32 = std::str::from_utf8(value).ok().filter(|v| v.len() <= 3).and_then(|v| v.parse().ok()).ok_or(())?;
+    let (_, value) = split_header(line)?;
+    let n: u32 = std::str::from_utf8(value).ok().filter(|v| v.len() <= 3).and_then(|v| v.parse().ok())?;
     if n == 0 {
-        return Err(());
+        return None;
     }
     let mut out = Vec::with_capacity(msg.len());
     out.extend_from_slice(&msg[..range.start]);
     out.extend_from_slice(format!("Max-Forwards: {}\r\n", n - 1).as_bytes());
     out.extend_from_slice(&msg[range.end..]);
-    Ok(out)
+    Some(out)
 }
 
 /// What a forwarded request carries: our `Via` (its branch names `from`) and, for a
@@ -313,8 +313,8 @@ Route: <sip:10.0.0.1:5060;transport=tcp;lr;dsp=c7>, <sip:edge;lr>\r\nCall-ID: 1-
         let once = take_hop(m).unwrap();
         assert_eq!(text(&once), "OPTIONS sip:a SIP/2.0\r\nMax-Forwards: 1\r\nCall-ID: x\r\nContent-Length: 0\r\n\r\n");
         let twice = take_hop(&once).unwrap();
-        assert!(take_hop(&twice).is_err(), "0: 483");
-        assert!(take_hop(b"OPTIONS sip:a SIP/2.0\r\nMax-Forwards: x\r\n\r\n").is_err());
+        assert!(take_hop(&twice).is_none(), "0: 483");
+        assert!(take_hop(b"OPTIONS sip:a SIP/2.0\r\nMax-Forwards: x\r\n\r\n").is_none());
         assert_eq!(take_hop(INVITE).unwrap(), INVITE, "absent: unchanged");
     }
 

@@ -32,10 +32,10 @@ use std::{
 };
 
 use anyhow::Context;
-use tokio::net::{TcpListener, TcpSocket};
+use tokio::net::TcpListener;
 
 use crate::{
-    config::{Config, SipTransport, Vip},
+    config::{Config, SipTransport},
     state::Servers,
     tls::server::ServerTls,
 };
@@ -119,18 +119,6 @@ pub struct SipServer {
     pub hub: Arc<Hub>,
 }
 
-fn bind(v: &Vip) -> std::io::Result<TcpListener> {
-    let addr = SocketAddr::new(v.address, v.port);
-    let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
-    socket.set_reuseaddr(true)?;
-    // A reload's server binds beside the one it replaces.
-    socket.set_reuseport(true)?;
-    socket
-        .bind(addr)
-        .map_err(|e| std::io::Error::new(e.kind(), format!("binding SIP VIP {} on {addr}: {e}", v.name)))?;
-    socket.listen(1024)
-}
-
 impl SipServer {
     /// Binds every stream SIP VIP of `cfg` and starts serving them.
     pub fn start(cfg: &Config, servers: Arc<Servers>) -> anyhow::Result<SipServer> {
@@ -166,7 +154,7 @@ impl SipServer {
                 }
                 None => None,
             };
-            listeners.push(bind(v)?);
+            listeners.push(crate::http::listener::bind(v)?);
             vips.push(SipVip {
                 name: v.name.clone(),
                 members: v.backends.clone(),
