@@ -31,6 +31,7 @@ struct Bed {
     tb: Testbed,
     sip: Arc<SipCluster>,
     pki: Pki,
+    cfg: std::path::PathBuf,
 }
 
 fn bed(n: usize, fall: u32, http: &str, tls: bool, extra_vip: &str) -> Bed {
@@ -56,7 +57,7 @@ fn bed(n: usize, fall: u32, http: &str, tls: bool, extra_vip: &str) -> Bed {
     let cfg = tb.write_config(&text);
     tb.start_dispatcher(&cfg);
     tb.wait_for_clone_table(n as u64, Duration::from_secs(10));
-    Bed { tb, sip, pki }
+    Bed { tb, sip, pki, cfg }
 }
 
 /// The agent's SIP-over-stream outcomes (`dispatcher_sip_stream_messages_total`).
@@ -140,7 +141,10 @@ fn calls_through_a_freeze(tls: bool) -> BTreeMap<String, u64> {
 
 #[test]
 fn calls_over_tcp_survive_a_containers_death() {
-    let (b, _) = calls_through_a_death(false, 120);
+    let (b, o) = calls_through_a_death(false, 120);
+    let status = b.tb.dispatcher_cmd(&["status", "--config", b.cfg.to_str().unwrap()]);
+    let line = status.lines().find(|l| l.starts_with("sip over tcp/tls: connections=")).unwrap_or_default();
+    assert!(line.contains(&format!(" refused=0 messages call_id:{},", o["call_id"])), "{status}");
     let (_, metrics) = b.tb.admin("GET", "/metrics").expect("metrics");
     assert!(metrics.contains("dispatcher_sip_stream_messages_total{outcome=\"to_tag\"}"), "{metrics}");
     dispatcher_testbed::promtool_check(&metrics).expect("the metrics pass promtool");
