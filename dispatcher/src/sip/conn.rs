@@ -247,5 +247,6 @@ fn upstream_pending(fwd: &[u8], vi: usize, id: u64, original: &[u8]) -> super::u
         vip: vi,
         client: id,
         original: original.to_vec(),
+        at: Instant::now(),
     }
 }

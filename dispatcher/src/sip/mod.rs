@@ -96,14 +96,22 @@ impl Hub {
         }
     }
 
-    /// Queues bytes toward caller connection `id`; false when it is gone or full.
+    /// Queues bytes toward caller connection `id`; false when it is gone (`stray`) or its
+    /// queue is full (`overflow`).
     pub fn to_client(&self, id: u64, bytes: Vec<u8>) -> bool {
         let tx = self.clients.lock().unwrap().get(&id).map(|c| c.0.clone());
-        let sent = tx.is_some_and(|tx| tx.try_send(bytes).is_ok());
-        if !sent {
-            self.count("overflow");
+        match tx.map(|tx| tx.try_send(bytes).is_ok()) {
+            Some(true) => true,
+            Some(false) => {
+                self.count("overflow");
+                false
+            }
+            // The connection is gone: nothing else reaches that caller.
+            None => {
+                self.count("stray");
+                false
+            }
         }
-        sent
     }
 
     /// The VIP of caller connection `id`, while it is open.

@@ -28,8 +28,10 @@ use super::{
     Hub, QUEUE,
 };
 
-/// Requests one container connection may owe answers to.
+/// Requests one container connection keeps until their final answers.
 pub const MAX_PENDING: usize = 4096;
+/// How long an unanswered request is kept at most (64 x T1).
+pub const PENDING_LIFETIME: std::time::Duration = std::time::Duration::from_secs(32);
 
 /// A caller's request sent, not yet finally answered.
 pub struct Pending {
@@ -37,6 +39,7 @@ pub struct Pending {
     pub vip: usize,
     pub client: u64,
     pub original: Vec<u8>,
+    pub at: std::time::Instant,
 }
 
 struct Link {
@@ -84,9 +87,14 @@ impl Pool {
         if let Some(p) = pending {
             let mut map = link.pending.lock().unwrap();
             if map.len() >= MAX_PENDING {
-                return Err(std::io::Error::other("too many requests pending on one container connection"));
+                // Requests a container never answered finally: forgotten after a
+                // transaction's lifetime (64 x T1, RFC 3261 Timer B).
+                map.retain(|_, p| p.at.elapsed() < PENDING_LIFETIME);
             }
-            map.insert(p.branch.clone(), p);
+            // Still full: sent, not kept (it would not be routed again).
+            if map.len() < MAX_PENDING {
+                map.insert(p.branch.clone(), p);
+            }
         }
         link.tx.try_send(bytes).map_err(|_| std::io::Error::other("container connection full or closed"))
     }
