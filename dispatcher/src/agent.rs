@@ -668,6 +668,8 @@ struct Running {
     /// Handed to the next generation by a reload.
     capacity: Arc<Capacity>,
     server: Option<HttpServer>,
+    /// The SIP VIPs over TCP and TLS.
+    sip: Option<crate::sip::SipServer>,
     control: tokio::task::JoinHandle<()>,
     commands: tokio::sync::mpsc::UnboundedSender<AdminCommand>,
     /// `[access_log]`'s writer (kept across reloads, its file reopened by each).
@@ -695,11 +697,19 @@ impl Running {
         } else {
             None
         };
+        let sip = if cfg.vips.iter().any(|v| !v.retired && v.sip_stream().is_some()) {
+            Some(
+                crate::sip::SipServer::start(&cfg, servers.clone())
+                    .context("starting the SIP VIPs over TCP and TLS")?,
+            )
+        } else {
+            None
+        };
         // Health checks, failed requests and operator commands decide the backends' states.
         let (commands, commands_rx) = tokio::sync::mpsc::unbounded_channel();
         let control =
             env.rt.spawn(crate::control::run((*cfg).clone(), servers.clone(), env.tables.clone(), commands_rx));
-        Ok(Running { cfg, servers, capacity, server, control, commands, access_log, env })
+        Ok(Running { cfg, servers, capacity, server, sip, control, commands, access_log, env })
     }
 
     fn view(&self) -> Live {
@@ -782,6 +792,10 @@ impl Running {
         changes.extend(ended);
         let mut old = std::mem::replace(self, next);
         old.control.abort();
+        if let Some(sip) = old.sip.take() {
+            // Its callers reconnect to the new listeners (bound beside the old ones).
+            std::thread::spawn(move || sip.shutdown());
+        }
         if let Some(server) = old.server.take() {
             // The old loops finish their requests in the background.
             std::thread::spawn(move || {
@@ -858,6 +872,9 @@ impl Running {
 
     fn stop(&mut self, why: &str) {
         self.control.abort();
+        if let Some(sip) = self.sip.take() {
+            sip.shutdown();
+        }
         if let Some(server) = self.server.take() {
             let left = server.shutdown();
             tracing::info!(signal = why, unfinished = left, "HTTP VIPs stopped");

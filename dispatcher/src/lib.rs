@@ -39,6 +39,7 @@ pub(crate) mod ratelimit;
 pub(crate) mod refusals;
 pub mod routes;
 pub mod shared;
+pub mod sip;
 pub(crate) mod sip_learn;
 pub mod state;
 pub mod steering;

@@ -210,6 +210,36 @@ fn escape(v: &str) -> std::borrow::Cow<'_, str> {
 pub const CONN_REFUSED_REASONS: [&str; 4] = ["global", "vip", "source_connections", "source_rate"];
 
 /// The `protocol` label: HTTP/1.x, HTTP/2 (indexed by `http::Protocol`).
+/// What became of a SIP message over TCP or TLS (`sip/`): the affinity source it
+/// was routed by (`route`, `via`, `to_tag`, `from_tag`, `call_id`), and of those sent to
+/// the replica (`replica`) or routed again after their container's connection ended
+/// (`rerouted`); responses and containers' requests relayed; keepalives answered; held;
+/// answered 503 (`rejected`); an unknown logical name; not SIP; the stream's faults
+/// (`no_length`, `too_large`, `incomplete`: closed at a timeout mid-message); `stray`
+/// (a response or request naming no connection of ours); `overflow` (a connection's
+/// queue was full).
+pub const SIP_STREAM_OUTCOMES: [&str; 19] = [
+    "route",
+    "via",
+    "to_tag",
+    "from_tag",
+    "call_id",
+    "replica",
+    "rerouted",
+    "response",
+    "container_request",
+    "keepalive",
+    "held",
+    "rejected",
+    "unknown_ln",
+    "invalid",
+    "no_length",
+    "too_large",
+    "incomplete",
+    "stray",
+    "overflow",
+];
+
 pub const PROTOCOLS: [&str; 2] = ["h1", "h2"];
 
 /// The `reason` label of HTTP/2 resets: the error codes of RFC 9113 7 by name, indexed
@@ -323,6 +353,12 @@ counters! {
         "Requests whose clone IDs no one here knew that waited for the shared table ([cluster] learn_wait).";
     hold_refused: counter "dispatcher_hold_refused_total" => hold_refused, "Requests refused because max_held were held.";
     held_now: gauge "dispatcher_held_requests" => held_now, "Requests held now.";
+    sip_stream_messages: counter "dispatcher_sip_stream_messages_total" [outcome = SIP_STREAM_OUTCOMES]
+        => sip_stream_messages, "SIP messages over TCP and TLS by outcome.";
+    sip_stream_connections: gauge "dispatcher_sip_stream_connections" => sip_stream_connections,
+        "SIP client connections over TCP and TLS open now.";
+    sip_stream_refused: counter "dispatcher_sip_stream_connections_refused_total" => sip_stream_refused,
+        "SIP client connections closed at once: the VIP's max_connections were open.";
     retries: counter "dispatcher_retries_total" => retries, "Extra attempts after a failure before any response byte.";
     retry_budget_refusals: counter "dispatcher_retry_budget_refusals_total" => retry_budget_refusals,
         "Retries refused by the cluster-wide budget.";

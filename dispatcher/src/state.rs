@@ -469,6 +469,12 @@ impl Servers {
         self.clones.read().unwrap().get(&cookie_hash(id)).map(|e| (e.owner, e.replica))
     }
 
+    /// Owner and replica of an entry by its hash (`cookie_hash` of the ID): what the SIP
+    /// scanner gives for a logical name.
+    pub fn owner_by_hash(&self, key: u64) -> Option<(usize, Option<usize>)> {
+        self.clones.read().unwrap().get(&key).map(|e| (e.owner, e.replica))
+    }
+
     /// Recomputes the effective state from health and the operator's state (two
     /// dimensions, `effective_state`); returns the old and new state when it changed (and
     /// wakes the requests held on it).

@@ -615,6 +615,24 @@ impl Testbed {
         std::thread::sleep(Duration::from_millis(100));
     }
 
+    /// Every backend runs its SIP container over TCP on its own address at `port` (what a
+    /// stream SIP VIP connects to), and over UDP there for the health checks.
+    pub fn start_sip_tcp(&mut self, cluster: &Arc<crate::sipcontainer::SipCluster>, port: u16) {
+        for i in 0..self.backends.len() {
+            self.start_sip_tcp_on(cluster, i, port);
+        }
+    }
+
+    /// Backend `i` runs its SIP container over TCP and UDP (again, after `kill_servers_of`).
+    pub fn start_sip_tcp_on(&mut self, cluster: &Arc<crate::sipcontainer::SipCluster>, i: usize, port: u16) {
+        let addr = backend_ip(i);
+        let c = cluster.clone();
+        self.spawn_task(i, move |stop| crate::sipcontainer::serve(c, i, addr.into(), port, stop));
+        let c = cluster.clone();
+        self.spawn_task(i, move |stop| crate::sipcontainer::serve_tcp(c, i, addr, port, stop));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
     /// Every backend runs the scripted backend (`scripted::serve`) on `port`.
     pub fn start_scripted(&mut self, record: &Arc<crate::scripted::Record>, port: u16) {
         for i in 0..self.backends.len() {
@@ -677,6 +695,12 @@ impl Testbed {
     /// An HTTP VIP terminates on the dispatcher: its address must be local there.
     pub fn add_local_vip(&self, vip: &str) {
         self.lb.ip(&["addr", "add", &format!("{vip}/32"), "dev", "lo"]);
+    }
+
+    /// A helper thread of the test (not a backend's) that ends when `stop` is set: the
+    /// testbed sets it and joins the thread on drop.
+    pub fn on_drop(&mut self, stop: Arc<AtomicBool>, thread: JoinHandle<()>) {
+        self.tasks.push(Stoppable { backend: usize::MAX, stop, thread: Some(thread) });
     }
 
     fn spawn_task(&mut self, backend: usize, f: impl FnOnce(Arc<AtomicBool>) + Send + 'static) {

@@ -6,10 +6,15 @@
 //! `OPTIONS` (the dispatcher's health check) is answered `200 OK` with the container's
 //! session-ID-shaped To tag (or, as some containers do, without one; or not at all while
 //! calls are served, as under an overload).
+//!
+//! Over UDP (`serve`) and over TCP (`serve_tcp`: messages framed by Content-Length, each
+//! answered on the connection it came on). Over TCP a container can also end a dialog
+//! itself (`uas_bye`: a BYE routed by the INVITE's Record-Route, as a UAS does).
 
 use std::{
     collections::HashMap,
-    net::{IpAddr, SocketAddr, UdpSocket},
+    io::{Read, Write},
+    net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket},
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
         Arc, Mutex,
@@ -32,6 +37,9 @@ pub struct Seen {
     pub bytes: usize,
 }
 
+/// A dialog's creating container, its INVITE, and the connection it came on.
+type Invite = (usize, String, Arc<Mutex<TcpStream>>);
+
 pub struct SipCluster {
     peers: Vec<Option<usize>>,
     /// Per container: Call-ID -> (creating container, To tag), own and replicated.
@@ -49,6 +57,10 @@ pub struct SipCluster {
     /// Per container: `OPTIONS` left unanswered while calls are served (an overload
     /// that delays the checks' answers past their timeout).
     options_muted: Vec<AtomicBool>,
+    /// Over TCP: each dialog's INVITE and the connection it came on (for `uas_bye`).
+    invites: Mutex<HashMap<String, Invite>>,
+    /// Responses received (to a container's own BYE), by status line.
+    pub responses: Mutex<Vec<(usize, String)>>,
 }
 
 const POLL: Duration = Duration::from_millis(50);
@@ -66,6 +78,8 @@ impl SipCluster {
             not_found: AtomicU64::new(0),
             untagged_options: AtomicBool::new(false),
             options_muted: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            invites: Mutex::new(HashMap::new()),
+            responses: Mutex::new(Vec::new()),
         })
     }
 
@@ -88,6 +102,23 @@ impl SipCluster {
             })
             .map(|s| format!("{} {} at container {} (owner {:?})", s.method, s.call_id, s.container, s.dialog_owner))
             .collect()
+    }
+
+    /// SIPp's verdict (`sipp::finish`) and the containers' logs: every one of `calls`
+    /// completed, no 481, no message to a container that neither created its dialog nor
+    /// holds its replica.
+    pub fn assert_calls_kept(
+        &self,
+        calls: u64,
+        status: std::process::ExitStatus,
+        c: &std::collections::HashMap<String, u64>,
+    ) {
+        assert_eq!(c.get("SuccessfulCall"), Some(&calls), "every call completed: {c:?}");
+        assert_eq!(c.get("FailedCall"), Some(&0), "{c:?}");
+        assert!(status.success(), "SIPp's exit status: {status}");
+        assert_eq!(self.not_found.load(Ordering::SeqCst), 0, "no 481");
+        let misroutes = self.misroutes();
+        assert!(misroutes.is_empty(), "from the containers' logs: {misroutes:?}");
     }
 
     /// Messages container `i` served for dialogs its peer created (after a failover).
@@ -254,4 +285,115 @@ pub fn serve(cluster: Arc<SipCluster>, i: usize, addr: IpAddr, port: u16, stop: 
         }
     }
     cluster.set_alive(i, false);
+}
+
+/// The length of the first whole message in `buf` (header section and Content-Length
+/// body), if it is all there.
+fn framed_len(buf: &[u8]) -> Option<usize> {
+    let head = buf.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+    let text = String::from_utf8_lossy(&buf[..head]);
+    let len = text
+        .split("\r\n")
+        .filter_map(|l| l.split_once(':'))
+        .find(|(n, _)| n.trim().eq_ignore_ascii_case("content-length") || n.trim().eq_ignore_ascii_case("l"))
+        .and_then(|(_, v)| v.trim().parse::<usize>().ok())
+        .unwrap_or(0);
+    (buf.len() >= head + len).then_some(head + len)
+}
+
+impl SipCluster {
+    /// Container `i` ends dialog `call_id` itself: a BYE to the caller, its Route the
+    /// INVITE's Record-Route, on the connection the INVITE came on. False when it holds
+    /// no such dialog.
+    pub fn uas_bye(&self, i: usize, call_id: &str) -> bool {
+        let Some((owner, invite, conn)) = self.invites.lock().unwrap().get(call_id).cloned() else { return false };
+        let Some((_, tag)) = self.dialogs[i].lock().unwrap().get(call_id).cloned() else { return false };
+        if owner != i {
+            return false;
+        }
+        let get = |names: &[&str]| header(&invite, names).unwrap_or("").to_string();
+        let from = get(&["from", "f"]);
+        let to = get(&["to", "t"]);
+        let route = get(&["record-route"]);
+        let n = self.next.fetch_add(1, Ordering::SeqCst);
+        let bye = format!(
+            "BYE sip:caller@10.0.0.2 SIP/2.0\r\nVia: SIP/2.0/TCP {}:5060;branch=z9hG4bK-uas-{n}\r\nRoute: {route}\r\nFrom: {to};tag={tag}\r\nTo: {from}\r\nCall-ID: {call_id}\r\nCSeq: 2 BYE\r\nMax-Forwards: 70\r\nContent-Length: 0\r\n\r\n",
+            crate::netns::backend_ip(i)
+        );
+        for c in std::iter::once(i).chain(self.peers[i]) {
+            self.dialogs[c].lock().unwrap().remove(call_id);
+        }
+        let ok = conn.lock().unwrap().write_all(bye.as_bytes()).is_ok();
+        ok
+    }
+
+    /// One message that came over TCP on `conn`.
+    fn answer_tcp(&self, i: usize, msg: &str, conn: &Arc<Mutex<TcpStream>>) -> Option<String> {
+        if msg.starts_with("SIP/2.0") {
+            self.responses.lock().unwrap().push((i, msg.lines().next().unwrap_or("").to_string()));
+            return None;
+        }
+        let is_invite = msg.starts_with("INVITE ");
+        let resp = self.answer(i, msg)?;
+        if is_invite && resp.starts_with("SIP/2.0 200") {
+            if let Some(call_id) = header(msg, &["call-id", "i"]) {
+                let owner = self.dialogs[i].lock().unwrap().get(call_id).map(|d| d.0).unwrap_or(i);
+                self.invites.lock().unwrap().insert(call_id.to_string(), (owner, msg.to_string(), conn.clone()));
+            }
+        }
+        Some(resp)
+    }
+}
+
+/// Container `i` over TCP on `addr`:`port` until `stop`: every connection read by a
+/// thread of its own, each message answered on it. Stopping closes them all.
+pub fn serve_tcp(cluster: Arc<SipCluster>, i: usize, addr: Ipv4Addr, port: u16, stop: Arc<AtomicBool>) {
+    let listener = TcpListener::bind(SocketAddr::from((addr, port))).expect("bind the SIP container's TCP socket");
+    listener.set_nonblocking(true).unwrap();
+    let mut conns: Vec<(TcpStream, std::thread::JoinHandle<()>)> = Vec::new();
+    while !stop.load(Ordering::SeqCst) {
+        let Ok((stream, _)) = listener.accept() else {
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        };
+        stream.set_nonblocking(false).unwrap();
+        stream.set_read_timeout(Some(POLL)).unwrap();
+        let keep = stream.try_clone().unwrap();
+        let (c, stop) = (cluster.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let conn = Arc::new(Mutex::new(stream.try_clone().unwrap()));
+            let mut rd = stream;
+            let mut buf = Vec::new();
+            let mut chunk = vec![0u8; 65536];
+            while !stop.load(Ordering::SeqCst) {
+                match rd.read(&mut chunk) {
+                    Ok(0) => break,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                        continue
+                    }
+                    Err(_) => break,
+                }
+                while let Some(len) = framed_len(&buf) {
+                    let msg = String::from_utf8_lossy(&buf[..len]).into_owned();
+                    buf.drain(..len);
+                    if c.frozen[i].load(Ordering::SeqCst) {
+                        continue;
+                    }
+                    if let Some(resp) = c.answer_tcp(i, &msg, &conn) {
+                        let _ = conn.lock().unwrap().write_all(resp.as_bytes());
+                    }
+                }
+                // Keepalive pings and stray line ends.
+                while buf.starts_with(b"\r\n") {
+                    buf.drain(..2);
+                }
+            }
+        });
+        conns.push((keep, thread));
+    }
+    for (s, t) in conns {
+        let _ = s.shutdown(std::net::Shutdown::Both);
+        let _ = t.join();
+    }
 }

@@ -31,6 +31,11 @@ pub fn stats_file(tb: &Testbed, tag: &str) -> PathBuf {
 
 /// Starts the run as testbed process `tag` (stopped with the testbed if its user fails).
 pub fn start(tb: &mut Testbed, run: &Run, tag: &str) {
+    start_with(tb, run, tag, &[]);
+}
+
+/// As `start`, with more of SIPp's options (`-t t1`: SIP over one TCP connection).
+pub fn start_with(tb: &mut Testbed, run: &Run, tag: &str, extra: &[&str]) {
     let stf = stats_file(tb, tag);
     let mut cmd = run.ns.command("sipp");
     match run.scenario {
@@ -38,6 +43,7 @@ pub fn start(tb: &mut Testbed, run: &Run, tag: &str) {
         None => cmd.args(["-sn", "uac"]),
     };
     cmd.args([run.target, "-i", run.local_ip, "-p", "5061"])
+        .args(extra)
         .args(["-m", &run.calls.to_string(), "-r", &run.rate.to_string(), "-d", &run.pause_ms.to_string()])
         .args(["-nostdin", "-timeout", "90s", "-timeout_error", "-trace_stat", "-trace_err", "-fd", "1"])
         .arg("-stf")
@@ -97,4 +103,80 @@ pub fn counters(stf: &Path) -> HashMap<String, u64> {
         .filter(|(h, _)| h.ends_with("(C)"))
         .filter_map(|(h, v)| Some((h.trim_end_matches("(C)").to_string(), v.trim().parse().ok()?)))
         .collect()
+}
+
+/// A TLS client relay for SIPp (Debian's SIPp is built without TLS): it listens on
+/// `listen` in `ns`, and each connection SIPp opens is carried over TLS (rustls, the
+/// server's certificate checked against `ca`) to `target`. Stops with the testbed.
+pub fn start_tls_relay(
+    tb: &mut Testbed,
+    ns: &Ns,
+    listen: std::net::SocketAddr,
+    target: std::net::SocketAddr,
+    ca: &Path,
+) {
+    let config = crate::websphere::tls_client_config(ca);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let listener = ns.run(move || std::net::TcpListener::bind(listen).expect("bind the TLS relay"));
+    listener.set_nonblocking(true).unwrap();
+    let ns2 = ns.clone();
+    let s2 = stop.clone();
+    let thread = std::thread::spawn(move || {
+        let mut conns = Vec::new();
+        while !s2.load(std::sync::atomic::Ordering::SeqCst) {
+            let Ok((plain, _)) = listener.accept() else {
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            };
+            let (config, stop) = (config.clone(), s2.clone());
+            let upstream = ns2.run(move || std::net::TcpStream::connect(target));
+            let Ok(upstream) = upstream else { continue };
+            conns.push(std::thread::spawn(move || relay(plain, upstream, config, stop)));
+        }
+        for c in conns {
+            let _ = c.join();
+        }
+    });
+    tb.on_drop(stop, thread);
+}
+
+/// Copies both ways between SIPp's plain connection and the TLS one until either ends.
+fn relay(
+    mut plain: std::net::TcpStream,
+    tcp: std::net::TcpStream,
+    config: std::sync::Arc<rustls::ClientConfig>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
+    use std::io::{Read, Write};
+    let name = rustls::pki_types::ServerName::try_from("sip.example.test").unwrap();
+    let conn = rustls::ClientConnection::new(config, name).expect("TLS client");
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    let tick = Some(Duration::from_millis(5));
+    plain.set_nonblocking(false).unwrap();
+    plain.set_read_timeout(tick).unwrap();
+    tls.sock.set_read_timeout(tick).unwrap();
+    let mut buf = vec![0u8; 65536];
+    let idle = |e: &std::io::Error| matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut);
+    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+        match plain.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                if tls.write_all(&buf[..n]).and_then(|_| tls.flush()).is_err() {
+                    break;
+                }
+            }
+            Err(e) if idle(&e) => {}
+            Err(_) => break,
+        }
+        match tls.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                if plain.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+            Err(e) if idle(&e) => {}
+            Err(_) => break,
+        }
+    }
 }

@@ -295,7 +295,11 @@ fn every_validation_message_names_line_and_field() {
         ("slow_start = \"30s\"", 0, "slow_start = \"10ms\"", "backend[0].slow_start: must be at least 100ms", None),
         ("slow_start = \"1m\"", 0, "slow_start = \"soon\"", "vip[1].slow_start: `soon` is not a duration", None),
         ("maxconn = 100\n", 0, "", "backend[0].maxqueue: applies with maxconn only (no limit, no queue)", Some("maxqueue = 50")),
-        ("mode = \"http\"", 0, "protocol = \"tcp\"\nmode = \"sip\"", "vip[1].protocol: sip VIPs are SIP over UDP", None),
+        ("mode = \"http\"", 0, "protocol = \"tcp\"\nmode = \"sip\"", "vip[1].protocol: SIP over UDP is protocol udp (for SIP over TCP or TLS, set transport", None),
+        ("mode = \"http\"", 0, "transport = \"tls\"\nmode = \"sip\"", "vip[1].tls: transport = \"tls\" needs [vip.tls]", None),
+        ("mode = \"http\"", 0, "transport = \"sctp\"\nmode = \"sip\"", "vip[1].transport: `sctp` is not one of udp, tcp, tls", None),
+        ("mode = \"http\"", 0, "transport = \"tcp\"\nmode = \"http\"", "vip[1].transport: applies to SIP VIPs only", None),
+        ("mode = \"http\"", 0, "protocol = \"udp\"\nmode = \"sip\"\ntransport = \"tcp\"", "vip[1].protocol: SIP over TCP or TLS (transport) is protocol tcp", None),
         ("mac = \"02:00:00:00:00:12\"\n", 0, "", "backend[1].mac: required: backend `b` serves L4 VIP `l4` (XDP forwards to the backend's MAC)", Some("[[backend]]\nname = \"b\"")),
         // [[vip]]
         ("name = \"web\"", 0, "name = \"l4\"", "vip[1].name: `l4` is defined twice", None),

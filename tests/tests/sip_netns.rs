@@ -56,22 +56,6 @@ fn sip_bed(n: usize, fall: u32) -> (Testbed, std::sync::Arc<SipCluster>, std::pa
     (tb, sip, path)
 }
 
-/// SIPp's verdict and the containers' logs: every call completed, no 481, no message
-/// to a container that neither created its dialog nor holds its replica.
-fn assert_calls_kept(
-    sip: &SipCluster,
-    calls: u64,
-    status: std::process::ExitStatus,
-    c: &std::collections::HashMap<String, u64>,
-) {
-    assert_eq!(c.get("SuccessfulCall"), Some(&calls), "every call completed: {c:?}");
-    assert_eq!(c.get("FailedCall"), Some(&0), "{c:?}");
-    assert!(status.success(), "SIPp's exit status: {status}");
-    assert_eq!(sip.not_found.load(std::sync::atomic::Ordering::SeqCst), 0, "no 481");
-    let misroutes = sip.misroutes();
-    assert!(misroutes.is_empty(), "from the containers' logs: {misroutes:?}");
-}
-
 #[test]
 fn dialogs_survive_their_containers_death_and_never_reach_a_stranger() {
     let (mut tb, sip, path) = sip_bed(4, 2);
@@ -85,7 +69,7 @@ fn dialogs_survive_their_containers_death_and_never_reach_a_stranger() {
     eprintln!("SIPp: {c:?}; container 0 had taken {on_b0} INVITEs");
 
     assert!(on_b0 > 5, "container 0 owned dialogs when it died: {on_b0}");
-    assert_calls_kept(&sip, 150, status, &c);
+    sip.assert_calls_kept(150, status, &c);
     assert!(sip.served_for_peer(1) > 0, "the replica took over container 0's dialogs");
     let dialogs_of_b0_elsewhere =
         sip.seen().iter().filter(|s| s.dialog_owner == Some(0) && s.container != 0 && s.container != 1).count();
@@ -121,7 +105,7 @@ fn a_frozen_container_is_waited_for_then_its_replica_serves() {
     sip.freeze(0, false);
     let (status, c) = finish(&mut tb, "sipp-freeze");
     eprintln!("SIPp: {c:?}");
-    assert_calls_kept(&sip, 60, status, &c);
+    sip.assert_calls_kept(60, status, &c);
     let (_, body) = tb.admin("GET", "/metrics").expect("metrics");
     let held: f64 = body
         .lines()
@@ -194,7 +178,7 @@ fn a_converged_applications_sip_and_http_fail_over_together() {
     eprintln!("SIPp: {c:?}");
 
     // SIP: every call completed, no 481, no stranger; the replica served ln0's dialogs.
-    assert_calls_kept(&sip, 100, status, &c);
+    sip.assert_calls_kept(100, status, &c);
     assert!(sip.served_for_peer(1) > 0, "container 1 took over ln0's dialogs");
 
     // HTTP: ln0's requests went to b0, then to b1 (never elsewhere), ln2's stayed on b2;
@@ -286,7 +270,7 @@ fn large_invites_in_ip_fragments_reach_their_containers_and_survive_a_death() {
     eprintln!("container 0 had taken {on_b0} INVITEs");
     assert!(on_b0 > 5, "container 0 owned dialogs when it died: {on_b0}");
     for (status, c) in &results {
-        assert_calls_kept(&sip, 100, *status, c);
+        sip.assert_calls_kept(100, *status, c);
     }
     assert!(sip.served_for_peer(1) > 0, "the replica took over container 0's dialogs");
 
@@ -345,7 +329,7 @@ fn logical_names_are_learned_from_the_dialogs_when_the_containers_do_not_say_the
     // from the ACK and BYE that follow.
     sipp(&mut tb, 40, 20, 500, "sipp-learn");
     let (status, c) = finish(&mut tb, "sipp-learn");
-    assert_calls_kept(&sip, 40, status, &c);
+    sip.assert_calls_kept(40, status, &c);
     let took: std::collections::BTreeSet<usize> =
         sip.seen().iter().filter(|s| s.method == "INVITE").map(|s| s.container).collect();
     assert_eq!(took.len(), 4, "the ring spread 40 calls over the 4 containers: {took:?}");
@@ -375,7 +359,7 @@ fn logical_names_are_learned_from_the_dialogs_when_the_containers_do_not_say_the
     tb.kill_servers_of(0);
     let (status, c) = finish(&mut tb, "sipp-kill");
     eprintln!("SIPp: {c:?}");
-    assert_calls_kept(&sip, 100, status, &c);
+    sip.assert_calls_kept(100, status, &c);
     assert!(sip.served_for_peer(1) > 0, "the replica took over container 0's dialogs");
     let ln = by(&tb, "ln");
     assert!(ln >= 150.0, "in-dialog requests went by their learned names: {ln}");
@@ -397,7 +381,7 @@ fn a_container_answering_calls_is_not_suspect_when_its_checks_time_out() {
     std::thread::sleep(Duration::from_millis(2000));
     sip.mute_options(0, false);
     let (status, c) = finish(&mut tb, "sipp-busy");
-    assert_calls_kept(&sip, 120, status, &c);
+    sip.assert_calls_kept(120, status, &c);
     let excused = metric(&tb, "dispatcher_sip_check_failures_excused_total", "");
     assert!(excused >= 3.0, "about ten checks timed out while ACKs flowed: {excused} excused");
     assert_eq!(transitions(&tb), before, "no state change while the container answered calls");

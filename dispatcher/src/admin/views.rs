@@ -132,7 +132,7 @@ fn xdp_vips(a: &Admin, cfg: &Config) -> Vec<crate::api::XdpVipStatus> {
     cfg.vips
         .iter()
         .enumerate()
-        .filter(|(_, v)| !v.retired && v.mode() != VipMode::Http)
+        .filter(|(_, v)| !v.retired && v.in_xdp())
         .map(|(i, v)| {
             let id = i as u32;
             let f = t.vip_figures(id).unwrap_or_default();
@@ -626,7 +626,7 @@ fn xdp_section(o: &mut Exposition, a: &Admin, cfg: &Config) {
             }
         }
     }
-    let sip: Vec<_> = cfg.vips.iter().enumerate().filter(|(_, v)| v.mode() == VipMode::Sip).collect();
+    let sip: Vec<_> = cfg.vips.iter().enumerate().filter(|(_, v)| v.mode() == VipMode::Sip && v.in_xdp()).collect();
     if !sip.is_empty() {
         let counts: Vec<_> = sip.iter().map(|(i, v)| (v, t.sip_counters(*i as u32).unwrap_or_default())).collect();
         o.family(&SIP_MESSAGES);

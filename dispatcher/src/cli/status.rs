@@ -175,6 +175,9 @@ fn render(cfg: &Config, format: Format) -> anyhow::Result<String> {
         if let Some(line) = protocols_line(c) {
             let _ = writeln!(o, "{line}");
         }
+        if cfg.vips.iter().any(|v| !v.retired && v.sip_stream().is_some()) {
+            let _ = writeln!(o, "{}", sip_stream_line(c));
+        }
     }
     if let Some(a) = f.agent.as_ref() {
         paths_section(&mut o, a);
@@ -241,7 +244,7 @@ impl<'c> Frame<'c> {
             .map(|(i, (v, f))| {
                 let mut j = serde_json::json!({"name": v.name, "address": v.address.to_string(), "port": v.port, "packets": f.forwarded.packets,
                     "bytes": f.forwarded.bytes, "new_flows": f.new_flows, "flow_hits": f.flow_hits, "drops": f.drops});
-                if v.mode() == VipMode::Sip {
+                if v.mode() == VipMode::Sip && v.in_xdp() {
                     let sip: serde_json::Map<String, serde_json::Value> =
                         self.tables.sip_counters(i as u32).unwrap_or_default().into_iter().map(|(n, c)| (n.to_string(), c.into())).collect();
                     j["sip"] = sip.into();
@@ -357,7 +360,7 @@ impl<'c> Frame<'c> {
         for t in self.agent.iter().flat_map(|a| &a.vips).filter_map(|v| Some((&v.name, v.tls.as_ref()?))) {
             let _ = writeln!(o, "{}", tls_line(t.0, t.1));
         }
-        for (i, v) in self.cfg.vips.iter().enumerate().filter(|(_, v)| v.mode() == VipMode::Sip) {
+        for (i, v) in self.cfg.vips.iter().enumerate().filter(|(_, v)| v.mode() == VipMode::Sip && v.in_xdp()) {
             let counts = self.tables.sip_counters(i as u32)?;
             let line: Vec<String> = counts.iter().map(|(n, c)| format!("{n} {c}")).collect();
             let _ = writeln!(o, "sip {}: {}", v.name, line.join(", "));
@@ -581,6 +584,25 @@ fn operator_name(admin: u8) -> &'static str {
     }
 }
 
+/// `sip over tcp/tls: connections=C refused=R messages <outcome>:n,...` (the outcomes
+/// that happened), for a configuration with SIP VIPs over TCP or TLS.
+fn sip_stream_line(c: &dispatcher::api::CounterStatus) -> String {
+    let outcomes: Vec<String> = c
+        .by_label
+        .get("sip_stream_messages")
+        .into_iter()
+        .flatten()
+        .filter(|(_, n)| **n > 0)
+        .map(|(o, n)| format!("{o}:{n}"))
+        .collect();
+    format!(
+        "sip over tcp/tls: connections={} refused={} messages {}",
+        c.sip_stream_connections,
+        c.sip_stream_refused,
+        if outcomes.is_empty() { "none".to_string() } else { outcomes.join(",") }
+    )
+}
+
 /// `protocols: h1 requests=R connections=C; h2 requests=R connections=C open=O
 /// streams_in_flight=S refused=N resets_sent=<reason>:n,... resets_received=...
 /// goaways=<reason>:n,...` — once a client spoke HTTP/2 (`None` before).
@@ -636,6 +658,16 @@ mod protocol_tests {
         );
         let b = BackendStatus { weight: 100, queue: None, checks_disabled: false, configured_maxconn: Some(5), ..b };
         assert_eq!(runtime_line(&b).unwrap(), "backend b1: maxconn none (runtime; configured 5); until reload");
+    }
+
+    #[test]
+    fn the_sip_stream_line_names_the_outcomes_that_happened() {
+        let mut c = dispatcher::api::CounterStatus::default();
+        assert_eq!(sip_stream_line(&c), "sip over tcp/tls: connections=0 refused=0 messages none");
+        let split = |pairs: &[(&str, u64)]| pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+        c.by_label.insert("sip_stream_messages".into(), split(&[("call_id", 3), ("held", 0), ("to_tag", 6)]));
+        c.sip_stream_connections = 2;
+        assert_eq!(sip_stream_line(&c), "sip over tcp/tls: connections=2 refused=0 messages call_id:3,to_tag:6");
     }
 
     #[test]

@@ -682,10 +682,44 @@ pub enum VipKind {
     /// SIP over UDP, routed in XDP by logical name or Call-ID; a new call takes the ring
     /// as an L4 flow does.
     Sip(L4Settings),
+    /// SIP over TCP or TLS (`transport`), terminated by the agent (`sip/`): each
+    /// message routed by the same rules and table as in XDP.
+    SipStream(Box<SipStreamVip>),
     /// Served by the HTTP proxy (XDP passes it, or steers it to its owner). Boxed: it
     /// is several times the size of the others.
     Http(Box<HttpVip>),
 }
+
+/// A SIP VIP over a stream transport (`transport = "tcp"` or `"tls"`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SipStreamVip {
+    pub transport: SipTransport,
+    /// `[vip.tls]`, required with `transport = "tls"`.
+    pub tls: Option<VipTls>,
+    /// The containers' port (`backend_port`; default: the VIP's).
+    pub backend_port: u16,
+    /// Client connections open at once (`max_connections`; default 10,000).
+    pub max_connections: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SipTransport {
+    Tcp,
+    Tls,
+}
+
+impl SipTransport {
+    /// As in a `Via` (`SIP/2.0/TCP`) and in the configuration (lowercase).
+    pub fn name(self) -> &'static str {
+        match self {
+            SipTransport::Tcp => "TCP",
+            SipTransport::Tls => "TLS",
+        }
+    }
+}
+
+/// Client connections a stream SIP VIP keeps open at once unless `max_connections` says.
+pub const SIP_STREAM_MAX_CONNECTIONS: usize = 10_000;
 
 /// What XDP forwards a flow of an L4 or SIP VIP with (`VIPS`, `RINGS`, `AFFINITY`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -819,7 +853,7 @@ impl Vip {
     pub fn mode(&self) -> VipMode {
         match self.kind {
             VipKind::L4(_) => VipMode::L4,
-            VipKind::Sip(_) => VipMode::Sip,
+            VipKind::Sip(_) | VipKind::SipStream(_) => VipMode::Sip,
             VipKind::Http(_) => VipMode::Http,
         }
     }
@@ -834,8 +868,21 @@ impl Vip {
     pub fn l4(&self) -> Option<&L4Settings> {
         match &self.kind {
             VipKind::L4(s) | VipKind::Sip(s) => Some(s),
-            VipKind::Http(_) => None,
+            VipKind::Http(_) | VipKind::SipStream(_) => None,
         }
+    }
+
+    /// A SIP VIP over TCP or TLS (the agent serves it; XDP never sees it): its settings.
+    pub fn sip_stream(&self) -> Option<&SipStreamVip> {
+        match &self.kind {
+            VipKind::SipStream(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// Forwarded by XDP (an L4 or SIP-over-UDP VIP): in `VIPS`, with rings.
+    pub fn in_xdp(&self) -> bool {
+        self.l4().is_some()
     }
 
     /// An HTTP VIP's own settings.

@@ -204,6 +204,7 @@ pub(super) struct RawVip {
     pub(super) port: Spanned<u16>,
     pub(super) protocol: Option<Spanned<String>>,
     pub(super) mode: Option<Spanned<String>>,
+    pub(super) transport: Option<Spanned<String>>,
     pub(super) forwarding: Option<Spanned<String>>,
     pub(super) encap_source: Option<Spanned<String>>,
     pub(super) backends: Option<Spanned<Vec<Spanned<String>>>>,

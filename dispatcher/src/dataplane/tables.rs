@@ -68,13 +68,15 @@ pub fn vip_key(v: &Vip) -> VipKey {
 }
 
 pub fn vip_info(id: u32, v: &Vip) -> VipInfo {
-    // XDP reads no more than the mode of an HTTP VIP.
+    // XDP reads no more than the mode of an HTTP VIP. A SIP VIP over TCP or TLS is the
+    // agent's as an HTTP VIP is: passed to the host stack (or steered to its owner).
     let l4 = v.l4().copied().unwrap_or_default();
     VipInfo {
         id,
         mode: match v.mode() {
             VipMode::L4 => MODE_L4,
             VipMode::Http => MODE_HTTP,
+            VipMode::Sip if v.sip_stream().is_some() => MODE_HTTP,
             VipMode::Sip => MODE_SIP,
         },
         forward: match l4.forwarding {

@@ -81,6 +81,12 @@ pub enum ProbeKind {
     Sip,
 }
 
+/// The port a SIP VIP's containers are checked on: their own (`backend_port`) for a
+/// SIP VIP over TCP or TLS, else the VIP's.
+fn sip_port(v: &crate::config::Vip) -> u16 {
+    v.sip_stream().map_or(v.port, |s| s.backend_port)
+}
+
 /// The probe for each backend: by default (`kind = "auto"`) HTTP on the port its requests
 /// go to (its own `port`, else its farm's, else the `backend_port` of the first HTTP VIP
 /// routing to its farm, else of its first HTTP VIP), else SIP `OPTIONS` to its first SIP VIP's port, else a TCP connect
@@ -100,7 +106,7 @@ pub fn probes(cfg: &Config) -> Vec<Option<Probe>> {
             let tcp_vip = vips.iter().find(|v| v.protocol == Protocol::Tcp);
             let (port, auto) = match (http, sip_vip, tcp_vip) {
                 (Some((port, _)), _, _) => (port, ProbeKind::Http(h.path.clone())),
-                (None, Some(v), _) => (v.port, ProbeKind::Sip),
+                (None, Some(v), _) => (sip_port(v), ProbeKind::Sip),
                 (None, None, Some(v)) => (v.port, ProbeKind::Tcp),
                 (None, None, None) => return None,
             };
@@ -111,8 +117,11 @@ pub fn probes(cfg: &Config) -> Vec<Option<Probe>> {
                 CheckKind::Sip => ProbeKind::Sip,
             };
             // A SIP check of a backend without a SIP VIP goes to SIP's port.
-            let port =
-                h.port.unwrap_or(if kind == ProbeKind::Sip { sip_vip.map(|v| v.port).unwrap_or(5060) } else { port });
+            let port = h.port.unwrap_or(if kind == ProbeKind::Sip {
+                sip_vip.map(|v| sip_port(v)).unwrap_or(5060)
+            } else {
+                port
+            });
             let address = cfg.backends[b].address.into();
             // HTTP checks on the backend port go over TLS when the VIP's requests do.
             let tls = match (&kind, http_vip.and_then(|v| v.backend_tls.as_ref())) {

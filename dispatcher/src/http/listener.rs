@@ -105,14 +105,17 @@ struct Caps {
     vip: Option<usize>,
 }
 
-fn bind(v: &Vip) -> std::io::Result<TcpListener> {
+/// A VIP's listening socket (`SO_REUSEPORT`: a reload's listeners bind beside the old
+/// ones); the SIP VIPs over TCP and TLS use it too.
+pub fn bind(v: &Vip) -> std::io::Result<TcpListener> {
     let addr = SocketAddr::new(v.address, v.port);
+    let kind = if v.sip_stream().is_some() { "SIP" } else { "HTTP" };
     let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
     socket.set_reuseaddr(true)?;
     socket.set_reuseport(true)?;
     socket
         .bind(addr)
-        .map_err(|e| std::io::Error::new(e.kind(), format!("binding HTTP VIP {} on {addr}: {e}", v.name)))?;
+        .map_err(|e| std::io::Error::new(e.kind(), format!("binding {kind} VIP {} on {addr}: {e}", v.name)))?;
     socket.listen(1024)
 }
 

@@ -239,6 +239,7 @@ impl Ctx<'_> {
         i: usize,
         v: &RawVip,
         mode: VipMode,
+        sip_stream: bool,
         members: &mut Vec<usize>,
         raw_backends: &[Spanned<RawBackend>],
     ) -> HttpVip {
@@ -250,8 +251,8 @@ impl Ctx<'_> {
                 self.report(m.span(), &f("max_connections"), format!("must be 1..={MAX_CLIENT_CONNECTIONS}"));
                 return None;
             }
-            if mode != VipMode::Http {
-                self.report(m.span(), &f("max_connections"), "applies to HTTP VIPs only");
+            if mode != VipMode::Http && !sip_stream {
+                self.report(m.span(), &f("max_connections"), "applies to HTTP VIPs and SIP VIPs over TCP or TLS only");
             }
             Some(*m.get_ref())
         });
@@ -266,7 +267,7 @@ impl Ctx<'_> {
         let tls = v.tls.as_ref().map(|t| self.vip_tls(t, &f("tls")));
         let backend_tls = v.backend_tls.as_ref().map(|t| self.backend_tls(t.get_ref(), &f("backend_tls")));
         if mode != VipMode::Http {
-            self.http_only(i, v);
+            self.http_only(i, v, sip_stream);
         }
         self.redirect(i, v, members);
         HttpVip {
@@ -335,9 +336,10 @@ impl Ctx<'_> {
     }
 
     /// The settings an L4 or SIP VIP was given that only HTTP VIPs have.
-    fn http_only(&self, i: usize, v: &RawVip) {
+    /// (`tls` also applies to a SIP VIP over a stream transport.)
+    fn http_only(&self, i: usize, v: &RawVip, sip_stream: bool) {
         for (set, field) in [
-            (v.tls.as_ref().map(|t| t.span()), "tls"),
+            (v.tls.as_ref().map(|t| t.span()).filter(|_| !sip_stream), "tls"),
             (v.backend_tls.as_ref().map(|t| t.span()), "backend_tls"),
             (v.redirect_to.as_ref().map(|t| t.span()), "redirect_to"),
             (v.fail_back.as_ref().map(|t| t.span()), "fail_back"),

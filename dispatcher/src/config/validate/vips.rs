@@ -72,7 +72,7 @@ impl Ctx<'_> {
         if *v.port.get_ref() == 0 {
             self.report(v.port.span(), &f("port"), "must be 1..=65535");
         }
-        let (mode, protocol) = self.mode(i, v);
+        let (mode, protocol, transport) = self.mode(i, v);
         match taken.addrs.get(&(address, *v.port.get_ref(), protocol)) {
             Some((other, line)) => self.report(
                 v.port.span(),
@@ -91,8 +91,10 @@ impl Ctx<'_> {
         let mut members = self.members(i, v, mode, m);
         // Every kind's settings are checked whatever the kind (an error is an error); the
         // VIP keeps its own kind's.
-        let l4 = self.l4_settings(i, v, address, mode, &members, m, &mut taken.groups);
-        let http = self.http_vip(i, v, mode, &mut members, m.raw);
+        // A stream SIP VIP is the agent's: XDP needs nothing of its members.
+        let xdp_mode = if transport.is_some() { VipMode::Http } else { mode };
+        let l4 = self.l4_settings(i, v, address, xdp_mode, &members, m, &mut taken.groups);
+        let http = self.http_vip(i, v, mode, transport.is_some(), &mut members, m.raw);
         Vip {
             name: v.name.get_ref().clone(),
             address,
@@ -100,7 +102,10 @@ impl Ctx<'_> {
             protocol,
             kind: match mode {
                 VipMode::L4 => VipKind::L4(l4),
-                VipMode::Sip => VipKind::Sip(l4),
+                VipMode::Sip => match transport {
+                    None => VipKind::Sip(l4),
+                    Some(t) => VipKind::SipStream(Box::new(self.sip_stream(i, v, t, http))),
+                },
                 VipMode::Http => VipKind::Http(Box::new(http)),
             },
             backends: members,
@@ -112,8 +117,9 @@ impl Ctx<'_> {
         }
     }
 
-    /// `mode` and `protocol`: HTTP over TCP, SIP over UDP (the default follows the mode).
-    fn mode(&self, i: usize, v: &RawVip) -> (VipMode, Protocol) {
+    /// `mode`, `protocol` and a SIP VIP's `transport`: HTTP over TCP, SIP over UDP (the
+    /// default) or over TCP or TLS (`Some`: the agent terminates it).
+    fn mode(&self, i: usize, v: &RawVip) -> (VipMode, Protocol, Option<SipTransport>) {
         let f = |field: &str| format!("vip[{i}].{field}");
         let mode = self.choice(
             &v.mode,
@@ -121,20 +127,57 @@ impl Ctx<'_> {
             VipMode::L4,
             &[("l4", VipMode::L4), ("http", VipMode::Http), ("sip", VipMode::Sip)],
         );
+        let transport = self.choice(
+            &v.transport,
+            &f("transport"),
+            None,
+            &[("udp", None), ("tcp", Some(SipTransport::Tcp)), ("tls", Some(SipTransport::Tls))],
+        );
+        if let (Some(t), true) = (&v.transport, mode != VipMode::Sip) {
+            self.report(t.span(), &f("transport"), "applies to SIP VIPs only (mode = \"sip\")");
+        }
         let protocol = self.choice(
             &v.protocol,
             &f("protocol"),
-            if mode == VipMode::Sip { Protocol::Udp } else { Protocol::Tcp },
+            if mode == VipMode::Sip && transport.is_none() { Protocol::Udp } else { Protocol::Tcp },
             &[("tcp", Protocol::Tcp), ("udp", Protocol::Udp)],
         );
         if mode == VipMode::Http && protocol != Protocol::Tcp {
             self.report(v.mode.as_ref().unwrap().span(), &f("mode"), "http needs protocol tcp");
         }
-        if mode == VipMode::Sip && protocol != Protocol::Udp {
+        if mode == VipMode::Sip && (protocol == Protocol::Udp) != transport.is_none() {
             let span = v.protocol.as_ref().map(|p| p.span()).unwrap_or(v.mode.as_ref().unwrap().span());
-            self.report(span, &f("protocol"), "sip VIPs are SIP over UDP (a TCP SIP service is an l4 VIP)");
+            let why = if transport.is_none() {
+                "SIP over UDP is protocol udp (for SIP over TCP or TLS, set transport = \"tcp\" or \"tls\")"
+            } else {
+                "SIP over TCP or TLS (transport) is protocol tcp"
+            };
+            self.report(span, &f("protocol"), why);
         }
-        (mode, protocol)
+        (mode, protocol, transport.filter(|_| mode == VipMode::Sip))
+    }
+
+    /// A stream SIP VIP's own settings, from what `http_vip` read of the same keys
+    /// (`tls`, `backend_port`, `max_connections`).
+    fn sip_stream(&self, i: usize, v: &RawVip, transport: SipTransport, http: HttpVip) -> SipStreamVip {
+        let f = |field: &str| format!("vip[{i}].{field}");
+        match (transport, &v.tls) {
+            (SipTransport::Tls, None) => self.report(
+                v.transport.as_ref().unwrap().span(),
+                &f("tls"),
+                "transport = \"tls\" needs [vip.tls] with at least one [[vip.tls.certificate]] (cert and key files)",
+            ),
+            (SipTransport::Tcp, Some(t)) => {
+                self.report(t.span(), &f("tls"), "applies with transport = \"tls\" (this VIP is SIP over TCP)")
+            }
+            _ => {}
+        }
+        SipStreamVip {
+            transport,
+            tls: http.tls.filter(|_| transport == SipTransport::Tls),
+            backend_port: http.backend_port,
+            max_connections: http.max_connections.unwrap_or(SIP_STREAM_MAX_CONNECTIONS),
+        }
     }
 
     /// `backends`: the members by name (all the backends when not given), at least one

@@ -97,11 +97,11 @@ const BENCHES: &[Bench] = &[
     },
     Bench {
         flag: "--sip",
-        about: "SIPp calls through the XDP SIP VIP and through Kamailio (Call-ID hashing): calls/s, CPU per message, a container's death.",
+        about: "SIPp calls through the SIP VIPs (UDP in XDP, TCP and TLS in the agent) and through Kamailio (Call-ID hashing, the same transports): calls/s, CPU per message, a container's death.",
         key: "sip",
         title: "SIP (SIPp through the XDP SIP VIP and through Kamailio)",
         // SIPp itself comes with setup.
-        packages: &["kamailio"],
+        packages: &["kamailio", "kamailio-tls-modules"],
         run: sip::run,
     },
     Bench {

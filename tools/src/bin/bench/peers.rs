@@ -88,7 +88,8 @@ mod tests {
 
     #[test]
     fn the_kamailio_template_keeps_its_first_line() {
-        let s = fill(KAMAILIO, &[("LB_IP", &"10.0.0.1"), ("LIST", &"/tmp/list")]);
+        let listen = "udp:10.0.0.1:5060";
+        let s = fill(KAMAILIO, &[("LB_IP", &"10.0.0.1"), ("LIST", &"/tmp/list"), ("LISTEN", &listen), ("TLS", &"")]);
         assert!(s.starts_with("#!KAMAILIO\n"));
         assert!(s.contains("sip:kamailio@10.0.0.1"));
     }

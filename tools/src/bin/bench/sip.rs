@@ -13,6 +13,11 @@
 //! Failover: calls of 3 s at 25 calls/s; container b2 dies mid-call, then (next run) b1. SIPp's failed calls,
 //! the containers' 481 answers, and in-dialog requests that reached a container holding
 //! no copy of their dialog.
+//!
+//! Each over UDP, TCP (SIPp `-t t1`: one connection) and TLS (SIPp over TCP behind the
+//! harness's TLS relay): the dispatcher's SIP VIP with that `transport` (TCP and TLS
+//! terminated by the agent), Kamailio listening on that transport and relaying to the
+//! containers over TCP for both stream transports.
 
 use std::{
     collections::HashMap,
@@ -28,7 +33,38 @@ use dispatcher_testbed::{
     netns::{backend_ip, Testbed, CLIENT_IP, LB_IP},
     sipcontainer::SipCluster,
     sipp,
+    tls::{certificate_entry, Pki},
 };
+
+/// How SIPp reaches the balancer.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    Udp,
+    Tcp,
+    Tls,
+}
+
+impl Transport {
+    fn name(self) -> &'static str {
+        match self {
+            Transport::Udp => "udp",
+            Transport::Tcp => "tcp",
+            Transport::Tls => "tls",
+        }
+    }
+}
+
+/// Where SIPp sends its calls and with which options.
+struct Caller {
+    target: String,
+    local_ip: &'static str,
+    extra: &'static [&'static str],
+}
+
+/// The TLS relay's address in the client's namespace.
+const RELAY: &str = "127.0.0.1:15061";
+/// The name on the balancers' TLS certificates (what the relay checks).
+const TLS_NAME: &str = "sip.example.test";
 
 const VIP: &str = "10.99.100.70";
 const BACKENDS: usize = 4;
@@ -135,16 +171,16 @@ fn delivered(sip: &SipCluster) -> u64 {
 fn load(
     tb: &mut Testbed,
     sip: &SipCluster,
-    target: &str,
+    caller: &Caller,
     rate: u32,
     secs: u32,
     balancer: &dyn Fn(&Testbed) -> f64,
 ) -> Load {
     let (client, before_req, before_cpu, before_bal) = (tb.client.clone(), delivered(sip), machine_ns(), balancer(tb));
     let start = Instant::now();
-    let run =
-        sipp::Run { ns: &client, target, local_ip: CLIENT_IP, calls: rate * secs, rate, pause_ms: 0, scenario: None };
-    sipp::start(tb, &run, "sipp-load");
+    let (target, local_ip) = (&caller.target, caller.local_ip);
+    let run = sipp::Run { ns: &client, target, local_ip, calls: rate * secs, rate, pause_ms: 0, scenario: None };
+    sipp::start_with(tb, &run, "sipp-load", caller.extra);
     let (_, c) = sipp::finish(tb, "sipp-load", Duration::from_secs(secs as u64 + 60));
     let took = start.elapsed().as_secs_f64();
     let requests = delivered(sip) - before_req;
@@ -168,12 +204,13 @@ fn load(
 }
 
 /// 150 calls of 3 s at 25 calls/s; the victim dies after 3.5 s.
-fn failover(tb: &mut Testbed, sip: &SipCluster, target: &str, victim: usize) -> Failover {
+fn failover(tb: &mut Testbed, sip: &SipCluster, caller: &Caller, victim: usize) -> Failover {
     let client = tb.client.clone();
     let (nf0, mis0) = (sip.not_found.load(Ordering::SeqCst), sip.misroutes().len());
     let calls = 150;
-    let run = sipp::Run { ns: &client, target, local_ip: CLIENT_IP, calls, rate: 25, pause_ms: 3000, scenario: None };
-    sipp::start(tb, &run, "sipp-failover");
+    let (target, local_ip) = (&caller.target, caller.local_ip);
+    let run = sipp::Run { ns: &client, target, local_ip, calls, rate: 25, pause_ms: 3000, scenario: None };
+    sipp::start_with(tb, &run, "sipp-failover", caller.extra);
     std::thread::sleep(Duration::from_millis(3500));
     let died_at = sip.log.lock().unwrap().len();
     tb.kill_servers_of(victim);
@@ -212,20 +249,52 @@ fn failover(tb: &mut Testbed, sip: &SipCluster, target: &str, victim: usize) -> 
     }
 }
 
-fn dispatcher_config(tb: &Testbed) -> String {
+fn dispatcher_config(tb: &Testbed, t: Transport, pki: &Pki) -> String {
+    let vip = match t {
+        Transport::Udp => format!("address = \"{VIP}\"\nport = 5060\nmode = \"sip\"\n"),
+        Transport::Tcp => format!("address = \"{VIP}\"\nport = 5060\nmode = \"sip\"\ntransport = \"tcp\"\n"),
+        Transport::Tls => format!(
+            "address = \"{VIP}\"\nport = 5061\nmode = \"sip\"\ntransport = \"tls\"\nbackend_port = 5060\n[vip.tls]\n{}",
+            certificate_entry(&pki.dir.join("sip.pem"), &pki.dir.join("sip.key"), &[])
+        ),
+    };
     format!(
-        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[health]\ninterval = \"200ms\"\ntimeout = \"200ms\"\nrise = 2\nfall = 2\n\n{}\n[[vip]]\nname = \"sip\"\naddress = \"{VIP}\"\nport = 5060\nmode = \"sip\"\n",
+        "[dispatcher]\ninterface = \"eth0\"\ninstance = \"{}\"\n\n[health]\ninterval = \"200ms\"\ntimeout = \"200ms\"\nrise = 2\nfall = 2\n\n{}\n[[vip]]\nname = \"sip\"\n{vip}",
         tb.instance(),
         tb.backend_config(&[])
     )
 }
 
-fn start_kamailio(tb: &mut Testbed) {
+fn start_kamailio(tb: &mut Testbed, t: Transport, pki: &Pki) {
     let dir = tb.workdir.clone();
     let list = dir.join("dispatcher.list");
-    std::fs::write(&list, (0..BACKENDS).map(|i| format!("1 sip:{}:5060\n", backend_ip(i))).collect::<String>())
+    let param = if t == Transport::Udp { "" } else { ";transport=tcp" };
+    let lines: String = (0..BACKENDS).map(|i| format!("1 sip:{}:5060{param}\n", backend_ip(i))).collect();
+    std::fs::write(&list, lines).unwrap();
+    let listen = match t {
+        Transport::Udp => format!("udp:{LB_IP}:5060"),
+        Transport::Tcp => format!("tcp:{LB_IP}:5060"),
+        Transport::Tls => format!("tls:{LB_IP}:5061"),
+    };
+    let tls = if t == Transport::Tls {
+        let cfg = dir.join("kamailio-tls.cfg");
+        let (cert, key) = (pki.dir.join("sip.pem"), pki.dir.join("sip.key"));
+        std::fs::write(
+            &cfg,
+            format!(
+                "[server:default]\nmethod = TLSv1.2+\nverify_certificate = no\nrequire_certificate = no\nprivate_key = {}\ncertificate = {}\n\n[client:default]\nverify_certificate = no\nrequire_certificate = no\n",
+                key.display(),
+                cert.display()
+            ),
+        )
         .unwrap();
-    let cfg = peers::write(&dir, "kamailio.cfg", peers::KAMAILIO, &[("LB_IP", &LB_IP), ("LIST", &list.display())]);
+        format!("enable_tls=yes\nloadmodule \"tls.so\"\nmodparam(\"tls\", \"config\", \"{}\")", cfg.display())
+    } else {
+        String::new()
+    };
+    let values: [(&str, &dyn std::fmt::Display); 4] =
+        [("LB_IP", &LB_IP), ("LIST", &list.display()), ("LISTEN", &listen), ("TLS", &tls)];
+    let cfg = peers::write(&dir, "kamailio.cfg", peers::KAMAILIO, &values);
     let mut cmd = tb.lb.command("kamailio");
     cmd.arg("-DD").arg("-E").arg("-f").arg(&cfg).arg("-Y").arg(&dir).arg("-w").arg(&dir).args(["-m", "128"]);
     tb.start("kamailio", cmd);
@@ -235,25 +304,48 @@ fn start_kamailio(tb: &mut Testbed) {
     }
 }
 
-fn system(name: &str, rate: u32, secs: u32) -> (Load, Vec<Failover>) {
+/// SIPp's way to `address`:`port` over `t` (TLS: through the harness's relay).
+fn caller(tb: &mut Testbed, t: Transport, address: &str, pki: &Pki) -> Caller {
+    match t {
+        Transport::Udp => Caller { target: format!("{address}:5060"), local_ip: CLIENT_IP, extra: &[] },
+        Transport::Tcp => Caller { target: format!("{address}:5060"), local_ip: CLIENT_IP, extra: &["-t", "t1"] },
+        Transport::Tls => {
+            let client = tb.client.clone();
+            let target = format!("{address}:5061").parse().unwrap();
+            sipp::start_tls_relay(tb, &client, RELAY.parse().unwrap(), target, &pki.dir.join("ca.pem"));
+            Caller { target: RELAY.to_string(), local_ip: "127.0.0.1", extra: &["-t", "t1"] }
+        }
+    }
+}
+
+fn system(name: &str, t: Transport, rate: u32, secs: u32) -> (Load, Vec<Failover>) {
     let mut tb = Testbed::new(BACKENDS, &[VIP]);
     let sip = SipCluster::new(BACKENDS);
-    tb.start_sip(&sip, VIP, 5060);
+    if t == Transport::Udp {
+        tb.start_sip(&sip, VIP, 5060);
+    } else {
+        tb.start_sip_tcp(&sip, 5060);
+    }
+    let pki = Pki::new(&tb.workdir);
+    pki.leaf("ca", "sip", TLS_NAME, &[TLS_NAME], 20);
     let pid_of = |tb: &Testbed, what: &str| tb.pid_of(what).expect("running");
     if name == "kamailio" {
-        start_kamailio(&mut tb);
-        let target = format!("{LB_IP}:5060");
+        start_kamailio(&mut tb, t, &pki);
+        let caller = caller(&mut tb, t, LB_IP, &pki);
         let cpu = |tb: &Testbed| tree_ticks(pid_of(tb, "kamailio")) as f64 * 1e7;
-        let l = load(&mut tb, &sip, &target, rate, secs, &cpu);
-        (l, VICTIMS.iter().map(|&v| failover(&mut tb, &sip, &target, v)).collect())
+        let l = load(&mut tb, &sip, &caller, rate, secs, &cpu);
+        (l, VICTIMS.iter().map(|&v| failover(&mut tb, &sip, &caller, v)).collect())
     } else {
-        let path = tb.write_config(&dispatcher_config(&tb));
+        if t != Transport::Udp {
+            tb.add_local_vip(VIP);
+        }
+        let path = tb.write_config(&dispatcher_config(&tb, t, &pki));
         tb.start_dispatcher(&path);
         tb.wait_for_clone_table(BACKENDS as u64, Duration::from_secs(10));
-        let target = format!("{VIP}:5060");
+        let caller = caller(&mut tb, t, VIP, &pki);
         let cpu = |tb: &Testbed| xdp_runtime(tb).0 as f64 + tree_ticks(pid_of(tb, "dispatcher")) as f64 * 1e7;
-        let l = load(&mut tb, &sip, &target, rate, secs, &cpu);
-        (l, VICTIMS.iter().map(|&v| failover(&mut tb, &sip, &target, v)).collect())
+        let l = load(&mut tb, &sip, &caller, rate, secs, &cpu);
+        (l, VICTIMS.iter().map(|&v| failover(&mut tb, &sip, &caller, v)).collect())
     }
 }
 
@@ -282,13 +374,17 @@ pub fn run(quick: bool) -> (String, String) {
     // The kernel's BPF run-time statistics, on for this benchmark only (even if it fails).
     let _stats = BpfStats::enable();
     let mut results = Vec::new();
-    for name in ["dispatcher", "kamailio"] {
-        eprintln!("    {name}...");
-        results.push((name, system(name, rate, secs)));
+    for t in [Transport::Udp, Transport::Tcp, Transport::Tls] {
+        for name in ["dispatcher", "kamailio"] {
+            eprintln!("    {name} over {}...", t.name());
+            let label = if t == Transport::Udp { name.to_string() } else { format!("{name} {}", t.name()) };
+            results.push((label, t, system(name, t, rate, secs)));
+        }
     }
     drop(_stats);
 
-    let kam = &results[1].1 .0;
+    // Each system against Kamailio over the same transport.
+    let kam = |t: Transport| &results.iter().find(|(n, rt, _)| *rt == t && n.starts_with("kamailio")).unwrap().2 .0;
     let failover_row = |name: &str, f: &Failover| {
         let mut went: Vec<String> = f.went_to.iter().map(|(c, n)| format!("b{c}: {n}")).collect();
         went.sort();
@@ -308,7 +404,7 @@ pub fn run(quick: bool) -> (String, String) {
     };
     let systems: Vec<Row> = results
         .iter()
-        .map(|(name, (l, fs))| {
+        .map(|(name, t, (l, fs))| {
             Row::new()
                 .text("system", "system", name)
                 .num("calls/s offered", "calls_per_s_offered", l.offered, 0, 0)
@@ -319,19 +415,19 @@ pub fn run(quick: bool) -> (String, String) {
                 .num("requests delivered/s", "requests_per_s", l.requests as f64 / l.secs, 0, 1)
                 .num("machine CPU µs per request", "machine_cpu_us_per_request", l.machine_us, 1, 2)
                 .num("balancer CPU µs per request", "balancer_cpu_us_per_request", l.balancer_us, 2, 3)
-                .md("balancer CPU vs Kamailio", format!("{:.3}", l.balancer_us / kam.balancer_us))
+                .md("balancer CPU vs Kamailio", format!("{:.3}", l.balancer_us / kam(*t).balancer_us))
                 .json("failover", report::json(&fs.iter().map(|f| failover_row(name, f)).collect::<Vec<_>>()))
         })
         .collect();
     let mut table = report::markdown(&systems);
     let failovers: Vec<Row> = results
         .iter()
-        .flat_map(|(n, (_, fs))| fs.iter().map(move |f| (n, f)))
+        .flat_map(|(n, _, (_, fs))| fs.iter().map(move |f| (n, f)))
         .map(|(n, f)| failover_row(n, f))
         .collect();
     table += "\n";
     table += &report::markdown(&failovers);
-    table += "\nSIPp's built-in UAC scenario; containers are the test harness's WebSphere-like SIP containers (b0/b1 and b2/b3 replica pairs, dialogs replicated at once, 481 for a dialog not held). Through the dispatcher the requests go by XDP alone and the answers straight back (direct server return); through Kamailio both pass its processes. Balancer CPU: the XDP program's run time (kernel BPF statistics) plus the agent's process time, against Kamailio's processes' time; machine CPU includes SIPp and the containers (the same for both). The dispatcher checks health every 200 ms (fall 2); Kamailio probes every 1 s (its minimum), 2 failures, and retries a transaction that timed out (1 s) on its next destination. Kamailio knows no replicas: a dead container's dialogs go to the next active destination of its list.\n";
+    table += "\nSIPp's built-in UAC scenario; containers are the test harness's WebSphere-like SIP containers (b0/b1 and b2/b3 replica pairs, dialogs replicated at once, 481 for a dialog not held). Through the dispatcher the requests go by XDP alone and the answers straight back (direct server return); through Kamailio both pass its processes. Balancer CPU: the XDP program's run time (kernel BPF statistics) plus the agent's process time, against Kamailio's processes' time; machine CPU includes SIPp and the containers (the same for both). The dispatcher checks health every 200 ms (fall 2); Kamailio probes every 1 s (its minimum), 2 failures, and retries a transaction that timed out (1 s) on its next destination. Kamailio knows no replicas: a dead container's dialogs go to the next active destination of its list. Over TCP and TLS (\"dispatcher tcp\", \"kamailio tls\"...) SIPp keeps one connection (`-t t1`; TLS through the harness's rustls relay, the same for both), both balancers relay every message to the containers on TCP connections of their own, and each is compared with Kamailio over the same transport.\n";
     println!("\n{table}");
     (report::json(&systems), table)
 }

@@ -1,0 +1,252 @@
+//! One caller's connection: messages framed (`framing`), each request routed (`route`),
+//! held while its owner is suspect, sent on the container's pooled connection with our
+//! `Via`; responses to a container's request sent back on that container's connection.
+//! What the connection is told goes through a bounded queue its writer drains.
+//!
+//! Timeouts: `header_timeout` from a message's first byte to the end of its header
+//! section (slowloris), `body_timeout` more for its body (a `Content-Length` larger than
+//! what follows), `idle_timeout` between messages; each closes the connection.
+
+use std::{sync::atomic::Ordering, time::Instant};
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use super::{
+    framing::{self, Frame},
+    message::{self, Mark},
+    route::{self, Choice},
+    Hub, QUEUE,
+};
+use crate::health::Cause;
+
+/// Room for the first read of a message (what an idle connection holds).
+const IDLE_READ: usize = 512;
+/// Room for each further read.
+const READ: usize = 4096;
+
+/// Serves caller connection `id` on VIP `vi` until it closes or breaks a rule.
+pub async fn serve<S: AsyncRead + AsyncWrite + Send + 'static>(
+    hub: &std::sync::Arc<Hub>,
+    vi: usize,
+    id: u64,
+    stream: S,
+) {
+    let (mut rd, mut wr) = tokio::io::split(stream);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(QUEUE);
+    hub.clients.lock().unwrap().insert(id, (tx.clone(), vi));
+    let writer = tokio::spawn(async move {
+        while let Some(bytes) = rx.recv().await {
+            if wr.write_all(&bytes).await.is_err() {
+                break;
+            }
+            // A closing answer: empty bytes after it end the connection.
+            if bytes.is_empty() {
+                break;
+            }
+        }
+        let _ = wr.shutdown().await;
+    });
+    read_loop(hub, vi, id, &mut rd, &tx).await;
+    hub.clients.lock().unwrap().remove(&id);
+    // What is queued is still written (the writer ends when the last sender goes).
+    drop(tx);
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), writer).await;
+}
+
+async fn read_loop<R: AsyncRead + Unpin>(
+    hub: &std::sync::Arc<Hub>,
+    vi: usize,
+    id: u64,
+    rd: &mut R,
+    tx: &tokio::sync::mpsc::Sender<Vec<u8>>,
+) {
+    let b = hub.bounds;
+    // No read buffer of its own: reads go into `buf`'s spare room, which an idle
+    // connection keeps small.
+    let mut buf: Vec<u8> = Vec::new();
+    // When the message now in `buf` began.
+    let mut started: Option<Instant> = None;
+    loop {
+        // Take every whole frame first.
+        loop {
+            match framing::next(&mut buf, b.limits) {
+                Ok(Some(Frame::Ping)) => {
+                    hub.count("keepalive");
+                    let _ = tx.try_send(b"\r\n".to_vec());
+                }
+                Ok(Some(Frame::Message(m))) => {
+                    started = None;
+                    from_caller(hub, vi, id, m).await;
+                }
+                Ok(None) => break,
+                Err(fault) => {
+                    hub.count(fault.outcome());
+                    if !buf.is_empty() && !message::is_response(&buf) {
+                        let head = &buf[..framing::header_end(&buf).unwrap_or(buf.len())];
+                        let (status, reason) = fault.answer();
+                        let _ = tx.send(message::answer(head, status, reason, None)).await;
+                    }
+                    let _ = tx.send(Vec::new()).await;
+                    return;
+                }
+            }
+        }
+        if buf.is_empty() {
+            started = None;
+            if buf.capacity() > 2 * READ {
+                buf = Vec::new();
+            }
+        } else if started.is_none() {
+            started = Some(Instant::now());
+        }
+        let deadline = match started {
+            None => tokio::time::Instant::now() + b.idle_timeout,
+            Some(t) => {
+                let head_done = framing::header_end(&buf).is_some();
+                let limit = if head_done { b.header_timeout + b.body_timeout } else { b.header_timeout };
+                (t + limit).into()
+            }
+        };
+        buf.reserve(if buf.is_empty() { IDLE_READ } else { READ });
+        match tokio::time::timeout_at(deadline, rd.read_buf(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return,
+            Ok(Ok(_)) => {}
+            Err(_) => {
+                if started.is_some() {
+                    hub.count("incomplete");
+                }
+                let _ = tx.send(Vec::new()).await;
+                return;
+            }
+        }
+    }
+}
+
+/// A whole message from caller `id`.
+async fn from_caller(hub: &std::sync::Arc<Hub>, vi: usize, id: u64, msg: Vec<u8>) {
+    if message::is_response(&msg) {
+        // An answer to a container's request: back on that container's connection.
+        let sent = match message::pop_our_via(&msg) {
+            Some((Mark::Container(b), rest)) => hub.pool.send_existing(b, hub.vips[vi].backend_port, rest),
+            _ => false,
+        };
+        hub.count(if sent { "response" } else { "stray" });
+        return;
+    }
+    // Our own Route (from our Record-Route) comes off (RFC 3261 16.4).
+    let msg = match message::pop_our_route(&msg) {
+        Some((_, rest)) => rest,
+        None => msg,
+    };
+    // A hop fewer (16.6); none left: 483, never forwarded (a loop ends here).
+    match message::take_hop(&msg) {
+        Some(msg) => dispatch(hub.clone(), vi, id, msg).await,
+        None => {
+            hub.count("invalid");
+            if !message::method(&msg).eq_ignore_ascii_case(b"ACK") {
+                let head = &msg[..framing::header_end(&msg).unwrap_or(msg.len())];
+                hub.to_client(id, message::answer(head, 483, "Too Many Hops", None));
+            }
+        }
+    }
+}
+
+/// Routes a caller's request and sends it; answers it ourselves when no container may
+/// take it. Also what an unanswered request goes through again after its container went
+/// down (boxed: the pool's connection task spawns it, and it opens the pool's
+/// connections).
+pub fn dispatch(
+    hub: std::sync::Arc<Hub>,
+    vi: usize,
+    id: u64,
+    msg: Vec<u8>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+    Box::pin(route_and_send(hub, vi, id, msg))
+}
+
+async fn route_and_send(hub: std::sync::Arc<Hub>, vi: usize, id: u64, msg: Vec<u8>) {
+    let head_len = framing::header_end(&msg).unwrap_or(msg.len());
+    let scan = route::scan(&msg[..head_len]);
+    let is_ack = message::method(&msg).eq_ignore_ascii_case(b"ACK");
+    let deadline = Instant::now() + hub.bounds.hold_time;
+    let v = &hub.vips[vi];
+    // One of `max_held` while it waits, given back however it ends.
+    let mut held: Option<Held> = None;
+    // Our own answer instead of a container's (none to an ACK), counted.
+    let refuse = |outcome: &str, status: u16, reason: &str, retry_after: Option<u32>| {
+        hub.count(outcome);
+        if !is_ack {
+            hub.to_client(id, message::answer(&msg[..head_len], status, reason, retry_after));
+        }
+    };
+    // Each round either sends, answers, or waits for a state change; bounded.
+    for _ in 0..16 {
+        let (choice, src) = route::choose(&hub.servers, &v.members, &hub.pins, &scan);
+        match choice {
+            Choice::To { backend, replica } => {
+                let fwd = message::forward_request(&msg, Mark::Client(id), &v.host, v.transport.name());
+                let pending = (!is_ack).then(|| upstream_pending(&fwd, vi, id, &msg));
+                match hub.pool.send(&hub, backend, v.backend_port, fwd, pending).await {
+                    Ok(()) => {
+                        hub.count(route::source_name(src));
+                        if replica {
+                            hub.count("replica");
+                        }
+                        return;
+                    }
+                    Err(_) => {
+                        // Refused or broken: suspect now; the next round holds or fails over.
+                        hub.servers.passive_failure(backend, Cause::Refused);
+                        continue;
+                    }
+                }
+            }
+            Choice::Hold(b) => {
+                if held.is_none() {
+                    let now = &hub.servers.counters.held_now;
+                    if now.fetch_add(1, Ordering::SeqCst) >= hub.bounds.max_held as u64 {
+                        now.fetch_sub(1, Ordering::SeqCst);
+                        break;
+                    }
+                    held = Some(Held(hub.clone()));
+                    hub.count("held");
+                }
+                let be = &hub.servers.backends[b];
+                let changed = be.changed.notified();
+                tokio::pin!(changed);
+                changed.as_mut().enable();
+                if be.state() != dispatcher_common::BackendState::Suspect {
+                    continue;
+                }
+                if tokio::time::timeout_at(deadline.into(), changed).await.is_err() {
+                    break;
+                }
+            }
+            Choice::NoBackend => break,
+            Choice::UnknownLn => return refuse("unknown_ln", 481, "Call/Transaction Does Not Exist", None),
+            Choice::Invalid => return refuse("invalid", 400, "Bad Request", None),
+        }
+    }
+    refuse("rejected", 503, "Service Unavailable", Some(5));
+}
+
+/// A message held (`held_now`), counted down when it is dropped.
+struct Held(std::sync::Arc<Hub>);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.servers.counters.held_now.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// What the pool keeps of a request until its final answer: our branch, and the
+/// caller's message to route again if the container goes down first.
+fn upstream_pending(fwd: &[u8], vi: usize, id: u64, original: &[u8]) -> super::upstream::Pending {
+    super::upstream::Pending {
+        branch: message::top_branch(fwd).unwrap_or_default().to_vec(),
+        vip: vi,
+        client: id,
+        original: original.to_vec(),
+        at: Instant::now(),
+    }
+}

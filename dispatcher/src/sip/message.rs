@@ -1,0 +1,330 @@
+//! The dispatcher's own marks on a SIP message it relays over a stream transport, so that
+//! answers and requests in the other direction come back through it to the right
+//! connection (RFC 3261 16.6, 16.7):
+//!
+//! - on a request it forwards, its own `Via` on top, whose branch names where the request
+//!   came from (`z9hG4bK-dsp-c<client connection>-<hash of the sender's branch>`, or
+//!   `-u<container>-` for a request a container sent toward a caller); a response pops it
+//!   and goes to that connection;
+//! - on a dialog-creating request, a `Record-Route` naming the dispatcher (`;lr`) with
+//!   `dsp=c<client connection>`: a container's in-dialog request (a BYE from the UAS)
+//!   carries it as its top `Route`, which is taken off and names the caller's connection.
+//!
+//! Pure functions over one message's bytes (the body is never touched, so
+//! `Content-Length` stays right).
+
+use super::framing::{header_end, lines, split_header};
+
+/// Where a `dsp` mark points: a caller's connection or a container.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mark {
+    Client(u64),
+    Container(usize),
+}
+
+const BRANCH_PREFIX: &[u8] = b"z9hG4bK-dsp-";
+
+fn is_name(name: &[u8], long: &[u8], compact: &[u8]) -> bool {
+    name.eq_ignore_ascii_case(long) || name.eq_ignore_ascii_case(compact)
+}
+
+/// The first line's end (after its line feed).
+fn start_line_end(msg: &[u8]) -> usize {
+    msg.iter().position(|&c| c == b'\n').map_or(msg.len(), |p| p + 1)
+}
+
+/// A response (`SIP/2.0 ...` start line).
+pub fn is_response(msg: &[u8]) -> bool {
+    msg.len() >= 8 && msg[..8].eq_ignore_ascii_case(b"SIP/2.0 ")
+}
+
+/// A request's method.
+pub fn method(msg: &[u8]) -> &[u8] {
+    let end = msg.iter().position(|&c| c == b' ' || c == b'\r' || c == b'\n').unwrap_or(msg.len());
+    &msg[..end]
+}
+
+/// Each header line of the header section: its byte range and name/value.
+fn header_spans(msg: &[u8]) -> Vec<(std::ops::Range<usize>, bool)> {
+    // (range of the physical line including its line end, whether it has a name)
+    let head = header_end(msg).unwrap_or(msg.len());
+    let mut out = Vec::new();
+    let mut at = start_line_end(msg);
+    while at < head {
+        let end = msg[at..head].iter().position(|&c| c == b'\n').map_or(head, |p| at + p + 1);
+        let line = &msg[at..end];
+        let bare = line.strip_suffix(b"\n").unwrap_or(line);
+        let bare = bare.strip_suffix(b"\r").unwrap_or(bare);
+        if bare.is_empty() {
+            break;
+        }
+        out.push((at..end, split_header(bare).is_some()));
+        at = end;
+    }
+    out
+}
+
+/// The value of the first header named `long` or `compact`.
+pub fn header<'a>(msg: &'a [u8], long: &[u8], compact: &[u8]) -> Option<&'a [u8]> {
+    let head = &msg[..header_end(msg).unwrap_or(msg.len())];
+    lines(head).filter_map(split_header).find(|(n, _)| is_name(n, long, compact)).map(|(_, v)| v)
+}
+
+/// A parameter's value in a header value's first element (`;name=value`).
+fn param<'a>(first: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
+    first.split(|&c| c == b';').skip(1).find_map(|p| {
+        let (n, v) = match p.iter().position(|&c| c == b'=') {
+            Some(eq) => (p[..eq].trim_ascii(), p[eq + 1..].trim_ascii()),
+            None => (p.trim_ascii(), &b""[..]),
+        };
+        n.eq_ignore_ascii_case(name).then_some(v)
+    })
+}
+
+/// The first element of a header value (up to a comma outside `<...>`).
+fn first_element(v: &[u8]) -> &[u8] {
+    let mut angle = false;
+    for (i, &c) in v.iter().enumerate() {
+        match c {
+            b'<' => angle = true,
+            b'>' => angle = false,
+            b',' if !angle => return &v[..i],
+            _ => {}
+        }
+    }
+    v
+}
+
+/// The branch of the top `Via`.
+pub fn top_branch(msg: &[u8]) -> Option<&[u8]> {
+    param(first_element(header(msg, b"via", b"v")?), b"branch")
+}
+
+/// FNV-1a of some bytes (the branch hash: the same sender's branch gives the same one,
+/// so a CANCEL or a retransmission matches its INVITE's transaction downstream).
+fn fnv(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &c| (h ^ c as u64).wrapping_mul(0x0000_0100_0000_01b3))
+}
+
+fn mark_text(m: Mark) -> String {
+    match m {
+        Mark::Client(id) => format!("c{id:x}"),
+        Mark::Container(b) => format!("u{b:x}"),
+    }
+}
+
+fn parse_mark(t: &[u8]) -> Option<Mark> {
+    let (kind, hex) = t.split_first()?;
+    let n = u64::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?;
+    match kind {
+        b'c' => Some(Mark::Client(n)),
+        b'u' => Some(Mark::Container(usize::try_from(n).ok()?)),
+        _ => None,
+    }
+}
+
+/// `msg` with `lines` inserted right after its start line (so they are the topmost of
+/// their name).
+fn insert_top(msg: &[u8], lines: &str) -> Vec<u8> {
+    let at = start_line_end(msg);
+    let mut out = Vec::with_capacity(msg.len() + lines.len());
+    out.extend_from_slice(&msg[..at]);
+    out.extend_from_slice(lines.as_bytes());
+    out.extend_from_slice(&msg[at..]);
+    out
+}
+
+/// Requests that create a dialog: they get our `Record-Route`.
+fn creates_dialog(method: &[u8]) -> bool {
+    [&b"INVITE"[..], b"SUBSCRIBE", b"REFER", b"NOTIFY"].iter().any(|m| m.eq_ignore_ascii_case(method))
+}
+
+/// `Max-Forwards` taken down by one (RFC 3261 16.6 step 3; 70 when absent, which adds
+/// none); `None` when it was already 0 or is not a number (the caller answers 483).
+pub fn take_hop(msg: &[u8]) -> Option<Vec<u8>> {
+    let Some((range, _)) = header_spans(msg).into_iter().filter(|(_, named)| *named).find(|(r, _)| {
+        split_header(msg[r.clone()].trim_ascii_end()).is_some_and(|(n, _)| n.eq_ignore_ascii_case(b"max-forwards"))
+    }) else {
+        return Some(msg.to_vec());
+    };
+    let line = msg[range.clone()].trim_ascii_end();
+    let (_, value) = split_header(line)?;
+    let n: u32 = std::str::from_utf8(value).ok().filter(|v| v.len() <= 3).and_then(|v| v.parse().ok())?;
+    if n == 0 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(msg.len());
+    out.extend_from_slice(&msg[..range.start]);
+    out.extend_from_slice(format!("Max-Forwards: {}\r\n", n - 1).as_bytes());
+    out.extend_from_slice(&msg[range.end..]);
+    Some(out)
+}
+
+/// What a forwarded request carries: our `Via` (its branch names `from`) and, for a
+/// dialog-creating request from a caller, our `Record-Route`. `host` is the VIP's
+/// `address:port`, `transport` `TCP` or `TLS`.
+pub fn forward_request(msg: &[u8], from: Mark, host: &str, transport: &str) -> Vec<u8> {
+    let theirs = top_branch(msg).unwrap_or(b"");
+    let branch = format!("z9hG4bK-dsp-{}-{:x}", mark_text(from), fnv(theirs));
+    let mut add = format!("Via: SIP/2.0/{transport} {host};branch={branch}\r\n");
+    if matches!(from, Mark::Client(_)) && creates_dialog(method(msg)) {
+        let t = transport.to_ascii_lowercase();
+        add += &format!("Record-Route: <sip:{host};transport={t};lr;dsp={}>\r\n", mark_text(from));
+    }
+    insert_top(msg, &add)
+}
+
+/// Removes the first element of the first header named `long`/`compact` (the line, when
+/// it is its only element).
+fn remove_first_element(msg: &[u8], long: &[u8], compact: &[u8]) -> Option<Vec<u8>> {
+    let (range, _) = header_spans(msg).into_iter().filter(|(_, named)| *named).find(|(r, _)| {
+        let line = &msg[r.clone()];
+        split_header(line.trim_ascii_end()).is_some_and(|(n, _)| is_name(n, long, compact))
+    })?;
+    let line = &msg[range.clone()];
+    let colon = line.iter().position(|&c| c == b':')?;
+    let value = &line[colon + 1..];
+    let first = first_element(value);
+    let mut out = Vec::with_capacity(msg.len());
+    out.extend_from_slice(&msg[..range.start]);
+    if first.len() < value.len() {
+        // Other elements stay: `Name: <rest after the comma>`.
+        out.extend_from_slice(&line[..colon + 1]);
+        out.push(b' ');
+        out.extend_from_slice(value[first.len() + 1..].trim_ascii_start());
+    }
+    out.extend_from_slice(&msg[range.end..]);
+    Some(out)
+}
+
+/// A response's top `Via`, if it is ours: where the response goes, and the response
+/// without it.
+pub fn pop_our_via(msg: &[u8]) -> Option<(Mark, Vec<u8>)> {
+    let branch = top_branch(msg)?;
+    let rest = branch.strip_prefix(BRANCH_PREFIX)?;
+    let mark = parse_mark(rest.split(|&c| c == b'-').next()?)?;
+    Some((mark, remove_first_element(msg, b"via", b"v")?))
+}
+
+/// A request's top `Route`, if it is ours (`;dsp=`): the caller's connection it names,
+/// and the request without it (RFC 3261 16.4: a proxy removes its own top Route).
+pub fn pop_our_route(msg: &[u8]) -> Option<(Mark, Vec<u8>)> {
+    let first = first_element(header(msg, b"route", b"route")?);
+    let inner = first.split(|&c| c == b'>').next()?;
+    let mark = parse_mark(param(inner, b"dsp")?)?;
+    Some((mark, remove_first_element(msg, b"route", b"route")?))
+}
+
+/// The dispatcher's own final answer to a request: its `Via`s, `From`, `To` (tagged),
+/// `Call-ID` and `CSeq` copied (RFC 3261 8.2.6), no body; `retry_after` seconds when
+/// given.
+pub fn answer(req: &[u8], status: u16, reason: &str, retry_after: Option<u32>) -> Vec<u8> {
+    let mut out = format!("SIP/2.0 {status} {reason}\r\n").into_bytes();
+    for (range, named) in header_spans(req) {
+        let line = &req[range];
+        let bare = line.trim_ascii_end();
+        let Some((name, value)) = split_header(bare).filter(|_| named) else { continue };
+        let keep = [(&b"via"[..], &b"v"[..]), (b"from", b"f"), (b"call-id", b"i"), (b"cseq", b"cseq")];
+        if keep.iter().any(|(l, c)| is_name(name, l, c)) {
+            out.extend_from_slice(bare);
+            out.extend_from_slice(b"\r\n");
+        } else if is_name(name, b"to", b"t") {
+            out.extend_from_slice(bare);
+            if param(first_element(value), b"tag").is_none() {
+                out.extend_from_slice(format!(";tag=dsp{:x}", fnv(req) & 0xffff_ffff).as_bytes());
+            }
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+    if let Some(s) = retry_after {
+        out.extend_from_slice(format!("Retry-After: {s}\r\n").as_bytes());
+    }
+    out.extend_from_slice(b"Content-Length: 0\r\n\r\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const INVITE: &[u8] = b"INVITE sip:svc@10.0.0.1:5060 SIP/2.0\r\n\
+Via: SIP/2.0/TCP 10.0.1.2:5061;branch=z9hG4bK-1-0\r\n\
+From: <sip:a@x>;tag=1\r\nTo: <sip:svc@y>\r\nCall-ID: 1-1@x\r\nCSeq: 1 INVITE\r\n\
+Content-Length: 4\r\n\r\nv=0\n";
+
+    fn text(b: &[u8]) -> String {
+        String::from_utf8_lossy(b).into_owned()
+    }
+
+    /// A request gets our Via and Record-Route on top; the container's response (which
+    /// copies both) gives our Via back to the client's connection, and the response
+    /// then has the caller's Via on top, and its body intact.
+    #[test]
+    fn via_goes_down_and_comes_off_on_the_way_back() {
+        let fwd = forward_request(INVITE, Mark::Client(0x2a), "10.0.0.1:5060", "TCP");
+        let t = text(&fwd);
+        assert!(
+            t.starts_with(
+                "INVITE sip:svc@10.0.0.1:5060 SIP/2.0\r\nVia: SIP/2.0/TCP 10.0.0.1:5060;branch=z9hG4bK-dsp-c2a-"
+            ),
+            "{t}"
+        );
+        assert!(t.contains("Record-Route: <sip:10.0.0.1:5060;transport=tcp;lr;dsp=c2a>\r\n"), "{t}");
+        assert!(t.ends_with("\r\n\r\nv=0\n"));
+        // The same client branch gives the same branch (a CANCEL matches its INVITE).
+        assert_eq!(fwd, forward_request(INVITE, Mark::Client(0x2a), "10.0.0.1:5060", "TCP"));
+
+        // The container's answer: the Vias in order, ours first (here both on one line).
+        let our_via = t.lines().nth(1).unwrap().trim_start_matches("Via: ").to_string();
+        let resp = format!(
+            "SIP/2.0 200 OK\r\nv: {our_via}, SIP/2.0/TCP 10.0.1.2:5061;branch=z9hG4bK-1-0\r\nCall-ID: 1-1@x\r\nContent-Length: 0\r\n\r\n"
+        );
+        let (mark, back) = pop_our_via(resp.as_bytes()).expect("ours");
+        assert_eq!(mark, Mark::Client(0x2a));
+        assert_eq!(
+            text(&back),
+            "SIP/2.0 200 OK\r\nv: SIP/2.0/TCP 10.0.1.2:5061;branch=z9hG4bK-1-0\r\nCall-ID: 1-1@x\r\nContent-Length: 0\r\n\r\n"
+        );
+        // Not ours: left alone.
+        assert!(pop_our_via(&back).is_none());
+    }
+
+    /// A BYE from the container carries our Record-Route as its top Route: it names the
+    /// caller's connection and comes off; the BYE gets a Via naming the container.
+    #[test]
+    fn a_containers_request_finds_the_callers_connection() {
+        let bye = b"BYE sip:a@10.0.1.2:5061 SIP/2.0\r\nVia: SIP/2.0/TCP 10.0.2.1:5060;branch=z9hG4bK-u1\r\n\
+Route: <sip:10.0.0.1:5060;transport=tcp;lr;dsp=c7>, <sip:edge;lr>\r\nCall-ID: 1-1@x\r\nContent-Length: 0\r\n\r\n";
+        let (mark, rest) = pop_our_route(bye).expect("our route");
+        assert_eq!(mark, Mark::Client(7));
+        assert!(text(&rest).contains("\r\nRoute: <sip:edge;lr>\r\n"), "{}", text(&rest));
+        let fwd = forward_request(&rest, Mark::Container(3), "10.0.0.1:5060", "TLS");
+        assert!(text(&fwd).contains("Via: SIP/2.0/TLS 10.0.0.1:5060;branch=z9hG4bK-dsp-u3-"));
+        assert!(!text(&fwd).contains("Record-Route"), "only a caller's dialog-creating request is record-routed");
+        let resp = answer(&fwd, 200, "OK", None);
+        assert_eq!(pop_our_via(&resp).map(|(m, _)| m), Some(Mark::Container(3)));
+        // Without our Route: nothing.
+        assert!(pop_our_route(&rest).is_none());
+    }
+
+    #[test]
+    fn max_forwards_goes_down_by_one_and_stops_at_zero() {
+        let m = b"OPTIONS sip:a SIP/2.0\r\nMax-Forwards:  2\r\nCall-ID: x\r\nContent-Length: 0\r\n\r\n";
+        let once = take_hop(m).unwrap();
+        assert_eq!(text(&once), "OPTIONS sip:a SIP/2.0\r\nMax-Forwards: 1\r\nCall-ID: x\r\nContent-Length: 0\r\n\r\n");
+        let twice = take_hop(&once).unwrap();
+        assert!(take_hop(&twice).is_none(), "0: 483");
+        assert!(take_hop(b"OPTIONS sip:a SIP/2.0\r\nMax-Forwards: x\r\n\r\n").is_none());
+        assert_eq!(take_hop(INVITE).unwrap(), INVITE, "absent: unchanged");
+    }
+
+    #[test]
+    fn our_answers_copy_the_transaction_headers() {
+        let a = text(&answer(INVITE, 503, "Service Unavailable", Some(5)));
+        assert!(
+            a.starts_with("SIP/2.0 503 Service Unavailable\r\nVia: SIP/2.0/TCP 10.0.1.2:5061;branch=z9hG4bK-1-0\r\n")
+        );
+        assert!(a.contains("To: <sip:svc@y>;tag=dsp"), "{a}");
+        assert!(a.contains("Call-ID: 1-1@x\r\nCSeq: 1 INVITE\r\nRetry-After: 5\r\nContent-Length: 0\r\n\r\n"), "{a}");
+    }
+}

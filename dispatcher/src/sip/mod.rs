@@ -1,0 +1,251 @@
+//! SIP over TCP and TLS (`mode = "sip"`, `transport = "tcp"` or `"tls"`), terminated by
+//! the agent (RFC 3261 18): XDP passes these VIPs to the host stack as it does HTTP VIPs.
+//!
+//! - `framing.rs`: a byte stream cut into messages by `Content-Length`, keepalives, limits;
+//! - `message.rs`: our `Via` and `Record-Route` on the way in, taken off on the way back;
+//! - `route.rs`: the container for a caller's message, by the XDP program's rules through
+//!   the same clone table, and the bounded Call-ID pins;
+//! - `conn.rs`: one caller's connection (read, route, hold, answer), its timeouts;
+//! - `upstream.rs`: the pooled connections to the containers (one per container and port,
+//!   messages multiplexed), what comes back on them, and the requests they still owe an
+//!   answer to, routed again when the container goes down.
+//!
+//! The `[http]` settings bound it as they bound the HTTP proxy: `max_header_bytes` (the
+//! header section), `header_timeout` (a message's header section from its first byte),
+//! `body_timeout` (its body after that), `client_idle_timeout`, `connect_timeout`,
+//! `hold_time` and `max_held`, `max_tls_handshakes` and `tls_session_cache`.
+
+pub mod conn;
+pub mod framing;
+pub mod message;
+pub mod route;
+pub mod upstream;
+
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    sync::{
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+        Arc, Mutex,
+    },
+    time::Duration,
+};
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+
+use crate::{
+    config::{Config, SipTransport},
+    state::Servers,
+    tls::server::ServerTls,
+};
+
+/// Bytes a message's body may have.
+pub const MAX_BODY: usize = 64 * 1024;
+/// Call-IDs pinned at once (about 40 bytes each).
+pub const MAX_PINS: usize = 1 << 20;
+/// Messages queued toward one connection (caller or container) before more are dropped.
+pub const QUEUE: usize = 256;
+
+/// A stream SIP VIP as its connections see it.
+pub struct SipVip {
+    pub name: String,
+    pub members: Vec<usize>,
+    /// `address:port`, as our `Via` and `Record-Route` name it.
+    pub host: String,
+    pub transport: SipTransport,
+    pub backend_port: u16,
+    pub tls: Option<Arc<ServerTls>>,
+    pub max_connections: usize,
+    pub open: AtomicUsize,
+}
+
+/// The `[http]` bounds the SIP connections obey.
+#[derive(Clone, Copy, Debug)]
+pub struct Bounds {
+    pub limits: framing::Limits,
+    pub header_timeout: Duration,
+    pub body_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub connect_timeout: Duration,
+    pub hold_time: Duration,
+    pub max_held: usize,
+}
+
+/// A caller's connection as the others reach it: its writer's queue, and its VIP.
+pub type Caller = (tokio::sync::mpsc::Sender<Vec<u8>>, usize);
+
+/// What every connection shares: the servers, the callers' connections by id (where
+/// responses and containers' requests go), the pins, the pool.
+pub struct Hub {
+    pub servers: Arc<Servers>,
+    pub vips: Vec<SipVip>,
+    pub bounds: Bounds,
+    /// Caller connection id -> its queue and its VIP.
+    pub clients: Mutex<HashMap<u64, Caller>>,
+    next_client: AtomicU64,
+    pub pins: Mutex<route::Pins>,
+    pub pool: upstream::Pool,
+}
+
+impl Hub {
+    /// Counts one message's outcome.
+    pub fn count(&self, outcome: &str) {
+        if let Some(i) = crate::metrics::SIP_STREAM_OUTCOMES.iter().position(|o| *o == outcome) {
+            self.servers.counters.sip_stream_messages[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Queues bytes toward caller connection `id`; false when it is gone (`stray`) or its
+    /// queue is full (`overflow`).
+    pub fn to_client(&self, id: u64, bytes: Vec<u8>) -> bool {
+        let tx = self.clients.lock().unwrap().get(&id).map(|c| c.0.clone());
+        match tx.map(|tx| tx.try_send(bytes).is_ok()) {
+            Some(true) => true,
+            Some(false) => {
+                self.count("overflow");
+                false
+            }
+            // The connection is gone: nothing else reaches that caller.
+            None => {
+                self.count("stray");
+                false
+            }
+        }
+    }
+
+    /// The VIP of caller connection `id`, while it is open.
+    pub fn client_vip(&self, id: u64) -> Option<usize> {
+        self.clients.lock().unwrap().get(&id).map(|c| c.1)
+    }
+}
+
+/// The stream SIP VIPs of one configuration: their listeners and connections, on a
+/// runtime of their own.
+pub struct SipServer {
+    runtime: Option<tokio::runtime::Runtime>,
+    pub hub: Arc<Hub>,
+}
+
+impl SipServer {
+    /// Binds every stream SIP VIP of `cfg` and starts serving them.
+    pub fn start(cfg: &Config, servers: Arc<Servers>) -> anyhow::Result<SipServer> {
+        let h = &cfg.http;
+        let bounds = Bounds {
+            limits: framing::Limits { max_header: h.max_header_bytes, max_body: MAX_BODY },
+            header_timeout: h.header_timeout,
+            body_timeout: h.body_timeout,
+            idle_timeout: h.client_idle_timeout,
+            connect_timeout: h.connect_timeout,
+            hold_time: h.hold_time,
+            max_held: h.max_held,
+        };
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(h.workers.clamp(1, 4))
+            .thread_name("sip")
+            .enable_all()
+            .build()
+            .context("starting the SIP runtime")?;
+        // Sockets are made inside it (tokio's listeners need its reactor).
+        let _inside = runtime.enter();
+        let handshakes = Arc::new(tokio::sync::Semaphore::new(h.max_tls_handshakes));
+        let mut vips = Vec::new();
+        let mut listeners = Vec::new();
+        for v in cfg.vips.iter().filter(|v| !v.retired) {
+            let Some(s) = v.sip_stream() else { continue };
+            let tls = match &s.tls {
+                Some(t) => {
+                    let stats = Arc::new(crate::tls::server::TlsStats::default());
+                    let tls = ServerTls::load(t, false, h, handshakes.clone(), stats)
+                        .with_context(|| format!("the certificates of SIP VIP {}", v.name))?;
+                    Some(Arc::new(tls))
+                }
+                None => None,
+            };
+            listeners.push(crate::http::listener::bind(v)?);
+            vips.push(SipVip {
+                name: v.name.clone(),
+                members: v.backends.clone(),
+                host: SocketAddr::new(v.address, v.port).to_string(),
+                transport: s.transport,
+                backend_port: s.backend_port,
+                tls,
+                max_connections: s.max_connections,
+                open: AtomicUsize::new(0),
+            });
+        }
+        let hub = Arc::new(Hub {
+            servers,
+            vips,
+            bounds,
+            clients: Mutex::new(HashMap::new()),
+            next_client: AtomicU64::new(1),
+            pins: Mutex::new(route::Pins::new(MAX_PINS)),
+            pool: upstream::Pool::default(),
+        });
+        for (i, l) in listeners.into_iter().enumerate() {
+            let hub = hub.clone();
+            runtime.spawn(accept(hub, i, l));
+        }
+        for v in hub.vips.iter().filter_map(|v| v.tls.as_ref()) {
+            v.publish();
+        }
+        drop(_inside);
+        Ok(SipServer { runtime: Some(runtime), hub })
+    }
+
+    /// Stops listening and ends every connection (within a second).
+    pub fn shutdown(mut self) {
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_timeout(Duration::from_secs(1));
+        }
+    }
+}
+
+impl Drop for SipServer {
+    fn drop(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// Accepts on VIP `vi` under its connection cap.
+async fn accept(hub: Arc<Hub>, vi: usize, listener: TcpListener) {
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                crate::ratelimit::warn("SIP accept failed", &e.to_string());
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let v = &hub.vips[vi];
+        if v.open.fetch_add(1, Ordering::SeqCst) >= v.max_connections {
+            v.open.fetch_sub(1, Ordering::SeqCst);
+            hub.servers.counters.sip_stream_refused.fetch_add(1, Ordering::Relaxed);
+            drop(stream);
+            continue;
+        }
+        let id = hub.next_client.fetch_add(1, Ordering::Relaxed);
+        let hub = hub.clone();
+        tokio::spawn(async move {
+            let counters = hub.servers.counters.clone();
+            counters.sip_stream_connections.fetch_add(1, Ordering::Relaxed);
+            let _ = stream.set_nodelay(true);
+            // Boxed, each: a plain connection's task does not carry the size of the TLS
+            // handshake's state, nor of the other kind of connection.
+            match hub.vips[vi].tls.clone() {
+                None => Box::pin(conn::serve(&hub, vi, id, stream)).await,
+                Some(tls) => {
+                    if let Some(s) = Box::pin(tls.accept(stream)).await {
+                        Box::pin(conn::serve(&hub, vi, id, s)).await;
+                    }
+                }
+            }
+            counters.sip_stream_connections.fetch_sub(1, Ordering::Relaxed);
+            hub.vips[vi].open.fetch_sub(1, Ordering::SeqCst);
+        });
+    }
+}

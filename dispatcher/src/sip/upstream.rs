@@ -1,0 +1,238 @@
+//! The connections to the containers: one per container and port, opened on first use
+//! within `connect_timeout`, every caller's messages multiplexed on it. What comes back:
+//! a response goes to the caller connection our `Via` names; a container's request (a BYE
+//! from the UAS) to the caller connection our `Route` names, with our `Via` naming the
+//! container so that its answer comes back here.
+//!
+//! A request is kept (`Pending`, bounded per connection) until its final answer: when the
+//! connection breaks or its container goes down first, those requests are routed again
+//! (to the replica, by the owner's state), so a container's death loses no transaction.
+
+use std::{
+    collections::HashMap,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex,
+    },
+};
+
+use dispatcher_common::BackendState;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpStream,
+};
+
+use super::{
+    framing::{self, Frame},
+    message::{self, Mark},
+    Hub, QUEUE,
+};
+
+/// Requests one container connection keeps until their final answers.
+pub const MAX_PENDING: usize = 4096;
+/// How long an unanswered request is kept at most (64 x T1).
+pub const PENDING_LIFETIME: std::time::Duration = std::time::Duration::from_secs(32);
+
+/// A caller's request sent, not yet finally answered.
+pub struct Pending {
+    pub branch: Vec<u8>,
+    pub vip: usize,
+    pub client: u64,
+    pub original: Vec<u8>,
+    pub at: std::time::Instant,
+}
+
+struct Link {
+    tx: tokio::sync::mpsc::Sender<Vec<u8>>,
+    pending: Mutex<HashMap<Vec<u8>, Pending>>,
+    closed: AtomicBool,
+}
+
+#[derive(Default)]
+pub struct Pool {
+    links: Mutex<HashMap<(usize, u16), Arc<Link>>>,
+    connecting: tokio::sync::Mutex<()>,
+}
+
+impl Pool {
+    fn live(&self, b: usize, port: u16) -> Option<Arc<Link>> {
+        self.links.lock().unwrap().get(&(b, port)).filter(|l| !l.closed.load(Ordering::SeqCst)).cloned()
+    }
+
+    /// Sends on the container's open connection only (an answer to its own request).
+    pub fn send_existing(&self, b: usize, port: u16, bytes: Vec<u8>) -> bool {
+        self.live(b, port).is_some_and(|l| l.tx.try_send(bytes).is_ok())
+    }
+
+    /// Sends on container `b`'s connection, opening it if needed; `pending`: keep it
+    /// until its final answer.
+    pub async fn send(
+        &self,
+        hub: &Arc<Hub>,
+        b: usize,
+        port: u16,
+        bytes: Vec<u8>,
+        pending: Option<Pending>,
+    ) -> std::io::Result<()> {
+        let link = match self.live(b, port) {
+            Some(l) => l,
+            None => {
+                let _one = self.connecting.lock().await;
+                match self.live(b, port) {
+                    Some(l) => l,
+                    None => self.open(hub, b, port).await?,
+                }
+            }
+        };
+        if let Some(p) = pending {
+            let mut map = link.pending.lock().unwrap();
+            if map.len() >= MAX_PENDING {
+                // Requests a container never answered finally: forgotten after a
+                // transaction's lifetime (64 x T1, RFC 3261 Timer B).
+                map.retain(|_, p| p.at.elapsed() < PENDING_LIFETIME);
+            }
+            // Still full: sent, not kept (it would not be routed again).
+            if map.len() < MAX_PENDING {
+                map.insert(p.branch.clone(), p);
+            }
+        }
+        link.tx.try_send(bytes).map_err(|_| std::io::Error::other("container connection full or closed"))
+    }
+
+    async fn open(&self, hub: &Arc<Hub>, b: usize, port: u16) -> std::io::Result<Arc<Link>> {
+        let addr = std::net::SocketAddr::from((hub.servers.backends[b].address, port));
+        let stream = tokio::time::timeout(hub.bounds.connect_timeout, TcpStream::connect(addr))
+            .await
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+        let _ = stream.set_nodelay(true);
+        let (tx, rx) = tokio::sync::mpsc::channel(QUEUE);
+        let link = Arc::new(Link { tx, pending: Mutex::new(HashMap::new()), closed: AtomicBool::new(false) });
+        self.links.lock().unwrap().insert((b, port), link.clone());
+        tokio::spawn(run(hub.clone(), b, port, stream, rx, link.clone()));
+        Ok(link)
+    }
+}
+
+/// Runs one container connection until it breaks or the container goes down; then routes
+/// again what it still owed answers to.
+async fn run(
+    hub: Arc<Hub>,
+    b: usize,
+    port: u16,
+    stream: TcpStream,
+    mut rx: tokio::sync::mpsc::Receiver<Vec<u8>>,
+    link: Arc<Link>,
+) {
+    let (mut rd, mut wr) = stream.into_split();
+    let writer = async {
+        while let Some(bytes) = rx.recv().await {
+            if wr.write_all(&bytes).await.is_err() {
+                break;
+            }
+        }
+    };
+    let reader = async {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 8192];
+        loop {
+            loop {
+                match framing::next(&mut buf, hub.bounds.limits) {
+                    Ok(Some(Frame::Ping)) => {
+                        let _ = link.tx.try_send(b"\r\n".to_vec());
+                    }
+                    Ok(Some(Frame::Message(m))) => from_container(&hub, b, &link, m),
+                    Ok(None) => break,
+                    Err(_) => return,
+                }
+            }
+            match rd.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    };
+    let down = async {
+        let be = &hub.servers.backends[b];
+        loop {
+            let changed = be.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if matches!(be.state(), BackendState::Down | BackendState::Disabled | BackendState::Unused) {
+                return;
+            }
+            changed.await;
+        }
+    };
+    tokio::select! {
+        _ = writer => {}
+        _ = reader => {}
+        _ = down => {}
+    }
+    link.closed.store(true, Ordering::SeqCst);
+    {
+        let mut links = hub.pool.links.lock().unwrap();
+        if links.get(&(b, port)).is_some_and(|l| Arc::ptr_eq(l, &link)) {
+            links.remove(&(b, port));
+        }
+    }
+    let owed: Vec<Pending> = link.pending.lock().unwrap().drain().map(|(_, p)| p).collect();
+    if !owed.is_empty() {
+        // It failed with requests in flight: suspect at once (the checks confirm), and
+        // each goes through routing again: held, then to the replica.
+        hub.servers.passive_failure(b, crate::health::Cause::Refused);
+        tracing::info!(backend = %hub.servers.backends[b].name, requests = owed.len(), "SIP requests routed again after their container's connection ended");
+    }
+    for p in owed {
+        if hub.client_vip(p.client).is_some() {
+            hub.count("rerouted");
+            tokio::spawn(super::conn::dispatch(hub.clone(), p.vip, p.client, p.original));
+        }
+    }
+}
+
+/// A whole message from container `b`.
+fn from_container(hub: &Arc<Hub>, b: usize, link: &Link, msg: Vec<u8>) {
+    if message::is_response(&msg) {
+        let branch = message::top_branch(&msg).map(<[u8]>::to_vec);
+        match message::pop_our_via(&msg) {
+            Some((Mark::Client(id), rest)) => {
+                if final_status(&msg) {
+                    if let Some(br) = branch {
+                        link.pending.lock().unwrap().remove(&br);
+                    }
+                }
+                if hub.to_client(id, rest) {
+                    hub.count("response");
+                }
+            }
+            _ => hub.count("stray"),
+        }
+        return;
+    }
+    // A request toward a caller: our Route names its connection.
+    match message::pop_our_route(&msg) {
+        Some((Mark::Client(id), rest)) => match hub.client_vip(id) {
+            Some(vi) => {
+                let v = &hub.vips[vi];
+                let fwd = message::forward_request(&rest, Mark::Container(b), &v.host, v.transport.name());
+                if hub.to_client(id, fwd) {
+                    hub.count("container_request");
+                }
+            }
+            None => {
+                // The caller's connection is gone (RFC 5923: nothing else reaches it).
+                hub.count("stray");
+                let head = &msg[..framing::header_end(&msg).unwrap_or(msg.len())];
+                if !message::method(&msg).eq_ignore_ascii_case(b"ACK") {
+                    let _ = link.tx.try_send(message::answer(head, 430, "Flow Failed", None));
+                }
+            }
+        },
+        _ => hub.count("stray"),
+    }
+}
+
+/// A final response (2xx-6xx).
+fn final_status(msg: &[u8]) -> bool {
+    msg.get(8).is_some_and(|c| (b'2'..=b'6').contains(c))
+}
