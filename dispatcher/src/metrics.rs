@@ -217,8 +217,9 @@ pub const CONN_REFUSED_REASONS: [&str; 4] = ["global", "vip", "source_connection
 /// answered 503 (`rejected`); an unknown logical name; not SIP; the stream's faults
 /// (`no_length`, `too_large`, `incomplete`: closed at a timeout mid-message); `stray`
 /// (a response or request naming no connection of ours); `overflow` (a connection's
-/// queue was full).
-pub const SIP_STREAM_OUTCOMES: [&str; 19] = [
+/// queue was full); `busy` (a container's connection stayed full: 503 to the caller,
+/// the container not suspect).
+pub const SIP_STREAM_OUTCOMES: [&str; 20] = [
     "route",
     "via",
     "to_tag",
@@ -238,6 +239,7 @@ pub const SIP_STREAM_OUTCOMES: [&str; 19] = [
     "incomplete",
     "stray",
     "overflow",
+    "busy",
 ];
 
 pub const PROTOCOLS: [&str; 2] = ["h1", "h2"];

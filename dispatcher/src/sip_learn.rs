@@ -29,7 +29,7 @@ use tokio::io::unix::AsyncFd;
 
 use crate::{
     config::{Config, VipKind},
-    state::Servers,
+    state::{Learned, Servers, MAX_DIALOG_LEARNED},
 };
 
 /// The report's fixed part, before the message bytes.
@@ -112,7 +112,16 @@ pub async fn run(ring: RingBuf<MapData>, current: crate::shared::Current) {
 fn learn(bytes: &[u8], cfg: &Config, servers: &Servers) {
     match check(bytes, cfg) {
         Ok(r) => {
-            servers.learn_logical_name_from_dialog(r.logical_name.as_bytes(), r.backend);
+            if servers.learn_logical_name_from_dialog(r.logical_name.as_bytes(), r.backend) == Learned::Refused {
+                servers.counters.sip_learn_refused.fetch_add(1, Ordering::Relaxed);
+                crate::ratelimit::warn_that(
+                    "SIP_LEARN name refused",
+                    &format_args!(
+                        "SIP_LEARN: `{}` not learned (malformed, or {MAX_DIALOG_LEARNED} names learned from dialogs already)",
+                        r.logical_name.escape_debug()
+                    ),
+                );
+            }
         }
         Err(why) => {
             servers.counters.sip_learn_refused.fetch_add(1, Ordering::Relaxed);
@@ -196,5 +205,22 @@ mod tests {
         // A second container claiming the name later does not take it.
         learn(&report(0, 0, b"lnX", b"c-1", SRC_ROUTE, BYE), &cfg, &servers);
         assert_eq!(servers.owner(b"lnX"), Some((1, Some(0))));
+    }
+
+    /// Callers write these names: a caller inventing them fills no more than
+    /// `MAX_DIALOG_LEARNED` entries; the rest are refused and counted.
+    #[test]
+    fn names_learned_from_dialogs_are_bounded() {
+        let cfg = cfg();
+        let servers = Servers::new(&cfg, &[], &[], None);
+        for i in 0..MAX_DIALOG_LEARNED + 3 {
+            let ln = format!("f{i}");
+            let bye = String::from_utf8_lossy(BYE).replace("lnX", &ln);
+            learn(&report(0, 1, ln.as_bytes(), b"c-1", SRC_ROUTE, bye.as_bytes()), &cfg, &servers);
+        }
+        assert_eq!(servers.clone_count(), MAX_DIALOG_LEARNED);
+        assert_eq!(servers.counters.sip_learn_refused.load(Ordering::Relaxed), 3);
+        // A name learned otherwise (a check's answer) is not held back by it.
+        assert_eq!(servers.learn_logical_name(b"lnCheck", 0), Learned::New);
     }
 }

@@ -277,6 +277,9 @@ fn learned(owner: usize, replica: Option<usize>, origin: Origin, id: &[u8]) -> C
     CloneEntry { owner, replica, configured: false, origin, since: unix_now(), id }
 }
 
+/// The most logical names learned from SIP dialogs (`Origin::SipDialog`) kept at once.
+pub const MAX_DIALOG_LEARNED: usize = 4096;
+
 /// What the control loop hears from the request path and the shared state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Event {
@@ -863,8 +866,19 @@ impl Servers {
     }
 
     /// Records that a SIP dialog naming `ln` belongs to container `backend` (the one that
-    /// took its first request).
+    /// took its first request). Callers write those names: at most `MAX_DIALOG_LEARNED`
+    /// are kept this way, so that a caller inventing names cannot fill the clone table
+    /// (a name beyond it is refused, its dialogs still go by their pins).
     pub fn learn_logical_name_from_dialog(&self, ln: &[u8], backend: usize) -> Learned {
+        let key = cookie_hash(ln);
+        {
+            let t = self.clones.read().unwrap();
+            if !t.contains_key(&key)
+                && t.values().filter(|e| e.origin == Origin::SipDialog).count() >= MAX_DIALOG_LEARNED
+            {
+                return Learned::Refused;
+            }
+        }
         self.learn_as(ln, backend, true, Origin::SipDialog)
     }
 

@@ -351,10 +351,10 @@ impl View {
     /// The dispatchers out of every ownership table because their heartbeats do not reach
     /// the others: a dispatcher that sends heartbeats (`Member::heartbeat`) is out when
     /// more than half of the other live ones that send heartbeats, and are not out
-    /// themselves, publish it unreachable. Those out are taken one at a time, the most
-    /// accused first (then by name), until no one else qualifies, so that two that only
-    /// lost each other (a split of two) do not both go: the second has no accuser left.
-    /// The last one is never out. Every dispatcher evaluates this on the same keys and so
+    /// themselves, and at least two of them, publish it unreachable. Those out are taken
+    /// one at a time, the most accused first (then by name), until no one else
+    /// qualifies. With two dispatchers one voice is never enough (which side's receiving
+    /// is broken cannot be told): their leases decide, as before the heartbeats. Every dispatcher evaluates this on the same keys and so
     /// installs the same table; one that alone misses a peer's heartbeats moves nothing.
     pub fn out_unreachable(&self) -> BTreeSet<String> {
         let checkers: Vec<&Member> = self.members.values().filter(|m| m.heartbeat.is_some()).collect();
@@ -370,7 +370,9 @@ impl View {
                 .iter()
                 .filter(|m| !out.contains(&m.name))
                 .map(|m| (tally(&m.name, &out), &m.name))
-                .filter(|((accusers, others), _)| accusers * 2 > *others)
+                // At least two voices: one dispatcher alone never moves a peer (with two
+                // members, which of them is right cannot be told; their leases decide).
+                .filter(|((accusers, others), _)| *accusers >= 2 && accusers * 2 > *others)
                 // The most accused first, then by name.
                 .min_by(|((a, _), x), ((b, _), y)| b.cmp(a).then(x.cmp(y)));
             match next {
@@ -576,15 +578,18 @@ mod tests {
         assert_eq!(names(&v), ["a", "b", "c"]);
         assert!(v.out_unreachable().is_empty());
 
-        // Two left: the one the other cannot reach is out.
+        // Two left: one voice alone moves nothing (which of the two is right cannot be
+        // told: a dispatcher whose receiving side broke would take a live peer out); the
+        // dead one's lease decides, as before the heartbeats.
         let mut v = View::default();
         checker(&mut v, "a", &["b"]);
         checker(&mut v, "b", &[]);
-        assert_eq!(names(&v), ["a"]);
-        // Two that lost each other (both alive, a split): only one goes, the same one
-        // for everybody, and never both.
+        assert_eq!(names(&v), ["a", "b"]);
         checker(&mut v, "b", &["a"]);
-        assert_eq!(names(&v), ["b"], "the first by name goes; the other has no accuser left");
+        assert_eq!(names(&v), ["a", "b"], "a split of two: neither goes");
+        // Three, two of whom lost each other and the third hears both: nobody goes.
+        checker(&mut v, "c", &[]);
+        assert_eq!(names(&v), ["a", "b", "c"]);
         // One alone is never out, whatever it says.
         let mut v = View::default();
         checker(&mut v, "a", &["a"]);

@@ -34,7 +34,7 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Send + 'static>(
     let (mut rd, mut wr) = tokio::io::split(stream);
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(QUEUE);
     hub.clients.lock().unwrap().insert(id, (tx.clone(), vi));
-    let writer = tokio::spawn(async move {
+    let mut writer = tokio::spawn(async move {
         while let Some(bytes) = rx.recv().await {
             if wr.write_all(&bytes).await.is_err() {
                 break;
@@ -48,9 +48,12 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Send + 'static>(
     });
     read_loop(hub, vi, id, &mut rd, &tx).await;
     hub.clients.lock().unwrap().remove(&id);
-    // What is queued is still written (the writer ends when the last sender goes).
+    // What is queued is still written (the writer ends when the last sender goes), for 2 s
+    // at most: a caller that reads nothing does not keep its socket and slot.
     drop(tx);
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), writer).await;
+    if tokio::time::timeout(std::time::Duration::from_secs(2), &mut writer).await.is_err() {
+        writer.abort();
+    }
 }
 
 async fn read_loop<R: AsyncRead + Unpin>(
@@ -84,9 +87,11 @@ async fn read_loop<R: AsyncRead + Unpin>(
                     if !buf.is_empty() && !message::is_response(&buf) {
                         let head = &buf[..framing::header_end(&buf).unwrap_or(buf.len())];
                         let (status, reason) = fault.answer();
-                        let _ = tx.send(message::answer(head, status, reason, None)).await;
+                        // Never waited for: a caller that reads nothing must not keep the
+                        // connection (and its slot) by filling the queue.
+                        let _ = tx.try_send(message::answer(head, status, reason, None));
                     }
-                    let _ = tx.send(Vec::new()).await;
+                    let _ = tx.try_send(Vec::new());
                     return;
                 }
             }
@@ -115,7 +120,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 if started.is_some() {
                     hub.count("incomplete");
                 }
-                let _ = tx.send(Vec::new()).await;
+                let _ = tx.try_send(Vec::new());
                 return;
             }
         }
@@ -125,9 +130,14 @@ async fn read_loop<R: AsyncRead + Unpin>(
 /// A whole message from caller `id`.
 async fn from_caller(hub: &std::sync::Arc<Hub>, vi: usize, id: u64, msg: Vec<u8>) {
     if message::is_response(&msg) {
-        // An answer to a container's request: back on that container's connection.
-        let sent = match message::pop_our_via(&msg) {
-            Some((Mark::Container(b), rest)) => hub.pool.send_existing(b, hub.vips[vi].backend_port, rest),
+        // An answer to a container's request: back on that container's connection, when
+        // our Via on that request was sealed for this caller and names a container of
+        // this VIP (a forged one reaches nobody).
+        let to = message::sealed_container(&msg, id).filter(|b| hub.vips[vi].members.contains(b));
+        let sent = match (to, message::pop_our_via(&msg)) {
+            (Some(b), Some((Mark::Container(c), rest))) if b == c => {
+                hub.pool.send_existing(b, hub.vips[vi].backend_port, rest)
+            }
             _ => false,
         };
         hub.count(if sent { "response" } else { "stray" });
@@ -193,6 +203,11 @@ async fn route_and_send(hub: std::sync::Arc<Hub>, vi: usize, id: u64, msg: Vec<u
                             hub.count("replica");
                         }
                         return;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        // Its connection is busy (a queue full for a while): this caller
+                        // is told to come back; the container is not suspect for it.
+                        return refuse("busy", 503, "Service Unavailable", Some(1));
                     }
                     Err(_) => {
                         // Refused or broken: suspect now; the next round holds or fails over.

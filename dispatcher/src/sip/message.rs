@@ -164,8 +164,42 @@ pub fn take_hop(msg: &[u8]) -> Option<Vec<u8>> {
 /// dialog-creating request from a caller, our `Record-Route`. `host` is the VIP's
 /// `address:port`, `transport` `TCP` or `TLS`.
 pub fn forward_request(msg: &[u8], from: Mark, host: &str, transport: &str) -> Vec<u8> {
+    forward_request_sealed(msg, from, host, transport, None)
+}
+
+/// A container's request toward caller connection `client`: our `Via`'s branch names the
+/// container and carries a seal of it, the caller and the branch hash under a key of this
+/// process (`seal`), so that only that caller's answer to that request reaches that
+/// container: a caller cannot forge a response that goes to a container of its choice.
+pub fn forward_to_caller(msg: &[u8], container: usize, client: u64, host: &str, transport: &str) -> Vec<u8> {
+    forward_request_sealed(msg, Mark::Container(container), host, transport, Some(client))
+}
+
+/// The keyed hash that binds a container's request to the caller it was sent to.
+fn seal(container: usize, client: u64, hash: u64) -> u64 {
+    use std::hash::BuildHasher;
+    static KEY: std::sync::OnceLock<std::collections::hash_map::RandomState> = std::sync::OnceLock::new();
+    KEY.get_or_init(std::collections::hash_map::RandomState::new).hash_one((container, client, hash))
+}
+
+/// The container a caller's response goes to: its top `Via` is ours, names a container,
+/// and carries the seal made for this caller (`forward_to_caller`).
+pub fn sealed_container(msg: &[u8], client: u64) -> Option<usize> {
+    let rest = top_branch(msg)?.strip_prefix(BRANCH_PREFIX)?;
+    let mut parts = rest.split(|&c| c == b'-');
+    let Mark::Container(b) = parse_mark(parts.next()?)? else { return None };
+    let hex = |t: &[u8]| u64::from_str_radix(std::str::from_utf8(t).ok()?, 16).ok();
+    let (hash, s) = (hex(parts.next()?)?, hex(parts.next()?)?);
+    (parts.next().is_none() && s == seal(b, client, hash)).then_some(b)
+}
+
+fn forward_request_sealed(msg: &[u8], from: Mark, host: &str, transport: &str, client: Option<u64>) -> Vec<u8> {
     let theirs = top_branch(msg).unwrap_or(b"");
-    let branch = format!("z9hG4bK-dsp-{}-{:x}", mark_text(from), fnv(theirs));
+    let hash = fnv(theirs);
+    let branch = match (from, client) {
+        (Mark::Container(b), Some(c)) => format!("z9hG4bK-dsp-{}-{hash:x}-{:x}", mark_text(from), seal(b, c, hash)),
+        _ => format!("z9hG4bK-dsp-{}-{hash:x}", mark_text(from)),
+    };
     let mut add = format!("Via: SIP/2.0/{transport} {host};branch={branch}\r\n");
     if matches!(from, Mark::Client(_)) && creates_dialog(method(msg)) {
         let t = transport.to_ascii_lowercase();
@@ -298,8 +332,22 @@ Route: <sip:10.0.0.1:5060;transport=tcp;lr;dsp=c7>, <sip:edge;lr>\r\nCall-ID: 1-
         let (mark, rest) = pop_our_route(bye).expect("our route");
         assert_eq!(mark, Mark::Client(7));
         assert!(text(&rest).contains("\r\nRoute: <sip:edge;lr>\r\n"), "{}", text(&rest));
-        let fwd = forward_request(&rest, Mark::Container(3), "10.0.0.1:5060", "TLS");
+        let fwd = forward_to_caller(&rest, 3, 7, "10.0.0.1:5060", "TLS");
         assert!(text(&fwd).contains("Via: SIP/2.0/TLS 10.0.0.1:5060;branch=z9hG4bK-dsp-u3-"));
+        // Only the caller it was sent to can answer it to container 3; a forged mark
+        // (no seal, another caller's, another container's) reaches nobody.
+        let answered = |req: &[u8]| {
+            let t = text(req);
+            let via = t.lines().find(|l| l.starts_with("Via:")).unwrap().to_string();
+            format!("SIP/2.0 200 OK\r\n{via}\r\nCall-ID: x\r\nCSeq: 1 BYE\r\nContent-Length: 0\r\n\r\n").into_bytes()
+        };
+        let resp7 = answered(&fwd);
+        assert_eq!(sealed_container(&resp7, 7), Some(3));
+        assert_eq!(sealed_container(&resp7, 8), None, "another caller");
+        let forged = text(&resp7).replacen("dsp-u3-", "dsp-u4-", 1).into_bytes();
+        assert_eq!(sealed_container(&forged, 7), None, "another container");
+        let unsealed = answered(&forward_request(&rest, Mark::Container(3), "10.0.0.1:5060", "TLS"));
+        assert_eq!(sealed_container(&unsealed, 7), None, "no seal");
         assert!(!text(&fwd).contains("Record-Route"), "only a caller's dialog-creating request is record-routed");
         let resp = answer(&fwd, 200, "OK", None);
         assert_eq!(pop_our_via(&resp).map(|(m, _)| m), Some(Mark::Container(3)));

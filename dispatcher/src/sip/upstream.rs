@@ -84,6 +84,7 @@ impl Pool {
                 }
             }
         };
+        let branch = pending.as_ref().map(|p| p.branch.clone());
         if let Some(p) = pending {
             let mut map = link.pending.lock().unwrap();
             if map.len() >= MAX_PENDING {
@@ -96,7 +97,21 @@ impl Pool {
                 map.insert(p.branch.clone(), p);
             }
         }
-        link.tx.try_send(bytes).map_err(|_| std::io::Error::other("container connection full or closed"))
+        // A full queue is back-pressure from a busy connection, not a failed container:
+        // waited for a while, then `WouldBlock` (the caller is answered 503; the container
+        // is not made suspect). A closed one is a failure.
+        let sent = match tokio::time::timeout(hub.bounds.connect_timeout, link.tx.send(bytes)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(std::io::Error::other("container connection closed")),
+            Err(_) => Err(std::io::Error::from(std::io::ErrorKind::WouldBlock)),
+        };
+        if sent.is_err() {
+            // Not sent: nothing to route again when that connection ends.
+            if let Some(br) = branch {
+                link.pending.lock().unwrap().remove(&br);
+            }
+        }
+        sent
     }
 
     async fn open(&self, hub: &Arc<Hub>, b: usize, port: u16) -> std::io::Result<Arc<Link>> {
@@ -214,7 +229,7 @@ fn from_container(hub: &Arc<Hub>, b: usize, link: &Link, msg: Vec<u8>) {
         Some((Mark::Client(id), rest)) => match hub.client_vip(id) {
             Some(vi) => {
                 let v = &hub.vips[vi];
-                let fwd = message::forward_request(&rest, Mark::Container(b), &v.host, v.transport.name());
+                let fwd = message::forward_to_caller(&rest, b, id, &v.host, v.transport.name());
                 if hub.to_client(id, fwd) {
                     hub.count("container_request");
                 }
