@@ -354,8 +354,9 @@ impl View {
     /// themselves, and at least two of them, publish it unreachable. Those out are taken
     /// one at a time, the most accused first (then by name), until no one else
     /// qualifies. With two dispatchers one voice is never enough (which side's receiving
-    /// is broken cannot be told): their leases decide, as before the heartbeats. Every dispatcher evaluates this on the same keys and so
-    /// installs the same table; one that alone misses a peer's heartbeats moves nothing.
+    /// is broken cannot be told): their leases decide, as before the heartbeats. Every
+    /// dispatcher evaluates this on the same keys and so installs the same table; one
+    /// that alone misses a peer's heartbeats moves nothing.
     pub fn out_unreachable(&self) -> BTreeSet<String> {
         let checkers: Vec<&Member> = self.members.values().filter(|m| m.heartbeat.is_some()).collect();
         let mut out = BTreeSet::new();

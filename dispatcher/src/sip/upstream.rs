@@ -32,6 +32,9 @@ use super::{
 pub const MAX_PENDING: usize = 4096;
 /// How long an unanswered request is kept at most (64 x T1).
 pub const PENDING_LIFETIME: std::time::Duration = std::time::Duration::from_secs(32);
+/// The bytes of unanswered requests all container connections keep at most (a request
+/// past it is sent without being kept for routing again).
+pub const MAX_PENDING_BYTES: usize = 64 << 20;
 
 /// A caller's request sent, not yet finally answered.
 pub struct Pending {
@@ -48,10 +51,17 @@ struct Link {
     closed: AtomicBool,
 }
 
+/// Held while a connection to one container and port is being opened.
+type Gate = Arc<tokio::sync::Mutex<()>>;
+
 #[derive(Default)]
 pub struct Pool {
     links: Mutex<HashMap<(usize, u16), Arc<Link>>>,
-    connecting: tokio::sync::Mutex<()>,
+    /// One opening at a time per container and port (another container that cannot be
+    /// reached delays nobody else's).
+    connecting: Mutex<HashMap<(usize, u16), Gate>>,
+    /// The bytes of the requests kept in every link's `pending` (`MAX_PENDING_BYTES`).
+    pending_bytes: std::sync::atomic::AtomicUsize,
 }
 
 impl Pool {
@@ -77,7 +87,8 @@ impl Pool {
         let link = match self.live(b, port) {
             Some(l) => l,
             None => {
-                let _one = self.connecting.lock().await;
+                let gate = self.connecting.lock().unwrap().entry((b, port)).or_default().clone();
+                let _one = gate.lock().await;
                 match self.live(b, port) {
                     Some(l) => l,
                     None => self.open(hub, b, port).await?,
@@ -86,16 +97,7 @@ impl Pool {
         };
         let branch = pending.as_ref().map(|p| p.branch.clone());
         if let Some(p) = pending {
-            let mut map = link.pending.lock().unwrap();
-            if map.len() >= MAX_PENDING {
-                // Requests a container never answered finally: forgotten after a
-                // transaction's lifetime (64 x T1, RFC 3261 Timer B).
-                map.retain(|_, p| p.at.elapsed() < PENDING_LIFETIME);
-            }
-            // Still full: sent, not kept (it would not be routed again).
-            if map.len() < MAX_PENDING {
-                map.insert(p.branch.clone(), p);
-            }
+            self.keep(&link, p);
         }
         // A full queue is back-pressure from a busy connection, not a failed container:
         // waited for a while, then `WouldBlock` (the caller is answered 503; the container
@@ -108,10 +110,42 @@ impl Pool {
         if sent.is_err() {
             // Not sent: nothing to route again when that connection ends.
             if let Some(br) = branch {
-                link.pending.lock().unwrap().remove(&br);
+                self.forget(&link, &br);
             }
         }
         sent
+    }
+
+    /// Keeps a request sent on `link` until its final answer, within `MAX_PENDING` per
+    /// link and `MAX_PENDING_BYTES` in all; past them it is sent, not kept (it would not
+    /// be routed again).
+    fn keep(&self, link: &Link, p: Pending) {
+        let size = p.original.len();
+        let mut map = link.pending.lock().unwrap();
+        if map.len() >= MAX_PENDING || self.pending_bytes.load(Ordering::Relaxed) + size > MAX_PENDING_BYTES {
+            // Requests a container never answered finally: forgotten after a
+            // transaction's lifetime (64 x T1, RFC 3261 Timer B).
+            map.retain(|_, old| {
+                let keep = old.at.elapsed() < PENDING_LIFETIME;
+                if !keep {
+                    self.pending_bytes.fetch_sub(old.original.len(), Ordering::Relaxed);
+                }
+                keep
+            });
+        }
+        if map.len() < MAX_PENDING && self.pending_bytes.load(Ordering::Relaxed) + size <= MAX_PENDING_BYTES {
+            self.pending_bytes.fetch_add(size, Ordering::Relaxed);
+            if let Some(old) = map.insert(p.branch.clone(), p) {
+                self.pending_bytes.fetch_sub(old.original.len(), Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// A kept request answered finally (or not sent): forgotten.
+    fn forget(&self, link: &Link, branch: &[u8]) {
+        if let Some(old) = link.pending.lock().unwrap().remove(branch) {
+            self.pending_bytes.fetch_sub(old.original.len(), Ordering::Relaxed);
+        }
     }
 
     async fn open(&self, hub: &Arc<Hub>, b: usize, port: u16) -> std::io::Result<Arc<Link>> {
@@ -191,6 +225,8 @@ async fn run(
         }
     }
     let owed: Vec<Pending> = link.pending.lock().unwrap().drain().map(|(_, p)| p).collect();
+    let owed_bytes: usize = owed.iter().map(|p| p.original.len()).sum();
+    hub.pool.pending_bytes.fetch_sub(owed_bytes, Ordering::Relaxed);
     if !owed.is_empty() {
         // It failed with requests in flight: suspect at once (the checks confirm), and
         // each goes through routing again: held, then to the replica.
@@ -213,7 +249,7 @@ fn from_container(hub: &Arc<Hub>, b: usize, link: &Link, msg: Vec<u8>) {
             Some((Mark::Client(id), rest)) => {
                 if final_status(&msg) {
                     if let Some(br) = branch {
-                        link.pending.lock().unwrap().remove(&br);
+                        hub.pool.forget(link, &br);
                     }
                 }
                 if hub.to_client(id, rest) {
