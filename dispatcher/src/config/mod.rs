@@ -987,6 +987,25 @@ port_group = "g"
         Config::parse(text, "x.toml").expect_err("must be rejected").to_string()
     }
 
+    /// A SIP VIP's port defaults to SIP's own (5060; 5061 over TLS, RFC 3261 19.1.2);
+    /// every other VIP must say its port.
+    #[test]
+    fn a_sip_vips_port_defaults_to_sips_own() {
+        let base = GOOD.split("[[vip]]").next().unwrap();
+        let sip = format!("{base}[[vip]]\nname = \"s\"\naddress = \"10.0.100.3\"\nmode = \"sip\"\n");
+        assert_eq!(Config::parse(&sip, "x.toml").unwrap().vips[0].port, 5060);
+        let tcp = format!("{sip}transport = \"tcp\"\n");
+        let c = Config::parse(&tcp, "x.toml").unwrap();
+        assert_eq!((c.vips[0].port, c.vips[0].protocol), (5060, Protocol::Tcp));
+        let http = format!("{base}[[vip]]\nname = \"h\"\naddress = \"10.0.100.3\"\nmode = \"http\"\n");
+        let e = err_of(&http);
+        assert!(e.contains("vip[0].port: required"), "{e}");
+        // Two SIP VIPs over UDP on one address, both on the default: a clash, said so.
+        let twice = format!("{sip}[[vip]]\nname = \"s2\"\naddress = \"10.0.100.3\"\nmode = \"sip\"\n");
+        let e = err_of(&twice);
+        assert!(e.contains("same address, port and protocol (10.0.100.3 port 5060 udp)"), "{e}");
+    }
+
     #[test]
     fn parses_a_complete_file() {
         let c = Config::parse(GOOD, "x.toml").unwrap();

@@ -201,7 +201,8 @@ pub(super) struct RawBackend {
 pub(super) struct RawVip {
     pub(super) name: Spanned<String>,
     pub(super) address: Spanned<String>,
-    pub(super) port: Spanned<u16>,
+    /// Required but on SIP VIPs (5060; 5061 over TLS).
+    pub(super) port: Option<Spanned<u16>>,
     pub(super) protocol: Option<Spanned<String>>,
     pub(super) mode: Option<Spanned<String>>,
     pub(super) transport: Option<Spanned<String>>,

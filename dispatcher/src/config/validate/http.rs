@@ -234,10 +234,12 @@ impl Ctx<'_> {
 
     /// `vip[i]`'s HTTP settings, checked whatever its mode (`applies to HTTP VIPs only`
     /// when it is not one). A redirecting VIP forwards nothing: `members` are cleared.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn http_vip(
         &self,
         i: usize,
         v: &RawVip,
+        port: u16,
         mode: VipMode,
         sip_stream: bool,
         members: &mut Vec<usize>,
@@ -259,10 +261,10 @@ impl Ctx<'_> {
         let backend_port = match &v.backend_port {
             Some(p) if *p.get_ref() == 0 => {
                 self.report(p.span(), &f("backend_port"), "must be 1..=65535");
-                *v.port.get_ref()
+                port
             }
             Some(p) => *p.get_ref(),
-            None => *v.port.get_ref(),
+            None => port,
         };
         let tls = v.tls.as_ref().map(|t| self.vip_tls(t, &f("tls")));
         let backend_tls = v.backend_tls.as_ref().map(|t| self.backend_tls(t.get_ref(), &f("backend_tls")));

@@ -69,24 +69,40 @@ impl Ctx<'_> {
             }
             Err(e) => self.or(Err(e), IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
         };
-        if *v.port.get_ref() == 0 {
-            self.report(v.port.span(), &f("port"), "must be 1..=65535");
-        }
         let (mode, protocol, transport) = self.mode(i, v);
-        match taken.addrs.get(&(address, *v.port.get_ref(), protocol)) {
+        // Where a port error points: the port, or the VIP's name when it has none.
+        let port_span = v.port.as_ref().map_or_else(|| v.name.span(), |p| p.span());
+        let port = match (&v.port, mode, transport) {
+            (Some(p), ..) => *p.get_ref(),
+            // SIP's own ports (RFC 3261 19.1.2): 5060, 5061 for SIP over TLS.
+            (None, VipMode::Sip, Some(SipTransport::Tls)) => 5061,
+            (None, VipMode::Sip, _) => 5060,
+            (None, ..) => {
+                self.report(
+                    port_span.clone(),
+                    &f("port"),
+                    "required, and missing from this [[vip]] (only a SIP VIP has a default: 5060, or 5061 with transport = \"tls\")",
+                );
+                0
+            }
+        };
+        if port == 0 && v.port.is_some() {
+            self.report(port_span.clone(), &f("port"), "must be 1..=65535");
+        }
+        match taken.addrs.get(&(address, port, protocol)) {
             Some((other, line)) => self.report(
-                v.port.span(),
+                port_span.clone(),
                 &f("port"),
                 format!(
-                    "VIP `{other}` (line {line}) has the same address, port and protocol ({address} port {} {})",
-                    v.port.get_ref(),
+                    "VIP `{other}` (line {line}) has the same address, port and protocol ({address} port {port} {})",
                     if protocol == Protocol::Tcp { "tcp" } else { "udp" }
                 ),
             ),
-            None => {
-                let at = (v.name.get_ref().clone(), self.line(v.port.span().start));
-                taken.addrs.insert((address, *v.port.get_ref(), protocol), at);
+            None if port != 0 => {
+                let at = (v.name.get_ref().clone(), self.line(port_span.start));
+                taken.addrs.insert((address, port, protocol), at);
             }
+            None => {}
         }
         let mut members = self.members(i, v, mode, m);
         // Every kind's settings are checked whatever the kind (an error is an error); the
@@ -94,11 +110,11 @@ impl Ctx<'_> {
         // A stream SIP VIP is the agent's: XDP needs nothing of its members.
         let xdp_mode = if transport.is_some() { VipMode::Http } else { mode };
         let l4 = self.l4_settings(i, v, address, xdp_mode, &members, m, &mut taken.groups);
-        let http = self.http_vip(i, v, mode, transport.is_some(), &mut members, m.raw);
+        let http = self.http_vip(i, v, port, mode, transport.is_some(), &mut members, m.raw);
         Vip {
             name: v.name.get_ref().clone(),
             address,
-            port: *v.port.get_ref(),
+            port,
             protocol,
             kind: match mode {
                 VipMode::L4 => VipKind::L4(l4),
