@@ -439,6 +439,46 @@ pub const STEER_HAS_PREV2: u32 = 1 << 10;
 /// answered with a reset.
 pub const STEER_LEFT: u32 = 1 << 11;
 
+/// `TAKEOVER` holds records: a non-SYN segment of an owned slot with no socket here is
+/// looked up there (one flag, so that no lookup is made while nothing is armed).
+pub const STEER_TAKEOVER: u32 = 1 << 16;
+
+/// `TAKEOVER` value: a connection of a dead dispatcher that this one may continue (the
+/// agent holds the handshake's options; XDP only needs to know the tuple is armed).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct TakeoverRec {
+    /// CLOCK_MONOTONIC ns of the last report of one of its segments (0: none yet).
+    pub reported_ns: u64,
+}
+
+/// Records of dead dispatchers' connections armed at once (an LRU).
+pub const TAKEOVER_ENTRIES: u32 = 262_144;
+/// A connection's segments are reported at most this often (the client's retransmissions
+/// come an RTO apart, at least 200 ms).
+pub const TAKEOVER_REPORT_EVERY_NS: u64 = 50_000_000;
+/// `TAKEOVER_EVENTS`' size in bytes: room for about 2,900 reports waiting for the agent.
+pub const TAKEOVER_RING_BYTES: u32 = 256 * 1024;
+/// TCP option bytes copied into a report (the most a TCP header holds).
+pub const TAKEOVER_OPTIONS: usize = 40;
+
+/// What the XDP program reports on `TAKEOVER_EVENTS`: a segment of an armed connection,
+/// what the agent needs to rebuild its socket (`takeover::Resume`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct TakeoverEvent {
+    pub key: FlowKey,
+    /// The segment's sequence and acknowledgement numbers, host order.
+    pub seq: u32,
+    pub ack: u32,
+    /// Its window (unscaled, host order) and TCP flags.
+    pub window: u16,
+    pub flags: u8,
+    /// Bytes of `options` that hold its TCP options.
+    pub options_len: u8,
+    pub options: [u8; TAKEOVER_OPTIONS],
+}
+
 /// `sel`: current table in bits 0-3, previous in 4-7, the one before in 12-15, flags.
 #[inline(always)]
 pub const fn steer_sel(current: u32, previous: u32, flags: u32) -> u32 {
@@ -611,9 +651,16 @@ pub mod stats {
     pub const DROP_FRAG_NO_FIRST: u32 = 29;
     /// First fragments beyond this CPU's `FRAG_BUDGET_PER_SEC`.
     pub const DROP_FRAG_BUDGET: u32 = 30;
-    pub const GLOBAL_SLOTS: u32 = 31;
+    /// Segments of a dead dispatcher's connection (a `TAKEOVER` record, no socket here)
+    /// reported to the agent on `TAKEOVER_EVENTS` and dropped: the client retransmits to
+    /// the socket the agent rebuilds.
+    pub const TAKEOVER_REPORTED: u32 = 31;
+    /// Such segments dropped without a report (reported less than
+    /// `TAKEOVER_REPORT_EVERY_NS` ago, or the ring full).
+    pub const TAKEOVER_DROPPED: u32 = 32;
+    pub const GLOBAL_SLOTS: u32 = 33;
 
-    pub const GLOBAL_NAMES: [&str; 31] = [
+    pub const GLOBAL_NAMES: [&str; 33] = [
         "pass_non_vip",
         "pass_non_ip",
         "pass_http",
@@ -645,6 +692,8 @@ pub mod stats {
         "frag_followed",
         "drop_frag_no_first",
         "drop_frag_budget",
+        "takeover_reported",
+        "takeover_dropped",
     ];
 
     /// Per VIP: forwarded packets/bytes other than on a pinned flow, new flows, packets and
@@ -729,6 +778,8 @@ mod pod {
     unsafe impl aya::Pod for SteerSlot {}
     unsafe impl aya::Pod for SteerConf {}
     unsafe impl aya::Pod for SipLearnEvent {}
+    unsafe impl aya::Pod for TakeoverRec {}
+    unsafe impl aya::Pod for TakeoverEvent {}
 }
 
 // No implicit padding anywhere: the sizes are the sums of the fields.
@@ -736,6 +787,7 @@ const _: () = assert!(core::mem::size_of::<VipKey>() == 20);
 const _: () = assert!(core::mem::size_of::<VipInfo>() == 40);
 const _: () = assert!(core::mem::size_of::<BackendInfo>() == 36);
 const _: () = assert!(core::mem::size_of::<FlowKey>() == 40);
+const _: () = assert!(core::mem::size_of::<TakeoverEvent>() == 92);
 const _: () = assert!(core::mem::size_of::<FlowValue>() == 24);
 const _: () = assert!(core::mem::size_of::<AffinityKey>() == 24);
 const _: () = assert!(core::mem::size_of::<AffinityValue>() == 16);

@@ -8,9 +8,9 @@ use aya_ebpf::{
 };
 use dispatcher_common::{
     stats, AffinityKey, AffinityValue, BackendInfo, CloneValue, Counter, FlowKey, FlowValue, FragBudget, FragKey,
-    FragValue, SteerConf, SteerSlot, VipInfo, VipKey, DEFAULT_MAX_AFFINITY, DEFAULT_MAX_FLOWS, FRAG_ENTRIES,
-    MAX_BACKENDS, MAX_CLONES, MAX_RING_SIZE, MAX_VIPS, SIP_LEARN_RING_BYTES, SIP_LEARN_SEEN_ENTRIES, STEER_SIZE,
-    STEER_TABLES,
+    FragValue, SteerConf, SteerSlot, TakeoverRec, VipInfo, VipKey, DEFAULT_MAX_AFFINITY, DEFAULT_MAX_FLOWS,
+    FRAG_ENTRIES, MAX_BACKENDS, MAX_CLONES, MAX_RING_SIZE, MAX_VIPS, SIP_LEARN_RING_BYTES, SIP_LEARN_SEEN_ENTRIES,
+    STEER_SIZE, STEER_TABLES, TAKEOVER_ENTRIES, TAKEOVER_RING_BYTES,
 };
 
 #[map]
@@ -47,6 +47,16 @@ pub static STEER: Array<SteerSlot> = Array::with_max_entries(STEER_TABLES * STEE
 
 #[map]
 pub static STEER_CONF: Array<SteerConf> = Array::with_max_entries(1, 0);
+
+/// Connections of dead dispatchers this one may continue (`steer`, issue 31): written by
+/// the agent when their dispatcher is gone (`takeover::inbox`), deleted once it rebuilt
+/// the socket. Not pinned: the records live in the agent that received them.
+#[map]
+pub static TAKEOVER: LruHashMap<FlowKey, TakeoverRec> = LruHashMap::with_max_entries(TAKEOVER_ENTRIES, 0);
+
+/// A segment of an armed connection, for the agent to rebuild its socket from.
+#[map]
+pub static TAKEOVER_EVENTS: RingBuf = RingBuf::with_byte_size(TAKEOVER_RING_BYTES, 0);
 
 /// A SIP datagram's header section, copied for the scanner, and the scanner's state
 /// (`sip`; too big for the stack): one per CPU.

@@ -16,6 +16,14 @@
 //! host owns goes by the fallback table, the membership without it: the table the others
 //! install once its lease expires, so a connection opened meanwhile stays where it is.
 //!
+//! Takeover (issue 31): when a dispatcher dies, the one its fallback table named for a
+//! connection's slot holds the connection's handshake (sent over the peer channel) and
+//! arms it in `TAKEOVER`. A non-SYN segment of an owned slot with no socket here and an
+//! armed record is reported to the agent (`TAKEOVER_EVENTS`: its sequence, acknowledgement,
+//! window and options) and dropped; the agent rebuilds the socket with `TCP_REPAIR` and
+//! deletes the record, and the client's retransmission lands on the new socket. This comes
+//! before the second chance: the earlier table names the dead dispatcher.
+//!
 //! Loops: a dispatcher never sends a packet back to the one it came from, and every hop
 //! spends one unit of the IP TTL (hop limit); a packet that would leave with none stays.
 
@@ -25,12 +33,13 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use dispatcher_common::{
-    hash::flow_hash, stats, FlowKey, SteerConf, SteerSlot, AF_INET, STEER_AGENT_STALE_NS, STEER_FALLBACK,
-    STEER_HAS_PREV, STEER_HAS_PREV2, STEER_LEFT, STEER_ON, STEER_SIZE,
+    hash::flow_hash, stats, FlowKey, SteerConf, SteerSlot, TakeoverEvent, AF_INET, STEER_AGENT_STALE_NS,
+    STEER_FALLBACK, STEER_HAS_PREV, STEER_HAS_PREV2, STEER_LEFT, STEER_ON, STEER_SIZE, STEER_TAKEOVER,
+    TAKEOVER_OPTIONS, TAKEOVER_REPORT_EVERY_NS,
 };
 
 use crate::{
-    maps::{STEER, STEER_CONF},
+    maps::{STEER, STEER_CONF, TAKEOVER, TAKEOVER_EVENTS},
     parse::{ptr_at, write_mac, EthHdr, Ipv4Hdr, Ipv6Hdr, L2, L3},
     stats::count,
 };
@@ -114,6 +123,52 @@ fn send_to(
     Ok(xdp_action::XDP_TX)
 }
 
+/// A segment of an armed connection of a dead dispatcher with no socket here: reported
+/// (at most once per `TAKEOVER_REPORT_EVERY_NS`) and dropped. `None`: not armed, or the
+/// socket is here already.
+#[inline(always)]
+fn takeover(ctx: &XdpContext, l3: &L3, key: &FlowKey, len: u64) -> Result<Option<u32>, ()> {
+    let Some(rec) = TAKEOVER.get_ptr_mut(key) else { return Ok(None) };
+    if local_connection(ctx, key) {
+        return Ok(None);
+    }
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    if now.saturating_sub(unsafe { (*rec).reported_ns }) < TAKEOVER_REPORT_EVERY_NS {
+        count(stats::TAKEOVER_DROPPED, len);
+        return Ok(Some(xdp_action::XDP_DROP));
+    }
+    let tcp = unsafe { &*ptr_at::<[u8; 20]>(ctx, l3.l4_off)? };
+    let Some(mut entry) = TAKEOVER_EVENTS.reserve::<TakeoverEvent>(0) else {
+        count(stats::TAKEOVER_DROPPED, len);
+        return Ok(Some(xdp_action::XDP_DROP));
+    };
+    let e = entry.as_mut_ptr();
+    let options_len = (((tcp[12] >> 4) as usize) * 4).saturating_sub(20).min(TAKEOVER_OPTIONS);
+    unsafe {
+        (*e).key = *key;
+        (*e).seq = u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]);
+        (*e).ack = u32::from_be_bytes([tcp[8], tcp[9], tcp[10], tcp[11]]);
+        (*e).window = u16::from_be_bytes([tcp[14], tcp[15]]);
+        (*e).flags = tcp[13];
+        (*e).options_len = 0;
+    }
+    let opts = l3.l4_off + 20;
+    for i in 0..TAKEOVER_OPTIONS {
+        if i >= options_len {
+            break;
+        }
+        let Ok(b) = ptr_at::<u8>(ctx, opts + i) else { break };
+        unsafe {
+            (*e).options[i] = *b;
+            (*e).options_len = i as u8 + 1;
+        }
+    }
+    entry.submit(0);
+    unsafe { (*rec).reported_ns = now };
+    count(stats::TAKEOVER_REPORTED, len);
+    Ok(Some(xdp_action::XDP_DROP))
+}
+
 /// The verdict for a TCP packet to an HTTP VIP: `None` when this dispatcher terminates
 /// it (the caller passes it to the stack), else the verdict of sending it on.
 #[inline(always)]
@@ -146,6 +201,13 @@ pub fn steer(ctx: &XdpContext, l2: &L2, l3: &L3, key: &FlowKey, syn: bool, len: 
         }
     }
     if same_mac(&owner.mac, &conf.self_mac) {
+        // A dead dispatcher's connection this one continues (before the second chance:
+        // the earlier table names the dead one).
+        if !syn && conf.sel & STEER_TAKEOVER != 0 {
+            if let Some(verdict) = takeover(ctx, l3, key, len)? {
+                return Ok(Some(verdict));
+            }
+        }
         // Ours under the current table. A new connection, or one of ours, stays; else the
         // newest earlier owner that is neither here nor the sender gets it.
         let usable =

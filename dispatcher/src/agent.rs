@@ -84,9 +84,15 @@ pub fn run(path: &Path, keep_dataplane: bool, stay_out: bool) -> anyhow::Result<
         tracing::warn!("{trap}");
     }
     let tables = Arc::new(std::sync::Mutex::new(dp.tables));
-    let mut group = Group::start(&cfg, store, &tables, &rt, stay_out)?;
+    let takeover_maps = takeover_maps(&mut dp.ebpf)?;
+    let mut group = Group::start(&cfg, store, &tables, &rt, stay_out, takeover_maps)?;
     let access_log = cfg.access_log.as_ref().map(|s| AccessLog::start(s, servers.counters.clone())).transpose()?;
-    let env = Env { tables: tables.clone(), rt: rt.handle().clone(), ownership: group.ownership.clone() };
+    let env = Env {
+        tables: tables.clone(),
+        rt: rt.handle().clone(),
+        ownership: group.ownership.clone(),
+        takeover: group.takeover.as_ref().map(|t| t.http()),
+    };
     let capacity = Arc::new(Capacity::new(&cfg));
     let live = Running::start(Arc::new(cfg.clone()), servers, capacity, None, access_log, env)?;
     group.first_join(&rt)?;
@@ -304,9 +310,26 @@ struct Attachment {
     pins: dataplane::pins::Pins,
 }
 
+/// `TAKEOVER` and `TAKEOVER_EVENTS` (`takeover`).
+type TakeoverMaps = (
+    aya::maps::HashMap<aya::maps::MapData, dispatcher_common::FlowKey, dispatcher_common::TakeoverRec>,
+    aya::maps::RingBuf<aya::maps::MapData>,
+);
+
+fn takeover_maps(ebpf: &mut aya::Ebpf) -> anyhow::Result<TakeoverMaps> {
+    let map = ebpf.take_map("TAKEOVER").ok_or_else(|| anyhow::anyhow!("TAKEOVER map missing"))?;
+    let ring = ebpf.take_map("TAKEOVER_EVENTS").ok_or_else(|| anyhow::anyhow!("TAKEOVER_EVENTS map missing"))?;
+    Ok((
+        aya::maps::HashMap::try_from(map).context("TAKEOVER map")?,
+        aya::maps::RingBuf::try_from(ring).context("TAKEOVER_EVENTS map")?,
+    ))
+}
+
 /// `[cluster]`: the link to the shared store, and this dispatcher's steering MAC.
 struct Store {
     shared: Option<crate::shared::Shared>,
+    /// The peer channel (with steering).
+    liveness: Option<Arc<crate::peers::Liveness>>,
     steer_mac: Option<[u8; 6]>,
     /// It takes connections (published in its member key; `dispatcher leave` clears it).
     joined: Arc<std::sync::atomic::AtomicBool>,
@@ -343,7 +366,7 @@ impl Store {
             let me = crate::shared::Identity { mac: steer_mac, joined: joined.clone(), liveness: liveness.clone() };
             rt.block_on(crate::shared::Shared::start(s, current.clone(), me))
         });
-        Ok(Store { shared, steer_mac, joined })
+        Ok(Store { shared, liveness, steer_mac, joined })
     }
 }
 
@@ -355,6 +378,8 @@ struct Group {
     announcer: Option<crate::announce::Announcer>,
     shared: Option<crate::shared::Shared>,
     steering: Option<Arc<crate::steering::Steering>>,
+    /// Connection takeover (with steering and `[cluster] takeover`).
+    takeover: Option<Arc<crate::takeover::Takeover>>,
     /// To join as soon as this dispatcher's own steering table is in place.
     join_pending: bool,
     /// When this dispatcher last left (`dispatcher leave`), for the grace at stop.
@@ -370,6 +395,7 @@ impl Group {
         tables: &Arc<std::sync::Mutex<Tables>>,
         rt: &tokio::runtime::Runtime,
         stay_out: bool,
+        (takeover_map, takeover_ring): TakeoverMaps,
     ) -> anyhow::Result<Group> {
         let ownership = Arc::new(crate::steering::Ownership::default());
         let steering = match (&store.shared, &cfg.cluster, store.steer_mac) {
@@ -384,6 +410,23 @@ impl Group {
                 );
                 rt.spawn(crate::steering::run(st.clone(), sh.peers()));
                 Some(st)
+            }
+            _ => None,
+        };
+        let takeover = match (&steering, &store.shared, &cfg.cluster, &store.liveness) {
+            (Some(st), Some(sh), Some(c), Some(l)) if c.takeover => {
+                use crate::takeover::{inbox::Inbox, outbox::Outbox, Takeover};
+                let st = st.clone();
+                let armed = Box::new(move |on| st.set_takeover_armed(on));
+                let t = Arc::new(Takeover {
+                    outbox: Outbox::new(&c.name, ownership.clone()),
+                    inbox: Inbox::new(takeover_map, armed, cfg.http.client_idle_timeout),
+                    adoption: Default::default(),
+                });
+                l.set_cargo(t.clone());
+                rt.spawn(crate::takeover::run(t.clone(), takeover_ring));
+                rt.spawn(crate::takeover::follow_deaths(t.clone(), sh.alive()));
+                Some(t)
             }
             _ => None,
         };
@@ -413,6 +456,7 @@ impl Group {
             announcer,
             shared: store.shared,
             steering,
+            takeover,
             join_pending,
             left_at: None,
             left_mark,
@@ -658,6 +702,8 @@ struct Env {
     tables: Arc<std::sync::Mutex<Tables>>,
     rt: tokio::runtime::Handle,
     ownership: Arc<crate::steering::Ownership>,
+    /// Takeover's side of the HTTP path (registering connections, adopting rebuilt ones).
+    takeover: Option<crate::takeover::Http>,
 }
 
 /// What runs for one configuration: the servers state, the request path's capacity, the
@@ -691,8 +737,16 @@ impl Running {
         let server = if cfg.vips.iter().any(|v| v.serves_http()) {
             let (c, own) = (servers.clone(), env.ownership.clone());
             Some(
-                HttpServer::start(&cfg, c, capacity.clone(), predecessor, access_log.as_ref(), own)
-                    .context("starting the HTTP VIPs")?,
+                HttpServer::start(
+                    &cfg,
+                    c,
+                    capacity.clone(),
+                    predecessor,
+                    access_log.as_ref(),
+                    own,
+                    env.takeover.clone(),
+                )
+                .context("starting the HTTP VIPs")?,
             )
         } else {
             None

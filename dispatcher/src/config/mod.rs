@@ -348,6 +348,9 @@ pub struct ClusterSettings {
     pub heartbeat_misses: u32,
     /// The UDP port the heartbeats are sent from and to (the same on every dispatcher).
     pub heartbeat_port: u16,
+    /// With steering: idle plain HTTP/1.x connections of a dispatcher that dies are
+    /// continued by the one that takes their slot (`takeover`).
+    pub takeover: bool,
 }
 
 /// How the link to etcd is secured (`[cluster]` `ca_file`, `cert`/`key`, `username` +

@@ -83,6 +83,7 @@ pub(super) struct RawCluster {
     pub(super) heartbeat_interval: Option<Spanned<String>>,
     pub(super) heartbeat_misses: Option<Spanned<i64>>,
     pub(super) heartbeat_port: Option<Spanned<i64>>,
+    pub(super) takeover: Option<Spanned<bool>>,
     pub(super) peers: Option<Spanned<Vec<Spanned<String>>>>,
     pub(super) ca_file: Option<Spanned<String>>,
     pub(super) cert: Option<Spanned<String>>,

@@ -147,6 +147,8 @@ struct VipShared {
     log: Option<super::proxy::LogTo>,
     /// Whether this dispatcher keeps a connection after its response (steering, leave).
     ownership: Arc<Ownership>,
+    /// Connection takeover (registering plain HTTP/1.x connections, adopting rebuilt ones).
+    takeover: Option<crate::takeover::Http>,
 }
 
 /// A farm's balancing state: its servers, its backups, each one's `slow_start` (its own,
@@ -224,6 +226,7 @@ fn vip_shared(
     capacity: &Capacity,
     access_log: Option<&Arc<AccessLog>>,
     ownership: &Arc<Ownership>,
+    takeover: Option<&crate::takeover::Http>,
 ) -> std::io::Result<Vec<VipShared>> {
     let backend_names: Arc<[Arc<str>]> = cfg.backends.iter().map(|b| Arc::from(b.name.as_str())).collect();
     let handshakes = capacity.tls_handshakes.1.clone();
@@ -263,6 +266,7 @@ fn vip_shared(
                 backends: backend_names.clone(),
             }),
             ownership: ownership.clone(),
+            takeover: takeover.cloned(),
         });
     }
     Ok(out)
@@ -315,6 +319,8 @@ fn worker_vips(
             redirect: h.redirect_to.clone(),
             log: sh.log.clone(),
             ownership: sh.ownership.clone(),
+            takeover: sh.takeover.clone(),
+            address: v.address,
             h2c: h.h2c,
             persist: h.insert_cookie.as_ref().map(|name| {
                 // The backends its routes reach (an implicit farm's: the VIP's own).
@@ -336,65 +342,94 @@ async fn accept_loop(
     caps: Caps,
     mine: Arc<AtomicUsize>,
 ) {
-    let counters = &ctx.servers.counters;
-    let vip_conns = &ctx.capacity.vips[ctx.vip_index].connections;
+    // Connections of a dead dispatcher rebuilt here (`takeover`) come in beside the
+    // accepted ones.
+    let mut adopted = ctx.takeover.as_ref().map(|t| t.adoption.listen(SocketAddr::new(ctx.address, ctx.port)));
     loop {
+        let next_adopted = async {
+            match adopted.as_mut() {
+                Some(a) => a.recv().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             r = listener.accept() => match r {
-                Ok((stream, peer)) => {
-                    let total = caps.active.fetch_add(1, Ordering::SeqCst) + 1;
-                    let on_vip = vip_conns.fetch_add(1, Ordering::SeqCst) + 1;
-                    let guards = (Active(caps.active.clone()), VipOpen(ctx.clone()));
-                    let over = if total > caps.global {
-                        Err(Cap::Global)
-                    } else if caps.vip.is_some_and(|cap| on_vip as usize > cap) {
-                        Err(Cap::Vip)
-                    } else {
-                        ctx.capacity.sources.admit(peer).map_err(|r| match r {
-                            Refused::Count => Cap::SourceCount,
-                            Refused::Rate => Cap::SourceRate,
-                        })
-                    };
-                    let held = match over {
-                        Ok(held) => held,
-                        Err(cap) => {
-                            // Over a cap: answered and closed at once (the guards undo the counts).
-                            counters.conn_refused_by[cap as usize].fetch_add(1, Ordering::Relaxed);
-                            cap.log(peer, total, caps.global, on_vip, &ctx.host);
-                            if ctx.tls.is_none() {
-                                refuse_plain(&stream, cap);
-                            }
-                            drop(stream);
-                            continue;
-                        }
-                    };
-                    mine.fetch_add(1, Ordering::SeqCst);
-                    let guards = (guards, Active(mine.clone()), held);
-                    let (ctx, stop) = (ctx.clone(), stop.clone());
-                    // Every log line of the connection says whose it is (about 0.6 µs per
-                    // connection, measured; keep-alive connections carry many requests).
-                    let span = tracing::info_span!("conn", vip = %ctx.name, client = %peer);
-                    tokio::spawn(
-                        async move {
-                            let _guards = guards;
-                            serve(ctx, stream, peer, stop).await;
-                        }
-                        .instrument(span),
-                    );
-                }
+                Ok((stream, peer)) => admit(&ctx, &caps, &mine, &stop, stream, peer),
                 Err(e) => {
                     // Out of descriptors and the like: back off, keep serving, log once
                     // per interval with a count.
                     if e.raw_os_error().is_some_and(crate::http1::io::is_local_errno) {
-                        counters.local_errors.fetch_add(1, Ordering::Relaxed);
+                        ctx.servers.counters.local_errors.fetch_add(1, Ordering::Relaxed);
                     }
                     crate::ratelimit::warn("accept", &e);
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             },
+            Some(sock) = next_adopted => {
+                let adopted = sock.set_nonblocking(true).and_then(|_| {
+                    let peer = sock.peer_addr()?;
+                    Ok((tokio::net::TcpStream::from_std(sock)?, peer))
+                });
+                match adopted {
+                    Ok((stream, peer)) => admit(&ctx, &caps, &mine, &stop, stream, peer),
+                    Err(e) => crate::ratelimit::warn("adopting a taken-over connection", &e),
+                }
+            }
             _ = stop.changed() => return,
         }
     }
+}
+
+/// A new client connection: counted against the caps, then served on a task of its own
+/// (or answered and closed when over a cap).
+fn admit(
+    ctx: &Arc<VipCtx>,
+    caps: &Caps,
+    mine: &Arc<AtomicUsize>,
+    stop: &watch::Receiver<bool>,
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+) {
+    let counters = &ctx.servers.counters;
+    let vip_conns = &ctx.capacity.vips[ctx.vip_index].connections;
+    let total = caps.active.fetch_add(1, Ordering::SeqCst) + 1;
+    let on_vip = vip_conns.fetch_add(1, Ordering::SeqCst) + 1;
+    let guards = (Active(caps.active.clone()), VipOpen(ctx.clone()));
+    let over = if total > caps.global {
+        Err(Cap::Global)
+    } else if caps.vip.is_some_and(|cap| on_vip as usize > cap) {
+        Err(Cap::Vip)
+    } else {
+        ctx.capacity.sources.admit(peer).map_err(|r| match r {
+            Refused::Count => Cap::SourceCount,
+            Refused::Rate => Cap::SourceRate,
+        })
+    };
+    let held = match over {
+        Ok(held) => held,
+        Err(cap) => {
+            // Over a cap: answered and closed at once (the guards undo the counts).
+            counters.conn_refused_by[cap as usize].fetch_add(1, Ordering::Relaxed);
+            cap.log(peer, total, caps.global, on_vip, &ctx.host);
+            if ctx.tls.is_none() {
+                refuse_plain(&stream, cap);
+            }
+            return;
+        }
+    };
+    mine.fetch_add(1, Ordering::SeqCst);
+    let guards = (guards, Active(mine.clone()), held);
+    let (ctx, stop) = (ctx.clone(), stop.clone());
+    // Every log line of the connection says whose it is (about 0.6 µs per
+    // connection, measured; keep-alive connections carry many requests).
+    let span = tracing::info_span!("conn", vip = %ctx.name, client = %peer);
+    tokio::spawn(
+        async move {
+            let _guards = guards;
+            serve(ctx, stream, peer, stop).await;
+        }
+        .instrument(span),
+    );
 }
 
 /// The cap a refused client connection met (the index of its refusal counter and of its
@@ -642,10 +677,11 @@ impl HttpServer {
         predecessor: Option<&HttpServer>,
         access_log: Option<&Arc<AccessLog>>,
         ownership: Arc<Ownership>,
+        takeover: Option<crate::takeover::Http>,
     ) -> std::io::Result<HttpServer> {
         let (stop, _) = watch::channel(false);
         // One balancing state per farm, shared by the VIPs and workers: weights stay exact.
-        let shared = vip_shared(cfg, &capacity, access_log, &ownership)?;
+        let shared = vip_shared(cfg, &capacity, access_log, &ownership, takeover.as_ref())?;
         let global = client_caps(cfg, &capacity, predecessor.is_none());
         let (ready_tx, ready_rx) = mpsc::channel::<std::io::Result<(usize, Sockets)>>();
         let mut workers = Vec::new();
@@ -833,7 +869,7 @@ backends = ["s1"]
         cfg.routes = vec![route("/shop/*", 0, "SHOPID"), route("/admin/*", 1, "JSESSIONID")];
         let servers = Arc::new(Servers::new(&cfg, &[Health::Up; 4], &[Operator::None; 4], None));
         let capacity = Arc::new(Capacity::new(&cfg));
-        let shared = vip_shared(&cfg, &capacity, None, &Arc::new(Ownership::default())).unwrap();
+        let shared = vip_shared(&cfg, &capacity, None, &Arc::new(Ownership::default()), None).unwrap();
         let (ctx, listener) = worker_vips(&cfg, &servers, &capacity, &shared, Vec::new()).unwrap().remove(0);
         let addr = listener.local_addr().unwrap();
         let (_stop_tx, stop) = watch::channel(false);
@@ -967,7 +1003,7 @@ h2c = true
         cfg.vips[0].port = 0;
         let servers = Arc::new(Servers::new(&cfg, &[Health::Up; 2], &[Operator::None; 2], None));
         let capacity = Arc::new(Capacity::new(&cfg));
-        let shared = vip_shared(&cfg, &capacity, None, &Arc::new(Ownership::default())).unwrap();
+        let shared = vip_shared(&cfg, &capacity, None, &Arc::new(Ownership::default()), None).unwrap();
         let (ctx, listener) = worker_vips(&cfg, &servers, &capacity, &shared, Vec::new()).unwrap().remove(0);
         let addr = listener.local_addr().unwrap();
         let (_stop_tx, stop) = watch::channel(false);

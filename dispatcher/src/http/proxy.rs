@@ -72,6 +72,10 @@ pub struct VipCtx {
     pub persist: Option<super::persist::Persist>,
     /// Whether this dispatcher keeps a connection after its response (steering, leave).
     pub ownership: Arc<crate::steering::Ownership>,
+    /// Connection takeover: plain HTTP/1.x connections are registered (`takeover::outbox`).
+    pub takeover: Option<crate::takeover::Http>,
+    /// The VIP's address (with `port`: where rebuilt connections are adopted).
+    pub address: std::net::IpAddr,
     /// A plain VIP that serves HTTP/2 by prior knowledge (`h2c`).
     pub h2c: bool,
 }
@@ -330,7 +334,16 @@ pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, stop: 
             let at = super::h2::At { peer, steer_slot };
             return Box::pin(super::h2::serve(ctx, stream, at, stop)).await;
         }
-        None => crate::http1::io::split_plain(stream),
+        None => {
+            // Plain HTTP/1.x: the connection a dead dispatcher's successor can continue.
+            let tracked = ctx.takeover.as_ref().and_then(|t| {
+                let local = stream.local_addr().ok()?;
+                t.outbox.register(std::os::fd::AsRawFd::as_raw_fd(&stream), peer, local)
+            });
+            counted(Protocol::H1);
+            let (r, w, _) = crate::http1::io::split_plain(stream);
+            return serve_http1(ctx, (r, w), peer, steer_slot, stop, tracked).await;
+        }
         // Boxed: the handshake's state exists only during the handshake, not in every
         // idle connection's task.
         Some(tls) => match Box::pin(tls.accept(stream)).await {
@@ -344,7 +357,7 @@ pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, stop: 
         },
     };
     counted(Protocol::H1);
-    serve_http1(ctx, (r, w), peer, steer_slot, stop).await
+    serve_http1(ctx, (r, w), peer, steer_slot, stop, None).await
 }
 
 /// HTTP/1.x requests on one connection, until either side ends it.
@@ -354,7 +367,13 @@ async fn serve_http1(
     peer: SocketAddr,
     steer_slot: usize,
     mut stop: watch::Receiver<bool>,
+    tracked: Option<crate::takeover::outbox::Tracked>,
 ) {
+    let mark = |busy: bool| {
+        if let Some(t) = &tracked {
+            t.state.set_busy(busy);
+        }
+    };
     let mut client = Client::conn(r, w);
     let mut conn = ClientConn {
         ctx,
@@ -378,13 +397,14 @@ async fn serve_http1(
             }
         };
         let head_bytes = conn.client.r.buf.split_to(head.len);
+        mark(true);
         requests += 1;
         let closing = *stop.borrow();
         let next = conn.request(&head, &head_bytes, closing, head_started, requests).await;
         // Keep the header index's allocation for the next request.
         conn.scratch = head.headers;
         match next {
-            Next::KeepAlive => {}
+            Next::KeepAlive => mark(false),
             _ => {
                 conn.client.shutdown().await;
                 return;

@@ -1,8 +1,11 @@
 //! The peer channel between dispatchers: UDP datagrams on the segment steering uses, from
-//! and to `[cluster] heartbeat_port` on each dispatcher's address there. Today it carries
-//! heartbeats only (peer liveness, issue 31 part 2); it is a module of its own so that it
-//! can carry more later (handshake parameters for a takeover), without being part of
-//! steering or of the store's link.
+//! and to `[cluster] heartbeat_port` on each dispatcher's address there. It carries
+//! heartbeats (peer liveness, issue 31 part 2) and, with `[cluster] takeover`, the
+//! batches of connection records (`takeover::wire`), sent with the heartbeats every
+//! interval; it is a module of its own, neither part of steering nor of the store's link.
+//!
+//! A batch counts only from a peer's published address and port and naming that peer
+//! (as a heartbeat); else it is refused and counted like one.
 //!
 //! Every `heartbeat_interval` this dispatcher sends one heartbeat to every other live
 //! member that publishes a heartbeat address (its member key, `shared::view`), and
@@ -11,7 +14,8 @@
 //! peer is out of every ownership table when most of the others publish it unreachable
 //! (`shared::view::View::out_unreachable`), so that all of them install the same table.
 //!
-//! Bounded: one datagram per peer per interval, of at most `tracker::MAX_DATAGRAM` bytes;
+//! Bounded: one heartbeat per peer per interval, of at most `tracker::MAX_DATAGRAM` bytes
+//! (batches: at most `tracker::MAX_BATCH` bytes, as many as their sender bounds);
 //! what arrives is read into a fixed buffer, and anything but a heartbeat from a peer's
 //! published address naming that peer is refused and counted. Nothing received can take a
 //! peer out: a forged heartbeat can only keep a dead peer in until its lease expires (as
@@ -49,6 +53,19 @@ pub struct Liveness {
     changed: tokio::sync::Notify,
     /// New targets (wakes the task to send to them at once).
     retarget: tokio::sync::Notify,
+    /// What else the channel carries (takeover's batches; set once at start).
+    cargo: std::sync::OnceLock<Arc<dyn Cargo>>,
+}
+
+/// What the channel carries besides heartbeats: datagrams of kind
+/// `tracker::KIND_BATCH`, from and to peers (`takeover` implements it; this module does
+/// not depend on it).
+pub trait Cargo: Send + Sync {
+    /// A datagram of its kind from peer `from` (its address checked here): taken, or why
+    /// not (it must name `from`).
+    fn take(&self, from: &str, datagram: &[u8]) -> Result<(), tracker::Refusal>;
+    /// This interval's datagrams, by peer name.
+    fn outgoing(&self) -> Vec<(String, Vec<u8>)>;
 }
 
 impl Liveness {
@@ -65,10 +82,16 @@ impl Liveness {
             counters: Counters::default(),
             changed: tokio::sync::Notify::new(),
             retarget: tokio::sync::Notify::new(),
+            cargo: std::sync::OnceLock::new(),
         });
         tokio::spawn(run(l.clone(), sock, interval));
         tracing::info!(%local, ?interval, misses, "peer heartbeats started");
         Ok(l)
+    }
+
+    /// Carries `cargo`'s datagrams from now on.
+    pub fn set_cargo(&self, cargo: Arc<dyn Cargo>) {
+        let _ = self.cargo.set(cargo);
     }
 
     /// Where the others send their heartbeats (published in the member key).
@@ -120,7 +143,47 @@ impl Liveness {
             .collect()
     }
 
+    /// A batch: handed over when it comes from a peer's published address (the cargo
+    /// checks it names that peer).
+    fn batch(&self, from: SocketAddr, datagram: &[u8]) {
+        let Some(cargo) = self.cargo.get() else { return self.refuse(from, tracker::Refusal::Malformed) };
+        let sender = self.tracker.lock().unwrap().peers().iter().find(|(_, h)| h.addr == from).map(|(n, _)| n.clone());
+        let Some(name) = sender else { return self.refuse(from, tracker::Refusal::UnknownSender) };
+        if let Err(why) = cargo.take(&name, datagram) {
+            self.refuse(from, why);
+        }
+    }
+
+    fn refuse(&self, from: SocketAddr, why: tracker::Refusal) {
+        self.counters.refused[why as usize].fetch_add(1, Ordering::Relaxed);
+        crate::ratelimit::warn_that(
+            "peer datagram refused",
+            &format_args!("refused a datagram on the peer channel from {from} ({})", why.label()),
+        );
+    }
+
+    /// This interval's batches, each to its peer's address.
+    fn send_batches(&self, sock: &tokio::net::UdpSocket) {
+        let Some(cargo) = self.cargo.get() else { return };
+        let batches = cargo.outgoing();
+        if batches.is_empty() {
+            return;
+        }
+        let addrs: std::collections::HashMap<String, SocketAddr> =
+            self.tracker.lock().unwrap().peers().iter().map(|(n, h)| (n.clone(), h.addr)).collect();
+        for (to, d) in batches {
+            let Some(addr) = addrs.get(&to) else { continue };
+            match sock.try_send_to(&d, *addr) {
+                Ok(_) => self.counters.sent.fetch_add(1, Ordering::Relaxed),
+                Err(_) => self.counters.send_errors.fetch_add(1, Ordering::Relaxed),
+            };
+        }
+    }
+
     fn judge(&self, from: SocketAddr, datagram: &[u8]) {
+        if tracker::is_batch(datagram) {
+            return self.batch(from, datagram);
+        }
         let r = self.tracker.lock().unwrap().heard(from, datagram, Instant::now());
         match r {
             Ok(back) => {
@@ -130,13 +193,7 @@ impl Liveness {
                     self.changed.notify_one();
                 }
             }
-            Err(why) => {
-                self.counters.refused[why as usize].fetch_add(1, Ordering::Relaxed);
-                crate::ratelimit::warn_that(
-                    "peer datagram refused",
-                    &format_args!("refused a datagram on the peer channel from {from} ({})", why.label()),
-                );
-            }
+            Err(why) => self.refuse(from, why),
         }
     }
 
@@ -169,11 +226,12 @@ async fn run(l: Arc<Liveness>, sock: tokio::net::UdpSocket, interval: Duration) 
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // One byte more than the longest datagram taken: a longer one is seen as such.
-    let mut buf = [0u8; tracker::MAX_DATAGRAM + 1];
+    let mut buf = [0u8; tracker::MAX_BATCH + 1];
     loop {
         tokio::select! {
             _ = tick.tick() => {
                 l.send_all(&sock, &beat);
+                l.send_batches(&sock);
                 l.tick();
             }
             _ = l.retarget.notified() => l.send_all(&sock, &beat),

@@ -21,6 +21,17 @@ pub const VERSION: u8 = 1;
 /// A heartbeat: `MAGIC`, `VERSION`, `KIND_HEARTBEAT`, the sender's name's length (1 byte)
 /// and its name.
 pub const KIND_HEARTBEAT: u8 = 1;
+/// A batch of another module's (`Cargo`: takeover's records): `MAGIC`, `VERSION`,
+/// `KIND_BATCH`, then its own format.
+pub const KIND_BATCH: u8 = 2;
+/// The longest batch datagram (fits a 1,500-byte MTU with IPv6 and UDP headers).
+pub const MAX_BATCH: usize = 1400;
+
+/// A batch, by its kind (not a heartbeat).
+pub fn is_batch(d: &[u8]) -> bool {
+    d.len() > MAGIC.len() + 1 && d.starts_with(MAGIC) && d[MAGIC.len() + 1] == KIND_BATCH
+}
+
 /// The longest name (`[cluster] name` is 1 to 64 characters).
 pub const MAX_NAME: usize = 64;
 /// The longest datagram taken (a larger one is refused whole).

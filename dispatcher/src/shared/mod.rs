@@ -108,6 +108,9 @@ pub(crate) struct Inner {
     pub(crate) joined: Arc<std::sync::atomic::AtomicBool>,
     /// The steering membership, on every change of the members.
     pub(crate) peers: tokio::sync::watch::Sender<Option<Vec<crate::steering::Peer>>>,
+    /// The live members not out by the others' heartbeats (`takeover`: one that goes is
+    /// dead, where one that leaves stays a member).
+    pub(crate) alive: tokio::sync::watch::Sender<Option<std::collections::BTreeSet<String>>>,
     /// Peer heartbeats (with steering): told the live members, read for the member key.
     pub(crate) liveness: Option<Arc<crate::peers::Liveness>>,
 }
@@ -178,6 +181,7 @@ impl Shared {
             mac: me.mac,
             joined: me.joined,
             peers: tokio::sync::watch::Sender::new(None),
+            alive: tokio::sync::watch::Sender::new(None),
             liveness: me.liveness.clone(),
             started_unix: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -230,6 +234,11 @@ impl Shared {
     /// The steering membership as it changes (`None` until the store was read once).
     pub fn peers(&self) -> tokio::sync::watch::Receiver<Option<Vec<crate::steering::Peer>>> {
         self.inner.peers.subscribe()
+    }
+
+    /// The live members not out by the others' heartbeats, as they change.
+    pub fn alive(&self) -> tokio::sync::watch::Receiver<Option<std::collections::BTreeSet<String>>> {
+        self.inner.alive.subscribe()
     }
 
     /// This dispatcher joined or left: its member key says so (now, or when the store is
@@ -396,6 +405,13 @@ pub(crate) fn publish_peers(inner: &Inner, v: &view::View) {
     if let Some(l) = &inner.liveness {
         l.set_targets(&v.heartbeat_targets(&inner.settings.name));
     }
+    let out = v.out_unreachable();
+    let alive: std::collections::BTreeSet<String> = v.members.keys().filter(|m| !out.contains(*m)).cloned().collect();
+    inner.alive.send_if_modified(|cur| {
+        let changed = cur.as_ref() != Some(&alive);
+        *cur = Some(alive);
+        changed
+    });
     let peers = v.steering_peers();
     inner.peers.send_if_modified(|cur| {
         if cur.as_ref() == Some(&peers) {

@@ -23,7 +23,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dispatcher_common::{steer_sel3, SteerConf, STEER_FALLBACK, STEER_HAS_PREV, STEER_HAS_PREV2, STEER_LEFT, STEER_ON};
+use dispatcher_common::{
+    steer_sel3, SteerConf, STEER_FALLBACK, STEER_HAS_PREV, STEER_HAS_PREV2, STEER_LEFT, STEER_ON, STEER_TAKEOVER,
+};
 use tokio::sync::watch;
 
 use crate::{api::SteeringStatus, dataplane::tables::Tables};
@@ -39,6 +41,9 @@ pub struct Ownership {
     current: RwLock<Option<(Arc<Table>, String)>>,
     /// Every connection is closed after its next response.
     leaving: AtomicBool,
+    /// The fallback table (the membership without this dispatcher: who takes each slot if
+    /// it dies) and a number that changes with it (`takeover::outbox`).
+    fallback: RwLock<Option<(u64, Arc<Table>)>>,
 }
 
 impl Ownership {
@@ -55,6 +60,11 @@ impl Ownership {
 
     pub fn set_leaving(&self, leaving: bool) {
         self.leaving.store(leaving, Ordering::Relaxed);
+    }
+
+    /// The fallback table and its generation (none before the first table).
+    pub fn fallback(&self) -> Option<(u64, Arc<Table>)> {
+        self.fallback.read().unwrap().clone()
     }
 }
 
@@ -99,6 +109,8 @@ pub struct Steering {
     wake: tokio::sync::Notify,
     /// Where the HTTP path reads the current table.
     ownership: Arc<Ownership>,
+    /// Takeover records are armed (`STEER_TAKEOVER`).
+    takeover_armed: AtomicBool,
 }
 
 /// How often the agent's beacon is written (the XDP program takes the agent for gone
@@ -136,6 +148,7 @@ impl Steering {
             conf: Mutex::new(SteerConf::default()),
             wake: tokio::sync::Notify::new(),
             ownership,
+            takeover_armed: AtomicBool::new(false),
         };
         if let Err(e) = s.write_sel(0, generation) {
             tracing::warn!(error = %e, "clearing STEER_CONF");
@@ -147,6 +160,9 @@ impl Steering {
     fn write_state(&self, st: &State) -> Result<(), crate::dataplane::DataplaneError> {
         let Some(cur) = &st.current else { return self.write_sel(0, st.generation) };
         let mut flags = STEER_ON;
+        if self.takeover_armed.load(Ordering::Relaxed) {
+            flags |= STEER_TAKEOVER;
+        }
         if !self.joined.load(Ordering::Relaxed) {
             flags |= STEER_LEFT;
         }
@@ -242,6 +258,7 @@ impl Steering {
             tracing::warn!(error = %e, "writing STEER_CONF: the membership change is not applied");
             return;
         }
+        let next_generation = next.generation;
         tracing::info!(
             generation = next.generation,
             dispatchers = ?table.names(),
@@ -250,7 +267,20 @@ impl Steering {
         );
         *st = next;
         *self.ownership.current.write().unwrap() = Some((table, self.me.clone()));
+        *self.ownership.fallback.write().unwrap() = Some((next_generation as u64, Arc::new(fallback)));
         self.wake.notify_one();
+    }
+
+    /// Takeover records are armed, or none are any more: the XDP program looks them up
+    /// only while some are.
+    pub fn set_takeover_armed(&self, armed: bool) {
+        if self.takeover_armed.swap(armed, Ordering::Relaxed) == armed {
+            return;
+        }
+        let st = self.state.lock().unwrap();
+        if let Err(e) = self.write_state(&st) {
+            tracing::warn!(error = %e, "writing STEER_CONF (takeover)");
+        }
     }
 
     /// A table is in place.

@@ -53,6 +53,15 @@ impl Ctx<'_> {
         );
         let learn_wait = self.learn_wait(c);
         let (heartbeat_interval, heartbeat_misses, heartbeat_port) = self.heartbeats(c);
+        if let (Some(t), Some(s)) = (&c.takeover, &c.steering) {
+            if *t.get_ref() && !*s.get_ref() {
+                self.report(
+                    t.span(),
+                    "cluster.takeover",
+                    "needs steering (a dispatcher's connections are taken over by the one that takes its slots)",
+                );
+            }
+        }
         ClusterSettings {
             learn_wait,
             heartbeat_interval,
@@ -68,6 +77,7 @@ impl Ctx<'_> {
             request_timeout,
             startup_wait,
             steering: c.steering.as_ref().is_none_or(|v| *v.get_ref()),
+            takeover: c.takeover.as_ref().is_none_or(|v| *v.get_ref()),
             second_chance,
         }
     }

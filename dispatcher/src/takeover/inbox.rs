@@ -1,0 +1,333 @@
+//! The receiving side: the records other dispatchers sent this one (it is their fallback
+//! owner for those slots), armed when their sender dies, and the socket rebuilt when a
+//! client's segment of an armed connection arrives.
+//!
+//! - Records are kept per sender, in memory only, at most `MAX_RECORDS` over all senders
+//!   (more are refused and counted). A batch must be newer than the last one taken from
+//!   its sender.
+//! - A sender that is gone from the store's live members (its lease expired) or that most
+//!   of the others cannot reach (`View::out_unreachable`) is dead: its records are armed —
+//!   written to `TAKEOVER` for the XDP program, which then reports their segments — for
+//!   `[http] client_idle_timeout` (the dead dispatcher would have closed an idle connection
+//!   by then). A dispatcher that leaves (`dispatcher leave`) keeps its connections and is
+//!   not dead.
+//! - A report (`TakeoverEvent`, untrusted: it must name an armed tuple, its options must
+//!   parse) rebuilds the socket (`repair::rebuild`): a connection that was quiet at its
+//!   dispatcher's last batch is handed to an HTTP worker as if just accepted; any other
+//!   was mid-request or mid-response and cannot be continued honestly: it is reset at
+//!   once (the rebuilt socket closed with a zero linger, so the reset carries the
+//!   sequence number the client expects).
+
+use std::{
+    collections::HashMap,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Mutex,
+    },
+    time::{Duration, Instant},
+};
+
+use aya::maps::{HashMap as BpfHashMap, MapData};
+use dispatcher_common::{FlowKey, TakeoverEvent, TakeoverRec, AF_INET};
+
+use super::{
+    repair::{rebuild, Handshake, Resume},
+    wire::{Batch, Item, Open},
+    Adoption,
+};
+
+/// Records held at most, over all senders.
+pub const MAX_RECORDS: usize = 262_144;
+
+#[derive(Default)]
+struct FromPeer {
+    last: u64,
+    records: HashMap<u32, Open>,
+    /// Bit `id` set: the connection was quiet at the sender's last batch.
+    quiet: Vec<u8>,
+}
+
+impl FromPeer {
+    fn is_quiet(&self, id: u32) -> bool {
+        self.quiet.get(id as usize / 8).is_some_and(|b| b & (1 << (id % 8)) != 0)
+    }
+}
+
+struct Armed {
+    handshake: Handshake,
+    quiet: bool,
+    until: Instant,
+}
+
+#[derive(Default)]
+pub struct Counters {
+    pub batches: AtomicU64,
+    pub batches_refused: AtomicU64,
+    pub records_refused: AtomicU64,
+    pub armed: AtomicU64,
+    pub rebuilt: AtomicU64,
+    pub reset: AtomicU64,
+    pub failed: AtomicU64,
+    pub reports_refused: AtomicU64,
+}
+
+#[derive(Default)]
+struct State {
+    peers: HashMap<String, FromPeer>,
+    total: usize,
+    armed: HashMap<(SocketAddr, SocketAddr), Armed>,
+}
+
+pub struct Inbox {
+    state: Mutex<State>,
+    map: Mutex<BpfHashMap<MapData, FlowKey, TakeoverRec>>,
+    /// Sets or clears `STEER_TAKEOVER` (something is armed).
+    armed_flag: Box<dyn Fn(bool) + Send + Sync>,
+    lifetime: Duration,
+    pub counters: Counters,
+}
+
+/// The tuple's key as XDP builds it.
+fn key_of(client: SocketAddr, local: SocketAddr) -> FlowKey {
+    crate::steering::table::tcp_key(client, local)
+}
+
+fn addr_of(family: u8, words: &[u32; 4], port_be: u16) -> Option<SocketAddr> {
+    let ip = if family == AF_INET {
+        IpAddr::V4(Ipv4Addr::from(words[0].to_ne_bytes()))
+    } else {
+        let mut b = [0u8; 16];
+        for (i, w) in words.iter().enumerate() {
+            b[i * 4..i * 4 + 4].copy_from_slice(&w.to_ne_bytes());
+        }
+        IpAddr::V6(Ipv6Addr::from(b))
+    };
+    Some(SocketAddr::new(ip, u16::from_be(port_be)))
+}
+
+/// The timestamp echo in a segment's TCP options (kind 8), if any; malformed options
+/// end the walk.
+pub fn ts_echo(options: &[u8]) -> Option<u32> {
+    let mut i = 0;
+    while i < options.len() {
+        match options[i] {
+            0 => return None,
+            1 => i += 1,
+            kind => {
+                let len = *options.get(i + 1)? as usize;
+                if len < 2 || i + len > options.len() {
+                    return None;
+                }
+                if kind == 8 && len == 10 {
+                    return Some(u32::from_be_bytes(options[i + 6..i + 10].try_into().ok()?));
+                }
+                i += len;
+            }
+        }
+    }
+    None
+}
+
+impl Inbox {
+    pub fn new(
+        map: BpfHashMap<MapData, FlowKey, TakeoverRec>,
+        armed_flag: Box<dyn Fn(bool) + Send + Sync>,
+        lifetime: Duration,
+    ) -> Inbox {
+        Inbox {
+            state: Mutex::new(State::default()),
+            map: Mutex::new(map),
+            armed_flag,
+            lifetime,
+            counters: Counters::default(),
+        }
+    }
+
+    /// A batch from `batch.sender` (the channel checked it came from that peer's address).
+    pub fn take(&self, batch: Batch) {
+        let mut st = self.state.lock().unwrap();
+        let st = &mut *st;
+        let from = st.peers.entry(batch.sender).or_default();
+        if batch.number <= from.last {
+            self.counters.batches_refused.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        from.last = batch.number;
+        self.counters.batches.fetch_add(1, Ordering::Relaxed);
+        for item in batch.items {
+            match item {
+                Item::Open(o) => {
+                    let known = from.records.contains_key(&o.id);
+                    if !known && st.total >= MAX_RECORDS || o.id as usize >= super::outbox::MAX_TRACKED {
+                        self.counters.records_refused.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    if from.records.insert(o.id, o).is_none() {
+                        st.total += 1;
+                    }
+                }
+                Item::Close(id) => {
+                    if from.records.remove(&id).is_some() {
+                        st.total -= 1;
+                    }
+                }
+                Item::Quiet { first, bits } => {
+                    let at = first as usize / 8;
+                    let end = at + bits.len();
+                    if first % 8 != 0 || end > super::outbox::MAX_TRACKED / 8 {
+                        self.counters.records_refused.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    if from.quiet.len() < end {
+                        from.quiet.resize(end, 0);
+                    }
+                    from.quiet[at..end].copy_from_slice(&bits);
+                    // Ids past the last bitmap of a batch are not quiet.
+                    if first == 0 {
+                        from.quiet.truncate(end);
+                    }
+                }
+            }
+        }
+    }
+
+    /// `name` is dead: its connections are armed.
+    pub fn dead(&self, name: &str) {
+        let mut st = self.state.lock().unwrap();
+        let Some(from) = st.peers.remove(name) else { return };
+        st.total -= from.records.len();
+        let until = Instant::now() + self.lifetime;
+        let mut map = self.map.lock().unwrap();
+        let mut n = 0;
+        for (id, o) in &from.records {
+            if map.insert(key_of(o.client, o.local), TakeoverRec::default(), 0).is_err() {
+                continue;
+            }
+            st.armed.insert((o.client, o.local), Armed { handshake: o.handshake, quiet: from.is_quiet(*id), until });
+            n += 1;
+        }
+        drop(map);
+        self.counters.armed.fetch_add(n, Ordering::Relaxed);
+        let quiet = from.records.keys().filter(|&&id| from.is_quiet(id)).count();
+        tracing::warn!(dispatcher = name, armed = n, quiet, "dispatcher dead: its connections are armed for takeover");
+        if !st.armed.is_empty() {
+            (self.armed_flag)(true);
+        }
+    }
+
+    /// Drops armed records past their time; returns how many are left.
+    pub fn expire(&self) -> usize {
+        let now = Instant::now();
+        let mut st = self.state.lock().unwrap();
+        let before = st.armed.len();
+        if before == 0 {
+            return 0;
+        }
+        let mut map = self.map.lock().unwrap();
+        st.armed.retain(|(c, l), a| {
+            let keep = a.until > now;
+            if !keep {
+                let _ = map.remove(&key_of(*c, *l));
+            }
+            keep
+        });
+        if st.armed.is_empty() {
+            (self.armed_flag)(false);
+        }
+        st.armed.len()
+    }
+
+    /// One report from the XDP program.
+    pub fn report(&self, bytes: &[u8], adoption: &Adoption) {
+        if bytes.len() < std::mem::size_of::<TakeoverEvent>() {
+            self.counters.reports_refused.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        // SAFETY: the ring's record holds a whole `TakeoverEvent` (checked above);
+        // read unaligned, every bit pattern is a valid value of its plain fields.
+        let e: TakeoverEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+        let k = e.key;
+        let (Some(client), Some(local)) = (addr_of(k.family, &k.src, k.sport), addr_of(k.family, &k.dst, k.dport))
+        else {
+            self.counters.reports_refused.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let armed = self.state.lock().unwrap().armed.remove(&(client, local));
+        let Some(armed) = armed else {
+            self.counters.reports_refused.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let options = &e.options[..(e.options_len as usize).min(e.options.len())];
+        let resume = Resume { rcv_nxt: e.seq, snd_nxt: e.ack, ts_echo: ts_echo(options), window: e.window };
+        let rebuilt = rebuild(local, client, &armed.handshake, &resume);
+        // The socket exists (or never will): the XDP program lets the segments through.
+        let _ = self.map.lock().unwrap().remove(&k);
+        if self.state.lock().unwrap().armed.is_empty() {
+            (self.armed_flag)(false);
+        }
+        match rebuilt {
+            Ok(sock) if armed.quiet => {
+                self.counters.rebuilt.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(%client, %local, "connection taken over");
+                if let Err(sock) = adoption.hand(local, sock) {
+                    // No worker serves the VIP any more: ends as a reset.
+                    reset(sock);
+                }
+            }
+            Ok(sock) => {
+                self.counters.reset.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(%client, %local, "connection was busy when its dispatcher died: reset");
+                reset(sock);
+            }
+            Err(err) => {
+                self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                crate::ratelimit::warn("rebuilding a taken-over connection", &err);
+            }
+        }
+    }
+
+    /// Armed records now.
+    pub fn armed(&self) -> usize {
+        self.state.lock().unwrap().armed.len()
+    }
+
+    /// Records held (not armed), over all senders.
+    pub fn held(&self) -> usize {
+        self.state.lock().unwrap().total
+    }
+}
+
+/// Closes a socket with a reset (a zero linger).
+pub fn reset(sock: std::net::TcpStream) {
+    use std::os::fd::AsRawFd;
+    let linger = libc::linger { l_onoff: 1, l_linger: 0 };
+    // SAFETY: `linger` is a live value of the size passed; the descriptor is `sock`'s.
+    unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        );
+    }
+    drop(sock);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_timestamp_echo_is_found_past_nops_and_other_options() {
+        let mut o = vec![1, 1, 8, 10, 0, 0, 0, 5, 0, 0, 1, 2];
+        assert_eq!(ts_echo(&o), Some(0x0102));
+        o = vec![5, 10, 0, 0, 0, 0, 0, 0, 0, 0, 8, 10, 0, 0, 0, 1, 0xde, 0xad, 0xbe, 0xef];
+        assert_eq!(ts_echo(&o), Some(0xdeadbeef));
+        assert_eq!(ts_echo(&[8, 10, 0, 0]), None, "cut short");
+        assert_eq!(ts_echo(&[3, 0, 8, 10, 0, 0, 0, 0, 0, 0, 0, 1]), None, "a zero length ends the walk");
+        assert_eq!(ts_echo(&[0, 8, 10, 0, 0, 0, 0, 0, 0, 0, 1]), None, "end of options");
+        assert_eq!(ts_echo(&[]), None);
+    }
+}

@@ -1,0 +1,163 @@
+//! Connection takeover (issue 31 part 1): a client's keep-alive connection whose
+//! dispatcher died between two requests goes on, on the dispatcher that takes over its
+//! slot, without the client noticing.
+//!
+//! - `repair`: what a connection is made of (the handshake's options, what the client's
+//!   next segment says) and the socket rebuilt from it with `TCP_REPAIR`.
+//! - `outbox`: at accept, each plain HTTP/1.x connection's handshake goes, batched every
+//!   heartbeat interval over the peer channel (`peers`), to the dispatcher the fallback
+//!   table names for its slot, with which connections are quiet (idle between requests).
+//! - `wire`: those batches on the wire.
+//! - `inbox`: the records received, armed in `TAKEOVER` when their sender dies; the XDP
+//!   program (`dispatcher-ebpf/src/steer.rs`) reports a client's segment of an armed
+//!   connection and drops it; the socket is rebuilt and handed to an HTTP worker
+//!   (`Adoption`), or reset when the connection was not quiet.
+//!
+//! What cannot survive (docs/cluster.md, "When a dispatcher dies"): TLS and HTTP/2
+//! connections (their keys and stream state died with the dispatcher; they are not
+//! registered), a connection mid-request or mid-response (reset), one the dead
+//! dispatcher accepted less than one heartbeat interval before it died (its record had
+//! not gone yet).
+
+pub mod inbox;
+pub mod outbox;
+pub mod repair;
+pub mod wire;
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    net::SocketAddr,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex,
+    },
+    time::Duration,
+};
+
+use aya::maps::{MapData, RingBuf};
+use tokio::{io::unix::AsyncFd, sync::mpsc};
+
+pub use repair::{rebuild, vanish, Handshake, Resume};
+
+/// Where rebuilt sockets go: the HTTP workers' accept loops, by VIP address (each loop
+/// registers when it starts; one that ended is skipped).
+#[derive(Default)]
+pub struct Adoption {
+    by_addr: Mutex<HashMap<SocketAddr, Vec<mpsc::UnboundedSender<std::net::TcpStream>>>>,
+    next: AtomicUsize,
+}
+
+impl Adoption {
+    /// An accept loop for `addr` takes adopted sockets from the receiver.
+    pub fn listen(&self, addr: SocketAddr) -> mpsc::UnboundedReceiver<std::net::TcpStream> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut m = self.by_addr.lock().unwrap();
+        let list = m.entry(addr).or_default();
+        list.retain(|t| !t.is_closed());
+        list.push(tx);
+        rx
+    }
+
+    /// Hands `sock` to one of the loops serving `addr`, in turn.
+    pub fn hand(&self, addr: SocketAddr, mut sock: std::net::TcpStream) -> Result<(), std::net::TcpStream> {
+        let mut m = self.by_addr.lock().unwrap();
+        let Some(list) = m.get_mut(&addr) else { return Err(sock) };
+        list.retain(|t| !t.is_closed());
+        for _ in 0..list.len() {
+            let i = self.next.fetch_add(1, Ordering::Relaxed) % list.len();
+            match list[i].send(sock) {
+                Ok(()) => return Ok(()),
+                Err(e) => sock = e.0,
+            }
+        }
+        Err(sock)
+    }
+}
+
+/// Both sides of takeover, as one dispatcher runs them.
+pub struct Takeover {
+    pub outbox: Arc<outbox::Outbox>,
+    pub inbox: inbox::Inbox,
+    pub adoption: Arc<Adoption>,
+}
+
+impl Takeover {
+    /// The HTTP path's handle: registering connections, adopting rebuilt ones.
+    pub fn http(&self) -> Http {
+        Http { outbox: self.outbox.clone(), adoption: self.adoption.clone() }
+    }
+}
+
+/// The peer channel carries the batches (`peers::Cargo`).
+impl crate::peers::Cargo for Takeover {
+    fn take(&self, from: &str, datagram: &[u8]) -> Result<(), crate::peers::tracker::Refusal> {
+        use crate::peers::tracker::Refusal;
+        let batch = wire::parse(datagram).map_err(|_| Refusal::Malformed)?;
+        if batch.sender != from {
+            return Err(Refusal::WrongName);
+        }
+        self.inbox.take(batch);
+        Ok(())
+    }
+
+    fn outgoing(&self) -> Vec<(String, Vec<u8>)> {
+        self.outbox.batches()
+    }
+}
+
+/// What the HTTP path holds of takeover.
+#[derive(Clone)]
+pub struct Http {
+    pub outbox: Arc<outbox::Outbox>,
+    pub adoption: Arc<Adoption>,
+}
+
+/// Reads the XDP program's reports (`TAKEOVER_EVENTS`) and expires armed records, until
+/// the agent stops.
+pub async fn run(t: Arc<Takeover>, ring: RingBuf<MapData>) {
+    // SAFETY: the ring buffer owns its descriptor, which stays open while the AsyncFd
+    // holds it (the AsyncFd deregisters it before dropping the ring).
+    let mut fd = match unsafe { AsyncFd::register(ring) } {
+        Ok(fd) => fd,
+        Err(e) => {
+            tracing::warn!(error = %e, "takeover reports: cannot wait on the ring buffer; takeover off");
+            return;
+        }
+    };
+    let mut expiry = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            guard = fd.readable_mut() => {
+                let Ok(mut guard) = guard else { return };
+                let ring = guard.get_inner_mut();
+                while let Some(item) = ring.next() {
+                    t.inbox.report(&item, &t.adoption);
+                }
+                guard.clear_ready();
+            }
+            _ = expiry.tick() => {
+                t.inbox.expire();
+            }
+        }
+    }
+}
+
+/// Follows the live members (`shared`): a member that was alive and is not any more is
+/// dead, and its records are armed.
+pub async fn follow_deaths(t: Arc<Takeover>, mut alive: tokio::sync::watch::Receiver<Option<BTreeSet<String>>>) {
+    let mut was: Option<BTreeSet<String>> = None;
+    loop {
+        let now = alive.borrow_and_update().clone();
+        if let (Some(before), Some(now)) = (&was, &now) {
+            for gone in before.difference(now) {
+                t.inbox.dead(gone);
+            }
+        }
+        if now.is_some() {
+            was = now;
+        }
+        if alive.changed().await.is_err() {
+            return;
+        }
+    }
+}
