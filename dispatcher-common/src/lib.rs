@@ -459,24 +459,21 @@ pub const TAKEOVER_ENTRIES: u32 = 262_144;
 pub const TAKEOVER_REPORT_EVERY_NS: u64 = 50_000_000;
 /// `TAKEOVER_EVENTS`' size in bytes: room for about 2,900 reports waiting for the agent.
 pub const TAKEOVER_RING_BYTES: u32 = 256 * 1024;
-/// TCP option bytes copied into a report (the most a TCP header holds).
-pub const TAKEOVER_OPTIONS: usize = 40;
+/// The longest TCP header (with options).
+pub const TAKEOVER_TCP_HEADER: usize = 60;
 
 /// What the XDP program reports on `TAKEOVER_EVENTS`: a segment of an armed connection,
-/// what the agent needs to rebuild its socket (`takeover::Resume`).
+/// what the agent needs to rebuild its socket (`takeover::Resume`). The TCP header is
+/// copied as it is (the agent reads it: the program's stack is near its bound).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct TakeoverEvent {
     pub key: FlowKey,
-    /// The segment's sequence and acknowledgement numbers, host order.
-    pub seq: u32,
-    pub ack: u32,
-    /// Its window (unscaled, host order) and TCP flags.
-    pub window: u16,
-    pub flags: u8,
-    /// Bytes of `options` that hold its TCP options.
-    pub options_len: u8,
-    pub options: [u8; TAKEOVER_OPTIONS],
+    /// The TCP segment's length (header and data), from the IP length.
+    pub segment_len: u16,
+    /// Bytes of `tcp` that hold the TCP header (its data offset, at most 60).
+    pub header_len: u16,
+    pub tcp: [u8; TAKEOVER_TCP_HEADER],
 }
 
 /// `sel`: current table in bits 0-3, previous in 4-7, the one before in 12-15, flags.
@@ -787,7 +784,7 @@ const _: () = assert!(core::mem::size_of::<VipKey>() == 20);
 const _: () = assert!(core::mem::size_of::<VipInfo>() == 40);
 const _: () = assert!(core::mem::size_of::<BackendInfo>() == 36);
 const _: () = assert!(core::mem::size_of::<FlowKey>() == 40);
-const _: () = assert!(core::mem::size_of::<TakeoverEvent>() == 92);
+const _: () = assert!(core::mem::size_of::<TakeoverEvent>() == 104);
 const _: () = assert!(core::mem::size_of::<FlowValue>() == 24);
 const _: () = assert!(core::mem::size_of::<AffinityKey>() == 24);
 const _: () = assert!(core::mem::size_of::<AffinityValue>() == 16);

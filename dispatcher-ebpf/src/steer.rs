@@ -27,15 +27,17 @@
 //! Loops: a dispatcher never sends a packet back to the one it came from, and every hop
 //! spends one unit of the IP TTL (hop limit); a packet that would leave with none stays.
 
+use core::ffi::c_void;
+
 use aya_ebpf::{
     bindings::{bpf_sock_tuple, xdp_action, BPF_F_CURRENT_NETNS},
-    helpers::{bpf_ktime_get_coarse_ns, bpf_sk_release, bpf_skc_lookup_tcp},
+    helpers::{bpf_ktime_get_coarse_ns, bpf_sk_release, bpf_skc_lookup_tcp, bpf_xdp_load_bytes},
     programs::XdpContext,
 };
 use dispatcher_common::{
     hash::flow_hash, stats, FlowKey, SteerConf, SteerSlot, TakeoverEvent, AF_INET, STEER_AGENT_STALE_NS,
     STEER_FALLBACK, STEER_HAS_PREV, STEER_HAS_PREV2, STEER_LEFT, STEER_ON, STEER_SIZE, STEER_TAKEOVER,
-    TAKEOVER_OPTIONS, TAKEOVER_REPORT_EVERY_NS,
+    TAKEOVER_REPORT_EVERY_NS, TAKEOVER_TCP_HEADER,
 };
 
 use crate::{
@@ -123,50 +125,75 @@ fn send_to(
     Ok(xdp_action::XDP_TX)
 }
 
-/// A segment of an armed connection of a dead dispatcher with no socket here: reported
-/// (at most once per `TAKEOVER_REPORT_EVERY_NS`) and dropped. `None`: not armed, or the
-/// socket is here already.
-#[inline(always)]
-fn takeover(ctx: &XdpContext, l3: &L3, key: &FlowKey, len: u64) -> Result<Option<u32>, ()> {
-    let Some(rec) = TAKEOVER.get_ptr_mut(key) else { return Ok(None) };
-    if local_connection(ctx, key) {
-        return Ok(None);
+/// What `takeover` did: nothing (not armed), or dropped the segment, reported or not.
+const TAKEOVER_NOT_ARMED: u32 = 0;
+const TAKEOVER_REPORTED: u32 = 1;
+const TAKEOVER_NOT_REPORTED: u32 = 2;
+
+/// A segment of an armed connection of a dead dispatcher: reported (at most once per
+/// `TAKEOVER_REPORT_EVERY_NS`) and to be dropped; a SYN with an armed tuple deletes the
+/// record (a new connection: the record is stale). (No socket lookup: the agent deletes
+/// the record as soon as it made the socket; a segment caught between the two is
+/// retransmitted.)
+///
+/// A function of its own (`inline(never)`), its arguments in registers, counting nothing
+/// itself: the main program's frame is near the verifier's 512-byte bound (with this
+/// one's added), so this one's must stay tiny. `at`: the TCP header's offset (low 16
+/// bits), the IP headers' length (next 16), the IP length (high 32).
+#[inline(never)]
+fn takeover(ctx: &XdpContext, key: &FlowKey, at: u64, syn: u64) -> u32 {
+    if syn != 0 {
+        let _ = TAKEOVER.remove(key);
+        return TAKEOVER_NOT_ARMED;
     }
+    let Some(rec) = TAKEOVER.get_ptr_mut(key) else { return TAKEOVER_NOT_ARMED };
     let now = unsafe { bpf_ktime_get_coarse_ns() };
-    if now.saturating_sub(unsafe { (*rec).reported_ns }) < TAKEOVER_REPORT_EVERY_NS {
-        count(stats::TAKEOVER_DROPPED, len);
-        return Ok(Some(xdp_action::XDP_DROP));
+    if now.saturating_sub(unsafe { (*rec).reported_ns }) < TAKEOVER_REPORT_EVERY_NS || !report(ctx, key, at) {
+        return TAKEOVER_NOT_REPORTED;
     }
-    let tcp = unsafe { &*ptr_at::<[u8; 20]>(ctx, l3.l4_off)? };
-    let Some(mut entry) = TAKEOVER_EVENTS.reserve::<TakeoverEvent>(0) else {
-        count(stats::TAKEOVER_DROPPED, len);
-        return Ok(Some(xdp_action::XDP_DROP));
+    unsafe { (*rec).reported_ns = now };
+    TAKEOVER_REPORTED
+}
+
+/// The report itself: the tuple, the segment's length and its TCP header as it is.
+#[inline(always)]
+fn report(ctx: &XdpContext, key: &FlowKey, at: u64) -> bool {
+    let l4_off = (at & 0xffff) as u32;
+    let Some(mut entry) = TAKEOVER_EVENTS.reserve::<TakeoverEvent>(0) else { return false };
+    let Ok(doff) = ptr_at::<u8>(ctx, l4_off as usize + 12) else {
+        entry.discard(0);
+        return false;
     };
+    let header = ((unsafe { *doff } >> 4) as usize * 4).clamp(20, TAKEOVER_TCP_HEADER);
     let e = entry.as_mut_ptr();
-    let options_len = (((tcp[12] >> 4) as usize) * 4).saturating_sub(20).min(TAKEOVER_OPTIONS);
     unsafe {
-        (*e).key = *key;
-        (*e).seq = u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]);
-        (*e).ack = u32::from_be_bytes([tcp[8], tcp[9], tcp[10], tcp[11]]);
-        (*e).window = u16::from_be_bytes([tcp[14], tcp[15]]);
-        (*e).flags = tcp[13];
-        (*e).options_len = 0;
+        // Word by word: a struct copy becomes a call to memcpy, whose frame adds to ours.
+        for i in 0..4 {
+            core::ptr::write_volatile(&mut (*e).key.src[i], core::ptr::read_volatile(&key.src[i]));
+            core::ptr::write_volatile(&mut (*e).key.dst[i], core::ptr::read_volatile(&key.dst[i]));
+        }
+        (*e).key.sport = key.sport;
+        (*e).key.dport = key.dport;
+        (*e).key.proto = key.proto;
+        (*e).key.family = key.family;
+        (*e).key._pad = 0;
+        (*e).segment_len = ((at >> 32) as u32).saturating_sub(((at >> 16) & 0xffff) as u32) as u16;
+        (*e).header_len = header as u16;
     }
-    let opts = l3.l4_off + 20;
-    for i in 0..TAKEOVER_OPTIONS {
-        if i >= options_len {
-            break;
-        }
-        let Ok(b) = ptr_at::<u8>(ctx, opts + i) else { break };
-        unsafe {
-            (*e).options[i] = *b;
-            (*e).options_len = i as u8 + 1;
-        }
+    // Bounded again where the helper takes it (the verifier's view of `header`).
+    let header = unsafe { core::ptr::read_volatile(&header) };
+    if header == 0 || header > TAKEOVER_TCP_HEADER {
+        entry.discard(0);
+        return false;
+    }
+    let copied =
+        unsafe { bpf_xdp_load_bytes(ctx.ctx, l4_off, core::ptr::addr_of_mut!((*e).tcp) as *mut c_void, header as u32) };
+    if copied != 0 {
+        entry.discard(0);
+        return false;
     }
     entry.submit(0);
-    unsafe { (*rec).reported_ns = now };
-    count(stats::TAKEOVER_REPORTED, len);
-    Ok(Some(xdp_action::XDP_DROP))
+    true
 }
 
 /// The verdict for a TCP packet to an HTTP VIP: `None` when this dispatcher terminates
@@ -174,7 +201,8 @@ fn takeover(ctx: &XdpContext, l3: &L3, key: &FlowKey, len: u64) -> Result<Option
 #[inline(always)]
 pub fn steer(ctx: &XdpContext, l2: &L2, l3: &L3, key: &FlowKey, syn: bool, len: u64) -> Result<Option<u32>, ()> {
     let Some(conf) = STEER_CONF.get(0) else { return Ok(None) };
-    let conf = *conf;
+    // Read in place (a copy would take the main program's stack, which is near the
+    // verifier's bound).
     if conf.sel & STEER_ON == 0 {
         return Ok(None);
     }
@@ -203,9 +231,17 @@ pub fn steer(ctx: &XdpContext, l2: &L2, l3: &L3, key: &FlowKey, syn: bool, len: 
     if same_mac(&owner.mac, &conf.self_mac) {
         // A dead dispatcher's connection this one continues (before the second chance:
         // the earlier table names the dead one).
-        if !syn && conf.sel & STEER_TAKEOVER != 0 {
-            if let Some(verdict) = takeover(ctx, l3, key, len)? {
-                return Ok(Some(verdict));
+        if conf.sel & STEER_TAKEOVER != 0 {
+            let at = l3.l4_off as u64 | ((l3.l4_off - l2.l3_off) as u64) << 16 | (l3.ip_len as u64) << 32;
+            match takeover(ctx, key, at, syn as u64) {
+                TAKEOVER_NOT_ARMED => {}
+                done => {
+                    count(
+                        if done == TAKEOVER_REPORTED { stats::TAKEOVER_REPORTED } else { stats::TAKEOVER_DROPPED },
+                        len,
+                    );
+                    return Ok(Some(xdp_action::XDP_DROP));
+                }
             }
         }
         // Ours under the current table. A new connection, or one of ours, stays; else the
@@ -216,7 +252,7 @@ pub fn steer(ctx: &XdpContext, l2: &L2, l3: &L3, key: &FlowKey, syn: bool, len: 
         if local_connection(ctx, key) {
             return Ok(None);
         }
-        return send_to(ctx, l2, l3, &conf, &to.mac, stats::STEER_SECOND_CHANCE, len).map(Some);
+        return send_to(ctx, l2, l3, conf, &to.mac, stats::STEER_SECOND_CHANCE, len).map(Some);
     }
     // Another dispatcher's. The owner itself sent it here: its second chance (or its table
     // is behind). It stays; but where nothing can take it (this dispatcher left, or its
@@ -236,5 +272,5 @@ pub fn steer(ctx: &XdpContext, l2: &L2, l3: &L3, key: &FlowKey, syn: bool, len: 
         count(stats::STEER_KEPT_LOCAL, len);
         return Ok(None);
     }
-    send_to(ctx, l2, l3, &conf, &owner.mac, stats::STEERED, len).map(Some)
+    send_to(ctx, l2, l3, conf, &owner.mac, stats::STEERED, len).map(Some)
 }

@@ -105,6 +105,7 @@ pub fn run(path: &Path, keep_dataplane: bool, stay_out: bool) -> anyhow::Result<
         started: std::time::Instant::now(),
         shared: group.shared.as_ref().map(|s| s.observer()),
         steering: group.steering.clone(),
+        takeover: group.takeover.clone(),
         announced: std::sync::Mutex::new(group.announced()),
     });
     let admin_task = serve_admin(&cfg, &rt, admin.clone())?;

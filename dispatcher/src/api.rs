@@ -71,6 +71,41 @@ pub struct SteeringStatus {
     pub second_chances: u64,
     pub kept_local: u64,
     pub ttl_expired: u64,
+    /// Connection takeover (`[cluster] takeover`), when on.
+    #[serde(default)]
+    pub takeover: Option<TakeoverStatus>,
+}
+
+/// Connection takeover, both sides.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TakeoverStatus {
+    /// This dispatcher's connections registered now, and in all; not registered (over the
+    /// cap, or unreadable options); records and bytes sent to the peers.
+    pub tracked: u64,
+    pub registered: u64,
+    pub untracked: u64,
+    pub records_sent: u64,
+    pub bytes_sent: u64,
+    /// Other dispatchers' connections held here (not armed), and armed (their dispatcher
+    /// died).
+    pub held: u64,
+    pub armed_now: u64,
+    /// Batches taken and refused (not newer than the last), records refused (the cap).
+    pub batches: u64,
+    pub batches_refused: u64,
+    pub records_refused: u64,
+    /// Records armed in all; connections rebuilt and adopted, reset (busy when their
+    /// dispatcher died), failed to rebuild; reports refused.
+    pub armed: u64,
+    pub rebuilt: u64,
+    pub reset: u64,
+    pub failed: u64,
+    pub reports_refused: u64,
+    /// Bare acknowledgements of quiet armed connections (their request awaited).
+    pub waited: u64,
+    /// XDP: segments reported, and dropped without a report.
+    pub segments_reported: u64,
+    pub segments_dropped: u64,
 }
 
 /// The shared store as this dispatcher sees it.

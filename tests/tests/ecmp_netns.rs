@@ -374,3 +374,71 @@ fn a_staged_or_left_dispatcher_stays_out_until_it_joins() {
     e.m.start_dispatcher(1);
     e.wait_next_hops(&[0, 1, 2], Duration::from_secs(20));
 }
+
+/// Issue 31 part 1: a dispatcher's host dies under 300 keep-alive clients with sessions.
+/// The connections it held that were idle at the death go on, on the dispatcher that
+/// takes their slots: their records (handshake options) had gone there over the peer
+/// channel, the XDP program there reports the client's next segment, the agent rebuilds
+/// the socket with `TCP_REPAIR` and serves the request (target: at least 95% of them).
+#[test]
+fn idle_connections_of_a_dead_dispatcher_go_on_on_its_successor() {
+    const CLIENTS: usize = 300;
+    let mut e = Ecmp::new(3, 4, true);
+    e.up(3);
+    // Each client asks every 700 ms: nearly all of them are idle at any moment.
+    let load = Load::start(&e.clients, CLIENTS, 0, Duration::from_millis(700));
+    let warm = load.during(Duration::from_secs(4));
+    assert!(warm.requests > CLIENTS as u64 && warm.failed == 0, "warm-up: {warm:?} {:?}", load.take_errors());
+    let held = e.held(2);
+    assert!(held > CLIENTS as u64 / 6, "d2 holds a share of the clients: {held}");
+    // d2's connections are registered there and their records are with d0 and d1.
+    let takeover = |i: usize| e.m.status(i).steering.and_then(|s| s.takeover).expect("takeover on by default");
+    let sent = takeover(2);
+    let with_others = takeover(0).held + takeover(1).held;
+    eprintln!("before the death: d2 holds {held}, registered {}, records sent {} ({} bytes); d0+d1 hold {with_others} of its records", sent.tracked, sent.records_sent, sent.bytes_sent);
+    assert!(sent.tracked >= held && with_others >= held, "d2's records went to d0 and d1: {sent:?}, {with_others}");
+
+    let before = load.snapshot();
+    let died = Instant::now();
+    e.cut_host(2);
+    e.wait_next_hops(&[0, 1], Duration::from_secs(5));
+    for i in [0, 1] {
+        e.wait_table(i, &["d0", "d1"], Duration::from_secs(10));
+    }
+    eprintln!("host died: the tables dropped d2 after {} ms", ms(died));
+    // Every client served again since the death (each asks every 700 ms; a segment the
+    // dead host would have taken is retransmitted until the survivors' tables change).
+    let t = Instant::now();
+    let served_all = loop {
+        std::thread::sleep(Duration::from_millis(200));
+        if t.elapsed() > Duration::from_secs(2) && load.idle_clients(died.elapsed()) == 0 {
+            break true;
+        }
+        if t.elapsed() > Duration::from_secs(15) {
+            break false;
+        }
+    };
+    eprintln!("every client served again {} ms after the death", ms(died));
+    let death = load.snapshot() - before;
+    let (t0, t1) = (takeover(0), takeover(1));
+    let rebuilt = t0.rebuilt + t1.rebuilt;
+    eprintln!(
+        "host died ({held} client connections on it): {death:?}; taken over: {rebuilt} rebuilt, {} reset, {} failed, {} segments reported; errors {:?}",
+        t0.reset + t1.reset,
+        t0.failed + t1.failed,
+        t0.segments_reported + t1.segments_reported,
+        load.take_errors()
+    );
+    assert!(served_all, "every client is served again after the host died: {death:?}");
+    assert!(
+        death.broken * 20 <= held,
+        "at least 95% of the dead host's {held} connections go on: {} broke",
+        death.broken
+    );
+    assert!(rebuilt * 20 >= held * 19, "the survivors rebuilt the dead host's connections: {rebuilt} of {held}");
+    assert_eq!(t0.failed + t1.failed, 0, "no rebuild failed");
+    let after = load.during(Duration::from_secs(2));
+    assert!(after.failed == 0 && after.requests > CLIENTS as u64, "after the death, all served: {after:?}");
+    load.stop();
+    no_misroutes_or_lost_sessions(&e);
+}

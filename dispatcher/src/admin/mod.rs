@@ -71,6 +71,8 @@ pub struct Admin {
     pub shared: Option<crate::shared::Observer>,
     /// `[cluster]` with steering.
     pub steering: Option<Arc<crate::steering::Steering>>,
+    /// Connection takeover (with steering and `[cluster] takeover`).
+    pub takeover: Option<Arc<crate::takeover::Takeover>>,
     /// `[announce]`: announced now.
     pub announced: Mutex<Option<bool>>,
 }

@@ -120,7 +120,7 @@ pub fn status(a: &Admin) -> AgentStatus {
         routes,
         counters: c.counters.status(),
         cluster: a.shared.as_ref().map(|s| s.status()),
-        steering: a.steering.as_ref().map(|st| st.status(steer_counters(a))),
+        steering: steering_status(a),
         announced: *a.announced.lock().unwrap(),
     }
 }
@@ -214,6 +214,19 @@ fn steer_counters(a: &Admin) -> [u64; 4] {
         .map(|slot| t.counter(slot).map(|c| c.packets).unwrap_or(0))
 }
 
+/// Steering's status, with takeover's when on.
+fn steering_status(a: &Admin) -> Option<crate::api::SteeringStatus> {
+    let mut s = a.steering.as_ref()?.status(steer_counters(a));
+    s.takeover = a.takeover.as_ref().map(|t| {
+        let tables = a.tables.lock().unwrap();
+        t.status(
+            [stats::TAKEOVER_REPORTED, stats::TAKEOVER_DROPPED]
+                .map(|slot| tables.counter(slot).map(|c| c.packets).unwrap_or(0)),
+        )
+    });
+    Some(s)
+}
+
 /// `GET /metrics`: the Prometheus text exposition, one section at a time.
 pub fn metrics(a: &Admin) -> String {
     let (cfg, c, _) = a.current();
@@ -236,8 +249,8 @@ pub fn metrics(a: &Admin) -> String {
     if let Some(sh) = &a.shared {
         cluster_section(&mut o, &sh.status(), &c);
     }
-    if let Some(st) = &a.steering {
-        steering_section(&mut o, &st.status(steer_counters(a)));
+    if let Some(st) = steering_status(a) {
+        steering_section(&mut o, &st);
     }
     if let Some(up) = *a.announced.lock().unwrap() {
         o.single(&ANNOUNCED, up as u64);
@@ -717,7 +730,44 @@ fn steering_section(o: &mut Exposition, s: &crate::api::SteeringStatus) {
     for (family, value) in &STEERING_SERIES {
         o.single(family, value(s));
     }
+    if let Some(t) = &s.takeover {
+        o.family(&TAKEOVER_RECORDS);
+        o.sample(&[("state", "tracked")], t.tracked);
+        o.sample(&[("state", "held")], t.held);
+        o.sample(&[("state", "armed")], t.armed_now);
+        o.family(&TAKEOVER_SENT);
+        o.sample(&[("what", "records")], t.records_sent);
+        o.sample(&[("what", "bytes")], t.bytes_sent);
+        o.family(&TAKEOVER_OUTCOMES);
+        for (outcome, n) in [
+            ("registered", t.registered),
+            ("untracked", t.untracked),
+            ("armed", t.armed),
+            ("rebuilt", t.rebuilt),
+            ("reset", t.reset),
+            ("failed", t.failed),
+            ("batch_refused", t.batches_refused),
+            ("record_refused", t.records_refused),
+            ("report_refused", t.reports_refused),
+            ("waited", t.waited),
+            ("segment_reported", t.segments_reported),
+            ("segment_dropped", t.segments_dropped),
+        ] {
+            o.sample(&[("outcome", outcome)], n);
+        }
+    }
 }
+
+const TAKEOVER_RECORDS: Family = Family::gauge(
+    "dispatcher_takeover_records",
+    "Connection records: this dispatcher's registered (tracked), other dispatchers' held here, and armed (their dispatcher died).",
+);
+const TAKEOVER_SENT: Family =
+    Family::counter("dispatcher_takeover_sent_total", "Takeover records and bytes sent to the peers.");
+const TAKEOVER_OUTCOMES: Family = Family::counter(
+    "dispatcher_takeover_total",
+    "Connection takeover by outcome: registered at accept, rebuilt and adopted, reset (busy at the death), and refusals.",
+);
 
 const CLUSTER_SERIES: [Single<crate::api::ClusterStatus>; 8] = [
     (

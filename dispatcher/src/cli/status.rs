@@ -498,6 +498,18 @@ fn steering_section(o: &mut String, s: Option<&dispatcher::api::SteeringStatus>,
         "  packets: steered {}, second chances {}, kept here {}, TTL spent {}",
         s.steered, s.second_chances, s.kept_local, s.ttl_expired
     );
+    if let Some(t) = &s.takeover {
+        let _ = writeln!(
+            o,
+            "  takeover: {} connections registered here ({} sent, {} bytes; {} not registered); {} of others' held, {} armed",
+            t.tracked, t.records_sent, t.bytes_sent, t.untracked, t.held, t.armed_now
+        );
+        let _ = writeln!(
+            o,
+            "    taken over: {} rebuilt, {} reset (busy at the death), {} failed; refused: {} batches, {} records, {} reports",
+            t.rebuilt, t.reset, t.failed, t.batches_refused, t.records_refused, t.reports_refused
+        );
+    }
 }
 
 /// `[cluster]`: the store, the live dispatchers and where their views differ.

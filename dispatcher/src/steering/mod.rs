@@ -339,6 +339,7 @@ impl Steering {
             second_chances: counters[1],
             kept_local: counters[2],
             ttl_expired: counters[3],
+            takeover: None,
         }
     }
 }

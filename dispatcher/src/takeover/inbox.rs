@@ -12,11 +12,15 @@
 //!   by then). A dispatcher that leaves (`dispatcher leave`) keeps its connections and is
 //!   not dead.
 //! - A report (`TakeoverEvent`, untrusted: it must name an armed tuple, its options must
-//!   parse) rebuilds the socket (`repair::rebuild`): a connection that was quiet at its
-//!   dispatcher's last batch is handed to an HTTP worker as if just accepted; any other
-//!   was mid-request or mid-response and cannot be continued honestly: it is reset at
-//!   once (the rebuilt socket closed with a zero linger, so the reset carries the
-//!   sequence number the client expects).
+//!   parse) rebuilds the socket (`repair::rebuild`):
+//!   - a connection that was quiet at its dispatcher's last batch (no request in
+//!     progress), once the client sends data (its next request) or a FIN, is handed to an
+//!     HTTP worker as if just accepted. A bare acknowledgement is not enough: the client
+//!     may still be waiting for the end of an answer lost with the dead host, which no one
+//!     can send; the record stays armed;
+//!   - any other was mid-request or mid-response and cannot be continued honestly: it is
+//!     reset at once (the rebuilt socket closed with a zero linger, so the reset carries
+//!     the sequence number the client expects).
 
 use std::{
     collections::HashMap,
@@ -36,6 +40,8 @@ use super::{
     wire::{Batch, Item, Open},
     Adoption,
 };
+
+const TCP_FIN: u8 = 1;
 
 /// Records held at most, over all senders.
 pub const MAX_RECORDS: usize = 262_144;
@@ -70,6 +76,8 @@ pub struct Counters {
     pub reset: AtomicU64,
     pub failed: AtomicU64,
     pub reports_refused: AtomicU64,
+    /// Bare acknowledgements of quiet connections (the request awaited).
+    pub waited: AtomicU64,
 }
 
 #[derive(Default)]
@@ -248,18 +256,33 @@ impl Inbox {
         // read unaligned, every bit pattern is a valid value of its plain fields.
         let e: TakeoverEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
         let k = e.key;
+        let header = &e.tcp[..(e.header_len as usize).clamp(20, e.tcp.len())];
+        let word = |at: usize| u32::from_be_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]]);
+        let (seq, ack, flags) = (word(4), word(8), header[13]);
+        let window = u16::from_be_bytes([header[14], header[15]]);
+        let payload = (e.segment_len as usize).saturating_sub(header.len());
         let (Some(client), Some(local)) = (addr_of(k.family, &k.src, k.sport), addr_of(k.family, &k.dst, k.dport))
         else {
             self.counters.reports_refused.fetch_add(1, Ordering::Relaxed);
             return;
         };
-        let armed = self.state.lock().unwrap().armed.remove(&(client, local));
+        let armed = {
+            let mut st = self.state.lock().unwrap();
+            match st.armed.get(&(client, local)) {
+                None => None,
+                // A quiet connection's bare acknowledgement: wait for its request.
+                Some(a) if a.quiet && payload == 0 && flags & TCP_FIN == 0 => {
+                    self.counters.waited.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                Some(_) => st.armed.remove(&(client, local)),
+            }
+        };
         let Some(armed) = armed else {
             self.counters.reports_refused.fetch_add(1, Ordering::Relaxed);
             return;
         };
-        let options = &e.options[..(e.options_len as usize).min(e.options.len())];
-        let resume = Resume { rcv_nxt: e.seq, snd_nxt: e.ack, ts_echo: ts_echo(options), window: e.window };
+        let resume = Resume { rcv_nxt: seq, snd_nxt: ack, ts_echo: ts_echo(&header[20..]), window };
         let rebuilt = rebuild(local, client, &armed.handshake, &resume);
         // The socket exists (or never will): the XDP program lets the segments through.
         let _ = self.map.lock().unwrap().remove(&k);

@@ -82,6 +82,32 @@ pub struct Takeover {
 }
 
 impl Takeover {
+    /// Both sides' counts; `xdp`: segments reported and dropped without a report.
+    pub fn status(&self, xdp: [u64; 2]) -> crate::api::TakeoverStatus {
+        let (o, i) = (&self.outbox.counters, &self.inbox.counters);
+        let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        crate::api::TakeoverStatus {
+            tracked: self.outbox.tracked() as u64,
+            registered: l(&o.registered),
+            untracked: l(&o.untracked),
+            records_sent: l(&o.records_sent),
+            bytes_sent: l(&o.bytes_sent),
+            held: self.inbox.held() as u64,
+            armed_now: self.inbox.armed() as u64,
+            batches: l(&i.batches),
+            batches_refused: l(&i.batches_refused),
+            records_refused: l(&i.records_refused),
+            armed: l(&i.armed),
+            rebuilt: l(&i.rebuilt),
+            reset: l(&i.reset),
+            failed: l(&i.failed),
+            reports_refused: l(&i.reports_refused),
+            waited: l(&i.waited),
+            segments_reported: xdp[0],
+            segments_dropped: xdp[1],
+        }
+    }
+
     /// The HTTP path's handle: registering connections, adopting rebuilt ones.
     pub fn http(&self) -> Http {
         Http { outbox: self.outbox.clone(), adoption: self.adoption.clone() }

@@ -3,10 +3,10 @@
 //! (`Handshake::of`, one `TCP_INFO` read at accept), and every heartbeat interval the peer
 //! channel takes a batch for each peer: the connections opened and closed since the last
 //! one, for the peer the fallback table names for their slot (the dispatcher that takes
-//! the slot if this one dies), and which of them are quiet (idle for a whole interval).
+//! the slot if this one dies), and which of them are quiet (no request in progress).
 //!
-//! Never per request: a request only flips its connection's `busy` flag and bumps its
-//! activity count (two relaxed atomics). Bounded: at most `MAX_TRACKED` connections are
+//! Never per request: a request only flips its connection's `busy` flag (a relaxed
+//! atomic store at its start and end). Bounded: at most `MAX_TRACKED` connections are
 //! registered (more are served as before, not taken over, and counted), and at most
 //! `MAX_DATAGRAMS_PER_PEER` datagrams go to a peer per interval (what is left waits for
 //! the next one).
@@ -19,7 +19,7 @@ use std::{
     net::SocketAddr,
     os::fd::RawFd,
     sync::{
-        atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
         Arc, Mutex,
     },
 };
@@ -39,23 +39,20 @@ pub const MAX_DATAGRAMS_PER_PEER: usize = 64;
 #[derive(Default)]
 pub struct ConnState {
     busy: AtomicBool,
-    activity: AtomicU32,
 }
 
 impl ConnState {
     /// A request began (its head read) or ended (its answer written).
     pub fn set_busy(&self, busy: bool) {
         self.busy.store(busy, Ordering::Relaxed);
-        self.activity.fetch_add(1, Ordering::Relaxed);
     }
 }
 
 struct Entry {
     open: Open,
     state: Arc<ConnState>,
-    /// The peer its record went to, and the activity count the last batch saw.
+    /// The peer its record went to.
     sent_to: Option<String>,
-    seen_activity: u32,
 }
 
 #[derive(Default)]
@@ -121,12 +118,7 @@ impl Outbox {
             return None;
         };
         let state = Arc::new(ConnState::default());
-        let entry = Entry {
-            open: Open { id: 0, client, local, handshake },
-            state: state.clone(),
-            sent_to: None,
-            seen_activity: 0,
-        };
+        let entry = Entry { open: Open { id: 0, client, local, handshake }, state: state.clone(), sent_to: None };
         let mut s = self.slab.lock().unwrap();
         let id = match s.free.pop() {
             Some(id) => id,
@@ -147,6 +139,12 @@ impl Outbox {
         drop(s);
         self.counters.registered.fetch_add(1, Ordering::Relaxed);
         Some(Tracked { outbox: self.clone(), id, state })
+    }
+
+    /// Connections registered now.
+    pub fn tracked(&self) -> usize {
+        let s = self.slab.lock().unwrap();
+        s.entries.len() - s.free.len()
     }
 
     fn close(&self, id: u32) {
@@ -209,13 +207,11 @@ impl Outbox {
             e.sent_to = to;
             s.pending.pop_front();
         }
-        // Quiet bitmaps, per peer: idle now and at the last batch, nothing in between.
+        // Quiet bitmaps, per peer: no request in progress.
         let mut quiet: HashMap<&str, Vec<u8>> = HashMap::new();
-        for (i, e) in s.entries.iter_mut().enumerate() {
+        for (i, e) in s.entries.iter().enumerate() {
             let Some(e) = e else { continue };
-            let activity = e.state.activity.load(Ordering::Relaxed);
-            let is_quiet = !e.state.busy.load(Ordering::Relaxed) && activity == e.seen_activity;
-            e.seen_activity = activity;
+            let is_quiet = !e.state.busy.load(Ordering::Relaxed);
             if let Some(to) = &e.sent_to {
                 let bits = quiet.entry(to.as_str()).or_default();
                 if bits.len() <= i / 8 {

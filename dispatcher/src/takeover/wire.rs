@@ -12,7 +12,7 @@
 //!   bytes;
 //! - `CLOSE`: a connection id — the connection ended;
 //! - `QUIET`: a first id (u32), a byte count (u16) and that many bytes of a bitmap: the
-//!   connections idle for at least one whole interval (their bit set), as of this batch.
+//!   connections with no request in progress (their bit set), as of this batch.
 //!
 //! Everything is untrusted: lengths are checked against what is there, a family must be
 //! 4 or 6, an MSS nonzero, scales at most 14, a bitmap within `MAX_QUIET_BYTES`.
