@@ -249,7 +249,7 @@ impl Writer<'_> {
     /// Adds `item` for `to`; false when that peer's datagrams are full for this interval.
     fn put(&mut self, to: &str, item: &Item) -> bool {
         let list = self.by_peer.entry(to.to_string()).or_default();
-        if list.last().is_none_or(|d| d.len() + item.len() > wire::MAX_BATCH) {
+        if list.last().is_none_or(|d| d.len() + item.wire_len() > wire::MAX_BATCH) {
             if list.len() >= MAX_DATAGRAMS_PER_PEER {
                 return false;
             }

@@ -55,7 +55,7 @@ pub enum Item {
 }
 
 impl Item {
-    pub fn len(&self) -> usize {
+    pub fn wire_len(&self) -> usize {
         match self {
             Item::Open(_) => OPEN_LEN,
             Item::Close(_) => CLOSE_LEN,
@@ -256,7 +256,7 @@ mod tests {
             Item::Quiet { first: 0, bits: vec![0b1010_0000, 1] },
         ];
         let d = datagram(&items);
-        assert_eq!(d.len(), header("d1", 42).len() + items.iter().map(Item::len).sum::<usize>());
+        assert_eq!(d.len(), header("d1", 42).len() + items.iter().map(Item::wire_len).sum::<usize>());
         assert!(is_batch(&d));
         assert_eq!(parse(&d).unwrap(), Batch { sender: "d1".into(), number: 42, items });
         assert!(!is_batch(&crate::peers::tracker::heartbeat("d1")));
