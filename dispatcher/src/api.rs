@@ -103,6 +103,9 @@ pub struct TakeoverStatus {
     pub reports_refused: u64,
     /// Bare acknowledgements of quiet armed connections (their request awaited).
     pub waited: u64,
+    /// Busy connections' clients probed at their dispatcher's death (to be reset at once).
+    #[serde(default)]
+    pub probed: u64,
     /// XDP: segments reported, and dropped without a report.
     pub segments_reported: u64,
     pub segments_dropped: u64,

@@ -422,12 +422,19 @@ fn idle_connections_of_a_dead_dispatcher_go_on_on_its_successor() {
     let death = load.snapshot() - before;
     let (t0, t1) = (takeover(0), takeover(1));
     let rebuilt = t0.rebuilt + t1.rebuilt;
+    let errors = load.take_errors();
     eprintln!(
-        "host died ({held} client connections on it): {death:?}; taken over: {rebuilt} rebuilt, {} reset, {} failed, {} segments reported; errors {:?}",
+        "host died ({held} client connections on it): {death:?}; taken over: {rebuilt} rebuilt, {} reset ({} probed), {} failed, {} segments reported; errors {errors:?}",
         t0.reset + t1.reset,
+        t0.probed + t1.probed,
         t0.failed + t1.failed,
         t0.segments_reported + t1.segments_reported,
-        load.take_errors()
+    );
+    // A connection with a request in progress at the death is reset at once (its client
+    // made to speak), not left to its 10 s read timeout.
+    assert!(
+        errors.iter().all(|e| e.contains("reset by peer")),
+        "every broken connection was reset, none timed out: {errors:?}"
     );
     assert!(served_all, "every client is served again after the host died: {death:?}");
     assert!(

@@ -750,6 +750,7 @@ fn steering_section(o: &mut Exposition, s: &crate::api::SteeringStatus) {
             ("record_refused", t.records_refused),
             ("report_refused", t.reports_refused),
             ("waited", t.waited),
+            ("probed", t.probed),
             ("segment_reported", t.segments_reported),
             ("segment_dropped", t.segments_dropped),
         ] {

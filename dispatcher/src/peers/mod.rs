@@ -66,6 +66,8 @@ pub trait Cargo: Send + Sync {
     fn take(&self, from: &str, datagram: &[u8]) -> Result<(), tracker::Refusal>;
     /// This interval's datagrams, by peer name.
     fn outgoing(&self) -> Vec<(String, Vec<u8>)>;
+    /// How often `outgoing` is asked (its own interval, not the heartbeats').
+    fn every(&self) -> Duration;
 }
 
 impl Liveness {
@@ -225,14 +227,25 @@ async fn run(l: Arc<Liveness>, sock: tokio::net::UdpSocket, interval: Duration) 
     let beat = tracker::heartbeat(&l.me);
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The cargo's own interval (set once at start, so looked up until it is there).
+    let mut cargo_tick: Option<tokio::time::Interval> = None;
     // One byte more than the longest datagram taken: a longer one is seen as such.
     let mut buf = [0u8; tracker::MAX_BATCH + 1];
     loop {
         tokio::select! {
             _ = tick.tick() => {
                 l.send_all(&sock, &beat);
-                l.send_batches(&sock);
                 l.tick();
+                if cargo_tick.is_none() {
+                    cargo_tick = l.cargo.get().map(|c| {
+                        let mut t = tokio::time::interval(c.every());
+                        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                        t
+                    });
+                }
+            }
+            _ = async { cargo_tick.as_mut().unwrap().tick().await }, if cargo_tick.is_some() => {
+                l.send_batches(&sock);
             }
             _ = l.retarget.notified() => l.send_all(&sock, &beat),
             r = sock.recv_from(&mut buf) => match r {

@@ -78,6 +78,8 @@ pub struct Counters {
     pub reports_refused: AtomicU64,
     /// Bare acknowledgements of quiet connections (the request awaited).
     pub waited: AtomicU64,
+    /// Busy connections' clients probed at the death.
+    pub probed: AtomicU64,
 }
 
 #[derive(Default)]
@@ -208,20 +210,39 @@ impl Inbox {
         let until = Instant::now() + self.lifetime;
         let mut map = self.map.lock().unwrap();
         let mut n = 0;
+        let mut busy = Vec::new();
         for (id, o) in &from.records {
             if map.insert(key_of(o.client, o.local), TakeoverRec::default(), 0).is_err() {
                 continue;
             }
-            st.armed.insert((o.client, o.local), Armed { handshake: o.handshake, quiet: from.is_quiet(*id), until });
+            let quiet = from.is_quiet(*id);
+            st.armed.insert((o.client, o.local), Armed { handshake: o.handshake, quiet, until });
+            if !quiet {
+                busy.push((o.local, o.client));
+            }
             n += 1;
         }
         drop(map);
-        self.counters.armed.fetch_add(n, Ordering::Relaxed);
-        let quiet = from.records.keys().filter(|&&id| from.is_quiet(id)).count();
-        tracing::warn!(dispatcher = name, armed = n, quiet, "dispatcher dead: its connections are armed for takeover");
         if !st.armed.is_empty() {
             (self.armed_flag)(true);
         }
+        drop(st);
+        // The busy ones' clients may wait for an answer with nothing to send: made to
+        // speak, so that they are reset now rather than at their own timeout.
+        let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(7, |d| d.subsec_nanos());
+        for (i, (local, client)) in busy.iter().enumerate() {
+            let seq = seed.wrapping_mul(2_654_435_761).wrapping_add(i as u32 * 0x9e37_79b9);
+            match super::probe::probe(*local, *client, seq, seq ^ 0x8000_0000) {
+                Ok(()) => self.counters.probed.fetch_add(1, Ordering::Relaxed),
+                Err(e) => {
+                    crate::ratelimit::warn("probing a busy connection of a dead dispatcher", &e);
+                    0
+                }
+            };
+        }
+        self.counters.armed.fetch_add(n, Ordering::Relaxed);
+        let quiet = from.records.keys().filter(|&&id| from.is_quiet(id)).count();
+        tracing::warn!(dispatcher = name, armed = n, quiet, "dispatcher dead: its connections are armed for takeover");
     }
 
     /// Drops armed records past their time; returns how many are left.

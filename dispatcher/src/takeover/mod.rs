@@ -12,6 +12,7 @@
 //!   program (`dispatcher-ebpf/src/steer.rs`) reports a client's segment of an armed
 //!   connection and drops it; the socket is rebuilt and handed to an HTTP worker
 //!   (`Adoption`), or reset when the connection was not quiet.
+//! - `probe`: a busy connection's client is made to send that segment at once.
 //!
 //! What cannot survive (docs/cluster.md, "When a dispatcher dies"): TLS and HTTP/2
 //! connections (their keys and stream state died with the dispatcher; they are not
@@ -21,6 +22,7 @@
 
 pub mod inbox;
 pub mod outbox;
+pub mod probe;
 pub mod repair;
 pub mod wire;
 
@@ -103,6 +105,7 @@ impl Takeover {
             failed: l(&i.failed),
             reports_refused: l(&i.reports_refused),
             waited: l(&i.waited),
+            probed: l(&i.probed),
             segments_reported: xdp[0],
             segments_dropped: xdp[1],
         }
@@ -128,6 +131,10 @@ impl crate::peers::Cargo for Takeover {
 
     fn outgoing(&self) -> Vec<(String, Vec<u8>)> {
         self.outbox.batches()
+    }
+
+    fn every(&self) -> Duration {
+        outbox::BATCH_EVERY
     }
 }
 

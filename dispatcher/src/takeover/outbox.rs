@@ -1,7 +1,7 @@
 //! The sending side: every plain HTTP/1.x connection this dispatcher accepts (with
 //! steering and `[cluster] takeover` on) is registered with its handshake's options
-//! (`Handshake::of`, one `TCP_INFO` read at accept), and every heartbeat interval the peer
-//! channel takes a batch for each peer: the connections opened and closed since the last
+//! (`Handshake::of`, one `TCP_INFO` read at accept), and every `BATCH_EVERY` (10 ms) the
+//! peer channel takes a batch for each peer: the connections opened and closed since the last
 //! one, for the peer the fallback table names for their slot (the dispatcher that takes
 //! the slot if this one dies), and which of them are quiet (no request in progress).
 //!
@@ -22,6 +22,7 @@ use std::{
         atomic::{AtomicBool, AtomicU64, Ordering},
         Arc, Mutex,
     },
+    time::Duration,
 };
 
 use super::{
@@ -30,10 +31,18 @@ use super::{
 };
 use crate::steering::Ownership;
 
+/// How often the batches go (records opened and closed since, and the quiet bitmaps): the
+/// bitmap a successor acts on is at most this old (plus its way over the segment), so
+/// that a connection whose request ended just before the death is rarely taken for busy.
+pub const BATCH_EVERY: Duration = Duration::from_millis(10);
+
 /// Connections registered at most (their slab ids are below this).
 pub const MAX_TRACKED: usize = 65_536;
-/// Datagrams sent to one peer per interval at most (about 27 OPEN records each).
-pub const MAX_DATAGRAMS_PER_PEER: usize = 64;
+/// Datagrams sent to one peer per `BATCH_EVERY` at most (about 29 OPEN records each):
+/// 800 a second, about 23,000 records.
+pub const MAX_DATAGRAMS_PER_PEER: usize = 8;
+/// A quiet bitmap that did not change is sent again this often (one lost is made good).
+pub const QUIET_REFRESH: Duration = Duration::from_secs(1);
 
 /// A request's mark on its connection.
 #[derive(Default)]
@@ -65,6 +74,8 @@ struct Slab {
     closes: VecDeque<(String, u32)>,
     /// The fallback table's generation the records were sent for.
     generation: u64,
+    /// The quiet bitmap last sent to each peer, and when.
+    last_quiet: HashMap<String, (Vec<u8>, std::time::Instant)>,
 }
 
 #[derive(Default)]
@@ -223,7 +234,14 @@ impl Outbox {
             }
         }
         let chunk = wire::MAX_BATCH - wire::header(&self.me, 0).len() - wire::QUIET_HEAD;
+        let now = std::time::Instant::now();
         for (to, bits) in quiet {
+            // Sent when it changed, and again every `QUIET_REFRESH`.
+            match s.last_quiet.get(to) {
+                Some((last, at)) if *last == bits && now.duration_since(*at) < QUIET_REFRESH => continue,
+                _ => {}
+            }
+            s.last_quiet.insert(to.to_string(), (bits.clone(), now));
             for (k, part) in bits.chunks(chunk).enumerate() {
                 let item = Item::Quiet { first: (k * chunk * 8) as u32, bits: part.to_vec() };
                 if !out.put(to, &item) {

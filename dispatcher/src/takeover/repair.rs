@@ -119,7 +119,7 @@ fn setsockopt<T>(fd: RawFd, name: libc::c_int, value: &T, what: &str) -> io::Res
     Ok(())
 }
 
-fn sockaddr(a: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+pub(super) fn sockaddr(a: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     // SAFETY: all-zero is a valid sockaddr_storage.
     let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let len = match a {
