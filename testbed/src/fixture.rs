@@ -296,6 +296,33 @@ impl Fixture {
         out
     }
 
+    /// Arms a takeover record for the packet's tuple (`TAKEOVER`, as the agent does when
+    /// the connection's dispatcher died).
+    pub fn arm_takeover(&mut self, p: &Packet) {
+        let mut map: HashMap<_, FlowKey, dispatcher_common::TakeoverRec> =
+            HashMap::try_from(self.ebpf.map_mut("TAKEOVER").expect("TAKEOVER map")).expect("TAKEOVER type");
+        map.insert(flow_key(p), dispatcher_common::TakeoverRec::default(), 0).expect("TAKEOVER insert");
+    }
+
+    /// Whether the packet's tuple is armed.
+    pub fn takeover_armed(&mut self, p: &Packet) -> bool {
+        let map: HashMap<_, FlowKey, dispatcher_common::TakeoverRec> =
+            HashMap::try_from(self.ebpf.map_mut("TAKEOVER").expect("TAKEOVER map")).expect("TAKEOVER type");
+        map.get(&flow_key(p), 0).is_ok()
+    }
+
+    /// The reports waiting on `TAKEOVER_EVENTS`, each as its bytes.
+    pub fn takeover_reports(&mut self) -> Vec<Vec<u8>> {
+        let mut ring =
+            aya::maps::RingBuf::try_from(self.ebpf.map_mut("TAKEOVER_EVENTS").expect("TAKEOVER_EVENTS map"))
+                .expect("TAKEOVER_EVENTS type");
+        let mut out = Vec::new();
+        while let Some(item) = ring.next() {
+            out.push(item.to_vec());
+        }
+        out
+    }
+
     /// Packets counted in backend `backend`'s slot `what` (`stats::BACKEND_*`), all CPUs.
     pub fn backend_count(&self, backend: usize, what: u32) -> u64 {
         self.count(dispatcher_common::stats::backend_slot(backend as u32, what))

@@ -3,7 +3,8 @@
 
 use dispatcher_common::{
     stats::{self, backend_slot, vip_slot},
-    steer_sel, AffinityKey, AffinityValue, STATE_DOWN, STATE_DRAIN, STATE_UP, STEER_HAS_PREV, STEER_ON,
+    steer_sel, AffinityKey, AffinityValue, TakeoverEvent, STATE_DOWN, STATE_DRAIN, STATE_UP, STEER_HAS_PREV,
+    STEER_ON, STEER_TAKEOVER,
 };
 use dispatcher_testbed::{
     fixture::{flow_key, test_run, Fixture, CONFIG, XDP_DROP, XDP_PASS, XDP_TX},
@@ -611,6 +612,57 @@ fn second_chance_goes_to_the_previous_owner_for_packets_of_no_local_connection()
     // Without the previous table (second chance over): the current owner keeps it.
     steer_conf(&mut fx, 1, None);
     assert_eq!(fx.run_bytes(&input).verdict, XDP_PASS);
+}
+
+#[test]
+fn a_dead_dispatchers_armed_connection_is_reported_and_dropped_before_the_second_chance() {
+    let mut fx = fixture();
+    // Ours now (table 1); the previous table (2) names the dead dispatcher.
+    fx.steer_all(1, LB_MAC);
+    fx.steer_all(2, PEER_B);
+    let sel = steer_sel(1, 2, STEER_ON | STEER_HAS_PREV | STEER_TAKEOVER);
+    fx.set_steer(sel, 0);
+    let request = b"GET /app HTTP/1.1\r\nHost: v\r\n\r\n".to_vec();
+    let seg = Packet::tcp("10.0.0.2", 40400, "10.0.100.3", 80).with(|p| {
+        p.tcp_flags = TCP_ACK;
+        p.tcp_doff = 8; // 12 bytes of options (NOPs)
+        p.payload = request.clone();
+    });
+    fx.arm_takeover(&seg);
+    let before = snapshot(&fx, &[stats::TAKEOVER_REPORTED, stats::TAKEOVER_DROPPED, stats::STEER_SECOND_CHANCE]);
+    let input = seg.build();
+    assert_eq!(fx.run_bytes(&input).verdict, XDP_DROP, "reported and dropped, never sent to the dead one");
+    let reports = fx.takeover_reports();
+    assert_eq!(reports.len(), 1);
+    // SAFETY: the ring's record is a whole `TakeoverEvent` (its length checked).
+    assert_eq!(reports[0].len(), std::mem::size_of::<TakeoverEvent>());
+    let e: TakeoverEvent = unsafe { std::ptr::read_unaligned(reports[0].as_ptr().cast()) };
+    assert_eq!((e.key.sport, e.key.dport, e.key.src), (flow_key(&seg).sport, flow_key(&seg).dport, flow_key(&seg).src));
+    assert_eq!((e.header_len, e.segment_len as usize), (32, 32 + request.len()), "its header and its length");
+    let tcp_at = 14 + 20;
+    assert_eq!(&e.tcp[..32], &input[tcp_at..tcp_at + 32], "the TCP header as it is (sequence, ack, window, options)");
+    // Its retransmission within 50 ms: dropped, not reported again.
+    assert_eq!(fx.run_bytes(&input).verdict, XDP_DROP);
+    assert!(fx.takeover_reports().is_empty());
+    assert_eq!(deltas(&fx, &before), [1, 1, 0]);
+
+    // A SYN with the tuple is a new connection: the record is stale, deleted; it stays here.
+    let syn = Packet::tcp("10.0.0.2", 40400, "10.0.100.3", 80);
+    assert_eq!(fx.run(&syn).verdict, XDP_PASS);
+    assert!(!fx.takeover_armed(&seg), "the SYN deleted the record");
+    // Without a record: the second chance as before.
+    assert_eq!(fx.run_bytes(&input).verdict, XDP_TX);
+
+    // Armed, but the flag off (nothing armed as far as the agent said): not looked up.
+    fx.arm_takeover(&seg);
+    steer_conf(&mut fx, 1, Some(2));
+    assert_eq!(fx.run_bytes(&input).verdict, XDP_TX);
+    // Another dispatcher's slot: sent on to its owner, not reported.
+    fx.steer_all(1, PEER_A);
+    fx.set_steer(sel, 0);
+    let o = fx.run_bytes(&input);
+    assert_eq!((o.verdict, &o.out[0..6]), (XDP_TX, PEER_A.as_slice()));
+    assert!(fx.takeover_reports().is_empty());
 }
 
 #[test]
