@@ -313,9 +313,8 @@ impl Fixture {
 
     /// The reports waiting on `TAKEOVER_EVENTS`, each as its bytes.
     pub fn takeover_reports(&mut self) -> Vec<Vec<u8>> {
-        let mut ring =
-            aya::maps::RingBuf::try_from(self.ebpf.map_mut("TAKEOVER_EVENTS").expect("TAKEOVER_EVENTS map"))
-                .expect("TAKEOVER_EVENTS type");
+        let mut ring = aya::maps::RingBuf::try_from(self.ebpf.map_mut("TAKEOVER_EVENTS").expect("TAKEOVER_EVENTS map"))
+            .expect("TAKEOVER_EVENTS type");
         let mut out = Vec::new();
         while let Some(item) = ring.next() {
             out.push(item.to_vec());

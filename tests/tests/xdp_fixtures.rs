@@ -3,8 +3,8 @@
 
 use dispatcher_common::{
     stats::{self, backend_slot, vip_slot},
-    steer_sel, AffinityKey, AffinityValue, TakeoverEvent, STATE_DOWN, STATE_DRAIN, STATE_UP, STEER_HAS_PREV,
-    STEER_ON, STEER_TAKEOVER,
+    steer_sel, AffinityKey, AffinityValue, TakeoverEvent, STATE_DOWN, STATE_DRAIN, STATE_UP, STEER_HAS_PREV, STEER_ON,
+    STEER_TAKEOVER,
 };
 use dispatcher_testbed::{
     fixture::{flow_key, test_run, Fixture, CONFIG, XDP_DROP, XDP_PASS, XDP_TX},

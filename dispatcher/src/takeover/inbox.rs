@@ -82,10 +82,73 @@ pub struct Counters {
     pub probed: AtomicU64,
 }
 
+/// The records held, by sender: pure (tested below).
 #[derive(Default)]
-struct State {
+struct Received {
     peers: HashMap<String, FromPeer>,
     total: usize,
+}
+
+impl Received {
+    /// Takes a batch: whether it was newer than the last one from its sender, and how many
+    /// of its items were refused (past `MAX_RECORDS`, an id or bitmap out of bounds).
+    fn take(&mut self, batch: Batch) -> (bool, u64) {
+        let from = self.peers.entry(batch.sender).or_default();
+        if batch.number <= from.last {
+            return (false, 0);
+        }
+        from.last = batch.number;
+        let mut refused = 0;
+        for item in batch.items {
+            match item {
+                Item::Open(o) => {
+                    let known = from.records.contains_key(&o.id);
+                    if !known && self.total >= MAX_RECORDS || o.id as usize >= super::outbox::MAX_TRACKED {
+                        refused += 1;
+                        continue;
+                    }
+                    if from.records.insert(o.id, o).is_none() {
+                        self.total += 1;
+                    }
+                }
+                Item::Close(id) => {
+                    if from.records.remove(&id).is_some() {
+                        self.total -= 1;
+                    }
+                }
+                Item::Quiet { first, bits } => {
+                    let at = first as usize / 8;
+                    let end = at + bits.len();
+                    if first % 8 != 0 || end > super::outbox::MAX_TRACKED / 8 {
+                        refused += 1;
+                        continue;
+                    }
+                    if from.quiet.len() < end {
+                        from.quiet.resize(end, 0);
+                    }
+                    from.quiet[at..end].copy_from_slice(&bits);
+                    // A bitmap from id 0 is a whole new one: ids past its last chunk are
+                    // not quiet.
+                    if first == 0 {
+                        from.quiet.truncate(end);
+                    }
+                }
+            }
+        }
+        (true, refused)
+    }
+
+    /// A dead sender's records, no longer held.
+    fn remove(&mut self, name: &str) -> Option<FromPeer> {
+        let from = self.peers.remove(name)?;
+        self.total -= from.records.len();
+        Some(from)
+    }
+}
+
+#[derive(Default)]
+struct State {
+    received: Received,
     armed: HashMap<(SocketAddr, SocketAddr), Armed>,
 }
 
@@ -156,57 +219,16 @@ impl Inbox {
 
     /// A batch from `batch.sender` (the channel checked it came from that peer's address).
     pub fn take(&self, batch: Batch) {
-        let mut st = self.state.lock().unwrap();
-        let st = &mut *st;
-        let from = st.peers.entry(batch.sender).or_default();
-        if batch.number <= from.last {
-            self.counters.batches_refused.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        from.last = batch.number;
-        self.counters.batches.fetch_add(1, Ordering::Relaxed);
-        for item in batch.items {
-            match item {
-                Item::Open(o) => {
-                    let known = from.records.contains_key(&o.id);
-                    if !known && st.total >= MAX_RECORDS || o.id as usize >= super::outbox::MAX_TRACKED {
-                        self.counters.records_refused.fetch_add(1, Ordering::Relaxed);
-                        continue;
-                    }
-                    if from.records.insert(o.id, o).is_none() {
-                        st.total += 1;
-                    }
-                }
-                Item::Close(id) => {
-                    if from.records.remove(&id).is_some() {
-                        st.total -= 1;
-                    }
-                }
-                Item::Quiet { first, bits } => {
-                    let at = first as usize / 8;
-                    let end = at + bits.len();
-                    if first % 8 != 0 || end > super::outbox::MAX_TRACKED / 8 {
-                        self.counters.records_refused.fetch_add(1, Ordering::Relaxed);
-                        continue;
-                    }
-                    if from.quiet.len() < end {
-                        from.quiet.resize(end, 0);
-                    }
-                    from.quiet[at..end].copy_from_slice(&bits);
-                    // Ids past the last bitmap of a batch are not quiet.
-                    if first == 0 {
-                        from.quiet.truncate(end);
-                    }
-                }
-            }
-        }
+        let (taken, refused) = self.state.lock().unwrap().received.take(batch);
+        let c = &self.counters;
+        if taken { &c.batches } else { &c.batches_refused }.fetch_add(1, Ordering::Relaxed);
+        c.records_refused.fetch_add(refused, Ordering::Relaxed);
     }
 
     /// `name` is dead: its connections are armed.
     pub fn dead(&self, name: &str) {
         let mut st = self.state.lock().unwrap();
-        let Some(from) = st.peers.remove(name) else { return };
-        st.total -= from.records.len();
+        let Some(from) = st.received.remove(name) else { return };
         let until = Instant::now() + self.lifetime;
         let mut map = self.map.lock().unwrap();
         let mut n = 0;
@@ -338,7 +360,7 @@ impl Inbox {
 
     /// Records held (not armed), over all senders.
     pub fn held(&self) -> usize {
-        self.state.lock().unwrap().total
+        self.state.lock().unwrap().received.total
     }
 }
 
@@ -362,6 +384,67 @@ pub fn reset(sock: std::net::TcpStream) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn open(id: u32, port: u16) -> Item {
+        Item::Open(Open {
+            id,
+            client: SocketAddr::from(([10, 98, 0, 7], port)),
+            local: "10.99.100.40:80".parse().unwrap(),
+            handshake: Handshake {
+                mss: 1448,
+                snd_wscale: 7,
+                rcv_wscale: 7,
+                sack: true,
+                timestamps: true,
+                wscale: true,
+            },
+        })
+    }
+
+    fn batch(sender: &str, number: u64, items: Vec<Item>) -> Batch {
+        Batch { sender: sender.into(), number, items }
+    }
+
+    #[test]
+    fn records_follow_opens_closes_and_bitmaps_and_old_batches_are_refused() {
+        let mut r = Received::default();
+        assert_eq!(r.take(batch("d1", 10, vec![open(0, 1000), open(1, 1001), open(9, 1009)])), (true, 0));
+        assert_eq!(r.take(batch("d1", 11, vec![Item::Quiet { first: 0, bits: vec![0b10, 0b10] }])), (true, 0));
+        let d1 = &r.peers["d1"];
+        assert_eq!((d1.is_quiet(0), d1.is_quiet(1), d1.is_quiet(9)), (false, true, true));
+        // A replayed or reordered batch changes nothing.
+        assert_eq!(r.take(batch("d1", 11, vec![Item::Close(1)])), (false, 0));
+        assert_eq!(r.take(batch("d1", 5, vec![Item::Close(1)])), (false, 0));
+        assert_eq!(r.total, 3);
+        assert_eq!(r.take(batch("d1", 12, vec![Item::Close(1), Item::Close(4)])), (true, 0));
+        assert_eq!(r.total, 2);
+        // A shorter bitmap from id 0: the ids past it are not quiet any more.
+        r.take(batch("d1", 13, vec![Item::Quiet { first: 0, bits: vec![0b1] }]));
+        assert!(r.peers["d1"].is_quiet(0) && !r.peers["d1"].is_quiet(9));
+        // Out of bounds: an id past the tracked range, a bitmap not on a byte or too long.
+        let far = super::super::outbox::MAX_TRACKED as u32;
+        let (taken, refused) = r.take(batch(
+            "d1",
+            14,
+            vec![open(far, 2000), Item::Quiet { first: 3, bits: vec![1] }, Item::Quiet { first: far, bits: vec![1] }],
+        ));
+        assert_eq!((taken, refused, r.total), (true, 3, 2));
+        // Another sender's records are its own; a dead one's go with it.
+        r.take(batch("d2", 1, vec![open(0, 3000)]));
+        assert_eq!(r.total, 3);
+        let gone = r.remove("d1").unwrap();
+        assert_eq!((gone.records.len(), r.total), (2, 1));
+        assert!(r.remove("d1").is_none());
+    }
+
+    #[test]
+    fn records_past_the_cap_are_refused() {
+        let mut r = Received { total: MAX_RECORDS - 1, ..Default::default() };
+        assert_eq!(r.take(batch("d1", 1, vec![open(0, 1000), open(1, 1001)])), (true, 1));
+        // A record already held may be sent again (a new fallback owner, a refresh).
+        assert_eq!(r.take(batch("d1", 2, vec![open(0, 1000)])), (true, 0));
+        assert_eq!(r.total, MAX_RECORDS);
+    }
 
     #[test]
     fn the_timestamp_echo_is_found_past_nops_and_other_options() {
