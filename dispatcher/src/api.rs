@@ -86,6 +86,9 @@ pub struct TakeoverStatus {
     pub untracked: u64,
     pub records_sent: u64,
     pub bytes_sent: u64,
+    /// CPU time spent registering connections and building batches (ns).
+    #[serde(default)]
+    pub busy_ns: u64,
     /// Other dispatchers' connections held here (not armed), and armed (their dispatcher
     /// died).
     pub held: u64,

@@ -738,6 +738,7 @@ fn steering_section(o: &mut Exposition, s: &crate::api::SteeringStatus) {
         o.family(&TAKEOVER_SENT);
         o.sample(&[("what", "records")], t.records_sent);
         o.sample(&[("what", "bytes")], t.bytes_sent);
+        o.single(&TAKEOVER_BUSY, t.busy_ns as f64 / 1e9);
         o.family(&TAKEOVER_OUTCOMES);
         for (outcome, n) in [
             ("registered", t.registered),
@@ -765,6 +766,10 @@ const TAKEOVER_RECORDS: Family = Family::gauge(
 );
 const TAKEOVER_SENT: Family =
     Family::counter("dispatcher_takeover_sent_total", "Takeover records and bytes sent to the peers.");
+const TAKEOVER_BUSY: Family = Family::counter(
+    "dispatcher_takeover_busy_seconds_total",
+    "Time spent registering connections and building takeover batches (the sending side's CPU).",
+);
 const TAKEOVER_OUTCOMES: Family = Family::counter(
     "dispatcher_takeover_total",
     "Connection takeover by outcome: registered at accept, rebuilt and adopted, reset (busy at the death), and refusals.",

@@ -94,6 +94,7 @@ impl Takeover {
             untracked: l(&o.untracked),
             records_sent: l(&o.records_sent),
             bytes_sent: l(&o.bytes_sent),
+            busy_ns: l(&o.busy_ns),
             held: self.inbox.held() as u64,
             armed_now: self.inbox.armed() as u64,
             batches: l(&i.batches),

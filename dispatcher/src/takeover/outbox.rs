@@ -84,6 +84,9 @@ pub struct Counters {
     pub untracked: AtomicU64,
     pub records_sent: AtomicU64,
     pub bytes_sent: AtomicU64,
+    /// Time spent registering connections and building batches (ns): takeover's CPU on
+    /// the sending side.
+    pub busy_ns: AtomicU64,
 }
 
 pub struct Outbox {
@@ -124,6 +127,13 @@ impl Outbox {
     /// Registers an accepted connection (`None`: its options are unreadable, or
     /// `MAX_TRACKED` are registered).
     pub fn register(self: &Arc<Outbox>, fd: RawFd, client: SocketAddr, local: SocketAddr) -> Option<Tracked> {
+        let started = std::time::Instant::now();
+        let t = self.register_timed(fd, client, local);
+        self.counters.busy_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        t
+    }
+
+    fn register_timed(self: &Arc<Outbox>, fd: RawFd, client: SocketAddr, local: SocketAddr) -> Option<Tracked> {
         let Ok(handshake) = Handshake::of(fd) else {
             self.counters.untracked.fetch_add(1, Ordering::Relaxed);
             return None;
@@ -171,6 +181,13 @@ impl Outbox {
     /// This interval's datagrams, by peer name (the channel sends each to that peer's
     /// heartbeat address).
     pub fn batches(&self) -> Vec<(String, Vec<u8>)> {
+        let started = std::time::Instant::now();
+        let out = self.build_batches();
+        self.counters.busy_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        out
+    }
+
+    fn build_batches(&self) -> Vec<(String, Vec<u8>)> {
         let fallback = self.ownership.fallback();
         let mut s = self.slab.lock().unwrap();
         let s = &mut *s;

@@ -2,7 +2,9 @@
 //! flows by ECMP. In one run: connections broken per membership change (a join, a
 //! graceful leave, a host's death) with connection steering and with plain ECMP; the cost
 //! of steering per packet in XDP (BPF_PROG_TEST_RUN, beside the XDP_PASS floor, as
-//! `--xdp`); requests/s through 1, 2 and 3 dispatchers.
+//! `--xdp`); requests/s through 1, 2 and 3 dispatchers; connection takeover (a host's death
+//! under 300 idle keep-alive clients with takeover on and off, what it costs on the peer
+//! channel, requests/s with it on and off).
 
 use std::time::Duration;
 
@@ -75,6 +77,108 @@ fn changes(steering: bool) -> [(Change, u64); 3] {
     }
     load.stop();
     [(join, HTTP_CONNS as u64), (leave, held_leaver), (death, held)]
+}
+
+/// One death under 300 keep-alive clients asking every 700 ms (most idle at any moment).
+#[derive(Default, Clone, Copy)]
+struct Takeover {
+    held: u64,
+    broken: u64,
+    rebuilt: u64,
+    reset: u64,
+    /// ms from the death until every client was served again.
+    recovered_ms: u64,
+    /// The dead host's sending side before the death, per registered connection: bytes
+    /// on the peer channel, and CPU (ns) per connection per second.
+    bytes_per_conn: f64,
+    cpu_ns_per_conn_s: f64,
+}
+
+const TAKEOVER_CLIENTS: usize = 300;
+
+fn takeover_death(on: bool, quick: bool) -> Takeover {
+    eprintln!(
+        "==> scale-out: a host's death under {TAKEOVER_CLIENTS} idle keep-alive clients, takeover {}",
+        if on { "on" } else { "off" }
+    );
+    let mut e = Ecmp::new(3, 4, true);
+    if !on {
+        e.m.cluster_extra += "takeover = false\n";
+        for i in 0..3 {
+            let text = e.m.config_text(i, &e.m.dispatchers[i].instance);
+            std::fs::write(&e.m.dispatchers[i].config, text).expect("config");
+        }
+    }
+    e.up(3);
+    let load = Load::start(&e.clients, TAKEOVER_CLIENTS, 0, Duration::from_millis(700));
+    let takeover = |i: usize| e.m.status(i).steering.and_then(|s| s.takeover).unwrap_or_default();
+    std::thread::sleep(Duration::from_secs(2));
+    let (t_a, at_a) = (takeover(2), std::time::Instant::now());
+    std::thread::sleep(Duration::from_secs(if quick { 3 } else { 10 }));
+    let (t_b, secs) = (takeover(2), at_a.elapsed().as_secs_f64());
+    let held = e.held(2);
+    let conns = t_b.tracked.max(1) as f64;
+    let mut out = Takeover {
+        held,
+        bytes_per_conn: t_b.bytes_sent as f64 / t_b.registered.max(1) as f64,
+        cpu_ns_per_conn_s: (t_b.busy_ns - t_a.busy_ns) as f64 / conns / secs,
+        ..Default::default()
+    };
+    let before = load.snapshot();
+    let died = std::time::Instant::now();
+    e.cut_host(2);
+    let served = loop {
+        std::thread::sleep(Duration::from_millis(100));
+        if died.elapsed() > Duration::from_secs(2) && load.idle_clients(died.elapsed()) == 0 {
+            break true;
+        }
+        if died.elapsed() > Duration::from_secs(20) {
+            break false;
+        }
+    };
+    out.recovered_ms = died.elapsed().as_millis() as u64;
+    if !served {
+        eprintln!("    (not every client was served again within 20 s after the death)");
+    }
+    let d = load.snapshot() - before;
+    out.broken = d.broken;
+    let (t0, t1) = (takeover(0), takeover(1));
+    out.rebuilt = t0.rebuilt + t1.rebuilt;
+    out.reset = t0.reset + t1.reset;
+    load.stop();
+    eprintln!(
+        "    held {held}, broken {}, rebuilt {}, reset {}, all served again after {} ms; before: {:.0} bytes and {:.0} ns/s per connection",
+        out.broken, out.rebuilt, out.reset, out.recovered_ms, out.bytes_per_conn, out.cpu_ns_per_conn_s
+    );
+    out
+}
+
+/// wrk through the router to 3 dispatchers, takeover on or off: keep-alive connections
+/// (a request flips a flag) and a new connection per request (each one registered).
+fn takeover_rps(on: bool, quick: bool) -> (f64, f64) {
+    eprintln!("==> scale-out: requests/s with takeover {}", if on { "on" } else { "off" });
+    let secs = if quick { 3 } else { 8 };
+    let mut e = Ecmp::new(3, 4, true);
+    if !on {
+        e.m.cluster_extra += "takeover = false\n";
+        for i in 0..3 {
+            let text = e.m.config_text(i, &e.m.dispatchers[i].instance);
+            std::fs::write(&e.m.dispatchers[i].config, text).expect("config");
+        }
+    }
+    e.up(3);
+    let url = format!("http://{VIP}/app");
+    let mut keep = Vec::new();
+    let mut close = Vec::new();
+    for _ in 0..3 {
+        keep.push(wrk::run(e.clients.command("wrk"), &url, 64, secs, None).rps as u64);
+        let mut cmd = e.clients.command("wrk");
+        cmd.args(["-H", "Connection: close"]);
+        close.push(wrk::run(cmd, &url, 16, secs, None).rps as u64);
+    }
+    let (k, c) = (median(keep) as f64, median(close) as f64);
+    eprintln!("    keep-alive {k:.0} requests/s, a connection per request {c:.0} requests/s (medians of 3)");
+    (k, c)
 }
 
 fn median(mut v: Vec<u64>) -> u64 {
@@ -150,6 +254,8 @@ pub fn run(quick: bool) -> (String, String) {
     let off = changes(false);
     let cost = steer_cost(quick);
     let rps = throughput(quick);
+    let taken = [takeover_death(true, quick), takeover_death(false, quick)];
+    let with = [takeover_rps(true, quick), takeover_rps(false, quick)];
     let names = ["a 4th dispatcher joins", "a dispatcher leaves gracefully", "a dispatcher's host dies"];
     let mut md = format!(
         "{HTTP_CONNS} keep-alive HTTP clients with sessions ({} requests/s each) and {L4_FLOWS} long-lived L4 TCP flows through a BIRD router (ECMP, L4 hash) to 3-4 dispatchers; BIRD on each dispatcher.\n\n",
@@ -201,11 +307,50 @@ pub fn run(quick: bool) -> (String, String) {
     md += "\n";
     md += &report::markdown(&rps);
     md += "\nAll dispatchers, the router, the clients and the clones share this machine's CPUs: more dispatchers add no CPU, so requests/s cannot grow with them here; what the last table shows is the cost of the extra hop (steering) and of more processes on the same cores.\n";
+    let deaths: Vec<Row> = ["on", "off"]
+        .iter()
+        .zip(taken)
+        .map(|(mode, t)| {
+            Row::new()
+                .text("takeover", "takeover", mode)
+                .int("connections on the dead host", "held", t.held)
+                .int("broken", "broken", t.broken)
+                .int("rebuilt elsewhere", "rebuilt", t.rebuilt)
+                .int("reset (busy at the death)", "reset", t.reset)
+                .int("every client served again after (ms)", "recovered_ms", t.recovered_ms)
+                .num("peer channel bytes per connection", "bytes_per_conn", t.bytes_per_conn, 0, 0)
+                .num("sending side CPU per connection (ns/s)", "cpu_ns_per_conn_s", t.cpu_ns_per_conn_s, 0, 0)
+        })
+        .collect();
+    md += &format!(
+        "\nA host's death under {TAKEOVER_CLIENTS} keep-alive HTTP clients asking every 700 ms (most idle at any moment), 3 dispatchers, with connection takeover on and off:\n\n"
+    );
+    md += &report::markdown(&deaths);
+    let rps_takeover: Vec<Row> = ["on", "off"]
+        .iter()
+        .zip(with)
+        .map(|(mode, (k, c))| {
+            Row::new()
+                .text("takeover", "takeover", mode)
+                .num("requests/s, keep-alive (wrk, 64 connections)", "rps_keepalive", k, 0, 0)
+                .num("requests/s, a connection per request (16)", "rps_close", c, 0, 0)
+        })
+        .collect();
+    md += "\n";
+    md += &report::markdown(&rps_takeover);
+    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+    md += &format!(
+        "\nRequests/s with takeover on over off: {:.3} keep-alive, {:.3} a connection per request (target: within 3%).\n",
+        ratio(with[0].0, with[1].0),
+        ratio(with[0].1, with[1].1)
+    );
     let json = format!(
-        r#"{{"changes":{},"steer_ns":{},"throughput":{}}}"#,
+        r#"{{"changes":{},"steer_ns":{},"throughput":{},"takeover_death":{},"takeover_rps":{}}}"#,
         report::json(&changes),
         report::json(&cost),
-        report::json(&rps)
+        report::json(&rps),
+        report::json(&deaths),
+        report::json(&rps_takeover)
     );
     (json, md)
 }
