@@ -2,7 +2,7 @@
 //! AFFINITY at load time and pins them all under bpffs.
 
 use aya_ebpf::{
-    bindings::BPF_F_NO_COMMON_LRU,
+    bindings::{BPF_F_NO_COMMON_LRU, BPF_F_NO_PREALLOC},
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
@@ -49,10 +49,12 @@ pub static STEER: Array<SteerSlot> = Array::with_max_entries(STEER_TABLES * STEE
 pub static STEER_CONF: Array<SteerConf> = Array::with_max_entries(1, 0);
 
 /// Connections of dead dispatchers this one may continue (`steer`, issue 31): written by
-/// the agent when their dispatcher is gone (`takeover::inbox`), deleted once it rebuilt
-/// the socket. Not pinned: the records live in the agent that received them.
+/// the agent when their dispatcher is gone (`takeover::inbox`, which bounds how many),
+/// deleted once it rebuilt the socket. Not pinned: the records live in the agent that
+/// received them. Not preallocated: empty, it takes no memory (nothing is armed but
+/// after a death).
 #[map]
-pub static TAKEOVER: LruHashMap<FlowKey, TakeoverRec> = LruHashMap::with_max_entries(TAKEOVER_ENTRIES, 0);
+pub static TAKEOVER: HashMap<FlowKey, TakeoverRec> = HashMap::with_max_entries(TAKEOVER_ENTRIES, BPF_F_NO_PREALLOC);
 
 /// A segment of an armed connection, for the agent to rebuild its socket from.
 #[map]

@@ -143,6 +143,7 @@ const TAKEOVER_NOT_REPORTED: u32 = 2;
 #[inline(never)]
 fn takeover(ctx: &XdpContext, key: &FlowKey, at: u64, syn: u64) -> u32 {
     if syn != 0 {
+        // (A delete of what is not there costs a bucket lock, only while armed.)
         let _ = TAKEOVER.remove(key);
         return TAKEOVER_NOT_ARMED;
     }
@@ -231,7 +232,8 @@ pub fn steer(ctx: &XdpContext, l2: &L2, l3: &L3, key: &FlowKey, syn: bool, len: 
     if same_mac(&owner.mac, &conf.self_mac) {
         // A dead dispatcher's connection this one continues (before the second chance:
         // the earlier table names the dead one).
-        if conf.sel & STEER_TAKEOVER != 0 {
+        // (With the agent gone, nothing reads the reports: the flag is not followed.)
+        if conf.sel & STEER_TAKEOVER != 0 && !agent_gone() {
             let at = l3.l4_off as u64 | ((l3.l4_off - l2.l3_off) as u64) << 16 | (l3.ip_len as u64) << 32;
             match takeover(ctx, key, at, syn as u64) {
                 TAKEOVER_NOT_ARMED => {}

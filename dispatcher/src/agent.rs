@@ -565,6 +565,19 @@ impl Group {
     /// must still steer them (its XDP program may be detached on exit). Counted from the
     /// leave.
     fn leave_at_stop(&mut self, rt: &tokio::runtime::Runtime) {
+        if let Some(t) = &self.takeover {
+            // A stop is not a death: the peers forget this dispatcher's connection records
+            // before its lease goes (they drain here), rather than take them over.
+            t.outbox.forget_all();
+            rt.block_on(async {
+                let until = std::time::Instant::now() + FORGET_WAIT;
+                while !t.outbox.forgotten() && std::time::Instant::now() < until {
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+                // A few more batches say it again (one may be lost).
+                tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+            });
+        }
         let was_in = self.joined.load(std::sync::atomic::Ordering::Relaxed);
         let announcer_configured = self.announcer.is_some();
         if self.announcer.is_some() || self.shared.is_some() {
@@ -590,6 +603,9 @@ impl Group {
         }
     }
 }
+
+/// How long a stopping agent waits for its peers to be told to forget its connections.
+const FORGET_WAIT: std::time::Duration = std::time::Duration::from_millis(300);
 
 /// The running agent between start and stop: what its main loop works on.
 struct Agent<'a> {

@@ -371,7 +371,7 @@ async fn serve_http1(
 ) {
     let mark = |busy: bool| {
         if let Some(t) = &tracked {
-            t.state.set_busy(busy);
+            t.set_busy(busy);
         }
     };
     let mut client = Client::conn(r, w);
@@ -386,25 +386,27 @@ async fn serve_http1(
     };
     let mut requests = 0u64;
     loop {
-        let (head, head_started) = match read_head(&conn.ctx, &mut conn.client.r, &mut conn.scratch, &mut stop).await {
-            HeadRead::Head(h, t) => (h, t),
-            HeadRead::Closed => return,
-            HeadRead::Reject(r, started) => {
-                // What arrived; the connection closes after the answer.
-                let received = conn.client.r.buf.split();
-                conn.reject(r, started, &received).await;
-                return;
-            }
-        };
+        let first_byte = || mark(true);
+        let (head, head_started) =
+            match read_head(&conn.ctx, &mut conn.client.r, &mut conn.scratch, &mut stop, &first_byte).await {
+                HeadRead::Head(h, t) => (h, t),
+                HeadRead::Closed => return,
+                HeadRead::Reject(r, started) => {
+                    // What arrived; the connection closes after the answer.
+                    let received = conn.client.r.buf.split();
+                    conn.reject(r, started, &received).await;
+                    return;
+                }
+            };
         let head_bytes = conn.client.r.buf.split_to(head.len);
-        mark(true);
         requests += 1;
         let closing = *stop.borrow();
         let next = conn.request(&head, &head_bytes, closing, head_started, requests).await;
         // Keep the header index's allocation for the next request.
         conn.scratch = head.headers;
         match next {
-            Next::KeepAlive => mark(false),
+            // Quiet again, unless the next request's bytes are here already.
+            Next::KeepAlive => mark(!conn.client.r.buf.is_empty()),
             _ => {
                 conn.client.shutdown().await;
                 return;
@@ -498,6 +500,7 @@ async fn read_head(
     client: &mut Inbound<impl AsyncRead + Unpin>,
     scratch: &mut Vec<Header>,
     stop: &mut watch::Receiver<bool>,
+    first_byte: &(dyn Fn() + Sync),
 ) -> HeadRead {
     let mut deadline: Option<Instant> = None;
     // Between requests: the idle timeout, or a short grace once the listener stops (a
@@ -509,7 +512,11 @@ async fn read_head(
     }
     loop {
         if !client.buf.is_empty() {
-            deadline.get_or_insert_with(|| Instant::now() + ctx.settings.header_timeout);
+            deadline.get_or_insert_with(|| {
+                // A request has begun (connection takeover's busy mark).
+                first_byte();
+                Instant::now() + ctx.settings.header_timeout
+            });
             match parse_request(&client.buf, &ctx.limits, scratch) {
                 Ok(Some(h)) => return HeadRead::Head(h, head_started(deadline, ctx)),
                 Ok(None) => {}

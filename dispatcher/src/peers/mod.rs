@@ -41,6 +41,9 @@ pub struct Counters {
     pub send_errors: AtomicU64,
     pub received: AtomicU64,
     pub refused: [AtomicU64; tracker::Refusal::ALL.len()],
+    /// Batches (`Cargo`) sent, and received while nothing here takes them.
+    pub batches_sent: AtomicU64,
+    pub batches_ignored: AtomicU64,
 }
 
 /// The running peer channel: what the store's link (`shared`) reads and tells it.
@@ -148,7 +151,12 @@ impl Liveness {
     /// A batch: handed over when it comes from a peer's published address (the cargo
     /// checks it names that peer).
     fn batch(&self, from: SocketAddr, datagram: &[u8]) {
-        let Some(cargo) = self.cargo.get() else { return self.refuse(from, tracker::Refusal::Malformed) };
+        // A peer with takeover on sends batches to one with it off: not an attack, not
+        // worth a warning; counted.
+        let Some(cargo) = self.cargo.get() else {
+            self.counters.batches_ignored.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
         let sender = self.tracker.lock().unwrap().peers().iter().find(|(_, h)| h.addr == from).map(|(n, _)| n.clone());
         let Some(name) = sender else { return self.refuse(from, tracker::Refusal::UnknownSender) };
         if let Err(why) = cargo.take(&name, datagram) {
@@ -176,7 +184,7 @@ impl Liveness {
         for (to, d) in batches {
             let Some(addr) = addrs.get(&to) else { continue };
             match sock.try_send_to(&d, *addr) {
-                Ok(_) => self.counters.sent.fetch_add(1, Ordering::Relaxed),
+                Ok(_) => self.counters.batches_sent.fetch_add(1, Ordering::Relaxed),
                 Err(_) => self.counters.send_errors.fetch_add(1, Ordering::Relaxed),
             };
         }

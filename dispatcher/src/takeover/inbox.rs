@@ -4,15 +4,19 @@
 //!
 //! - Records are kept per sender, in memory only, at most `MAX_RECORDS` over all senders
 //!   (more are refused and counted). A batch must be newer than the last one taken from
-//!   its sender.
+//!   its sender's incarnation; a newer incarnation (the sender restarted) replaces the
+//!   older one's records; `FORGET` (a graceful stop) drops them all.
 //! - A sender that is gone from the store's live members (its lease expired) or that most
 //!   of the others cannot reach (`View::out_unreachable`) is dead: its records are armed —
 //!   written to `TAKEOVER` for the XDP program, which then reports their segments — for
 //!   `[http] client_idle_timeout` (the dead dispatcher would have closed an idle connection
-//!   by then). A dispatcher that leaves (`dispatcher leave`) keeps its connections and is
-//!   not dead.
-//! - A report (`TakeoverEvent`, untrusted: it must name an armed tuple, its options must
-//!   parse) rebuilds the socket (`repair::rebuild`):
+//!   by then). A dispatcher that leaves (`dispatcher leave`) keeps its connections, and one
+//!   that stops says `FORGET` first: neither is dead.
+//! - A report (`TakeoverEvent`) is untrusted: it must name an armed tuple, and its
+//!   timestamp echo must be a TSval the dead dispatcher could have sent on that connection
+//!   (between its clock at accept and that clock plus the connection's age; a forged
+//!   segment must guess it, one try per `TAKEOVER_REPORT_EVERY_NS`; connections without
+//!   timestamps are not registered). Then the socket is rebuilt (`repair::rebuild`):
 //!   - a connection that was quiet at its dispatcher's last batch (no request in
 //!     progress), once the client sends data (its next request) or a FIN, is handed to an
 //!     HTTP worker as if just accepted. A bare acknowledgement is not enough: the client
@@ -20,7 +24,12 @@
 //!     can send; the record stays armed;
 //!   - any other was mid-request or mid-response and cannot be continued honestly: it is
 //!     reset at once (the rebuilt socket closed with a zero linger, so the reset carries
-//!     the sequence number the client expects).
+//!     the sequence number the client expects). Its client may have nothing to send (it
+//!     waits for an answer): it is made to speak (`repair::probe`) at the death and twice
+//!     more while its record is armed.
+//!
+//! The work a death brings (a map write per record, the probes) runs off the agent's
+//! event loop (`spawn_blocking`), without holding the records' lock over system calls.
 
 use std::{
     collections::HashMap,
@@ -36,7 +45,7 @@ use aya::maps::{HashMap as BpfHashMap, MapData};
 use dispatcher_common::{FlowKey, TakeoverEvent, TakeoverRec, AF_INET};
 
 use super::{
-    repair::{rebuild, Handshake, Resume},
+    repair::{probe, rebuild_with, Resume},
     wire::{Batch, Item, Open},
     Adoption,
 };
@@ -45,11 +54,19 @@ const TCP_FIN: u8 = 1;
 
 /// Records held at most, over all senders.
 pub const MAX_RECORDS: usize = 262_144;
+/// Slack on a report's timestamp echo (ms): the batches' delay, the clocks' steps.
+const TS_SLACK_MS: i64 = 2_000;
+
+struct Held {
+    open: Open,
+    received: Instant,
+}
 
 #[derive(Default)]
 struct FromPeer {
+    incarnation: u64,
     last: u64,
-    records: HashMap<u32, Open>,
+    records: HashMap<u32, Held>,
     /// Bit `id` set: the connection was quiet at the sender's last batch.
     quiet: Vec<u8>,
 }
@@ -61,9 +78,20 @@ impl FromPeer {
 }
 
 struct Armed {
-    handshake: Handshake,
+    open: Open,
+    received: Instant,
     quiet: bool,
     until: Instant,
+}
+
+impl Armed {
+    /// Whether `echo` is a TSval the dead dispatcher could have sent on the connection.
+    fn plausible(&self, echo: Option<u32>) -> bool {
+        let Some(echo) = echo else { return false };
+        let since = echo.wrapping_sub(self.open.ts_clock) as i32 as i64;
+        let age = self.open.age_ms as i64 + self.received.elapsed().as_millis() as i64;
+        (-TS_SLACK_MS..=age + TS_SLACK_MS).contains(&since)
+    }
 }
 
 #[derive(Default)]
@@ -78,8 +106,10 @@ pub struct Counters {
     pub reports_refused: AtomicU64,
     /// Bare acknowledgements of quiet connections (the request awaited).
     pub waited: AtomicU64,
-    /// Busy connections' clients probed at the death.
+    /// Busy connections' clients probed.
     pub probed: AtomicU64,
+    /// Reports whose timestamp echo the dead dispatcher could not have sent.
+    pub implausible: AtomicU64,
 }
 
 /// The records held, by sender: pure (tested below).
@@ -92,23 +122,35 @@ struct Received {
 impl Received {
     /// Takes a batch: whether it was newer than the last one from its sender, and how many
     /// of its items were refused (past `MAX_RECORDS`, an id or bitmap out of bounds).
-    fn take(&mut self, batch: Batch) -> (bool, u64) {
+    fn take(&mut self, batch: Batch, now: Instant) -> (bool, u64) {
         let from = self.peers.entry(batch.sender).or_default();
-        if batch.number <= from.last {
+        if batch.incarnation < from.incarnation || batch.incarnation == from.incarnation && batch.number <= from.last {
             return (false, 0);
+        }
+        if batch.incarnation > from.incarnation {
+            // The sender restarted: its earlier run's records are gone with it.
+            self.total -= from.records.len();
+            *from = FromPeer { incarnation: batch.incarnation, ..Default::default() };
         }
         from.last = batch.number;
         let mut refused = 0;
         for item in batch.items {
             match item {
                 Item::Open(o) => {
-                    let known = from.records.contains_key(&o.id);
-                    if !known && self.total >= MAX_RECORDS || o.id as usize >= super::outbox::MAX_TRACKED {
+                    if o.id as usize >= super::outbox::MAX_TRACKED {
                         refused += 1;
                         continue;
                     }
-                    if from.records.insert(o.id, o).is_none() {
-                        self.total += 1;
+                    match from.records.get_mut(&o.id) {
+                        // Sent again (a refresh, a new fallback owner): the same
+                        // connection keeps when it was first heard of.
+                        Some(h) if h.open.client == o.client && h.open.local == o.local => h.open = o,
+                        Some(h) => *h = Held { open: o, received: now },
+                        None if self.total >= MAX_RECORDS => refused += 1,
+                        None => {
+                            from.records.insert(o.id, Held { open: o, received: now });
+                            self.total += 1;
+                        }
                     }
                 }
                 Item::Close(id) => {
@@ -132,6 +174,11 @@ impl Received {
                     if first == 0 {
                         from.quiet.truncate(end);
                     }
+                }
+                Item::Forget => {
+                    self.total -= from.records.len();
+                    from.records.clear();
+                    from.quiet.clear();
                 }
             }
         }
@@ -202,6 +249,12 @@ pub fn ts_echo(options: &[u8]) -> Option<u32> {
     None
 }
 
+/// A number to start a probe's sequence numbers from (outside any window but by chance).
+fn probe_seq(i: usize) -> u32 {
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(7, |d| d.subsec_nanos());
+    seed.wrapping_mul(2_654_435_761).wrapping_add(i as u32 * 0x9e37_79b9)
+}
+
 impl Inbox {
     pub fn new(
         map: BpfHashMap<MapData, FlowKey, TakeoverRec>,
@@ -219,42 +272,48 @@ impl Inbox {
 
     /// A batch from `batch.sender` (the channel checked it came from that peer's address).
     pub fn take(&self, batch: Batch) {
-        let (taken, refused) = self.state.lock().unwrap().received.take(batch);
+        let (taken, refused) = self.state.lock().unwrap().received.take(batch, Instant::now());
         let c = &self.counters;
         if taken { &c.batches } else { &c.batches_refused }.fetch_add(1, Ordering::Relaxed);
         c.records_refused.fetch_add(refused, Ordering::Relaxed);
     }
 
-    /// `name` is dead: its connections are armed.
+    /// `name` is dead: its connections are armed, and the busy ones' clients probed
+    /// (blocking: map writes and socket calls; run off the event loop).
     pub fn dead(&self, name: &str) {
-        let mut st = self.state.lock().unwrap();
-        let Some(from) = st.received.remove(name) else { return };
+        let Some(from) = self.state.lock().unwrap().received.remove(name) else { return };
         let until = Instant::now() + self.lifetime;
-        let mut map = self.map.lock().unwrap();
-        let mut n = 0;
-        let mut busy = Vec::new();
-        for (id, o) in &from.records {
-            if map.insert(key_of(o.client, o.local), TakeoverRec::default(), 0).is_err() {
-                continue;
+        let mut armed = Vec::with_capacity(from.records.len());
+        {
+            let mut map = self.map.lock().unwrap();
+            for (id, h) in &from.records {
+                if map.insert(key_of(h.open.client, h.open.local), TakeoverRec::default(), 0).is_ok() {
+                    armed.push(Armed { open: h.open, received: h.received, quiet: from.is_quiet(*id), until });
+                }
             }
-            let quiet = from.is_quiet(*id);
-            st.armed.insert((o.client, o.local), Armed { handshake: o.handshake, quiet, until });
-            if !quiet {
-                busy.push((o.local, o.client));
+        }
+        let n = armed.len();
+        let quiet = armed.iter().filter(|a| a.quiet).count();
+        {
+            let mut st = self.state.lock().unwrap();
+            for a in armed {
+                st.armed.insert((a.open.client, a.open.local), a);
             }
-            n += 1;
+            if !st.armed.is_empty() {
+                (self.armed_flag)(true);
+            }
         }
-        drop(map);
-        if !st.armed.is_empty() {
-            (self.armed_flag)(true);
-        }
-        drop(st);
-        // The busy ones' clients may wait for an answer with nothing to send: made to
-        // speak, so that they are reset now rather than at their own timeout.
-        let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(7, |d| d.subsec_nanos());
-        for (i, (local, client)) in busy.iter().enumerate() {
-            let seq = seed.wrapping_mul(2_654_435_761).wrapping_add(i as u32 * 0x9e37_79b9);
-            match super::probe::probe(*local, *client, seq, seq ^ 0x8000_0000) {
+        self.counters.armed.fetch_add(n as u64, Ordering::Relaxed);
+        tracing::warn!(dispatcher = name, armed = n, quiet, "dispatcher dead: its connections are armed for takeover");
+        self.probe_busy();
+    }
+
+    /// Makes the clients of the busy armed connections speak (at a death, and again a
+    /// little later: a survivor may still have steered the first answer to the dead host).
+    pub fn probe_busy(&self) {
+        let busy: Vec<Open> = self.state.lock().unwrap().armed.values().filter(|a| !a.quiet).map(|a| a.open).collect();
+        for (i, o) in busy.iter().enumerate() {
+            match probe(o.local, o.client, &o.handshake, probe_seq(i)) {
                 Ok(()) => self.counters.probed.fetch_add(1, Ordering::Relaxed),
                 Err(e) => {
                     crate::ratelimit::warn("probing a busy connection of a dead dispatcher", &e);
@@ -262,27 +321,24 @@ impl Inbox {
                 }
             };
         }
-        self.counters.armed.fetch_add(n, Ordering::Relaxed);
-        let quiet = from.records.keys().filter(|&&id| from.is_quiet(id)).count();
-        tracing::warn!(dispatcher = name, armed = n, quiet, "dispatcher dead: its connections are armed for takeover");
     }
 
     /// Drops armed records past their time; returns how many are left.
     pub fn expire(&self) -> usize {
         let now = Instant::now();
         let mut st = self.state.lock().unwrap();
-        let before = st.armed.len();
-        if before == 0 {
+        if st.armed.is_empty() {
             return 0;
         }
-        let mut map = self.map.lock().unwrap();
-        st.armed.retain(|(c, l), a| {
-            let keep = a.until > now;
-            if !keep {
-                let _ = map.remove(&key_of(*c, *l));
+        let gone: Vec<(SocketAddr, SocketAddr)> =
+            st.armed.iter().filter(|(_, a)| a.until <= now).map(|(k, _)| *k).collect();
+        if !gone.is_empty() {
+            let mut map = self.map.lock().unwrap();
+            for k in &gone {
+                st.armed.remove(k);
+                let _ = map.remove(&key_of(k.0, k.1));
             }
-            keep
-        });
+        }
         if st.armed.is_empty() {
             (self.armed_flag)(false);
         }
@@ -304,6 +360,7 @@ impl Inbox {
         let (seq, ack, flags) = (word(4), word(8), header[13]);
         let window = u16::from_be_bytes([header[14], header[15]]);
         let payload = (e.segment_len as usize).saturating_sub(header.len());
+        let echo = ts_echo(&header[20..]);
         let (Some(client), Some(local)) = (addr_of(k.family, &k.src, k.sport), addr_of(k.family, &k.dst, k.dport))
         else {
             self.counters.reports_refused.fetch_add(1, Ordering::Relaxed);
@@ -313,6 +370,12 @@ impl Inbox {
             let mut st = self.state.lock().unwrap();
             match st.armed.get(&(client, local)) {
                 None => None,
+                // A segment the dead dispatcher's peer could not have sent: forged, or
+                // nothing we can continue. The record stays for the genuine one.
+                Some(a) if !a.plausible(echo) => {
+                    self.counters.implausible.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
                 // A quiet connection's bare acknowledgement: wait for its request.
                 Some(a) if a.quiet && payload == 0 && flags & TCP_FIN == 0 => {
                     self.counters.waited.fetch_add(1, Ordering::Relaxed);
@@ -325,12 +388,15 @@ impl Inbox {
             self.counters.reports_refused.fetch_add(1, Ordering::Relaxed);
             return;
         };
-        let resume = Resume { rcv_nxt: seq, snd_nxt: ack, ts_echo: ts_echo(&header[20..]), window };
-        let rebuilt = rebuild(local, client, &armed.handshake, &resume);
+        let resume = Resume { rcv_nxt: seq, snd_nxt: ack, ts_echo: echo, window };
+        let rebuilt = rebuild_with(local, client, &armed.open.handshake, &resume, armed.quiet);
         // The socket exists (or never will): the XDP program lets the segments through.
         let _ = self.map.lock().unwrap().remove(&k);
-        if self.state.lock().unwrap().armed.is_empty() {
-            (self.armed_flag)(false);
+        {
+            let st = self.state.lock().unwrap();
+            if st.armed.is_empty() {
+                (self.armed_flag)(false);
+            }
         }
         match rebuilt {
             Ok(sock) if armed.quiet => {
@@ -383,7 +449,7 @@ pub fn reset(sock: std::net::TcpStream) {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{super::repair::Handshake, *};
 
     fn open(id: u32, port: u16) -> Item {
         Item::Open(Open {
@@ -398,51 +464,96 @@ mod tests {
                 timestamps: true,
                 wscale: true,
             },
+            ts_clock: 1_000_000,
+            age_ms: 0,
         })
     }
 
     fn batch(sender: &str, number: u64, items: Vec<Item>) -> Batch {
-        Batch { sender: sender.into(), number, items }
+        Batch { sender: sender.into(), incarnation: 1, number, items }
+    }
+
+    impl Received {
+        fn take_now(&mut self, b: Batch) -> (bool, u64) {
+            self.take(b, Instant::now())
+        }
     }
 
     #[test]
     fn records_follow_opens_closes_and_bitmaps_and_old_batches_are_refused() {
         let mut r = Received::default();
-        assert_eq!(r.take(batch("d1", 10, vec![open(0, 1000), open(1, 1001), open(9, 1009)])), (true, 0));
-        assert_eq!(r.take(batch("d1", 11, vec![Item::Quiet { first: 0, bits: vec![0b10, 0b10] }])), (true, 0));
+        assert_eq!(r.take_now(batch("d1", 10, vec![open(0, 1000), open(1, 1001), open(9, 1009)])), (true, 0));
+        assert_eq!(r.take_now(batch("d1", 11, vec![Item::Quiet { first: 0, bits: vec![0b10, 0b10] }])), (true, 0));
         let d1 = &r.peers["d1"];
         assert_eq!((d1.is_quiet(0), d1.is_quiet(1), d1.is_quiet(9)), (false, true, true));
         // A replayed or reordered batch changes nothing.
-        assert_eq!(r.take(batch("d1", 11, vec![Item::Close(1)])), (false, 0));
-        assert_eq!(r.take(batch("d1", 5, vec![Item::Close(1)])), (false, 0));
+        assert_eq!(r.take_now(batch("d1", 11, vec![Item::Close(1)])), (false, 0));
+        assert_eq!(r.take_now(batch("d1", 5, vec![Item::Close(1)])), (false, 0));
         assert_eq!(r.total, 3);
-        assert_eq!(r.take(batch("d1", 12, vec![Item::Close(1), Item::Close(4)])), (true, 0));
+        assert_eq!(r.take_now(batch("d1", 12, vec![Item::Close(1), Item::Close(4)])), (true, 0));
         assert_eq!(r.total, 2);
         // A shorter bitmap from id 0: the ids past it are not quiet any more.
-        r.take(batch("d1", 13, vec![Item::Quiet { first: 0, bits: vec![0b1] }]));
+        r.take_now(batch("d1", 13, vec![Item::Quiet { first: 0, bits: vec![0b1] }]));
         assert!(r.peers["d1"].is_quiet(0) && !r.peers["d1"].is_quiet(9));
         // Out of bounds: an id past the tracked range, a bitmap not on a byte or too long.
         let far = super::super::outbox::MAX_TRACKED as u32;
-        let (taken, refused) = r.take(batch(
+        let (taken, refused) = r.take_now(batch(
             "d1",
             14,
             vec![open(far, 2000), Item::Quiet { first: 3, bits: vec![1] }, Item::Quiet { first: far, bits: vec![1] }],
         ));
         assert_eq!((taken, refused, r.total), (true, 3, 2));
         // Another sender's records are its own; a dead one's go with it.
-        r.take(batch("d2", 1, vec![open(0, 3000)]));
+        r.take_now(batch("d2", 1, vec![open(0, 3000)]));
         assert_eq!(r.total, 3);
+        // A restarted sender (a newer incarnation): its earlier records are gone; an older
+        // incarnation's batch is refused.
+        let mut again = batch("d2", 1, vec![open(5, 3005)]);
+        again.incarnation = 2;
+        assert_eq!(r.take_now(again), (true, 0));
+        assert_eq!((r.peers["d2"].records.len(), r.total), (1, 3));
+        assert_eq!(r.take_now(batch("d2", 99, vec![open(6, 3006)])), (false, 0));
         let gone = r.remove("d1").unwrap();
         assert_eq!((gone.records.len(), r.total), (2, 1));
         assert!(r.remove("d1").is_none());
+        // A graceful stop: everything of the sender forgotten (nothing to arm).
+        let mut forget = batch("d2", 5, vec![Item::Forget]);
+        forget.incarnation = 2;
+        r.take_now(forget);
+        assert_eq!((r.peers["d2"].records.len(), r.total), (0, 0));
+    }
+
+    #[test]
+    fn a_report_must_echo_a_timestamp_the_dead_dispatcher_could_have_sent() {
+        let Item::Open(open) = open(0, 1000) else { unreachable!() };
+        let a = Armed {
+            open: Open { age_ms: 30_000, ..open },
+            received: Instant::now(),
+            quiet: true,
+            until: Instant::now(),
+        };
+        for (echo, ok) in [
+            (Some(1_000_000), true),
+            (Some(1_000_000 + 30_000), true),
+            (Some(1_000_000 - 1_500), true),
+            (Some(1_000_000 + 40_000), false),
+            (Some(999_000_000), false),
+            (Some(1_000_000u32.wrapping_sub(3_000_000_000)), false),
+            (None, false),
+        ] {
+            assert_eq!(a.plausible(echo), ok, "{echo:?}");
+        }
+        // Around the clock's wrap.
+        let w = Armed { open: Open { ts_clock: u32::MAX - 10, ..a.open }, ..a };
+        assert!(w.plausible(Some(5)) && !w.plausible(Some(u32::MAX - 5_000)));
     }
 
     #[test]
     fn records_past_the_cap_are_refused() {
         let mut r = Received { total: MAX_RECORDS - 1, ..Default::default() };
-        assert_eq!(r.take(batch("d1", 1, vec![open(0, 1000), open(1, 1001)])), (true, 1));
+        assert_eq!(r.take_now(batch("d1", 1, vec![open(0, 1000), open(1, 1001)])), (true, 1));
         // A record already held may be sent again (a new fallback owner, a refresh).
-        assert_eq!(r.take(batch("d1", 2, vec![open(0, 1000)])), (true, 0));
+        assert_eq!(r.take_now(batch("d1", 2, vec![open(0, 1000)])), (true, 0));
         assert_eq!(r.total, MAX_RECORDS);
     }
 

@@ -5,14 +5,15 @@
 //! - `repair`: what a connection is made of (the handshake's options, what the client's
 //!   next segment says) and the socket rebuilt from it with `TCP_REPAIR`.
 //! - `outbox`: at accept, each plain HTTP/1.x connection's handshake goes, batched every
-//!   heartbeat interval over the peer channel (`peers`), to the dispatcher the fallback
-//!   table names for its slot, with which connections are quiet (idle between requests).
+//!   10 ms over the peer channel (`peers`), to the dispatcher the fallback table names
+//!   for its slot, with which connections are quiet (no request in progress); at a
+//!   graceful stop, the peers are told to forget them.
 //! - `wire`: those batches on the wire.
 //! - `inbox`: the records received, armed in `TAKEOVER` when their sender dies; the XDP
 //!   program (`dispatcher-ebpf/src/steer.rs`) reports a client's segment of an armed
 //!   connection and drops it; the socket is rebuilt and handed to an HTTP worker
 //!   (`Adoption`), or reset when the connection was not quiet.
-//! - `probe`: a busy connection's client is made to send that segment at once.
+//!   A busy connection's client is made to send that segment at once (`repair::probe`).
 //!
 //! What cannot survive (docs/cluster.md, "When a dispatcher dies"): TLS and HTTP/2
 //! connections (their keys and stream state died with the dispatcher; they are not
@@ -22,7 +23,6 @@
 
 pub mod inbox;
 pub mod outbox;
-pub mod probe;
 pub mod repair;
 pub mod wire;
 
@@ -176,15 +176,28 @@ pub async fn run(t: Arc<Takeover>, ring: RingBuf<MapData>) {
     }
 }
 
+/// When the busy connections' clients are probed again after a death (the survivors'
+/// tables converge within about this).
+const PROBE_AGAIN: [Duration; 2] = [Duration::from_millis(300), Duration::from_secs(1)];
+
 /// Follows the live members (`shared`): a member that was alive and is not any more is
-/// dead, and its records are armed.
+/// dead, and its records are armed (off the event loop: a map write per record).
 pub async fn follow_deaths(t: Arc<Takeover>, mut alive: tokio::sync::watch::Receiver<Option<BTreeSet<String>>>) {
     let mut was: Option<BTreeSet<String>> = None;
     loop {
         let now = alive.borrow_and_update().clone();
         if let (Some(before), Some(now)) = (&was, &now) {
             for gone in before.difference(now) {
-                t.inbox.dead(gone);
+                let (t, gone) = (t.clone(), gone.clone());
+                tokio::spawn(async move {
+                    let armer = t.clone();
+                    let _ = tokio::task::spawn_blocking(move || armer.inbox.dead(&gone)).await;
+                    for after in PROBE_AGAIN {
+                        tokio::time::sleep(after).await;
+                        let prober = t.clone();
+                        let _ = tokio::task::spawn_blocking(move || prober.inbox.probe_busy()).await;
+                    }
+                });
             }
         }
         if now.is_some() {

@@ -1,18 +1,22 @@
 //! The sending side: every plain HTTP/1.x connection this dispatcher accepts (with
-//! steering and `[cluster] takeover` on) is registered with its handshake's options
-//! (`Handshake::of`, one `TCP_INFO` read at accept), and every `BATCH_EVERY` (10 ms) the
-//! peer channel takes a batch for each peer: the connections opened and closed since the last
-//! one, for the peer the fallback table names for their slot (the dispatcher that takes
-//! the slot if this one dies), and which of them are quiet (no request in progress).
+//! steering and `[cluster] takeover` on) is registered with its handshake's options and
+//! its timestamp clock (`Handshake::of`, `TCP_INFO` and `TCP_TIMESTAMP` read once at
+//! accept), and every `BATCH_EVERY` (10 ms) the peer channel takes a batch for each peer:
+//! the connections opened and closed since, for the peer the fallback table names for
+//! their slot (the dispatcher that takes the slot if this one dies), a slow refresh of
+//! every record (a receiver that restarted, or a datagram lost, is made good), and which
+//! of them are quiet (no request in progress), when that changed.
 //!
-//! Never per request: a request only flips its connection's `busy` flag (a relaxed
-//! atomic store at its start and end). Bounded: at most `MAX_TRACKED` connections are
-//! registered (more are served as before, not taken over, and counted), and at most
-//! `MAX_DATAGRAMS_PER_PEER` datagrams go to a peer per interval (what is left waits for
-//! the next one).
+//! Never per request: a request sets and clears its connection's bit in an atomic
+//! bitmap (`busy`); a batch is a few word-wise operations per peer over it, not a walk
+//! of the connections. Bounded: at most `MAX_TRACKED` connections are registered (more
+//! are served as before, not taken over, and counted), and at most
+//! `MAX_DATAGRAMS_PER_PEER` datagrams go to a peer per batch (what is left waits).
 //!
 //! A membership change may give a connection's slot another fallback owner: its record is
-//! then sent again, to the new one (and closed at the old one).
+//! then sent again, to the new one (and closed at the old one). At a graceful stop
+//! (`forget_all`) every peer is told to forget this dispatcher's records: a stop is not a
+//! death, and its connections drain where they are.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -22,7 +26,7 @@ use std::{
         atomic::{AtomicBool, AtomicU64, Ordering},
         Arc, Mutex,
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use super::{
@@ -38,30 +42,27 @@ pub const BATCH_EVERY: Duration = Duration::from_millis(10);
 
 /// Connections registered at most (their slab ids are below this).
 pub const MAX_TRACKED: usize = 65_536;
-/// Datagrams sent to one peer per `BATCH_EVERY` at most (about 29 OPEN records each):
-/// 800 a second, about 23,000 records.
+const WORDS: usize = MAX_TRACKED / 64;
+/// Datagrams sent to one peer per batch at most (about 27 OPEN records each): 800 a
+/// second, about 21,000 records.
 pub const MAX_DATAGRAMS_PER_PEER: usize = 8;
 /// A quiet bitmap that did not change is sent again this often (one lost is made good).
 pub const QUIET_REFRESH: Duration = Duration::from_secs(1);
-
-/// A request's mark on its connection.
-#[derive(Default)]
-pub struct ConnState {
-    busy: AtomicBool,
-}
-
-impl ConnState {
-    /// A request began (its head read) or ended (its answer written).
-    pub fn set_busy(&self, busy: bool) {
-        self.busy.store(busy, Ordering::Relaxed);
-    }
-}
+/// Every record is sent again about this often (a receiver that restarted gets them).
+pub const RECORD_REFRESH: Duration = Duration::from_secs(10);
 
 struct Entry {
     open: Open,
-    state: Arc<ConnState>,
+    accepted: Instant,
     /// The peer its record went to.
     sent_to: Option<String>,
+}
+
+impl Entry {
+    /// Its record as sent now (with its age).
+    fn aged(&self) -> Open {
+        Open { age_ms: self.accepted.elapsed().as_millis().min(u32::MAX as u128) as u32, ..self.open }
+    }
 }
 
 #[derive(Default)]
@@ -74,8 +75,14 @@ struct Slab {
     closes: VecDeque<(String, u32)>,
     /// The fallback table's generation the records were sent for.
     generation: u64,
+    /// Per peer, the ids whose record it holds (bit `id`).
+    members: HashMap<String, Vec<u64>>,
     /// The quiet bitmap last sent to each peer, and when.
-    last_quiet: HashMap<String, (Vec<u8>, std::time::Instant)>,
+    last_quiet: HashMap<String, (Vec<u64>, Instant)>,
+    /// Where the slow refresh goes on from.
+    refresh_at: usize,
+    /// Peers told to forget this dispatcher's records (at stop).
+    forgotten: Vec<String>,
 }
 
 #[derive(Default)]
@@ -91,17 +98,35 @@ pub struct Counters {
 
 pub struct Outbox {
     me: String,
+    /// This run of the dispatcher (its start, µs since the epoch): a receiver drops the
+    /// records of an earlier one.
+    incarnation: u64,
     slab: Mutex<Slab>,
+    /// Bit `id`: a request is in progress on the connection.
+    busy: Box<[AtomicU64]>,
     ownership: Arc<Ownership>,
     number: AtomicU64,
+    stopping: AtomicBool,
     pub counters: Counters,
 }
 
-/// A registered connection: its mark, and its record closed when dropped.
+/// A registered connection; its record closed when dropped.
 pub struct Tracked {
     outbox: Arc<Outbox>,
     id: u32,
-    pub state: Arc<ConnState>,
+}
+
+impl Tracked {
+    /// A request began (its first bytes arrived) or ended (its answer written, nothing
+    /// more waiting).
+    pub fn set_busy(&self, busy: bool) {
+        let (w, bit) = (self.id as usize / 64, 1u64 << (self.id % 64));
+        if busy {
+            self.outbox.busy[w].fetch_or(bit, Ordering::Relaxed);
+        } else {
+            self.outbox.busy[w].fetch_and(!bit, Ordering::Relaxed);
+        }
+    }
 }
 
 impl Drop for Tracked {
@@ -110,36 +135,55 @@ impl Drop for Tracked {
     }
 }
 
+fn set_bit(v: &mut Vec<u64>, id: u32, on: bool) {
+    let w = id as usize / 64;
+    if v.len() <= w {
+        v.resize(w + 1, 0);
+    }
+    if on {
+        v[w] |= 1 << (id % 64);
+    } else {
+        v[w] &= !(1 << (id % 64));
+    }
+}
+
 impl Outbox {
     pub fn new(me: &str, ownership: Arc<Ownership>) -> Arc<Outbox> {
-        // Batch numbers go on from the clock, so that a restarted dispatcher's batches are
-        // newer than its previous run's.
-        let start = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros());
+        let incarnation =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_micros() as u64);
         Arc::new(Outbox {
             me: me.to_string(),
+            incarnation,
             slab: Mutex::new(Slab::default()),
+            busy: (0..WORDS).map(|_| AtomicU64::new(0)).collect(),
             ownership,
-            number: AtomicU64::new(start as u64),
+            number: AtomicU64::new(1),
+            stopping: AtomicBool::new(false),
             counters: Counters::default(),
         })
     }
 
-    /// Registers an accepted connection (`None`: its options are unreadable, or
-    /// `MAX_TRACKED` are registered).
+    /// Registers an accepted connection (`None`: its options are unreadable, it has no
+    /// timestamps (whose clock is what lets a successor check a segment, `inbox`), or
+    /// `MAX_TRACKED` are registered, or this dispatcher is stopping). Busy at first: its
+    /// first request is on its way.
     pub fn register(self: &Arc<Outbox>, fd: RawFd, client: SocketAddr, local: SocketAddr) -> Option<Tracked> {
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let t = self.register_timed(fd, client, local);
         self.counters.busy_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         t
     }
 
     fn register_timed(self: &Arc<Outbox>, fd: RawFd, client: SocketAddr, local: SocketAddr) -> Option<Tracked> {
-        let Ok(handshake) = Handshake::of(fd) else {
+        let untracked = || {
             self.counters.untracked.fetch_add(1, Ordering::Relaxed);
-            return None;
+            None
         };
-        let state = Arc::new(ConnState::default());
-        let entry = Entry { open: Open { id: 0, client, local, handshake }, state: state.clone(), sent_to: None };
+        if self.stopping.load(Ordering::Relaxed) {
+            return untracked();
+        }
+        let Ok((handshake, ts_clock)) = Handshake::with_clock(fd) else { return untracked() };
+        let Some(ts_clock) = ts_clock else { return untracked() };
         let mut s = self.slab.lock().unwrap();
         let id = match s.free.pop() {
             Some(id) => id,
@@ -149,17 +193,17 @@ impl Outbox {
             }
             None => {
                 drop(s);
-                self.counters.untracked.fetch_add(1, Ordering::Relaxed);
-                return None;
+                return untracked();
             }
         };
-        let mut entry = entry;
-        entry.open.id = id;
-        s.entries[id as usize] = Some(entry);
+        let open = Open { id, client, local, handshake, ts_clock, age_ms: 0 };
+        s.entries[id as usize] = Some(Entry { open, accepted: Instant::now(), sent_to: None });
         s.pending.push_back(id);
         drop(s);
+        let t = Tracked { outbox: self.clone(), id };
+        t.set_busy(true);
         self.counters.registered.fetch_add(1, Ordering::Relaxed);
-        Some(Tracked { outbox: self.clone(), id, state })
+        Some(t)
     }
 
     /// Connections registered now.
@@ -172,25 +216,51 @@ impl Outbox {
         let mut s = self.slab.lock().unwrap();
         if let Some(e) = s.entries.get_mut(id as usize).and_then(Option::take) {
             if let Some(to) = e.sent_to {
+                if let Some(m) = s.members.get_mut(&to) {
+                    set_bit(m, id, false);
+                }
                 s.closes.push_back((to, id));
             }
             s.free.push(id);
         }
     }
 
+    /// A graceful stop: from now on, the batches tell every peer to forget this
+    /// dispatcher's records (and none are sent or registered any more).
+    pub fn forget_all(&self) {
+        self.stopping.store(true, Ordering::Relaxed);
+    }
+
+    /// Every peer that holds records was told to forget them.
+    pub fn forgotten(&self) -> bool {
+        let s = self.slab.lock().unwrap();
+        s.members.keys().all(|p| s.forgotten.contains(p))
+    }
+
     /// This interval's datagrams, by peer name (the channel sends each to that peer's
     /// heartbeat address).
     pub fn batches(&self) -> Vec<(String, Vec<u8>)> {
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let out = self.build_batches();
         self.counters.busy_ns.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         out
     }
 
     fn build_batches(&self) -> Vec<(String, Vec<u8>)> {
-        let fallback = self.ownership.fallback();
+        let mut out = self.writer();
         let mut s = self.slab.lock().unwrap();
         let s = &mut *s;
+        if self.stopping.load(Ordering::Relaxed) {
+            let peers: Vec<String> = s.members.keys().cloned().collect();
+            for p in peers {
+                // Sent with every batch while stopping: one lost is made good.
+                if out.put(&p, &Item::Forget) && !s.forgotten.contains(&p) {
+                    s.forgotten.push(p);
+                }
+            }
+            return out.done();
+        }
+        let fallback = self.ownership.fallback();
         // A new fallback table: every record whose owner changed is sent again.
         if let Some((generation, _)) = &fallback {
             if *generation != s.generation {
@@ -203,13 +273,15 @@ impl Outbox {
             let slot = crate::steering::slot_of(o.client, o.local);
             table.owner_of_slot(slot).map(|p| p.name.clone()).filter(|n| *n != self.me)
         };
-        let mut out = Outbox::writer(self);
-        while let Some((to, id)) = s.closes.front().cloned() {
-            if !out.put(&to, &Item::Close(id)) {
-                break;
+        // Closes first, in order per peer (an id reused later must not be closed after
+        // its new record); a full peer's wait for the next batch.
+        let mut left = VecDeque::new();
+        while let Some((to, id)) = s.closes.pop_front() {
+            if left.iter().any(|(p, _): &(String, u32)| *p == to) || !out.put(&to, &Item::Close(id)) {
+                left.push_back((to, id));
             }
-            s.closes.pop_front();
         }
+        s.closes = left;
         while let Some(&id) = s.pending.front() {
             let Some(e) = s.entries.get_mut(id as usize).and_then(Option::as_mut) else {
                 s.pending.pop_front();
@@ -221,49 +293,50 @@ impl Outbox {
                 continue;
             }
             if let Some(old) = &e.sent_to {
-                if !out.put(old, &Item::Close(id)) {
+                if s.closes.iter().any(|(p, _)| p == old) || !out.put(old, &Item::Close(id)) {
                     break;
                 }
+                set_bit(s.members.entry(old.clone()).or_default(), id, false);
                 e.sent_to = None;
             }
             if let Some(new) = &to {
-                if !out.put(new, &Item::Open(e.open)) {
+                if !out.put(new, &Item::Open(e.aged())) {
                     break;
                 }
+                set_bit(s.members.entry(new.clone()).or_default(), id, true);
                 self.counters.records_sent.fetch_add(1, Ordering::Relaxed);
             }
             e.sent_to = to;
             s.pending.pop_front();
         }
-        // Quiet bitmaps, per peer: no request in progress.
-        let mut quiet: HashMap<&str, Vec<u8>> = HashMap::new();
-        for (i, e) in s.entries.iter().enumerate() {
-            let Some(e) = e else { continue };
-            let is_quiet = !e.state.busy.load(Ordering::Relaxed);
-            if let Some(to) = &e.sent_to {
-                let bits = quiet.entry(to.as_str()).or_default();
-                if bits.len() <= i / 8 {
-                    bits.resize(i / 8 + 1, 0);
-                }
-                if is_quiet {
-                    bits[i / 8] |= 1 << (i % 8);
+        // The slow refresh: a few records again, round the slab.
+        let n = s.entries.len();
+        let per_batch = (n * BATCH_EVERY.as_millis() as usize).div_ceil(RECORD_REFRESH.as_millis() as usize);
+        for _ in 0..per_batch.min(n) {
+            s.refresh_at = (s.refresh_at + 1) % n;
+            if let Some(e @ Entry { sent_to: Some(to), .. }) = &s.entries[s.refresh_at] {
+                if !out.put(to, &Item::Open(e.aged())) {
+                    break;
                 }
             }
         }
-        let chunk = wire::MAX_BATCH - wire::header(&self.me, 0).len() - wire::QUIET_HEAD;
-        let now = std::time::Instant::now();
-        for (to, bits) in quiet {
-            // Sent when it changed, and again every `QUIET_REFRESH`.
-            match s.last_quiet.get(to) {
-                Some((last, at)) if *last == bits && now.duration_since(*at) < QUIET_REFRESH => continue,
-                _ => {}
+        // Quiet bitmaps, per peer: its members with no request in progress, when that
+        // changed (or every `QUIET_REFRESH`).
+        let now = Instant::now();
+        let chunk_words = (wire::MAX_BATCH - wire::header_len(&self.me) - wire::QUIET_HEAD) / 8;
+        for (to, members) in &s.members {
+            let quiet: Vec<u64> =
+                members.iter().enumerate().map(|(w, m)| m & !self.busy[w].load(Ordering::Relaxed)).collect();
+            if s.last_quiet.get(to).is_some_and(|(last, at)| *last == quiet && now.duration_since(*at) < QUIET_REFRESH)
+            {
+                continue;
             }
-            s.last_quiet.insert(to.to_string(), (bits.clone(), now));
-            for (k, part) in bits.chunks(chunk).enumerate() {
-                let item = Item::Quiet { first: (k * chunk * 8) as u32, bits: part.to_vec() };
-                if !out.put(to, &item) {
-                    break;
-                }
+            let all = quiet.chunks(chunk_words).enumerate().all(|(k, part)| {
+                let bits: Vec<u8> = part.iter().flat_map(|w| w.to_le_bytes()).collect();
+                out.put(to, &Item::Quiet { first: (k * chunk_words * 64) as u32, bits })
+            });
+            if all {
+                s.last_quiet.insert(to.clone(), (quiet, now));
             }
         }
         out.done()
@@ -281,7 +354,7 @@ struct Writer<'a> {
 }
 
 impl Writer<'_> {
-    /// Adds `item` for `to`; false when that peer's datagrams are full for this interval.
+    /// Adds `item` for `to`; false when that peer's datagrams are full for this batch.
     fn put(&mut self, to: &str, item: &Item) -> bool {
         let list = self.by_peer.entry(to.to_string()).or_default();
         if list.last().is_none_or(|d| d.len() + item.wire_len() > wire::MAX_BATCH) {
@@ -289,7 +362,7 @@ impl Writer<'_> {
                 return false;
             }
             let number = self.outbox.number.fetch_add(1, Ordering::Relaxed);
-            list.push(wire::header(&self.outbox.me, number));
+            list.push(wire::header(&self.outbox.me, self.outbox.incarnation, number));
         }
         wire::put(list.last_mut().unwrap(), item);
         true

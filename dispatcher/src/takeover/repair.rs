@@ -10,9 +10,9 @@
 //! the dead host's last TSval. `rebuild` makes an established socket from them without a
 //! handshake, so the client's retransmission of that segment lands on it.
 //!
-//! What this module does not do yet: carry `Handshake` records to the dispatcher that
-//! takes over a slot, and let the XDP program hand it the client's segment. See
-//! docs/cluster.md ("When a dispatcher dies").
+//! The records that carry `Handshake` to the dispatcher that takes over a slot, and the
+//! XDP program's report of the client's segment: the rest of `takeover`. See
+//! docs/cluster.md ("Connection takeover").
 
 use std::{
     io,
@@ -31,6 +31,8 @@ const TCP_RECV_QUEUE: libc::c_int = 1;
 const TCP_SEND_QUEUE: libc::c_int = 2;
 const TCP_REPAIR_ON: libc::c_int = 1;
 const TCP_REPAIR_OFF: libc::c_int = 0;
+/// Repair off without the window probe the kernel sends otherwise.
+const TCP_REPAIR_OFF_NO_WP: libc::c_int = -1;
 const TCPOPT_MAXSEG: u32 = 2;
 const TCPOPT_WINDOW: u32 = 3;
 const TCPOPT_SACK_PERM: u32 = 4;
@@ -38,6 +40,10 @@ const TCPOPT_TIMESTAMP: u32 = 8;
 const TCPI_OPT_TIMESTAMPS: u8 = 1;
 const TCPI_OPT_SACK: u8 = 2;
 const TCPI_OPT_WSCALE: u8 = 4;
+/// Timestamps in microseconds (Linux 6.7+): a clock this module does not continue.
+const TCPI_OPT_USEC_TS: u8 = 64;
+/// The bytes the timestamp option takes in every segment.
+const TS_OPTION_BYTES: u32 = 12;
 /// RFC 7323 2.3: a window scale above 14 is taken as 14; the kernel refuses more.
 const MAX_WSCALE: u8 = 14;
 
@@ -56,8 +62,22 @@ pub struct Handshake {
 }
 
 impl Handshake {
+    /// `of`, and the connection's timestamp clock now (its next TSval; `None` without
+    /// timestamps, or with microsecond ones): a second call, at accept.
+    pub fn with_clock(fd: RawFd) -> io::Result<(Handshake, Option<u32>)> {
+        let (h, usec) = Handshake::read(fd)?;
+        if !h.timestamps || usec {
+            return Ok((h, None));
+        }
+        Ok((h, Some(getsockopt_u32(fd, TCP_TIMESTAMP, "TCP_TIMESTAMP")?)))
+    }
+
     /// Read from an established socket's `TCP_INFO` (one call, at accept).
     pub fn of(fd: RawFd) -> io::Result<Handshake> {
+        Ok(Handshake::read(fd)?.0)
+    }
+
+    fn read(fd: RawFd) -> io::Result<(Handshake, bool)> {
         let mut info = [0u8; 104];
         let mut len = info.len() as libc::socklen_t;
         // SAFETY: `info` is writable for `len` bytes; the kernel writes at most that.
@@ -65,7 +85,8 @@ impl Handshake {
         if r != 0 {
             return Err(io::Error::last_os_error());
         }
-        Handshake::from_tcp_info(&info[..len as usize])
+        let usec = len > 5 && info[5] & TCPI_OPT_USEC_TS != 0;
+        Ok((Handshake::from_tcp_info(&info[..len as usize])?, usec))
     }
 
     /// `struct tcp_info`: options at byte 5, the two scales at byte 6 (send in the low
@@ -75,14 +96,17 @@ impl Handshake {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "TCP_INFO too short"));
         }
         let options = info[5];
-        let mss = u32::from_ne_bytes(info[16..20].try_into().unwrap());
+        // The send MSS less the timestamp option's room: the peer's MSS (the clamp the
+        // rebuilt socket is given) is that much more.
+        let timestamps = options & TCPI_OPT_TIMESTAMPS != 0;
+        let mss = u32::from_ne_bytes(info[16..20].try_into().unwrap()) + if timestamps { TS_OPTION_BYTES } else { 0 };
         let wscale = options & TCPI_OPT_WSCALE != 0;
         Ok(Handshake {
             mss: mss.clamp(1, u16::MAX as u32) as u16,
             snd_wscale: if wscale { (info[6] & 0xf).min(MAX_WSCALE) } else { 0 },
             rcv_wscale: if wscale { (info[6] >> 4).min(MAX_WSCALE) } else { 0 },
             sack: options & TCPI_OPT_SACK != 0,
-            timestamps: options & TCPI_OPT_TIMESTAMPS != 0,
+            timestamps,
             wscale,
         })
     }
@@ -154,6 +178,18 @@ pub(super) fn sockaddr(a: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_
 /// says, with the handshake's options; made without a handshake (`TCP_REPAIR`, which
 /// needs CAP_NET_ADMIN). The client's retransmission then lands on it.
 pub fn rebuild(local: SocketAddr, peer: SocketAddr, h: &Handshake, r: &Resume) -> io::Result<TcpStream> {
+    rebuild_with(local, peer, h, r, true)
+}
+
+/// `rebuild`; `window_probe`: the kernel's window probe goes out as repair ends (off for a
+/// socket that is reset at once).
+pub fn rebuild_with(
+    local: SocketAddr,
+    peer: SocketAddr,
+    h: &Handshake,
+    r: &Resume,
+    window_probe: bool,
+) -> io::Result<TcpStream> {
     let family = if local.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
     // SAFETY: a plain socket call; the descriptor is owned at once.
     let raw = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
@@ -164,6 +200,9 @@ pub fn rebuild(local: SocketAddr, peer: SocketAddr, h: &Handshake, r: &Resume) -
     let sock = unsafe { OwnedFd::from_raw_fd(raw) };
     let fd = sock.as_raw_fd();
     setsockopt(fd, TCP_REPAIR, &TCP_REPAIR_ON, "TCP_REPAIR on")?;
+    // SO_REUSEPORT as the VIP's listeners have it: a listener bound later (a reload's new
+    // worker) is not refused for this socket's address.
+    sock_opt(fd, libc::SO_REUSEPORT, 1, "SO_REUSEPORT")?;
     // Repair mode binds beside the VIP's listener (the kernel forces the reuse).
     let (addr, len) = sockaddr(local);
     // SAFETY: `addr` holds `len` valid bytes.
@@ -207,15 +246,51 @@ pub fn rebuild(local: SocketAddr, peer: SocketAddr, h: &Handshake, r: &Resume) -
         return Err(io::Error::new(e.kind(), format!("TCP_REPAIR_OPTIONS: {e}")));
     }
     if let (true, Some(echo)) = (h.timestamps, r.ts_echo) {
-        // Our TSvals go on from the dead host's last one (the client's PAWS check).
-        setsockopt(fd, TCP_TIMESTAMP, &echo.wrapping_add(1), "TCP_TIMESTAMP")?;
+        // Our TSvals go on from the dead host's last one (the client's PAWS check). The
+        // value's low bit chooses microsecond timestamps (Linux 6.7+): left clear, the
+        // clock is the millisecond one the connection had.
+        setsockopt(fd, TCP_TIMESTAMP, &(echo.wrapping_add(2) & !1), "TCP_TIMESTAMP")?;
     }
     // The client's window as it advertised it, scaled; ours opens as the kernel's own.
     let snd_wnd = (r.window as u32) << h.snd_wscale;
     let window: [u32; 5] = [r.rcv_nxt, snd_wnd, snd_wnd, 65535 << h.rcv_wscale.min(2), r.rcv_nxt];
     setsockopt(fd, TCP_REPAIR_WINDOW, &window, "TCP_REPAIR_WINDOW")?;
-    setsockopt(fd, TCP_REPAIR, &TCP_REPAIR_OFF, "TCP_REPAIR off")?;
+    let off = if window_probe { TCP_REPAIR_OFF } else { TCP_REPAIR_OFF_NO_WP };
+    setsockopt(fd, TCP_REPAIR, &off, "TCP_REPAIR off")?;
+    // Repair off leaves the socket with no address reuse at all.
+    sock_opt(fd, libc::SO_REUSEADDR, 1, "SO_REUSEADDR")?;
     Ok(TcpStream::from(sock))
+}
+
+fn sock_opt(fd: RawFd, name: libc::c_int, value: libc::c_int, what: &str) -> io::Result<()> {
+    // SAFETY: `value` is a live c_int of the size passed.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            name,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("{what}: {e}")));
+    }
+    Ok(())
+}
+
+/// Makes the client of `local` <- `peer` answer at once with an acknowledgement that says
+/// where it is: a socket rebuilt at a sequence number far outside its window sends, as
+/// repair ends, a window probe, which the client answers (RFC 9293 3.10.7.4); the socket
+/// is then closed in repair mode, without a word. Needs what `rebuild` needs
+/// (CAP_NET_ADMIN), no raw socket.
+pub fn probe(local: SocketAddr, peer: SocketAddr, h: &Handshake, seq: u32) -> io::Result<()> {
+    let r = Resume { rcv_nxt: seq, snd_nxt: seq ^ 0x8000_0000, ts_echo: None, window: 1024 };
+    let sock = rebuild_with(local, peer, h, &r, true)?;
+    setsockopt(sock.as_raw_fd(), TCP_REPAIR, &TCP_REPAIR_ON, "TCP_REPAIR on")?;
+    drop(sock);
+    Ok(())
 }
 
 fn getsockopt_u32(fd: RawFd, name: libc::c_int, what: &str) -> io::Result<u32> {
@@ -273,7 +348,8 @@ mod tests {
         let h = Handshake::from_tcp_info(&info).unwrap();
         assert_eq!(
             h,
-            Handshake { mss: 1448, snd_wscale: 7, rcv_wscale: 9, sack: true, timestamps: true, wscale: true }
+            Handshake { mss: 1460, snd_wscale: 7, rcv_wscale: 9, sack: true, timestamps: true, wscale: true },
+            "the peer's MSS: the send MSS and the timestamps' 12 bytes"
         );
         // No window scaling agreed: the nibbles mean nothing; a scale past 14 is 14.
         info[5] = TCPI_OPT_SACK;

@@ -3,16 +3,19 @@
 //! that every malformed datagram is tested here.
 //!
 //! A datagram: the channel's `MAGIC`, `VERSION`, `KIND_TAKEOVER`, the sender's name (one
-//! length byte, then the name), a batch number (u64, big-endian: one that is not newer than
-//! the last one taken from that sender is refused, so that a reordered or replayed batch
-//! cannot undo a later one), then items to the end:
+//! length byte, then the name), its incarnation (u64, the start of its run: a newer one
+//! replaces the records of an older one) and a batch number (u64, big-endian: one that is
+//! not newer than the last one taken from that incarnation is refused, so that a
+//! reordered or replayed batch cannot undo a later one), then items to the end:
 //! - `OPEN`: a connection id (u32), the tuple (family 4 or 6, client and local address in
 //!   16 bytes each, client and local port), the handshake's options (MSS u16, the client's
-//!   and our window scale, a flags byte: SACK, timestamps, window scaling) — `OPEN_LEN`
-//!   bytes;
+//!   and our window scale, a flags byte: SACK, timestamps, window scaling), the
+//!   connection's timestamp clock at accept (u32) and the connection's age when the record
+//!   was sent (ms, u32) — `OPEN_LEN` bytes;
 //! - `CLOSE`: a connection id — the connection ended;
-//! - `QUIET`: a first id (u32), a byte count (u16) and that many bytes of a bitmap: the
-//!   connections with no request in progress (their bit set), as of this batch.
+//! - `QUIET`: a first id (u32, a multiple of 8), a byte count (u16) and that many bytes
+//!   of a bitmap: the connections with no request in progress (their bit set);
+//! - `FORGET`: the sender stops gracefully: drop all its records (a stop is not a death).
 //!
 //! Everything is untrusted: lengths are checked against what is there, a family must be
 //! 4 or 6, an MSS nonzero, scales at most 14, a bitmap within `MAX_QUIET_BYTES`.
@@ -25,8 +28,9 @@ use crate::peers::tracker::{MAGIC, MAX_NAME, VERSION};
 pub const OPEN: u8 = 1;
 pub const CLOSE: u8 = 2;
 pub const QUIET: u8 = 3;
+pub const FORGET: u8 = 4;
 /// An `OPEN` item's length, its tag included.
-pub const OPEN_LEN: usize = 1 + 4 + 1 + 16 + 16 + 2 + 2 + 2 + 1 + 1 + 1;
+pub const OPEN_LEN: usize = 1 + 4 + 1 + 16 + 16 + 2 + 2 + 2 + 1 + 1 + 1 + 4 + 4;
 pub const CLOSE_LEN: usize = 5;
 /// A `QUIET` item's fixed part.
 pub const QUIET_HEAD: usize = 7;
@@ -41,6 +45,11 @@ pub struct Open {
     pub client: SocketAddr,
     pub local: SocketAddr,
     pub handshake: Handshake,
+    /// The connection's timestamp clock (its next TSval) at accept, and its age (ms) when
+    /// the record was sent: the dead dispatcher's last TSval, which the client's next
+    /// segment echoes, lies between the two (`inbox` checks a report against them).
+    pub ts_clock: u32,
+    pub age_ms: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,6 +61,7 @@ pub enum Item {
         first: u32,
         bits: Vec<u8>,
     },
+    Forget,
 }
 
 impl Item {
@@ -60,6 +70,7 @@ impl Item {
             Item::Open(_) => OPEN_LEN,
             Item::Close(_) => CLOSE_LEN,
             Item::Quiet { bits, .. } => QUIET_HEAD + bits.len(),
+            Item::Forget => 1,
         }
     }
 }
@@ -68,6 +79,7 @@ impl Item {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Batch {
     pub sender: String,
+    pub incarnation: u64,
     pub number: u64,
     pub items: Vec<Item>,
 }
@@ -83,14 +95,20 @@ pub enum Malformed {
 }
 
 /// The start of a batch datagram from `me` (`items` appended with `put`).
-pub fn header(me: &str, number: u64) -> Vec<u8> {
+pub fn header(me: &str, incarnation: u64, number: u64) -> Vec<u8> {
     let name = &me.as_bytes()[..me.len().min(MAX_NAME)];
     let mut d = Vec::with_capacity(MAX_BATCH);
     d.extend_from_slice(MAGIC);
     d.extend_from_slice(&[VERSION, KIND_TAKEOVER, name.len() as u8]);
     d.extend_from_slice(name);
+    d.extend_from_slice(&incarnation.to_be_bytes());
     d.extend_from_slice(&number.to_be_bytes());
     d
+}
+
+/// The header's length for `me`.
+pub fn header_len(me: &str) -> usize {
+    MAGIC.len() + 3 + me.len().min(MAX_NAME) + 16
 }
 
 fn put_addr(d: &mut Vec<u8>, ip: IpAddr) {
@@ -120,7 +138,10 @@ pub fn put(d: &mut Vec<u8>, item: &Item) {
             let flags =
                 (h.sack as u8 * FLAG_SACK) | (h.timestamps as u8 * FLAG_TIMESTAMPS) | (h.wscale as u8 * FLAG_WSCALE);
             d.push(flags);
+            d.extend_from_slice(&o.ts_clock.to_be_bytes());
+            d.extend_from_slice(&o.age_ms.to_be_bytes());
         }
+        Item::Forget => d.push(FORGET),
         Item::Close(id) => {
             d.push(CLOSE);
             d.extend_from_slice(&id.to_be_bytes());
@@ -175,6 +196,7 @@ pub fn parse(d: &[u8]) -> Result<Batch, Malformed> {
     }
     let name = take(&mut rest, head[2] as usize).map_err(|_| Malformed::Header)?;
     let sender = std::str::from_utf8(name).map_err(|_| Malformed::Header)?.to_string();
+    let incarnation = u64::from_be_bytes(take(&mut rest, 8).map_err(|_| Malformed::Header)?.try_into().unwrap());
     let number = u64::from_be_bytes(take(&mut rest, 8).map_err(|_| Malformed::Header)?.try_into().unwrap());
     let mut items = Vec::new();
     while let Some((&tag, after)) = rest.split_first() {
@@ -205,9 +227,17 @@ pub fn parse(d: &[u8]) -> Result<Batch, Malformed> {
                     timestamps: flags & FLAG_TIMESTAMPS != 0,
                     wscale,
                 };
-                Item::Open(Open { id: u32_at(b), client, local, handshake })
+                Item::Open(Open {
+                    id: u32_at(b),
+                    client,
+                    local,
+                    handshake,
+                    ts_clock: u32_at(&b[46..50]),
+                    age_ms: u32_at(&b[50..54]),
+                })
             }
             CLOSE => Item::Close(u32_at(take(&mut rest, CLOSE_LEN - 1)?)),
+            FORGET => Item::Forget,
             QUIET => {
                 let b = take(&mut rest, QUIET_HEAD - 1)?;
                 let n = u16_at(&b[4..6]) as usize;
@@ -216,7 +246,7 @@ pub fn parse(d: &[u8]) -> Result<Batch, Malformed> {
             _ => return Err(Malformed::UnknownItem),
         });
     }
-    Ok(Batch { sender, number, items })
+    Ok(Batch { sender, incarnation, number, items })
 }
 
 #[cfg(test)]
@@ -236,11 +266,13 @@ mod tests {
                 timestamps: true,
                 wscale: true,
             },
+            ts_clock: 0xdead_beef,
+            age_ms: 61_000,
         })
     }
 
     fn datagram(items: &[Item]) -> Vec<u8> {
-        let mut d = header("d1", 42);
+        let mut d = header("d1", 7, 42);
         for i in items {
             put(&mut d, i);
         }
@@ -254,24 +286,26 @@ mod tests {
             open(8, "[fd00::7]:40001", "[fd00:99::40]:8080"),
             Item::Close(3),
             Item::Quiet { first: 0, bits: vec![0b1010_0000, 1] },
+            Item::Forget,
         ];
         let d = datagram(&items);
-        assert_eq!(d.len(), header("d1", 42).len() + items.iter().map(Item::wire_len).sum::<usize>());
+        assert_eq!(header("d1", 7, 42).len(), header_len("d1"));
+        assert_eq!(d.len(), header_len("d1") + items.iter().map(Item::wire_len).sum::<usize>());
         assert!(is_batch(&d));
-        assert_eq!(parse(&d).unwrap(), Batch { sender: "d1".into(), number: 42, items });
+        assert_eq!(parse(&d).unwrap(), Batch { sender: "d1".into(), incarnation: 7, number: 42, items });
         assert!(!is_batch(&crate::peers::tracker::heartbeat("d1")));
     }
 
     #[test]
     fn hostile_datagrams_are_refused() {
         let good = datagram(&[open(7, "10.98.0.7:40000", "10.99.100.40:80")]);
-        let at = header("d1", 42).len();
+        let at = header_len("d1");
         for cut in (1..good.len()).filter(|&c| c != at) {
             assert!(parse(&good[..cut]).is_err(), "cut at {cut}");
         }
         assert_eq!(parse(&good[..at]).unwrap().items, [], "a batch of no items");
         let mut bad = good.clone();
-        bad[at] = 9;
+        bad[at] = 99;
         assert_eq!(parse(&bad), Err(Malformed::UnknownItem));
         let mut bad = good.clone();
         bad[at + 5] = 5; // family
@@ -289,10 +323,10 @@ mod tests {
         bad[at + 38..at + 40].copy_from_slice(&[0, 0]); // client port 0
         assert_eq!(parse(&bad), Err(Malformed::BadTuple));
         // A bitmap longer than what follows; an oversized datagram.
-        let mut q = header("d1", 1);
+        let mut q = header("d1", 1, 1);
         q.extend_from_slice(&[QUIET, 0, 0, 0, 0, 0x10, 0]);
         assert_eq!(parse(&q), Err(Malformed::Truncated));
-        let mut big = header("d1", 1);
+        let mut big = header("d1", 1, 1);
         big.resize(MAX_BATCH + 1, 0);
         assert_eq!(parse(&big), Err(Malformed::Header));
         let mut other = good.clone();
