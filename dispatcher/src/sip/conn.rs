@@ -69,6 +69,11 @@ async fn read_loop<R: AsyncRead + Unpin>(
     let mut buf: Vec<u8> = Vec::new();
     // When the message now in `buf` began.
     let mut started: Option<Instant> = None;
+    // One timer for the connection's life, re-armed lazily: moved earlier when a deadline
+    // comes sooner, and only when it fires early moved on to the deadline now in force
+    // (an armed timer per read would cost a timer-wheel insert and removal per message).
+    let timer = tokio::time::sleep(b.idle_timeout);
+    tokio::pin!(timer);
     loop {
         // Take every whole frame first.
         loop {
@@ -113,10 +118,25 @@ async fn read_loop<R: AsyncRead + Unpin>(
             }
         };
         buf.reserve(if buf.is_empty() { IDLE_READ } else { READ });
-        match tokio::time::timeout_at(deadline, rd.read_buf(&mut buf)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => return,
-            Ok(Ok(_)) => {}
-            Err(_) => {
+        if deadline < timer.deadline() {
+            timer.as_mut().reset(deadline);
+        }
+        let read = loop {
+            tokio::select! {
+                biased;
+                r = rd.read_buf(&mut buf) => break Some(r),
+                () = &mut timer => {
+                    if tokio::time::Instant::now() >= deadline {
+                        break None;
+                    }
+                    timer.as_mut().reset(deadline);
+                }
+            }
+        };
+        match read {
+            Some(Ok(0)) | Some(Err(_)) => return,
+            Some(Ok(_)) => {}
+            None => {
                 if started.is_some() {
                     hub.count("incomplete");
                 }
@@ -128,30 +148,25 @@ async fn read_loop<R: AsyncRead + Unpin>(
 }
 
 /// A whole message from caller `id`.
-async fn from_caller(hub: &std::sync::Arc<Hub>, vi: usize, id: u64, msg: Vec<u8>) {
+async fn from_caller(hub: &std::sync::Arc<Hub>, vi: usize, id: u64, mut msg: Vec<u8>) {
     if message::is_response(&msg) {
         // An answer to a container's request: back on that container's connection, when
         // our Via on that request was sealed for this caller and names a container of
         // this VIP (a forged one reaches nobody).
         let to = message::sealed_container(&msg, id).filter(|b| hub.vips[vi].members.contains(b));
-        let sent = match (to, message::pop_our_via(&msg)) {
-            (Some(b), Some((Mark::Container(c), rest))) if b == c => {
-                hub.pool.send_existing(b, hub.vips[vi].backend_port, rest)
-            }
+        let sent = match (to, message::pop_our_via(&mut msg)) {
+            (Some(b), Some(Mark::Container(c))) if b == c => hub.pool.send_existing(b, hub.vips[vi].backend_port, msg),
             _ => false,
         };
         hub.count(if sent { "response" } else { "stray" });
         return;
     }
     // Our own Route (from our Record-Route) comes off (RFC 3261 16.4).
-    let msg = match message::pop_our_route(&msg) {
-        Some((_, rest)) => rest,
-        None => msg,
-    };
+    message::pop_our_route(&mut msg);
     // A hop fewer (16.6); none left: 483, never forwarded (a loop ends here).
-    match message::take_hop(&msg) {
-        Some(msg) => dispatch(hub.clone(), vi, id, msg).await,
-        None => {
+    match message::take_hop(&mut msg) {
+        true => dispatch(hub.clone(), vi, id, msg).await,
+        false => {
             hub.count("invalid");
             if !message::method(&msg).eq_ignore_ascii_case(b"ACK") {
                 let head = &msg[..framing::header_end(&msg).unwrap_or(msg.len())];

@@ -242,17 +242,18 @@ async fn run(
 }
 
 /// A whole message from container `b`.
-fn from_container(hub: &Arc<Hub>, b: usize, link: &Link, msg: Vec<u8>) {
+fn from_container(hub: &Arc<Hub>, b: usize, link: &Link, mut msg: Vec<u8>) {
     if message::is_response(&msg) {
-        let branch = message::top_branch(&msg).map(<[u8]>::to_vec);
-        match message::pop_our_via(&msg) {
-            Some((Mark::Client(id), rest)) => {
-                if final_status(&msg) {
-                    if let Some(br) = branch {
-                        hub.pool.forget(link, &br);
-                    }
-                }
-                if hub.to_client(id, rest) {
+        // The request it answers finally is no longer owed (forgotten before our Via,
+        // which names it, comes off).
+        if final_status(&msg) {
+            if let Some(br) = message::top_branch(&msg) {
+                hub.pool.forget(link, br);
+            }
+        }
+        match message::pop_our_via(&mut msg) {
+            Some(Mark::Client(id)) => {
+                if hub.to_client(id, msg) {
                     hub.count("response");
                 }
             }
@@ -261,11 +262,11 @@ fn from_container(hub: &Arc<Hub>, b: usize, link: &Link, msg: Vec<u8>) {
         return;
     }
     // A request toward a caller: our Route names its connection.
-    match message::pop_our_route(&msg) {
-        Some((Mark::Client(id), rest)) => match hub.client_vip(id) {
+    match message::pop_our_route(&mut msg) {
+        Some(Mark::Client(id)) => match hub.client_vip(id) {
             Some(vi) => {
                 let v = &hub.vips[vi];
-                let fwd = message::forward_to_caller(&rest, b, id, &v.host, v.transport.name());
+                let fwd = message::forward_to_caller(&msg, b, id, &v.host, v.transport.name());
                 if hub.to_client(id, fwd) {
                     hub.count("container_request");
                 }
