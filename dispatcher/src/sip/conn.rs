@@ -1,21 +1,30 @@
 //! One caller's connection: messages framed (`framing`), each request routed (`route`),
 //! held while its owner is suspect, sent on the container's pooled connection with our
 //! `Via`; responses to a container's request sent back on that container's connection.
-//! What the connection is told goes through a bounded queue its writer drains.
+//! What the connection is told is written by the task that has it when the connection is
+//! plain TCP (`wire.rs`: queued only when the socket takes no more), through a bounded
+//! queue its writer task drains over TLS.
 //!
 //! Timeouts: `header_timeout` from a message's first byte to the end of its header
 //! section (slowloris), `body_timeout` more for its body (a `Content-Length` larger than
 //! what follows), `idle_timeout` between messages; each closes the connection.
 
-use std::{sync::atomic::Ordering, time::Instant};
+use std::{
+    sync::{atomic::Ordering, Arc},
+    time::Instant,
+};
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::{
+    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
+    net::TcpStream,
+};
 
 use super::{
     framing::{self, Frame},
     message::{self, Mark},
     route::{self, Choice},
-    Hub, QUEUE,
+    wire::Wire,
+    CallerTx, Hub, BACKLOG, QUEUE,
 };
 use crate::health::Cause;
 
@@ -24,17 +33,24 @@ const IDLE_READ: usize = 512;
 /// Room for each further read.
 const READ: usize = 4096;
 
-/// Serves caller connection `id` on VIP `vi` until it closes or breaks a rule.
-pub async fn serve<S: AsyncRead + AsyncWrite + Send + 'static>(
-    hub: &std::sync::Arc<Hub>,
-    vi: usize,
-    id: u64,
-    stream: S,
-) {
+/// Serves plain caller connection `id` on VIP `vi` until it closes or breaks a rule;
+/// whoever has a message for it writes it (`wire.rs`).
+pub async fn serve_plain(hub: &Arc<Hub>, vi: usize, id: u64, stream: TcpStream) {
+    let wire = Arc::new(Wire::new(stream, BACKLOG));
+    // Idle but for what the socket did not take at once.
+    let writer = tokio::spawn({
+        let wire = wire.clone();
+        async move { wire.flush().await }
+    });
+    serve(hub, vi, id, &mut wire.reader(), CallerTx::Plain(wire.clone()), writer).await;
+}
+
+/// Serves TLS caller connection `id`: what it is told goes through a bounded queue its
+/// writer task drains (the TLS state is that task's).
+pub async fn serve_tls<S: AsyncRead + AsyncWrite + Send + 'static>(hub: &Arc<Hub>, vi: usize, id: u64, stream: S) {
     let (mut rd, mut wr) = tokio::io::split(stream);
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(QUEUE);
-    hub.clients.lock().unwrap().insert(id, (tx.clone(), vi));
-    let mut writer = tokio::spawn(async move {
+    let writer = tokio::spawn(async move {
         while let Some(bytes) = rx.recv().await {
             if wr.write_all(&bytes).await.is_err() {
                 break;
@@ -46,10 +62,25 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Send + 'static>(
         }
         let _ = wr.shutdown().await;
     });
-    read_loop(hub, vi, id, &mut rd, &tx).await;
+    serve(hub, vi, id, &mut rd, CallerTx::Tls(tx), writer).await;
+}
+
+async fn serve<R: AsyncRead + Unpin>(
+    hub: &Arc<Hub>,
+    vi: usize,
+    id: u64,
+    rd: &mut R,
+    tx: CallerTx,
+    mut writer: tokio::task::JoinHandle<()>,
+) {
+    hub.clients.lock().unwrap().insert(id, (tx.clone(), vi));
+    read_loop(hub, vi, id, rd, &tx).await;
     hub.clients.lock().unwrap().remove(&id);
-    // What is queued is still written (the writer ends when the last sender goes), for 2 s
-    // at most: a caller that reads nothing does not keep its socket and slot.
+    // What is queued is still written (a TLS writer ends when the last sender goes), for
+    // 2 s at most: a caller that reads nothing does not keep its socket and slot.
+    if let CallerTx::Plain(w) = &tx {
+        w.close_after_flush();
+    }
     drop(tx);
     if tokio::time::timeout(std::time::Duration::from_secs(2), &mut writer).await.is_err() {
         writer.abort();
@@ -61,7 +92,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
     vi: usize,
     id: u64,
     rd: &mut R,
-    tx: &tokio::sync::mpsc::Sender<Vec<u8>>,
+    tx: &CallerTx,
 ) {
     let b = hub.bounds;
     // No read buffer of its own: reads go into `buf`'s spare room, which an idle
@@ -80,7 +111,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
             match framing::next(&mut buf, b.limits) {
                 Ok(Some(Frame::Ping)) => {
                     hub.count("keepalive");
-                    let _ = tx.try_send(b"\r\n".to_vec());
+                    let _ = tx.send(b"\r\n".to_vec());
                 }
                 Ok(Some(Frame::Message(m))) => {
                     started = None;
@@ -94,9 +125,9 @@ async fn read_loop<R: AsyncRead + Unpin>(
                         let (status, reason) = fault.answer();
                         // Never waited for: a caller that reads nothing must not keep the
                         // connection (and its slot) by filling the queue.
-                        let _ = tx.try_send(message::answer(head, status, reason, None));
+                        let _ = tx.send(message::answer(head, status, reason, None));
                     }
-                    let _ = tx.try_send(Vec::new());
+                    tx.close();
                     return;
                 }
             }
@@ -140,7 +171,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 if started.is_some() {
                     hub.count("incomplete");
                 }
-                let _ = tx.try_send(Vec::new());
+                tx.close();
                 return;
             }
         }

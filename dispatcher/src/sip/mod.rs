@@ -20,6 +20,7 @@ pub mod framing;
 pub mod message;
 pub mod route;
 pub mod upstream;
+pub mod wire;
 
 use std::{
     collections::HashMap,
@@ -44,8 +45,12 @@ use crate::{
 pub const MAX_BODY: usize = 64 * 1024;
 /// Call-IDs pinned at once (about 40 bytes each).
 pub const MAX_PINS: usize = 1 << 20;
-/// Messages queued toward one connection (caller or container) before more are dropped.
+/// Messages queued toward a TLS caller's connection (its writer task's) before more are
+/// dropped.
 pub const QUEUE: usize = 256;
+/// Bytes a plain connection (a caller's or a container's) holds when its socket takes no
+/// more (`wire.rs`); past them a message is dropped (caller) or waited with (container).
+pub const BACKLOG: usize = 256 << 10;
 
 /// A stream SIP VIP as its connections see it.
 pub struct SipVip {
@@ -72,8 +77,42 @@ pub struct Bounds {
     pub max_held: usize,
 }
 
-/// A caller's connection as the others reach it: its writer's queue, and its VIP.
-pub type Caller = (tokio::sync::mpsc::Sender<Vec<u8>>, usize);
+/// Where a caller's connection is written: over plain TCP by whichever task has the
+/// message (`wire.rs`); over TLS through its writer task's queue (the TLS state is that
+/// task's).
+#[derive(Clone)]
+pub enum CallerTx {
+    Plain(Arc<wire::Wire>),
+    Tls(tokio::sync::mpsc::Sender<Vec<u8>>),
+}
+
+impl CallerTx {
+    /// Writes or queues one message.
+    pub fn send(&self, bytes: Vec<u8>) -> Result<(), wire::Refused> {
+        use tokio::sync::mpsc::error::TrySendError;
+        match self {
+            CallerTx::Plain(w) => w.try_send(&bytes),
+            CallerTx::Tls(tx) => tx.try_send(bytes).map_err(|e| match e {
+                TrySendError::Full(_) => wire::Refused::Full,
+                TrySendError::Closed(_) => wire::Refused::Closed,
+            }),
+        }
+    }
+
+    /// Ends the connection once what is queued is written.
+    pub fn close(&self) {
+        match self {
+            CallerTx::Plain(w) => w.close_after_flush(),
+            // Empty bytes: the writer task ends there.
+            CallerTx::Tls(tx) => {
+                let _ = tx.try_send(Vec::new());
+            }
+        }
+    }
+}
+
+/// A caller's connection as the others reach it: how it is written, and its VIP.
+pub type Caller = (CallerTx, usize);
 
 /// What every connection shares: the servers, the callers' connections by id (where
 /// responses and containers' requests go), the pins, the pool.
@@ -100,7 +139,7 @@ impl Hub {
     /// queue is full (`overflow`).
     pub fn to_client(&self, id: u64, bytes: Vec<u8>) -> bool {
         let tx = self.clients.lock().unwrap().get(&id).map(|c| c.0.clone());
-        match tx.map(|tx| tx.try_send(bytes).is_ok()) {
+        match tx.map(|tx| tx.send(bytes).is_ok()) {
             Some(true) => true,
             Some(false) => {
                 self.count("overflow");
@@ -237,10 +276,10 @@ async fn accept(hub: Arc<Hub>, vi: usize, listener: TcpListener) {
             // Boxed, each: a plain connection's task does not carry the size of the TLS
             // handshake's state, nor of the other kind of connection.
             match hub.vips[vi].tls.clone() {
-                None => Box::pin(conn::serve(&hub, vi, id, stream)).await,
+                None => Box::pin(conn::serve_plain(&hub, vi, id, stream)).await,
                 Some(tls) => {
                     if let Some(s) = Box::pin(tls.accept(stream)).await {
-                        Box::pin(conn::serve(&hub, vi, id, s)).await;
+                        Box::pin(conn::serve_tls(&hub, vi, id, s)).await;
                     }
                 }
             }

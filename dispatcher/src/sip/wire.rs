@@ -1,0 +1,201 @@
+//! One plain TCP connection's sending side, shared by every task that sends on it: a
+//! message is written by the task that has it, at once, when the socket takes it (the
+//! common case: no hand-over to another task, no wake-up, one system call); what the
+//! socket does not take waits in a bounded backlog that the connection's own task
+//! flushes when the socket is writable again. Writes go under one lock, so messages from
+//! several tasks never interleave and keep their order.
+//!
+//! Bounded: the backlog holds at most `cap` bytes (a message is taken whatever its size
+//! when the backlog is empty); past that a send is refused (`Refused::Full`) and the
+//! sender decides (drop and count it, or wait for room a while).
+
+use std::{
+    io,
+    pin::Pin,
+    sync::Mutex,
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use tokio::{
+    io::{AsyncRead, ReadBuf},
+    net::TcpStream,
+    sync::Notify,
+};
+
+/// Why a message was not taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// The backlog is full (the peer reads too slowly).
+    Full,
+    /// The connection is closed or broken.
+    Closed,
+}
+
+#[derive(Default)]
+struct Backlog {
+    bytes: Vec<u8>,
+    /// Bytes of `bytes` already written.
+    done: usize,
+    /// No more messages: the flusher ends once the backlog is written.
+    closing: bool,
+    closed: bool,
+}
+
+pub struct Wire {
+    sock: TcpStream,
+    out: Mutex<Backlog>,
+    /// Bytes wait in the backlog, or the wire is closing: the flusher has work.
+    more: Notify,
+    /// The backlog was written out: senders waiting for room try again.
+    room: Notify,
+    cap: usize,
+}
+
+impl Wire {
+    pub fn new(sock: TcpStream, cap: usize) -> Wire {
+        Wire { sock, out: Mutex::new(Backlog::default()), more: Notify::new(), room: Notify::new(), cap }
+    }
+
+    /// The connection's reading side (reads need no lock: one task reads).
+    pub fn reader(&self) -> SockRead<'_> {
+        SockRead(&self.sock)
+    }
+
+    /// Writes `bytes` now, or queues what the socket does not take.
+    pub fn try_send(&self, bytes: &[u8]) -> Result<(), Refused> {
+        let mut q = self.out.lock().unwrap();
+        if q.closed || q.closing {
+            return Err(Refused::Closed);
+        }
+        if q.bytes.is_empty() {
+            let n = match self.sock.try_write(bytes) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+                Err(_) => {
+                    q.closed = true;
+                    drop(q);
+                    self.more.notify_one();
+                    return Err(Refused::Closed);
+                }
+            };
+            if n == bytes.len() {
+                return Ok(());
+            }
+            q.bytes.extend_from_slice(&bytes[n..]);
+        } else if q.bytes.len() - q.done + bytes.len() <= self.cap {
+            q.bytes.extend_from_slice(bytes);
+        } else {
+            return Err(Refused::Full);
+        }
+        drop(q);
+        self.more.notify_one();
+        Ok(())
+    }
+
+    /// As `try_send`, waiting at most `wait` for room in a full backlog (then
+    /// `WouldBlock`); a closed connection is an error.
+    pub async fn send(&self, bytes: &[u8], wait: Duration) -> io::Result<()> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let room = self.room.notified();
+            tokio::pin!(room);
+            room.as_mut().enable();
+            match self.try_send(bytes) {
+                Ok(()) => return Ok(()),
+                Err(Refused::Closed) => return Err(io::Error::other("connection closed")),
+                Err(Refused::Full) => {
+                    if tokio::time::timeout_at(deadline, room).await.is_err() {
+                        return Err(io::ErrorKind::WouldBlock.into());
+                    }
+                }
+            }
+        }
+    }
+
+    /// No more messages; what is queued is still written, then the connection's sending
+    /// side is shut down (`flush`).
+    pub fn close_after_flush(&self) {
+        self.out.lock().unwrap().closing = true;
+        self.more.notify_one();
+    }
+
+    /// The connection task's part: writes out the backlog whenever there is one, until
+    /// the connection breaks, or it was closed and everything queued is written (then
+    /// the sending side is shut down).
+    pub async fn flush(&self) {
+        loop {
+            let more = self.more.notified();
+            tokio::pin!(more);
+            more.as_mut().enable();
+            loop {
+                let blocked = {
+                    let mut q = self.out.lock().unwrap();
+                    if q.closed {
+                        return;
+                    }
+                    if q.bytes.is_empty() {
+                        if q.closing {
+                            q.closed = true;
+                            let _ = nix::sys::socket::shutdown(
+                                std::os::fd::AsRawFd::as_raw_fd(&self.sock),
+                                nix::sys::socket::Shutdown::Write,
+                            );
+                            return;
+                        }
+                        break;
+                    }
+                    let at = q.done;
+                    match self.sock.try_write(&q.bytes[at..]) {
+                        Ok(n) => {
+                            q.done += n;
+                            if q.done == q.bytes.len() {
+                                q.bytes = Vec::new();
+                                q.done = 0;
+                                self.room.notify_waiters();
+                            }
+                            false
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => true,
+                        Err(_) => {
+                            q.closed = true;
+                            self.room.notify_waiters();
+                            return;
+                        }
+                    }
+                };
+                if blocked && self.sock.writable().await.is_err() {
+                    self.out.lock().unwrap().closed = true;
+                    return;
+                }
+            }
+            more.await;
+        }
+    }
+
+    /// Broken or done: every later send is refused.
+    pub fn set_closed(&self) {
+        self.out.lock().unwrap().closed = true;
+        self.room.notify_waiters();
+        self.more.notify_one();
+    }
+}
+
+/// Reads from a shared plain socket (readiness, then a read that does not wait).
+pub struct SockRead<'a>(&'a TcpStream);
+
+impl AsyncRead for SockRead<'_> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        loop {
+            std::task::ready!(self.0.poll_read_ready(cx))?;
+            match self.0.try_read(buf.initialize_unfilled()) {
+                Ok(n) => {
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+}
