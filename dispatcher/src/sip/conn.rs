@@ -36,13 +36,14 @@ const READ: usize = 4096;
 /// Serves plain caller connection `id` on VIP `vi` until it closes or breaks a rule;
 /// whoever has a message for it writes it (`wire.rs`).
 pub async fn serve_plain(hub: &Arc<Hub>, vi: usize, id: u64, stream: TcpStream) {
-    let wire = Arc::new(Wire::new(stream, BACKLOG));
+    let (mut rd, wr) = stream.into_split();
+    let wire = Arc::new(Wire::new(wr, BACKLOG));
     // Idle but for what the socket did not take at once.
     let writer = tokio::spawn({
         let wire = wire.clone();
         async move { wire.flush().await }
     });
-    serve(hub, vi, id, &mut wire.reader(), CallerTx::Plain(wire.clone()), writer).await;
+    serve(hub, vi, id, &mut rd, CallerTx::Plain(wire), writer).await;
 }
 
 /// Serves TLS caller connection `id`: what it is told goes through a bounded queue its

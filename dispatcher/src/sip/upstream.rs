@@ -17,7 +17,10 @@ use std::{
 };
 
 use dispatcher_common::BackendState;
-use tokio::{io::AsyncReadExt, net::TcpStream};
+use tokio::{
+    io::AsyncReadExt,
+    net::{tcp::OwnedReadHalf, TcpStream},
+};
 
 use super::{
     framing::{self, Frame},
@@ -152,21 +155,21 @@ impl Pool {
             .await
             .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
         let _ = stream.set_nodelay(true);
-        let wire = Wire::new(stream, BACKLOG);
+        let (rd, wr) = stream.into_split();
+        let wire = Wire::new(wr, BACKLOG);
         let link = Arc::new(Link { wire, pending: Mutex::new(HashMap::new()), closed: AtomicBool::new(false) });
         self.links.lock().unwrap().insert((b, port), link.clone());
-        tokio::spawn(run(hub.clone(), b, port, link.clone()));
+        tokio::spawn(run(hub.clone(), b, port, rd, link.clone()));
         Ok(link)
     }
 }
 
 /// Runs one container connection until it breaks or the container goes down; then routes
 /// again what it still owed answers to.
-async fn run(hub: Arc<Hub>, b: usize, port: u16, link: Arc<Link>) {
+async fn run(hub: Arc<Hub>, b: usize, port: u16, mut rd: OwnedReadHalf, link: Arc<Link>) {
     // What the socket did not take when it was sent.
     let writer = link.wire.flush();
     let reader = async {
-        let mut rd = link.wire.reader();
         let mut buf = Vec::new();
         loop {
             loop {

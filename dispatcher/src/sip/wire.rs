@@ -9,19 +9,9 @@
 //! when the backlog is empty); past that a send is refused (`Refused::Full`) and the
 //! sender decides (drop and count it, or wait for room a while).
 
-use std::{
-    io,
-    pin::Pin,
-    sync::Mutex,
-    task::{Context, Poll},
-    time::Duration,
-};
+use std::{io, os::fd::AsRawFd, sync::Mutex, time::Duration};
 
-use tokio::{
-    io::{AsyncRead, ReadBuf},
-    net::TcpStream,
-    sync::Notify,
-};
+use tokio::{net::tcp::OwnedWriteHalf, sync::Notify};
 
 /// Why a message was not taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,7 +33,8 @@ struct Backlog {
 }
 
 pub struct Wire {
-    sock: TcpStream,
+    /// The socket's sending half (the connection's task owns the reading half).
+    sock: OwnedWriteHalf,
     out: Mutex<Backlog>,
     /// Bytes wait in the backlog, or the wire is closing: the flusher has work.
     more: Notify,
@@ -53,13 +44,8 @@ pub struct Wire {
 }
 
 impl Wire {
-    pub fn new(sock: TcpStream, cap: usize) -> Wire {
+    pub fn new(sock: OwnedWriteHalf, cap: usize) -> Wire {
         Wire { sock, out: Mutex::new(Backlog::default()), more: Notify::new(), room: Notify::new(), cap }
-    }
-
-    /// The connection's reading side (reads need no lock: one task reads).
-    pub fn reader(&self) -> SockRead<'_> {
-        SockRead(&self.sock)
     }
 
     /// Writes `bytes` now, or queues what the socket does not take.
@@ -137,10 +123,8 @@ impl Wire {
                     if q.bytes.is_empty() {
                         if q.closing {
                             q.closed = true;
-                            let _ = nix::sys::socket::shutdown(
-                                std::os::fd::AsRawFd::as_raw_fd(&self.sock),
-                                nix::sys::socket::Shutdown::Write,
-                            );
+                            let fd = self.sock.as_ref().as_raw_fd();
+                            let _ = nix::sys::socket::shutdown(fd, nix::sys::socket::Shutdown::Write);
                             return;
                         }
                         break;
@@ -178,24 +162,5 @@ impl Wire {
         self.out.lock().unwrap().closed = true;
         self.room.notify_waiters();
         self.more.notify_one();
-    }
-}
-
-/// Reads from a shared plain socket (readiness, then a read that does not wait).
-pub struct SockRead<'a>(&'a TcpStream);
-
-impl AsyncRead for SockRead<'_> {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        loop {
-            std::task::ready!(self.0.poll_read_ready(cx))?;
-            match self.0.try_read(buf.initialize_unfilled()) {
-                Ok(n) => {
-                    buf.advance(n);
-                    return Poll::Ready(Ok(()));
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Poll::Ready(Err(e)),
-            }
-        }
     }
 }
