@@ -88,13 +88,7 @@ async fn serve<R: AsyncRead + Unpin>(
     }
 }
 
-async fn read_loop<R: AsyncRead + Unpin>(
-    hub: &std::sync::Arc<Hub>,
-    vi: usize,
-    id: u64,
-    rd: &mut R,
-    tx: &CallerTx,
-) {
+async fn read_loop<R: AsyncRead + Unpin>(hub: &std::sync::Arc<Hub>, vi: usize, id: u64, rd: &mut R, tx: &CallerTx) {
     let b = hub.bounds;
     // No read buffer of its own: reads go into `buf`'s spare room, which an idle
     // connection keeps small.

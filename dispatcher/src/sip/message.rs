@@ -320,7 +320,8 @@ Content-Length: 4\r\n\r\nv=0\n";
         assert!(pop_our_via(&mut back).is_none());
         assert_eq!(back, before);
         // Ours alone on its line: the line goes.
-        let mut alone = format!("SIP/2.0 200 OK\r\nVia: {our_via}\r\nVia: SIP/2.0/TCP x\r\nContent-Length: 0\r\n\r\n").into_bytes();
+        let mut alone =
+            format!("SIP/2.0 200 OK\r\nVia: {our_via}\r\nVia: SIP/2.0/TCP x\r\nContent-Length: 0\r\n\r\n").into_bytes();
         assert_eq!(pop_our_via(&mut alone), Some(Mark::Client(0x2a)));
         assert_eq!(text(&alone), "SIP/2.0 200 OK\r\nVia: SIP/2.0/TCP x\r\nContent-Length: 0\r\n\r\n");
     }

@@ -163,8 +163,9 @@ impl Hub {
 /// runtimes of their own: one per `[http] workers` (at most 4), one thread each. A
 /// connection lives on one of them (taken in turn as they are accepted), so that what a
 /// message wakes runs on the thread that read it: no hand-over between worker threads,
-/// no wake-up of an idle one to steal work (a work-stealing runtime of two threads cost
-/// about 12% more CPU per message in `bench --sip`).
+/// no wake-up of an idle one to steal work (one work-stealing runtime of two threads
+/// cost about 15% more CPU per message than one thread in interleaved `bench --sip`
+/// runs).
 pub struct SipServer {
     runtimes: Vec<tokio::runtime::Runtime>,
     pub hub: Arc<Hub>,
