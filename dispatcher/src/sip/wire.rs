@@ -164,3 +164,56 @@ impl Wire {
         self.more.notify_one();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    /// A peer that reads nothing: messages are taken until the socket and then the
+    /// backlog (`cap`) are full, then refused (`Full`), never more memory. When the peer
+    /// reads, it gets every taken message whole and in order, then, after
+    /// `close_after_flush`, the end of the stream.
+    #[tokio::test]
+    async fn a_peer_that_does_not_read_fills_a_bounded_backlog_then_gets_everything_in_order() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (ours, theirs) = tokio::join!(tokio::net::TcpStream::connect(addr), listener.accept());
+        let (_rd, wr) = ours.unwrap().into_split();
+        let mut peer = theirs.unwrap().0;
+        let cap = 64 << 10;
+        let wire = std::sync::Arc::new(Wire::new(wr, cap));
+        let flusher = tokio::spawn({
+            let wire = wire.clone();
+            async move { wire.flush().await }
+        });
+        // Messages of 1,000 bytes, each filled with its number.
+        let msg = |i: usize| vec![b'a' + (i % 26) as u8; 1000];
+        let mut taken = 0;
+        let refused = loop {
+            match wire.try_send(&msg(taken)) {
+                Ok(()) => taken += 1,
+                Err(r) => break r,
+            }
+            assert!(taken < 100_000, "never refused: the backlog is unbounded");
+        };
+        assert_eq!(refused, Refused::Full);
+        let queued = {
+            let q = wire.out.lock().unwrap();
+            q.bytes.len() - q.done
+        };
+        assert!(queued <= cap && queued + 1000 > cap, "the backlog stops at its bound: {queued} bytes");
+        // Waiting for room a while gives up as `WouldBlock`, not an error of the peer.
+        let waited = wire.send(&msg(taken), Duration::from_millis(50)).await;
+        assert_eq!(waited.map_err(|e| e.kind()), Err(io::ErrorKind::WouldBlock));
+        wire.close_after_flush();
+        assert_eq!(wire.try_send(b"late"), Err(Refused::Closed));
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), peer.read_to_end(&mut got)).await.unwrap().unwrap();
+        assert_eq!(got.len(), taken * 1000, "every taken message, nothing else");
+        for (i, chunk) in got.chunks(1000).enumerate() {
+            assert_eq!(chunk, &msg(i)[..], "message {i} whole and in its place");
+        }
+        tokio::time::timeout(Duration::from_secs(5), flusher).await.unwrap().unwrap();
+    }
+}
