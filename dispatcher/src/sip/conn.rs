@@ -1,21 +1,30 @@
 //! One caller's connection: messages framed (`framing`), each request routed (`route`),
 //! held while its owner is suspect, sent on the container's pooled connection with our
 //! `Via`; responses to a container's request sent back on that container's connection.
-//! What the connection is told goes through a bounded queue its writer drains.
+//! What the connection is told is written by the task that has it when the connection is
+//! plain TCP (`wire.rs`: queued only when the socket takes no more), through a bounded
+//! queue its writer task drains over TLS.
 //!
 //! Timeouts: `header_timeout` from a message's first byte to the end of its header
 //! section (slowloris), `body_timeout` more for its body (a `Content-Length` larger than
 //! what follows), `idle_timeout` between messages; each closes the connection.
 
-use std::{sync::atomic::Ordering, time::Instant};
+use std::{
+    sync::{atomic::Ordering, Arc},
+    time::Instant,
+};
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::{
+    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
+    net::TcpStream,
+};
 
 use super::{
     framing::{self, Frame},
     message::{self, Mark},
     route::{self, Choice},
-    Hub, QUEUE,
+    wire::Wire,
+    CallerTx, Hub, BACKLOG, QUEUE,
 };
 use crate::health::Cause;
 
@@ -24,17 +33,25 @@ const IDLE_READ: usize = 512;
 /// Room for each further read.
 const READ: usize = 4096;
 
-/// Serves caller connection `id` on VIP `vi` until it closes or breaks a rule.
-pub async fn serve<S: AsyncRead + AsyncWrite + Send + 'static>(
-    hub: &std::sync::Arc<Hub>,
-    vi: usize,
-    id: u64,
-    stream: S,
-) {
+/// Serves plain caller connection `id` on VIP `vi` until it closes or breaks a rule;
+/// whoever has a message for it writes it (`wire.rs`).
+pub async fn serve_plain(hub: &Arc<Hub>, vi: usize, id: u64, stream: TcpStream) {
+    let (mut rd, wr) = stream.into_split();
+    let wire = Arc::new(Wire::new(wr, BACKLOG));
+    // Idle but for what the socket did not take at once.
+    let writer = tokio::spawn({
+        let wire = wire.clone();
+        async move { wire.flush().await }
+    });
+    serve(hub, vi, id, &mut rd, CallerTx::Plain(wire), writer).await;
+}
+
+/// Serves TLS caller connection `id`: what it is told goes through a bounded queue its
+/// writer task drains (the TLS state is that task's).
+pub async fn serve_tls<S: AsyncRead + AsyncWrite + Send + 'static>(hub: &Arc<Hub>, vi: usize, id: u64, stream: S) {
     let (mut rd, mut wr) = tokio::io::split(stream);
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(QUEUE);
-    hub.clients.lock().unwrap().insert(id, (tx.clone(), vi));
-    let mut writer = tokio::spawn(async move {
+    let writer = tokio::spawn(async move {
         while let Some(bytes) = rx.recv().await {
             if wr.write_all(&bytes).await.is_err() {
                 break;
@@ -46,36 +63,50 @@ pub async fn serve<S: AsyncRead + AsyncWrite + Send + 'static>(
         }
         let _ = wr.shutdown().await;
     });
-    read_loop(hub, vi, id, &mut rd, &tx).await;
+    serve(hub, vi, id, &mut rd, CallerTx::Tls(tx), writer).await;
+}
+
+async fn serve<R: AsyncRead + Unpin>(
+    hub: &Arc<Hub>,
+    vi: usize,
+    id: u64,
+    rd: &mut R,
+    tx: CallerTx,
+    mut writer: tokio::task::JoinHandle<()>,
+) {
+    hub.clients.lock().unwrap().insert(id, (tx.clone(), vi));
+    read_loop(hub, vi, id, rd, &tx).await;
     hub.clients.lock().unwrap().remove(&id);
-    // What is queued is still written (the writer ends when the last sender goes), for 2 s
-    // at most: a caller that reads nothing does not keep its socket and slot.
+    // What is queued is still written (a TLS writer ends when the last sender goes), for
+    // 2 s at most: a caller that reads nothing does not keep its socket and slot.
+    if let CallerTx::Plain(w) = &tx {
+        w.close_after_flush();
+    }
     drop(tx);
     if tokio::time::timeout(std::time::Duration::from_secs(2), &mut writer).await.is_err() {
         writer.abort();
     }
 }
 
-async fn read_loop<R: AsyncRead + Unpin>(
-    hub: &std::sync::Arc<Hub>,
-    vi: usize,
-    id: u64,
-    rd: &mut R,
-    tx: &tokio::sync::mpsc::Sender<Vec<u8>>,
-) {
+async fn read_loop<R: AsyncRead + Unpin>(hub: &std::sync::Arc<Hub>, vi: usize, id: u64, rd: &mut R, tx: &CallerTx) {
     let b = hub.bounds;
     // No read buffer of its own: reads go into `buf`'s spare room, which an idle
     // connection keeps small.
     let mut buf: Vec<u8> = Vec::new();
     // When the message now in `buf` began.
     let mut started: Option<Instant> = None;
+    // One timer for the connection's life, re-armed lazily: moved earlier when a deadline
+    // comes sooner, and only when it fires early moved on to the deadline now in force
+    // (an armed timer per read would cost a timer-wheel insert and removal per message).
+    let timer = tokio::time::sleep(b.idle_timeout);
+    tokio::pin!(timer);
     loop {
         // Take every whole frame first.
         loop {
             match framing::next(&mut buf, b.limits) {
                 Ok(Some(Frame::Ping)) => {
                     hub.count("keepalive");
-                    let _ = tx.try_send(b"\r\n".to_vec());
+                    let _ = tx.send(b"\r\n".to_vec());
                 }
                 Ok(Some(Frame::Message(m))) => {
                     started = None;
@@ -89,9 +120,9 @@ async fn read_loop<R: AsyncRead + Unpin>(
                         let (status, reason) = fault.answer();
                         // Never waited for: a caller that reads nothing must not keep the
                         // connection (and its slot) by filling the queue.
-                        let _ = tx.try_send(message::answer(head, status, reason, None));
+                        let _ = tx.send(message::answer(head, status, reason, None));
                     }
-                    let _ = tx.try_send(Vec::new());
+                    tx.close();
                     return;
                 }
             }
@@ -113,14 +144,29 @@ async fn read_loop<R: AsyncRead + Unpin>(
             }
         };
         buf.reserve(if buf.is_empty() { IDLE_READ } else { READ });
-        match tokio::time::timeout_at(deadline, rd.read_buf(&mut buf)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => return,
-            Ok(Ok(_)) => {}
-            Err(_) => {
+        if deadline < timer.deadline() {
+            timer.as_mut().reset(deadline);
+        }
+        let read = loop {
+            tokio::select! {
+                biased;
+                r = rd.read_buf(&mut buf) => break Some(r),
+                () = &mut timer => {
+                    if tokio::time::Instant::now() >= deadline {
+                        break None;
+                    }
+                    timer.as_mut().reset(deadline);
+                }
+            }
+        };
+        match read {
+            Some(Ok(0)) | Some(Err(_)) => return,
+            Some(Ok(_)) => {}
+            None => {
                 if started.is_some() {
                     hub.count("incomplete");
                 }
-                let _ = tx.try_send(Vec::new());
+                tx.close();
                 return;
             }
         }
@@ -128,30 +174,25 @@ async fn read_loop<R: AsyncRead + Unpin>(
 }
 
 /// A whole message from caller `id`.
-async fn from_caller(hub: &std::sync::Arc<Hub>, vi: usize, id: u64, msg: Vec<u8>) {
+async fn from_caller(hub: &std::sync::Arc<Hub>, vi: usize, id: u64, mut msg: Vec<u8>) {
     if message::is_response(&msg) {
         // An answer to a container's request: back on that container's connection, when
         // our Via on that request was sealed for this caller and names a container of
         // this VIP (a forged one reaches nobody).
         let to = message::sealed_container(&msg, id).filter(|b| hub.vips[vi].members.contains(b));
-        let sent = match (to, message::pop_our_via(&msg)) {
-            (Some(b), Some((Mark::Container(c), rest))) if b == c => {
-                hub.pool.send_existing(b, hub.vips[vi].backend_port, rest)
-            }
+        let sent = match (to, message::pop_our_via(&mut msg)) {
+            (Some(b), Some(Mark::Container(c))) if b == c => hub.pool.send_existing(b, hub.vips[vi].backend_port, msg),
             _ => false,
         };
         hub.count(if sent { "response" } else { "stray" });
         return;
     }
     // Our own Route (from our Record-Route) comes off (RFC 3261 16.4).
-    let msg = match message::pop_our_route(&msg) {
-        Some((_, rest)) => rest,
-        None => msg,
-    };
+    message::pop_our_route(&mut msg);
     // A hop fewer (16.6); none left: 483, never forwarded (a loop ends here).
-    match message::take_hop(&msg) {
-        Some(msg) => dispatch(hub.clone(), vi, id, msg).await,
-        None => {
+    match message::take_hop(&mut msg) {
+        true => dispatch(hub.clone(), vi, id, msg).await,
+        false => {
             hub.count("invalid");
             if !message::method(&msg).eq_ignore_ascii_case(b"ACK") {
                 let head = &msg[..framing::header_end(&msg).unwrap_or(msg.len())];

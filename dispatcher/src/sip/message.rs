@@ -13,7 +13,9 @@
 //! Pure functions over one message's bytes (the body is never touched, so
 //! `Content-Length` stays right).
 
-use super::framing::{header_end, lines, split_header};
+use std::{fmt, io::Write, ops::Range};
+
+use super::framing::split_header;
 
 /// Where a `dsp` mark points: a caller's connection or a container.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,30 +46,37 @@ pub fn method(msg: &[u8]) -> &[u8] {
     &msg[..end]
 }
 
-/// Each header line of the header section: its byte range and name/value.
-fn header_spans(msg: &[u8]) -> Vec<(std::ops::Range<usize>, bool)> {
-    // (range of the physical line including its line end, whether it has a name)
-    let head = header_end(msg).unwrap_or(msg.len());
-    let mut out = Vec::new();
+/// The header lines of a message, one at a time, up to the empty line: each physical
+/// line's byte range (its line end included) and whether it starts a header (`name:
+/// value`; a folded line does not). Nothing allocated: a lookup walks it and stops at
+/// what it needs.
+fn header_lines(msg: &[u8]) -> impl Iterator<Item = (Range<usize>, bool)> + '_ {
     let mut at = start_line_end(msg);
-    while at < head {
-        let end = msg[at..head].iter().position(|&c| c == b'\n').map_or(head, |p| at + p + 1);
+    std::iter::from_fn(move || {
+        let end = msg.get(at..)?.iter().position(|&c| c == b'\n').map_or(msg.len(), |p| at + p + 1);
         let line = &msg[at..end];
         let bare = line.strip_suffix(b"\n").unwrap_or(line);
         let bare = bare.strip_suffix(b"\r").unwrap_or(bare);
         if bare.is_empty() {
-            break;
+            return None;
         }
-        out.push((at..end, split_header(bare).is_some()));
+        let range = at..end;
         at = end;
-    }
-    out
+        Some((range, split_header(bare).is_some()))
+    })
+}
+
+/// The first header named `long` or `compact`: its line's byte range and its value.
+fn find_header<'a>(msg: &'a [u8], long: &[u8], compact: &[u8]) -> Option<(Range<usize>, &'a [u8])> {
+    header_lines(msg).filter(|(_, named)| *named).find_map(|(r, _)| {
+        let (name, value) = split_header(msg[r.clone()].trim_ascii_end())?;
+        is_name(name, long, compact).then_some((r, value))
+    })
 }
 
 /// The value of the first header named `long` or `compact`.
 pub fn header<'a>(msg: &'a [u8], long: &[u8], compact: &[u8]) -> Option<&'a [u8]> {
-    let head = &msg[..header_end(msg).unwrap_or(msg.len())];
-    lines(head).filter_map(split_header).find(|(n, _)| is_name(n, long, compact)).map(|(_, v)| v)
+    find_header(msg, long, compact).map(|(_, v)| v)
 }
 
 /// A parameter's value in a header value's first element (`;name=value`).
@@ -106,10 +115,13 @@ fn fnv(b: &[u8]) -> u64 {
     b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &c| (h ^ c as u64).wrapping_mul(0x0000_0100_0000_01b3))
 }
 
-fn mark_text(m: Mark) -> String {
-    match m {
-        Mark::Client(id) => format!("c{id:x}"),
-        Mark::Container(b) => format!("u{b:x}"),
+/// As a `dsp` mark reads: `c<connection>` or `u<container>`, in hex.
+impl fmt::Display for Mark {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Mark::Client(id) => write!(f, "c{id:x}"),
+            Mark::Container(b) => write!(f, "u{b:x}"),
+        }
     }
 }
 
@@ -123,41 +135,24 @@ fn parse_mark(t: &[u8]) -> Option<Mark> {
     }
 }
 
-/// `msg` with `lines` inserted right after its start line (so they are the topmost of
-/// their name).
-fn insert_top(msg: &[u8], lines: &str) -> Vec<u8> {
-    let at = start_line_end(msg);
-    let mut out = Vec::with_capacity(msg.len() + lines.len());
-    out.extend_from_slice(&msg[..at]);
-    out.extend_from_slice(lines.as_bytes());
-    out.extend_from_slice(&msg[at..]);
-    out
-}
-
 /// Requests that create a dialog: they get our `Record-Route`.
 fn creates_dialog(method: &[u8]) -> bool {
     [&b"INVITE"[..], b"SUBSCRIBE", b"REFER", b"NOTIFY"].iter().any(|m| m.eq_ignore_ascii_case(method))
 }
 
-/// `Max-Forwards` taken down by one (RFC 3261 16.6 step 3; 70 when absent, which adds
-/// none); `None` when it was already 0 or is not a number (the caller answers 483).
-pub fn take_hop(msg: &[u8]) -> Option<Vec<u8>> {
-    let Some((range, _)) = header_spans(msg).into_iter().filter(|(_, named)| *named).find(|(r, _)| {
-        split_header(msg[r.clone()].trim_ascii_end()).is_some_and(|(n, _)| n.eq_ignore_ascii_case(b"max-forwards"))
-    }) else {
-        return Some(msg.to_vec());
-    };
-    let line = msg[range.clone()].trim_ascii_end();
-    let (_, value) = split_header(line)?;
-    let n: u32 = std::str::from_utf8(value).ok().filter(|v| v.len() <= 3).and_then(|v| v.parse().ok())?;
-    if n == 0 {
-        return None;
-    }
-    let mut out = Vec::with_capacity(msg.len());
-    out.extend_from_slice(&msg[..range.start]);
-    out.extend_from_slice(format!("Max-Forwards: {}\r\n", n - 1).as_bytes());
-    out.extend_from_slice(&msg[range.end..]);
-    Some(out)
+/// `Max-Forwards` taken down by one, in place (RFC 3261 16.6 step 3; 70 when absent,
+/// which adds none); false when it was already 0 or is not a number (the caller answers
+/// 483).
+pub fn take_hop(msg: &mut Vec<u8>) -> bool {
+    let Some((range, value)) = find_header(msg, b"max-forwards", b"max-forwards") else { return true };
+    let n: Option<u32> = std::str::from_utf8(value).ok().filter(|v| v.len() <= 3).and_then(|v| v.parse().ok());
+    let Some(n) = n.filter(|&n| n > 0) else { return false };
+    let mut line = [0u8; 24];
+    let mut w = &mut line[..];
+    let _ = write!(w, "Max-Forwards: {}\r\n", n - 1);
+    let len = 24 - w.len();
+    msg.splice(range, line[..len].iter().copied());
+    true
 }
 
 /// What a forwarded request carries: our `Via` (its branch names `from`) and, for a
@@ -194,59 +189,60 @@ pub fn sealed_container(msg: &[u8], client: u64) -> Option<usize> {
 }
 
 fn forward_request_sealed(msg: &[u8], from: Mark, host: &str, transport: &str, client: Option<u64>) -> Vec<u8> {
-    let theirs = top_branch(msg).unwrap_or(b"");
-    let hash = fnv(theirs);
-    let branch = match (from, client) {
-        (Mark::Container(b), Some(c)) => format!("z9hG4bK-dsp-{}-{hash:x}-{:x}", mark_text(from), seal(b, c, hash)),
-        _ => format!("z9hG4bK-dsp-{}-{hash:x}", mark_text(from)),
-    };
-    let mut add = format!("Via: SIP/2.0/{transport} {host};branch={branch}\r\n");
+    let hash = fnv(top_branch(msg).unwrap_or(b""));
+    // One buffer, written once: the start line, our lines, the rest as it came.
+    let at = start_line_end(msg);
+    let mut out = Vec::with_capacity(msg.len() + 2 * host.len() + 128);
+    out.extend_from_slice(&msg[..at]);
+    let _ = write!(out, "Via: SIP/2.0/{transport} {host};branch=z9hG4bK-dsp-{from}-{hash:x}");
+    if let (Mark::Container(b), Some(c)) = (from, client) {
+        let _ = write!(out, "-{:x}", seal(b, c, hash));
+    }
+    out.extend_from_slice(b"\r\n");
     if matches!(from, Mark::Client(_)) && creates_dialog(method(msg)) {
-        let t = transport.to_ascii_lowercase();
-        add += &format!("Record-Route: <sip:{host};transport={t};lr;dsp={}>\r\n", mark_text(from));
+        let _ = write!(out, "Record-Route: <sip:{host};transport=");
+        out.extend(transport.bytes().map(|c| c.to_ascii_lowercase()));
+        let _ = write!(out, ";lr;dsp={from}>\r\n");
     }
-    insert_top(msg, &add)
+    out.extend_from_slice(&msg[at..]);
+    out
 }
 
-/// Removes the first element of the first header named `long`/`compact` (the line, when
-/// it is its only element).
-fn remove_first_element(msg: &[u8], long: &[u8], compact: &[u8]) -> Option<Vec<u8>> {
-    let (range, _) = header_spans(msg).into_iter().filter(|(_, named)| *named).find(|(r, _)| {
-        let line = &msg[r.clone()];
-        split_header(line.trim_ascii_end()).is_some_and(|(n, _)| is_name(n, long, compact))
-    })?;
+/// Removes the first element of the header line at `range`, in place (the whole line
+/// when it is its only element; else `Name: <the elements after the comma>`).
+fn remove_first_element(msg: &mut Vec<u8>, range: Range<usize>) {
     let line = &msg[range.clone()];
-    let colon = line.iter().position(|&c| c == b':')?;
+    let Some(colon) = line.iter().position(|&c| c == b':') else { return };
     let value = &line[colon + 1..];
-    let first = first_element(value);
-    let mut out = Vec::with_capacity(msg.len());
-    out.extend_from_slice(&msg[..range.start]);
-    if first.len() < value.len() {
-        // Other elements stay: `Name: <rest after the comma>`.
-        out.extend_from_slice(&line[..colon + 1]);
-        out.push(b' ');
-        out.extend_from_slice(value[first.len() + 1..].trim_ascii_start());
+    let first = first_element(value).len();
+    if first == value.len() {
+        msg.drain(range);
+        return;
     }
-    out.extend_from_slice(&msg[range.end..]);
-    Some(out)
+    // From the value's start to the next element (blanks after the comma included).
+    let blanks = value[first + 1..].iter().take_while(|&&c| c == b' ' || c == b'\t').count();
+    let from = range.start + colon + 1;
+    msg.splice(from..from + first + 1 + blanks, [b' ']);
 }
 
-/// A response's top `Via`, if it is ours: where the response goes, and the response
-/// without it.
-pub fn pop_our_via(msg: &[u8]) -> Option<(Mark, Vec<u8>)> {
-    let branch = top_branch(msg)?;
-    let rest = branch.strip_prefix(BRANCH_PREFIX)?;
+/// A response's top `Via`, if it is ours: where the response goes; the `Via` is taken
+/// off `msg`.
+pub fn pop_our_via(msg: &mut Vec<u8>) -> Option<Mark> {
+    let (range, value) = find_header(msg, b"via", b"v")?;
+    let rest = param(first_element(value), b"branch")?.strip_prefix(BRANCH_PREFIX)?;
     let mark = parse_mark(rest.split(|&c| c == b'-').next()?)?;
-    Some((mark, remove_first_element(msg, b"via", b"v")?))
+    remove_first_element(msg, range);
+    Some(mark)
 }
 
-/// A request's top `Route`, if it is ours (`;dsp=`): the caller's connection it names,
-/// and the request without it (RFC 3261 16.4: a proxy removes its own top Route).
-pub fn pop_our_route(msg: &[u8]) -> Option<(Mark, Vec<u8>)> {
-    let first = first_element(header(msg, b"route", b"route")?);
-    let inner = first.split(|&c| c == b'>').next()?;
+/// A request's top `Route`, if it is ours (`;dsp=`): the caller's connection it names;
+/// the `Route` is taken off `msg` (RFC 3261 16.4: a proxy removes its own top Route).
+pub fn pop_our_route(msg: &mut Vec<u8>) -> Option<Mark> {
+    let (range, value) = find_header(msg, b"route", b"route")?;
+    let inner = first_element(value).split(|&c| c == b'>').next()?;
     let mark = parse_mark(param(inner, b"dsp")?)?;
-    Some((mark, remove_first_element(msg, b"route", b"route")?))
+    remove_first_element(msg, range);
+    Some(mark)
 }
 
 /// The dispatcher's own final answer to a request: its `Via`s, `From`, `To` (tagged),
@@ -254,7 +250,7 @@ pub fn pop_our_route(msg: &[u8]) -> Option<(Mark, Vec<u8>)> {
 /// given.
 pub fn answer(req: &[u8], status: u16, reason: &str, retry_after: Option<u32>) -> Vec<u8> {
     let mut out = format!("SIP/2.0 {status} {reason}\r\n").into_bytes();
-    for (range, named) in header_spans(req) {
+    for (range, named) in header_lines(req) {
         let line = &req[range];
         let bare = line.trim_ascii_end();
         let Some((name, value)) = split_header(bare).filter(|_| named) else { continue };
@@ -313,14 +309,21 @@ Content-Length: 4\r\n\r\nv=0\n";
         let resp = format!(
             "SIP/2.0 200 OK\r\nv: {our_via}, SIP/2.0/TCP 10.0.1.2:5061;branch=z9hG4bK-1-0\r\nCall-ID: 1-1@x\r\nContent-Length: 0\r\n\r\n"
         );
-        let (mark, back) = pop_our_via(resp.as_bytes()).expect("ours");
-        assert_eq!(mark, Mark::Client(0x2a));
+        let mut back = resp.into_bytes();
+        assert_eq!(pop_our_via(&mut back), Some(Mark::Client(0x2a)));
         assert_eq!(
             text(&back),
             "SIP/2.0 200 OK\r\nv: SIP/2.0/TCP 10.0.1.2:5061;branch=z9hG4bK-1-0\r\nCall-ID: 1-1@x\r\nContent-Length: 0\r\n\r\n"
         );
         // Not ours: left alone.
-        assert!(pop_our_via(&back).is_none());
+        let before = back.clone();
+        assert!(pop_our_via(&mut back).is_none());
+        assert_eq!(back, before);
+        // Ours alone on its line: the line goes.
+        let mut alone =
+            format!("SIP/2.0 200 OK\r\nVia: {our_via}\r\nVia: SIP/2.0/TCP x\r\nContent-Length: 0\r\n\r\n").into_bytes();
+        assert_eq!(pop_our_via(&mut alone), Some(Mark::Client(0x2a)));
+        assert_eq!(text(&alone), "SIP/2.0 200 OK\r\nVia: SIP/2.0/TCP x\r\nContent-Length: 0\r\n\r\n");
     }
 
     /// A BYE from the container carries our Record-Route as its top Route: it names the
@@ -329,8 +332,8 @@ Content-Length: 4\r\n\r\nv=0\n";
     fn a_containers_request_finds_the_callers_connection() {
         let bye = b"BYE sip:a@10.0.1.2:5061 SIP/2.0\r\nVia: SIP/2.0/TCP 10.0.2.1:5060;branch=z9hG4bK-u1\r\n\
 Route: <sip:10.0.0.1:5060;transport=tcp;lr;dsp=c7>, <sip:edge;lr>\r\nCall-ID: 1-1@x\r\nContent-Length: 0\r\n\r\n";
-        let (mark, rest) = pop_our_route(bye).expect("our route");
-        assert_eq!(mark, Mark::Client(7));
+        let mut rest = bye.to_vec();
+        assert_eq!(pop_our_route(&mut rest), Some(Mark::Client(7)));
         assert!(text(&rest).contains("\r\nRoute: <sip:edge;lr>\r\n"), "{}", text(&rest));
         let fwd = forward_to_caller(&rest, 3, 7, "10.0.0.1:5060", "TLS");
         assert!(text(&fwd).contains("Via: SIP/2.0/TLS 10.0.0.1:5060;branch=z9hG4bK-dsp-u3-"));
@@ -350,20 +353,27 @@ Route: <sip:10.0.0.1:5060;transport=tcp;lr;dsp=c7>, <sip:edge;lr>\r\nCall-ID: 1-
         assert_eq!(sealed_container(&unsealed, 7), None, "no seal");
         assert!(!text(&fwd).contains("Record-Route"), "only a caller's dialog-creating request is record-routed");
         let resp = answer(&fwd, 200, "OK", None);
-        assert_eq!(pop_our_via(&resp).map(|(m, _)| m), Some(Mark::Container(3)));
+        assert_eq!(pop_our_via(&mut resp.clone()), Some(Mark::Container(3)));
         // Without our Route: nothing.
-        assert!(pop_our_route(&rest).is_none());
+        assert!(pop_our_route(&mut rest).is_none());
     }
 
     #[test]
     fn max_forwards_goes_down_by_one_and_stops_at_zero() {
         let m = b"OPTIONS sip:a SIP/2.0\r\nMax-Forwards:  2\r\nCall-ID: x\r\nContent-Length: 0\r\n\r\n";
-        let once = take_hop(m).unwrap();
-        assert_eq!(text(&once), "OPTIONS sip:a SIP/2.0\r\nMax-Forwards: 1\r\nCall-ID: x\r\nContent-Length: 0\r\n\r\n");
-        let twice = take_hop(&once).unwrap();
-        assert!(take_hop(&twice).is_none(), "0: 483");
-        assert!(take_hop(b"OPTIONS sip:a SIP/2.0\r\nMax-Forwards: x\r\n\r\n").is_none());
-        assert_eq!(take_hop(INVITE).unwrap(), INVITE, "absent: unchanged");
+        let mut m = m.to_vec();
+        assert!(take_hop(&mut m));
+        assert_eq!(text(&m), "OPTIONS sip:a SIP/2.0\r\nMax-Forwards: 1\r\nCall-ID: x\r\nContent-Length: 0\r\n\r\n");
+        assert!(take_hop(&mut m));
+        assert!(!take_hop(&mut m), "0: 483");
+        assert!(!take_hop(&mut b"OPTIONS sip:a SIP/2.0\r\nMax-Forwards: x\r\n\r\n".to_vec()));
+        let mut absent = INVITE.to_vec();
+        assert!(take_hop(&mut absent));
+        assert_eq!(absent, INVITE, "absent: unchanged");
+        // 10 -> 9: the line gets shorter, the body stays whole.
+        let mut ten = b"OPTIONS sip:a SIP/2.0\r\nmax-forwards:10\r\nContent-Length: 2\r\n\r\nab".to_vec();
+        assert!(take_hop(&mut ten));
+        assert_eq!(text(&ten), "OPTIONS sip:a SIP/2.0\r\nMax-Forwards: 9\r\nContent-Length: 2\r\n\r\nab");
     }
 
     #[test]

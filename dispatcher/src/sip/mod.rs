@@ -20,6 +20,7 @@ pub mod framing;
 pub mod message;
 pub mod route;
 pub mod upstream;
+pub mod wire;
 
 use std::{
     collections::HashMap,
@@ -32,7 +33,7 @@ use std::{
 };
 
 use anyhow::Context;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 
 use crate::{
     config::{Config, SipTransport},
@@ -44,8 +45,12 @@ use crate::{
 pub const MAX_BODY: usize = 64 * 1024;
 /// Call-IDs pinned at once (about 40 bytes each).
 pub const MAX_PINS: usize = 1 << 20;
-/// Messages queued toward one connection (caller or container) before more are dropped.
+/// Messages queued toward a TLS caller's connection (its writer task's) before more are
+/// dropped.
 pub const QUEUE: usize = 256;
+/// Bytes a plain connection (a caller's or a container's) holds when its socket takes no
+/// more (`wire.rs`); past them a message is dropped (caller) or waited with (container).
+pub const BACKLOG: usize = 256 << 10;
 
 /// A stream SIP VIP as its connections see it.
 pub struct SipVip {
@@ -72,8 +77,42 @@ pub struct Bounds {
     pub max_held: usize,
 }
 
-/// A caller's connection as the others reach it: its writer's queue, and its VIP.
-pub type Caller = (tokio::sync::mpsc::Sender<Vec<u8>>, usize);
+/// Where a caller's connection is written: over plain TCP by whichever task has the
+/// message (`wire.rs`); over TLS through its writer task's queue (the TLS state is that
+/// task's).
+#[derive(Clone)]
+pub enum CallerTx {
+    Plain(Arc<wire::Wire>),
+    Tls(tokio::sync::mpsc::Sender<Vec<u8>>),
+}
+
+impl CallerTx {
+    /// Writes or queues one message.
+    pub fn send(&self, bytes: Vec<u8>) -> Result<(), wire::Refused> {
+        use tokio::sync::mpsc::error::TrySendError;
+        match self {
+            CallerTx::Plain(w) => w.try_send(&bytes),
+            CallerTx::Tls(tx) => tx.try_send(bytes).map_err(|e| match e {
+                TrySendError::Full(_) => wire::Refused::Full,
+                TrySendError::Closed(_) => wire::Refused::Closed,
+            }),
+        }
+    }
+
+    /// Ends the connection once what is queued is written.
+    pub fn close(&self) {
+        match self {
+            CallerTx::Plain(w) => w.close_after_flush(),
+            // Empty bytes: the writer task ends there.
+            CallerTx::Tls(tx) => {
+                let _ = tx.try_send(Vec::new());
+            }
+        }
+    }
+}
+
+/// A caller's connection as the others reach it: how it is written, and its VIP.
+pub type Caller = (CallerTx, usize);
 
 /// What every connection shares: the servers, the callers' connections by id (where
 /// responses and containers' requests go), the pins, the pool.
@@ -100,7 +139,7 @@ impl Hub {
     /// queue is full (`overflow`).
     pub fn to_client(&self, id: u64, bytes: Vec<u8>) -> bool {
         let tx = self.clients.lock().unwrap().get(&id).map(|c| c.0.clone());
-        match tx.map(|tx| tx.try_send(bytes).is_ok()) {
+        match tx.map(|tx| tx.send(bytes).is_ok()) {
             Some(true) => true,
             Some(false) => {
                 self.count("overflow");
@@ -120,10 +159,15 @@ impl Hub {
     }
 }
 
-/// The stream SIP VIPs of one configuration: their listeners and connections, on a
-/// runtime of their own.
+/// The stream SIP VIPs of one configuration: their listeners and connections, on
+/// runtimes of their own: one per `[http] workers` (at most 4), one thread each. A
+/// connection lives on one of them (taken in turn as they are accepted), so that what a
+/// message wakes runs on the thread that read it: no hand-over between worker threads,
+/// no wake-up of an idle one to steal work (one work-stealing runtime of two threads
+/// cost about 15% more CPU per message than one thread in interleaved `bench --sip`
+/// runs).
 pub struct SipServer {
-    runtime: Option<tokio::runtime::Runtime>,
+    runtimes: Vec<tokio::runtime::Runtime>,
     pub hub: Arc<Hub>,
 }
 
@@ -140,14 +184,18 @@ impl SipServer {
             hold_time: h.hold_time,
             max_held: h.max_held,
         };
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(h.workers.clamp(1, 4))
-            .thread_name("sip")
-            .enable_all()
-            .build()
-            .context("starting the SIP runtime")?;
-        // Sockets are made inside it (tokio's listeners need its reactor).
-        let _inside = runtime.enter();
+        let runtimes = (0..h.workers.clamp(1, 4))
+            .map(|_| {
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(1)
+                    .thread_name("sip")
+                    .enable_all()
+                    .build()
+                    .context("starting the SIP runtimes")
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        // Listeners are made inside the first (tokio's listeners need its reactor).
+        let _inside = runtimes[0].enter();
         let handshakes = Arc::new(tokio::sync::Semaphore::new(h.max_tls_handshakes));
         let mut vips = Vec::new();
         let mut listeners = Vec::new();
@@ -183,20 +231,20 @@ impl SipServer {
             pins: Mutex::new(route::Pins::new(MAX_PINS)),
             pool: upstream::Pool::default(),
         });
+        let shards: Arc<[tokio::runtime::Handle]> = runtimes.iter().map(|r| r.handle().clone()).collect();
         for (i, l) in listeners.into_iter().enumerate() {
-            let hub = hub.clone();
-            runtime.spawn(accept(hub, i, l));
+            runtimes[0].spawn(accept(hub.clone(), i, l, shards.clone()));
         }
         for v in hub.vips.iter().filter_map(|v| v.tls.as_ref()) {
             v.publish();
         }
         drop(_inside);
-        Ok(SipServer { runtime: Some(runtime), hub })
+        Ok(SipServer { runtimes, hub })
     }
 
     /// Stops listening and ends every connection (within a second).
     pub fn shutdown(mut self) {
-        if let Some(rt) = self.runtime.take() {
+        for rt in self.runtimes.drain(..) {
             rt.shutdown_timeout(Duration::from_secs(1));
         }
     }
@@ -204,14 +252,16 @@ impl SipServer {
 
 impl Drop for SipServer {
     fn drop(&mut self) {
-        if let Some(rt) = self.runtime.take() {
+        for rt in self.runtimes.drain(..) {
             rt.shutdown_background();
         }
     }
 }
 
-/// Accepts on VIP `vi` under its connection cap.
-async fn accept(hub: Arc<Hub>, vi: usize, listener: TcpListener) {
+/// Accepts on VIP `vi` under its connection cap; each connection goes to the next of
+/// `shards` (the runtimes), whose reactor it is registered with.
+async fn accept(hub: Arc<Hub>, vi: usize, listener: TcpListener, shards: Arc<[tokio::runtime::Handle]>) {
+    let mut next_shard = 0;
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(s) => s,
@@ -230,17 +280,24 @@ async fn accept(hub: Arc<Hub>, vi: usize, listener: TcpListener) {
         }
         let id = hub.next_client.fetch_add(1, Ordering::Relaxed);
         let hub = hub.clone();
-        tokio::spawn(async move {
+        next_shard = (next_shard + 1) % shards.len();
+        let stream = stream.into_std();
+        shards[next_shard].spawn(async move {
+            // Registered with this runtime's reactor from here on.
+            let Ok(stream) = stream.and_then(TcpStream::from_std) else {
+                hub.vips[vi].open.fetch_sub(1, Ordering::SeqCst);
+                return;
+            };
             let counters = hub.servers.counters.clone();
             counters.sip_stream_connections.fetch_add(1, Ordering::Relaxed);
             let _ = stream.set_nodelay(true);
             // Boxed, each: a plain connection's task does not carry the size of the TLS
             // handshake's state, nor of the other kind of connection.
             match hub.vips[vi].tls.clone() {
-                None => Box::pin(conn::serve(&hub, vi, id, stream)).await,
+                None => Box::pin(conn::serve_plain(&hub, vi, id, stream)).await,
                 Some(tls) => {
                     if let Some(s) = Box::pin(tls.accept(stream)).await {
-                        Box::pin(conn::serve(&hub, vi, id, s)).await;
+                        Box::pin(conn::serve_tls(&hub, vi, id, s)).await;
                     }
                 }
             }

@@ -18,15 +18,19 @@ use std::{
 
 use dispatcher_common::BackendState;
 use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::TcpStream,
+    io::AsyncReadExt,
+    net::{tcp::OwnedReadHalf, TcpStream},
 };
 
 use super::{
     framing::{self, Frame},
     message::{self, Mark},
-    Hub, QUEUE,
+    wire::Wire,
+    Hub, BACKLOG,
 };
+
+/// Room for each read from a container.
+const READ: usize = 8192;
 
 /// Requests one container connection keeps until their final answers.
 pub const MAX_PENDING: usize = 4096;
@@ -46,7 +50,8 @@ pub struct Pending {
 }
 
 struct Link {
-    tx: tokio::sync::mpsc::Sender<Vec<u8>>,
+    /// Written by the task that has the message (`wire.rs`), read by the link's task.
+    wire: Wire,
     pending: Mutex<HashMap<Vec<u8>, Pending>>,
     closed: AtomicBool,
 }
@@ -71,7 +76,7 @@ impl Pool {
 
     /// Sends on the container's open connection only (an answer to its own request).
     pub fn send_existing(&self, b: usize, port: u16, bytes: Vec<u8>) -> bool {
-        self.live(b, port).is_some_and(|l| l.tx.try_send(bytes).is_ok())
+        self.live(b, port).is_some_and(|l| l.wire.try_send(&bytes).is_ok())
     }
 
     /// Sends on container `b`'s connection, opening it if needed; `pending`: keep it
@@ -99,14 +104,10 @@ impl Pool {
         if let Some(p) = pending {
             self.keep(&link, p);
         }
-        // A full queue is back-pressure from a busy connection, not a failed container:
+        // A full backlog is back-pressure from a busy connection, not a failed container:
         // waited for a while, then `WouldBlock` (the caller is answered 503; the container
         // is not made suspect). A closed one is a failure.
-        let sent = match tokio::time::timeout(hub.bounds.connect_timeout, link.tx.send(bytes)).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(_)) => Err(std::io::Error::other("container connection closed")),
-            Err(_) => Err(std::io::Error::from(std::io::ErrorKind::WouldBlock)),
-        };
+        let sent = link.wire.send(&bytes, hub.bounds.connect_timeout).await;
         if sent.is_err() {
             // Not sent: nothing to route again when that connection ends.
             if let Some(br) = branch {
@@ -154,49 +155,37 @@ impl Pool {
             .await
             .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
         let _ = stream.set_nodelay(true);
-        let (tx, rx) = tokio::sync::mpsc::channel(QUEUE);
-        let link = Arc::new(Link { tx, pending: Mutex::new(HashMap::new()), closed: AtomicBool::new(false) });
+        let (rd, wr) = stream.into_split();
+        let wire = Wire::new(wr, BACKLOG);
+        let link = Arc::new(Link { wire, pending: Mutex::new(HashMap::new()), closed: AtomicBool::new(false) });
         self.links.lock().unwrap().insert((b, port), link.clone());
-        tokio::spawn(run(hub.clone(), b, port, stream, rx, link.clone()));
+        tokio::spawn(run(hub.clone(), b, port, rd, link.clone()));
         Ok(link)
     }
 }
 
 /// Runs one container connection until it breaks or the container goes down; then routes
 /// again what it still owed answers to.
-async fn run(
-    hub: Arc<Hub>,
-    b: usize,
-    port: u16,
-    stream: TcpStream,
-    mut rx: tokio::sync::mpsc::Receiver<Vec<u8>>,
-    link: Arc<Link>,
-) {
-    let (mut rd, mut wr) = stream.into_split();
-    let writer = async {
-        while let Some(bytes) = rx.recv().await {
-            if wr.write_all(&bytes).await.is_err() {
-                break;
-            }
-        }
-    };
+async fn run(hub: Arc<Hub>, b: usize, port: u16, mut rd: OwnedReadHalf, link: Arc<Link>) {
+    // What the socket did not take when it was sent.
+    let writer = link.wire.flush();
     let reader = async {
         let mut buf = Vec::new();
-        let mut chunk = [0u8; 8192];
         loop {
             loop {
                 match framing::next(&mut buf, hub.bounds.limits) {
                     Ok(Some(Frame::Ping)) => {
-                        let _ = link.tx.try_send(b"\r\n".to_vec());
+                        let _ = link.wire.try_send(b"\r\n");
                     }
                     Ok(Some(Frame::Message(m))) => from_container(&hub, b, &link, m),
                     Ok(None) => break,
                     Err(_) => return,
                 }
             }
-            match rd.read(&mut chunk).await {
+            buf.reserve(READ);
+            match rd.read_buf(&mut buf).await {
                 Ok(0) | Err(_) => return,
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                Ok(_) => {}
             }
         }
     };
@@ -218,6 +207,7 @@ async fn run(
         _ = down => {}
     }
     link.closed.store(true, Ordering::SeqCst);
+    link.wire.set_closed();
     {
         let mut links = hub.pool.links.lock().unwrap();
         if links.get(&(b, port)).is_some_and(|l| Arc::ptr_eq(l, &link)) {
@@ -242,17 +232,18 @@ async fn run(
 }
 
 /// A whole message from container `b`.
-fn from_container(hub: &Arc<Hub>, b: usize, link: &Link, msg: Vec<u8>) {
+fn from_container(hub: &Arc<Hub>, b: usize, link: &Link, mut msg: Vec<u8>) {
     if message::is_response(&msg) {
-        let branch = message::top_branch(&msg).map(<[u8]>::to_vec);
-        match message::pop_our_via(&msg) {
-            Some((Mark::Client(id), rest)) => {
-                if final_status(&msg) {
-                    if let Some(br) = branch {
-                        hub.pool.forget(link, &br);
-                    }
-                }
-                if hub.to_client(id, rest) {
+        // The request it answers finally is no longer owed (forgotten before our Via,
+        // which names it, comes off).
+        if final_status(&msg) {
+            if let Some(br) = message::top_branch(&msg) {
+                hub.pool.forget(link, br);
+            }
+        }
+        match message::pop_our_via(&mut msg) {
+            Some(Mark::Client(id)) => {
+                if hub.to_client(id, msg) {
                     hub.count("response");
                 }
             }
@@ -261,11 +252,11 @@ fn from_container(hub: &Arc<Hub>, b: usize, link: &Link, msg: Vec<u8>) {
         return;
     }
     // A request toward a caller: our Route names its connection.
-    match message::pop_our_route(&msg) {
-        Some((Mark::Client(id), rest)) => match hub.client_vip(id) {
+    match message::pop_our_route(&mut msg) {
+        Some(Mark::Client(id)) => match hub.client_vip(id) {
             Some(vi) => {
                 let v = &hub.vips[vi];
-                let fwd = message::forward_to_caller(&rest, b, id, &v.host, v.transport.name());
+                let fwd = message::forward_to_caller(&msg, b, id, &v.host, v.transport.name());
                 if hub.to_client(id, fwd) {
                     hub.count("container_request");
                 }
@@ -275,7 +266,7 @@ fn from_container(hub: &Arc<Hub>, b: usize, link: &Link, msg: Vec<u8>) {
                 hub.count("stray");
                 let head = &msg[..framing::header_end(&msg).unwrap_or(msg.len())];
                 if !message::method(&msg).eq_ignore_ascii_case(b"ACK") {
-                    let _ = link.tx.try_send(message::answer(head, 430, "Flow Failed", None));
+                    let _ = link.wire.try_send(&message::answer(head, 430, "Flow Failed", None));
                 }
             }
         },
