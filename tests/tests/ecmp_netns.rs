@@ -392,9 +392,10 @@ fn idle_connections_of_a_dead_dispatcher_go_on_on_its_successor() {
     let held = e.held(2);
     assert!(held > CLIENTS as u64 / 6, "d2 holds a share of the clients: {held}");
     // d2's connections are registered there and their records are with d0 and d1.
-    let takeover = |i: usize| e.m.status(i).steering.and_then(|s| s.takeover).expect("takeover on by default");
-    let sent = takeover(2);
-    let with_others = takeover(0).held + takeover(1).held;
+    let takeover =
+        |e: &Ecmp, i: usize| e.m.status(i).steering.and_then(|s| s.takeover).expect("takeover on by default");
+    let sent = takeover(&e, 2);
+    let with_others = takeover(&e, 0).held + takeover(&e, 1).held;
     eprintln!("before the death: d2 holds {held}, registered {}, records sent {} ({} bytes); d0+d1 hold {with_others} of its records", sent.tracked, sent.records_sent, sent.bytes_sent);
     assert!(sent.tracked >= held && with_others >= held, "d2's records went to d0 and d1: {sent:?}, {with_others}");
 
@@ -420,7 +421,7 @@ fn idle_connections_of_a_dead_dispatcher_go_on_on_its_successor() {
     };
     eprintln!("every client served again {} ms after the death", ms(died));
     let death = load.snapshot() - before;
-    let (t0, t1) = (takeover(0), takeover(1));
+    let (t0, t1) = (takeover(&e, 0), takeover(&e, 1));
     let rebuilt = t0.rebuilt + t1.rebuilt;
     let errors = load.take_errors();
     eprintln!(
@@ -446,6 +447,22 @@ fn idle_connections_of_a_dead_dispatcher_go_on_on_its_successor() {
     assert_eq!(t0.failed + t1.failed, 0, "no rebuild failed");
     let after = load.during(Duration::from_secs(2));
     assert!(after.failed == 0 && after.requests > CLIENTS as u64, "after the death, all served: {after:?}");
+
+    // A graceful stop is not a death: d1 tells d0 to forget its records before its lease
+    // goes, and d0 takes none of its connections over (they drain on d1).
+    let held_by_d0 = takeover(&e, 0).held;
+    assert!(held_by_d0 > 0, "d0 holds d1's records before the stop");
+    e.m.stop_dispatcher(1);
+    e.wait_table(0, &["d0"], Duration::from_secs(10));
+    std::thread::sleep(Duration::from_secs(1));
+    let t0_after = takeover(&e, 0);
+    eprintln!("d1 stopped: d0 held {held_by_d0} of its records, now {}; armed {}", t0_after.held, t0_after.armed);
+    assert_eq!(
+        (t0_after.held, t0_after.armed),
+        (0, t0.armed),
+        "a stopping dispatcher's records are forgotten, not armed"
+    );
+    assert_eq!(t0_after.reset, t0.reset, "nothing of d1 reset by d0");
     load.stop();
     no_misroutes_or_lost_sessions(&e);
 }
