@@ -243,6 +243,8 @@ pub fn dispatcher_bird_uplink(me: &str) -> String {
 /// What a load saw.
 #[derive(Default, Debug)]
 pub struct Counts {
+    /// HTTP requests sent and not answered yet (now).
+    pub in_flight: AtomicU64,
     pub requests: AtomicU64,
     /// Answers other than 200 (the proxy's own 502/503 included).
     pub failed: AtomicU64,
@@ -357,7 +359,10 @@ impl Load {
                     }
                     let asked = Instant::now();
                     let fresh = !c.connected();
-                    match c.get(path) {
+                    counts.in_flight.fetch_add(1, Ordering::Relaxed);
+                    let answer = c.get(path);
+                    counts.in_flight.fetch_sub(1, Ordering::Relaxed);
+                    match answer {
                         Ok(r) => {
                             counts.requests.fetch_add(1, Ordering::Relaxed);
                             last[n].store(started.elapsed().as_millis() as u64, Ordering::Relaxed);
