@@ -315,6 +315,8 @@ pub struct Load {
     /// When each request that had to open a new connection and failed began (refused,
     /// timed out connecting, or reset before its answer).
     failed_new_at: Arc<Mutex<Vec<Instant>>>,
+    /// When each request on an open connection failed (the moment its error came).
+    broken_at: Arc<Mutex<Vec<Instant>>>,
     /// How long the short-lived clients give a connection to open, in ms.
     new_connect_ms: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
@@ -339,6 +341,7 @@ impl Load {
             Arc::new((0..http_conns + new_conns).map(|_| AtomicU64::new(0)).collect());
         let refused_at = Arc::new(Mutex::new(Vec::new()));
         let failed_new_at = Arc::new(Mutex::new(Vec::new()));
+        let broken_at = Arc::new(Mutex::new(Vec::new()));
         let new_connect_ms = Arc::new(AtomicU64::new(3000));
         let http: SocketAddr = format!("{VIP}:80").parse().unwrap();
         for n in 0..http_conns + new_conns {
@@ -346,6 +349,7 @@ impl Load {
             let short_lived = n >= http_conns;
             let new_connect_ms = new_connect_ms.clone();
             let (last, refused_at, failed_new_at) = (last_served.clone(), refused_at.clone(), failed_new_at.clone());
+            let broken_at = broken_at.clone();
             threads.push(std::thread::spawn(move || {
                 let src = CLIENT_IPS[n % CLIENT_IPS.len()];
                 let mut c = crate::websphere::Client::new(&ns, http).bound_to(src.parse().unwrap());
@@ -387,6 +391,8 @@ impl Load {
                             }
                             if fresh {
                                 failed_new_at.lock().unwrap().push(asked);
+                            } else {
+                                broken_at.lock().unwrap().push(Instant::now());
                             }
                             counts.failed.fetch_add(1, Ordering::Relaxed);
                             errors.lock().unwrap().push(format!("client {n}: {e}"));
@@ -476,7 +482,23 @@ impl Load {
                 }
             }));
         }
-        Load { counts, last_served, started, errors, refused_at, failed_new_at, new_connect_ms, stop, threads }
+        Load {
+            counts,
+            last_served,
+            started,
+            errors,
+            refused_at,
+            failed_new_at,
+            broken_at,
+            new_connect_ms,
+            stop,
+            threads,
+        }
+    }
+
+    /// When requests on open connections failed after `t`, as offsets from `t`.
+    pub fn broken_after(&self, t: Instant) -> Vec<Duration> {
+        self.broken_at.lock().unwrap().iter().filter(|a| **a > t).map(|a| *a - t).collect()
     }
 
     /// When the refused attempts began that began after `t`, as offsets from `t`.

@@ -375,6 +375,51 @@ fn a_staged_or_left_dispatcher_stays_out_until_it_joins() {
     e.wait_next_hops(&[0, 1, 2], Duration::from_secs(20));
 }
 
+/// Keep-alive clients whose requests take 4 s (`/slow/4000`): busy when a host dies.
+struct SlowClients {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    broken: std::sync::Arc<std::sync::Mutex<Vec<(Instant, String)>>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl SlowClients {
+    fn start(e: &Ecmp, n: usize) -> SlowClients {
+        use std::sync::{atomic::AtomicBool, Arc, Mutex};
+        let stop = Arc::new(AtomicBool::new(false));
+        let broken = Arc::new(Mutex::new(Vec::new()));
+        let vip: std::net::SocketAddr = format!("{}:80", dispatcher_testbed::cluster::VIP).parse().unwrap();
+        let threads = (0..n)
+            .map(|i| {
+                let (stop, broken, ns) = (stop.clone(), broken.clone(), e.clients.clone());
+                std::thread::spawn(move || {
+                    let src = dispatcher_testbed::ecmp::CLIENT_IPS[i % 3].parse().unwrap();
+                    let mut c = dispatcher_testbed::websphere::Client::new(&ns, vip).bound_to(src);
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        if let Err(err) = c.get("/slow/4000") {
+                            broken.lock().unwrap().push((Instant::now(), err.to_string()));
+                            std::thread::sleep(Duration::from_millis(100));
+                        }
+                    }
+                })
+            })
+            .collect();
+        SlowClients { stop, broken, threads }
+    }
+
+    /// Stops them (each finishes its request); what broke, and when.
+    fn stop(mut self) -> Vec<(Instant, String)> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        std::mem::take(&mut *self.broken.lock().unwrap())
+    }
+}
+
+/// A busy connection of a dead dispatcher is reset within this of the death: the router's
+/// BFD (0.5 s), the survivors' tables (about as long), the probe and its answer.
+const RESET_WITHIN: Duration = Duration::from_secs(2);
+
 /// Issue 31 part 1: a dispatcher's host dies under 300 keep-alive clients with sessions.
 /// The connections it held that were idle at the death go on, on the dispatcher that
 /// takes their slots: their records (handshake options) had gone there over the peer
@@ -387,6 +432,8 @@ fn idle_connections_of_a_dead_dispatcher_go_on_on_its_successor() {
     e.up(3);
     // Each client asks every 700 ms: nearly all of them are idle at any moment.
     let load = Load::start(&e.clients, CLIENTS, 0, Duration::from_millis(700));
+    // And a few whose requests take 4 s: busy at the death, wherever they are.
+    let slow = SlowClients::start(&e, 12);
     let warm = load.during(Duration::from_secs(4));
     assert!(warm.requests > CLIENTS as u64 && warm.failed == 0, "warm-up: {warm:?} {:?}", load.take_errors());
     let held = e.held(2);
@@ -439,6 +486,12 @@ fn idle_connections_of_a_dead_dispatcher_go_on_on_its_successor() {
         errors.iter().all(|e| e.contains("reset by peer")),
         "every broken connection was reset, none timed out: {errors:?}"
     );
+    let broken_at: Vec<u128> = load.broken_after(died).iter().map(|d| d.as_millis()).collect();
+    eprintln!("host died: connections broken {broken_at:?} ms after the death");
+    assert!(
+        broken_at.iter().all(|ms| *ms < RESET_WITHIN.as_millis()),
+        "the busy connections were reset within {RESET_WITHIN:?} of the death: {broken_at:?} ms"
+    );
     assert!(served_all, "every client is served again after the host died: {death:?}");
     // Of the connections idle at the death (all but those with a request in progress,
     // wherever they were), at least 95% go on.
@@ -452,6 +505,19 @@ fn idle_connections_of_a_dead_dispatcher_go_on_on_its_successor() {
     assert_eq!(t0.failed + t1.failed, 0, "no rebuild failed");
     let after = load.during(Duration::from_secs(2));
     assert!(after.failed == 0 && after.requests > CLIENTS as u64, "after the death, all served: {after:?}");
+    // The slow requests in progress on the dead host: reset within RESET_WITHIN (their
+    // clients were made to speak), not left to the 10 s read timeout.
+    let slow_broken = slow.stop();
+    let late: Vec<_> = slow_broken.iter().filter(|(at, _)| *at > died && *at - died >= RESET_WITHIN).collect();
+    eprintln!(
+        "slow requests broken: {:?}",
+        slow_broken.iter().map(|(at, e)| (at.saturating_duration_since(died).as_millis(), e.as_str())).collect::<Vec<_>>()
+    );
+    assert!(!slow_broken.is_empty(), "some slow requests were on the dead host");
+    assert!(
+        late.is_empty() && slow_broken.iter().all(|(_, e)| e.contains("reset by peer")),
+        "busy connections reset within {RESET_WITHIN:?} of the death: {slow_broken:?}"
+    );
 
     // A graceful stop is not a death: d1 tells d0 to forget its records before its lease
     // goes, and d0 takes none of its connections over (they drain on d1).
