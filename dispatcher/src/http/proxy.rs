@@ -344,7 +344,9 @@ pub async fn serve(ctx: Arc<VipCtx>, stream: TcpStream, peer: SocketAddr, stop: 
         },
     };
     counted(Protocol::H1);
-    serve_http1(ctx, (r, w), peer, steer_slot, stop).await
+    // Boxed: an HTTP/2 connection's task holds only the small state of the branches
+    // above, not an HTTP/1.x connection's (about 3 KiB).
+    Box::pin(serve_http1(ctx, (r, w), peer, steer_slot, stop)).await
 }
 
 /// HTTP/1.x requests on one connection, until either side ends it.
