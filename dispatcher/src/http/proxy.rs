@@ -1111,7 +1111,13 @@ async fn respond(ctx: &VipCtx, req: &Request<'_>, sent: Sent<'_>, down: Downstre
         // The configured passive 5xx policy: the answer is relayed, the backend is suspect.
         c.passive_failure(backend, crate::health::Cause::Status(res.status));
     }
-    let res_buf = up.r.buf.split_to(res.len).freeze();
+    // An HTTP/2 stream's header map shares these bytes until the `h2` crate has written
+    // its HEADERS frame: a copy of the head leaves the backend connection's read buffer
+    // unshared, reused by its next response rather than reallocated (16 KiB).
+    let res_buf = match client.w {
+        Sink::H2(_) => super::h2::copied(&mut up.r.buf, res.len),
+        Sink::Conn(_) => up.r.buf.split_to(res.len).freeze(),
+    };
     learn(ctx, req.route, &res, &res_buf, backend);
     if res.status == 101 {
         // Only an HTTP/1.1 request asks for an upgrade (HTTP/2 refuses `Upgrade`).

@@ -21,7 +21,7 @@ mod frames;
 pub mod stream;
 mod translate;
 
-pub use stream::{body_at_hand, respond};
+pub use stream::{body_at_hand, copied, respond};
 pub use translate::response_fields;
 
 use std::{
@@ -195,7 +195,8 @@ where
 {
     let alarm = Alarm::new();
     let io = Metered::new(io, &ctx.settings.h2, alarm.clone(), ctx.servers.counters.clone());
-    let handshake = Box::pin(tokio::time::timeout(ctx.settings.header_timeout, builder(&ctx).handshake::<_, Bytes>(io)));
+    let handshake =
+        Box::pin(tokio::time::timeout(ctx.settings.header_timeout, builder(&ctx).handshake::<_, Bytes>(io)));
     run(ctx, handshake, alarm, at, stop)
 }
 

@@ -278,7 +278,7 @@ async fn relay(
                 }
                 let take = (src.buf.len() as u64).min(n) as usize;
                 n -= take as u64;
-                let piece = if n == 0 { last_piece(&mut src.buf, take) } else { src.buf.split_to(take).freeze() };
+                let piece = if n == 0 { copied(&mut src.buf, take) } else { src.buf.split_to(take).freeze() };
                 send(out, o, piece, n == 0, t.write).await?;
             }
             Ok(())
@@ -362,17 +362,17 @@ async fn send(
 pub fn body_at_hand(buf: &mut BytesMut, framing: Framing) -> Option<Bytes> {
     match framing {
         Framing::None => Some(Bytes::new()),
-        Framing::Length(n) if buf.len() as u64 >= n => Some(last_piece(buf, n as usize)),
+        Framing::Length(n) if buf.len() as u64 >= n => Some(copied(buf, n as usize)),
         _ => None,
     }
 }
 
-/// The last `n` bytes of a response body, copied out of the backend connection's read
-/// buffer rather than shared with it: the `h2` crate keeps the last DATA frame it wrote
-/// until the connection next sends, so a shared piece would pin the whole read buffer
-/// (16 KiB) to an idle client connection, and make the backend connection allocate a
-/// new one for its next response.
-fn last_piece(buf: &mut BytesMut, n: usize) -> Bytes {
+/// The first `n` bytes of the backend connection's read buffer, copied out rather than
+/// shared with it (the last piece of a response body, a response head): the `h2` crate
+/// keeps the last DATA frame it wrote until the connection next sends, so a shared
+/// piece would pin the whole read buffer (16 KiB) to an idle client connection, and
+/// while shared the backend connection allocates a new buffer for its next response.
+pub fn copied(buf: &mut BytesMut, n: usize) -> Bytes {
     let piece = Bytes::copy_from_slice(&buf[..n]);
     buf.advance(n);
     piece

@@ -78,10 +78,9 @@ pub fn request(
     w.out.put_u8(b' ');
     let target = w.put(target.as_bytes());
     w.out.put_slice(b" HTTP/1.1\r\n");
-    w.field(b"Host", &[host]);
-    let cookies: Vec<&[u8]> = parts.headers.get_all(header::COOKIE).iter().map(HeaderValue::as_bytes).collect();
-    if !cookies.is_empty() {
-        w.field(b"Cookie", &cookies);
+    w.field(b"Host", [host]);
+    if parts.headers.contains_key(header::COOKIE) {
+        w.field(b"Cookie", parts.headers.get_all(header::COOKIE).iter().map(HeaderValue::as_bytes));
     }
     for (name, value) in &parts.headers {
         // Host and Cookie are written above, the framing below; `te: trailers` is
@@ -89,14 +88,16 @@ pub fn request(
         if [header::HOST, header::COOKIE, header::CONTENT_LENGTH, header::TE].contains(name) {
             continue;
         }
-        w.field(name.as_str().as_bytes(), &[value.as_bytes()]);
+        w.field(name.as_str().as_bytes(), [value.as_bytes()]);
     }
     match framing {
-        Framing::Length(n) => w.field(b"Content-Length", &[n.to_string().as_bytes()]),
-        Framing::Chunked => w.field(b"Transfer-Encoding", &[b"chunked"]),
+        Framing::Length(n) => w.field(b"Content-Length", [n.to_string().as_bytes()]),
+        Framing::Chunked => w.field(b"Transfer-Encoding", [b"chunked".as_slice()]),
         // A method whose body means something, sent without one: said, as an HTTP/1.1
         // client says it (RFC 9110 8.6).
-        _ if [Method::POST, Method::PUT, Method::PATCH].contains(&parts.method) => w.field(b"Content-Length", &[b"0"]),
+        _ if [Method::POST, Method::PUT, Method::PATCH].contains(&parts.method) => {
+            w.field(b"Content-Length", [b"0".as_slice()])
+        }
         _ => {}
     }
     w.out.put_slice(b"\r\n");
@@ -121,11 +122,11 @@ impl Writer {
     /// `name: value` CRLF, the value the concatenation of `parts` joined with `; ` (the
     /// cookie fields), its range without leading and trailing spaces and tabs (as a
     /// parser reads an HTTP/1.1 field).
-    fn field(&mut self, name: &[u8], parts: &[&[u8]]) {
+    fn field<'v>(&mut self, name: &[u8], parts: impl IntoIterator<Item = &'v [u8]>) {
         let name = self.put(name);
         self.out.put_slice(b": ");
         let start = self.out.len();
-        for (i, p) in parts.iter().enumerate() {
+        for (i, p) in parts.into_iter().enumerate() {
             if i > 0 {
                 self.out.put_slice(b"; ");
             }
@@ -153,6 +154,11 @@ pub fn response_fields(res: &ResponseHead, buf: &Bytes) -> HeaderMap {
             map.append(n, v);
         }
     });
+    if via.is_empty() {
+        // The usual case: ours alone, without an allocation.
+        map.append(header::VIA, HeaderValue::from_static(VIA));
+        return map;
+    }
     let mut v = Vec::with_capacity(via.iter().map(|e| e.len() + 2).sum::<usize>() + VIA.len());
     for e in via {
         v.extend_from_slice(e);
