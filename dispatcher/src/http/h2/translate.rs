@@ -151,12 +151,12 @@ pub fn response_fields(res: &ResponseHead, buf: &Bytes) -> HeaderMap {
         // (never seen) is dropped rather than sent.
         let name = HeaderName::from_bytes(&buf[h.name.clone()]);
         if let (Ok(n), Ok(v)) = (name, HeaderValue::from_maybe_shared(buf.slice(h.value.clone()))) {
-            map.append(n, v);
+            map.append(n, unindexed(v));
         }
     });
     if via.is_empty() {
         // The usual case: ours alone, without an allocation.
-        map.append(header::VIA, HeaderValue::from_static(VIA));
+        map.append(header::VIA, unindexed(HeaderValue::from_static(VIA)));
         return map;
     }
     let mut v = Vec::with_capacity(via.iter().map(|e| e.len() + 2).sum::<usize>() + VIA.len());
@@ -166,9 +166,19 @@ pub fn response_fields(res: &ResponseHead, buf: &Bytes) -> HeaderMap {
     }
     v.extend_from_slice(VIA.as_bytes());
     if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(v)) {
-        map.append(header::VIA, v);
+        map.append(header::VIA, unindexed(v));
     }
     map
+}
+
+/// A response field the HPACK encoder sends as a literal, never into its dynamic table
+/// (as HAProxy's encoder does with every field): the table would keep each connection's
+/// last response heads (and the buffer they share) for as long as it stays open, and
+/// inserting and evicting entries costs time on every response; what it would save is
+/// a few dozen bytes per response on the wire. Static-table names stay indexed.
+fn unindexed(mut v: HeaderValue) -> HeaderValue {
+    v.set_sensitive(true);
+    v
 }
 
 /// Fields that describe an HTTP/1.1 connection, never sent in HTTP/2 (RFC 9113 8.2.2).
@@ -314,6 +324,12 @@ mod tests {
         assert_eq!(names, ["set-cookie", "via"]);
         assert_eq!(map.get_all("set-cookie").iter().count(), 2);
         assert_eq!(map.get("via").unwrap(), "1.1 app, 1.1 dispatcher");
+        // Sent as literals, never into the HPACK encoder's dynamic table.
+        assert!(map.values().all(HeaderValue::is_sensitive));
+        let plain = Bytes::from_static(b"HTTP/1.1 204 No Content\r\nServer: app\r\n\r\n");
+        let map = response_fields(&fake_response(&plain), &plain);
+        assert_eq!(map.get("via").unwrap(), VIA);
+        assert!(map.values().all(HeaderValue::is_sensitive));
 
         let t = trailer_fields(b"grpc-status: 0\r\nx-sum:  abc \r\nte: trailers\r\n");
         assert_eq!(t.get("grpc-status").unwrap(), "0");
