@@ -511,7 +511,10 @@ fn idle_connections_of_a_dead_dispatcher_go_on_on_its_successor() {
     let late: Vec<_> = slow_broken.iter().filter(|(at, _)| *at > died && *at - died >= RESET_WITHIN).collect();
     eprintln!(
         "slow requests broken: {:?}",
-        slow_broken.iter().map(|(at, e)| (at.saturating_duration_since(died).as_millis(), e.as_str())).collect::<Vec<_>>()
+        slow_broken
+            .iter()
+            .map(|(at, e)| (at.saturating_duration_since(died).as_millis(), e.as_str()))
+            .collect::<Vec<_>>()
     );
     assert!(!slow_broken.is_empty(), "some slow requests were on the dead host");
     assert!(

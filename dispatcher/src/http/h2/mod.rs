@@ -21,11 +21,13 @@ mod frames;
 pub mod stream;
 mod translate;
 
-pub use stream::{body_at_hand, respond};
+pub use stream::{body_at_hand, copied, respond};
 pub use translate::response_fields;
 
 use std::{
+    future::Future,
     net::SocketAddr,
+    pin::Pin,
     sync::{
         atomic::{AtomicU64, AtomicUsize, Ordering},
         Arc,
@@ -181,7 +183,26 @@ impl Ending {
 }
 
 /// One HTTP/2 client connection, from its preface to its end.
-pub async fn serve<T>(ctx: Arc<VipCtx>, io: T, at: At, mut stop: watch::Receiver<bool>)
+///
+/// Not an `async fn`: an async fn's arguments stay in its future for as long as it
+/// lives, so the socket (with its TLS state, about 1.2 KiB) would be held twice by every
+/// idle connection, once as the argument and once inside the codec. The handshake's
+/// future (the codec with the socket) is boxed here and freed once it is done; the
+/// connection's own future holds the codec alone.
+pub fn serve<T>(ctx: Arc<VipCtx>, io: T, at: At, stop: watch::Receiver<bool>) -> impl Future<Output = ()> + Send
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let alarm = Alarm::new();
+    let io = Metered::new(io, &ctx.settings.h2, alarm.clone(), ctx.servers.counters.clone());
+    let handshake =
+        Box::pin(tokio::time::timeout(ctx.settings.header_timeout, builder(&ctx).handshake::<_, Bytes>(io)));
+    run(ctx, handshake, alarm, at, stop)
+}
+
+type Handshake<T> = Pin<Box<tokio::time::Timeout<h2::server::Handshake<Metered<T>, Bytes>>>>;
+
+async fn run<T>(ctx: Arc<VipCtx>, handshake: Handshake<T>, alarm: Arc<Alarm>, at: At, mut stop: watch::Receiver<bool>)
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -189,9 +210,7 @@ where
     let counters = ctx.servers.counters.clone();
     counters.h2_connections_open.fetch_add(1, Ordering::Relaxed);
     let _open = Counted(&counters.h2_connections_open);
-    let alarm = Alarm::new();
-    let io = Metered::new(io, &s.h2, alarm.clone(), counters.clone());
-    let mut conn = match tokio::time::timeout(s.header_timeout, builder(&ctx).handshake::<_, Bytes>(io)).await {
+    let mut conn = match handshake.await {
         Ok(Ok(conn)) => conn,
         _ => return,
     };

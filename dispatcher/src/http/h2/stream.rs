@@ -366,6 +366,18 @@ pub fn body_at_hand(buf: &mut BytesMut, framing: Framing) -> Option<Bytes> {
     }
 }
 
+/// A response head (the first `n` bytes of the backend connection's read buffer) for
+/// the stream's header map, copied out rather than shared: the HPACK encoder's table
+/// would keep slices of it for as long as the client connection lives (a value it
+/// indexed), pinning the whole read buffer (16 KiB) to an idle connection, and while
+/// shared the backend connection allocates a new buffer for its next response. A body
+/// is shared: the crate lets go of its DATA once written.
+pub fn copied(buf: &mut BytesMut, n: usize) -> Bytes {
+    let piece = Bytes::copy_from_slice(&buf[..n]);
+    buf.advance(n);
+    piece
+}
+
 /// An HTTP/2 request's head as text, for `GET /errors`: `METHOD URI HTTP/2`, then one
 /// `name: value` line per field, CRLF-ended (the first `refusals::CAPTURE` bytes).
 fn as_text(parts: &http::request::Parts) -> Vec<u8> {
@@ -427,6 +439,40 @@ mod tests {
         let mut got = vec![0u8; want.len()];
         tokio::time::timeout(Duration::from_secs(5), b.read_exact(&mut got)).await.unwrap().unwrap();
         assert_eq!(String::from_utf8(got).unwrap(), want);
+    }
+
+    /// A response whole in the backend connection's read buffer goes out, and the buffer
+    /// is not left shared with the client connection, whose HPACK encoder would keep
+    /// the values it indexed for as long as the connection lives: the buffer is reused
+    /// for the backend's next response rather than reallocated, and an idle client
+    /// connection does not pin it.
+    #[tokio::test]
+    async fn a_response_sent_leaves_the_backend_buffer_unshared() {
+        use crate::http1::head::{parse_request, parse_response, HeadLimits};
+        let (mut client, mut streams) = pair().await;
+        let (res, _) = client.send_request(http::Request::get("http://a/x").body(()).unwrap(), true).unwrap();
+        let mut b = body(streams.recv().await.unwrap(), false);
+        let limits = HeadLimits::default();
+        let req = parse_request(b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n", &limits, &mut Vec::new()).unwrap().unwrap();
+        let mut buf = BytesMut::with_capacity(16 * 1024);
+        let base = buf.as_ptr() as usize;
+        buf.extend_from_slice(b"HTTP/1.1 200 OK\r\nServer: app\r\nX-Id: 7\r\nContent-Length: 5\r\n\r\nhello");
+        let head = parse_response(&buf, &req, &limits, &mut Vec::new()).unwrap().unwrap();
+        let head_buf = copied(&mut buf, head.len);
+        let fields = response_fields(&head, &head_buf);
+        let at_hand = body_at_hand(&mut buf, head.framing);
+        let mut out = Out { written: 0, is_head: false };
+        let t = Timeouts { read: Duration::from_secs(5), write: Duration::from_secs(5) };
+        respond(&mut b, &mut out, (200, fields), at_hand, None, t).await.unwrap();
+        drop(head_buf);
+        let res = tokio::time::timeout(Duration::from_secs(5), res).await.unwrap().unwrap();
+        assert_eq!(res.headers().get("x-id").unwrap(), "7");
+        let mut got = res.into_body();
+        let data = tokio::time::timeout(Duration::from_secs(5), got.data()).await.unwrap().unwrap().unwrap();
+        assert_eq!((&data[..], out.written), (&b"hello"[..], 5));
+        buf.reserve(16 * 1024 - 64);
+        let at = buf.as_ptr() as usize;
+        assert!((base..base + 16 * 1024).contains(&at), "the read buffer was reallocated: still shared");
     }
 
     /// Once the body is whole, a read waits (a held request waits with it) until the

@@ -78,10 +78,9 @@ pub fn request(
     w.out.put_u8(b' ');
     let target = w.put(target.as_bytes());
     w.out.put_slice(b" HTTP/1.1\r\n");
-    w.field(b"Host", &[host]);
-    let cookies: Vec<&[u8]> = parts.headers.get_all(header::COOKIE).iter().map(HeaderValue::as_bytes).collect();
-    if !cookies.is_empty() {
-        w.field(b"Cookie", &cookies);
+    w.field(b"Host", [host]);
+    if parts.headers.contains_key(header::COOKIE) {
+        w.field(b"Cookie", parts.headers.get_all(header::COOKIE).iter().map(HeaderValue::as_bytes));
     }
     for (name, value) in &parts.headers {
         // Host and Cookie are written above, the framing below; `te: trailers` is
@@ -89,14 +88,16 @@ pub fn request(
         if [header::HOST, header::COOKIE, header::CONTENT_LENGTH, header::TE].contains(name) {
             continue;
         }
-        w.field(name.as_str().as_bytes(), &[value.as_bytes()]);
+        w.field(name.as_str().as_bytes(), [value.as_bytes()]);
     }
     match framing {
-        Framing::Length(n) => w.field(b"Content-Length", &[n.to_string().as_bytes()]),
-        Framing::Chunked => w.field(b"Transfer-Encoding", &[b"chunked"]),
+        Framing::Length(n) => w.field(b"Content-Length", [n.to_string().as_bytes()]),
+        Framing::Chunked => w.field(b"Transfer-Encoding", [b"chunked".as_slice()]),
         // A method whose body means something, sent without one: said, as an HTTP/1.1
         // client says it (RFC 9110 8.6).
-        _ if [Method::POST, Method::PUT, Method::PATCH].contains(&parts.method) => w.field(b"Content-Length", &[b"0"]),
+        _ if [Method::POST, Method::PUT, Method::PATCH].contains(&parts.method) => {
+            w.field(b"Content-Length", [b"0".as_slice()])
+        }
         _ => {}
     }
     w.out.put_slice(b"\r\n");
@@ -121,11 +122,11 @@ impl Writer {
     /// `name: value` CRLF, the value the concatenation of `parts` joined with `; ` (the
     /// cookie fields), its range without leading and trailing spaces and tabs (as a
     /// parser reads an HTTP/1.1 field).
-    fn field(&mut self, name: &[u8], parts: &[&[u8]]) {
+    fn field<'v>(&mut self, name: &[u8], parts: impl IntoIterator<Item = &'v [u8]>) {
         let name = self.put(name);
         self.out.put_slice(b": ");
         let start = self.out.len();
-        for (i, p) in parts.iter().enumerate() {
+        for (i, p) in parts.into_iter().enumerate() {
             if i > 0 {
                 self.out.put_slice(b"; ");
             }
@@ -150,9 +151,14 @@ pub fn response_fields(res: &ResponseHead, buf: &Bytes) -> HeaderMap {
         // (never seen) is dropped rather than sent.
         let name = HeaderName::from_bytes(&buf[h.name.clone()]);
         if let (Ok(n), Ok(v)) = (name, HeaderValue::from_maybe_shared(buf.slice(h.value.clone()))) {
-            map.append(n, v);
+            map.append(n, unindexed(v));
         }
     });
+    if via.is_empty() {
+        // The usual case: ours alone, without an allocation.
+        map.append(header::VIA, unindexed(HeaderValue::from_static(VIA)));
+        return map;
+    }
     let mut v = Vec::with_capacity(via.iter().map(|e| e.len() + 2).sum::<usize>() + VIA.len());
     for e in via {
         v.extend_from_slice(e);
@@ -160,9 +166,19 @@ pub fn response_fields(res: &ResponseHead, buf: &Bytes) -> HeaderMap {
     }
     v.extend_from_slice(VIA.as_bytes());
     if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(v)) {
-        map.append(header::VIA, v);
+        map.append(header::VIA, unindexed(v));
     }
     map
+}
+
+/// A response field the HPACK encoder sends as a literal, never into its dynamic table
+/// (as HAProxy's encoder does with every field): the table would keep each connection's
+/// last response heads (and the buffer they share) for as long as it stays open, and
+/// inserting and evicting entries costs time on every response; what it would save is
+/// a few dozen bytes per response on the wire. Static-table names stay indexed.
+fn unindexed(mut v: HeaderValue) -> HeaderValue {
+    v.set_sensitive(true);
+    v
 }
 
 /// Fields that describe an HTTP/1.1 connection, never sent in HTTP/2 (RFC 9113 8.2.2).
@@ -308,6 +324,12 @@ mod tests {
         assert_eq!(names, ["set-cookie", "via"]);
         assert_eq!(map.get_all("set-cookie").iter().count(), 2);
         assert_eq!(map.get("via").unwrap(), "1.1 app, 1.1 dispatcher");
+        // Sent as literals, never into the HPACK encoder's dynamic table.
+        assert!(map.values().all(HeaderValue::is_sensitive));
+        let plain = Bytes::from_static(b"HTTP/1.1 204 No Content\r\nServer: app\r\n\r\n");
+        let map = response_fields(&fake_response(&plain), &plain);
+        assert_eq!(map.get("via").unwrap(), VIA);
+        assert!(map.values().all(HeaderValue::is_sensitive));
 
         let t = trailer_fields(b"grpc-status: 0\r\nx-sum:  abc \r\nte: trailers\r\n");
         assert_eq!(t.get("grpc-status").unwrap(), "0");
