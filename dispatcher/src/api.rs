@@ -109,6 +109,9 @@ pub struct TakeoverStatus {
     /// Busy connections' clients probed at their dispatcher's death (to be reset at once).
     #[serde(default)]
     pub probed: u64,
+    /// Reports whose timestamp echo the dead dispatcher could not have sent (refused).
+    #[serde(default)]
+    pub implausible: u64,
     /// XDP: segments reported, and dropped without a report.
     pub segments_reported: u64,
     pub segments_dropped: u64,

@@ -752,6 +752,7 @@ fn steering_section(o: &mut Exposition, s: &crate::api::SteeringStatus) {
             ("report_refused", t.reports_refused),
             ("waited", t.waited),
             ("probed", t.probed),
+            ("implausible", t.implausible),
             ("segment_reported", t.segments_reported),
             ("segment_dropped", t.segments_dropped),
         ] {

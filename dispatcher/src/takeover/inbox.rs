@@ -201,6 +201,10 @@ struct State {
 
 pub struct Inbox {
     state: Mutex<State>,
+    /// Held while a socket is rebuilt or a probe's socket lives: a client answers a probe
+    /// within microseconds here, and its report must not find the probe's socket still
+    /// holding the tuple.
+    repairing: Mutex<()>,
     map: Mutex<BpfHashMap<MapData, FlowKey, TakeoverRec>>,
     /// Sets or clears `STEER_TAKEOVER` (something is armed).
     armed_flag: Box<dyn Fn(bool) + Send + Sync>,
@@ -263,6 +267,7 @@ impl Inbox {
     ) -> Inbox {
         Inbox {
             state: Mutex::new(State::default()),
+            repairing: Mutex::new(()),
             map: Mutex::new(map),
             armed_flag,
             lifetime,
@@ -313,6 +318,7 @@ impl Inbox {
     pub fn probe_busy(&self) {
         let busy: Vec<Open> = self.state.lock().unwrap().armed.values().filter(|a| !a.quiet).map(|a| a.open).collect();
         for (i, o) in busy.iter().enumerate() {
+            let _repairing = self.repairing.lock().unwrap();
             match probe(o.local, o.client, &o.handshake, probe_seq(i)) {
                 Ok(()) => self.counters.probed.fetch_add(1, Ordering::Relaxed),
                 Err(e) => {
@@ -389,8 +395,19 @@ impl Inbox {
             return;
         };
         let resume = Resume { rcv_nxt: seq, snd_nxt: ack, ts_echo: echo, window };
-        let rebuilt = rebuild_with(local, client, &armed.open.handshake, &resume, armed.quiet);
-        // The socket exists (or never will): the XDP program lets the segments through.
+        let rebuilt = {
+            let _repairing = self.repairing.lock().unwrap();
+            rebuild_with(local, client, &armed.open.handshake, &resume, armed.quiet)
+        };
+        if let Err(err) = &rebuilt {
+            // Armed again: the client's next segment (or the next probe's answer) tries
+            // once more, until the record expires.
+            self.counters.failed.fetch_add(1, Ordering::Relaxed);
+            crate::ratelimit::warn("rebuilding a taken-over connection", err);
+            self.state.lock().unwrap().armed.insert((client, local), armed);
+            return;
+        }
+        // The socket exists: the XDP program lets the segments through.
         let _ = self.map.lock().unwrap().remove(&k);
         {
             let st = self.state.lock().unwrap();
@@ -412,10 +429,7 @@ impl Inbox {
                 tracing::debug!(%client, %local, "connection was busy when its dispatcher died: reset");
                 reset(sock);
             }
-            Err(err) => {
-                self.counters.failed.fetch_add(1, Ordering::Relaxed);
-                crate::ratelimit::warn("rebuilding a taken-over connection", &err);
-            }
+            Err(_) => {}
         }
     }
 

@@ -107,6 +107,7 @@ impl Takeover {
             reports_refused: l(&i.reports_refused),
             waited: l(&i.waited),
             probed: l(&i.probed),
+            implausible: l(&i.implausible),
             segments_reported: xdp[0],
             segments_dropped: xdp[1],
         }
