@@ -487,6 +487,12 @@ fn idle_connections_of_a_dead_dispatcher_go_on_on_its_successor() {
         t0.implausible + t1.implausible,
         t0.reports_refused + t1.reports_refused,
     );
+    // Nothing on the survivors panicked while taking over.
+    for i in [0, 1] {
+        let log = e.m.log(i);
+        let panics: Vec<&str> = log.lines().filter(|l| l.contains("panicked")).collect();
+        assert!(panics.is_empty(), "d{i}: {panics:?}");
+    }
     // A connection with a request in progress at the death is reset at once (its client
     // made to speak), not left to its 10 s read timeout.
     assert!(

@@ -256,7 +256,7 @@ pub fn ts_echo(options: &[u8]) -> Option<u32> {
 /// A number to start a probe's sequence numbers from (outside any window but by chance).
 fn probe_seq(i: usize) -> u32 {
     let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(7, |d| d.subsec_nanos());
-    seed.wrapping_mul(2_654_435_761).wrapping_add(i as u32 * 0x9e37_79b9)
+    seed.wrapping_mul(2_654_435_761).wrapping_add((i as u32).wrapping_mul(0x9e37_79b9))
 }
 
 impl Inbox {
