@@ -96,13 +96,10 @@ struct Takeover {
 
 const TAKEOVER_CLIENTS: usize = 300;
 
-fn takeover_death(on: bool, quick: bool) -> Takeover {
-    eprintln!(
-        "==> scale-out: a host's death under {TAKEOVER_CLIENTS} idle keep-alive clients, takeover {}",
-        if on { "on" } else { "off" }
-    );
+/// Three dispatchers up behind the router, takeover on or off.
+fn three_dispatchers(takeover: bool) -> Ecmp {
     let mut e = Ecmp::new(3, 4, true);
-    if !on {
+    if !takeover {
         e.m.cluster_extra += "takeover = false\n";
         for i in 0..3 {
             let text = e.m.config_text(i, &e.m.dispatchers[i].instance);
@@ -110,6 +107,15 @@ fn takeover_death(on: bool, quick: bool) -> Takeover {
         }
     }
     e.up(3);
+    e
+}
+
+fn takeover_death(on: bool, quick: bool) -> Takeover {
+    eprintln!(
+        "==> scale-out: a host's death under {TAKEOVER_CLIENTS} idle keep-alive clients, takeover {}",
+        if on { "on" } else { "off" }
+    );
+    let e = three_dispatchers(on);
     let load = Load::start(&e.clients, TAKEOVER_CLIENTS, 0, Duration::from_millis(700));
     let takeover = |i: usize| e.m.status(i).steering.and_then(|s| s.takeover).unwrap_or_default();
     std::thread::sleep(Duration::from_secs(2));
@@ -158,15 +164,7 @@ fn takeover_death(on: bool, quick: bool) -> Takeover {
 fn takeover_rps(on: bool, quick: bool) -> (f64, f64) {
     eprintln!("==> scale-out: requests/s with takeover {}", if on { "on" } else { "off" });
     let secs = if quick { 3 } else { 8 };
-    let mut e = Ecmp::new(3, 4, true);
-    if !on {
-        e.m.cluster_extra += "takeover = false\n";
-        for i in 0..3 {
-            let text = e.m.config_text(i, &e.m.dispatchers[i].instance);
-            std::fs::write(&e.m.dispatchers[i].config, text).expect("config");
-        }
-    }
-    e.up(3);
+    let e = three_dispatchers(on);
     let url = format!("http://{VIP}/app");
     let mut keep = Vec::new();
     let mut close = Vec::new();
