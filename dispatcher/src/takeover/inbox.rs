@@ -119,10 +119,30 @@ struct Received {
     total: usize,
 }
 
+/// How far in the future a batch's time may be (clocks apart).
+const FUTURE_SLACK_US: u64 = 60_000_000;
+
+/// Whether a batch's incarnation and number (µs since the epoch, and since that) are not
+/// in the future, by `now_us` (µs since the epoch) with `FUTURE_SLACK_US`.
+fn not_in_future(incarnation: u64, number: u64, now_us: u64) -> bool {
+    incarnation.checked_add(number).is_some_and(|at| at <= now_us.saturating_add(FUTURE_SLACK_US))
+}
+
+fn epoch_us() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
+}
+
 impl Received {
     /// Takes a batch: whether it was newer than the last one from its sender, and how many
     /// of its items were refused (past `MAX_RECORDS`, an id or bitmap out of bounds).
     fn take(&mut self, batch: Batch, now: Instant) -> (bool, u64) {
+        self.take_at(batch, now, epoch_us())
+    }
+
+    fn take_at(&mut self, batch: Batch, now: Instant, now_us: u64) -> (bool, u64) {
+        if !not_in_future(batch.incarnation, batch.number, now_us) {
+            return (false, 0);
+        }
         let from = self.peers.entry(batch.sender).or_default();
         if batch.incarnation < from.incarnation || batch.incarnation == from.incarnation && batch.number <= from.last {
             return (false, 0);
@@ -560,6 +580,24 @@ mod tests {
         // Around the clock's wrap.
         let w = Armed { open: Open { ts_clock: u32::MAX - 10, ..a.open }, ..a };
         assert!(w.plausible(Some(5)) && !w.plausible(Some(u32::MAX - 5_000)));
+    }
+
+    #[test]
+    fn a_batch_from_the_future_is_refused() {
+        let now_us = 1_800_000_000_000_000;
+        let mut r = Received::default();
+        let mut b = batch("d1", 5_000_000, vec![open(0, 1000)]);
+        b.incarnation = now_us - 10_000_000;
+        assert_eq!(r.take_at(b.clone(), Instant::now(), now_us), (true, 0));
+        // A forged batch far ahead (its incarnation, or its number) is not taken, and does
+        // not hold the real ones back.
+        for (incarnation, number) in [(u64::MAX, 1), (now_us - 10_000_000, u64::MAX), (now_us + 61_000_000, 1)] {
+            let f = Batch { incarnation, number, ..batch("d1", 0, vec![Item::Forget]) };
+            assert_eq!(r.take_at(f, Instant::now(), now_us), (false, 0), "{incarnation} {number}");
+        }
+        b.number = 6_000_000;
+        assert_eq!(r.take_at(b, Instant::now(), now_us), (true, 0));
+        assert_eq!(r.total, 1);
     }
 
     #[test]

@@ -106,6 +106,8 @@ pub struct Outbox {
     busy: Box<[AtomicU64]>,
     ownership: Arc<Ownership>,
     number: AtomicU64,
+    /// When this run began (`incarnation`, monotonic).
+    started: Instant,
     stopping: AtomicBool,
     pub counters: Counters,
 }
@@ -157,7 +159,8 @@ impl Outbox {
             slab: Mutex::new(Slab::default()),
             busy: (0..WORDS).map(|_| AtomicU64::new(0)).collect(),
             ownership,
-            number: AtomicU64::new(1),
+            number: AtomicU64::new(0),
+            started: Instant::now(),
             stopping: AtomicBool::new(false),
             counters: Counters::default(),
         })
@@ -342,6 +345,19 @@ impl Outbox {
         out.done()
     }
 
+    /// A batch's number: microseconds since this run began (so that a receiver can
+    /// refuse one from the future), one more than the last at least.
+    fn next_number(&self) -> u64 {
+        let now = self.started.elapsed().as_micros() as u64;
+        let prev = self.number.fetch_max(now, Ordering::Relaxed);
+        if prev < now {
+            now
+        } else {
+            // Two in the same microsecond: the later one a microsecond ahead.
+            self.number.fetch_add(1, Ordering::Relaxed) + 1
+        }
+    }
+
     fn writer(&self) -> Writer<'_> {
         Writer { outbox: self, by_peer: HashMap::new() }
     }
@@ -361,7 +377,7 @@ impl Writer<'_> {
             if list.len() >= MAX_DATAGRAMS_PER_PEER {
                 return false;
             }
-            let number = self.outbox.number.fetch_add(1, Ordering::Relaxed);
+            let number = self.outbox.next_number();
             list.push(wire::header(&self.outbox.me, self.outbox.incarnation, number));
         }
         wire::put(list.last_mut().unwrap(), item);

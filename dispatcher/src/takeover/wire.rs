@@ -3,10 +3,12 @@
 //! that every malformed datagram is tested here.
 //!
 //! A datagram: the channel's `MAGIC`, `VERSION`, `KIND_TAKEOVER`, the sender's name (one
-//! length byte, then the name), its incarnation (u64, the start of its run: a newer one
-//! replaces the records of an older one) and a batch number (u64, big-endian: one that is
-//! not newer than the last one taken from that incarnation is refused, so that a
-//! reordered or replayed batch cannot undo a later one), then items to the end:
+//! length byte, then the name), its incarnation (u64, the start of its run in µs since
+//! the epoch: a newer one replaces the records of an older one) and a batch number (u64,
+//! big-endian, µs since that start: one that is not newer than the last one taken from
+//! that incarnation is refused, so that a reordered or replayed batch cannot undo a later
+//! one; one from the future is refused too, so that a forged one can hold the sender's
+//! batches back for a minute at most), then items to the end:
 //! - `OPEN`: a connection id (u32), the tuple (family 4 or 6, client and local address in
 //!   16 bytes each, client and local port), the handshake's options (MSS u16, the client's
 //!   and our window scale, a flags byte: SACK, timestamps, window scaling), the
