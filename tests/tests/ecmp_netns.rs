@@ -421,8 +421,9 @@ impl SlowClients {
 const SLOW: usize = 12;
 
 /// A busy connection of a dead dispatcher is reset within this of the death: the router's
-/// BFD (0.5 s), the survivors' tables (about as long), the probe and its answer.
-const RESET_WITHIN: Duration = Duration::from_secs(2);
+/// BFD (0.5 s), the survivors' tables (about as long), the probes (then, and 0.3, 1 and
+/// 2 s later) and their answers.
+const RESET_WITHIN: Duration = Duration::from_secs(3);
 
 /// Issue 31 part 1: a dispatcher's host dies under 300 keep-alive clients with sessions.
 /// The connections it held that were idle at the death go on, on the dispatcher that

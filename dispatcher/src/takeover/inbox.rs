@@ -25,8 +25,8 @@
 //!   - any other was mid-request or mid-response and cannot be continued honestly: it is
 //!     reset at once (the rebuilt socket closed with a zero linger, so the reset carries
 //!     the sequence number the client expects). Its client may have nothing to send (it
-//!     waits for an answer): it is made to speak (`repair::probe`) at the death and twice
-//!     more while its record is armed.
+//!     waits for an answer): it is made to speak (`repair::probe`) at the death and three
+//!     times more while its record is armed.
 //!
 //! The work a death brings (a map write per record, the probes) runs off the agent's
 //! event loop (`spawn_blocking`), without holding the records' lock over system calls.

@@ -177,9 +177,10 @@ pub async fn run(t: Arc<Takeover>, ring: RingBuf<MapData>) {
     }
 }
 
-/// When the busy connections' clients are probed again after a death (the survivors'
-/// tables converge within about this).
-const PROBE_AGAIN: [Duration; 2] = [Duration::from_millis(300), Duration::from_secs(1)];
+/// When the busy connections' clients are probed again after a death, each after the
+/// one before (0.3, 1 and 2 s after it: the survivors' tables converge within about a
+/// second, and until then an answer may be steered to the dead host).
+const PROBE_AGAIN: [Duration; 3] = [Duration::from_millis(300), Duration::from_millis(700), Duration::from_secs(1)];
 
 /// Follows the live members (`shared`): a member that was alive and is not any more is
 /// dead, and its records are armed (off the event loop: a map write per record).
