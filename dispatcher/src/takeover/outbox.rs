@@ -8,8 +8,8 @@
 //! of them are quiet (no request in progress), when that changed.
 //!
 //! Never per request: a request sets and clears its connection's bit in an atomic
-//! bitmap (`busy`); a batch is a few word-wise operations per peer over it, not a walk
-//! of the connections. Bounded: at most `MAX_TRACKED` connections are registered (more
+//! bitmap (`busy`, and `touched` for any change since the last batch); a batch is a few
+//! word-wise operations per peer over them, not a walk of the connections. Bounded: at most `MAX_TRACKED` connections are registered (more
 //! are served as before, not taken over, and counted), and at most
 //! `MAX_DATAGRAMS_PER_PEER` datagrams go to a peer per batch (what is left waits).
 //!
@@ -104,6 +104,9 @@ pub struct Outbox {
     slab: Mutex<Slab>,
     /// Bit `id`: a request is in progress on the connection.
     busy: Box<[AtomicU64]>,
+    /// Bit `id`: a request began or ended since the last batch (a connection between two
+    /// requests at the moment of a batch is not quiet: its next one may be on its way).
+    touched: Box<[AtomicU64]>,
     ownership: Arc<Ownership>,
     number: AtomicU64,
     /// When this run began (`incarnation`, monotonic).
@@ -128,6 +131,7 @@ impl Tracked {
         } else {
             self.outbox.busy[w].fetch_and(!bit, Ordering::Relaxed);
         }
+        self.outbox.touched[w].fetch_or(bit, Ordering::Relaxed);
     }
 }
 
@@ -158,6 +162,7 @@ impl Outbox {
             incarnation,
             slab: Mutex::new(Slab::default()),
             busy: (0..WORDS).map(|_| AtomicU64::new(0)).collect(),
+            touched: (0..WORDS).map(|_| AtomicU64::new(0)).collect(),
             ownership,
             number: AtomicU64::new(0),
             started: Instant::now(),
@@ -323,13 +328,16 @@ impl Outbox {
                 }
             }
         }
-        // Quiet bitmaps, per peer: its members with no request in progress, when that
-        // changed (or every `QUIET_REFRESH`).
+        // Quiet bitmaps, per peer: its members with no request in progress and none begun
+        // or ended since the last batch, when that changed (or every `QUIET_REFRESH`).
         let now = Instant::now();
         let chunk_words = (wire::MAX_BATCH - wire::header_len(&self.me) - wire::QUIET_HEAD) / 8;
+        let words = s.members.values().map(Vec::len).max().unwrap_or(0);
+        let active: Vec<u64> = (0..words)
+            .map(|w| self.busy[w].load(Ordering::Relaxed) | self.touched[w].swap(0, Ordering::Relaxed))
+            .collect();
         for (to, members) in &s.members {
-            let quiet: Vec<u64> =
-                members.iter().enumerate().map(|(w, m)| m & !self.busy[w].load(Ordering::Relaxed)).collect();
+            let quiet: Vec<u64> = members.iter().zip(&active).map(|(m, a)| m & !a).collect();
             if s.last_quiet.get(to).is_some_and(|(last, at)| *last == quiet && now.duration_since(*at) < QUIET_REFRESH)
             {
                 continue;
