@@ -219,7 +219,7 @@ pub const CONN_REFUSED_REASONS: [&str; 4] = ["global", "vip", "source_connection
 /// (a response or request naming no connection of ours); `overflow` (a connection's
 /// queue was full); `busy` (a container's connection stayed full: 503 to the caller,
 /// the container not suspect).
-pub const SIP_STREAM_OUTCOMES: [&str; 20] = [
+pub const SIP_STREAM_OUTCOMES: [&str; 22] = [
     "route",
     "via",
     "to_tag",
@@ -240,6 +240,8 @@ pub const SIP_STREAM_OUTCOMES: [&str; 20] = [
     "stray",
     "overflow",
     "busy",
+    "container_framing",
+    "resend_limit",
 ];
 
 pub const PROTOCOLS: [&str; 2] = ["h1", "h2"];

@@ -51,9 +51,14 @@ pub async fn serve_plain(hub: &Arc<Hub>, vi: usize, id: u64, stream: TcpStream) 
 pub async fn serve_tls<S: AsyncRead + AsyncWrite + Send + 'static>(hub: &Arc<Hub>, vi: usize, id: u64, stream: S) {
     let (mut rd, mut wr) = tokio::io::split(stream);
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(QUEUE);
-    let writer = tokio::spawn(async move {
+    let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let writer = tokio::spawn({
+        let queued = queued.clone();
+        async move {
         while let Some(bytes) = rx.recv().await {
-            if wr.write_all(&bytes).await.is_err() {
+            let written = wr.write_all(&bytes).await;
+            queued.fetch_sub(bytes.len(), Ordering::SeqCst);
+            if written.is_err() {
                 break;
             }
             // A closing answer: empty bytes after it end the connection.
@@ -62,8 +67,9 @@ pub async fn serve_tls<S: AsyncRead + AsyncWrite + Send + 'static>(hub: &Arc<Hub
             }
         }
         let _ = wr.shutdown().await;
+        }
     });
-    serve(hub, vi, id, &mut rd, CallerTx::Tls(tx), writer).await;
+    serve(hub, vi, id, &mut rd, CallerTx::Tls(tx, queued), writer).await;
 }
 
 async fn serve<R: AsyncRead + Unpin>(
@@ -127,9 +133,11 @@ async fn read_loop<R: AsyncRead + Unpin>(hub: &std::sync::Arc<Hub>, vi: usize, i
                 }
             }
         }
-        if buf.is_empty() {
+        // Nothing, or a lone CRLF (ignored: maybe half a ping), waits as an idle
+        // connection does; anything else is a message begun.
+        if buf.len() < 4 && b"\r\n\r\n".starts_with(&buf) {
             started = None;
-            if buf.capacity() > 2 * READ {
+            if buf.is_empty() && buf.capacity() > 2 * READ {
                 buf = Vec::new();
             }
         } else if started.is_none() {
@@ -191,7 +199,7 @@ async fn from_caller(hub: &std::sync::Arc<Hub>, vi: usize, id: u64, mut msg: Vec
     message::pop_our_route(&mut msg);
     // A hop fewer (16.6); none left: 483, never forwarded (a loop ends here).
     match message::take_hop(&mut msg) {
-        true => dispatch(hub.clone(), vi, id, msg).await,
+        true => dispatch(hub.clone(), vi, id, msg, 0).await,
         false => {
             hub.count("invalid");
             if !message::method(&msg).eq_ignore_ascii_case(b"ACK") {
@@ -211,11 +219,12 @@ pub fn dispatch(
     vi: usize,
     id: u64,
     msg: Vec<u8>,
+    resent: u8,
 ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
-    Box::pin(route_and_send(hub, vi, id, msg))
+    Box::pin(route_and_send(hub, vi, id, msg, resent))
 }
 
-async fn route_and_send(hub: std::sync::Arc<Hub>, vi: usize, id: u64, msg: Vec<u8>) {
+async fn route_and_send(hub: std::sync::Arc<Hub>, vi: usize, id: u64, msg: Vec<u8>, resent: u8) {
     let head_len = framing::header_end(&msg).unwrap_or(msg.len());
     let scan = route::scan(&msg[..head_len]);
     let is_ack = message::method(&msg).eq_ignore_ascii_case(b"ACK");
@@ -232,11 +241,11 @@ async fn route_and_send(hub: std::sync::Arc<Hub>, vi: usize, id: u64, msg: Vec<u
     };
     // Each round either sends, answers, or waits for a state change; bounded.
     for _ in 0..16 {
-        let (choice, src) = route::choose(&hub.servers, &v.members, &hub.pins, &scan);
+        let (choice, src) = route::choose(&hub.servers, vi, &v.members, &hub.pins, &scan);
         match choice {
             Choice::To { backend, replica } => {
                 let fwd = message::forward_request(&msg, Mark::Client(id), &v.host, v.transport.name());
-                let pending = (!is_ack).then(|| upstream_pending(&fwd, vi, id, &msg));
+                let pending = (!is_ack).then(|| upstream_pending(&fwd, vi, id, &msg, resent));
                 match hub.pool.send(&hub, backend, v.backend_port, fwd, pending).await {
                     Ok(()) => {
                         hub.count(route::source_name(src));
@@ -297,12 +306,14 @@ impl Drop for Held {
 
 /// What the pool keeps of a request until its final answer: our branch, and the
 /// caller's message to route again if the container goes down first.
-fn upstream_pending(fwd: &[u8], vi: usize, id: u64, original: &[u8]) -> super::upstream::Pending {
+fn upstream_pending(fwd: &[u8], vi: usize, id: u64, original: &[u8], resent: u8) -> super::upstream::Pending {
     super::upstream::Pending {
-        branch: message::top_branch(fwd).unwrap_or_default().to_vec(),
+        branch: message::transaction_key(fwd, message::method(original).eq_ignore_ascii_case(b"CANCEL"))
+            .unwrap_or_default(),
         vip: vi,
         client: id,
         original: original.to_vec(),
         at: Instant::now(),
+        resent,
     }
 }

@@ -6,6 +6,13 @@
 //! Bounded: the header section may take `max_header` bytes, the body `max_body`; past
 //! them, or without `Content-Length` (mandatory on a stream: 18.3), the connection ends
 //! with an answer the caller writes (`Fault::answer`).
+//!
+//! One framing only, as a proxy must: every connection to a container carries the
+//! messages of many callers, so a message that a container could cut otherwise than we
+//! do would let one caller's bytes become another's message. A header section's lines end
+//! in CRLF (RFC 3261 7, 25.1): a bare LF in it ends the connection (`BareLineFeed`), as
+//! does a folded (continued) `Content-Length` or a continuation line right after the
+//! start line, which parsers read differently.
 
 /// What the buffer holds next.
 #[derive(Debug, PartialEq, Eq)]
@@ -25,8 +32,11 @@ pub enum Fault {
     BodyTooLarge,
     /// No `Content-Length` (400 to a request, close).
     NoLength,
-    /// Not a decimal, or two that differ (400, close).
+    /// Not a decimal, two that differ, or folded over two lines (400, close).
     BadLength,
+    /// A line of the header section ends in a bare LF, or a continuation line follows
+    /// the start line (400, close).
+    BadLineEnd,
 }
 
 impl Fault {
@@ -36,6 +46,7 @@ impl Fault {
             Fault::HeaderTooLarge | Fault::BodyTooLarge => (513, "Message Too Large"),
             Fault::NoLength => (400, "Missing Content-Length"),
             Fault::BadLength => (400, "Bad Content-Length"),
+            Fault::BadLineEnd => (400, "Bad Request"),
         }
     }
 
@@ -44,6 +55,7 @@ impl Fault {
         match self {
             Fault::HeaderTooLarge | Fault::BodyTooLarge => "too_large",
             Fault::NoLength | Fault::BadLength => "no_length",
+            Fault::BadLineEnd => "invalid",
         }
     }
 }
@@ -88,7 +100,12 @@ pub fn next(buf: &mut Vec<u8>, limits: Limits) -> Result<Option<Frame>, Fault> {
     if buf.is_empty() {
         return Ok(None);
     }
-    let Some(head_len) = header_end(&buf[..buf.len().min(limits.max_header)]) else {
+    let window = &buf[..buf.len().min(limits.max_header)];
+    let end = header_end(window);
+    if !line_ends_are_crlf(&window[..end.unwrap_or(window.len())]) {
+        return Err(Fault::BadLineEnd);
+    }
+    let Some(head_len) = end else {
         if buf.len() >= limits.max_header {
             return Err(Fault::HeaderTooLarge);
         }
@@ -105,21 +122,26 @@ pub fn next(buf: &mut Vec<u8>, limits: Limits) -> Result<Option<Frame>, Fault> {
     Ok(Some(Frame::Message(std::mem::replace(buf, rest))))
 }
 
-/// Length of the header section including its empty line (`CRLF CRLF`, or bare LFs).
+/// Length of the header section including its empty line (`CRLF CRLF`).
 pub fn header_end(b: &[u8]) -> Option<usize> {
     let mut i = 0;
     while let Some(p) = b[i..].iter().position(|&c| c == b'\n') {
-        let at = i + p + 1;
-        match b.get(at) {
-            Some(b'\n') => return Some(at + 1),
-            Some(b'\r') if b.get(at + 1) == Some(&b'\n') => return Some(at + 2),
-            _ => i = at,
+        let at = i + p;
+        if at >= 3 && &b[at - 3..=at] == b"\r\n\r\n" {
+            return Some(at + 1);
         }
-        if i >= b.len() {
-            break;
-        }
+        i = at + 1;
     }
     None
+}
+
+/// Whether every LF of `head` (a header section, or the start of one) ends a CRLF, and
+/// no continuation line follows the start line.
+fn line_ends_are_crlf(head: &[u8]) -> bool {
+    let bare = head.iter().enumerate().any(|(i, &c)| c == b'\n' && (i == 0 || head[i - 1] != b'\r'));
+    let first_end = head.windows(2).position(|w| w == b"\r\n");
+    let folded_start = first_end.and_then(|e| head.get(e + 2)).is_some_and(|&c| c == b' ' || c == b'\t');
+    !bare && !folded_start
 }
 
 /// The header lines of a header section (the start line excluded), folded lines
@@ -141,9 +163,15 @@ pub fn split_header(line: &[u8]) -> Option<(&[u8], &[u8])> {
 /// `Content-Length` or `l` (case-insensitive): every occurrence must agree.
 fn content_length(head: &[u8]) -> Result<usize, Fault> {
     let mut found: Option<usize> = None;
-    for (name, value) in lines(head).filter_map(split_header) {
+    let mut lines = lines(head).peekable();
+    while let Some(line) = lines.next() {
+        let Some((name, value)) = split_header(line) else { continue };
         if !(name.eq_ignore_ascii_case(b"content-length") || name.eq_ignore_ascii_case(b"l")) {
             continue;
+        }
+        // Folded onto the next line: one parser reads `10`, another `10 0`.
+        if lines.peek().is_some_and(|l| l.first().is_some_and(|c| *c == b' ' || *c == b'\t')) {
+            return Err(Fault::BadLength);
         }
         if value.is_empty() || value.len() > 9 || !value.iter().all(u8::is_ascii_digit) {
             return Err(Fault::BadLength);
@@ -219,6 +247,20 @@ mod tests {
             assert_eq!(next(&mut msg("", bad), L), Err(Fault::BadLength), "{bad}");
         }
         assert_eq!(next(&mut msg("", "Content-Length: 4097"), L), Err(Fault::BodyTooLarge));
+        // Folded: `10` to us, `10 0` to a parser that unfolds.
+        assert_eq!(next(&mut msg("", "Content-Length: 10\r\n 0"), L), Err(Fault::BadLength));
+        // Bare LFs: a parser that wants CRLF would read on into the next message.
+        for bad in [
+            &b"INVITE sip:a@b SIP/2.0\nCall-ID: x\nContent-Length: 0\n\n"[..],
+            b"INVITE sip:a@b SIP/2.0\r\nCall-ID: x\r\nContent-Length: 0\r\n\n",
+            b"INVITE sip:a@b SIP/2.0\r\nCall-ID: x\nX: y\r\n",
+            b"INVITE sip:a@b SIP/2.0\r\n Call-ID: x\r\nContent-Length: 0\r\n\r\n",
+        ] {
+            assert_eq!(next(&mut bad.to_vec(), L), Err(Fault::BadLineEnd), "{:?}", String::from_utf8_lossy(bad));
+        }
+        // Folding elsewhere is SIP (RFC 3261 7.3.1) and frames as one message.
+        let mut folded = msg("", "Subject: a\r\n  b\r\nContent-Length: 0");
+        assert!(matches!(next(&mut folded, L), Ok(Some(Frame::Message(_)))));
         let mut endless = b"INVITE sip:a@b SIP/2.0\r\n".to_vec();
         endless.extend(std::iter::repeat_n(b"X-A: b\r\n".as_slice(), 200).flatten());
         assert_eq!(next(&mut endless, L), Err(Fault::HeaderTooLarge));

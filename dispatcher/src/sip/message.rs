@@ -109,6 +109,26 @@ pub fn top_branch(msg: &[u8]) -> Option<&[u8]> {
     param(first_element(header(msg, b"via", b"v")?), b"branch")
 }
 
+/// A transaction's key: its top `Via` branch, and whether it is a CANCEL's (a CANCEL
+/// carries its INVITE's branch, RFC 3261 9.1, yet is a transaction of its own: its
+/// answer must not end the INVITE's). `cancel`: the request's method, or its answer's
+/// `CSeq` method, is CANCEL.
+pub fn transaction_key(msg: &[u8], cancel: bool) -> Option<Vec<u8>> {
+    let branch = top_branch(msg)?;
+    let mut k = Vec::with_capacity(branch.len() + 1);
+    k.extend_from_slice(branch);
+    if cancel {
+        k.push(0);
+    }
+    Some(k)
+}
+
+/// Whether an answer answers a CANCEL (its `CSeq` method).
+pub fn answers_cancel(msg: &[u8]) -> bool {
+    header(msg, b"cseq", b"cseq").and_then(|v| v.split(|c| c.is_ascii_whitespace()).rfind(|t| !t.is_empty()))
+        .is_some_and(|m| m.eq_ignore_ascii_case(b"CANCEL"))
+}
+
 /// FNV-1a of some bytes (the branch hash: the same sender's branch gives the same one,
 /// so a CANCEL or a retransmission matches its INVITE's transaction downstream).
 fn fnv(b: &[u8]) -> u64 {
@@ -140,12 +160,19 @@ fn creates_dialog(method: &[u8]) -> bool {
     [&b"INVITE"[..], b"SUBSCRIBE", b"REFER", b"NOTIFY"].iter().any(|m| m.eq_ignore_ascii_case(method))
 }
 
-/// `Max-Forwards` taken down by one, in place (RFC 3261 16.6 step 3; 70 when absent,
-/// which adds none); false when it was already 0 or is not a number (the caller answers
-/// 483).
+/// `Max-Forwards` taken down by one, in place (RFC 3261 16.6 step 3: added as 70 taken
+/// down, 69, when absent); false when it was already 0 or is not a number (the caller
+/// answers 483). Leading zeros are a number (`1*DIGIT`).
 pub fn take_hop(msg: &mut Vec<u8>) -> bool {
-    let Some((range, value)) = find_header(msg, b"max-forwards", b"max-forwards") else { return true };
-    let n: Option<u32> = std::str::from_utf8(value).ok().filter(|v| v.len() <= 3).and_then(|v| v.parse().ok());
+    let Some((range, value)) = find_header(msg, b"max-forwards", b"max-forwards") else {
+        let at = start_line_end(msg);
+        msg.splice(at..at, b"Max-Forwards: 69\r\n".iter().copied());
+        return true;
+    };
+    let n: Option<u32> = std::str::from_utf8(value)
+        .ok()
+        .filter(|v| (1..=9).contains(&v.len()) && v.bytes().all(|c| c.is_ascii_digit()))
+        .and_then(|v| v.parse().ok());
     let Some(n) = n.filter(|&n| n > 0) else { return false };
     let mut line = [0u8; 24];
     let mut w = &mut line[..];
@@ -277,6 +304,20 @@ pub fn answer(req: &[u8], status: u16, reason: &str, retry_after: Option<u32>) -
 mod tests {
     use super::*;
 
+    /// A CANCEL shares its INVITE's branch but is its own transaction: its key differs,
+    /// and its answer (by `CSeq`) names the CANCEL's key, not the INVITE's.
+    #[test]
+    fn a_cancel_and_its_invite_are_two_transactions() {
+        let invite = transaction_key(INVITE, false).unwrap();
+        let cancel = transaction_key(INVITE, true).unwrap();
+        assert_ne!(invite, cancel);
+        let ok_cancel = b"SIP/2.0 200 OK\r\nVia: SIP/2.0/TCP 10.0.1.2:5061;branch=z9hG4bK-1-0\r\nCSeq: 1  cancel \r\n\r\n";
+        let terminated = b"SIP/2.0 487 Terminated\r\nVia: SIP/2.0/TCP 10.0.1.2:5061;branch=z9hG4bK-1-0\r\nCSeq: 1 INVITE\r\n\r\n";
+        assert!(answers_cancel(ok_cancel) && !answers_cancel(terminated));
+        assert_eq!(transaction_key(ok_cancel, answers_cancel(ok_cancel)), Some(cancel));
+        assert_eq!(transaction_key(terminated, answers_cancel(terminated)), Some(invite));
+    }
+
     const INVITE: &[u8] = b"INVITE sip:svc@10.0.0.1:5060 SIP/2.0\r\n\
 Via: SIP/2.0/TCP 10.0.1.2:5061;branch=z9hG4bK-1-0\r\n\
 From: <sip:a@x>;tag=1\r\nTo: <sip:svc@y>\r\nCall-ID: 1-1@x\r\nCSeq: 1 INVITE\r\n\
@@ -369,7 +410,13 @@ Route: <sip:10.0.0.1:5060;transport=tcp;lr;dsp=c7>, <sip:edge;lr>\r\nCall-ID: 1-
         assert!(!take_hop(&mut b"OPTIONS sip:a SIP/2.0\r\nMax-Forwards: x\r\n\r\n".to_vec()));
         let mut absent = INVITE.to_vec();
         assert!(take_hop(&mut absent));
-        assert_eq!(absent, INVITE, "absent: unchanged");
+        let first = INVITE.iter().position(|&c| c == b'\n').unwrap() + 1;
+        assert_eq!(&absent[first..first + 18], b"Max-Forwards: 69\r\n", "absent: 70 less one added");
+        assert_eq!([&absent[..first], &absent[first + 18..]].concat(), INVITE);
+        let mut zeros = b"OPTIONS sip:a SIP/2.0\r\nMax-Forwards: 0070\r\n\r\n".to_vec();
+        assert!(take_hop(&mut zeros));
+        assert_eq!(text(&zeros), "OPTIONS sip:a SIP/2.0\r\nMax-Forwards: 69\r\n\r\n");
+        assert!(!take_hop(&mut b"OPTIONS sip:a SIP/2.0\r\nMax-Forwards: +5\r\n\r\n".to_vec()));
         // 10 -> 9: the line gets shorter, the body stays whole.
         let mut ten = b"OPTIONS sip:a SIP/2.0\r\nmax-forwards:10\r\nContent-Length: 2\r\n\r\nab".to_vec();
         assert!(take_hop(&mut ten));

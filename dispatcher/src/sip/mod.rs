@@ -46,11 +46,20 @@ pub const MAX_BODY: usize = 64 * 1024;
 /// Call-IDs pinned at once (about 40 bytes each).
 pub const MAX_PINS: usize = 1 << 20;
 /// Messages queued toward a TLS caller's connection (its writer task's) before more are
-/// dropped.
+/// dropped (and at most `BACKLOG` bytes of them).
 pub const QUEUE: usize = 256;
 /// Bytes a plain connection (a caller's or a container's) holds when its socket takes no
 /// more (`wire.rs`); past them a message is dropped (caller) or waited with (container).
 pub const BACKLOG: usize = 256 << 10;
+
+/// What a container may send on its connection. An answer copies the request's `Via`
+/// and `Record-Route` fields (RFC 3261 8.2.6.2, 12.1.1) and adds its own, so the
+/// answer to a request a caller was allowed to send may be larger than a caller's own
+/// limit: twice the caller's header bound and 16 KiB more. Were it the caller's bound, a
+/// caller could break a container's connection, shared by every caller, at will.
+pub fn container_limits(max_header_bytes: usize) -> framing::Limits {
+    framing::Limits { max_header: max_header_bytes.saturating_mul(2).saturating_add(16 << 10), max_body: MAX_BODY }
+}
 
 /// A stream SIP VIP as its connections see it.
 pub struct SipVip {
@@ -68,7 +77,10 @@ pub struct SipVip {
 /// The `[http]` bounds the SIP connections obey.
 #[derive(Clone, Copy, Debug)]
 pub struct Bounds {
+    /// What a caller may send.
     pub limits: framing::Limits,
+    /// What a container's connection may carry (`container_limits`).
+    pub container_limits: framing::Limits,
     pub header_timeout: Duration,
     pub body_timeout: Duration,
     pub idle_timeout: Duration,
@@ -83,7 +95,8 @@ pub struct Bounds {
 #[derive(Clone)]
 pub enum CallerTx {
     Plain(Arc<wire::Wire>),
-    Tls(tokio::sync::mpsc::Sender<Vec<u8>>),
+    /// The queue, and the bytes in it (at most `BACKLOG`, as a plain connection's).
+    Tls(tokio::sync::mpsc::Sender<Vec<u8>>, Arc<AtomicUsize>),
 }
 
 impl CallerTx {
@@ -92,10 +105,23 @@ impl CallerTx {
         use tokio::sync::mpsc::error::TrySendError;
         match self {
             CallerTx::Plain(w) => w.try_send(&bytes),
-            CallerTx::Tls(tx) => tx.try_send(bytes).map_err(|e| match e {
-                TrySendError::Full(_) => wire::Refused::Full,
-                TrySendError::Closed(_) => wire::Refused::Closed,
-            }),
+            CallerTx::Tls(tx, queued) => {
+                // A message is taken whatever its size when nothing waits, as on a plain
+                // connection; past `BACKLOG` bytes waiting, refused.
+                let len = bytes.len();
+                let before = queued.fetch_add(len, Ordering::SeqCst);
+                if before > 0 && before + len > BACKLOG {
+                    queued.fetch_sub(len, Ordering::SeqCst);
+                    return Err(wire::Refused::Full);
+                }
+                tx.try_send(bytes).map_err(|e| {
+                    queued.fetch_sub(len, Ordering::SeqCst);
+                    match e {
+                        TrySendError::Full(_) => wire::Refused::Full,
+                        TrySendError::Closed(_) => wire::Refused::Closed,
+                    }
+                })
+            }
         }
     }
 
@@ -104,7 +130,7 @@ impl CallerTx {
         match self {
             CallerTx::Plain(w) => w.close_after_flush(),
             // Empty bytes: the writer task ends there.
-            CallerTx::Tls(tx) => {
+            CallerTx::Tls(tx, _) => {
                 let _ = tx.try_send(Vec::new());
             }
         }
@@ -177,6 +203,7 @@ impl SipServer {
         let h = &cfg.http;
         let bounds = Bounds {
             limits: framing::Limits { max_header: h.max_header_bytes, max_body: MAX_BODY },
+            container_limits: container_limits(h.max_header_bytes),
             header_timeout: h.header_timeout,
             body_timeout: h.body_timeout,
             idle_timeout: h.client_idle_timeout,

@@ -105,23 +105,39 @@ fn owner_or_replica(servers: &Servers, owner: usize, replica: Option<usize>) -> 
     }
 }
 
-/// The container for a caller's message with scan `s`, on a VIP whose containers are
-/// `members`.
-pub fn choose(servers: &Servers, members: &[usize], pins: &std::sync::Mutex<Pins>, s: &Scan) -> (Choice, u8) {
+/// A Call-ID's pin on VIP `vip`: a dialog is pinned per VIP (as XDP keys its pins by
+/// VIP), so one Call-ID on two VIPs never sends the second's messages to the first's
+/// container.
+fn pin_key(vip: usize, call_id: u64) -> u64 {
+    dispatcher_common::hash::cookie_hash(&[call_id.to_le_bytes(), (vip as u64).to_le_bytes()].concat())
+}
+
+/// The container for a caller's message with scan `s`, on VIP `vip` whose containers
+/// are `members`.
+pub fn choose(
+    servers: &Servers,
+    vip: usize,
+    members: &[usize],
+    pins: &std::sync::Mutex<Pins>,
+    s: &Scan,
+) -> (Choice, u8) {
     let Some((src, hash)) = s.affinity() else { return (Choice::Invalid, 0) };
     let replica_of = |b: usize| servers.backends.get(b).and_then(|x| x.replica);
+    let key = pin_key(vip, s.call_id);
+    // A pin names one of this VIP's containers (checked, not assumed).
+    let pinned = |pins: &Pins| pins.get(key).filter(|b| members.contains(b));
     if src != SRC_CALL_ID {
         if let Some((owner, replica)) = servers.owner_by_hash(hash) {
             return (owner_or_replica(servers, owner, replica), src);
         }
         // A name nobody owns: where its Call-ID was placed, else nowhere.
-        return match pins.lock().unwrap().get(s.call_id) {
+        return match pinned(&pins.lock().unwrap()) {
             Some(b) => (owner_or_replica(servers, b, replica_of(b)), SRC_CALL_ID),
             None => (Choice::UnknownLn, src),
         };
     }
     let mut pins = pins.lock().unwrap();
-    if let Some(b) = pins.get(s.call_id) {
+    if let Some(b) = pinned(&pins) {
         return (owner_or_replica(servers, b, replica_of(b)), src);
     }
     let up =
@@ -135,7 +151,7 @@ pub fn choose(servers: &Servers, members: &[usize], pins: &std::sync::Mutex<Pins
     };
     match up.max_by(|&a, &b| weight(a).total_cmp(&weight(b))) {
         Some(b) => {
-            pins.pin(s.call_id, b);
+            pins.pin(key, b);
             (Choice::To { backend: b, replica: false }, src)
         }
         None => (Choice::NoBackend, src),
@@ -145,6 +161,32 @@ pub fn choose(servers: &Servers, members: &[usize], pins: &std::sync::Mutex<Pins
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two SIP VIPs with containers of their own (a, b) and (c, d).
+    const CFG: &str = "[dispatcher]\ninterface = \"lo\"\n\n\
+        [[backend]]\nname = \"a\"\naddress = \"10.0.0.1\"\nmac = \"02:00:00:00:00:01\"\n\n\
+        [[backend]]\nname = \"b\"\naddress = \"10.0.0.2\"\nmac = \"02:00:00:00:00:02\"\n\n\
+        [[backend]]\nname = \"c\"\naddress = \"10.0.0.3\"\nmac = \"02:00:00:00:00:03\"\n\n\
+        [[backend]]\nname = \"d\"\naddress = \"10.0.0.4\"\nmac = \"02:00:00:00:00:04\"\n\n\
+        [[vip]]\nname = \"one\"\naddress = \"10.0.100.5\"\nport = 5060\nprotocol = \"udp\"\nmode = \"sip\"\nbackends = [\"a\", \"b\"]\n\n\
+        [[vip]]\nname = \"two\"\naddress = \"10.0.100.6\"\nport = 5060\nprotocol = \"udp\"\nmode = \"sip\"\nbackends = [\"c\", \"d\"]\n";
+
+    /// A Call-ID placed on one VIP is pinned there only: the same Call-ID on another VIP
+    /// goes to one of that VIP's own containers, never to the first one's.
+    #[test]
+    fn a_call_id_pinned_on_one_vip_never_sends_another_vips_messages_there() {
+        let cfg = crate::config::Config::parse(CFG, "t").unwrap();
+        let servers = Servers::new(&cfg, &[], &[], None);
+        let pins = std::sync::Mutex::new(Pins::new(16));
+        let scan = scan(b"OPTIONS sip:x@h SIP/2.0\r\nCall-ID: shared-1\r\n\r\n");
+        let (first, _) = choose(&servers, 0, &[0, 1], &pins, &scan);
+        assert!(matches!(first, Choice::To { backend: 0 | 1, .. }), "{first:?}");
+        for _ in 0..3 {
+            let (second, _) = choose(&servers, 1, &[2, 3], &pins, &scan);
+            assert!(matches!(second, Choice::To { backend: 2 | 3, .. }), "{second:?}");
+        }
+        assert_eq!(choose(&servers, 0, &[0, 1], &pins, &scan).0, first, "the first VIP's pin is kept");
+    }
 
     #[test]
     fn pins_are_bounded_oldest_first() {

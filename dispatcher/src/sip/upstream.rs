@@ -47,7 +47,14 @@ pub struct Pending {
     pub client: u64,
     pub original: Vec<u8>,
     pub at: std::time::Instant,
+    /// How many times it was already routed again (`MAX_RESENDS`).
+    pub resent: u8,
 }
+
+/// How many times a request is routed again after the connections it went on ended
+/// unanswered: a request whose answer itself breaks the connection (or a container that
+/// dies on it) is not sent on and on.
+pub const MAX_RESENDS: u8 = 2;
 
 struct Link {
     /// Written by the task that has the message (`wire.rs`), read by the link's task.
@@ -169,22 +176,24 @@ impl Pool {
 async fn run(hub: Arc<Hub>, b: usize, port: u16, mut rd: OwnedReadHalf, link: Arc<Link>) {
     // What the socket did not take when it was sent.
     let writer = link.wire.flush();
+    // Whether the container's bytes could not be cut into messages (the connection
+    // cannot go on; the container is not failing for it).
     let reader = async {
         let mut buf = Vec::new();
         loop {
             loop {
-                match framing::next(&mut buf, hub.bounds.limits) {
+                match framing::next(&mut buf, hub.bounds.container_limits) {
                     Ok(Some(Frame::Ping)) => {
                         let _ = link.wire.try_send(b"\r\n");
                     }
                     Ok(Some(Frame::Message(m))) => from_container(&hub, b, &link, m),
                     Ok(None) => break,
-                    Err(_) => return,
+                    Err(_) => return true,
                 }
             }
             buf.reserve(READ);
             match rd.read_buf(&mut buf).await {
-                Ok(0) | Err(_) => return,
+                Ok(0) | Err(_) => return false,
                 Ok(_) => {}
             }
         }
@@ -201,11 +210,11 @@ async fn run(hub: Arc<Hub>, b: usize, port: u16, mut rd: OwnedReadHalf, link: Ar
             changed.await;
         }
     };
-    tokio::select! {
-        _ = writer => {}
-        _ = reader => {}
-        _ = down => {}
-    }
+    let unframed = tokio::select! {
+        _ = writer => false,
+        unframed = reader => unframed,
+        _ = down => false,
+    };
     link.closed.store(true, Ordering::SeqCst);
     link.wire.set_closed();
     {
@@ -217,17 +226,35 @@ async fn run(hub: Arc<Hub>, b: usize, port: u16, mut rd: OwnedReadHalf, link: Ar
     let owed: Vec<Pending> = link.pending.lock().unwrap().drain().map(|(_, p)| p).collect();
     let owed_bytes: usize = owed.iter().map(|p| p.original.len()).sum();
     hub.pool.pending_bytes.fetch_sub(owed_bytes, Ordering::Relaxed);
-    if !owed.is_empty() {
+    if unframed {
+        // What it sent was not SIP as we frame it (or past `container_limits`): counted
+        // and logged; the container answers, so it is not made suspect for it.
+        hub.count("container_framing");
+        crate::ratelimit::warn(
+            "a container's SIP connection could not be cut into messages; closed",
+            &hub.servers.backends[b].name,
+        );
+    } else if !owed.is_empty() {
         // It failed with requests in flight: suspect at once (the checks confirm), and
         // each goes through routing again: held, then to the replica.
         hub.servers.passive_failure(b, crate::health::Cause::Refused);
         tracing::info!(backend = %hub.servers.backends[b].name, requests = owed.len(), "SIP requests routed again after their container's connection ended");
     }
     for p in owed {
-        if hub.client_vip(p.client).is_some() {
-            hub.count("rerouted");
-            tokio::spawn(super::conn::dispatch(hub.clone(), p.vip, p.client, p.original));
+        if hub.client_vip(p.client).is_none() {
+            continue;
         }
+        if p.resent >= MAX_RESENDS {
+            // Sent on connections that ended unanswered too often: answered here.
+            hub.count("resend_limit");
+            if !message::method(&p.original).eq_ignore_ascii_case(b"ACK") {
+                let head = &p.original[..framing::header_end(&p.original).unwrap_or(p.original.len())];
+                hub.to_client(p.client, message::answer(head, 503, "Service Unavailable", None));
+            }
+            continue;
+        }
+        hub.count("rerouted");
+        tokio::spawn(super::conn::dispatch(hub.clone(), p.vip, p.client, p.original, p.resent + 1));
     }
 }
 
@@ -237,8 +264,8 @@ fn from_container(hub: &Arc<Hub>, b: usize, link: &Link, mut msg: Vec<u8>) {
         // The request it answers finally is no longer owed (forgotten before our Via,
         // which names it, comes off).
         if final_status(&msg) {
-            if let Some(br) = message::top_branch(&msg) {
-                hub.pool.forget(link, br);
+            if let Some(key) = message::transaction_key(&msg, message::answers_cancel(&msg)) {
+                hub.pool.forget(link, &key);
             }
         }
         match message::pop_our_via(&mut msg) {

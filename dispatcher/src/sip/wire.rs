@@ -137,6 +137,14 @@ impl Wire {
                                 q.bytes = Vec::new();
                                 q.done = 0;
                                 self.room.notify_waiters();
+                            } else if q.done >= q.bytes.len() / 2 {
+                                // Written bytes go once they are half of the backlog: a
+                                // peer that reads a little slower than it is sent to
+                                // never empties it, and the backlog stays within twice
+                                // what waits (`cap`) instead of growing with all ever sent.
+                                let done = q.done;
+                                q.bytes.drain(..done);
+                                q.done = 0;
                             }
                             false
                         }
@@ -215,5 +223,47 @@ mod tests {
             assert_eq!(chunk, &msg(i)[..], "message {i} whole and in its place");
         }
         tokio::time::timeout(Duration::from_secs(5), flusher).await.unwrap().unwrap();
+    }
+
+    /// A peer that reads, but never fast enough to empty the backlog: the written part
+    /// is dropped as it goes, so the backlog's memory stays within about twice its bound
+    /// however much goes through.
+    #[tokio::test]
+    async fn a_backlog_that_never_empties_does_not_grow() {
+        // Small socket buffers (no autotuning): the backlog is where bytes wait.
+        let listen = tokio::net::TcpSocket::new_v4().unwrap();
+        listen.set_recv_buffer_size(4096).unwrap();
+        listen.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let listener = listen.listen(8).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let ours = tokio::net::TcpSocket::new_v4().unwrap();
+        ours.set_send_buffer_size(4096).unwrap();
+        let (ours, theirs) = tokio::join!(ours.connect(addr), listener.accept());
+        let (_rd, wr) = ours.unwrap().into_split();
+        let mut peer = theirs.unwrap().0;
+        let cap = 64 << 10;
+        let wire = std::sync::Arc::new(Wire::new(wr, cap));
+        let flusher = tokio::spawn({
+            let wire = wire.clone();
+            async move { wire.flush().await }
+        });
+        let msg = [b'x'; 1000];
+        let (mut sent, mut largest) = (0usize, 0usize);
+        let mut buf = vec![0u8; 4 << 10];
+        for _ in 0..2000 {
+            while wire.try_send(&msg).is_ok() {
+                sent += msg.len();
+            }
+            largest = largest.max(wire.out.lock().unwrap().bytes.len());
+            // Read a little: the flusher writes some of the backlog, never all of it.
+            let n = tokio::time::timeout(Duration::from_secs(5), peer.read(&mut buf)).await.unwrap().unwrap();
+            assert!(n > 0);
+            tokio::task::yield_now().await;
+        }
+        assert!(sent > 8 * cap, "enough went through to tell: {sent} bytes");
+        assert!(largest <= 2 * cap + msg.len(), "the backlog held {largest} bytes (bound {cap})");
+        // The flusher may wait for a socket the peer no longer reads: its connection's
+        // task drops it, as here.
+        flusher.abort();
     }
 }
