@@ -15,7 +15,7 @@ pub fn init_logging(level: &str) {
     use tracing_subscriber::{layer::SubscriberExt as _, util::SubscriberInitExt as _, EnvFilter, Layer as _};
     let from_env = std::env::var("RUST_LOG").ok().and_then(|v| EnvFilter::try_new(v).ok());
     let env_decides = from_env.is_some();
-    let filter = from_env.unwrap_or_else(|| EnvFilter::new(level));
+    let filter = from_env.unwrap_or_else(|| EnvFilter::new(configured(level)));
     let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
     let output = if to_journal() {
         tracing_subscriber::fmt::layer()
@@ -36,7 +36,18 @@ pub fn init_logging(level: &str) {
 /// Applies a reloaded `dispatcher.log_level`; false when RUST_LOG decides the level.
 pub fn set_log_level(level: &str) -> bool {
     let Some(handle) = LOG_FILTER.get() else { return false };
-    handle.reload(tracing_subscriber::EnvFilter::new(level)).is_ok()
+    handle.reload(tracing_subscriber::EnvFilter::new(configured(level))).is_ok()
+}
+
+/// The configured level as a filter. The codecs' own warnings (the `h2` crate logs one
+/// line per unexpected frame a client sends: a client could fill the journal) are errors
+/// only, unless the level names them.
+fn configured(level: &str) -> String {
+    if level.split(',').any(|d| d.trim_start().starts_with("h2")) {
+        level.to_string()
+    } else {
+        format!("{level},h2=error")
+    }
 }
 
 /// Whether stderr is the journal's stream (systemd sets `JOURNAL_STREAM=<dev>:<inode>` of

@@ -601,6 +601,28 @@ fn streams_beyond_the_concurrency_bound_are_refused() {
     assert_eq!(resets_sent(b.tb(), "refused_stream"), 6);
 }
 
+/// Streams the client resets while their requests wait at the backends still count
+/// toward the concurrency bound until they end: the codec forgets a reset stream, the
+/// dispatcher does not, so a client resetting and reopening cannot have more requests at
+/// the clones than `h2_max_concurrent_streams` (the new streams are refused meanwhile).
+#[test]
+fn streams_reset_while_at_work_still_count_toward_the_bound() {
+    let b = h2_testbed(2, "h2_max_concurrent_streams = 4\n");
+    let opts = json!({"path": "/slow/3000", "streams": 4, "wait": 0.8});
+    let r = py1(&b, "reset_waiting", with(h2c(H2C_PORT), opts));
+    let resets = per_stream(&r, "resets");
+    let second: Vec<u64> = r["second"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    for sid in &second {
+        assert_eq!(resets.get(sid), Some(&REFUSED_STREAM), "stream {sid} refused while four are at work: {r}");
+    }
+    let at_once: u64 = b.cluster().busy_max.iter().map(|m| m.load(std::sync::atomic::Ordering::SeqCst)).sum();
+    assert!(at_once <= 4, "{at_once} requests at the clones at once (bound 4)");
+    let hits = b.cluster().hits();
+    let streams: BTreeSet<u64> = hits.iter().filter_map(|h| stream_of(&h.path)).collect();
+    assert_eq!(streams, [1, 3, 5, 7].into(), "only the first four reached the clones: {hits:?}");
+    assert_eq!(goaway_of(&r), None, "the connection goes on: {r}");
+}
+
 /// Rapid reset (CVE-2023-44487): streams opened and reset at once. Paced (one pair a
 /// millisecond, ten times the budget), the connection gets GOAWAY ENHANCE_YOUR_CALM once
 /// its resets outrun `h2_max_resets_per_second` (100, a burst of 200), counted as
@@ -732,6 +754,7 @@ fn control_frame_floods_end_in_goaway() {
     for (kind, reason) in [
         ("settings", "control_flood"),
         ("ping", "control_flood"),
+        ("ping_ack", "control_flood"),
         ("window_update", "control_flood"),
         ("priority", "control_flood"),
         ("empty_data", "enhance_your_calm"),
@@ -750,6 +773,11 @@ fn control_frame_floods_end_in_goaway() {
         }
     }
     assert!(b.cluster().hits().len() <= 1, "only the empty-DATA flood's one request: {:?}", b.cluster().hits());
+    // The codec's line per unexpected PING ACK is not logged at the default level: a
+    // client cannot fill the journal with them.
+    let log = b.tb().log("dispatcher");
+    let acks_logged = log.lines().filter(|l| l.contains("PING ack")).count();
+    assert_eq!(acks_logged, 0, "{acks_logged} lines about PING ACKs");
 }
 
 /// A client that keeps its window shut (SETTINGS_INITIAL_WINDOW_SIZE 0, no

@@ -20,9 +20,14 @@ use crate::http1::{
     write_client,
 };
 
-/// Interim responses (other than 101) go to the client as they are; the final one (or
-/// a 101) is returned. `None`: the client could not be written to, or no further head
-/// came from the backend.
+/// Interim responses a request passes on to its client at most; later ones are read
+/// and dropped (an HTTP/2 stream queues each in the codec whether or not the client
+/// reads: a backend sending `102` after `102` must not grow it).
+pub const MAX_INTERIM: usize = 8;
+
+/// Interim responses (other than 101) go to the client as they are, `MAX_INTERIM` at
+/// most; the final one (or a 101) is returned. `None`: the client could not be written
+/// to, or no further head came from the backend.
 pub async fn forward_interim<R: AsyncRead + Unpin>(
     up: &mut Inbound<R>,
     client: &mut Client,
@@ -32,10 +37,16 @@ pub async fn forward_interim<R: AsyncRead + Unpin>(
     scratch: &mut Vec<Header>,
     s: &HttpSettings,
 ) -> Option<ResponseHead> {
+    let mut passed = 0;
     while (100..200).contains(&res.status) && res.status != 101 {
-        let interim = up.buf.split_to(res.len).freeze();
-        if !client.interim(&res, &interim, s.client_timeout).await {
-            return None;
+        // Copied, not shared: an HTTP/2 stream's fields would keep the backend's read
+        // buffer alive for as long as the codec holds them.
+        let interim = crate::http::h2::copied(&mut up.buf, res.len);
+        if passed < MAX_INTERIM {
+            passed += 1;
+            if !client.interim(&res, &interim, s.client_timeout).await {
+                return None;
+            }
         }
         res = read_response(up, head, limits, scratch, s.server_timeout).await.ok()?;
     }

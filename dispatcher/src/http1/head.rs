@@ -440,6 +440,10 @@ pub fn parse_response(
     };
     check_line_endings(&buf[..len]).map_err(|_| reject(502, "bad line ending in response head"))?;
     let status = res.code.ok_or(reject(502, "no status"))?;
+    // Three digits, 100 to 599 (RFC 9110 15): `099` or `600` is no status a client knows.
+    if !(100..600).contains(&status) {
+        return Err(reject(502, "status out of range"));
+    }
     let minor = res.version.ok_or(reject(502, "no version"))?;
     let reason = range_of(buf, res.reason.unwrap_or("").as_bytes());
     collect_headers(buf, res.headers, scratch);
@@ -607,6 +611,9 @@ mod tests {
         // No reason phrase at all: fine, and nothing points outside the buffer.
         let bare = res("HTTP/1.1 204\r\n\r\n", &get).unwrap().unwrap();
         assert_eq!((bare.status, bare.reason.len()), (204, 0));
+        for out_of_range in ["HTTP/1.1 099 Low\r\n\r\n", "HTTP/1.1 600 High\r\n\r\n", "HTTP/1.1 000 X\r\n\r\n"] {
+            assert_eq!(res(out_of_range, &get).unwrap_err().status, 502, "{out_of_range}");
+        }
     }
 
     /// A `Connection` header that names a framing field or Host asks the next hop to drop

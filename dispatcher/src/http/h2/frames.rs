@@ -201,7 +201,10 @@ impl Budgets {
                 }
                 true
             }
-            SETTINGS | PING => f.flags & ACK == 0,
+            // A PING ACK costs as a PING: the dispatcher sends no PING of its own, and the
+            // codec logs every unexpected ACK.
+            PING => true,
+            SETTINGS => f.flags & ACK == 0,
             PRIORITY => true,
             WINDOW_UPDATE if self.free_updates > 0 => {
                 self.free_updates -= 1;
@@ -360,16 +363,20 @@ mod tests {
     }
 
     #[test]
-    fn control_frames_past_the_burst_break_the_bound_and_acks_cost_nothing() {
+    fn control_frames_past_the_burst_break_the_bound_and_only_settings_acks_cost_nothing() {
         let mut b = budgets(10, 10);
         let ping = Frame { kind: PING, flags: 0, len: 8, code: None };
-        let ack = Frame { kind: PING, flags: ACK, len: 8, code: None };
+        let settings_ack = Frame { kind: SETTINGS, flags: ACK, len: 0, code: None };
         for _ in 0..1000 {
-            assert_eq!(b.charge(ack), None);
+            assert_eq!(b.charge(settings_ack), None);
         }
         // A burst of twice the rate, then the bound.
         let broke = (0..100).position(|_| b.charge(ping).is_some());
         assert_eq!(broke, Some(20));
+        // Unsolicited PING ACKs (the dispatcher sends no PING) cost as PINGs.
+        let mut b = budgets(10, 10);
+        let ping_ack = Frame { kind: PING, flags: ACK, len: 8, code: None };
+        assert_eq!((0..100).position(|_| b.charge(ping_ack).is_some()), Some(20));
     }
 
     #[test]

@@ -215,6 +215,11 @@ where
         _ => return,
     };
     let live = Arc::new(Live::default());
+    // The streams' tasks: none outlives its connection (dropped with it, so aborted), and
+    // no more run at once than SETTINGS_MAX_CONCURRENT_STREAMS, though the client may
+    // reset a stream (the codec then forgets it) while its task still queues or waits
+    // for its backend.
+    let mut tasks = tokio::task::JoinSet::new();
     let mut end = Ending::default();
     // One timer for the connection's life, moved when it fires with streams open (not
     // re-armed for every stream: a timer is a lock and a wheel slot).
@@ -235,14 +240,19 @@ where
                     end.until = Some(Instant::now() + Duration::from_secs(1));
                 }
             }
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
             accepted = conn.accept() => match accepted {
+                Some(Ok((_, mut respond))) if live.streams.load(Ordering::Relaxed) >= s.h2.max_concurrent_streams as usize => {
+                    // Streams the client reset still at work: no more until they end.
+                    respond.send_reset(Reason::REFUSED_STREAM);
+                }
                 Some(Ok((req, respond))) => {
                     live.streams.fetch_add(1, Ordering::Relaxed);
                     streams += 1;
                     let open = Open(live.clone());
                     let (stream_ctx, stop) = (ctx.clone(), stop.clone());
                     let span = tracing::debug_span!("stream", n = streams);
-                    tokio::spawn(async move {
+                    tasks.spawn(async move {
                         let _open = open;
                         stream::serve(stream_ctx, at, stop, req, respond).await;
                     }.instrument(span));

@@ -70,7 +70,7 @@ pub async fn serve(
                 bytes: &as_text(&parts),
             };
             ctx.capacity.refusals.record(refused);
-            refuse(&mut respond, r.status, r.reason);
+            refuse(&mut respond, r.status, r.reason, parts.method == http::Method::HEAD);
             return;
         }
     };
@@ -94,8 +94,9 @@ pub async fn serve(
     }
 }
 
-/// The dispatcher's own answer on a stream (a request it will not translate).
-fn refuse(respond: &mut SendResponse<Bytes>, status: u16, reason: &str) {
+/// The dispatcher's own answer on a stream (a request it will not translate; without
+/// its body to a HEAD).
+fn refuse(respond: &mut SendResponse<Bytes>, status: u16, reason: &str, head: bool) {
     let body = Bytes::from(format!("{status} {reason}\n"));
     let res = http::Response::builder()
         .status(status)
@@ -103,8 +104,10 @@ fn refuse(respond: &mut SendResponse<Bytes>, status: u16, reason: &str) {
         .header(header::CONTENT_LENGTH, body.len())
         .body(())
         .expect("a valid status and fields");
-    if let Ok(mut s) = respond.send_response(res, false) {
-        let _ = s.send_data(body, true);
+    if let Ok(mut s) = respond.send_response(res, head) {
+        if !head {
+            let _ = s.send_data(body, true);
+        }
     }
 }
 
@@ -322,9 +325,9 @@ fn gone(e: h2::Error) -> RelayError {
     RelayError::Write(io::Error::other(e))
 }
 
-/// Sends `data` as the client's window opens (`end`: the last of the body). A window
-/// that stays shut for `window_wait` (a client that does not read) ends it with a
-/// write timeout.
+/// Sends `data` as the client's window opens (`end`: the last of the body), all of it
+/// within `window_wait` (as an HTTP/1.1 write must end within it): a client that does not
+/// read, or opens its window a byte at a time, ends it with a write timeout.
 async fn send(
     out: &mut SendStream<Bytes>,
     o: &mut Out,
@@ -335,9 +338,10 @@ async fn send(
     if data.is_empty() {
         return if end { out.send_data(data, true).map_err(gone) } else { Ok(()) };
     }
+    let deadline = tokio::time::Instant::now() + window_wait;
     while !data.is_empty() {
         out.reserve_capacity(data.len());
-        let granted = match tokio::time::timeout(window_wait, poll_fn(|cx| out.poll_capacity(cx))).await {
+        let granted = match tokio::time::timeout_at(deadline, poll_fn(|cx| out.poll_capacity(cx))).await {
             Err(_) => {
                 tracing::debug!("HTTP/2 client kept its window shut past client_timeout: stream reset");
                 return Err(RelayError::Write(io::ErrorKind::TimedOut.into()));

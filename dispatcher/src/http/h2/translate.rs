@@ -42,12 +42,17 @@ pub fn request(
         Some(p) if !p.as_str().is_empty() => p.as_str(),
         _ => return Err(Refusal { status: 400, reason: "the request has no :path" }),
     };
-    let host = match parts.uri.authority() {
-        Some(a) => a.as_str().as_bytes(),
-        None => match parts.headers.get(header::HOST) {
-            Some(h) => h.as_bytes(),
-            None => return Err(Refusal { status: 400, reason: "the request has neither :authority nor Host" }),
-        },
+    // More than one Host is refused as over HTTP/1.1 (which one would the backend see?);
+    // with :authority, that wins and Host is not sent (as for an absolute-form target).
+    let mut hosts = parts.headers.get_all(header::HOST).iter();
+    let (first_host, second_host) = (hosts.next(), hosts.next());
+    if second_host.is_some() {
+        return Err(Refusal { status: 400, reason: "more than one Host" });
+    }
+    let host = match (parts.uri.authority(), first_host) {
+        (Some(a), _) => a.as_str().as_bytes(),
+        (None, Some(h)) => h.as_bytes(),
+        (None, None) => return Err(Refusal { status: 400, reason: "the request has neither :authority nor Host" }),
     };
     let length = match parts.headers.get(header::CONTENT_LENGTH) {
         // 1*DIGIT (RFC 9110 8.6): no sign, no list.
@@ -154,6 +159,11 @@ pub fn response_fields(res: &ResponseHead, buf: &Bytes) -> HeaderMap {
             map.append(n, unindexed(v));
         }
     });
+    // No length on a response that has no content (RFC 9110 8.6): HTTP/2 clients refuse
+    // a 1xx or 204 that says one.
+    if (100..200).contains(&res.status) || res.status == 204 {
+        map.remove(header::CONTENT_LENGTH);
+    }
     if via.is_empty() {
         // The usual case: ours alone, without an allocation.
         map.append(header::VIA, unindexed(HeaderValue::from_static(VIA)));
@@ -289,6 +299,7 @@ mod tests {
         assert_eq!(refused(parts("POST", "https://a/x", &[("content-length", "+5")]), false), 400);
         let two = parts("POST", "https://a/x", &[("content-length", "5"), ("content-length", "5")]);
         assert_eq!(refused(two, false), 400);
+        assert_eq!(refused(parts("GET", "/x", &[("host", "b"), ("host", "c")]), true), 400);
         // Without :authority, Host names the origin.
         let (buf, head, _) = translated(&parts("GET", "/x", &[("host", "b:81")]), true);
         assert!(buf.starts_with("GET /x HTTP/1.1\r\nHost: b:81\r\n"));
@@ -326,6 +337,13 @@ mod tests {
         assert_eq!(map.get("via").unwrap(), "1.1 app, 1.1 dispatcher");
         // Sent as literals, never into the HPACK encoder's dynamic table.
         assert!(map.values().all(HeaderValue::is_sensitive));
+        // No length on a response without content.
+        let no_content = Bytes::from_static(b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n");
+        let mut res = fake_response(&no_content);
+        for (status, kept) in [(204, false), (103, false), (200, true)] {
+            res.status = status;
+            assert_eq!(response_fields(&res, &no_content).contains_key("content-length"), kept, "{status}");
+        }
         let plain = Bytes::from_static(b"HTTP/1.1 204 No Content\r\nServer: app\r\n\r\n");
         let map = response_fields(&fake_response(&plain), &plain);
         assert_eq!(map.get("via").unwrap(), VIA);
