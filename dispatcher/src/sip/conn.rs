@@ -55,18 +55,18 @@ pub async fn serve_tls<S: AsyncRead + AsyncWrite + Send + 'static>(hub: &Arc<Hub
     let writer = tokio::spawn({
         let queued = queued.clone();
         async move {
-        while let Some(bytes) = rx.recv().await {
-            let written = wr.write_all(&bytes).await;
-            queued.fetch_sub(bytes.len(), Ordering::SeqCst);
-            if written.is_err() {
-                break;
+            while let Some(bytes) = rx.recv().await {
+                let written = wr.write_all(&bytes).await;
+                queued.fetch_sub(bytes.len(), Ordering::SeqCst);
+                if written.is_err() {
+                    break;
+                }
+                // A closing answer: empty bytes after it end the connection.
+                if bytes.is_empty() {
+                    break;
+                }
             }
-            // A closing answer: empty bytes after it end the connection.
-            if bytes.is_empty() {
-                break;
-            }
-        }
-        let _ = wr.shutdown().await;
+            let _ = wr.shutdown().await;
         }
     });
     serve(hub, vi, id, &mut rd, CallerTx::Tls(tx, queued), writer).await;

@@ -125,7 +125,8 @@ pub fn transaction_key(msg: &[u8], cancel: bool) -> Option<Vec<u8>> {
 
 /// Whether an answer answers a CANCEL (its `CSeq` method).
 pub fn answers_cancel(msg: &[u8]) -> bool {
-    header(msg, b"cseq", b"cseq").and_then(|v| v.split(|c| c.is_ascii_whitespace()).rfind(|t| !t.is_empty()))
+    header(msg, b"cseq", b"cseq")
+        .and_then(|v| v.split(|c| c.is_ascii_whitespace()).rfind(|t| !t.is_empty()))
         .is_some_and(|m| m.eq_ignore_ascii_case(b"CANCEL"))
 }
 
@@ -311,8 +312,10 @@ mod tests {
         let invite = transaction_key(INVITE, false).unwrap();
         let cancel = transaction_key(INVITE, true).unwrap();
         assert_ne!(invite, cancel);
-        let ok_cancel = b"SIP/2.0 200 OK\r\nVia: SIP/2.0/TCP 10.0.1.2:5061;branch=z9hG4bK-1-0\r\nCSeq: 1  cancel \r\n\r\n";
-        let terminated = b"SIP/2.0 487 Terminated\r\nVia: SIP/2.0/TCP 10.0.1.2:5061;branch=z9hG4bK-1-0\r\nCSeq: 1 INVITE\r\n\r\n";
+        let ok_cancel =
+            b"SIP/2.0 200 OK\r\nVia: SIP/2.0/TCP 10.0.1.2:5061;branch=z9hG4bK-1-0\r\nCSeq: 1  cancel \r\n\r\n";
+        let terminated =
+            b"SIP/2.0 487 Terminated\r\nVia: SIP/2.0/TCP 10.0.1.2:5061;branch=z9hG4bK-1-0\r\nCSeq: 1 INVITE\r\n\r\n";
         assert!(answers_cancel(ok_cancel) && !answers_cancel(terminated));
         assert_eq!(transaction_key(ok_cancel, answers_cancel(ok_cancel)), Some(cancel));
         assert_eq!(transaction_key(terminated, answers_cancel(terminated)), Some(invite));
