@@ -640,6 +640,22 @@ impl Servers {
         self.forget_key(cookie_hash(id))
     }
 
+    /// After a fresh read of the shared store: the entries that came from it (`Origin::
+    /// Store`) and are no longer in it were deleted meanwhile (events a new watch never
+    /// sees): forgotten, as a deletion event would have them. `in_store`: the hashes of the
+    /// IDs the store holds. Returns how many went.
+    pub fn forget_store_clones_not_in(&self, in_store: &std::collections::HashSet<u64>) -> usize {
+        let gone: Vec<u64> = self
+            .clones
+            .read()
+            .unwrap()
+            .iter()
+            .filter(|(k, e)| !e.configured && e.origin == Origin::Store && !in_store.contains(k))
+            .map(|(k, _)| *k)
+            .collect();
+        gone.into_iter().filter(|k| self.forget_key(*k)).count()
+    }
+
     /// Forgets a learned entry here, in CLONES and in the successors (a configured one
     /// stays). Returns whether the table changed.
     fn forget_key(&self, key: u64) -> bool {
@@ -1045,6 +1061,22 @@ mod tests {
         let by_hash = format!("#{:016x}", cookie_hash(b"lnb"));
         assert_eq!(c.delete_learned(&by_hash, true).unwrap().id, "lnb", "by its hash");
         assert_eq!(c.owner(b"ca"), Some((0, Some(1))));
+    }
+
+    /// After a fresh read of the store, the IDs that came from it and are gone from it
+    /// (deleted while no watch saw it) are forgotten; IDs learned here and configured
+    /// ones stay.
+    #[test]
+    fn store_ids_deleted_meanwhile_are_forgotten_on_a_fresh_read() {
+        let cfg = Config::parse(CFG, "t").unwrap();
+        let c = Servers::new(&cfg, &[], &[], None);
+        assert!(c.adopt_shared_clone(b"kept", 0));
+        assert!(c.adopt_shared_clone(b"deleted", 1));
+        assert_eq!(c.learn(b"mine", 1), Learned::New);
+        let in_store: std::collections::HashSet<u64> = [cookie_hash(b"kept")].into();
+        assert_eq!(c.forget_store_clones_not_in(&in_store), 1);
+        assert_eq!((c.owner(b"kept"), c.owner(b"deleted")), (Some((0, Some(1))), None));
+        assert_eq!(c.owner(b"mine"), Some((1, Some(0))), "learned here: kept");
     }
 
     /// The clone table holds as many IDs as `CLONES`: a new one past that is not kept (and

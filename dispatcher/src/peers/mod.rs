@@ -157,7 +157,13 @@ impl Liveness {
             self.counters.batches_ignored.fetch_add(1, Ordering::Relaxed);
             return;
         };
-        let sender = self.tracker.lock().unwrap().peers().iter().find(|(_, h)| h.addr == from).map(|(n, _)| n.clone());
+        // The peer the batch names, if it comes from that peer's published address (by
+        // name first: another member publishing the same address changes nothing).
+        let named = tracker::sender_name(datagram).map(str::to_string);
+        let sender = {
+            let t = self.tracker.lock().unwrap();
+            named.filter(|n| t.peers().get(n).is_some_and(|h| h.addr == from))
+        };
         let Some(name) = sender else { return self.refuse(from, tracker::Refusal::UnknownSender) };
         if let Err(why) = cargo.take(&name, datagram) {
             self.refuse(from, why);

@@ -59,6 +59,17 @@ pub fn parse_heartbeat(d: &[u8]) -> Option<&str> {
     std::str::from_utf8(name).ok()
 }
 
+/// The name a datagram of any kind says it comes from (the header every kind begins
+/// with: magic, version, kind, the name's length, the name).
+pub fn sender_name(d: &[u8]) -> Option<&str> {
+    let rest = d.strip_prefix(MAGIC)?;
+    let (&[version, _, len], rest) = rest.split_first_chunk::<3>()?;
+    if version != VERSION || len == 0 {
+        return None;
+    }
+    std::str::from_utf8(rest.get(..len as usize)?).ok()
+}
+
 /// Why a datagram was not taken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refusal {
@@ -144,12 +155,16 @@ impl Tracker {
             return Err(Refusal::Malformed);
         }
         let name = parse_heartbeat(datagram).ok_or(Refusal::Malformed)?;
-        let Some((peer, h)) = self.peers.iter_mut().find(|(_, h)| h.addr == from) else {
-            return Err(Refusal::UnknownSender);
+        // The peer the datagram names, from the address that peer published: found by
+        // its name first, so that another member publishing the same address (a forged
+        // key) cannot make the real one's heartbeats refused.
+        let Some(h) = self.peers.get_mut(name).filter(|h| h.addr == from) else {
+            return Err(if self.peers.values().any(|h| h.addr == from) {
+                Refusal::WrongName
+            } else {
+                Refusal::UnknownSender
+            });
         };
-        if peer != name {
-            return Err(Refusal::WrongName);
-        }
         h.last = Some(now);
         h.received += 1;
         if h.unreachable {
@@ -279,5 +294,20 @@ mod tests {
         assert_eq!(t.peers()["d2"].received, 0);
         assert_eq!(parse_heartbeat(&heartbeat("d2")), Some("d2"));
         assert!(heartbeat(&"x".repeat(100)).len() <= MAX_DATAGRAM);
+        assert_eq!(sender_name(&heartbeat("d2")), Some("d2"));
+        assert_eq!(sender_name(b"DSPL\x01\x01\x05d2"), None, "a name cut short");
+    }
+
+    /// Another member (a forged key) publishing a live peer's address does not silence
+    /// it: the peer a heartbeat names is found by name, then its address checked.
+    #[test]
+    fn a_member_publishing_anothers_address_does_not_silence_it() {
+        let t0 = Instant::now();
+        let mut t = Tracker::new(100 * MS, 3);
+        let forged = vec![("d0".to_string(), addr(5)), ("d1".to_string(), addr(4)), ("d2".to_string(), addr(5))];
+        t.set_targets(&forged, t0);
+        assert_eq!(t.heard(addr(5), &heartbeat("d2"), t0), Ok(false));
+        assert_eq!(t.peers()["d2"].received, 1);
+        assert_eq!(t.peers()["d0"].received, 0);
     }
 }

@@ -427,11 +427,18 @@ pub(crate) fn publish_peers(inner: &Inner, v: &view::View) {
 }
 
 /// Applies the whole view: every backend's operator state and majority verdict, every
-/// shared clone ID (a session's start).
+/// shared clone ID (a session's start); the IDs taken from the store earlier and no longer
+/// in it are forgotten (deleted while this dispatcher did not watch).
 fn apply_all(inner: &Inner, v: &view::View) {
     let (cfg, servers) = inner.current.read().unwrap().clone();
     for i in 0..servers.backends.len() {
         apply_backend(&cfg, &servers, v, i, true);
+    }
+    let in_store: std::collections::HashSet<u64> =
+        v.clones.keys().map(|id| dispatcher_common::hash::cookie_hash(id.as_bytes())).collect();
+    let gone = servers.forget_store_clones_not_in(&in_store);
+    if gone > 0 {
+        tracing::info!(gone, "clone IDs deleted from the shared store meanwhile: forgotten");
     }
     let by_name = backend_index(&servers);
     for (id, b) in &v.clones {

@@ -65,7 +65,8 @@ struct Held {
 #[derive(Default)]
 struct FromPeer {
     incarnation: u64,
-    last: u64,
+    /// The time of the last batch taken (incarnation + number, µs since the epoch).
+    last_at: u64,
     records: HashMap<u32, Held>,
     /// Bit `id` set: the connection was quiet at the sender's last batch.
     quiet: Vec<u8>,
@@ -143,16 +144,21 @@ impl Received {
         if !not_in_future(batch.incarnation, batch.number, now_us) {
             return (false, 0);
         }
+        // Batches are ordered by their time, whatever their incarnation: a sender's runs
+        // follow each other in time, so a batch of another incarnation that is newer is
+        // a new run (or the real one again after a forged batch: a forged incarnation
+        // then costs the records it made forget, not the sender's later batches).
+        let at = batch.incarnation + batch.number;
         let from = self.peers.entry(batch.sender).or_default();
-        if batch.incarnation < from.incarnation || batch.incarnation == from.incarnation && batch.number <= from.last {
+        if at <= from.last_at {
             return (false, 0);
         }
-        if batch.incarnation > from.incarnation {
-            // The sender restarted: its earlier run's records are gone with it.
+        if batch.incarnation != from.incarnation {
+            // Another run: the earlier run's records are gone with it.
             self.total -= from.records.len();
             *from = FromPeer { incarnation: batch.incarnation, ..Default::default() };
         }
-        from.last = batch.number;
+        from.last_at = at;
         let mut refused = 0;
         for item in batch.items {
             match item {
@@ -543,7 +549,7 @@ mod tests {
         // A restarted sender (a newer incarnation): its earlier records are gone; an older
         // incarnation's batch is refused.
         let mut again = batch("d2", 1, vec![open(5, 3005)]);
-        again.incarnation = 2;
+        again.incarnation = 200;
         assert_eq!(r.take_now(again), (true, 0));
         assert_eq!((r.peers["d2"].records.len(), r.total), (1, 3));
         assert_eq!(r.take_now(batch("d2", 99, vec![open(6, 3006)])), (false, 0));
@@ -552,7 +558,7 @@ mod tests {
         assert!(r.remove("d1").is_none());
         // A graceful stop: everything of the sender forgotten (nothing to arm).
         let mut forget = batch("d2", 5, vec![Item::Forget]);
-        forget.incarnation = 2;
+        forget.incarnation = 200;
         r.take_now(forget);
         assert_eq!((r.peers["d2"].records.len(), r.total), (0, 0));
     }
@@ -598,6 +604,24 @@ mod tests {
         b.number = 6_000_000;
         assert_eq!(r.take_at(b, Instant::now(), now_us), (true, 0));
         assert_eq!(r.total, 1);
+    }
+
+    /// A forged batch with a newer incarnation (from the sender's address) makes its
+    /// records forgotten, but does not lock the sender out: its next real batch, later in
+    /// time, is taken and its run's records come back with it.
+    #[test]
+    fn a_forged_incarnation_does_not_lock_the_sender_out() {
+        let now_us = 1_800_000_000_000_000;
+        let run = now_us - 100_000_000;
+        let mut r = Received::default();
+        let real = |number: u64, items| Batch { incarnation: run, ..batch("d1", number, items) };
+        assert_eq!(r.take_at(real(99_000_000, vec![open(0, 1000)]), Instant::now(), now_us), (true, 0));
+        let forged = Batch { incarnation: now_us - 500_000, ..batch("d1", 0, vec![]) };
+        assert_eq!(r.take_at(forged, Instant::now(), now_us), (true, 0));
+        assert_eq!(r.total, 0, "the forged run's start drops the real run's records");
+        let later = now_us + 10_000;
+        assert_eq!(r.take_at(real(100_010_000, vec![open(1, 1001)]), Instant::now(), later), (true, 0));
+        assert_eq!((r.peers["d1"].incarnation, r.total), (run, 1), "the real run is taken again");
     }
 
     #[test]
