@@ -295,6 +295,28 @@ fn hostile_streams_end_as_they_should_and_reach_no_container() {
     let mut pong = [0u8; 8];
     assert_eq!(s.read(&mut pong).ok(), Some(2), "the connection goes on");
     drop(s);
+    // A request just within the caller's bound (8,192 bytes of header) with a long Via:
+    // the container's answer copies it, adds ours and the Record-Route, and is larger
+    // than the caller's bound. It comes back all the same (a container's connection has
+    // a bound of its own), and the container shared by every caller is not made suspect.
+    let mut s = connect(&tb, PORT);
+    let mut buf = Vec::new();
+    let plain = invite("big-via");
+    let pad = 8192 - 10 - plain.len() - "Via: SIP/2.0/TCP 10.9.9.9:5060;branch=z9hG4bK-bigvia;x=\r\n".len();
+    let long_via = format!("Via: SIP/2.0/TCP 10.9.9.9:5060;branch=z9hG4bK-bigvia;x={}\r\n", "a".repeat(pad));
+    let big = plain.replacen("Via: ", &format!("{long_via}Via: "), 1);
+    assert!(big.len() < 8192 && big.len() > 8150, "{}", big.len());
+    s.write_all(big.as_bytes()).unwrap();
+    let answer = read_msg(&mut s, &mut buf).expect("the container's answer");
+    assert!(answer.starts_with("SIP/2.0 200"), "{}", &answer[..answer.len().min(200)]);
+    assert!(answer.len() > 8192, "the answer is past the caller's bound: {} bytes", answer.len());
+    drop(s);
+    // Bare LF line ends: 400 and the connection closed, nothing forwarded (a container
+    // reading CRLF only would take the next message for part of this one).
+    let mut s = connect(&tb, PORT);
+    s.write_all(invite("h-lf").replace("\r\n", "\n").as_bytes()).unwrap();
+    let (gone, said) = closed(&mut s, Duration::from_secs(3));
+    assert!(gone && said.starts_with("SIP/2.0 400 Bad Request\r\n"), "{gone} {said}");
     // A header section without end.
     let mut s = connect(&tb, PORT);
     let mut endless = format!("INVITE sip:svc@{VIP} SIP/2.0\r\nCall-ID: h-endless\r\n");
@@ -332,7 +354,8 @@ fn hostile_streams_end_as_they_should_and_reach_no_container() {
     assert!(t0.elapsed() < Duration::from_secs(3), "at the header deadline: {:?}", t0.elapsed());
 
     let o = outcomes(&tb);
-    assert_eq!((o["no_length"], o["too_large"], o["invalid"]), (1, 1, 1), "{o:?}");
+    assert_eq!((o["no_length"], o["too_large"], o["invalid"]), (1, 1, 2), "{o:?}");
+    assert_eq!(o.get("container_framing"), Some(&0), "{o:?}");
     assert_eq!(o["incomplete"], 2, "{o:?}");
     let reached: Vec<_> = sip.seen().into_iter().filter(|x| x.call_id.starts_with("h-")).collect();
     assert!(reached.is_empty(), "nothing of these reached a container: {reached:?}");

@@ -1,7 +1,7 @@
 //! Heads as they leave the proxy: hop-by-hop fields removed (RFC 9110 7.6.1), the
 //! forwarding fields added, the version normalised to HTTP/1.1.
 
-use std::net::IpAddr;
+use std::{io::Write as _, net::IpAddr};
 
 use super::head::{framing_field, tokens, Header, RequestHead, ResponseHead};
 
@@ -118,6 +118,7 @@ pub fn build_request(
             write_header(out, name, value);
         } else if is(name, "x-forwarded-proto")
             || is(name, "x-forwarded-port")
+            || websphere_private(name)
             || listed.iter().any(|l| name.eq_ignore_ascii_case(l))
         {
         } else if is(name, "host") {
@@ -135,6 +136,9 @@ pub fn build_request(
     }
     write_list(out, b"X-Forwarded-For", &xff, format_args!("{client}"));
     out.extend_from_slice(forwarded);
+    // The client's address as the WebSphere plug-in gives it to the web container
+    // (`getRemoteAddr`, `getRemoteHost`).
+    let _ = write!(out, "$WSRA: {client}\r\n$WSRH: {client}\r\n");
     write_list(out, b"Via", &via, format_args!("1.1 {}", marker()));
     if head.upgrade {
         out.extend_from_slice(b"Connection: upgrade\r\n");
@@ -142,9 +146,23 @@ pub fn build_request(
     out.extend_from_slice(b"\r\n");
 }
 
-/// The `X-Forwarded-Proto` and `X-Forwarded-Port` lines of a VIP's forwarded requests.
+/// The `X-Forwarded-Proto` and `X-Forwarded-Port` lines of a VIP's forwarded requests,
+/// and the WebSphere plug-in's private headers that say the same to a web container:
+/// `$WSSC` (scheme), `$WSIS` (secure) and `$WSSP` (port), so that an application behind
+/// an HTTPS VIP sees `isSecure()` and `https` as behind the plug-in.
 pub fn forwarded_fields(tls: bool, port: u16) -> Vec<u8> {
-    format!("X-Forwarded-Proto: {}\r\nX-Forwarded-Port: {port}\r\n", if tls { "https" } else { "http" }).into_bytes()
+    let scheme = if tls { "https" } else { "http" };
+    format!(
+        "X-Forwarded-Proto: {scheme}\r\nX-Forwarded-Port: {port}\r\n$WSSC: {scheme}\r\n$WSIS: {tls}\r\n$WSSP: {port}\r\n"
+    )
+    .into_bytes()
+}
+
+/// A WebSphere private header (`$WS...`): the web container trusts them from the plug-in
+/// (client address, scheme, client certificate, user), so one a client sends is never
+/// passed on, as the plug-in removes them (`RemoveSpecialHeaders`, on by default).
+fn websphere_private(name: &[u8]) -> bool {
+    name.len() >= 3 && name[..3].eq_ignore_ascii_case(b"$ws")
 }
 
 /// The response head as it goes to the client.
@@ -260,6 +278,28 @@ mod tests {
         }
         let t = format!("GET / HTTP/1.1\r\nHost: a\r\nVia: 1.0 a\r\nVia: HTTP/1.1   {} (x),1.0 b\r\n\r\n", marker());
         assert!(looped(&parse(&t), t.as_bytes()), "{t}");
+    }
+
+    /// A client's WebSphere private headers never reach the web container (it trusts
+    /// them: client address, scheme, certificate, user); ours say what the plug-in would.
+    #[test]
+    fn websphere_private_headers_are_the_dispatchers_own() {
+        let out = forwarded(
+            "GET / HTTP/1.1\r\nHost: a\r\n$WSRA: 10.6.6.6\r\n$wsis: true\r\n$WSCC: forged\r\n$WSRU: admin\r\nX-Ok: 1\r\n\r\n",
+            "v",
+        );
+        for forged in ["10.6.6.6", "forged", "admin", "$wsis"] {
+            assert!(!out.contains(forged), "{forged}: {out}");
+        }
+        assert!(out.contains("\r\nX-Ok: 1\r\n"), "{out}");
+        for ours in
+            ["$WSRA: 192.0.2.1\r\n", "$WSRH: 192.0.2.1\r\n", "$WSSC: http\r\n", "$WSIS: false\r\n", "$WSSP: 80\r\n"]
+        {
+            assert_eq!(out.matches(ours).count(), 1, "{ours}: {out}");
+        }
+        // Every line is still a field an HTTP/1.1 parser takes.
+        assert!(parse_request(out.as_bytes(), &HeadLimits::default(), &mut Vec::new()).unwrap().is_some());
+        assert!(String::from_utf8(forwarded_fields(true, 443)).unwrap().contains("$WSSC: https\r\n$WSIS: true\r\n"));
     }
 
     #[test]

@@ -72,7 +72,9 @@ pub const IGNORED_ATTRIBUTES: &[(&str, &str)] = &[
 pub const DEFAULTED_ATTRIBUTES: &[(&str, &str, &str)] = &[
     ("Config", "VHostMatchingCompat", "false"),
     ("ServerCluster", "CloneSeparatorChange", "false"),
-    ("ServerCluster", "IgnoreAffinityRequests", "false"),
+    // The plug-in's default is true (affinity requests do not count against the weights),
+    // which is what the dispatcher does: only "false" changes routing.
+    ("ServerCluster", "IgnoreAffinityRequests", "true"),
     ("ServerCluster", "GetDWLMTable", "false"),
 ];
 

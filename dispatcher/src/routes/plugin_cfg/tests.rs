@@ -139,7 +139,7 @@ fn unknown_elements_and_routing_attributes_are_warned_about_by_name() {
     let text = r#"<?xml version="1.0"?>
 <Config VHostMatchingCompat="true" NewThing="1" IgnoreDNSFailures="true">
 <Log LogLevel="Trace" Name="/tmp/x"/>
-<ServerCluster Name="c1" IgnoreAffinityRequests="true" CloneSeparatorChange="false"><Server Name="s1" Mystery="2"><Transport Hostname="10.0.0.1" Port="9080" Protocol="http"/></Server>
+<ServerCluster Name="c1" IgnoreAffinityRequests="false" CloneSeparatorChange="false"><Server Name="s1" Mystery="2"><Transport Hostname="10.0.0.1" Port="9080" Protocol="http"/></Server>
 <ClusterAddress Name="ca"/>
 </ServerCluster>
 <VirtualHostGroup Name="v"><VirtualHost Name="*:80"/></VirtualHostGroup>
@@ -154,7 +154,7 @@ fn unknown_elements_and_routing_attributes_are_warned_about_by_name() {
         [
             "line 2: <Config> VHostMatchingCompat=\"true\" changes routing and is not implemented: ignored",
             "line 2: <Config> attribute NewThing is unknown: ignored",
-            "line 4: <ServerCluster> IgnoreAffinityRequests=\"true\" changes routing and is not implemented: ignored",
+            "line 4: <ServerCluster> IgnoreAffinityRequests=\"false\" changes routing and is not implemented: ignored",
             "line 4: <Server> attribute Mystery is unknown: ignored",
             "line 5: <ClusterAddress> in <ServerCluster> is unknown: ignored with its content",
             "line 8: <Uri> attribute Extra is unknown: ignored",
