@@ -61,10 +61,15 @@ pub fn transport(s: &Server) -> (&str, u16, bool) {
 /// The farm's port: the most common among its servers (the first at a tie), and whether
 /// it is an https one.
 pub fn farm_port(c: &ServerCluster) -> (u16, bool) {
+    // Counted in one pass (a hostile file may hold many servers).
+    let mut counts: std::collections::HashMap<u16, usize> = std::collections::HashMap::new();
+    for s in &c.servers {
+        *counts.entry(transport(s).1).or_default() += 1;
+    }
     let mut best = (0, false, 0);
     for s in &c.servers {
         let (_, port, tls) = transport(s);
-        let n = c.servers.iter().filter(|o| transport(o).1 == port).count();
+        let n = counts[&port];
         if n > best.2 {
             best = (port, tls, n);
         }
@@ -76,11 +81,16 @@ pub fn farm_port(c: &ServerCluster) -> (u16, bool) {
 /// pairs first appear: one route each.
 pub fn by_affinity(group: &UriGroup) -> Vec<((&str, &str), Vec<&Uri>)> {
     let mut out: Vec<((&str, &str), Vec<&Uri>)> = Vec::new();
+    // Where each pair is in `out` (a hostile file may give every URI its own pair).
+    let mut at: std::collections::HashMap<(&str, &str), usize> = std::collections::HashMap::new();
     for u in &group.uris {
         let a = (u.affinity_cookie.as_str(), u.affinity_url_identifier.as_str());
-        match out.iter_mut().find(|(k, _)| *k == a) {
-            Some((_, list)) => list.push(u),
-            None => out.push((a, vec![u])),
+        match at.get(&a) {
+            Some(&i) => out[i].1.push(u),
+            None => {
+                at.insert(a, out.len());
+                out.push((a, vec![u]));
+            }
         }
     }
     out
@@ -194,11 +204,22 @@ fn backends(w: &mut String, cfg: &PluginConfig) {
             if let Some(id) = &s.clone_id {
                 let _ = writeln!(w, "clone_ids = {}", list([id.as_str()]));
             }
-            if let Some(weight) = s.weight {
-                let _ = writeln!(w, "weight = {weight}");
+            // As the agent reads the file itself (`plugin_config`): an unset weight is the
+            // plug-in's 2 (not the TOML default), 0 is taken as 1, and `MaxConnections`
+            // is capped at 1,000,000.
+            match s.weight {
+                None => {
+                    let _ = writeln!(w, "weight = 2    # LoadBalanceWeight unset: the plug-in's default");
+                }
+                Some(0) => {
+                    let _ = writeln!(w, "weight = 1    # LoadBalanceWeight=\"0\": taken as 1");
+                }
+                Some(weight) => {
+                    let _ = writeln!(w, "weight = {weight}");
+                }
             }
             if let Some(m) = s.max_connections {
-                let _ = writeln!(w, "maxconn = {m}");
+                let _ = writeln!(w, "maxconn = {}", m.min(1_000_000));
             }
             let _ =
                 writeln!(w, "# replica = \"...\"    # the server holding this one's sessions: not in plugin-cfg.xml");

@@ -189,7 +189,8 @@ pub struct HostPattern {
 
 impl HostPattern {
     pub fn parse(s: &str) -> Result<HostPattern, &'static str> {
-        let (host, port) = split_host_port(s).ok_or("not host[:port]")?;
+        let (host, port) = split_host_port(s.trim()).ok_or("not host[:port]")?;
+
         let port = match port {
             None => Some(80),
             Some("*") => None,
@@ -199,6 +200,8 @@ impl HostPattern {
         let name = if host == "*" {
             HostName::Any
         } else if let Some(suffix) = host.strip_prefix("*.") {
+            // A trailing dot is dropped, as from a request's host.
+            let suffix = suffix.trim_end_matches('.');
             if suffix.is_empty() || suffix.contains('*') {
                 return Err("a wildcard host is * or *.domain");
             }
@@ -208,6 +211,22 @@ impl HostPattern {
         } else {
             HostName::Exact(host.trim_end_matches('.').to_string())
         };
+        // What a request's Host can hold (else the pattern could never match): a name
+        // of letters, digits, `-`, `_` and `.`, an IPv4 address, or an [IPv6] literal.
+        let name_ok = |h: &str| h.bytes().all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(&c));
+        let v6_ok = |h: &str| {
+            h.strip_prefix('[')
+                .and_then(|r| r.strip_suffix(']'))
+                .is_some_and(|a| a.parse::<std::net::Ipv6Addr>().is_ok())
+        };
+        let valid = match &name {
+            HostName::Any => true,
+            HostName::Suffix(s) => name_ok(s),
+            HostName::Exact(h) => name_ok(h) || v6_ok(h),
+        };
+        if !valid {
+            return Err("a host is a name (letters, digits, -, _ and .), an address, or * or *.domain");
+        }
         Ok(HostPattern { host: name, port })
     }
 

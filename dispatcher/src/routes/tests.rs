@@ -207,9 +207,27 @@ fn patterns_outside_the_plugins_forms_are_refused() {
     for p in ["/shop/cart", "/shop/*", "/shop/*.jsp", "*.jsp", "/*"] {
         assert_eq!(UriPattern::parse(p).unwrap().to_string(), p);
     }
-    for bad in ["a*b:80", "*foo:80", "host:0", "host:x", "host:99999", ":80", "*.:80", "a:b:c"] {
+    for bad in [
+        "a*b:80",
+        "*foo:80",
+        "host:0",
+        "host:x",
+        "host:99999",
+        ":80",
+        "*.:80",
+        "a:b:c",
+        "shop example:80",
+        "a/b",
+        "[zz]:80",
+    ] {
         assert!(HostPattern::parse(bad).is_err(), "{bad:?} accepted");
     }
+    // Spaces around it are not part of it; a suffix's trailing dot is dropped, as from a
+    // request's host; an [IPv6] literal is a host.
+    let p = HostPattern::parse(" shop.example:80").unwrap();
+    assert_eq!(p, HostPattern::parse("shop.example:80").unwrap());
+    assert_eq!(HostPattern::parse("*.example.com.:*").unwrap().host, HostName::Suffix(".example.com".into()));
+    assert!(HostPattern::parse("[fd00::5]:8080").is_ok());
     let err = Table::new(&[route(&["*"], &["/ok/*"], 0), route(&["*"], &["/x*"], 0)]).unwrap_err();
     assert!(matches!(err, PatternError::Uri { route: 1, .. }), "{err}");
     assert!(Table::new(&[route(&[], &["/*"], 0)]).is_err());

@@ -468,6 +468,8 @@ impl Ctx<'_> {
     /// whose name is taken gets `-2`, `-3`... (the file's names are not the operator's).
     pub(super) fn route_names(&self, routes: &mut [Route], labels: &[RouteLabel], toml: usize) {
         let mut seen = HashSet::new();
+        // The next suffix to try per name (10,000 Routes of one name cost one pass).
+        let mut next: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
         for (i, r) in routes.iter_mut().enumerate() {
             if i < toml {
                 if !seen.insert(r.name.clone()) {
@@ -479,9 +481,9 @@ impl Ctx<'_> {
                 continue;
             }
             let base = r.name.clone();
-            let mut n = 1;
+            let n = next.entry(base.clone()).or_insert(1);
             while !seen.insert(r.name.clone()) {
-                n += 1;
+                *n += 1;
                 r.name = format!("{base}-{n}");
             }
         }
