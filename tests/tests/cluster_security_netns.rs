@@ -129,6 +129,28 @@ fn writes_without_credentials_fail_and_forged_members_change_nothing() {
     m.wait_for("d1's member key is back after a delete", Duration::from_secs(3), || {
         m.etcdctl(&["get", &key("members/d1"), "-w", "json"]).stdout.contains("\"lease\":")
     });
+    // Overwritten under d1's own lease (any writer of the prefix sees the lease and may
+    // attach a key to it): d1 notices all the same, and writes its own verdicts again.
+    let json = m.etcdctl(&["get", &key("members/d1"), "-w", "json"]).stdout;
+    let d1_lease: u64 = json
+        .split("\"lease\":")
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).find(|s| !s.is_empty()))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("d1's lease in {json}"));
+    let forged = m.etcdctl(&[
+        "put",
+        "--lease",
+        &format!("{d1_lease:x}"),
+        &key("members/d1"),
+        &member_json("d1", &["b0", "b1"], "02:00:00:00:00:01"),
+    ]);
+    assert!(forged.ok, "{}{}", forged.stdout, forged.stderr);
+    m.wait_for("d1 writes its own verdicts over the forged ones under its lease", Duration::from_secs(3), || {
+        m.etcdctl(&["get", &key("members/d1"), "--print-value-only"]).stdout.contains("\"down\":[]")
+    });
+    let b1 = m.status(0).backends.into_iter().find(|b| b.name == "b1").unwrap();
+    assert_eq!(b1.state, "up", "b1 stays in");
 
     // A reload that takes d1 out of d0's peers: d0 stops counting it at once (no store
     // write needed), and counts it again when it is listed again.

@@ -62,7 +62,15 @@ struct Session<'a> {
     policy: Policy,
     /// Events at or below it are in the view already (a snapshot read again mid-session).
     seen_upto: i64,
+    /// The revisions of this dispatcher's own last writes of its member key: a put of it
+    /// at another revision is someone else's, even under this dispatcher's lease (any
+    /// writer of the prefix may attach a key to a lease it sees).
+    mine: std::collections::VecDeque<i64>,
 }
+
+/// How many of its own member-key writes a session remembers (their watch events may
+/// come after several more writes).
+const MINE_KEPT: usize = 32;
 
 async fn session(
     inner: &Arc<Inner>,
@@ -91,6 +99,7 @@ async fn session(
         prefix,
         policy: Policy::for_config(&inner.current.read().unwrap().0),
         seen_upto: 0,
+        mine: std::collections::VecDeque::new(),
     };
     let mut watch = se.begin().await?;
     if let Some(r) = ready.take() {
@@ -161,6 +170,20 @@ impl Session<'_> {
         self.register("registering").await?;
         let (v, revision) = snapshot(inner, &mut self.client, &self.policy, &self.dir).await?;
         self.seen_upto = revision;
+        // Written by someone else between the registration and the snapshot (the watch
+        // begins after it): written again, as a watch event would have it.
+        let own =
+            timed(inner, "reading this dispatcher's member key", self.client.get(self.my_key.clone(), None)).await?;
+        if own.kvs().first().is_none_or(|kv| kv.lease() != self.lease || !self.mine.contains(&kv.mod_revision())) {
+            crate::ratelimit::warn_that(
+                "member key overwritten",
+                &format_args!(
+                    "this dispatcher's member key {} was written by someone else: writing it again",
+                    self.my_key
+                ),
+            );
+            self.register("registering again").await?;
+        }
         let options = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
         let watch =
             timed(inner, "watching the shared state", self.client.watch(self.dir.clone(), Some(options))).await?;
@@ -188,7 +211,14 @@ impl Session<'_> {
     /// Writes this dispatcher's member key (its verdicts), with the lease.
     async fn register(&mut self, what: &str) -> anyhow::Result<()> {
         let put = PutOptions::new().with_lease(self.lease);
-        timed(self.inner, what, self.client.put(self.my_key.clone(), member_value(self.inner), Some(put))).await?;
+        let r =
+            timed(self.inner, what, self.client.put(self.my_key.clone(), member_value(self.inner), Some(put))).await?;
+        if let Some(h) = r.header() {
+            if self.mine.len() >= MINE_KEPT {
+                self.mine.pop_front();
+            }
+            self.mine.push_back(h.revision());
+        }
         self.inner.counters.writes.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -245,9 +275,11 @@ impl Session<'_> {
                 continue;
             }
             let put = ev.event_type() == EventType::Put;
-            // This dispatcher's own member key, written by someone else or deleted:
-            // written again.
-            if kv.key() == self.my_key.as_bytes() && (!put || kv.lease() != self.lease) {
+            // This dispatcher's own member key, written by someone else (another lease,
+            // or this one at a revision it did not write) or deleted: written again.
+            if kv.key() == self.my_key.as_bytes()
+                && (!put || kv.lease() != self.lease || !self.mine.contains(&kv.mod_revision()))
+            {
                 w.mine_overwritten = true;
             }
             let change = st.view.apply(&self.policy, &self.prefix, kv.key(), put.then(|| kv.value()), kv.lease());

@@ -422,7 +422,12 @@ fn member_name<'a>(prefix: &str, key: &'a [u8]) -> Option<&'a str> {
 /// unspecified, multicast or broadcast: heartbeats go there), port not 0.
 pub fn heartbeat_address(a: &str) -> Option<std::net::SocketAddr> {
     let sa: std::net::SocketAddr = a.parse().ok()?;
-    let ip = sa.ip();
+    // An IPv4-mapped IPv6 address is its IPv4 address (`[::ffff:127.0.0.1]` is loopback).
+    let ip = match sa.ip() {
+        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(std::net::IpAddr::V6(v6), std::net::IpAddr::V4),
+        v4 => v4,
+    };
+    let sa = std::net::SocketAddr::new(ip, sa.port());
     let bad = ip.is_loopback()
         || ip.is_unspecified()
         || ip.is_multicast()
@@ -624,9 +629,17 @@ mod tests {
 
     #[test]
     fn heartbeat_addresses_are_unicast_hosts() {
-        for bad in
-            ["127.0.0.1:7405", "0.0.0.0:7405", "255.255.255.255:7405", "224.0.0.1:7405", "10.0.0.1:0", "10.0.0.1", "x"]
-        {
+        for bad in [
+            "127.0.0.1:7405",
+            "0.0.0.0:7405",
+            "255.255.255.255:7405",
+            "224.0.0.1:7405",
+            "10.0.0.1:0",
+            "10.0.0.1",
+            "x",
+            "[::ffff:127.0.0.1]:7405",
+            "[::1]:7405",
+        ] {
             assert!(heartbeat_address(bad).is_none(), "{bad}");
             let mut m = serde_json::from_str::<Member>(&member_json("d2", &[], None)).unwrap();
             m.heartbeat = Some(bad.into());
@@ -639,6 +652,11 @@ mod tests {
             );
         }
         assert!(heartbeat_address("10.99.0.3:7405").is_some());
+        assert_eq!(
+            heartbeat_address("[::ffff:10.99.0.3]:7405"),
+            heartbeat_address("10.99.0.3:7405"),
+            "mapped: as IPv4"
+        );
         assert!(heartbeat_address("[fd00::3]:7405").is_some());
         let mut v = View::default();
         checker(&mut v, "a", &[]);
