@@ -61,7 +61,7 @@ fn request_bodies_are_streamed_with_their_framing() {
     assert_eq!(r.status, 200);
     let fwd = b.record.last();
     let via = format!("Via: 1.1 dispatcher-{}-", b.tb.instance());
-    assert!(fwd.contains(&format!("Transfer-Encoding: chunked\r\nX-Forwarded-For: 10.99.0.2\r\nX-Forwarded-Proto: http\r\nX-Forwarded-Port: 80\r\n{via}")), "{fwd:?}");
+    assert!(fwd.contains(&format!("Transfer-Encoding: chunked\r\nX-Forwarded-For: 10.99.0.2\r\nX-Forwarded-Proto: http\r\nX-Forwarded-Port: 80\r\n$WSSC: http\r\n$WSIS: false\r\n$WSSP: 80\r\n$WSRA: 10.99.0.2\r\n$WSRH: 10.99.0.2\r\n{via}")), "{fwd:?}");
     assert!(
         fwd.ends_with("\r\n\r\n5\r\nhello\r\n0\r\nX-T: 1\r\n\r\n"),
         "trailers filtered, extension dropped:\n{fwd:?}"
