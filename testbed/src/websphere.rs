@@ -405,6 +405,14 @@ fn connection(cluster: &Clones, me: usize, s: TcpStream, stop: &AtomicBool) {
         // What the dispatcher said of the client's connection (HTTP or HTTPS, and port).
         let proto = header("x-forwarded-proto").unwrap_or_default();
         body += &format!("forwarded={proto}:{}\n", header("x-forwarded-port").unwrap_or_default());
+        // What a WebSphere web container makes of the plug-in's private headers: the
+        // scheme, isSecure() and getRemoteAddr() the application sees.
+        body += &format!(
+            "websphere={}:{}:{}\n",
+            header("$wssc").unwrap_or_default(),
+            header("$wsis").unwrap_or_default(),
+            header("$wsra").unwrap_or_default()
+        );
         if !cluster.app.is_empty() {
             // Which application (farm) served it, and the path it was asked for.
             body += &format!("app={} path={target}\n", cluster.app);

@@ -66,6 +66,13 @@ fn request_bodies_are_streamed_with_their_framing() {
         fwd.ends_with("\r\n\r\n5\r\nhello\r\n0\r\nX-T: 1\r\n\r\n"),
         "trailers filtered, extension dropped:\n{fwd:?}"
     );
+    // A client's own WebSphere private headers (trusted by the web container) never
+    // reach the backend: only the dispatcher's.
+    let r = b.one(b"GET /echo HTTP/1.1\r\nHost: a\r\n$WSRA: 6.6.6.6\r\n$WSIS: true\r\n$wscc: forged\r\n\r\n");
+    assert_eq!(r.status, 200);
+    let fwd = b.record.last();
+    assert!(!fwd.contains("6.6.6.6") && !fwd.contains("forged") && !fwd.contains("$WSIS: true"), "{fwd:?}");
+    assert!(fwd.contains("$WSRA: 10.99.0.2\r\n") && fwd.contains("$WSIS: false\r\n"), "{fwd:?}");
 }
 
 #[test]

@@ -50,7 +50,7 @@ fn counter_batch(bed: &Bed, jar: &str, count: usize) -> Vec<String> {
     assert!(r.ok, "curl failed: {}\n{}", r.stderr, bed.tb.log("dispatcher"));
     r.stdout
         .split_whitespace()
-        .filter(|f| f.starts_with("count=") || f.starts_with("forwarded="))
+        .filter(|f| f.starts_with("count=") || f.starts_with("forwarded=") || f.starts_with("websphere="))
         .map(String::from)
         .collect()
 }
@@ -84,6 +84,12 @@ fn sessions_stay_with_their_clone_over_https_and_fail_over_to_the_replica() {
     let expected: Vec<String> = (1..=60).map(|i| format!("count={i}")).collect();
     assert_eq!(counts, expected.iter().collect::<Vec<_>>(), "the session's counter went on across the failure");
     assert!(seen.iter().filter(|f| f.starts_with("forwarded=")).all(|f| f == "forwarded=https:443"), "{seen:?}");
+    // The application sees what it sees behind the WebSphere plug-in: https, isSecure(),
+    // the client's address.
+    let ws: Vec<&String> = seen.iter().filter(|f| f.starts_with("websphere=")).collect();
+    assert_eq!(ws.len(), 60, "{seen:?}");
+    let expected = format!("websphere=https:true:{}", dispatcher_testbed::netns::CLIENT_IP);
+    assert!(ws.iter().all(|f| **f == expected), "{ws:?}");
     let replica = owner ^ 1;
     let hits = bed.cluster.hits();
     assert!(hits.iter().skip(20).all(|h| h.backend == replica), "after the failure: the replica only");
