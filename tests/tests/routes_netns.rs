@@ -768,7 +768,7 @@ fn a_broken_file_keeps_the_old_routes_and_says_why() {
 
 /// The truncated variant: cut in the middle of the file (at admin_cluster's start).
 fn truncated(rendered: &str) -> &str {
-    &rendered[..rendered.find("<ServerCluster CloneSeparatorChange=\"false\" GetDWLMTable=\"false\" IgnoreAffinityRequests=\"false\" LoadBalance=\"Random\"").unwrap()]
+    &rendered[..rendered.find("<ServerCluster CloneSeparatorChange=\"false\" GetDWLMTable=\"false\" IgnoreAffinityRequests=\"true\" LoadBalance=\"Random\"").unwrap()]
 }
 
 /// No namespace needed: the fixture and its variants are what the reader expects of a
