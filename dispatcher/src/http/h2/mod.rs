@@ -200,28 +200,6 @@ where
     run(ctx, handshake, alarm, at, stop)
 }
 
-/// A connection's stream tasks, aborted when it ends (dropped).
-#[derive(Default)]
-struct Tasks(Vec<tokio::task::AbortHandle>);
-
-impl Tasks {
-    /// One more; the finished ones go first when the list holds twice `bound`.
-    fn add(&mut self, task: tokio::task::JoinHandle<()>, bound: usize) {
-        if self.0.len() >= 2 * bound.max(1) {
-            self.0.retain(|t| !t.is_finished());
-        }
-        self.0.push(task.abort_handle());
-    }
-}
-
-impl Drop for Tasks {
-    fn drop(&mut self) {
-        for t in &self.0 {
-            t.abort();
-        }
-    }
-}
-
 type Handshake<T> = Pin<Box<tokio::time::Timeout<h2::server::Handshake<Metered<T>, Bytes>>>>;
 
 async fn run<T>(ctx: Arc<VipCtx>, handshake: Handshake<T>, alarm: Arc<Alarm>, at: At, mut stop: watch::Receiver<bool>)
@@ -237,13 +215,11 @@ where
         _ => return,
     };
     let live = Arc::new(Live::default());
-    // The streams' tasks: none outlives its connection (aborted when it ends), and no more
-    // run at once than SETTINGS_MAX_CONCURRENT_STREAMS, though the client may reset a
-    // stream (the codec then forgets it) while its task still queues or waits for its
-    // backend. Abort handles, not a `JoinSet`: a task's end wakes nothing (a JoinSet
-    // would poll the connection once more per stream); the finished ones are dropped
-    // once they are as many as the bound allows open.
-    let mut tasks = Tasks::default();
+    // The streams' tasks: none outlives its connection (dropped with it, so aborted), and
+    // no more run at once than SETTINGS_MAX_CONCURRENT_STREAMS, though the client may
+    // reset a stream (the codec then forgets it) while its task still queues or waits
+    // for its backend.
+    let mut tasks = tokio::task::JoinSet::new();
     let mut end = Ending::default();
     // One timer for the connection's life, moved when it fires with streams open (not
     // re-armed for every stream: a timer is a lock and a wheel slot).
@@ -264,6 +240,7 @@ where
                     end.until = Some(Instant::now() + Duration::from_secs(1));
                 }
             }
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
             accepted = conn.accept() => match accepted {
                 Some(Ok((_, mut respond))) if live.streams.load(Ordering::Relaxed) >= s.h2.max_concurrent_streams as usize => {
                     // Streams the client reset still at work: no more until they end.
@@ -275,10 +252,10 @@ where
                     let open = Open(live.clone());
                     let (stream_ctx, stop) = (ctx.clone(), stop.clone());
                     let span = tracing::debug_span!("stream", n = streams);
-                    tasks.add(tokio::spawn(async move {
+                    tasks.spawn(async move {
                         let _open = open;
                         stream::serve(stream_ctx, at, stop, req, respond).await;
-                    }.instrument(span)), s.h2.max_concurrent_streams as usize);
+                    }.instrument(span));
                     if !ctx.ownership.keeps(at.steer_slot) {
                         end.graceful(&mut conn, GoAway::Leave, s.drain_timeout);
                     }
