@@ -175,14 +175,7 @@ impl Session<'_> {
         let own =
             timed(inner, "reading this dispatcher's member key", self.client.get(self.my_key.clone(), None)).await?;
         if own.kvs().first().is_none_or(|kv| kv.lease() != self.lease || !self.mine.contains(&kv.mod_revision())) {
-            crate::ratelimit::warn_that(
-                "member key overwritten",
-                &format_args!(
-                    "this dispatcher's member key {} was written by someone else: writing it again",
-                    self.my_key
-                ),
-            );
-            self.register("registering again").await?;
+            self.register_again().await?;
         }
         let options = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
         let watch =
@@ -223,6 +216,16 @@ impl Session<'_> {
         Ok(())
     }
 
+    /// This dispatcher's member key was written by someone else (or deleted): said, and
+    /// written again with this dispatcher's lease and verdicts.
+    async fn register_again(&mut self) -> anyhow::Result<()> {
+        crate::ratelimit::warn_that(
+            "member key overwritten",
+            &format_args!("this dispatcher's member key {} was written by someone else: writing it again", self.my_key),
+        );
+        self.register("registering again").await
+    }
+
     /// A watch message: each event applied to the view in place (a flood costs what each
     /// key costs, never a copy of everything per message), then to the cluster.
     async fn watched(&mut self, resp: &etcd_client::WatchResponse) -> anyhow::Result<()> {
@@ -254,14 +257,7 @@ impl Session<'_> {
         if w.mine_overwritten {
             // Another writer put this dispatcher's member key: it is written again, with
             // this dispatcher's lease and verdicts.
-            crate::ratelimit::warn_that(
-                "member key overwritten",
-                &format_args!(
-                    "this dispatcher's member key {} was written by someone else: writing it again",
-                    self.my_key
-                ),
-            );
-            self.register("registering").await?;
+            self.register_again().await?;
         }
         Ok(())
     }

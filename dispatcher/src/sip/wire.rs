@@ -178,6 +178,16 @@ mod tests {
     use super::*;
     use tokio::io::AsyncReadExt;
 
+    /// A wire on `wr` with its flusher running, as a connection's task runs it.
+    fn flushed(wr: OwnedWriteHalf, cap: usize) -> (std::sync::Arc<Wire>, tokio::task::JoinHandle<()>) {
+        let wire = std::sync::Arc::new(Wire::new(wr, cap));
+        let flusher = tokio::spawn({
+            let wire = wire.clone();
+            async move { wire.flush().await }
+        });
+        (wire, flusher)
+    }
+
     /// A peer that reads nothing: messages are taken until the socket and then the
     /// backlog (`cap`) are full, then refused (`Full`), never more memory. When the peer
     /// reads, it gets every taken message whole and in order, then, after
@@ -190,11 +200,7 @@ mod tests {
         let (_rd, wr) = ours.unwrap().into_split();
         let mut peer = theirs.unwrap().0;
         let cap = 64 << 10;
-        let wire = std::sync::Arc::new(Wire::new(wr, cap));
-        let flusher = tokio::spawn({
-            let wire = wire.clone();
-            async move { wire.flush().await }
-        });
+        let (wire, flusher) = flushed(wr, cap);
         // Messages of 1,000 bytes, each filled with its number.
         let msg = |i: usize| vec![b'a' + (i % 26) as u8; 1000];
         let mut taken = 0;
@@ -242,11 +248,7 @@ mod tests {
         let (_rd, wr) = ours.unwrap().into_split();
         let mut peer = theirs.unwrap().0;
         let cap = 64 << 10;
-        let wire = std::sync::Arc::new(Wire::new(wr, cap));
-        let flusher = tokio::spawn({
-            let wire = wire.clone();
-            async move { wire.flush().await }
-        });
+        let (wire, flusher) = flushed(wr, cap);
         let msg = [b'x'; 1000];
         let (mut sent, mut largest) = (0usize, 0usize);
         let mut buf = vec![0u8; 4 << 10];
