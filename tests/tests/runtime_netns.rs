@@ -121,7 +121,7 @@ fn a_runtime_maxconn_of_one_queues_the_requests_in_flight() {
             })
             .collect();
         let statuses: Vec<_> = threads.into_iter().map(|t| t.join().unwrap().expect("response")).collect();
-        assert_eq!(statuses, vec![200; n], "all served");
+        assert_eq!(statuses, vec![200; n], "all served: {}\n{:?}", tb.log("dispatcher"), tb.admin("GET", "/status"));
     };
     burst(3);
     assert!(cluster.busy_max[0].load(std::sync::atomic::Ordering::SeqCst) >= 2, "no limit: requests in parallel");

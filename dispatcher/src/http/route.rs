@@ -296,7 +296,21 @@ impl FarmRoute {
             .iter()
             .map(|&b| &servers.backends[b])
             .any(|be| be.is_up() && be.slots.has_room());
-        let eligible = |be: &Backend| be.is_up() && (!any_room || be.slots.has_room());
+        // Other workers take slots meanwhile: the one with room may be full when asked
+        // again, and then every up member is a candidate (the pick queues).
+        self.pick(servers, range.clone(), any_room).or_else(|| {
+            if any_room {
+                self.pick(servers, range, false)
+            } else {
+                None
+            }
+        })
+    }
+
+    /// A balanced pick among the up members of `range`; with `room_only`, among those with
+    /// a free slot.
+    fn pick(&self, servers: &Servers, range: std::ops::Range<usize>, room_only: bool) -> Option<usize> {
+        let eligible = |be: &Backend| be.is_up() && (!room_only || be.slots.has_room());
         // A member ramping up after its return (`slow_start`) weighs a share of its weight.
         let now = if self.slow.is_some() { crate::metrics::mono_ns() } else { 0 };
         let weight = |i: usize, be: &Backend| -> u64 {
@@ -547,6 +561,37 @@ mode = "http"
         }
         let r = FarmRoute::new(vec![0, 1, 2], Balance::RoundRobin, true);
         assert!(matches!(r.route(&c, None, false, true), Decision::Balanced(_)));
+    }
+
+    #[test]
+    fn a_slot_taken_while_balancing_never_leaves_the_request_without_a_server() {
+        // One server with maxconn 1, its slot taken and given back by another thread all
+        // the while: the balancer may see room, then none; the request still gets its
+        // server (and would queue there), never "no backend".
+        let cfg = Config::parse(&CFG.replace("address = \"10.0.0.", "maxconn = 1\naddress = \"10.0.0."), "t").unwrap();
+        let c = std::sync::Arc::new(Servers::new(&cfg, &[Health::Up; 3], &[Operator::None; 3], None));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let toggler = {
+            let (c, stop) = (c.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+                for _ in 0..2_000_000 {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    drop(rt.block_on(c.backends[0].slots.take(std::time::Instant::now())));
+                }
+            })
+        };
+        let r = FarmRoute::new(vec![0], Balance::RoundRobin, true);
+        let picks: Vec<_> = (0..200_000).map(|_| r.route(&c, None, false, true)).collect();
+        stop.store(true, Ordering::Relaxed);
+        toggler.join().unwrap();
+        assert!(
+            picks.iter().all(|d| *d == Decision::Balanced(0)),
+            "{:?}",
+            picks.iter().find(|d| **d != Decision::Balanced(0))
+        );
     }
 
     #[test]
