@@ -457,10 +457,18 @@ pub const TAKEOVER_ENTRIES: u32 = 262_144;
 /// A connection's segments are reported at most this often (the client's retransmissions
 /// come an RTO apart, at least 200 ms).
 pub const TAKEOVER_REPORT_EVERY_NS: u64 = 50_000_000;
-/// `TAKEOVER_EVENTS`' size in bytes: room for about 2,900 reports waiting for the agent.
-pub const TAKEOVER_RING_BYTES: u32 = 256 * 1024;
+/// `TAKEOVER_EVENTS`' size in bytes: room for about 970 reports (with their data)
+/// waiting for the agent; a report that finds it full is not made (the client's
+/// retransmission is reported instead).
+pub const TAKEOVER_RING_BYTES: u32 = 2 * 1024 * 1024;
 /// The longest TCP header (with options).
 pub const TAKEOVER_TCP_HEADER: usize = 60;
+/// The most data of a reported segment that goes with the report (more than an Ethernet
+/// MTU's TCP segment; a power of two, for the XDP program's bound): the rebuilt socket is
+/// given it, and the client's request needs no retransmission. A longer segment goes
+/// without (and is retransmitted).
+pub const TAKEOVER_DATA: usize = 2048;
+const _: () = assert!(TAKEOVER_DATA.is_power_of_two());
 
 /// What the XDP program reports on `TAKEOVER_EVENTS`: a segment of an armed connection,
 /// what the agent needs to rebuild its socket (`takeover::Resume`). The TCP header is
@@ -473,7 +481,13 @@ pub struct TakeoverEvent {
     pub segment_len: u16,
     /// Bytes of `tcp` that hold the TCP header (its data offset, at most 60).
     pub header_len: u16,
-    pub tcp: [u8; TAKEOVER_TCP_HEADER],
+    /// (64 bytes: the XDP program's bound on the copy is a mask.)
+    pub tcp: [u8; 64],
+    /// Bytes of `data` copied from the segment: all of its data, or 0 (none, or more than
+    /// `TAKEOVER_DATA`, or the copy failed).
+    pub data_len: u16,
+    pub _pad: u16,
+    pub data: [u8; TAKEOVER_DATA],
 }
 
 /// `sel`: current table in bits 0-3, previous in 4-7, the one before in 12-15, flags.
@@ -784,7 +798,7 @@ const _: () = assert!(core::mem::size_of::<VipKey>() == 20);
 const _: () = assert!(core::mem::size_of::<VipInfo>() == 40);
 const _: () = assert!(core::mem::size_of::<BackendInfo>() == 36);
 const _: () = assert!(core::mem::size_of::<FlowKey>() == 40);
-const _: () = assert!(core::mem::size_of::<TakeoverEvent>() == 104);
+const _: () = assert!(core::mem::size_of::<TakeoverEvent>() == 2160);
 const _: () = assert!(core::mem::size_of::<FlowValue>() == 24);
 const _: () = assert!(core::mem::size_of::<AffinityKey>() == 24);
 const _: () = assert!(core::mem::size_of::<AffinityValue>() == 16);

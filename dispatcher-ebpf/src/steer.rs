@@ -20,9 +20,10 @@
 //! connection's slot holds the connection's handshake (sent over the peer channel) and
 //! arms it in `TAKEOVER`. A non-SYN segment of an owned slot with no socket here and an
 //! armed record is reported to the agent (`TAKEOVER_EVENTS`: its sequence, acknowledgement,
-//! window and options) and dropped; the agent rebuilds the socket with `TCP_REPAIR` and
-//! deletes the record, and the client's retransmission lands on the new socket. This comes
-//! before the second chance: the earlier table names the dead dispatcher.
+//! window and options, and its data when it fits) and dropped; the agent rebuilds the
+//! socket with `TCP_REPAIR`, gives it the segment's data, and deletes the record; the
+//! client's later segments land on the new socket. This comes before the second chance:
+//! the earlier table names the dead dispatcher.
 //!
 //! Loops: a dispatcher never sends a packet back to the one it came from, and every hop
 //! spends one unit of the IP TTL (hop limit); a packet that would leave with none stays.
@@ -36,7 +37,7 @@ use aya_ebpf::{
 };
 use dispatcher_common::{
     hash::flow_hash, stats, FlowKey, SteerConf, SteerSlot, TakeoverEvent, AF_INET, STEER_AGENT_STALE_NS,
-    STEER_FALLBACK, STEER_HAS_PREV, STEER_HAS_PREV2, STEER_LEFT, STEER_ON, STEER_SIZE, STEER_TAKEOVER,
+    STEER_FALLBACK, STEER_HAS_PREV, STEER_HAS_PREV2, STEER_LEFT, STEER_ON, STEER_SIZE, STEER_TAKEOVER, TAKEOVER_DATA,
     TAKEOVER_REPORT_EVERY_NS, TAKEOVER_TCP_HEADER,
 };
 
@@ -149,14 +150,20 @@ fn takeover(ctx: &XdpContext, key: &FlowKey, at: u64, syn: u64) -> u32 {
     }
     let Some(rec) = TAKEOVER.get_ptr_mut(key) else { return TAKEOVER_NOT_ARMED };
     let now = unsafe { bpf_ktime_get_coarse_ns() };
-    if now.saturating_sub(unsafe { (*rec).reported_ns }) < TAKEOVER_REPORT_EVERY_NS || !report(ctx, key, at) {
+    if now.saturating_sub(unsafe { (*rec).reported_ns }) < TAKEOVER_REPORT_EVERY_NS {
         return TAKEOVER_NOT_REPORTED;
     }
+    // Before the report, which may fail (the ring full; the client's retransmission is
+    // reported then): nothing of this stays live across its helper calls.
     unsafe { (*rec).reported_ns = now };
+    if !report(ctx, key, at) {
+        return TAKEOVER_NOT_REPORTED;
+    }
     TAKEOVER_REPORTED
 }
 
-/// The report itself: the tuple, the segment's length and its TCP header as it is.
+/// The report itself: the tuple, the segment's length, its TCP header as it is, and its
+/// data when it fits (the rebuilt socket is given it: no retransmission).
 #[inline(always)]
 fn report(ctx: &XdpContext, key: &FlowKey, at: u64) -> bool {
     let l4_off = (at & 0xffff) as u32;
@@ -165,7 +172,18 @@ fn report(ctx: &XdpContext, key: &FlowKey, at: u64) -> bool {
         entry.discard(0);
         return false;
     };
-    let header = ((unsafe { *doff } >> 4) as usize * 4).clamp(20, TAKEOVER_TCP_HEADER);
+    // 20..=60, and seen by the verifier as 1..=64 (a mask, as the data's length below).
+    let header = (((unsafe { *doff } >> 4) as u64 * 4).clamp(20, TAKEOVER_TCP_HEADER as u64) - 1) & 63;
+    let header = header + 1;
+    // The data's length, masked into 1..=TAKEOVER_DATA (a power of two), not checked: the
+    // compiler turns checks of it into checks of the lengths it comes from, and the
+    // verifier needs the bound (above zero) on the helper's length itself. Kept only when
+    // it is all of the data. Worked out before the first copy, and the outcome written
+    // at once, so that few values live across the helper calls (this frame must stay
+    // tiny).
+    let data = (at >> 32).saturating_sub((at >> 16) & 0xffff).saturating_sub(header);
+    let len = (data.wrapping_sub(1) & (TAKEOVER_DATA as u64 - 1)) + 1;
+    let data_at = l4_off + header as u32;
     let e = entry.as_mut_ptr();
     unsafe {
         // Word by word: a struct copy becomes a call to memcpy, whose frame adds to ours.
@@ -180,18 +198,18 @@ fn report(ctx: &XdpContext, key: &FlowKey, at: u64) -> bool {
         (*e).key._pad = 0;
         (*e).segment_len = ((at >> 32) as u32).saturating_sub(((at >> 16) & 0xffff) as u32) as u16;
         (*e).header_len = header as u16;
-    }
-    // Bounded again where the helper takes it (the verifier's view of `header`).
-    let header = unsafe { core::ptr::read_volatile(&header) };
-    if header == 0 || header > TAKEOVER_TCP_HEADER {
-        entry.discard(0);
-        return false;
+        (*e).data_len = if len == data { len as u16 } else { 0 };
+        (*e)._pad = 0;
     }
     let copied =
         unsafe { bpf_xdp_load_bytes(ctx.ctx, l4_off, core::ptr::addr_of_mut!((*e).tcp) as *mut c_void, header as u32) };
     if copied != 0 {
         entry.discard(0);
         return false;
+    }
+    let to = unsafe { core::ptr::addr_of_mut!((*e).data) as *mut c_void };
+    if unsafe { bpf_xdp_load_bytes(ctx.ctx, data_at, to, len as u32) } != 0 {
+        unsafe { (*e).data_len = 0 };
     }
     entry.submit(0);
     true

@@ -112,6 +112,10 @@ pub struct TakeoverStatus {
     /// Reports whose timestamp echo the dead dispatcher could not have sent (refused).
     #[serde(default)]
     pub implausible: u64,
+    /// Rebuilt connections given their client's segment with the report (it needed no
+    /// retransmission).
+    #[serde(default)]
+    pub given: u64,
     /// XDP: segments reported, and dropped without a report.
     pub segments_reported: u64,
     pub segments_dropped: u64,

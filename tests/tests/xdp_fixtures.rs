@@ -4,7 +4,7 @@
 use dispatcher_common::{
     stats::{self, backend_slot, vip_slot},
     steer_sel, AffinityKey, AffinityValue, TakeoverEvent, STATE_DOWN, STATE_DRAIN, STATE_UP, STEER_HAS_PREV, STEER_ON,
-    STEER_TAKEOVER,
+    STEER_TAKEOVER, TAKEOVER_DATA,
 };
 use dispatcher_testbed::{
     fixture::{flow_key, test_run, Fixture, CONFIG, XDP_DROP, XDP_PASS, XDP_TX},
@@ -641,6 +641,7 @@ fn a_dead_dispatchers_armed_connection_is_reported_and_dropped_before_the_second
     assert_eq!((e.header_len, e.segment_len as usize), (32, 32 + request.len()), "its header and its length");
     let tcp_at = 14 + 20;
     assert_eq!(&e.tcp[..32], &input[tcp_at..tcp_at + 32], "the TCP header as it is (sequence, ack, window, options)");
+    assert_eq!(&e.data[..e.data_len as usize], &request[..], "the segment's data, for the rebuilt socket");
     // Its retransmission within 50 ms: dropped, not reported again.
     assert_eq!(fx.run_bytes(&input).verdict, XDP_DROP);
     assert!(fx.takeover_reports().is_empty());
@@ -652,6 +653,28 @@ fn a_dead_dispatchers_armed_connection_is_reported_and_dropped_before_the_second
     assert!(!fx.takeover_armed(&seg), "the SYN deleted the record");
     // Without a record: the second chance as before.
     assert_eq!(fx.run_bytes(&input).verdict, XDP_TX);
+
+    // Data longer than a report holds: reported without it (the client retransmits it).
+    let long = Packet::tcp("10.0.0.2", 40401, "10.0.100.3", 80).with(|p| {
+        p.tcp_flags = TCP_ACK;
+        p.payload = vec![b'x'; TAKEOVER_DATA + 1];
+    });
+    fx.arm_takeover(&long);
+    assert_eq!(fx.run(&long).verdict, XDP_DROP);
+    let reports = fx.takeover_reports();
+    let e: TakeoverEvent = unsafe { std::ptr::read_unaligned(reports[0].as_ptr().cast()) };
+    assert_eq!((e.segment_len as usize, e.data_len), (20 + TAKEOVER_DATA + 1, 0));
+    // The longest that fits: all of it.
+    let full = Packet::tcp("10.0.0.2", 40402, "10.0.100.3", 80).with(|p| {
+        p.tcp_flags = TCP_ACK | 0x08;
+        p.payload = (0..TAKEOVER_DATA).map(|i| i as u8).collect();
+    });
+    fx.arm_takeover(&full);
+    assert_eq!(fx.run(&full).verdict, XDP_DROP);
+    let reports = fx.takeover_reports();
+    let e: TakeoverEvent = unsafe { std::ptr::read_unaligned(reports[0].as_ptr().cast()) };
+    assert_eq!(e.data_len as usize, TAKEOVER_DATA);
+    assert!(e.data.iter().enumerate().all(|(i, &b)| b == i as u8), "all of it, in order");
 
     // Armed, but the flag off (nothing armed as far as the agent said): not looked up.
     fx.arm_takeover(&seg);

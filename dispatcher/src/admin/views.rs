@@ -745,6 +745,7 @@ fn steering_section(o: &mut Exposition, s: &crate::api::SteeringStatus) {
             ("untracked", t.untracked),
             ("armed", t.armed),
             ("rebuilt", t.rebuilt),
+            ("rebuilt_with_data", t.given),
             ("reset", t.reset),
             ("failed", t.failed),
             ("batch_refused", t.batches_refused),

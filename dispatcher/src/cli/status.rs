@@ -506,8 +506,8 @@ fn steering_section(o: &mut String, s: Option<&dispatcher::api::SteeringStatus>,
         );
         let _ = writeln!(
             o,
-            "    taken over: {} rebuilt, {} reset (busy at the death), {} failed; refused: {} batches, {} records, {} reports",
-            t.rebuilt, t.reset, t.failed, t.batches_refused, t.records_refused, t.reports_refused
+            "    taken over: {} rebuilt ({} with the client's segment), {} reset (busy at the death), {} failed; refused: {} batches, {} records, {} reports",
+            t.rebuilt, t.given, t.reset, t.failed, t.batches_refused, t.records_refused, t.reports_refused
         );
     }
 }

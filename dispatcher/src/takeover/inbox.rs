@@ -19,7 +19,8 @@
 //!   timestamps are not registered). Then the socket is rebuilt (`repair::rebuild`):
 //!   - a connection that was quiet at its dispatcher's last batch (no request in
 //!     progress), once the client sends data (its next request) or a FIN, is handed to an
-//!     HTTP worker as if just accepted. A bare acknowledgement is not enough: the client
+//!     HTTP worker as if just accepted; the segment's data, when the report carries all
+//!     of it, is queued into the rebuilt socket (the client need not retransmit it). A bare acknowledgement is not enough: the client
 //!     may still be waiting for the end of an answer lost with the dead host, which no one
 //!     can send; the record stays armed;
 //!   - any other was mid-request or mid-response and cannot be continued honestly: it is
@@ -111,6 +112,9 @@ pub struct Counters {
     pub probed: AtomicU64,
     /// Reports whose timestamp echo the dead dispatcher could not have sent.
     pub implausible: AtomicU64,
+    /// Rebuilt connections given their client's segment with the report (no
+    /// retransmission needed).
+    pub given: AtomicU64,
 }
 
 /// The records held, by sender: pure (tested below).
@@ -387,7 +391,7 @@ impl Inbox {
         // read unaligned, every bit pattern is a valid value of its plain fields.
         let e: TakeoverEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
         let k = e.key;
-        let header = &e.tcp[..(e.header_len as usize).clamp(20, e.tcp.len())];
+        let header = &e.tcp[..(e.header_len as usize).clamp(20, dispatcher_common::TAKEOVER_TCP_HEADER)];
         let word = |at: usize| u32::from_be_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]]);
         let (seq, ack, flags) = (word(4), word(8), header[13]);
         let window = u16::from_be_bytes([header[14], header[15]]);
@@ -421,9 +425,15 @@ impl Inbox {
             return;
         };
         let resume = Resume { rcv_nxt: seq, snd_nxt: ack, ts_echo: echo, window };
+        // A quiet connection's next request, when the report carries all of the segment's
+        // data: the rebuilt socket gets it at once (else the client retransmits it).
+        let given = match e.data_len as usize {
+            n if armed.quiet && payload > 0 && n == payload && n <= e.data.len() => &e.data[..n],
+            _ => &[][..],
+        };
         let rebuilt = {
             let _repairing = self.repairing.lock().unwrap();
-            rebuild_with(local, client, &armed.open.handshake, &resume, armed.quiet)
+            rebuild_with(local, client, &armed.open.handshake, &resume, given, armed.quiet)
         };
         if let Err(err) = &rebuilt {
             // Armed again: the client's next segment (or the next probe's answer) tries
@@ -444,6 +454,9 @@ impl Inbox {
         match rebuilt {
             Ok(sock) if armed.quiet => {
                 self.counters.rebuilt.fetch_add(1, Ordering::Relaxed);
+                if !given.is_empty() {
+                    self.counters.given.fetch_add(1, Ordering::Relaxed);
+                }
                 tracing::debug!(%client, %local, "connection taken over");
                 if let Err(sock) = adoption.hand(local, sock) {
                     // No worker serves the VIP any more: ends as a reset.

@@ -108,6 +108,7 @@ impl Takeover {
             waited: l(&i.waited),
             probed: l(&i.probed),
             implausible: l(&i.implausible),
+            given: l(&i.given),
             segments_reported: xdp[0],
             segments_dropped: xdp[1],
         }

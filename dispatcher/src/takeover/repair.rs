@@ -176,9 +176,18 @@ pub(super) fn sockaddr(a: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_
 
 /// An established socket for `local` <- `peer`, continuing where the client's segment
 /// says, with the handshake's options; made without a handshake (`TCP_REPAIR`, which
-/// needs CAP_NET_ADMIN). The client's retransmission then lands on it.
-pub fn rebuild(local: SocketAddr, peer: SocketAddr, h: &Handshake, r: &Resume) -> io::Result<TcpStream> {
-    rebuild_with(local, peer, h, r, true)
+/// needs CAP_NET_ADMIN). `received`: the segment's data (all of it, or nothing), queued
+/// as if it had arrived: the window probe sent as repair ends acknowledges it, so the
+/// client need not retransmit it. Without it, the client's retransmission lands on the
+/// socket.
+pub fn rebuild(
+    local: SocketAddr,
+    peer: SocketAddr,
+    h: &Handshake,
+    r: &Resume,
+    received: &[u8],
+) -> io::Result<TcpStream> {
+    rebuild_with(local, peer, h, r, received, true)
 }
 
 /// `rebuild`; `window_probe`: the kernel's window probe goes out as repair ends (off for a
@@ -188,6 +197,7 @@ pub fn rebuild_with(
     peer: SocketAddr,
     h: &Handshake,
     r: &Resume,
+    received: &[u8],
     window_probe: bool,
 ) -> io::Result<TcpStream> {
     let family = if local.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
@@ -251,9 +261,25 @@ pub fn rebuild_with(
         // clock is the millisecond one the connection had.
         setsockopt(fd, TCP_TIMESTAMP, &(echo.wrapping_add(2) & !1), "TCP_TIMESTAMP")?;
     }
+    if !received.is_empty() {
+        // Into the receive queue (repair mode's send), as if it had arrived: the next
+        // byte expected moves past it.
+        setsockopt(fd, TCP_REPAIR_QUEUE, &TCP_RECV_QUEUE, "TCP_REPAIR_QUEUE recv")?;
+        let mut at = 0;
+        while at < received.len() {
+            // SAFETY: the pointer and length are those of the rest of `received`.
+            let n = unsafe { libc::send(fd, received[at..].as_ptr().cast(), received.len() - at, 0) };
+            if n <= 0 {
+                let e = if n < 0 { io::Error::last_os_error() } else { io::ErrorKind::WriteZero.into() };
+                return Err(io::Error::new(e.kind(), format!("queueing the segment's data (repair): {e}")));
+            }
+            at += n as usize;
+        }
+    }
     // The client's window as it advertised it, scaled; ours opens as the kernel's own.
     let snd_wnd = (r.window as u32) << h.snd_wscale;
-    let window: [u32; 5] = [r.rcv_nxt, snd_wnd, snd_wnd, 65535 << h.rcv_wscale.min(2), r.rcv_nxt];
+    let rcv_nxt = r.rcv_nxt.wrapping_add(received.len() as u32);
+    let window: [u32; 5] = [r.rcv_nxt, snd_wnd, snd_wnd, 65535 << h.rcv_wscale.min(2), rcv_nxt];
     setsockopt(fd, TCP_REPAIR_WINDOW, &window, "TCP_REPAIR_WINDOW")?;
     let off = if window_probe { TCP_REPAIR_OFF } else { TCP_REPAIR_OFF_NO_WP };
     setsockopt(fd, TCP_REPAIR, &off, "TCP_REPAIR off")?;
@@ -287,7 +313,7 @@ fn sock_opt(fd: RawFd, name: libc::c_int, value: libc::c_int, what: &str) -> io:
 /// (CAP_NET_ADMIN), no raw socket.
 pub fn probe(local: SocketAddr, peer: SocketAddr, h: &Handshake, seq: u32) -> io::Result<()> {
     let r = Resume { rcv_nxt: seq, snd_nxt: seq ^ 0x8000_0000, ts_echo: None, window: 1024 };
-    let sock = rebuild_with(local, peer, h, &r, true)?;
+    let sock = rebuild_with(local, peer, h, &r, &[], true)?;
     setsockopt(sock.as_raw_fd(), TCP_REPAIR, &TCP_REPAIR_ON, "TCP_REPAIR on")?;
     drop(sock);
     Ok(())
