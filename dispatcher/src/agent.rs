@@ -698,6 +698,10 @@ impl Agent<'_> {
                 if let Some(shared) = &self.group.shared {
                     shared.reloaded();
                 }
+                // A death from now on arms its records for the new idle timeout.
+                if let Some(t) = &self.group.takeover {
+                    t.inbox.set_lifetime(self.live.cfg.http.client_idle_timeout);
+                }
                 let listed = if changes.is_empty() { "no changes".to_string() } else { changes.join("; ") };
                 tracing::info!(summary = %what, changes = %listed, "configuration reloaded");
                 self.notifier.send(&format!("READY=1\nSTATUS=reloaded: {what}"));

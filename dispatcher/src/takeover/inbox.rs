@@ -238,7 +238,9 @@ pub struct Inbox {
     map: Mutex<BpfHashMap<MapData, FlowKey, TakeoverRec>>,
     /// Sets or clears `STEER_TAKEOVER` (something is armed).
     armed_flag: Box<dyn Fn(bool) + Send + Sync>,
-    lifetime: Duration,
+    /// How long a death's records stay armed (ms): `[http] client_idle_timeout`, as the
+    /// last reload has it (records armed before keep theirs).
+    lifetime_ms: AtomicU64,
     pub counters: Counters,
 }
 
@@ -300,9 +302,18 @@ impl Inbox {
             repairing: Mutex::new(()),
             map: Mutex::new(map),
             armed_flag,
-            lifetime,
+            lifetime_ms: AtomicU64::new(lifetime.as_millis() as u64),
             counters: Counters::default(),
         }
+    }
+
+    /// A reload's `[http] client_idle_timeout`: the lifetime of records armed from now on.
+    pub fn set_lifetime(&self, lifetime: Duration) {
+        self.lifetime_ms.store(lifetime.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    fn lifetime(&self) -> Duration {
+        Duration::from_millis(self.lifetime_ms.load(Ordering::Relaxed))
     }
 
     /// A batch from `batch.sender` (the channel checked it came from that peer's address).
@@ -317,7 +328,7 @@ impl Inbox {
     /// (blocking: map writes and socket calls; run off the event loop).
     pub fn dead(&self, name: &str) {
         let Some(from) = self.state.lock().unwrap().received.remove(name) else { return };
-        let until = Instant::now() + self.lifetime;
+        let until = Instant::now() + self.lifetime();
         let mut armed = Vec::with_capacity(from.records.len());
         {
             let mut map = self.map.lock().unwrap();
