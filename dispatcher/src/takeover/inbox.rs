@@ -402,6 +402,12 @@ impl Inbox {
         // read unaligned, every bit pattern is a valid value of its plain fields.
         let e: TakeoverEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
         let k = e.key;
+        // A header shorter than TCP's least (data offset under 5; XDP reports it as 20
+        // bytes) is no segment the kernel would take: refused, its "data" never given.
+        if (e.tcp[12] >> 4) < 5 {
+            self.counters.reports_refused.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         let header = &e.tcp[..(e.header_len as usize).clamp(20, dispatcher_common::TAKEOVER_TCP_HEADER)];
         let word = |at: usize| u32::from_be_bytes([header[at], header[at + 1], header[at + 2], header[at + 3]]);
         let (seq, ack, flags) = (word(4), word(8), header[13]);

@@ -177,9 +177,8 @@ pub(super) fn sockaddr(a: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_
 /// An established socket for `local` <- `peer`, continuing where the client's segment
 /// says, with the handshake's options; made without a handshake (`TCP_REPAIR`, which
 /// needs CAP_NET_ADMIN). `received`: the segment's data (all of it, or nothing), queued
-/// as if it had arrived: the window probe sent as repair ends acknowledges it, so the
-/// client need not retransmit it. Without it, the client's retransmission lands on the
-/// socket.
+/// as if it had arrived; it is acknowledged when first read (below), so the client need
+/// not retransmit it. Without it, the client's retransmission lands on the socket.
 pub fn rebuild(
     local: SocketAddr,
     peer: SocketAddr,
@@ -277,11 +276,22 @@ pub fn rebuild_with(
         }
     }
     // The client's window as it advertised it, scaled; ours opens as the kernel's own.
+    // With data queued, our window is taken as just that data (the last update at the
+    // segment's start): nothing acknowledges the data by itself (a window probe sent as
+    // repair ends carries an old sequence number, which the client drops unread), but the
+    // first read then frees "a lot" of window, and the kernel sends a window update: the
+    // acknowledgement. A segment that comes before it is out of that window and answered
+    // with an acknowledgement and the real window (the client sends it again).
     let snd_wnd = (r.window as u32) << h.snd_wscale;
-    let rcv_nxt = r.rcv_nxt.wrapping_add(received.len() as u32);
-    let window: [u32; 5] = [r.rcv_nxt, snd_wnd, snd_wnd, 65535 << h.rcv_wscale.min(2), rcv_nxt];
+    let (rcv_wnd, rcv_wup) = match received.len() as u32 {
+        0 => (65535 << h.rcv_wscale.min(2), r.rcv_nxt),
+        n => (n, r.rcv_nxt),
+    };
+    let window: [u32; 5] = [r.rcv_nxt, snd_wnd, snd_wnd, rcv_wnd, rcv_wup];
     setsockopt(fd, TCP_REPAIR_WINDOW, &window, "TCP_REPAIR_WINDOW")?;
-    let off = if window_probe { TCP_REPAIR_OFF } else { TCP_REPAIR_OFF_NO_WP };
+    // (Not with data queued: the probe would carry a fresh window, and the read would
+    // then have none to free and send no acknowledgement.)
+    let off = if window_probe && received.is_empty() { TCP_REPAIR_OFF } else { TCP_REPAIR_OFF_NO_WP };
     setsockopt(fd, TCP_REPAIR, &off, "TCP_REPAIR off")?;
     // Repair off leaves the socket with no address reuse at all.
     sock_opt(fd, libc::SO_REUSEADDR, 1, "SO_REUSEADDR")?;
