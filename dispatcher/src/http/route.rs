@@ -289,7 +289,16 @@ impl FarmRoute {
     fn balanced(&self, servers: &Servers) -> Option<usize> {
         // The primaries, or the backups while no primary is up.
         let primary_up = self.members[..self.primaries].iter().any(|&b| servers.backends[b].is_up());
-        let range = if primary_up { 0..self.primaries } else { self.primaries..self.members.len() };
+        let backups = self.primaries..self.members.len();
+        if !primary_up {
+            return self.balanced_in(servers, backups);
+        }
+        // The last primary may go down meanwhile: then the backups.
+        self.balanced_in(servers, 0..self.primaries).or_else(|| self.balanced_in(servers, backups))
+    }
+
+    /// A balanced pick among the members in `range`.
+    fn balanced_in(&self, servers: &Servers, range: std::ops::Range<usize>) -> Option<usize> {
         // Servers at their `maxconn` are passed over while another has room; when all are
         // full, the pick queues on its server as usual.
         let any_room = self.members[range.clone()]
@@ -592,6 +601,34 @@ mode = "http"
             "{:?}",
             picks.iter().find(|d| **d != Decision::Balanced(0))
         );
+    }
+
+    #[test]
+    fn the_last_primary_going_down_while_balancing_leaves_the_backups() {
+        // Primary a, backup b; a goes down and up all the while: a request is balanced to
+        // one of them, never left with "no backend" because a went down between "a
+        // primary is up" and the pick.
+        let (c, _) = setup(Balance::RoundRobin);
+        let c = std::sync::Arc::new(c);
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let toggler = {
+            let (c, stop) = (c.clone(), stop.clone());
+            std::thread::spawn(move || {
+                for i in 0..4_000_000u32 {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    c.set_health(0, if i % 2 == 0 { Health::Down } else { Health::Up });
+                }
+                c.set_health(0, Health::Up);
+            })
+        };
+        let r = FarmRoute::new(vec![0], Balance::RoundRobin, true).with_backups(&[1]);
+        let picks: Vec<_> = (0..200_000).map(|_| r.route(&c, None, false, true)).collect();
+        stop.store(true, Ordering::Relaxed);
+        toggler.join().unwrap();
+        let odd = picks.iter().find(|d| !matches!(d, Decision::Balanced(0 | 1)));
+        assert!(odd.is_none(), "{odd:?}");
     }
 
     #[test]
