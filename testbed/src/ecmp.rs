@@ -539,6 +539,15 @@ impl Load {
         }
     }
 
+    /// The HTTP clients (by number, as their errors name them) served within the last `d`.
+    pub fn served_within(&self, d: Duration) -> Vec<usize> {
+        let now = self.started.elapsed().as_millis() as u64;
+        let d = d.as_millis() as u64;
+        (0..self.last_served.len())
+            .filter(|&n| now.saturating_sub(self.last_served[n].load(Ordering::Relaxed)) <= d)
+            .collect()
+    }
+
     /// HTTP clients not served within the last `d`.
     pub fn idle_clients(&self, d: Duration) -> usize {
         let now = self.started.elapsed().as_millis() as u64;
