@@ -20,9 +20,10 @@
 //!   - a connection that was quiet at its dispatcher's last batch (no request in
 //!     progress), once the client sends data (its next request) or a FIN, is handed to an
 //!     HTTP worker as if just accepted; the segment's data, when the report carries all
-//!     of it, is queued into the rebuilt socket (the client need not retransmit it). A bare acknowledgement is not enough: the client
-//!     may still be waiting for the end of an answer lost with the dead host, which no one
-//!     can send; the record stays armed;
+//!     of it, is queued into the rebuilt socket (the client need not retransmit it). A
+//!     bare acknowledgement is not enough: the client may still be waiting for the end
+//!     of an answer lost with the dead host, which no one can send; the record stays
+//!     armed;
 //!   - any other was mid-request or mid-response and cannot be continued honestly: it is
 //!     reset at once (the rebuilt socket closed with a zero linger, so the reset carries
 //!     the sequence number the client expects). Its client may have nothing to send (it
